@@ -1,0 +1,2271 @@
+/* dtrain.h - header-only C library for distributed training of neural networks.   v0.1.0
+   MIT license (see the end of this file).
+
+   WHAT IT IS
+     One header that gives a C program float32 tensors, layers with forward and backward passes, losses
+     and a small model zoo, built on flat parameter buffers so that every distributed algorithm becomes a
+     vector operation on one array.
+
+   HOW TO INCLUDE
+     In exactly one C (or C++) file of your project:
+         #define DTRAIN_IMPLEMENTATION
+         #include "dtrain.h"
+     Everywhere else just #include "dtrain.h". Compile with -fopenmp to use every core (optional: without
+     OpenMP the same code runs on one thread). Link with -lm.
+
+   QUICK START
+         dt_model *m;
+         dt_model_desc d = {0};
+         d.in_c = 1; d.in_h = 28; d.in_w = 28;          // per-sample input shape (C, H, W)
+         d.seed = 42;
+         if (dt_model_create(&m, &d) != DT_OK) { puts(dt_last_error()); return 1; }
+         int x = dt_model_input(m);
+         x = dt_conv2d(m, x, 16, 3, 1, 1);             // out channels, kernel, stride, padding
+         x = dt_relu(m, x);
+         x = dt_maxpool2d(m, x, 2, 2, 0);
+         x = dt_flatten(m, x);
+         x = dt_linear(m, x, 10, 1);
+         if (dt_model_finalize(m) != DT_OK) { ... }     // plans the flat buffers, initialises weights
+         float loss;
+         dt_model_forward(m, images, batch);           // images: [batch, 1, 28, 28] floats
+         dt_model_loss_cross_entropy(m, labels, &loss); // labels: [batch] int32
+         dt_model_backward(m, NULL);                   // gradients accumulate into dt_model_grads(m)
+         dt_model_destroy(m);
+
+   CONFIGURATION MACROS (define before the implementation include)
+     | macro                    | default          | meaning                                          |
+     |--------------------------|------------------|--------------------------------------------------|
+     | DTRAIN_IMPLEMENTATION    | undefined        | emit the implementation in this file             |
+     | DT_MALLOC(n)             | malloc(n)        | allocator hooks: define all three or none        |
+     | DT_REALLOC(p, n)         | realloc(p, n)    |                                                  |
+     | DT_FREE(p)               | free(p)          |                                                  |
+     | DT_ASSERT(x)             | assert(x)        | internal invariants (never for user input)       |
+     | DT_CONV_WORKSPACE        | 1 << 24          | elements of im2col workspace per convolution     |
+     |                          |                  | chunk; larger = fewer, bigger GEMMs              |
+     | DT_NO_OPENMP             | undefined        | ignore OpenMP even when compiling with -fopenmp  |
+
+   MEMORY OWNERSHIP
+     Whoever creates, destroys: dt_model_create / dt_model_destroy. A model owns three flat allocations
+     (parameters, gradients, non-trainable buffers) planned once by dt_model_finalize, and an activation
+     arena sized for the largest batch seen (grown outside the steady state, never inside it). Pointers
+     returned by dt_model_params() and friends stay valid until dt_model_destroy. Nothing is freed by a
+     function that did not allocate it.
+
+   ERRORS
+     Fallible functions return dt_result (DT_OK == 0). dt_result_str(r) names the code; dt_last_error()
+     returns a message for the last failure on the calling thread, naming the cause and, when known, the
+     fix. The library never calls exit() and never aborts on bad user input. Builder calls (dt_conv2d, ...)
+     return a node id, or -1 after an error; the error is also kept in the model and returned by
+     dt_model_finalize, so a chain of builder calls needs one check at the end.
+
+   THREADS AND RANKS
+     There is no global mutable state except the logger, which is configuration set once before
+     threads start. Each thread (each local rank) owns its models; a model must not be used by two threads
+     at once. The last-error message is per thread. Kernels use OpenMP inside one call.
+
+   BACKENDS
+     Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
+     table, dt_cpu_ops(), is in this file; another backend supplies another table in dt_model_desc.
+
+   TABLE OF CONTENTS (declarations and implementation follow the same order)
+     1. base     results and errors, allocator hooks, logging, RNG, timers
+     2. tensor   tensor views, the backend ops table, GEMM and its naive twin, im2col/col2im
+     3. nn       model graph on flat buffers, layers, losses, model zoo
+*/
+#ifndef DTRAIN_H
+#define DTRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdarg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_VERSION_MAJOR 0
+#define DT_VERSION_MINOR 1
+#define DT_VERSION_PATCH 0
+#define DT_VERSION_STRING "0.1.0"
+
+/* ============================================================================================== */
+/* 1. base                                                                                        */
+/* ============================================================================================== */
+
+/* Result of every fallible call. DT_OK is zero. */
+typedef enum dt_result {
+    DT_OK = 0,
+    DT_ERR_INVALID_ARG,   /* a NULL where a buffer is needed, a zero or negative size, a bad flag */
+    DT_ERR_SHAPE,         /* tensor shapes that do not fit together */
+    DT_ERR_OUT_OF_MEMORY, /* an allocation failed */
+    DT_ERR_STATE,         /* a call in the wrong order (e.g. forward before finalize) */
+    DT_ERR_IO,            /* a file could not be opened, read or written */
+    DT_ERR_FORMAT,        /* a file's content is corrupt or of the wrong kind */
+    DT_ERR_NUMERIC,       /* NaN or infinity where a finite number is required */
+    DT_ERR_UNSUPPORTED,   /* valid request this build or backend cannot serve */
+    DT_RESULT_COUNT
+} dt_result;
+
+/* Name of a result code, e.g. "DT_ERR_SHAPE". Never NULL. */
+const char *dt_result_str(dt_result r);
+/* Message of the last failure on the calling thread ("" if none). Valid until the next failure. */
+const char *dt_last_error(void);
+/* Records a failure message for the calling thread and returns r; for backends and extensions. */
+dt_result dt_set_error(dt_result r, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Logging. Levels: DT_LOG_ERROR < DT_LOG_WARN < DT_LOG_INFO < DT_LOG_DEBUG. */
+enum { DT_LOG_ERROR = 0, DT_LOG_WARN = 1, DT_LOG_INFO = 2, DT_LOG_DEBUG = 3 };
+typedef void (*dt_log_fn)(void *user, int level, const char *msg);
+/* Sets the log sink and the most verbose level shown. fn NULL restores the default (stderr).
+   Process-wide configuration: call before starting threads. */
+void dt_log_configure(dt_log_fn fn, void *user, int max_level);
+/* Logs one line (printf format) at the given level. */
+void dt_log(int level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Random numbers: PCG32 (O'Neill), 2^63 independent streams per seed. A rank uses stream = rank, so
+   ranks draw independent sequences from one seed and the same (seed, stream) always repeats. */
+typedef struct dt_rng { uint64_t state, inc; } dt_rng;
+void     dt_rng_init(dt_rng *r, uint64_t seed, uint64_t stream);
+uint32_t dt_rng_u32(dt_rng *r);
+uint32_t dt_rng_below(dt_rng *r, uint32_t n);          /* uniform integer in [0, n), unbiased; n > 0 */
+float    dt_rng_uniform(dt_rng *r);                    /* uniform float in [0, 1), 24 random bits */
+float    dt_rng_normal(dt_rng *r);                     /* standard normal (Box-Muller) */
+/* Counter-based uniform in [0, 1): a pure function of (key, counter), for masks any backend repeats. */
+float    dt_hash_uniform(uint64_t key, uint64_t counter);
+
+/* Timers: wall-clock seconds from a monotonic clock where the platform has one. */
+double dt_time_now(void);
+typedef struct dt_timer { double start, total; int64_t count; } dt_timer;
+void   dt_timer_start(dt_timer *t);
+double dt_timer_stop(dt_timer *t);                     /* adds the lap to total, returns the lap */
+
+/* ============================================================================================== */
+/* 2. tensor and backend ops                                                                      */
+/* ============================================================================================== */
+
+#define DT_MAX_DIMS 4
+
+/* A float32 view of contiguous memory, NCHW order. It never owns its data. */
+typedef struct dt_tensor {
+    float  *data;
+    int     ndim;
+    int64_t shape[DT_MAX_DIMS];
+} dt_tensor;
+
+dt_tensor dt_tensor_view(float *data, int ndim, const int64_t *shape);
+dt_tensor dt_tensor_4d(float *data, int64_t n, int64_t c, int64_t h, int64_t w);
+int64_t   dt_tensor_count(const dt_tensor *t);        /* number of elements */
+
+/* Geometry of a 2-D window op (convolution or pooling) over a batch: input [n, c, h, w],
+   output [n, oc, oh, ow], window kh x kw, stride sh x sw, zero padding ph x pw. */
+typedef struct dt_conv_geom {
+    int64_t n, c, h, w;
+    int64_t oc, oh, ow;
+    int64_t kh, kw, sh, sw, ph, pw;
+} dt_conv_geom;
+/* Fills oh/ow from the rest; DT_ERR_SHAPE when the window does not fit. */
+dt_result dt_conv_geom_resolve(dt_conv_geom *g);
+
+/* The backend ops table. Every pointer argument is backend memory (host memory for the CPU table).
+   `ctx` is the backend's own state (NULL for the CPU). Functions named *_bwd ACCUMULATE into the
+   gradients they write (+=), so a node read by two consumers receives the sum of both gradients.
+   Shapes are stated as [rows, cols] in row-major order. */
+typedef struct dt_ops {
+    const char *name;
+    /* memory */
+    void *(*alloc)(void *ctx, int64_t bytes);                           /* NULL when out of memory */
+    void  (*free)(void *ctx, void *p);
+    void  (*upload)(void *ctx, void *dst, const void *host_src, int64_t bytes);
+    void  (*download)(void *ctx, void *host_dst, const void *src, int64_t bytes);
+    void  (*copy)(void *ctx, float *dst, const float *src, int64_t n);
+    /* vectors */
+    void  (*fill)(void *ctx, float *x, int64_t n, float v);
+    void  (*scale)(void *ctx, float *x, int64_t n, float a);             /* x *= a */
+    void  (*axpy)(void *ctx, float *y, const float *x, int64_t n, float a); /* y += a x */
+    void  (*add)(void *ctx, float *y, const float *a, const float *b, int64_t n); /* y = a + b */
+    /* C[M,N] = alpha op(A) op(B) + beta C; op(A) [M,K], op(B) [K,N]; ta/tb nonzero = transposed;
+       lda/ldb/ldc are row strides of A, B, C as stored. beta == 0 never reads C. */
+    void  (*gemm)(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+    /* y[r, i] = x[r, i] + b[i]  for y,x [rows, cols], b [cols] (x may equal y) */
+    void  (*add_row_bias)(void *ctx, float *y, const float *b, int64_t rows, int64_t cols);
+    /* db[i] += sum_r dy[r, i]  for dy [rows, cols] */
+    void  (*sum_rows_bwd)(void *ctx, float *db, const float *dy, int64_t rows, int64_t cols);
+    /* convolution helpers for x [n, c, h, w]: col [c*kh*kw, n*oh*ow] */
+    void  (*im2col)(void *ctx, const dt_conv_geom *g, const float *x, float *col);
+    void  (*col2im_bwd)(void *ctx, const dt_conv_geom *g, const float *col, float *dx); /* dx += */
+    /* y [n, c, s] <- t [c, n*s] (+ b[c] when b != NULL);  and its inverse t [c, n*s] <- y [n, c, s] */
+    void  (*cs_to_ncs)(void *ctx, float *y, const float *t, const float *b, int64_t n, int64_t c, int64_t s);
+    void  (*ncs_to_cs)(void *ctx, float *t, const float *y, int64_t n, int64_t c, int64_t s);
+    /* db[c] += sum_{n,s} dy[n, c, s] */
+    void  (*channel_sum_bwd)(void *ctx, float *db, const float *dy, int64_t n, int64_t c, int64_t s);
+    /* pooling over geometry g (g->oc == g->c); idx [n, c, oh, ow] remembers each max's input offset */
+    void  (*maxpool_fwd)(void *ctx, const dt_conv_geom *g, const float *x, float *y, int32_t *idx);
+    void  (*maxpool_bwd)(void *ctx, const dt_conv_geom *g, const float *dy, const int32_t *idx, float *dx);
+    void  (*avgpool_fwd)(void *ctx, const dt_conv_geom *g, const float *x, float *y);
+    void  (*avgpool_bwd)(void *ctx, const dt_conv_geom *g, const float *dy, float *dx);
+    /* y [n, c] = mean over s of x [n, c, s] */
+    void  (*gap_fwd)(void *ctx, const float *x, float *y, int64_t n, int64_t c, int64_t s);
+    void  (*gap_bwd)(void *ctx, const float *dy, float *dx, int64_t n, int64_t c, int64_t s);
+    /* activations */
+    void  (*relu_fwd)(void *ctx, const float *x, float *y, int64_t n);
+    void  (*relu_bwd)(void *ctx, const float *y, const float *dy, float *dx, int64_t n);
+    /* dropout: mask[i] = 0 or 1/(1-p) from dt_hash_uniform(key, i); y = x * mask */
+    void  (*dropout_fwd)(void *ctx, const float *x, float *y, float *mask, int64_t n, float p, uint64_t key);
+    void  (*mul_bwd)(void *ctx, const float *dy, const float *mask, float *dx, int64_t n); /* dx += dy*mask */
+    /* batch normalisation of x [n, c, s] per channel. Train: batch statistics (biased variance),
+       running stats rm/rv updated as PyTorch (unbiased variance, momentum); saves mean and 1/std.
+       Eval: running statistics. bwd: training selects the batch-statistics gradient; dx may be NULL. */
+    void  (*bn_fwd)(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
+                    const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
+                    float *save_mean, float *save_invstd);
+    void  (*bn_bwd)(void *ctx, int training, const float *x, const float *dy, float *dx, int64_t n, int64_t c,
+                    int64_t s, const float *gamma, const float *save_mean, const float *save_invstd,
+                    float *dgamma, float *dbeta);
+    /* option-A shortcut: y [n, oc, oh, ow] = x[:, :, ::stride, ::stride] with (oc - c)/2 zero channels
+       on each side; x [n, c, h, w] */
+    void  (*pad_shortcut_fwd)(void *ctx, const float *x, float *y, int64_t n, int64_t c, int64_t h, int64_t w,
+                              int64_t oc, int64_t stride);
+    void  (*pad_shortcut_bwd)(void *ctx, const float *dy, float *dx, int64_t n, int64_t c, int64_t h, int64_t w,
+                              int64_t oc, int64_t stride);
+    /* rows of x [n, k] */
+    void  (*log_softmax_fwd)(void *ctx, const float *x, float *y, int64_t n, int64_t k);
+    void  (*log_softmax_bwd)(void *ctx, const float *y, const float *dy, float *dx, int64_t n, int64_t k);
+    /* losses, mean over the batch: write the loss to *loss (host) and d loss / d x into dx (overwrite) */
+    void  (*softmax_xent)(void *ctx, const float *x, const int32_t *labels, int64_t n, int64_t k,
+                          float *dx, float *loss);
+    void  (*nll)(void *ctx, const float *logp, const int32_t *labels, int64_t n, int64_t k, float *dx, float *loss);
+    void  (*mse)(void *ctx, const float *x, const float *target, int64_t n, float *dx, float *loss);
+    /* correct[0] = number of rows of x [n, k] whose first maximum is at labels[row] (host int64) */
+    void  (*count_correct)(void *ctx, const float *x, const int32_t *labels, int64_t n, int64_t k, int64_t *correct);
+} dt_ops;
+
+/* The CPU backend (OpenMP when compiled with it). */
+const dt_ops *dt_cpu_ops(void);
+
+/* CPU GEMM with the semantics of dt_ops.gemm: the blocked, vectorised one and its naive twin. */
+void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void dt_gemm_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* Naive direct convolution, the twin of im2col + GEMM: y [n, oc, oh, ow] = w [oc, c, kh, kw] * x + b */
+void dt_conv2d_ref(const dt_conv_geom *g, const float *x, const float *w, const float *b, float *y);
+/* Number of threads the CPU kernels use (1 without OpenMP). */
+int dt_cpu_threads(void);
+
+/* ============================================================================================== */
+/* 3. nn: model graph on flat buffers, layers, losses, model zoo                                  */
+/* ============================================================================================== */
+
+typedef enum dt_layer_kind {
+    DT_LAYER_INPUT = 0, DT_LAYER_LINEAR, DT_LAYER_CONV2D, DT_LAYER_MAXPOOL2D, DT_LAYER_AVGPOOL2D,
+    DT_LAYER_GLOBAL_AVGPOOL, DT_LAYER_RELU, DT_LAYER_DROPOUT, DT_LAYER_BATCHNORM, DT_LAYER_FLATTEN,
+    DT_LAYER_ADD, DT_LAYER_PAD_SHORTCUT, DT_LAYER_LOG_SOFTMAX, DT_LAYER_KIND_COUNT
+} dt_layer_kind;
+
+/* Name of a layer kind, e.g. "conv2d". */
+const char *dt_layer_kind_str(dt_layer_kind k);
+
+/* Model configuration; zero means the default. */
+typedef struct dt_model_desc {
+    int64_t       in_c, in_h, in_w;   /* per-sample input shape; in_h = in_w = 0 for a vector of in_c */
+    uint64_t      seed;               /* weight initialisation and dropout masks (default 0) */
+    uint64_t      stream;             /* RNG stream, e.g. the rank (default 0) */
+    const dt_ops *ops;                /* backend (default dt_cpu_ops()) */
+    void         *ops_ctx;            /* backend state passed to every op */
+    int           input_grad;         /* 1: also compute the gradient w.r.t. the input (dt_model_node_grad(m, 0)) */
+} dt_model_desc;
+
+typedef struct dt_model dt_model;
+
+/* A named view into a flat buffer: parameters (trainable) or buffers (running statistics). */
+typedef struct dt_param_info {
+    const char *name;                 /* e.g. "conv1.weight", "layers.0.bn1.running_mean" */
+    int         node;                 /* node that owns it */
+    int64_t     offset, count;        /* elements, into dt_model_params() or dt_model_buffers() */
+    int         ndim;
+    int64_t     shape[DT_MAX_DIMS];
+} dt_param_info;
+
+/* Creates an empty model holding only its input node. *out is NULL on failure. */
+dt_result dt_model_create(dt_model **out, const dt_model_desc *desc);
+/* Frees everything the model allocated. NULL is allowed. */
+void dt_model_destroy(dt_model *m);
+
+/* Builder: each call adds one node and returns its id (or -1 after an error, kept for finalize).
+   Shapes are checked here, so a bad network fails where it is written. */
+int dt_model_input(dt_model *m);                                                /* id of the input node */
+int dt_linear(dt_model *m, int x, int64_t out_features, int bias);              /* x: [in] -> [out] */
+typedef struct dt_conv2d_desc {
+    int64_t out_channels;
+    int64_t kernel, stride, pad;     /* square window; stride 0 = 1 */
+    int     no_bias;                 /* 1 = no bias (before a batchnorm) */
+} dt_conv2d_desc;
+int dt_conv2d(dt_model *m, int x, int64_t out_channels, int64_t kernel, int64_t stride, int64_t pad);
+int dt_conv2d_ex(dt_model *m, int x, const dt_conv2d_desc *d);
+int dt_maxpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad); /* stride 0 = kernel */
+int dt_avgpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad); /* zero padding counted */
+int dt_global_avgpool(dt_model *m, int x);                                      /* [c,h,w] -> [c] */
+int dt_relu(dt_model *m, int x);
+int dt_dropout(dt_model *m, int x, float p);                                    /* 0 <= p < 1 */
+int dt_batchnorm(dt_model *m, int x);                                           /* 2-D for [c,h,w], 1-D for [c] */
+int dt_batchnorm_ex(dt_model *m, int x, float eps, float momentum);             /* defaults 1e-5, 0.1 */
+int dt_flatten(dt_model *m, int x);                                             /* [c,h,w] -> [c*h*w], no copy */
+int dt_add(dt_model *m, int a, int b);                                          /* residual sum, same shapes */
+int dt_pad_shortcut(dt_model *m, int x, int64_t out_channels, int64_t stride);  /* ResNet option A */
+int dt_log_softmax(dt_model *m, int x);                                         /* over [k] */
+/* Names a node; its parameters become "<name>.weight" etc. Returns x. */
+int dt_model_name(dt_model *m, int x, const char *name);
+
+/* Plans and allocates the flat buffers and initialises weights as PyTorch does by default
+   (kaiming-uniform a=sqrt(5) for conv/linear weights, uniform(+-1/sqrt(fan_in)) biases, batchnorm 1/0).
+   Returns the first builder error, if any. The last node added is the model's output. */
+dt_result dt_model_finalize(dt_model *m);
+
+/* Training mode (default): dropout active, batchnorm uses batch statistics. Eval: the opposite. */
+void dt_model_train(dt_model *m, int training);
+int  dt_model_is_training(const dt_model *m);
+
+/* Forward pass on a host batch x [batch, in_c, in_h, in_w]. Grows the activation arena the first
+   time a larger batch is seen. */
+dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch);
+/* Losses on the output node of the last forward, mean over the batch. They return the loss in *loss and
+   set the output's gradient for dt_model_backward. labels: host int32 [batch] in [0, k). */
+dt_result dt_model_loss_cross_entropy(dt_model *m, const int32_t *labels, float *loss); /* softmax + NLL */
+dt_result dt_model_loss_nll(dt_model *m, const int32_t *labels, float *loss);           /* on log-probs */
+dt_result dt_model_loss_mse(dt_model *m, const float *target, float *loss);             /* target host [batch, k] */
+/* Backward pass: gradients ACCUMULATE into dt_model_grads(). dy (host, shape of the output) is the
+   upstream gradient; NULL uses the gradient set by the last dt_model_loss_* call. */
+dt_result dt_model_backward(dt_model *m, const float *dy);
+/* Sets every parameter gradient to zero. */
+void dt_model_zero_grad(dt_model *m);
+/* Copies the output of the last forward ([batch, out...]) to host memory; count = batch * output size. */
+dt_result dt_model_output(dt_model *m, float *host, int64_t count);
+/* Number of correctly classified samples of the last forward (argmax of the output vs labels). */
+dt_result dt_model_count_correct(dt_model *m, const int32_t *labels, int64_t *correct);
+
+/* Flat buffers (backend memory; host memory for the CPU backend). count may be NULL. */
+float  *dt_model_params(dt_model *m, int64_t *count);
+float  *dt_model_grads(dt_model *m, int64_t *count);
+float  *dt_model_buffers(dt_model *m, int64_t *count);
+int64_t dt_model_param_count(const dt_model *m);       /* trainable elements, as PyTorch counts them */
+/* Copy all parameters (or buffers) from / to host memory; count must match exactly. */
+dt_result dt_model_set_params(dt_model *m, const float *host, int64_t count);
+dt_result dt_model_get_params(dt_model *m, float *host, int64_t count);
+dt_result dt_model_get_grads(dt_model *m, float *host, int64_t count);
+dt_result dt_model_set_buffers(dt_model *m, const float *host, int64_t count);
+dt_result dt_model_get_buffers(dt_model *m, float *host, int64_t count);
+/* Named listing: parameters in creation order, then buffers. */
+int dt_model_param_tensors(const dt_model *m);
+int dt_model_buffer_tensors(const dt_model *m);
+dt_param_info dt_model_param_info(const dt_model *m, int i);
+dt_param_info dt_model_buffer_info(const dt_model *m, int i);
+/* Graph inspection. */
+int         dt_model_nodes(const dt_model *m);
+int         dt_model_output_node(const dt_model *m);
+dt_layer_kind dt_model_node_kind(const dt_model *m, int node);
+const char *dt_model_node_name(const dt_model *m, int node);
+int64_t     dt_model_node_size(const dt_model *m, int node);          /* per-sample element count */
+int         dt_model_node_shape(const dt_model *m, int node, int64_t shape[3]); /* returns ndim (1 or 3) */
+/* Read access to a node's activation or gradient of the last pass ([batch, size], backend memory). */
+const float *dt_model_node_output(const dt_model *m, int node);
+const float *dt_model_node_grad(const dt_model *m, int node);
+/* Writes a table of the layers, shapes and parameter counts (like torchsummary) with dt_log(INFO). */
+void dt_model_summary(const dt_model *m);
+
+/* Model zoo. Each builds on a created, empty model (input shape from its desc), names its layers as the
+   usual PyTorch modules do, and finalizes it. num_classes 0 = 10. */
+typedef enum dt_zoo_model {
+    DT_ZOO_MLP = 0,       /* flatten, hidden layers of `width` (default 512, 256) with ReLU, linear */
+    DT_ZOO_SIMPLE_CNN,    /* tutorial CNN for 1x28x28: 421,642 parameters; log-softmax output */
+    DT_ZOO_LENET5,        /* LeNet-5 for 1x28x28 (padding 2 on conv1): 61,706 parameters */
+    DT_ZOO_FEDAVG_CNN,    /* McMahan et al. CNN for 1x28x28: 1,663,370 parameters */
+    DT_ZOO_FEDAVG_2NN,    /* McMahan et al. 2NN (784-200-200-10): 199,210 parameters */
+    DT_ZOO_VGG11,         /* VGG-11 with batchnorm for 3x32x32: 9,231,114 parameters */
+    DT_ZOO_RESNET20,      /* ResNet-20 (option A shortcuts) for 3x32x32: 269,722 parameters */
+    DT_ZOO_COUNT
+} dt_zoo_model;
+const char *dt_zoo_name(dt_zoo_model z);                  /* "resnet20", ... */
+int         dt_zoo_from_name(const char *name);           /* -1 when unknown */
+/* Creates and finalizes a zoo model. desc's input shape is filled in when zero. */
+dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, const dt_model_desc *desc);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_H */
+
+/* ============================================================================================== */
+/* ============================================================================================== */
+/*                                        IMPLEMENTATION                                          */
+/* ============================================================================================== */
+/* ============================================================================================== */
+#ifdef DTRAIN_IMPLEMENTATION
+#ifndef DTRAIN_IMPLEMENTATION_DONE
+#define DTRAIN_IMPLEMENTATION_DONE
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <float.h>
+#include <assert.h>
+
+#if defined(_OPENMP) && !defined(DT_NO_OPENMP)
+#include <omp.h>
+#define DT__HAVE_OMP 1
+#define DT__PRAGMA(x) _Pragma(#x)
+#define DT__OMP(x) DT__PRAGMA(omp x)
+#else
+#define DT__HAVE_OMP 0
+#define DT__OMP(x)
+#endif
+
+#if defined(DT_MALLOC) && defined(DT_FREE) && defined(DT_REALLOC)
+#elif !defined(DT_MALLOC) && !defined(DT_FREE) && !defined(DT_REALLOC)
+#define DT_MALLOC(n) malloc(n)
+#define DT_REALLOC(p, n) realloc(p, n)
+#define DT_FREE(p) free(p)
+#else
+#error "dtrain: define all of DT_MALLOC, DT_REALLOC and DT_FREE, or none of them"
+#endif
+#ifndef DT_ASSERT
+#define DT_ASSERT(x) assert(x)
+#endif
+#ifndef DT_CONV_WORKSPACE
+#define DT_CONV_WORKSPACE (1 << 24)
+#endif
+
+#ifdef __cplusplus
+#define DT__THREAD_LOCAL thread_local
+#define DT__RESTRICT __restrict
+#else
+#define DT__THREAD_LOCAL _Thread_local
+#define DT__RESTRICT restrict
+#endif
+/* OpenMP only pays off above a few thousand elements; below, one thread is faster. */
+#define DT__PAR_MIN 16384
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* 1. base                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+static DT__THREAD_LOCAL char dt__errmsg[512];
+
+const char *dt_result_str(dt_result r) {
+    switch (r) {
+    case DT_OK: return "DT_OK";
+    case DT_ERR_INVALID_ARG: return "DT_ERR_INVALID_ARG";
+    case DT_ERR_SHAPE: return "DT_ERR_SHAPE";
+    case DT_ERR_OUT_OF_MEMORY: return "DT_ERR_OUT_OF_MEMORY";
+    case DT_ERR_STATE: return "DT_ERR_STATE";
+    case DT_ERR_IO: return "DT_ERR_IO";
+    case DT_ERR_FORMAT: return "DT_ERR_FORMAT";
+    case DT_ERR_NUMERIC: return "DT_ERR_NUMERIC";
+    case DT_ERR_UNSUPPORTED: return "DT_ERR_UNSUPPORTED";
+    default: return "DT_ERR_UNKNOWN";
+    }
+}
+
+const char *dt_last_error(void) { return dt__errmsg; }
+
+dt_result dt_set_error(dt_result r, const char *fmt, ...) {
+    int n = snprintf(dt__errmsg, sizeof dt__errmsg, "%s: ", dt_result_str(r));
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof dt__errmsg) vsnprintf(dt__errmsg + n, sizeof dt__errmsg - (size_t)n, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+static dt_log_fn dt__log_fn = NULL;
+static void *dt__log_user = NULL;
+static int dt__log_level = DT_LOG_INFO;
+
+void dt_log_configure(dt_log_fn fn, void *user, int max_level) {
+    dt__log_fn = fn;
+    dt__log_user = user;
+    dt__log_level = max_level;
+}
+
+void dt_log(int level, const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    if (level > dt__log_level) return;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (dt__log_fn) { dt__log_fn(dt__log_user, level, buf); return; }
+    if (level <= DT_LOG_WARN) fprintf(stderr, "dtrain %s: %s\n", level == DT_LOG_ERROR ? "error" : "warning", buf);
+    else fprintf(stderr, "%s\n", buf);
+}
+
+void dt_rng_init(dt_rng *r, uint64_t seed, uint64_t stream) {
+    r->state = 0;
+    r->inc = (stream << 1u) | 1u;
+    (void)dt_rng_u32(r);
+    r->state += seed;
+    (void)dt_rng_u32(r);
+}
+
+uint32_t dt_rng_u32(dt_rng *r) {
+    uint64_t old = r->state;
+    uint32_t xorshifted, rot;
+    r->state = old * 6364136223846793005ULL + r->inc;
+    xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u);
+    rot = (uint32_t)(old >> 59u);
+    return (xorshifted >> rot) | (xorshifted << ((-rot) & 31u));
+}
+
+uint32_t dt_rng_below(dt_rng *r, uint32_t n) {
+    uint32_t threshold, x;
+    if (n == 0) return 0;
+    threshold = (uint32_t)(-n) % n;
+    for (;;) {
+        x = dt_rng_u32(r);
+        if (x >= threshold) return x % n;
+    }
+}
+
+float dt_rng_uniform(dt_rng *r) { return (float)(dt_rng_u32(r) >> 8) * (1.0f / 16777216.0f); }
+
+float dt_rng_normal(dt_rng *r) {
+    float u1 = dt_rng_uniform(r), u2 = dt_rng_uniform(r);
+    if (u1 < 1e-12f) u1 = 1e-12f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
+}
+
+/* splitmix64 finaliser over (key, counter): a good 64-bit mix, cheap on any backend. */
+static uint64_t dt__mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+float dt_hash_uniform(uint64_t key, uint64_t counter) {
+    uint64_t z = dt__mix64(key + 0x9e3779b97f4a7c15ULL * (counter + 1));
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+double dt_time_now(void) {
+    struct timespec ts;
+#if defined(CLOCK_MONOTONIC)
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#else
+    timespec_get(&ts, TIME_UTC);
+#endif
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+void dt_timer_start(dt_timer *t) { t->start = dt_time_now(); }
+double dt_timer_stop(dt_timer *t) {
+    double lap = dt_time_now() - t->start;
+    t->total += lap;
+    t->count++;
+    return lap;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* 2. tensor and the CPU ops table                                                                */
+/* ---------------------------------------------------------------------------------------------- */
+
+dt_tensor dt_tensor_view(float *data, int ndim, const int64_t *shape) {
+    dt_tensor t;
+    int i;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.ndim = ndim < 0 ? 0 : (ndim > DT_MAX_DIMS ? DT_MAX_DIMS : ndim);
+    for (i = 0; i < t.ndim; i++) t.shape[i] = shape ? shape[i] : 0;
+    return t;
+}
+dt_tensor dt_tensor_4d(float *data, int64_t n, int64_t c, int64_t h, int64_t w) {
+    int64_t s[4];
+    s[0] = n; s[1] = c; s[2] = h; s[3] = w;
+    return dt_tensor_view(data, 4, s);
+}
+int64_t dt_tensor_count(const dt_tensor *t) {
+    int64_t n = 1;
+    int i;
+    for (i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return t->ndim ? n : 0;
+}
+
+dt_result dt_conv_geom_resolve(dt_conv_geom *g) {
+    if (g->n < 0 || g->c <= 0 || g->h <= 0 || g->w <= 0 || g->kh <= 0 || g->kw <= 0 || g->sh <= 0 ||
+        g->sw <= 0 || g->ph < 0 || g->pw < 0)
+        return dt_set_error(DT_ERR_SHAPE, "window geometry needs positive sizes: input %lldx%lldx%lld, kernel %lldx%lld, "
+                            "stride %lldx%lld, padding %lldx%lld", (long long)g->c, (long long)g->h, (long long)g->w,
+                            (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw, (long long)g->ph,
+                            (long long)g->pw);
+    if (g->h + 2 * g->ph < g->kh || g->w + 2 * g->pw < g->kw)
+        return dt_set_error(DT_ERR_SHAPE, "kernel %lldx%lld does not fit the padded input %lldx%lld (input %lldx%lld, "
+                            "padding %lld): use a smaller kernel or more padding", (long long)g->kh, (long long)g->kw,
+                            (long long)(g->h + 2 * g->ph), (long long)(g->w + 2 * g->pw), (long long)g->h,
+                            (long long)g->w, (long long)g->ph);
+    g->oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
+    g->ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
+    return DT_OK;
+}
+
+int dt_cpu_threads(void) {
+#if DT__HAVE_OMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------------ */
+
+void dt_gemm_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int64_t i, j, p;
+    for (i = 0; i < M; i++)
+        for (j = 0; j < N; j++) {
+            double acc = 0.0;
+            for (p = 0; p < K; p++) {
+                float a = ta ? A[p * lda + i] : A[i * lda + p];
+                float b = tb ? B[j * ldb + p] : B[p * ldb + j];
+                acc += (double)a * (double)b;
+            }
+            C[i * ldc + j] = (float)(alpha * acc) + (beta == 0.0f ? 0.0f : beta * C[i * ldc + j]);
+        }
+}
+
+/* Blocked GEMM after Goto & van de Geijn: for each (NC x KC) block of op(B), packed into NR-wide
+   panels, and each (MC x KC) block of op(A), packed into MR-tall panels, an MR x NR micro-kernel
+   accumulates in registers. Transposes are absorbed by the packing, so the micro-kernel sees one
+   layout. Edges are zero-padded in the packed panels and clipped when written back. */
+#define DT__MR 6
+#define DT__NR 16
+#define DT__KC 256
+#define DT__MC 96
+#define DT__NC 2048
+
+static void dt__pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float *Ap) {
+    int64_t ir, p, i;
+    for (ir = 0; ir < mc; ir += DT__MR) {
+        int64_t mr = mc - ir < DT__MR ? mc - ir : DT__MR;
+        float *dst = Ap + ir * kc;
+        for (p = 0; p < kc; p++) {
+            for (i = 0; i < mr; i++) {
+                int64_t r = i0 + ir + i, k = p0 + p;
+                dst[p * DT__MR + i] = ta ? A[k * lda + r] : A[r * lda + k];
+            }
+            for (; i < DT__MR; i++) dst[p * DT__MR + i] = 0.0f;
+        }
+    }
+}
+
+static void dt__pack_b(int tb, const float *B, int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *Bp) {
+    int64_t jr;
+    DT__OMP(parallel for schedule(static) if (kc * nc > DT__PAR_MIN))
+    for (jr = 0; jr < nc; jr += DT__NR) {
+        int64_t nr = nc - jr < DT__NR ? nc - jr : DT__NR, p, j;
+        float *dst = Bp + jr * kc;
+        for (p = 0; p < kc; p++) {
+            int64_t k = p0 + p;
+            if (!tb) {
+                const float *src = B + k * ldb + j0 + jr;
+                for (j = 0; j < nr; j++) dst[p * DT__NR + j] = src[j];
+            } else {
+                for (j = 0; j < nr; j++) dst[p * DT__NR + j] = B[(j0 + jr + j) * ldb + k];
+            }
+            for (j = nr; j < DT__NR; j++) dst[p * DT__NR + j] = 0.0f;
+        }
+    }
+}
+
+/* c[MR][NR] = sum_p a[p][:] x b[p][:]; then C = alpha c + (first ? beta C : C). Written so that the
+   inner loop over NR contiguous floats vectorises. */
+static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
+                      int64_t mr, int64_t nr, float alpha, float beta) {
+    float c[DT__MR][DT__NR];
+    int64_t p, i, j;
+    memset(c, 0, sizeof c);
+    for (p = 0; p < kc; p++) {
+        const float *bp = b + p * DT__NR;
+        const float *ap = a + p * DT__MR;
+        for (i = 0; i < DT__MR; i++) {
+            float av = ap[i];
+            for (j = 0; j < DT__NR; j++) c[i][j] += av * bp[j];
+        }
+    }
+    for (i = 0; i < mr; i++) {
+        float *crow = C + i * ldc;
+        if (beta == 0.0f)
+            for (j = 0; j < nr; j++) crow[j] = alpha * c[i][j];
+        else if (beta == 1.0f)
+            for (j = 0; j < nr; j++) crow[j] += alpha * c[i][j];
+        else
+            for (j = 0; j < nr; j++) crow[j] = alpha * c[i][j] + beta * crow[j];
+    }
+}
+
+void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int64_t jc, pc, ic;
+    float *Bp, *Ap;
+    int nthreads = dt_cpu_threads();
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0 || alpha == 0.0f) {
+        int64_t i, j;
+        for (i = 0; i < M; i++)
+            for (j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        return;
+    }
+    Bp = (float *)DT_MALLOC(sizeof(float) * (size_t)(DT__KC * (DT__NC + DT__NR)));
+    Ap = (float *)DT_MALLOC(sizeof(float) * (size_t)nthreads * (size_t)(DT__KC * (DT__MC + DT__MR)));
+    if (!Bp || !Ap) { /* no memory for packing: fall back to the unblocked twin rather than fail */
+        DT_FREE(Bp); DT_FREE(Ap);
+        dt_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    for (jc = 0; jc < N; jc += DT__NC) {
+        int64_t nc = N - jc < DT__NC ? N - jc : DT__NC;
+        for (pc = 0; pc < K; pc += DT__KC) {
+            int64_t kc = K - pc < DT__KC ? K - pc : DT__KC;
+            float bet = pc == 0 ? beta : 1.0f;
+            int64_t mblocks = (M + DT__MC - 1) / DT__MC, nrp = (nc + DT__NR - 1) / DT__NR;
+            int64_t work = mblocks * nrp;
+            dt__pack_b(tb, B, ldb, pc, kc, jc, nc, Bp);
+            /* threads share the packed B block; each packs the A blocks it needs into its own slice */
+            DT__OMP(parallel if (M * nc * kc > 4 * DT__PAR_MIN))
+            {
+                int tid = 0, nt = 1;
+                int64_t last_ic = -1, t;
+#if DT__HAVE_OMP
+                tid = omp_get_thread_num();
+                nt = omp_get_num_threads();
+#endif
+                /* split the (mblock, panel) grid into contiguous ranges, m-major, so a thread
+                   usually packs each A block once */
+                {
+                    int64_t lo = work * tid / nt, hi = work * (tid + 1) / nt;
+                    float *myA = Ap + (int64_t)tid * DT__KC * (DT__MC + DT__MR);
+                    for (t = lo; t < hi; t++) {
+                        int64_t mb = t / nrp, jr = (t % nrp) * DT__NR, ir;
+                        int64_t i0 = mb * DT__MC, mc = M - i0 < DT__MC ? M - i0 : DT__MC;
+                        int64_t nr = nc - jr < DT__NR ? nc - jr : DT__NR;
+                        if (mb != last_ic) { dt__pack_a(ta, A, lda, i0, mc, pc, kc, myA); last_ic = mb; }
+                        for (ir = 0; ir < mc; ir += DT__MR) {
+                            int64_t mr = mc - ir < DT__MR ? mc - ir : DT__MR;
+                            dt__micro(kc, myA + ir * kc, Bp + jr * kc, C + (i0 + ir) * ldc + jc + jr, ldc, mr, nr,
+                                      alpha, bet);
+                        }
+                    }
+                }
+            }
+            (void)ic;
+        }
+    }
+    DT_FREE(Bp);
+    DT_FREE(Ap);
+}
+
+void dt_conv2d_ref(const dt_conv_geom *g, const float *x, const float *w, const float *b, float *y) {
+    int64_t n, o, oy, ox, c, ky, kx;
+    for (n = 0; n < g->n; n++)
+        for (o = 0; o < g->oc; o++)
+            for (oy = 0; oy < g->oh; oy++)
+                for (ox = 0; ox < g->ow; ox++) {
+                    double acc = b ? b[o] : 0.0;
+                    for (c = 0; c < g->c; c++)
+                        for (ky = 0; ky < g->kh; ky++)
+                            for (kx = 0; kx < g->kw; kx++) {
+                                int64_t iy = oy * g->sh - g->ph + ky, ix = ox * g->sw - g->pw + kx;
+                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                                acc += (double)x[((n * g->c + c) * g->h + iy) * g->w + ix] *
+                                       (double)w[((o * g->c + c) * g->kh + ky) * g->kw + kx];
+                            }
+                    y[((n * g->oc + o) * g->oh + oy) * g->ow + ox] = (float)acc;
+                }
+}
+
+/* ---- CPU ops ---------------------------------------------------------------------------------- */
+
+static void *dt__cpu_alloc(void *ctx, int64_t bytes) {
+    (void)ctx;
+    if (bytes <= 0) bytes = 1;
+    return DT_MALLOC((size_t)bytes);
+}
+static void dt__cpu_free(void *ctx, void *p) { (void)ctx; DT_FREE(p); }
+static void dt__cpu_upload(void *ctx, void *dst, const void *src, int64_t bytes) {
+    (void)ctx;
+    if (bytes > 0 && dst != src) memcpy(dst, src, (size_t)bytes);
+}
+static void dt__cpu_copy(void *ctx, float *dst, const float *src, int64_t n) {
+    (void)ctx;
+    if (n > 0 && dst != src) memmove(dst, src, sizeof(float) * (size_t)n);
+}
+static void dt__cpu_fill(void *ctx, float *x, int64_t n, float v) {
+    int64_t i;
+    (void)ctx;
+    DT__OMP(parallel for simd if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i++) x[i] = v;
+}
+static void dt__cpu_scale(void *ctx, float *x, int64_t n, float a) {
+    int64_t i;
+    (void)ctx;
+    DT__OMP(parallel for simd if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i++) x[i] *= a;
+}
+static void dt__cpu_axpy(void *ctx, float *y, const float *x, int64_t n, float a) {
+    int64_t i;
+    (void)ctx;
+    DT__OMP(parallel for simd if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i++) y[i] += a * x[i];
+}
+static void dt__cpu_add(void *ctx, float *y, const float *a, const float *b, int64_t n) {
+    int64_t i;
+    (void)ctx;
+    DT__OMP(parallel for simd if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+static void dt__cpu_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    (void)ctx;
+    dt_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+static void dt__cpu_add_row_bias(void *ctx, float *y, const float *b, int64_t rows, int64_t cols) {
+    int64_t r, i;
+    (void)ctx;
+    DT__OMP(parallel for if (rows * cols > DT__PAR_MIN))
+    for (r = 0; r < rows; r++)
+        for (i = 0; i < cols; i++) y[r * cols + i] += b[i];
+}
+static void dt__cpu_sum_rows_bwd(void *ctx, float *db, const float *dy, int64_t rows, int64_t cols) {
+    int64_t r, i;
+    (void)ctx;
+    DT__OMP(parallel for if (rows * cols > DT__PAR_MIN))
+    for (i = 0; i < cols; i++) {
+        float acc = 0.0f;
+        for (r = 0; r < rows; r++) acc += dy[r * cols + i];
+        db[i] += acc;
+    }
+}
+
+static void dt__cpu_im2col(void *ctx, const dt_conv_geom *g, const float *x, float *col) {
+    int64_t rows = g->c * g->kh * g->kw, S = g->oh * g->ow, r;
+    (void)ctx;
+    DT__OMP(parallel for schedule(static) if (rows * g->n * S > DT__PAR_MIN))
+    for (r = 0; r < rows; r++) {
+        int64_t c = r / (g->kh * g->kw), ky = (r / g->kw) % g->kh, kx = r % g->kw, n, oy, ox;
+        for (n = 0; n < g->n; n++) {
+            const float *xc = x + (n * g->c + c) * g->h * g->w;
+            float *dst = col + r * g->n * S + n * S;
+            for (oy = 0; oy < g->oh; oy++) {
+                int64_t iy = oy * g->sh - g->ph + ky;
+                if (iy < 0 || iy >= g->h) {
+                    for (ox = 0; ox < g->ow; ox++) dst[oy * g->ow + ox] = 0.0f;
+                    continue;
+                }
+                for (ox = 0; ox < g->ow; ox++) {
+                    int64_t ix = ox * g->sw - g->pw + kx;
+                    dst[oy * g->ow + ox] = (ix >= 0 && ix < g->w) ? xc[iy * g->w + ix] : 0.0f;
+                }
+            }
+        }
+    }
+}
+
+static void dt__cpu_col2im_bwd(void *ctx, const dt_conv_geom *g, const float *col, float *dx) {
+    int64_t S = g->oh * g->ow, nc;
+    (void)ctx;
+    /* one (image, channel) plane per iteration: its rows of col only write into that plane */
+    DT__OMP(parallel for schedule(static) if (g->c * g->kh * g->kw * g->n * S > DT__PAR_MIN))
+    for (nc = 0; nc < g->n * g->c; nc++) {
+        int64_t n = nc / g->c, c = nc % g->c, ky, kx, oy, ox;
+        float *xc = dx + (n * g->c + c) * g->h * g->w;
+        for (ky = 0; ky < g->kh; ky++)
+            for (kx = 0; kx < g->kw; kx++) {
+                int64_t r = (c * g->kh + ky) * g->kw + kx;
+                const float *src = col + r * g->n * S + n * S;
+                for (oy = 0; oy < g->oh; oy++) {
+                    int64_t iy = oy * g->sh - g->ph + ky;
+                    if (iy < 0 || iy >= g->h) continue;
+                    for (ox = 0; ox < g->ow; ox++) {
+                        int64_t ix = ox * g->sw - g->pw + kx;
+                        if (ix >= 0 && ix < g->w) xc[iy * g->w + ix] += src[oy * g->ow + ox];
+                    }
+                }
+            }
+    }
+}
+
+static void dt__cpu_cs_to_ncs(void *ctx, float *y, const float *t, const float *b, int64_t n, int64_t c, int64_t s) {
+    int64_t nc;
+    (void)ctx;
+    DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
+    for (nc = 0; nc < n * c; nc++) {
+        int64_t i = nc / c, ch = nc % c, k;
+        const float *src = t + ch * n * s + i * s;
+        float *dst = y + nc * s, bias = b ? b[ch] : 0.0f;
+        for (k = 0; k < s; k++) dst[k] = src[k] + bias;
+    }
+}
+static void dt__cpu_ncs_to_cs(void *ctx, float *t, const float *y, int64_t n, int64_t c, int64_t s) {
+    int64_t nc;
+    (void)ctx;
+    DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
+    for (nc = 0; nc < n * c; nc++) {
+        int64_t i = nc / c, ch = nc % c;
+        memcpy(t + ch * n * s + i * s, y + nc * s, sizeof(float) * (size_t)s);
+    }
+}
+static void dt__cpu_channel_sum_bwd(void *ctx, float *db, const float *dy, int64_t n, int64_t c, int64_t s) {
+    int64_t ch;
+    (void)ctx;
+    DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
+    for (ch = 0; ch < c; ch++) {
+        double acc = 0.0;
+        int64_t i, k;
+        for (i = 0; i < n; i++) {
+            const float *p = dy + (i * c + ch) * s;
+            float part = 0.0f;
+            for (k = 0; k < s; k++) part += p[k];
+            acc += part;
+        }
+        db[ch] += (float)acc;
+    }
+}
+
+static void dt__cpu_maxpool_fwd(void *ctx, const dt_conv_geom *g, const float *x, float *y, int32_t *idx) {
+    int64_t nc;
+    (void)ctx;
+    DT__OMP(parallel for if (g->n * g->c * g->oh * g->ow * g->kh * g->kw > DT__PAR_MIN))
+    for (nc = 0; nc < g->n * g->c; nc++) {
+        const float *xp = x + nc * g->h * g->w;
+        int64_t oy, ox, ky, kx;
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++) {
+                float best = -INFINITY;
+                int64_t bi = -1;
+                for (ky = 0; ky < g->kh; ky++) {
+                    int64_t iy = oy * g->sh - g->ph + ky;
+                    if (iy < 0 || iy >= g->h) continue;
+                    for (kx = 0; kx < g->kw; kx++) {
+                        int64_t ix = ox * g->sw - g->pw + kx;
+                        float v;
+                        if (ix < 0 || ix >= g->w) continue;
+                        v = xp[iy * g->w + ix];
+                        /* first maximum wins; NaN propagates as PyTorch does */
+                        if (bi < 0 || v > best || v != v) { best = v; bi = iy * g->w + ix; if (v != v) goto done; }
+                    }
+                }
+            done:
+                y[(nc * g->oh + oy) * g->ow + ox] = best;
+                idx[(nc * g->oh + oy) * g->ow + ox] = (int32_t)bi;
+            }
+    }
+}
+static void dt__cpu_maxpool_bwd(void *ctx, const dt_conv_geom *g, const float *dy, const int32_t *idx, float *dx) {
+    int64_t nc;
+    (void)ctx;
+    DT__OMP(parallel for if (g->n * g->c * g->oh * g->ow > DT__PAR_MIN))
+    for (nc = 0; nc < g->n * g->c; nc++) {
+        int64_t k, S = g->oh * g->ow;
+        float *dxp = dx + nc * g->h * g->w;
+        for (k = 0; k < S; k++)
+            if (idx[nc * S + k] >= 0) dxp[idx[nc * S + k]] += dy[nc * S + k];
+    }
+}
+static void dt__cpu_avgpool_fwd(void *ctx, const dt_conv_geom *g, const float *x, float *y) {
+    int64_t nc;
+    float inv = 1.0f / (float)(g->kh * g->kw);
+    (void)ctx;
+    DT__OMP(parallel for if (g->n * g->c * g->oh * g->ow * g->kh * g->kw > DT__PAR_MIN))
+    for (nc = 0; nc < g->n * g->c; nc++) {
+        const float *xp = x + nc * g->h * g->w;
+        int64_t oy, ox, ky, kx;
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++) {
+                float acc = 0.0f;
+                for (ky = 0; ky < g->kh; ky++) {
+                    int64_t iy = oy * g->sh - g->ph + ky;
+                    if (iy < 0 || iy >= g->h) continue;
+                    for (kx = 0; kx < g->kw; kx++) {
+                        int64_t ix = ox * g->sw - g->pw + kx;
+                        if (ix >= 0 && ix < g->w) acc += xp[iy * g->w + ix];
+                    }
+                }
+                y[(nc * g->oh + oy) * g->ow + ox] = acc * inv;
+            }
+    }
+}
+static void dt__cpu_avgpool_bwd(void *ctx, const dt_conv_geom *g, const float *dy, float *dx) {
+    int64_t nc;
+    float inv = 1.0f / (float)(g->kh * g->kw);
+    (void)ctx;
+    DT__OMP(parallel for if (g->n * g->c * g->oh * g->ow * g->kh * g->kw > DT__PAR_MIN))
+    for (nc = 0; nc < g->n * g->c; nc++) {
+        float *dxp = dx + nc * g->h * g->w;
+        int64_t oy, ox, ky, kx;
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++) {
+                float v = dy[(nc * g->oh + oy) * g->ow + ox] * inv;
+                for (ky = 0; ky < g->kh; ky++) {
+                    int64_t iy = oy * g->sh - g->ph + ky;
+                    if (iy < 0 || iy >= g->h) continue;
+                    for (kx = 0; kx < g->kw; kx++) {
+                        int64_t ix = ox * g->sw - g->pw + kx;
+                        if (ix >= 0 && ix < g->w) dxp[iy * g->w + ix] += v;
+                    }
+                }
+            }
+    }
+}
+static void dt__cpu_gap_fwd(void *ctx, const float *x, float *y, int64_t n, int64_t c, int64_t s) {
+    int64_t nc;
+    (void)ctx;
+    DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
+    for (nc = 0; nc < n * c; nc++) {
+        float acc = 0.0f;
+        int64_t k;
+        for (k = 0; k < s; k++) acc += x[nc * s + k];
+        y[nc] = acc / (float)s;
+    }
+}
+static void dt__cpu_gap_bwd(void *ctx, const float *dy, float *dx, int64_t n, int64_t c, int64_t s) {
+    int64_t nc;
+    (void)ctx;
+    DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
+    for (nc = 0; nc < n * c; nc++) {
+        float v = dy[nc] / (float)s;
+        int64_t k;
+        for (k = 0; k < s; k++) dx[nc * s + k] += v;
+    }
+}
+static void dt__cpu_relu_fwd(void *ctx, const float *x, float *y, int64_t n) {
+    int64_t i;
+    (void)ctx;
+    DT__OMP(parallel for simd if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+static void dt__cpu_relu_bwd(void *ctx, const float *y, const float *dy, float *dx, int64_t n) {
+    int64_t i;
+    (void)ctx;
+    DT__OMP(parallel for simd if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i++) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+}
+static void dt__cpu_dropout_fwd(void *ctx, const float *x, float *y, float *mask, int64_t n, float p, uint64_t key) {
+    int64_t i;
+    float keep = 1.0f / (1.0f - p);
+    (void)ctx;
+    DT__OMP(parallel for if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i++) {
+        mask[i] = dt_hash_uniform(key, (uint64_t)i) >= p ? keep : 0.0f;
+        y[i] = x[i] * mask[i];
+    }
+}
+static void dt__cpu_mul_bwd(void *ctx, const float *dy, const float *mask, float *dx, int64_t n) {
+    int64_t i;
+    (void)ctx;
+    DT__OMP(parallel for simd if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i++) dx[i] += dy[i] * mask[i];
+}
+
+static void dt__cpu_bn_fwd(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
+                           const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
+                           float *save_mean, float *save_invstd) {
+    int64_t ch;
+    (void)ctx;
+    DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
+    for (ch = 0; ch < c; ch++) {
+        int64_t i, k, cnt = n * s;
+        float mean, invstd, g, b;
+        if (training) {
+            /* two passes in double: exact enough to match PyTorch to 1e-6 relative at any batch */
+            double sum = 0.0, sq = 0.0, var;
+            for (i = 0; i < n; i++)
+                for (k = 0; k < s; k++) sum += x[(i * c + ch) * s + k];
+            mean = (float)(sum / (double)cnt);
+            for (i = 0; i < n; i++)
+                for (k = 0; k < s; k++) {
+                    double d = (double)x[(i * c + ch) * s + k] - (double)mean;
+                    sq += d * d;
+                }
+            var = sq / (double)cnt;
+            invstd = (float)(1.0 / sqrt(var + (double)eps));
+            rm[ch] = (1.0f - momentum) * rm[ch] + momentum * mean;
+            rv[ch] = (1.0f - momentum) * rv[ch] + momentum * (float)(cnt > 1 ? sq / (double)(cnt - 1) : var);
+        } else {
+            mean = rm[ch];
+            invstd = 1.0f / sqrtf(rv[ch] + eps);
+        }
+        save_mean[ch] = mean;
+        save_invstd[ch] = invstd;
+        g = gamma[ch] * invstd;
+        b = beta[ch] - mean * g;
+        for (i = 0; i < n; i++) {
+            const float *xp = x + (i * c + ch) * s;
+            float *yp = y + (i * c + ch) * s;
+            for (k = 0; k < s; k++) yp[k] = xp[k] * g + b;
+        }
+    }
+}
+static void dt__cpu_bn_bwd(void *ctx, int training, const float *x, const float *dy, float *dx, int64_t n, int64_t c,
+                           int64_t s, const float *gamma, const float *save_mean, const float *save_invstd,
+                           float *dgamma, float *dbeta) {
+    int64_t ch;
+    (void)ctx;
+    DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
+    for (ch = 0; ch < c; ch++) {
+        int64_t i, k, cnt = n * s;
+        double sdy = 0.0, sdyx = 0.0;
+        float mean = save_mean[ch], invstd = save_invstd[ch];
+        for (i = 0; i < n; i++)
+            for (k = 0; k < s; k++) {
+                float d = dy[(i * c + ch) * s + k];
+                sdy += d;
+                sdyx += (double)d * (double)((x[(i * c + ch) * s + k] - mean) * invstd);
+            }
+        dgamma[ch] += (float)sdyx;
+        dbeta[ch] += (float)sdy;
+        if (dx) {
+            float gi = gamma[ch] * invstd;
+            float mdy = training ? (float)(sdy / (double)cnt) : 0.0f;
+            float mdyx = training ? (float)(sdyx / (double)cnt) : 0.0f;
+            for (i = 0; i < n; i++)
+                for (k = 0; k < s; k++) {
+                    int64_t o = (i * c + ch) * s + k;
+                    float xhat = (x[o] - mean) * invstd;
+                    dx[o] += gi * (dy[o] - mdy - xhat * mdyx);
+                }
+        }
+    }
+}
+
+static void dt__cpu_pad_shortcut_fwd(void *ctx, const float *x, float *y, int64_t n, int64_t c, int64_t h, int64_t w,
+                                     int64_t oc, int64_t stride) {
+    int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride, lo = (oc - c) / 2, no;
+    (void)ctx;
+    DT__OMP(parallel for if (n * oc * oh * ow > DT__PAR_MIN))
+    for (no = 0; no < n * oc; no++) {
+        int64_t i = no / oc, o = no % oc, ci = o - lo, yy, xx;
+        float *yp = y + no * oh * ow;
+        if (ci < 0 || ci >= c) { memset(yp, 0, sizeof(float) * (size_t)(oh * ow)); continue; }
+        for (yy = 0; yy < oh; yy++)
+            for (xx = 0; xx < ow; xx++) yp[yy * ow + xx] = x[((i * c + ci) * h + yy * stride) * w + xx * stride];
+    }
+}
+static void dt__cpu_pad_shortcut_bwd(void *ctx, const float *dy, float *dx, int64_t n, int64_t c, int64_t h, int64_t w,
+                                     int64_t oc, int64_t stride) {
+    int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride, lo = (oc - c) / 2, nc;
+    (void)ctx;
+    DT__OMP(parallel for if (n * c * oh * ow > DT__PAR_MIN))
+    for (nc = 0; nc < n * c; nc++) {
+        int64_t i = nc / c, ci = nc % c, yy, xx;
+        const float *dyp = dy + (i * oc + ci + lo) * oh * ow;
+        for (yy = 0; yy < oh; yy++)
+            for (xx = 0; xx < ow; xx++) dx[(nc * h + yy * stride) * w + xx * stride] += dyp[yy * ow + xx];
+    }
+}
+
+static void dt__cpu_log_softmax_fwd(void *ctx, const float *x, float *y, int64_t n, int64_t k) {
+    int64_t r;
+    (void)ctx;
+    DT__OMP(parallel for if (n * k > DT__PAR_MIN))
+    for (r = 0; r < n; r++) {
+        const float *xr = x + r * k;
+        float mx = -INFINITY, lse;
+        double sum = 0.0;
+        int64_t j;
+        for (j = 0; j < k; j++) mx = xr[j] > mx ? xr[j] : mx;
+        for (j = 0; j < k; j++) sum += exp((double)(xr[j] - mx));
+        lse = mx + (float)log(sum);
+        for (j = 0; j < k; j++) y[r * k + j] = xr[j] - lse;
+    }
+}
+static void dt__cpu_log_softmax_bwd(void *ctx, const float *y, const float *dy, float *dx, int64_t n, int64_t k) {
+    int64_t r;
+    (void)ctx;
+    DT__OMP(parallel for if (n * k > DT__PAR_MIN))
+    for (r = 0; r < n; r++) {
+        float sum = 0.0f;
+        int64_t j;
+        for (j = 0; j < k; j++) sum += dy[r * k + j];
+        for (j = 0; j < k; j++) dx[r * k + j] += dy[r * k + j] - expf(y[r * k + j]) * sum;
+    }
+}
+/* Losses run on one thread: their cost is O(n k), tiny next to any layer, and a fixed order keeps the
+   loss bit-reproducible. Labels were checked by the caller. */
+static void dt__cpu_softmax_xent(void *ctx, const float *x, const int32_t *labels, int64_t n, int64_t k, float *dx,
+                                 float *loss) {
+    int64_t r, j;
+    double total = 0.0;
+    (void)ctx;
+    for (r = 0; r < n; r++) {
+        const float *xr = x + r * k;
+        float mx = -INFINITY;
+        double sum = 0.0, lse;
+        for (j = 0; j < k; j++) mx = xr[j] > mx ? xr[j] : mx;
+        for (j = 0; j < k; j++) sum += exp((double)(xr[j] - mx));
+        lse = (double)mx + log(sum);
+        total += lse - (double)xr[labels[r]];
+        for (j = 0; j < k; j++)
+            dx[r * k + j] = (float)((exp((double)xr[j] - lse) - (j == labels[r] ? 1.0 : 0.0)) / (double)n);
+    }
+    *loss = (float)(total / (double)n);
+}
+static void dt__cpu_nll(void *ctx, const float *logp, const int32_t *labels, int64_t n, int64_t k, float *dx,
+                        float *loss) {
+    int64_t r;
+    double total = 0.0;
+    (void)ctx;
+    memset(dx, 0, sizeof(float) * (size_t)(n * k));
+    for (r = 0; r < n; r++) {
+        total -= (double)logp[r * k + labels[r]];
+        dx[r * k + labels[r]] = -1.0f / (float)n;
+    }
+    *loss = (float)(total / (double)n);
+}
+static void dt__cpu_mse(void *ctx, const float *x, const float *target, int64_t n, float *dx, float *loss) {
+    int64_t i;
+    double total = 0.0;
+    (void)ctx;
+    for (i = 0; i < n; i++) {
+        float d = x[i] - target[i];
+        total += (double)d * (double)d;
+        dx[i] = 2.0f * d / (float)n;
+    }
+    *loss = (float)(total / (double)n);
+}
+static void dt__cpu_count_correct(void *ctx, const float *x, const int32_t *labels, int64_t n, int64_t k,
+                                  int64_t *correct) {
+    int64_t r, j, c = 0;
+    (void)ctx;
+    for (r = 0; r < n; r++) {
+        int64_t best = 0;
+        for (j = 1; j < k; j++)
+            if (x[r * k + j] > x[r * k + best]) best = j;
+        c += best == labels[r];
+    }
+    *correct = c;
+}
+
+static const dt_ops dt__cpu_ops_table = {
+    "cpu",
+    dt__cpu_alloc, dt__cpu_free, dt__cpu_upload, dt__cpu_upload, dt__cpu_copy,
+    dt__cpu_fill, dt__cpu_scale, dt__cpu_axpy, dt__cpu_add,
+    dt__cpu_gemm, dt__cpu_add_row_bias, dt__cpu_sum_rows_bwd,
+    dt__cpu_im2col, dt__cpu_col2im_bwd, dt__cpu_cs_to_ncs, dt__cpu_ncs_to_cs, dt__cpu_channel_sum_bwd,
+    dt__cpu_maxpool_fwd, dt__cpu_maxpool_bwd, dt__cpu_avgpool_fwd, dt__cpu_avgpool_bwd,
+    dt__cpu_gap_fwd, dt__cpu_gap_bwd,
+    dt__cpu_relu_fwd, dt__cpu_relu_bwd,
+    dt__cpu_dropout_fwd, dt__cpu_mul_bwd,
+    dt__cpu_bn_fwd, dt__cpu_bn_bwd,
+    dt__cpu_pad_shortcut_fwd, dt__cpu_pad_shortcut_bwd,
+    dt__cpu_log_softmax_fwd, dt__cpu_log_softmax_bwd,
+    dt__cpu_softmax_xent, dt__cpu_nll, dt__cpu_mse, dt__cpu_count_correct
+};
+
+const dt_ops *dt_cpu_ops(void) { return &dt__cpu_ops_table; }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* 3. nn                                                                                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+const char *dt_layer_kind_str(dt_layer_kind k) {
+    static const char *names[DT_LAYER_KIND_COUNT] = {"input", "linear", "conv2d", "maxpool2d", "avgpool2d",
+        "global_avgpool", "relu", "dropout", "batchnorm", "flatten", "add", "pad_shortcut", "log_softmax"};
+    return (k >= 0 && k < DT_LAYER_KIND_COUNT) ? names[k] : "unknown";
+}
+
+typedef struct dt__node {
+    dt_layer_kind kind;
+    int in0, in1;                   /* input node ids (-1 = none) */
+    int ndim;                       /* per-sample output: [c] (1) or [c, h, w] (3) */
+    int64_t c, h, w, size;
+    int64_t k, stride, pad;         /* conv / pool window */
+    int has_bias;
+    float p, eps, momentum;         /* dropout, batchnorm */
+    int param0, nparams, buf0, nbufs;
+    int alias;                      /* 1: output and gradient are the input's (flatten) */
+    char name[64];
+    /* arena pointers, set by dt__reserve */
+    float *out, *grad, *aux;        /* aux: dropout mask [batch*size] or batchnorm mean, invstd [2c] */
+    int32_t *idx;                   /* maxpool argmax [batch*size] */
+} dt__node;
+
+typedef struct dt__pinfo {
+    char name[80];
+    int node, ndim;
+    int64_t offset, count, shape[DT_MAX_DIMS];
+} dt__pinfo;
+
+struct dt_model {
+    const dt_ops *ops;
+    void *ctx;
+    uint64_t seed, stream;
+    int input_vector;               /* input is [c] rather than [c, h, w] */
+    int input_grad;
+    dt__node *nodes;
+    int nnodes, cap_nodes;
+    dt__pinfo *pinfo, *binfo;
+    int npinfo, cap_pinfo, nbinfo, cap_binfo;
+    int64_t nparams, nbuffers;
+    dt_result error;                /* first builder error, sticky */
+    char error_msg[512];
+    int finalized, training, seed_ready;
+    float *params, *grads, *buffers;
+    /* activation arena */
+    int64_t cap_batch, batch;
+    float *arena;
+    int32_t *iarena;
+    float *seed_grad;               /* gradient of the loss w.r.t. the output [cap_batch, out size] */
+    int32_t *labels;                /* [cap_batch] */
+    float *ws;                      /* convolution workspace */
+    int64_t ws_count;
+    uint64_t step;                  /* forward passes in training mode: the dropout counter */
+};
+
+/* ---- builder ---------------------------------------------------------------------------------- */
+
+static int dt__fail_build(dt_model *m, dt_result r, const char *fmt, ...) {
+    if (m->error == DT_OK) {
+        va_list ap;
+        int n = snprintf(m->error_msg, sizeof m->error_msg, "%s: ", dt_result_str(r));
+        va_start(ap, fmt);
+        if (n > 0 && (size_t)n < sizeof m->error_msg)
+            vsnprintf(m->error_msg + n, sizeof m->error_msg - (size_t)n, fmt, ap);
+        va_end(ap);
+        m->error = r;
+    }
+    snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg);
+    return -1;
+}
+
+/* Validates a builder call's input; returns 0 when the call may go on. */
+static int dt__check_input(dt_model *m, int x, const char *what) {
+    if (!m) { dt_set_error(DT_ERR_INVALID_ARG, "%s: model is NULL", what); return -1; }
+    if (m->error != DT_OK) { snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg); return -1; }
+    if (m->finalized) return dt__fail_build(m, DT_ERR_STATE, "%s: model is already finalized; add every layer before dt_model_finalize", what);
+    if (x < 0 || x >= m->nnodes) return dt__fail_build(m, DT_ERR_INVALID_ARG, "%s: input node %d does not exist (model has %d nodes)", what, x, m->nnodes);
+    return 0;
+}
+
+static dt__node *dt__add_node(dt_model *m, dt_layer_kind kind, int in0) {
+    dt__node *n;
+    if (m->nnodes == m->cap_nodes) {
+        int cap = m->cap_nodes ? 2 * m->cap_nodes : 16;
+        dt__node *nn = (dt__node *)DT_REALLOC(m->nodes, sizeof(dt__node) * (size_t)cap);
+        if (!nn) { dt__fail_build(m, DT_ERR_OUT_OF_MEMORY, "cannot grow the node list to %d nodes", cap); return NULL; }
+        m->nodes = nn;
+        m->cap_nodes = cap;
+    }
+    n = &m->nodes[m->nnodes];
+    memset(n, 0, sizeof *n);
+    n->kind = kind;
+    n->in0 = in0;
+    n->in1 = -1;
+    n->param0 = m->npinfo;
+    n->buf0 = m->nbinfo;
+    if (in0 >= 0) {
+        const dt__node *src = &m->nodes[in0];
+        n->ndim = src->ndim; n->c = src->c; n->h = src->h; n->w = src->w; n->size = src->size;
+    }
+    snprintf(n->name, sizeof n->name, "%s%d", dt_layer_kind_str(kind), m->nnodes);
+    m->nnodes++;
+    return n;
+}
+
+static void dt__set_shape3(dt__node *n, int64_t c, int64_t h, int64_t w) {
+    n->ndim = 3; n->c = c; n->h = h; n->w = w; n->size = c * h * w;
+}
+static void dt__set_shape1(dt__node *n, int64_t c) {
+    n->ndim = 1; n->c = c; n->h = 1; n->w = 1; n->size = c;
+}
+
+/* Adds a parameter (buf = 0) or buffer (buf = 1) view to the node last added. */
+static int dt__add_view(dt_model *m, int buf, const char *suffix, int ndim, int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
+    dt__pinfo **arr = buf ? &m->binfo : &m->pinfo;
+    int *cnt = buf ? &m->nbinfo : &m->npinfo, *cap = buf ? &m->cap_binfo : &m->cap_pinfo;
+    dt__pinfo *p;
+    dt__node *n = &m->nodes[m->nnodes - 1];
+    if (*cnt == *cap) {
+        int c2 = *cap ? 2 * *cap : 16;
+        dt__pinfo *np = (dt__pinfo *)DT_REALLOC(*arr, sizeof(dt__pinfo) * (size_t)c2);
+        if (!np) return dt__fail_build(m, DT_ERR_OUT_OF_MEMORY, "cannot grow the parameter list");
+        *arr = np;
+        *cap = c2;
+    }
+    p = &(*arr)[(*cnt)++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", suffix);   /* full names are made at finalize */
+    p->node = m->nnodes - 1;
+    p->ndim = ndim;
+    p->shape[0] = s0; p->shape[1] = s1; p->shape[2] = s2; p->shape[3] = s3;
+    p->count = s0 * (ndim > 1 ? s1 : 1) * (ndim > 2 ? s2 : 1) * (ndim > 3 ? s3 : 1);
+    if (buf) { p->offset = m->nbuffers; m->nbuffers += p->count; n->nbufs++; }
+    else { p->offset = m->nparams; m->nparams += p->count; n->nparams++; }
+    return 0;
+}
+
+dt_result dt_model_create(dt_model **out, const dt_model_desc *desc) {
+    dt_model *m;
+    dt__node *in;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_create: out is NULL");
+    *out = NULL;
+    if (!desc) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_create: desc is NULL; pass a dt_model_desc with the input shape");
+    if (desc->in_c <= 0 || desc->in_h < 0 || desc->in_w < 0 || ((desc->in_h == 0) != (desc->in_w == 0)))
+        return dt_set_error(DT_ERR_SHAPE, "dt_model_create: input shape (c=%lld, h=%lld, w=%lld) is invalid; set in_c > 0 and "
+                            "either both in_h and in_w > 0 (images) or both 0 (vectors)",
+                            (long long)desc->in_c, (long long)desc->in_h, (long long)desc->in_w);
+    m = (dt_model *)DT_MALLOC(sizeof *m);
+    if (!m) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_model_create: no memory for the model");
+    memset(m, 0, sizeof *m);
+    m->ops = desc->ops ? desc->ops : dt_cpu_ops();
+    m->ctx = desc->ops_ctx;
+    m->seed = desc->seed;
+    m->stream = desc->stream;
+    m->training = 1;
+    m->input_vector = desc->in_h == 0;
+    m->input_grad = desc->input_grad != 0;
+    in = dt__add_node(m, DT_LAYER_INPUT, -1);
+    if (!in) { dt_model_destroy(m); return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_model_create: no memory for nodes"); }
+    if (m->input_vector) dt__set_shape1(in, desc->in_c);
+    else dt__set_shape3(in, desc->in_c, desc->in_h, desc->in_w);
+    snprintf(in->name, sizeof in->name, "input");
+    *out = m;
+    return DT_OK;
+}
+
+static void dt__free_arena(dt_model *m) {
+    if (m->arena) m->ops->free(m->ctx, m->arena);
+    if (m->iarena) m->ops->free(m->ctx, m->iarena);
+    m->arena = NULL;
+    m->iarena = NULL;
+    m->cap_batch = 0;
+}
+
+void dt_model_destroy(dt_model *m) {
+    if (!m) return;
+    dt__free_arena(m);
+    if (m->params) m->ops->free(m->ctx, m->params);
+    if (m->grads) m->ops->free(m->ctx, m->grads);
+    if (m->buffers) m->ops->free(m->ctx, m->buffers);
+    DT_FREE(m->nodes);
+    DT_FREE(m->pinfo);
+    DT_FREE(m->binfo);
+    DT_FREE(m);
+}
+
+int dt_model_input(dt_model *m) { return m ? 0 : -1; }
+
+int dt_linear(dt_model *m, int x, int64_t out_features, int bias) {
+    dt__node *n;
+    int64_t in;
+    if (dt__check_input(m, x, "dt_linear")) return -1;
+    if (m->nodes[x].ndim != 1)
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_linear: input node %d (%s) has shape [%lld, %lld, %lld]; a linear layer needs "
+                              "a vector: insert dt_flatten before it", x, m->nodes[x].name, (long long)m->nodes[x].c,
+                              (long long)m->nodes[x].h, (long long)m->nodes[x].w);
+    if (out_features <= 0) return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_linear: out_features is %lld; it must be > 0", (long long)out_features);
+    in = m->nodes[x].size;
+    if (!(n = dt__add_node(m, DT_LAYER_LINEAR, x))) return -1;
+    dt__set_shape1(n, out_features);
+    n->has_bias = bias != 0;
+    if (dt__add_view(m, 0, "weight", 2, out_features, in, 0, 0)) return -1;
+    if (n->has_bias && dt__add_view(m, 0, "bias", 1, out_features, 0, 0, 0)) return -1;
+    return m->nnodes - 1;
+}
+
+/* Window geometry of node n over its input (batch left 0). */
+static dt_conv_geom dt__geom(const dt_model *m, const dt__node *n, int64_t batch) {
+    const dt__node *src = &m->nodes[n->in0];
+    dt_conv_geom g;
+    memset(&g, 0, sizeof g);
+    g.n = batch; g.c = src->c; g.h = src->h; g.w = src->w;
+    g.oc = n->c; g.oh = n->h; g.ow = n->w;
+    g.kh = g.kw = n->k; g.sh = g.sw = n->stride; g.ph = g.pw = n->pad;
+    return g;
+}
+
+static int dt__window(dt_model *m, int x, dt_layer_kind kind, int64_t oc, int64_t k, int64_t stride, int64_t pad,
+                      const char *what) {
+    dt_conv_geom g;
+    dt__node *n;
+    const dt__node *src;
+    if (dt__check_input(m, x, what)) return -1;
+    src = &m->nodes[x];
+    if (src->ndim != 3)
+        return dt__fail_build(m, DT_ERR_SHAPE, "%s: input node %d (%s) is a vector of %lld; it needs an image [c, h, w]",
+                              what, x, src->name, (long long)src->size);
+    if (kind == DT_LAYER_MAXPOOL2D || kind == DT_LAYER_AVGPOOL2D) {
+        if (stride == 0) stride = k;
+        if (pad * 2 > k)
+            return dt__fail_build(m, DT_ERR_SHAPE, "%s: padding %lld is more than half the kernel %lld (PyTorch's limit too)",
+                                  what, (long long)pad, (long long)k);
+    } else if (stride == 0) stride = 1;
+    memset(&g, 0, sizeof g);
+    g.c = src->c; g.h = src->h; g.w = src->w; g.kh = g.kw = k; g.sh = g.sw = stride; g.ph = g.pw = pad;
+    if (oc <= 0) return dt__fail_build(m, DT_ERR_INVALID_ARG, "%s: out_channels is %lld; it must be > 0", what, (long long)oc);
+    if (dt_conv_geom_resolve(&g) != DT_OK) return dt__fail_build(m, DT_ERR_SHAPE, "%s: %s", what, dt_last_error());
+    if (!(n = dt__add_node(m, kind, x))) return -1;
+    dt__set_shape3(n, oc, g.oh, g.ow);
+    n->k = k; n->stride = stride; n->pad = pad;
+    return m->nnodes - 1;
+}
+
+int dt_conv2d_ex(dt_model *m, int x, const dt_conv2d_desc *d) {
+    int id;
+    dt__node *n;
+    int64_t cin;
+    if (!d) { if (m) return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_conv2d_ex: desc is NULL"); return -1; }
+    id = dt__window(m, x, DT_LAYER_CONV2D, d->out_channels, d->kernel, d->stride, d->pad, "dt_conv2d");
+    if (id < 0) return -1;
+    n = &m->nodes[id];
+    cin = m->nodes[x].c;
+    n->has_bias = !d->no_bias;
+    if (dt__add_view(m, 0, "weight", 4, d->out_channels, cin, d->kernel, d->kernel)) return -1;
+    if (n->has_bias && dt__add_view(m, 0, "bias", 1, d->out_channels, 0, 0, 0)) return -1;
+    return id;
+}
+int dt_conv2d(dt_model *m, int x, int64_t out_channels, int64_t kernel, int64_t stride, int64_t pad) {
+    dt_conv2d_desc d;
+    memset(&d, 0, sizeof d);
+    d.out_channels = out_channels; d.kernel = kernel; d.stride = stride; d.pad = pad;
+    return dt_conv2d_ex(m, x, &d);
+}
+int dt_maxpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad) {
+    if (dt__check_input(m, x, "dt_maxpool2d")) return -1;
+    return dt__window(m, x, DT_LAYER_MAXPOOL2D, m->nodes[x].c, kernel, stride, pad, "dt_maxpool2d");
+}
+int dt_avgpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad) {
+    if (dt__check_input(m, x, "dt_avgpool2d")) return -1;
+    return dt__window(m, x, DT_LAYER_AVGPOOL2D, m->nodes[x].c, kernel, stride, pad, "dt_avgpool2d");
+}
+
+static int dt__unary(dt_model *m, int x, dt_layer_kind kind, const char *what) {
+    if (dt__check_input(m, x, what)) return -1;
+    if (!dt__add_node(m, kind, x)) return -1;
+    return m->nnodes - 1;
+}
+
+int dt_global_avgpool(dt_model *m, int x) {
+    int id;
+    if (dt__check_input(m, x, "dt_global_avgpool")) return -1;
+    if (m->nodes[x].ndim != 3)
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_global_avgpool: input node %d (%s) is a vector; it needs an image [c, h, w]",
+                              x, m->nodes[x].name);
+    if ((id = dt__unary(m, x, DT_LAYER_GLOBAL_AVGPOOL, "dt_global_avgpool")) < 0) return -1;
+    dt__set_shape1(&m->nodes[id], m->nodes[x].c);
+    return id;
+}
+int dt_relu(dt_model *m, int x) { return dt__unary(m, x, DT_LAYER_RELU, "dt_relu"); }
+int dt_dropout(dt_model *m, int x, float p) {
+    int id;
+    if (dt__check_input(m, x, "dt_dropout")) return -1;
+    if (!(p >= 0.0f && p < 1.0f))
+        return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_dropout: p = %g; it must be in [0, 1)", (double)p);
+    if ((id = dt__unary(m, x, DT_LAYER_DROPOUT, "dt_dropout")) < 0) return -1;
+    m->nodes[id].p = p;
+    return id;
+}
+int dt_batchnorm_ex(dt_model *m, int x, float eps, float momentum) {
+    int id;
+    int64_t c;
+    if (dt__check_input(m, x, "dt_batchnorm")) return -1;
+    if (eps == 0.0f) eps = 1e-5f;
+    if (momentum == 0.0f) momentum = 0.1f;
+    if (!(eps > 0.0f) || !(momentum > 0.0f && momentum <= 1.0f))
+        return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_batchnorm: eps %g must be > 0 and momentum %g in (0, 1]",
+                              (double)eps, (double)momentum);
+    if ((id = dt__unary(m, x, DT_LAYER_BATCHNORM, "dt_batchnorm")) < 0) return -1;
+    m->nodes[id].eps = eps;
+    m->nodes[id].momentum = momentum;
+    c = m->nodes[id].c;
+    if (dt__add_view(m, 0, "weight", 1, c, 0, 0, 0) || dt__add_view(m, 0, "bias", 1, c, 0, 0, 0) ||
+        dt__add_view(m, 1, "running_mean", 1, c, 0, 0, 0) || dt__add_view(m, 1, "running_var", 1, c, 0, 0, 0))
+        return -1;
+    return id;
+}
+int dt_batchnorm(dt_model *m, int x) { return dt_batchnorm_ex(m, x, 0.0f, 0.0f); }
+int dt_flatten(dt_model *m, int x) {
+    int id;
+    if ((id = dt__unary(m, x, DT_LAYER_FLATTEN, "dt_flatten")) < 0) return -1;
+    dt__set_shape1(&m->nodes[id], m->nodes[x].size);
+    m->nodes[id].alias = 1;
+    return id;
+}
+int dt_add(dt_model *m, int a, int b) {
+    int id;
+    const dt__node *na, *nb;
+    if (dt__check_input(m, a, "dt_add") || dt__check_input(m, b, "dt_add")) return -1;
+    na = &m->nodes[a]; nb = &m->nodes[b];
+    if (na->ndim != nb->ndim || na->c != nb->c || na->h != nb->h || na->w != nb->w)
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_add: node %d (%s) is [%lld, %lld, %lld] but node %d (%s) is [%lld, %lld, %lld]; "
+                              "a residual sum needs equal shapes (use dt_pad_shortcut or a 1x1 conv on the shortcut)",
+                              a, na->name, (long long)na->c, (long long)na->h, (long long)na->w, b, nb->name,
+                              (long long)nb->c, (long long)nb->h, (long long)nb->w);
+    if ((id = dt__unary(m, a, DT_LAYER_ADD, "dt_add")) < 0) return -1;
+    m->nodes[id].in1 = b;
+    return id;
+}
+int dt_pad_shortcut(dt_model *m, int x, int64_t out_channels, int64_t stride) {
+    int id;
+    const dt__node *src;
+    if (dt__check_input(m, x, "dt_pad_shortcut")) return -1;
+    src = &m->nodes[x];
+    if (src->ndim != 3 || out_channels < src->c || (out_channels - src->c) % 2 != 0 || stride <= 0)
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_pad_shortcut: input node %d (%s) with %lld channels cannot be padded to %lld "
+                              "channels with stride %lld: it needs an image, out_channels >= in_channels with an even "
+                              "difference, and stride > 0", x, src->name, (long long)src->c, (long long)out_channels,
+                              (long long)stride);
+    if ((id = dt__unary(m, x, DT_LAYER_PAD_SHORTCUT, "dt_pad_shortcut")) < 0) return -1;
+    dt__set_shape3(&m->nodes[id], out_channels, (src->h + stride - 1) / stride, (src->w + stride - 1) / stride);
+    m->nodes[id].stride = stride;
+    return id;
+}
+int dt_log_softmax(dt_model *m, int x) {
+    if (dt__check_input(m, x, "dt_log_softmax")) return -1;
+    if (m->nodes[x].ndim != 1)
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_log_softmax: input node %d (%s) is an image; flatten it first", x, m->nodes[x].name);
+    return dt__unary(m, x, DT_LAYER_LOG_SOFTMAX, "dt_log_softmax");
+}
+int dt_model_name(dt_model *m, int x, const char *name) {
+    if (!m || x < 0 || x >= m->nnodes || !name) return -1;
+    snprintf(m->nodes[x].name, sizeof m->nodes[x].name, "%s", name);
+    return x;
+}
+
+/* ---- finalize: flat buffers and initialisation ------------------------------------------------ */
+
+static void dt__full_names(dt_model *m, dt__pinfo *arr, int count) {
+    int i;
+    for (i = 0; i < count; i++) {
+        char suffix[80];
+        snprintf(suffix, sizeof suffix, "%s", arr[i].name);
+        snprintf(arr[i].name, sizeof arr[i].name, "%.60s.%.18s", m->nodes[arr[i].node].name, suffix);
+    }
+}
+
+dt_result dt_model_finalize(dt_model *m) {
+    float *hp = NULL, *hb = NULL;
+    dt_rng rng;
+    int i;
+    if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_finalize: model is NULL");
+    if (m->error != DT_OK) { snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg); return m->error; }
+    if (m->finalized) return dt_set_error(DT_ERR_STATE, "dt_model_finalize: the model is already finalized");
+    if (m->nnodes < 2) return dt_set_error(DT_ERR_STATE, "dt_model_finalize: the model has no layers; add some with dt_linear, dt_conv2d, ...");
+    dt__full_names(m, m->pinfo, m->npinfo);
+    dt__full_names(m, m->binfo, m->nbinfo);
+    m->params = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * m->nparams);
+    m->grads = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * m->nparams);
+    m->buffers = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * m->nbuffers);
+    hp = (float *)DT_MALLOC(sizeof(float) * (size_t)(m->nparams + 1));
+    hb = (float *)DT_MALLOC(sizeof(float) * (size_t)(m->nbuffers + 1));
+    if (!m->params || !m->grads || !m->buffers || !hp || !hb) {
+        DT_FREE(hp); DT_FREE(hb);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_model_finalize: no memory for %lld parameters and %lld buffer elements",
+                            (long long)m->nparams, (long long)m->nbuffers);
+    }
+    /* PyTorch's defaults: kaiming_uniform_(a=sqrt(5)) gives weights U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+       and biases use the same bound; batchnorm starts at weight 1, bias 0, mean 0, var 1. */
+    dt_rng_init(&rng, m->seed, m->stream);
+    for (i = 0; i < m->npinfo; i++) {
+        const dt__pinfo *p = &m->pinfo[i];
+        const dt__node *n = &m->nodes[p->node];
+        int64_t j, fan_in = 1;
+        int is_bias = strstr(p->name, ".bias") != NULL && strcmp(p->name + strlen(p->name) - 5, ".bias") == 0;
+        if (n->kind == DT_LAYER_BATCHNORM) {
+            for (j = 0; j < p->count; j++) hp[p->offset + j] = is_bias ? 0.0f : 1.0f;
+            continue;
+        }
+        fan_in = m->pinfo[n->param0].count / m->pinfo[n->param0].shape[0];
+        {
+            float bound = 1.0f / sqrtf((float)fan_in);
+            for (j = 0; j < p->count; j++) hp[p->offset + j] = (2.0f * dt_rng_uniform(&rng) - 1.0f) * bound;
+        }
+    }
+    for (i = 0; i < m->nbinfo; i++) {
+        const dt__pinfo *p = &m->binfo[i];
+        int64_t j;
+        float v = strstr(p->name, "running_var") ? 1.0f : 0.0f;
+        for (j = 0; j < p->count; j++) hb[p->offset + j] = v;
+    }
+    m->ops->upload(m->ctx, m->params, hp, (int64_t)sizeof(float) * m->nparams);
+    m->ops->upload(m->ctx, m->buffers, hb, (int64_t)sizeof(float) * m->nbuffers);
+    m->ops->fill(m->ctx, m->grads, m->nparams, 0.0f);
+    DT_FREE(hp);
+    DT_FREE(hb);
+    m->finalized = 1;
+    return DT_OK;
+}
+
+/* Sizes and places the activation arena for `batch` samples. Allocation happens only when the batch
+   grows past the largest one seen, so a steady training loop never allocates. */
+static dt_result dt__reserve(dt_model *m, int64_t batch) {
+    int64_t total = 0, itotal = 0, ws = 0, outsz;
+    int i;
+    float *a;
+    int32_t *ia;
+    if (batch <= m->cap_batch) return DT_OK;
+    outsz = m->nodes[m->nnodes - 1].size;
+    for (i = 0; i < m->nnodes; i++) {
+        const dt__node *n = &m->nodes[i];
+        if (!n->alias) total += 2 * batch * n->size;
+        if (n->kind == DT_LAYER_DROPOUT) total += batch * n->size;
+        if (n->kind == DT_LAYER_BATCHNORM) total += 2 * n->c;
+        if (n->kind == DT_LAYER_MAXPOOL2D) itotal += batch * n->size;
+        if (n->kind == DT_LAYER_CONV2D) {
+            /* workspace: col [c k k, nb s] + t [oc, nb s] for a chunk of nb images */
+            dt_conv_geom g = dt__geom(m, n, batch);
+            int64_t per = (g.c * g.kh * g.kw + g.oc) * g.oh * g.ow;
+            int64_t nb = DT_CONV_WORKSPACE / per;
+            if (nb < 1) nb = 1;
+            if (nb > batch) nb = batch;
+            if (nb * per > ws) ws = nb * per;
+        }
+    }
+    total += ws + batch * outsz;
+    itotal += batch;
+    a = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * total);
+    ia = (int32_t *)m->ops->alloc(m->ctx, (int64_t)sizeof(int32_t) * itotal);
+    if (!a || !ia) {
+        if (a) m->ops->free(m->ctx, a);
+        if (ia) m->ops->free(m->ctx, ia);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_model_forward: no memory for the activations of a batch of %lld "
+                            "(%lld floats); use a smaller batch", (long long)batch, (long long)total);
+    }
+    dt__free_arena(m);
+    m->arena = a;
+    m->iarena = ia;
+    m->cap_batch = batch;
+    for (i = 0; i < m->nnodes; i++) {
+        dt__node *n = &m->nodes[i];
+        if (n->alias) { n->out = m->nodes[n->in0].out; n->grad = m->nodes[n->in0].grad; }
+        else { n->out = a; a += batch * n->size; n->grad = a; a += batch * n->size; }
+        if (i == 0 && !m->input_grad) n->grad = NULL;
+        n->aux = NULL; n->idx = NULL;
+        if (n->kind == DT_LAYER_DROPOUT) { n->aux = a; a += batch * n->size; }
+        if (n->kind == DT_LAYER_BATCHNORM) { n->aux = a; a += 2 * n->c; }
+        if (n->kind == DT_LAYER_MAXPOOL2D) { n->idx = ia; ia += batch * n->size; }
+    }
+    m->ws = a; m->ws_count = ws; a += ws;
+    m->seed_grad = a;
+    m->labels = ia;
+    return DT_OK;
+}
+
+void dt_model_train(dt_model *m, int training) { if (m) m->training = training != 0; }
+int dt_model_is_training(const dt_model *m) { return m ? m->training : 0; }
+
+/* ---- forward and backward of each layer --------------------------------------------------------- */
+
+static float *dt__pv(dt_model *m, const dt__node *n, int j) { return m->params + m->pinfo[n->param0 + j].offset; }
+static float *dt__gv(dt_model *m, const dt__node *n, int j) { return m->grads + m->pinfo[n->param0 + j].offset; }
+static float *dt__bv(dt_model *m, const dt__node *n, int j) { return m->buffers + m->binfo[n->buf0 + j].offset; }
+
+/* Convolution as im2col + one GEMM per chunk of images:  t [oc, nb*s] = W [oc, c*k*k] col [c*k*k, nb*s] */
+static void dt__conv_fwd(dt_model *m, const dt__node *n, int64_t batch) {
+    const dt_ops *O = m->ops;
+    dt_conv_geom g = dt__geom(m, n, batch);
+    int64_t ckk = g.c * g.kh * g.kw, S = g.oh * g.ow, per = (ckk + g.oc) * S, nb = m->ws_count / per, i0;
+    const float *x = m->nodes[n->in0].out, *W = dt__pv(m, n, 0), *b = n->has_bias ? dt__pv(m, n, 1) : NULL;
+    if (nb < 1) nb = 1;
+    for (i0 = 0; i0 < batch; i0 += nb) {
+        dt_conv_geom gc = g;
+        float *col = m->ws, *t;
+        gc.n = batch - i0 < nb ? batch - i0 : nb;
+        t = col + ckk * gc.n * S;
+        O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
+        O->gemm(m->ctx, 0, 0, g.oc, gc.n * S, ckk, 1.0f, W, ckk, col, gc.n * S, 0.0f, t, gc.n * S);
+        O->cs_to_ncs(m->ctx, n->out + i0 * g.oc * S, t, b, gc.n, g.oc, S);
+    }
+}
+/* dW += t col^T;  db += sum dy;  dcol = W^T t, dx += col2im(dcol)   with t = dy as [oc, nb*s] */
+static void dt__conv_bwd(dt_model *m, const dt__node *n, int64_t batch, float *dx) {
+    const dt_ops *O = m->ops;
+    dt_conv_geom g = dt__geom(m, n, batch);
+    int64_t ckk = g.c * g.kh * g.kw, S = g.oh * g.ow, per = (ckk + g.oc) * S, nb = m->ws_count / per, i0;
+    const float *x = m->nodes[n->in0].out, *W = dt__pv(m, n, 0);
+    float *dW = dt__gv(m, n, 0);
+    if (nb < 1) nb = 1;
+    if (n->has_bias) O->channel_sum_bwd(m->ctx, dt__gv(m, n, 1), n->grad, batch, g.oc, S);
+    for (i0 = 0; i0 < batch; i0 += nb) {
+        dt_conv_geom gc = g;
+        float *col = m->ws, *t;
+        gc.n = batch - i0 < nb ? batch - i0 : nb;
+        t = col + ckk * gc.n * S;
+        O->ncs_to_cs(m->ctx, t, n->grad + i0 * g.oc * S, gc.n, g.oc, S);
+        O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
+        O->gemm(m->ctx, 0, 1, g.oc, ckk, gc.n * S, 1.0f, t, gc.n * S, col, gc.n * S, 1.0f, dW, ckk);
+        if (dx) {
+            O->gemm(m->ctx, 1, 0, ckk, gc.n * S, g.oc, 1.0f, W, ckk, t, gc.n * S, 0.0f, col, gc.n * S);
+            O->col2im_bwd(m->ctx, &gc, col, dx + i0 * g.c * g.h * g.w);
+        }
+    }
+}
+
+static void dt__node_fwd(dt_model *m, dt__node *n, int64_t batch) {
+    const dt_ops *O = m->ops;
+    void *C = m->ctx;
+    const dt__node *in = &m->nodes[n->in0 < 0 ? 0 : n->in0];
+    const float *x = in->out;
+    int64_t cnt = batch * n->size;
+    switch (n->kind) {
+    case DT_LAYER_INPUT: case DT_LAYER_FLATTEN: break;
+    case DT_LAYER_LINEAR:      /* y [b, out] = x [b, in] W^T [in, out] + bias */
+        O->gemm(C, 0, 1, batch, n->c, in->size, 1.0f, x, in->size, dt__pv(m, n, 0), in->size, 0.0f, n->out, n->c);
+        if (n->has_bias) O->add_row_bias(C, n->out, dt__pv(m, n, 1), batch, n->c);
+        break;
+    case DT_LAYER_CONV2D: dt__conv_fwd(m, n, batch); break;
+    case DT_LAYER_MAXPOOL2D: { dt_conv_geom g = dt__geom(m, n, batch); O->maxpool_fwd(C, &g, x, n->out, n->idx); } break;
+    case DT_LAYER_AVGPOOL2D: { dt_conv_geom g = dt__geom(m, n, batch); O->avgpool_fwd(C, &g, x, n->out); } break;
+    case DT_LAYER_GLOBAL_AVGPOOL: O->gap_fwd(C, x, n->out, batch, in->c, in->h * in->w); break;
+    case DT_LAYER_RELU: O->relu_fwd(C, x, n->out, cnt); break;
+    case DT_LAYER_DROPOUT:
+        if (m->training && n->p > 0.0f) {
+            uint64_t key = dt__mix64(m->seed ^ dt__mix64(m->stream * 0x100000001b3ULL + (uint64_t)(n - m->nodes)) ^
+                                     (m->step * 0x9e3779b97f4a7c15ULL));
+            O->dropout_fwd(C, x, n->out, n->aux, cnt, n->p, key);
+        } else {
+            O->copy(C, n->out, x, cnt);
+            O->fill(C, n->aux, cnt, 1.0f);
+        }
+        break;
+    case DT_LAYER_BATCHNORM:
+        O->bn_fwd(C, m->training, x, n->out, batch, n->c, n->h * n->w, dt__pv(m, n, 0), dt__pv(m, n, 1), dt__bv(m, n, 0),
+                  dt__bv(m, n, 1), n->eps, n->momentum, n->aux, n->aux + n->c);
+        break;
+    case DT_LAYER_ADD: O->add(C, n->out, x, m->nodes[n->in1].out, cnt); break;
+    case DT_LAYER_PAD_SHORTCUT: O->pad_shortcut_fwd(C, x, n->out, batch, in->c, in->h, in->w, n->c, n->stride); break;
+    case DT_LAYER_LOG_SOFTMAX: O->log_softmax_fwd(C, x, n->out, batch, n->c); break;
+    default: break;
+    }
+}
+
+static void dt__node_bwd(dt_model *m, dt__node *n, int64_t batch) {
+    const dt_ops *O = m->ops;
+    void *C = m->ctx;
+    dt__node *in = &m->nodes[n->in0 < 0 ? 0 : n->in0];
+    float *dx = in->grad;      /* NULL when nobody needs the input's gradient */
+    const float *x = in->out, *dy = n->grad;
+    int64_t cnt = batch * n->size;
+    switch (n->kind) {
+    case DT_LAYER_INPUT: case DT_LAYER_FLATTEN: break;
+    case DT_LAYER_LINEAR:      /* dW [out, in] += dy^T x;  db += sum_b dy;  dx [b, in] += dy W */
+        O->gemm(C, 1, 0, n->c, in->size, batch, 1.0f, dy, n->c, x, in->size, 1.0f, dt__gv(m, n, 0), in->size);
+        if (n->has_bias) O->sum_rows_bwd(C, dt__gv(m, n, 1), dy, batch, n->c);
+        if (dx) O->gemm(C, 0, 0, batch, in->size, n->c, 1.0f, dy, n->c, dt__pv(m, n, 0), in->size, 1.0f, dx, in->size);
+        break;
+    case DT_LAYER_CONV2D: dt__conv_bwd(m, n, batch, dx); break;
+    case DT_LAYER_MAXPOOL2D: if (dx) { dt_conv_geom g = dt__geom(m, n, batch); O->maxpool_bwd(C, &g, dy, n->idx, dx); } break;
+    case DT_LAYER_AVGPOOL2D: if (dx) { dt_conv_geom g = dt__geom(m, n, batch); O->avgpool_bwd(C, &g, dy, dx); } break;
+    case DT_LAYER_GLOBAL_AVGPOOL: if (dx) O->gap_bwd(C, dy, dx, batch, in->c, in->h * in->w); break;
+    case DT_LAYER_RELU: if (dx) O->relu_bwd(C, n->out, dy, dx, cnt); break;
+    case DT_LAYER_DROPOUT: if (dx) O->mul_bwd(C, dy, n->aux, dx, cnt); break;
+    case DT_LAYER_BATCHNORM:
+        O->bn_bwd(C, m->training, x, dy, dx, batch, n->c, n->h * n->w, dt__pv(m, n, 0), n->aux, n->aux + n->c,
+                  dt__gv(m, n, 0), dt__gv(m, n, 1));
+        break;
+    case DT_LAYER_ADD:
+        if (dx) O->axpy(C, dx, dy, cnt, 1.0f);
+        if (m->nodes[n->in1].grad) O->axpy(C, m->nodes[n->in1].grad, dy, cnt, 1.0f);
+        break;
+    case DT_LAYER_PAD_SHORTCUT: if (dx) O->pad_shortcut_bwd(C, dy, dx, batch, in->c, in->h, in->w, n->c, n->stride); break;
+    case DT_LAYER_LOG_SOFTMAX: if (dx) O->log_softmax_bwd(C, n->out, dy, dx, batch, n->c); break;
+    default: break;
+    }
+}
+
+/* ---- passes --------------------------------------------------------------------------------------- */
+
+static dt_result dt__need_final(const dt_model *m, const char *what) {
+    if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: model is NULL", what);
+    if (!m->finalized) return dt_set_error(DT_ERR_STATE, "%s: call dt_model_finalize after building the model", what);
+    return DT_OK;
+}
+
+dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch) {
+    dt_result r;
+    int i;
+    if ((r = dt__need_final(m, "dt_model_forward")) != DT_OK) return r;
+    if (!x) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_forward: input x is NULL");
+    if (batch <= 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_forward: batch is %lld; it must be > 0", (long long)batch);
+    if ((r = dt__reserve(m, batch)) != DT_OK) return r;
+    m->ops->upload(m->ctx, m->nodes[0].out, x, (int64_t)sizeof(float) * batch * m->nodes[0].size);
+    for (i = 1; i < m->nnodes; i++) dt__node_fwd(m, &m->nodes[i], batch);
+    if (m->training) m->step++;
+    m->batch = batch;
+    m->seed_ready = 0;
+    return DT_OK;
+}
+
+/* Checks that a loss may run on the output and uploads the labels (when given). */
+static dt_result dt__loss_prep(dt_model *m, const int32_t *labels, const float *target, const char *what) {
+    const dt__node *out;
+    dt_result r;
+    int64_t i;
+    if ((r = dt__need_final(m, what)) != DT_OK) return r;
+    if (!m->batch) return dt_set_error(DT_ERR_STATE, "%s: no forward pass yet; call dt_model_forward first", what);
+    out = &m->nodes[m->nnodes - 1];
+    if (labels || !target) {
+        if (!labels) return dt_set_error(DT_ERR_INVALID_ARG, "%s: labels is NULL", what);
+        if (out->ndim != 1)
+            return dt_set_error(DT_ERR_SHAPE, "%s: the output node (%s) is an image; a classification loss needs a vector of "
+                                "class scores: end the model with dt_flatten and dt_linear", what, out->name);
+        for (i = 0; i < m->batch; i++)
+            if (labels[i] < 0 || labels[i] >= out->c)
+                return dt_set_error(DT_ERR_INVALID_ARG, "%s: label %d of sample %lld is outside [0, %lld): the labels do not "
+                                    "match the model's %lld outputs", what, (int)labels[i], (long long)i, (long long)out->c,
+                                    (long long)out->c);
+        m->ops->upload(m->ctx, m->labels, labels, (int64_t)sizeof(int32_t) * m->batch);
+    }
+    return DT_OK;
+}
+
+static dt_result dt__loss_done(dt_model *m, float loss, const char *what) {
+    m->seed_ready = 1;
+    if (!(loss == loss) || loss == INFINITY || loss == -INFINITY)
+        return dt_set_error(DT_ERR_NUMERIC, "%s: the loss is %g: the model diverged or the input holds NaN/inf; lower the "
+                            "learning rate, check the data, or restore the last checkpoint", what, (double)loss);
+    return DT_OK;
+}
+
+dt_result dt_model_loss_cross_entropy(dt_model *m, const int32_t *labels, float *loss) {
+    dt_result r = dt__loss_prep(m, labels, NULL, "dt_model_loss_cross_entropy");
+    float l = 0.0f;
+    if (r != DT_OK) return r;
+    m->ops->softmax_xent(m->ctx, m->nodes[m->nnodes - 1].out, m->labels, m->batch, m->nodes[m->nnodes - 1].c, m->seed_grad, &l);
+    if (loss) *loss = l;
+    return dt__loss_done(m, l, "dt_model_loss_cross_entropy");
+}
+dt_result dt_model_loss_nll(dt_model *m, const int32_t *labels, float *loss) {
+    dt_result r = dt__loss_prep(m, labels, NULL, "dt_model_loss_nll");
+    float l = 0.0f;
+    if (r != DT_OK) return r;
+    m->ops->nll(m->ctx, m->nodes[m->nnodes - 1].out, m->labels, m->batch, m->nodes[m->nnodes - 1].c, m->seed_grad, &l);
+    if (loss) *loss = l;
+    return dt__loss_done(m, l, "dt_model_loss_nll");
+}
+dt_result dt_model_loss_mse(dt_model *m, const float *target, float *loss) {
+    dt_result r;
+    int64_t cnt;
+    float l = 0.0f;
+    if (!target) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_loss_mse: target is NULL");
+    if ((r = dt__loss_prep(m, NULL, target, "dt_model_loss_mse")) != DT_OK) return r;
+    cnt = m->batch * m->nodes[m->nnodes - 1].size;
+    /* the target goes through the gradient buffer, which the kernel then overwrites with d loss/d x */
+    m->ops->upload(m->ctx, m->seed_grad, target, (int64_t)sizeof(float) * cnt);
+    m->ops->mse(m->ctx, m->nodes[m->nnodes - 1].out, m->seed_grad, cnt, m->seed_grad, &l);
+    if (loss) *loss = l;
+    return dt__loss_done(m, l, "dt_model_loss_mse");
+}
+
+dt_result dt_model_backward(dt_model *m, const float *dy) {
+    dt_result r;
+    dt__node *out;
+    int i;
+    if ((r = dt__need_final(m, "dt_model_backward")) != DT_OK) return r;
+    if (!m->batch) return dt_set_error(DT_ERR_STATE, "dt_model_backward: no forward pass yet; call dt_model_forward first");
+    if (!dy && !m->seed_ready)
+        return dt_set_error(DT_ERR_STATE, "dt_model_backward: no loss gradient; call a dt_model_loss_* function after the "
+                            "forward pass, or pass the upstream gradient dy");
+    for (i = 0; i < m->nnodes; i++)
+        if (!m->nodes[i].alias && m->nodes[i].grad) m->ops->fill(m->ctx, m->nodes[i].grad, m->batch * m->nodes[i].size, 0.0f);
+    out = &m->nodes[m->nnodes - 1];
+    if (!out->grad) return dt_set_error(DT_ERR_STATE, "dt_model_backward: the output is the input itself; add a layer");
+    if (dy) m->ops->upload(m->ctx, out->grad, dy, (int64_t)sizeof(float) * m->batch * out->size);
+    else m->ops->copy(m->ctx, out->grad, m->seed_grad, m->batch * out->size);
+    for (i = m->nnodes - 1; i >= 1; i--) dt__node_bwd(m, &m->nodes[i], m->batch);
+    return DT_OK;
+}
+
+void dt_model_zero_grad(dt_model *m) {
+    if (m && m->finalized) m->ops->fill(m->ctx, m->grads, m->nparams, 0.0f);
+}
+
+dt_result dt_model_output(dt_model *m, float *host, int64_t count) {
+    dt_result r;
+    int64_t want;
+    if ((r = dt__need_final(m, "dt_model_output")) != DT_OK) return r;
+    if (!m->batch) return dt_set_error(DT_ERR_STATE, "dt_model_output: no forward pass yet");
+    if (!host) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_output: host buffer is NULL");
+    want = m->batch * m->nodes[m->nnodes - 1].size;
+    if (count != want)
+        return dt_set_error(DT_ERR_SHAPE, "dt_model_output: count is %lld but the output has %lld elements (batch %lld x %lld)",
+                            (long long)count, (long long)want, (long long)m->batch, (long long)m->nodes[m->nnodes - 1].size);
+    m->ops->download(m->ctx, host, m->nodes[m->nnodes - 1].out, (int64_t)sizeof(float) * want);
+    return DT_OK;
+}
+
+dt_result dt_model_count_correct(dt_model *m, const int32_t *labels, int64_t *correct) {
+    dt_result r = dt__loss_prep(m, labels, NULL, "dt_model_count_correct");
+    if (r != DT_OK) return r;
+    if (!correct) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_count_correct: correct is NULL");
+    m->ops->count_correct(m->ctx, m->nodes[m->nnodes - 1].out, m->labels, m->batch, m->nodes[m->nnodes - 1].c, correct);
+    return DT_OK;
+}
+
+/* ---- flat buffers and listing --------------------------------------------------------------------- */
+
+float *dt_model_params(dt_model *m, int64_t *count) {
+    if (count) *count = m ? m->nparams : 0;
+    return m ? m->params : NULL;
+}
+float *dt_model_grads(dt_model *m, int64_t *count) {
+    if (count) *count = m ? m->nparams : 0;
+    return m ? m->grads : NULL;
+}
+float *dt_model_buffers(dt_model *m, int64_t *count) {
+    if (count) *count = m ? m->nbuffers : 0;
+    return m ? m->buffers : NULL;
+}
+int64_t dt_model_param_count(const dt_model *m) { return m ? m->nparams : 0; }
+
+static dt_result dt__xfer(dt_model *m, float *dev, float *host_dst, const float *host_src, int64_t have, int64_t count,
+                          const char *what) {
+    dt_result r;
+    if ((r = dt__need_final(m, what)) != DT_OK) return r;
+    if (!host_dst && !host_src) return dt_set_error(DT_ERR_INVALID_ARG, "%s: host buffer is NULL", what);
+    if (count != have)
+        return dt_set_error(DT_ERR_SHAPE, "%s: count is %lld but the model has %lld; the buffer belongs to another model",
+                            what, (long long)count, (long long)have);
+    if (host_src) m->ops->upload(m->ctx, dev, host_src, (int64_t)sizeof(float) * count);
+    else m->ops->download(m->ctx, host_dst, dev, (int64_t)sizeof(float) * count);
+    return DT_OK;
+}
+dt_result dt_model_set_params(dt_model *m, const float *host, int64_t count) {
+    return dt__xfer(m, m ? m->params : NULL, NULL, host, m ? m->nparams : 0, count, "dt_model_set_params");
+}
+dt_result dt_model_get_params(dt_model *m, float *host, int64_t count) {
+    return dt__xfer(m, m ? m->params : NULL, host, NULL, m ? m->nparams : 0, count, "dt_model_get_params");
+}
+dt_result dt_model_get_grads(dt_model *m, float *host, int64_t count) {
+    return dt__xfer(m, m ? m->grads : NULL, host, NULL, m ? m->nparams : 0, count, "dt_model_get_grads");
+}
+dt_result dt_model_set_buffers(dt_model *m, const float *host, int64_t count) {
+    return dt__xfer(m, m ? m->buffers : NULL, NULL, host, m ? m->nbuffers : 0, count, "dt_model_set_buffers");
+}
+dt_result dt_model_get_buffers(dt_model *m, float *host, int64_t count) {
+    return dt__xfer(m, m ? m->buffers : NULL, host, NULL, m ? m->nbuffers : 0, count, "dt_model_get_buffers");
+}
+
+int dt_model_param_tensors(const dt_model *m) { return m ? m->npinfo : 0; }
+int dt_model_buffer_tensors(const dt_model *m) { return m ? m->nbinfo : 0; }
+static dt_param_info dt__info(const dt__pinfo *p) {
+    dt_param_info r;
+    int i;
+    memset(&r, 0, sizeof r);
+    if (!p) return r;
+    r.name = p->name; r.node = p->node; r.offset = p->offset; r.count = p->count; r.ndim = p->ndim;
+    for (i = 0; i < DT_MAX_DIMS; i++) r.shape[i] = p->shape[i];
+    return r;
+}
+dt_param_info dt_model_param_info(const dt_model *m, int i) {
+    return dt__info(m && i >= 0 && i < m->npinfo ? &m->pinfo[i] : NULL);
+}
+dt_param_info dt_model_buffer_info(const dt_model *m, int i) {
+    return dt__info(m && i >= 0 && i < m->nbinfo ? &m->binfo[i] : NULL);
+}
+
+int dt_model_nodes(const dt_model *m) { return m ? m->nnodes : 0; }
+int dt_model_output_node(const dt_model *m) { return m ? m->nnodes - 1 : -1; }
+static const dt__node *dt__node_at(const dt_model *m, int node) {
+    return (m && node >= 0 && node < m->nnodes) ? &m->nodes[node] : NULL;
+}
+dt_layer_kind dt_model_node_kind(const dt_model *m, int node) {
+    const dt__node *n = dt__node_at(m, node);
+    return n ? n->kind : DT_LAYER_KIND_COUNT;
+}
+const char *dt_model_node_name(const dt_model *m, int node) {
+    const dt__node *n = dt__node_at(m, node);
+    return n ? n->name : NULL;
+}
+int64_t dt_model_node_size(const dt_model *m, int node) {
+    const dt__node *n = dt__node_at(m, node);
+    return n ? n->size : 0;
+}
+int dt_model_node_shape(const dt_model *m, int node, int64_t shape[3]) {
+    const dt__node *n = dt__node_at(m, node);
+    if (!n) return 0;
+    shape[0] = n->c; shape[1] = n->h; shape[2] = n->w;
+    return n->ndim;
+}
+const float *dt_model_node_output(const dt_model *m, int node) {
+    const dt__node *n = dt__node_at(m, node);
+    return n && m->batch ? n->out : NULL;
+}
+const float *dt_model_node_grad(const dt_model *m, int node) {
+    const dt__node *n = dt__node_at(m, node);
+    return n && m->batch ? n->grad : NULL;
+}
+
+void dt_model_summary(const dt_model *m) {
+    int i, j;
+    if (!m) return;
+    dt_log(DT_LOG_INFO, "%-4s %-24s %-15s %-18s %12s", "node", "name", "layer", "output", "params");
+    for (i = 0; i < m->nnodes; i++) {
+        const dt__node *n = &m->nodes[i];
+        char shape[64];
+        int64_t np = 0;
+        for (j = 0; j < n->nparams; j++) np += m->pinfo[n->param0 + j].count;
+        if (n->ndim == 3) snprintf(shape, sizeof shape, "[%lld, %lld, %lld]", (long long)n->c, (long long)n->h, (long long)n->w);
+        else snprintf(shape, sizeof shape, "[%lld]", (long long)n->c);
+        dt_log(DT_LOG_INFO, "%-4d %-24.24s %-15s %-18s %12lld", i, n->name, dt_layer_kind_str(n->kind), shape, (long long)np);
+    }
+    dt_log(DT_LOG_INFO, "parameters: %lld trainable, %lld buffer elements", (long long)m->nparams, (long long)m->nbuffers);
+}
+
+/* ---- model zoo ------------------------------------------------------------------------------------- */
+
+static const char *dt__zoo_names[DT_ZOO_COUNT] = {"mlp", "simplecnn", "lenet5", "fedavg_cnn", "fedavg_2nn", "vgg11", "resnet20"};
+const char *dt_zoo_name(dt_zoo_model z) { return (z >= 0 && z < DT_ZOO_COUNT) ? dt__zoo_names[z] : "unknown"; }
+int dt_zoo_from_name(const char *name) {
+    int i;
+    if (!name) return -1;
+    for (i = 0; i < DT_ZOO_COUNT; i++)
+        if (strcmp(name, dt__zoo_names[i]) == 0) return i;
+    return -1;
+}
+
+/* conv (optionally without bias) + name */
+static int dt__zconv(dt_model *m, int x, int64_t oc, int64_t k, int64_t s, int64_t p, int no_bias, const char *name) {
+    dt_conv2d_desc d;
+    memset(&d, 0, sizeof d);
+    d.out_channels = oc; d.kernel = k; d.stride = s; d.pad = p; d.no_bias = no_bias;
+    return dt_model_name(m, dt_conv2d_ex(m, x, &d), name);
+}
+static int dt__zfc(dt_model *m, int x, int64_t out, const char *name) { return dt_model_name(m, dt_linear(m, x, out, 1), name); }
+
+static void dt__zoo_build(dt_model *m, dt_zoo_model z, int64_t nc) {
+    int x = dt_model_input(m), i;
+    char nm[64];
+    switch (z) {
+    case DT_ZOO_MLP:
+        x = dt_flatten(m, x);
+        x = dt_relu(m, dt__zfc(m, x, 512, "fc1"));
+        x = dt_relu(m, dt__zfc(m, x, 256, "fc2"));
+        dt__zfc(m, x, nc, "fc3");
+        break;
+    case DT_ZOO_FEDAVG_2NN:
+        x = dt_flatten(m, x);
+        x = dt_relu(m, dt__zfc(m, x, 200, "fc1"));
+        x = dt_relu(m, dt__zfc(m, x, 200, "fc2"));
+        dt__zfc(m, x, nc, "fc3");
+        break;
+    case DT_ZOO_SIMPLE_CNN:
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 32, 3, 1, 1, 0, "conv1")), 2, 2, 0);
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 64, 3, 1, 1, 0, "conv2")), 2, 2, 0);
+        x = dt_flatten(m, dt_model_name(m, dt_dropout(m, x, 0.25f), "dropout1"));
+        x = dt_model_name(m, dt_dropout(m, dt_relu(m, dt__zfc(m, x, 128, "fc1")), 0.5f), "dropout2");
+        dt_log_softmax(m, dt__zfc(m, x, nc, "fc2"));
+        break;
+    case DT_ZOO_LENET5:
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 6, 5, 1, 2, 0, "conv1")), 2, 2, 0);
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 16, 5, 1, 0, 0, "conv2")), 2, 2, 0);
+        x = dt_flatten(m, x);
+        x = dt_relu(m, dt__zfc(m, x, 120, "fc1"));
+        x = dt_relu(m, dt__zfc(m, x, 84, "fc2"));
+        dt__zfc(m, x, nc, "fc3");
+        break;
+    case DT_ZOO_FEDAVG_CNN:
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 32, 5, 1, 2, 0, "conv1")), 2, 2, 0);
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 64, 5, 1, 2, 0, "conv2")), 2, 2, 0);
+        x = dt_flatten(m, x);
+        x = dt_relu(m, dt__zfc(m, x, 512, "fc1"));
+        dt__zfc(m, x, nc, "fc2");
+        break;
+    case DT_ZOO_VGG11: {
+        static const int cfg[] = {64, 0, 128, 0, 256, 256, 0, 512, 512, 0, 512, 512, 0};
+        int idx = 0;   /* index in PyTorch's nn.Sequential, so names match "features.N.weight" */
+        for (i = 0; i < (int)(sizeof cfg / sizeof cfg[0]); i++) {
+            if (cfg[i] == 0) { x = dt_maxpool2d(m, x, 2, 2, 0); idx++; continue; }
+            snprintf(nm, sizeof nm, "features.%d", idx);
+            x = dt__zconv(m, x, cfg[i], 3, 1, 1, 0, nm);
+            snprintf(nm, sizeof nm, "features.%d", idx + 1);
+            x = dt_relu(m, dt_model_name(m, dt_batchnorm(m, x), nm));
+            idx += 3;
+        }
+        dt__zfc(m, dt_flatten(m, x), nc, "classifier");
+    } break;
+    case DT_ZOO_RESNET20: {
+        int64_t cin = 16;
+        int stage, blk, b = 0;
+        x = dt_relu(m, dt_model_name(m, dt_batchnorm(m, dt__zconv(m, x, 16, 3, 1, 1, 1, "conv1")), "bn1"));
+        for (stage = 0; stage < 3; stage++) {
+            int64_t cout = 16 << stage;
+            for (blk = 0; blk < 3; blk++, b++) {
+                int64_t s = (stage > 0 && blk == 0) ? 2 : 1;
+                int y, sc = x;
+                snprintf(nm, sizeof nm, "layers.%d.conv1", b);
+                y = dt__zconv(m, x, cout, 3, s, 1, 1, nm);
+                snprintf(nm, sizeof nm, "layers.%d.bn1", b);
+                y = dt_relu(m, dt_model_name(m, dt_batchnorm(m, y), nm));
+                snprintf(nm, sizeof nm, "layers.%d.conv2", b);
+                y = dt__zconv(m, y, cout, 3, 1, 1, 1, nm);
+                snprintf(nm, sizeof nm, "layers.%d.bn2", b);
+                y = dt_model_name(m, dt_batchnorm(m, y), nm);
+                if (s != 1 || cin != cout) sc = dt_pad_shortcut(m, x, cout, s);
+                x = dt_relu(m, dt_add(m, y, sc));
+                cin = cout;
+            }
+        }
+        dt__zfc(m, dt_global_avgpool(m, x), nc, "fc");
+    } break;
+    default: break;
+    }
+}
+
+dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, const dt_model_desc *desc) {
+    dt_model_desc d;
+    dt_result r;
+    int cifar = z == DT_ZOO_VGG11 || z == DT_ZOO_RESNET20;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_zoo_create: out is NULL");
+    *out = NULL;
+    if (z < 0 || z >= DT_ZOO_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_zoo_create: unknown model %d; use a dt_zoo_model value", (int)z);
+    if (num_classes < 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_zoo_create: num_classes is %lld", (long long)num_classes);
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (d.in_c == 0) { d.in_c = cifar ? 3 : 1; d.in_h = d.in_w = cifar ? 32 : 28; }
+    if ((r = dt_model_create(out, &d)) != DT_OK) return r;
+    dt__zoo_build(*out, z, num_classes ? num_classes : 10);
+    if ((r = dt_model_finalize(*out)) != DT_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        dt_model_destroy(*out);
+        *out = NULL;
+        return dt_set_error(r, "dt_zoo_create(%s): %s", dt_zoo_name(z), msg);
+    }
+    return DT_OK;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_IMPLEMENTATION_DONE */
+#endif /* DTRAIN_IMPLEMENTATION */
+
+/*
+MIT License
+
+Copyright (c) 2026 the dtrain authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software and associated
+documentation files (the "Software"), to deal in the Software without restriction, including without limitation
+the rights to use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies of the Software, and to
+permit persons to whom the Software is furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all copies or substantial portions of
+the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT NOT LIMITED TO THE
+WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR
+COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR
+OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/

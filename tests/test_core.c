@@ -1,0 +1,234 @@
+/* Base (results, RNG, timers), GEMM against its naive twin, and convolution (im2col + GEMM, chunked)
+   against a direct convolution. Built with a tiny convolution workspace so chunking is exercised. */
+#define DT_CONV_WORKSPACE 3000
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#include "dt_test.h"
+
+static void test_result_strings(void) {
+    int i, j;
+    for (i = 0; i < DT_RESULT_COUNT; i++) {
+        CHECK(strncmp(dt_result_str((dt_result)i), "DT_", 3) == 0);
+        for (j = 0; j < i; j++) CHECK(strcmp(dt_result_str((dt_result)i), dt_result_str((dt_result)j)) != 0);
+    }
+    CHECK(strcmp(dt_result_str((dt_result)999), "DT_ERR_UNKNOWN") == 0);
+    CHECK(dt_set_error(DT_ERR_IO, "cannot open %s", "x.bin") == DT_ERR_IO);
+    CHECK(strstr(dt_last_error(), "x.bin") != NULL && strstr(dt_last_error(), "DT_ERR_IO") != NULL);
+}
+
+static int log_lines;
+static char log_last[256];
+static void log_sink(void *user, int level, const char *msg) {
+    (void)user; (void)level;
+    log_lines++;
+    snprintf(log_last, sizeof log_last, "%s", msg);
+}
+static void test_logger(void) {
+    dt_log_configure(log_sink, NULL, DT_LOG_WARN);
+    dt_log(DT_LOG_INFO, "hidden %d", 1);
+    dt_log(DT_LOG_WARN, "shown %d", 2);
+    CHECK(log_lines == 1 && strcmp(log_last, "shown 2") == 0);
+    dt_log_configure(NULL, NULL, DT_LOG_INFO);
+}
+
+static void test_rng(void) {
+    dt_rng a, b, c;
+    int i, same = 0;
+    double sum = 0, sq = 0, nsum = 0, nsq = 0;
+    int hist[10] = {0};
+    dt_rng_init(&a, 42, 0);
+    dt_rng_init(&b, 42, 0);
+    dt_rng_init(&c, 42, 1);
+    for (i = 0; i < 1000; i++) {
+        uint32_t x = dt_rng_u32(&a), y = dt_rng_u32(&b), z = dt_rng_u32(&c);
+        CHECK(x == y);
+        same += x == z;
+    }
+    CHECK(same < 3);                         /* another stream is another sequence */
+    for (i = 0; i < 100000; i++) {
+        float u = dt_rng_uniform(&a), n = dt_rng_normal(&a);
+        uint32_t k = dt_rng_below(&a, 10);
+        CHECK(u >= 0.0f && u < 1.0f);
+        CHECK(k < 10);
+        hist[k]++;
+        sum += u; sq += (double)u * u; nsum += n; nsq += (double)n * n;
+    }
+    CHECK(fabs(sum / 1e5 - 0.5) < 0.01 && fabs(sq / 1e5 - 1.0 / 3.0) < 0.01);
+    CHECK(fabs(nsum / 1e5) < 0.02 && fabs(nsq / 1e5 - 1.0) < 0.03);
+    for (i = 0; i < 10; i++) CHECK(hist[i] > 9400 && hist[i] < 10600);
+    /* the counter-based hash: pure function, uniform */
+    sum = 0;
+    for (i = 0; i < 100000; i++) {
+        float u = dt_hash_uniform(7, (uint64_t)i);
+        CHECK(u >= 0.0f && u < 1.0f);
+        sum += u;
+    }
+    CHECK(fabs(sum / 1e5 - 0.5) < 0.01);
+    CHECK(dt_hash_uniform(7, 3) == dt_hash_uniform(7, 3) && dt_hash_uniform(7, 3) != dt_hash_uniform(8, 3));
+}
+
+static void test_timer(void) {
+    dt_timer t;
+    double t0 = dt_time_now(), lap;
+    volatile double x = 0;
+    int i;
+    memset(&t, 0, sizeof t);
+    dt_timer_start(&t);
+    for (i = 0; i < 100000; i++) x += i;
+    lap = dt_timer_stop(&t);
+    CHECK(lap >= 0.0 && t.total == lap && t.count == 1);
+    CHECK(dt_time_now() >= t0);
+}
+
+static void test_tensor(void) {
+    float buf[24];
+    int64_t s[3] = {2, 3, 4};
+    dt_tensor t = dt_tensor_view(buf, 3, s), u = dt_tensor_4d(buf, 1, 2, 3, 4);
+    CHECK(t.ndim == 3 && dt_tensor_count(&t) == 24 && t.data == buf);
+    CHECK(u.ndim == 4 && dt_tensor_count(&u) == 24);
+}
+
+/* GEMM: the blocked kernel against the naive one on shapes around and across the block sizes. */
+static void test_gemm_vs_naive(void) {
+    static const int64_t dims[] = {1, 2, 5, 6, 7, 15, 16, 17, 33, 95, 97, 130, 257};
+    int nd = (int)(sizeof dims / sizeof dims[0]), cases = 0, ta, tb;
+    int64_t im, in_, ik;
+    for (im = 0; im < nd; im += 2)
+        for (in_ = 0; in_ < nd; in_ += 3)
+            for (ik = 0; ik < nd; ik += 2)
+                for (ta = 0; ta < 2; ta++)
+                    for (tb = 0; tb < 2; tb++) {
+                        int64_t M = dims[im], N = dims[in_], K = dims[ik];
+                        int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+                        float *A = (float *)malloc(sizeof(float) * (size_t)((ta ? K : M) * lda));
+                        float *B = (float *)malloc(sizeof(float) * (size_t)((tb ? N : K) * ldb));
+                        float *C1 = (float *)malloc(sizeof(float) * (size_t)(M * ldc));
+                        float *C2 = (float *)malloc(sizeof(float) * (size_t)(M * ldc));
+                        float alpha = (cases % 3 == 0) ? 1.0f : 0.7f, beta = (float)(cases % 4) * 0.5f;
+                        char what[96];
+                        dt_t_fill(A, (ta ? K : M) * lda, -1, 1);
+                        dt_t_fill(B, (tb ? N : K) * ldb, -1, 1);
+                        dt_t_fill(C1, M * ldc, -1, 1);
+                        memcpy(C2, C1, sizeof(float) * (size_t)(M * ldc));
+                        dt_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C1, ldc);
+                        dt_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C2, ldc);
+                        snprintf(what, sizeof what, "gemm ta=%d tb=%d M=%lld N=%lld K=%lld", ta, tb, (long long)M,
+                                 (long long)N, (long long)K);
+                        CHECK_CLOSE(C1, C2, M * ldc, 2e-6, what);
+                        free(A); free(B); free(C1); free(C2);
+                        cases++;
+                    }
+    CHECK(cases > 300);
+}
+
+/* beta = 0 must not read C: garbage (NaN) there must not leak into the result */
+static void test_gemm_beta_zero_ignores_c(void) {
+    float A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {1, 0, 0, 1, 1, 1}, C[4], R[4];
+    int i;
+    for (i = 0; i < 4; i++) C[i] = NAN;
+    dt_gemm(0, 0, 2, 2, 3, 1.0f, A, 3, B, 2, 0.0f, C, 2);
+    dt_gemm_ref(0, 0, 2, 2, 3, 1.0f, A, 3, B, 2, 0.0f, R, 2);
+    for (i = 0; i < 4; i++) CHECK(C[i] == R[i]);
+    CHECK(R[0] == 4 && R[1] == 5 && R[2] == 10 && R[3] == 11);
+}
+
+/* direct (naive) convolution backward, the twin of col2im + GEMM */
+static void conv_bwd_ref(const dt_conv_geom *g, const float *x, const float *w, const float *dy, float *dx, float *dw,
+                         float *db) {
+    int64_t n, o, oy, ox, c, ky, kx;
+    memset(dx, 0, sizeof(float) * (size_t)(g->n * g->c * g->h * g->w));
+    memset(dw, 0, sizeof(float) * (size_t)(g->oc * g->c * g->kh * g->kw));
+    memset(db, 0, sizeof(float) * (size_t)g->oc);
+    for (n = 0; n < g->n; n++)
+        for (o = 0; o < g->oc; o++)
+            for (oy = 0; oy < g->oh; oy++)
+                for (ox = 0; ox < g->ow; ox++) {
+                    float d = dy[((n * g->oc + o) * g->oh + oy) * g->ow + ox];
+                    db[o] += d;
+                    for (c = 0; c < g->c; c++)
+                        for (ky = 0; ky < g->kh; ky++)
+                            for (kx = 0; kx < g->kw; kx++) {
+                                int64_t iy = oy * g->sh - g->ph + ky, ix = ox * g->sw - g->pw + kx;
+                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                                dw[((o * g->c + c) * g->kh + ky) * g->kw + kx] += d * x[((n * g->c + c) * g->h + iy) * g->w + ix];
+                                dx[((n * g->c + c) * g->h + iy) * g->w + ix] += d * w[((o * g->c + c) * g->kh + ky) * g->kw + kx];
+                            }
+                }
+}
+
+static void test_conv_vs_direct(void) {
+    /* n, c, h, w, oc, k, stride, pad */
+    static const int64_t cases[][8] = {{1, 1, 5, 5, 1, 3, 1, 0}, {3, 2, 7, 6, 4, 3, 1, 1}, {2, 3, 9, 9, 5, 3, 2, 1},
+                                       {4, 5, 8, 11, 3, 1, 1, 0}, {2, 4, 6, 6, 6, 1, 2, 0}, {3, 3, 10, 7, 2, 5, 1, 2},
+                                       {5, 16, 8, 8, 17, 3, 1, 1}, {2, 3, 13, 13, 7, 4, 3, 2}, {9, 2, 6, 6, 3, 3, 1, 1}};
+    int i;
+    for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        const int64_t *cs = cases[i];
+        dt_model *m;
+        dt_model_desc d;
+        dt_conv_geom g;
+        int64_t np, xs, ys;
+        float *x, *y, *dy, *yref, *dxr, *dwr, *dbr, *gr;
+        char what[64];
+        memset(&d, 0, sizeof d);
+        d.in_c = cs[1]; d.in_h = cs[2]; d.in_w = cs[3]; d.seed = (uint64_t)i; d.input_grad = 1;
+        CHECK_OK(dt_model_create(&m, &d));
+        dt_conv2d(m, dt_model_input(m), cs[4], cs[5], cs[6], cs[7]);
+        CHECK_OK(dt_model_finalize(m));
+        memset(&g, 0, sizeof g);
+        g.n = cs[0]; g.c = cs[1]; g.h = cs[2]; g.w = cs[3]; g.oc = cs[4];
+        g.kh = g.kw = cs[5]; g.sh = g.sw = cs[6]; g.ph = g.pw = cs[7];
+        CHECK_OK(dt_conv_geom_resolve(&g));
+        xs = g.n * g.c * g.h * g.w;
+        ys = g.n * g.oc * g.oh * g.ow;
+        x = (float *)malloc(sizeof(float) * (size_t)xs); dxr = (float *)malloc(sizeof(float) * (size_t)xs);
+        y = (float *)malloc(sizeof(float) * (size_t)ys); yref = (float *)malloc(sizeof(float) * (size_t)ys);
+        dy = (float *)malloc(sizeof(float) * (size_t)ys);
+        dt_t_fill(x, xs, -1, 1);
+        dt_t_fill(dy, ys, -1, 1);
+        {
+            float *p = dt_model_params(m, &np);
+            dwr = (float *)malloc(sizeof(float) * (size_t)np);
+            dbr = dwr + g.oc * g.c * g.kh * g.kw;
+            gr = (float *)malloc(sizeof(float) * (size_t)np);
+            dt_conv2d_ref(&g, x, p, p + g.oc * g.c * g.kh * g.kw, yref);
+            conv_bwd_ref(&g, x, p, dy, dxr, dwr, dbr);
+        }
+        CHECK_OK(dt_model_forward(m, x, g.n));
+        CHECK_OK(dt_model_output(m, y, ys));
+        snprintf(what, sizeof what, "conv case %d forward", i);
+        CHECK_CLOSE(y, yref, ys, 1e-5, what);
+        CHECK_OK(dt_model_backward(m, dy));
+        CHECK_OK(dt_model_get_grads(m, gr, np));
+        snprintf(what, sizeof what, "conv case %d dW,db", i);
+        CHECK_CLOSE(gr, dwr, np, 1e-5, what);
+        snprintf(what, sizeof what, "conv case %d dx", i);
+        CHECK_CLOSE(dt_model_node_grad(m, 0), dxr, xs, 1e-5, what);
+        free(x); free(y); free(yref); free(dy); free(dxr); free(dwr); free(gr);
+        dt_model_destroy(m);
+    }
+}
+
+static void test_geom_errors(void) {
+    dt_conv_geom g;
+    memset(&g, 0, sizeof g);
+    g.c = 1; g.h = 2; g.w = 2; g.kh = g.kw = 5; g.sh = g.sw = 1;
+    CHECK_ERR(dt_conv_geom_resolve(&g), DT_ERR_SHAPE);
+    g.kh = g.kw = 0;
+    CHECK_ERR(dt_conv_geom_resolve(&g), DT_ERR_SHAPE);
+}
+
+int main(int argc, char **argv) {
+    dt_t_only = argc > 1 ? argv[1] : NULL;
+    printf("test_core (%d threads)\n", dt_cpu_threads());
+    RUN(test_result_strings);
+    RUN(test_logger);
+    RUN(test_rng);
+    RUN(test_timer);
+    RUN(test_tensor);
+    RUN(test_gemm_vs_naive);
+    RUN(test_gemm_beta_zero_ignores_c);
+    RUN(test_conv_vs_direct);
+    RUN(test_geom_errors);
+    return dt_t_summary();
+}
