@@ -1,0 +1,479 @@
+/* Every layer and loss, forward AND backward: against PyTorch's numbers (fixtures written by
+   tests/gen_fixtures.py) and against finite differences on small odd shapes. */
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#include "dt_test.h"
+
+#define TOL 1e-4   /* relative error allowed against PyTorch */
+
+static dt_model *new_model(int64_t c, int64_t h, int64_t w) {
+    dt_model *m = NULL;
+    dt_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.in_c = c; d.in_h = h; d.in_w = w; d.seed = 5; d.input_grad = 1;
+    CHECK_OK(dt_model_create(&m, &d));
+    return m;
+}
+
+/* Concatenates fixture records (those present) into one host array, in the given order. */
+static float *concat(dt_t_fix *f, const char **names, int k, int64_t *count) {
+    int64_t total = 0, n = 0, off = 0;
+    float *out;
+    int i;
+    for (i = 0; i < k; i++) if (dt_t_has(f, names[i])) { dt_t_get(f, names[i], &n); total += n; }
+    out = (float *)malloc(sizeof(float) * (size_t)(total + 1));
+    for (i = 0; i < k; i++)
+        if (dt_t_has(f, names[i])) {
+            float *p = dt_t_get(f, names[i], &n);
+            memcpy(out + off, p, sizeof(float) * (size_t)n);
+            off += n;
+        }
+    *count = total;
+    return out;
+}
+
+/* Runs a finalized one-layer model on the fixture's x and dy and compares y, dx and the parameter
+   gradients (records named in gnames, concatenated) with PyTorch's. */
+static void compare_layer(dt_model *m, dt_t_fix *f, int64_t batch, const char **pnames, const char **gnames, int np,
+                          const char *what) {
+    int64_t n = 0, ycount = 0, pc = 0;
+    float *x = dt_t_get(f, "x", &n), *dy = dt_t_get(f, "dy", &ycount), *yref = dt_t_get(f, "y", NULL);
+    float *dxref = dt_t_get(f, "dx", NULL), *y;
+    char msg[96];
+    if (!x || !dy || !yref || !dxref) return;
+    if (np) {
+        float *p = concat(f, pnames, np, &pc);
+        CHECK_OK(dt_model_set_params(m, p, pc));
+        free(p);
+    }
+    y = (float *)malloc(sizeof(float) * (size_t)ycount);
+    CHECK_OK(dt_model_forward(m, x, batch));
+    CHECK_OK(dt_model_output(m, y, ycount));
+    snprintf(msg, sizeof msg, "%s: y", what);
+    CHECK_CLOSE(y, yref, ycount, TOL, msg);
+    dt_model_zero_grad(m);
+    CHECK_OK(dt_model_backward(m, dy));
+    snprintf(msg, sizeof msg, "%s: dx", what);
+    CHECK_CLOSE(dt_model_node_grad(m, 0), dxref, n, TOL, msg);
+    if (np) {
+        int64_t gc;
+        float *gref = concat(f, gnames, np, &gc), *g = (float *)malloc(sizeof(float) * (size_t)(gc + 1));
+        CHECK(gc == pc);
+        CHECK_OK(dt_model_get_grads(m, g, gc));
+        snprintf(msg, sizeof msg, "%s: parameter gradients", what);
+        CHECK_CLOSE(g, gref, gc, TOL, msg);
+        free(g); free(gref);
+    }
+    free(y);
+}
+
+static const char *P_WB[] = {"w", "b"}, *G_WB[] = {"dw", "db"};
+
+static void test_torch_linear(void) {
+    const char *cases[] = {"linear_a", "linear_b"};
+    int i;
+    for (i = 0; i < 2; i++) {
+        dt_t_fix f;
+        float *cfg;
+        dt_model *m;
+        if (dt_t_fix_load(&f, cases[i])) continue;
+        cfg = dt_t_get(&f, "cfg", NULL);
+        m = new_model((int64_t)cfg[1], 0, 0);
+        dt_linear(m, dt_model_input(m), (int64_t)cfg[2], (int)cfg[3]);
+        CHECK_OK(dt_model_finalize(m));
+        compare_layer(m, &f, (int64_t)cfg[0], P_WB, G_WB, 2, cases[i]);
+        dt_model_destroy(m);
+        dt_t_fix_free(&f);
+    }
+}
+
+static void test_torch_conv2d(void) {
+    const char *cases[] = {"conv2d_a", "conv2d_b", "conv2d_c", "conv2d_d", "conv2d_e"};
+    int i;
+    for (i = 0; i < 5; i++) {
+        dt_t_fix f;
+        float *cfg;
+        dt_model *m;
+        dt_conv2d_desc d;
+        if (dt_t_fix_load(&f, cases[i])) continue;
+        cfg = dt_t_get(&f, "cfg", NULL);   /* N C H W OC K stride pad bias */
+        m = new_model((int64_t)cfg[1], (int64_t)cfg[2], (int64_t)cfg[3]);
+        memset(&d, 0, sizeof d);
+        d.out_channels = (int64_t)cfg[4]; d.kernel = (int64_t)cfg[5]; d.stride = (int64_t)cfg[6]; d.pad = (int64_t)cfg[7];
+        d.no_bias = cfg[8] == 0.0f;
+        dt_conv2d_ex(m, dt_model_input(m), &d);
+        CHECK_OK(dt_model_finalize(m));
+        compare_layer(m, &f, (int64_t)cfg[0], P_WB, G_WB, 2, cases[i]);
+        dt_model_destroy(m);
+        dt_t_fix_free(&f);
+    }
+}
+
+static void pool_cases(const char **cases, int k, int maxpool) {
+    int i;
+    for (i = 0; i < k; i++) {
+        dt_t_fix f;
+        float *cfg;
+        dt_model *m;
+        if (dt_t_fix_load(&f, cases[i])) continue;
+        cfg = dt_t_get(&f, "cfg", NULL);   /* N C H W K stride pad */
+        m = new_model((int64_t)cfg[1], (int64_t)cfg[2], (int64_t)cfg[3]);
+        if (maxpool) dt_maxpool2d(m, 0, (int64_t)cfg[4], (int64_t)cfg[5], (int64_t)cfg[6]);
+        else dt_avgpool2d(m, 0, (int64_t)cfg[4], (int64_t)cfg[5], (int64_t)cfg[6]);
+        CHECK_OK(dt_model_finalize(m));
+        compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, cases[i]);
+        dt_model_destroy(m);
+        dt_t_fix_free(&f);
+    }
+}
+static void test_torch_maxpool(void) {
+    const char *cases[] = {"maxpool_a", "maxpool_b", "maxpool_c"};
+    pool_cases(cases, 3, 1);
+}
+static void test_torch_avgpool(void) {
+    const char *cases[] = {"avgpool_a", "avgpool_b"};
+    pool_cases(cases, 2, 0);
+}
+
+static void test_torch_gap_relu_logsoftmax_shortcut(void) {
+    dt_t_fix f;
+    float *cfg;
+    dt_model *m;
+    if (!dt_t_fix_load(&f, "gap_a")) {
+        cfg = dt_t_get(&f, "cfg", NULL);
+        m = new_model((int64_t)cfg[1], (int64_t)cfg[2], (int64_t)cfg[3]);
+        dt_global_avgpool(m, 0);
+        CHECK_OK(dt_model_finalize(m));
+        compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, "gap_a");
+        dt_model_destroy(m);
+        dt_t_fix_free(&f);
+    }
+    if (!dt_t_fix_load(&f, "relu_a")) {
+        cfg = dt_t_get(&f, "cfg", NULL);
+        m = new_model((int64_t)cfg[1], 0, 0);
+        dt_relu(m, 0);
+        CHECK_OK(dt_model_finalize(m));
+        compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, "relu_a");
+        dt_model_destroy(m);
+        dt_t_fix_free(&f);
+    }
+    if (!dt_t_fix_load(&f, "log_softmax_a")) {
+        cfg = dt_t_get(&f, "cfg", NULL);
+        m = new_model((int64_t)cfg[1], 0, 0);
+        dt_log_softmax(m, 0);
+        CHECK_OK(dt_model_finalize(m));
+        compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, "log_softmax_a");
+        dt_model_destroy(m);
+        dt_t_fix_free(&f);
+    }
+    if (!dt_t_fix_load(&f, "pad_shortcut_a")) {
+        cfg = dt_t_get(&f, "cfg", NULL);   /* N C H W stride pad_each_side */
+        m = new_model((int64_t)cfg[1], (int64_t)cfg[2], (int64_t)cfg[3]);
+        dt_pad_shortcut(m, 0, (int64_t)(cfg[1] + 2 * cfg[5]), (int64_t)cfg[4]);
+        CHECK_OK(dt_model_finalize(m));
+        compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, "pad_shortcut_a");
+        dt_model_destroy(m);
+        dt_t_fix_free(&f);
+    }
+}
+
+static void bn_case(const char *name, int twod, int training) {
+    dt_t_fix f;
+    float *cfg, *rm0, *rv0, bufs[64];
+    int64_t c, nb, n;
+    dt_model *m;
+    if (dt_t_fix_load(&f, name)) return;
+    cfg = dt_t_get(&f, "cfg", NULL);   /* 2d: N C H W eps momentum;  1d: N D eps momentum */
+    c = (int64_t)cfg[1];
+    m = twod ? new_model(c, (int64_t)cfg[2], (int64_t)cfg[3]) : new_model(c, 0, 0);
+    dt_batchnorm_ex(m, 0, twod ? cfg[4] : cfg[2], twod ? cfg[5] : cfg[3]);
+    CHECK_OK(dt_model_finalize(m));
+    rm0 = dt_t_get(&f, "rm0", NULL); rv0 = dt_t_get(&f, "rv0", &n);
+    if (!rm0 || !rv0) { dt_model_destroy(m); dt_t_fix_free(&f); return; }
+    CHECK(dt_model_buffers(m, &nb) && nb == 2 * c && nb <= 64);
+    memcpy(bufs, rm0, sizeof(float) * (size_t)c);
+    memcpy(bufs + c, rv0, sizeof(float) * (size_t)c);
+    CHECK_OK(dt_model_set_buffers(m, bufs, nb));
+    dt_model_train(m, training);
+    compare_layer(m, &f, (int64_t)cfg[0], P_WB, G_WB, 2, name);
+    if (training) {
+        float *rm1 = dt_t_get(&f, "rm1", NULL), *rv1 = dt_t_get(&f, "rv1", NULL);
+        CHECK_OK(dt_model_get_buffers(m, bufs, nb));
+        if (rm1 && rv1) {
+            CHECK_CLOSE(bufs, rm1, c, TOL, "running_mean after one step");
+            CHECK_CLOSE(bufs + c, rv1, c, TOL, "running_var after one step");
+        }
+    } else {
+        CHECK_OK(dt_model_get_buffers(m, bufs, nb));
+        CHECK(memcmp(bufs, rm0, sizeof(float) * (size_t)c) == 0);   /* eval leaves running stats alone */
+    }
+    dt_model_destroy(m);
+    dt_t_fix_free(&f);
+}
+static void test_torch_batchnorm(void) {
+    bn_case("bn2d_train", 1, 1);
+    bn_case("bn2d_eval", 1, 0);
+    bn_case("bn1d_train", 0, 1);
+    bn_case("bn1d_eval", 0, 0);
+}
+
+/* Losses on an identity network (flatten of a vector input is the input itself). */
+static void test_torch_losses(void) {
+    const char *cases[] = {"xent_a", "nll_a", "mse_a"};
+    int i;
+    for (i = 0; i < 3; i++) {
+        dt_t_fix f;
+        float *cfg, *x, *lref, *dxref, loss = 0.0f;
+        int64_t nx = 0, k;
+        int32_t labels[64];
+        dt_model *m;
+        if (dt_t_fix_load(&f, cases[i])) continue;
+        cfg = dt_t_get(&f, "cfg", NULL);   /* N K */
+        x = dt_t_get(&f, "x", &nx); lref = dt_t_get(&f, "loss", NULL); dxref = dt_t_get(&f, "dx", NULL);
+        m = new_model((int64_t)cfg[1], 0, 0);
+        dt_flatten(m, 0);
+        CHECK_OK(dt_model_finalize(m));
+        CHECK_OK(dt_model_forward(m, x, (int64_t)cfg[0]));
+        if (i < 2) {
+            float *lab = dt_t_get(&f, "labels", NULL);
+            for (k = 0; k < (int64_t)cfg[0]; k++) labels[k] = (int32_t)lab[k];
+            CHECK_OK(i == 0 ? dt_model_loss_cross_entropy(m, labels, &loss) : dt_model_loss_nll(m, labels, &loss));
+        } else {
+            CHECK_OK(dt_model_loss_mse(m, dt_t_get(&f, "target", NULL), &loss));
+        }
+        CHECK_CLOSE(&loss, lref, 1, TOL, cases[i]);
+        CHECK_OK(dt_model_backward(m, NULL));
+        CHECK_CLOSE(dt_model_node_grad(m, 0), dxref, nx, TOL, cases[i]);
+        dt_model_destroy(m);
+        dt_t_fix_free(&f);
+    }
+}
+
+/* ---- finite differences ------------------------------------------------------------------------ */
+
+enum { GC_SUM, GC_XENT, GC_NLL, GC_MSE };
+
+static double objective(dt_model *m, const float *x, int64_t batch, int mode, const float *r, const int32_t *labels,
+                        const float *target, int64_t ycount) {
+    double f = 0.0;
+    int64_t i;
+    float loss = 0.0f, *y;
+    CHECK_OK(dt_model_forward(m, x, batch));
+    if (mode == GC_XENT) { CHECK_OK(dt_model_loss_cross_entropy(m, labels, &loss)); return loss; }
+    if (mode == GC_NLL) { CHECK_OK(dt_model_loss_nll(m, labels, &loss)); return loss; }
+    if (mode == GC_MSE) { CHECK_OK(dt_model_loss_mse(m, target, &loss)); return loss; }
+    y = (float *)malloc(sizeof(float) * (size_t)ycount);
+    CHECK_OK(dt_model_output(m, y, ycount));
+    for (i = 0; i < ycount; i++) f += (double)y[i] * (double)r[i];
+    free(y);
+    return f;
+}
+
+/* Checks the analytic gradient of the objective w.r.t. the input and every parameter tensor against
+   central differences on up to 24 coordinates each. `spread` makes inputs distinct by at least 0.05 (for
+   max and relu kinks). */
+static void gradcheck(dt_model *m, int64_t batch, int mode, int spread, const char *what) {
+    int64_t xs = batch * dt_model_node_size(m, 0), ys = batch * dt_model_node_size(m, dt_model_output_node(m));
+    int64_t np, i, j, k = dt_model_node_size(m, dt_model_output_node(m));
+    float *x = (float *)malloc(sizeof(float) * (size_t)xs), *r = (float *)malloc(sizeof(float) * (size_t)ys);
+    float *target = (float *)malloc(sizeof(float) * (size_t)ys), *p = dt_model_params(m, &np), *ga, *dxa;
+    int32_t labels[64];
+    const double h = mode == GC_SUM ? 1e-2 : 1e-3;   /* losses are O(1) scalars: a smaller step keeps relu kinks out */
+    double worst = 0.0;
+    int bad = 0;
+    for (i = 0; i < xs; i++) x[i] = dt_t_rand(-1.5f, 1.5f);
+    if (spread) {   /* a random permutation of a grid, shifted off zero */
+        for (i = 0; i < xs; i++) x[i] = 0.05f * (float)(i - xs / 2) + 0.025f;
+        for (i = xs - 1; i > 0; i--) { j = (int64_t)dt_t_rand(0.0f, (float)i + 0.999f); float t = x[i]; x[i] = x[j]; x[j] = t; }
+    }
+    dt_t_fill(r, ys, -1, 1);
+    dt_t_fill(target, ys, -1, 1);
+    for (i = 0; i < batch; i++) labels[i] = (int32_t)(i * 7 % k);
+    objective(m, x, batch, mode, r, labels, target, ys);
+    dt_model_zero_grad(m);
+    CHECK_OK(dt_model_backward(m, mode == GC_SUM ? r : NULL));
+    ga = (float *)malloc(sizeof(float) * (size_t)(np + 1));
+    dxa = (float *)malloc(sizeof(float) * (size_t)xs);
+    CHECK_OK(dt_model_get_grads(m, ga, np));
+    memcpy(dxa, dt_model_node_grad(m, 0), sizeof(float) * (size_t)xs);
+    /* coordinates: input first, then parameters */
+    for (i = 0; i < 24 + 24 * dt_model_param_tensors(m); i++) {
+        int t = (int)(i / 24) - 1;
+        int64_t idx;
+        float *slot, old, ana;
+        double fp, fm, num, tol;
+        if (t < 0) { idx = (int64_t)dt_t_rand(0.0f, (float)xs - 0.001f); slot = x + idx; ana = dxa[idx]; }
+        else {
+            dt_param_info pi = dt_model_param_info(m, t);
+            idx = pi.offset + (int64_t)dt_t_rand(0.0f, (float)pi.count - 0.001f);
+            slot = p + idx; ana = ga[idx];
+        }
+        old = *slot;
+        *slot = old + (float)h; fp = objective(m, x, batch, mode, r, labels, target, ys);
+        *slot = old - (float)h; fm = objective(m, x, batch, mode, r, labels, target, ys);
+        *slot = old;
+        num = (fp - fm) / (2.0 * h);
+        tol = 1e-2 * fabs(num) + 2e-3;
+        if (fabs(num - ana) > worst) worst = fabs(num - ana);
+        if (fabs(num - ana) > tol) {
+            if (bad++ < 3)
+                printf("    %s: d/d%s[%lld] analytic %.6f numeric %.6f\n", what, t < 0 ? "x" : dt_model_param_info(m, t).name,
+                       (long long)(t < 0 ? idx : idx - dt_model_param_info(m, t).offset), (double)ana, num);
+        }
+    }
+    if (bad) { dt_t_checks_failed++; printf("    %s: %d coordinates off (worst |diff| %.3g)\n", what, bad, worst); }
+    free(x); free(r); free(target); free(ga); free(dxa);
+}
+
+static void gc_image(int64_t c, int64_t h, int64_t w, int64_t batch, int kind, int64_t a, int64_t b, int64_t s,
+                     int64_t pd, int mode, const char *what) {
+    dt_model *m = new_model(c, h, w);
+    int x = 0;
+    dt_conv2d_desc d;
+    switch (kind) {
+    case 0: memset(&d, 0, sizeof d); d.out_channels = a; d.kernel = b; d.stride = s; d.pad = pd; d.no_bias = mode;
+            x = dt_conv2d_ex(m, x, &d); mode = GC_SUM; break;
+    case 1: x = dt_maxpool2d(m, x, b, s, pd); break;
+    case 2: x = dt_avgpool2d(m, x, b, s, pd); break;
+    case 3: x = dt_global_avgpool(m, x); break;
+    case 4: x = dt_batchnorm(m, x); break;
+    case 5: x = dt_pad_shortcut(m, x, a, s); break;
+    case 6: x = dt_relu(m, x); break;
+    case 7: x = dt_add(m, dt_relu(m, x), x); break;   /* two consumers of the input: gradients must add */
+    }
+    (void)x;
+    CHECK_OK(dt_model_finalize(m));
+    gradcheck(m, batch, mode, kind == 1 || kind == 6 || kind == 7, what);
+    dt_model_destroy(m);
+}
+
+static void test_gradcheck_conv(void) {
+    gc_image(3, 7, 6, 2, 0, 4, 3, 2, 1, 0, "conv k3 s2 p1");
+    gc_image(2, 5, 5, 3, 0, 3, 1, 1, 0, 0, "conv k1 s1 p0");
+    gc_image(2, 6, 9, 2, 0, 2, 4, 3, 2, 1, "conv k4 s3 p2 no bias");
+    gc_image(1, 9, 9, 1, 0, 2, 5, 1, 2, 0, "conv k5 s1 p2");
+}
+static void test_gradcheck_pools(void) {
+    gc_image(2, 7, 6, 2, 1, 0, 3, 2, 1, GC_SUM, "maxpool k3 s2 p1");
+    gc_image(2, 6, 6, 2, 1, 0, 2, 2, 0, GC_SUM, "maxpool k2 s2");
+    gc_image(2, 7, 6, 2, 2, 0, 3, 2, 1, GC_SUM, "avgpool k3 s2 p1");
+    gc_image(3, 5, 5, 2, 2, 0, 2, 1, 0, GC_SUM, "avgpool k2 s1");
+    gc_image(3, 5, 4, 2, 3, 0, 0, 0, 0, GC_SUM, "global avgpool");
+}
+static void test_gradcheck_misc(void) {
+    gc_image(3, 4, 5, 4, 4, 0, 0, 0, 0, GC_SUM, "batchnorm2d train");
+    gc_image(3, 6, 5, 2, 5, 7, 0, 2, 0, GC_SUM, "pad shortcut s2");
+    gc_image(2, 3, 3, 2, 6, 0, 0, 0, 0, GC_SUM, "relu");
+    gc_image(2, 3, 3, 2, 7, 0, 0, 0, 0, GC_SUM, "residual add");
+    {   /* batchnorm in eval mode, 1-D batchnorm, linear with and without bias, log-softmax */
+        dt_model *m = new_model(3, 4, 5);
+        dt_batchnorm(m, 0);
+        CHECK_OK(dt_model_finalize(m));
+        dt_model_train(m, 0);
+        gradcheck(m, 3, GC_SUM, 0, "batchnorm2d eval");
+        dt_model_destroy(m);
+        m = new_model(6, 0, 0);
+        dt_batchnorm(m, 0);
+        CHECK_OK(dt_model_finalize(m));
+        gradcheck(m, 5, GC_SUM, 0, "batchnorm1d train");
+        dt_model_destroy(m);
+        m = new_model(7, 0, 0);
+        dt_linear(m, 0, 5, 1);
+        CHECK_OK(dt_model_finalize(m));
+        gradcheck(m, 3, GC_SUM, 0, "linear");
+        dt_model_destroy(m);
+        m = new_model(2, 3, 3);
+        dt_linear(m, dt_flatten(m, 0), 4, 0);
+        CHECK_OK(dt_model_finalize(m));
+        gradcheck(m, 3, GC_SUM, 0, "flatten + linear without bias");
+        dt_model_destroy(m);
+        m = new_model(7, 0, 0);
+        dt_log_softmax(m, 0);
+        CHECK_OK(dt_model_finalize(m));
+        gradcheck(m, 4, GC_SUM, 0, "log-softmax");
+        dt_model_destroy(m);
+    }
+}
+static void test_gradcheck_losses(void) {
+    dt_model *m = new_model(7, 0, 0);
+    dt_linear(m, 0, 5, 1);
+    CHECK_OK(dt_model_finalize(m));
+    gradcheck(m, 3, GC_XENT, 0, "linear + cross-entropy");
+    gradcheck(m, 3, GC_MSE, 0, "linear + mse");
+    dt_model_destroy(m);
+    m = new_model(7, 0, 0);
+    dt_log_softmax(m, dt_linear(m, 0, 5, 1));
+    CHECK_OK(dt_model_finalize(m));
+    gradcheck(m, 4, GC_NLL, 0, "linear + log-softmax + nll");
+    dt_model_destroy(m);
+    /* a small CNN end to end: conv, batchnorm, relu, pool, dropout (eval), linear, cross-entropy */
+    m = new_model(2, 6, 6);
+    {
+        int x = dt_relu(m, dt_batchnorm(m, dt_conv2d(m, 0, 3, 3, 1, 1)));
+        x = dt_dropout(m, dt_avgpool2d(m, x, 2, 2, 0), 0.3f);
+        dt_linear(m, dt_flatten(m, x), 4, 1);
+    }
+    CHECK_OK(dt_model_finalize(m));
+    dt_model_train(m, 0);
+    gradcheck(m, 3, GC_XENT, 0, "small CNN + cross-entropy");
+    dt_model_destroy(m);
+}
+
+/* Dropout: mask of 0 and 1/(1-p) at rate p in training, the same mask in backward, new masks each step,
+   the same masks for the same seed, identity in eval. */
+static void test_dropout(void) {
+    const int64_t n = 20000;
+    float *x = (float *)malloc(sizeof(float) * n), *y = (float *)malloc(sizeof(float) * n);
+    float *y2 = (float *)malloc(sizeof(float) * n), *dy = (float *)malloc(sizeof(float) * n);
+    dt_model *m = new_model(n, 0, 0), *m2 = new_model(n, 0, 0);
+    int64_t i, zeros = 0, diff = 0;
+    int bad = 0;
+    dt_dropout(m, 0, 0.3f);
+    dt_dropout(m2, 0, 0.3f);
+    CHECK_OK(dt_model_finalize(m));
+    CHECK_OK(dt_model_finalize(m2));
+    dt_t_fill(x, n, 0.5f, 1.5f);
+    dt_t_fill(dy, n, -1, 1);
+    CHECK_OK(dt_model_forward(m, x, 1));
+    CHECK_OK(dt_model_output(m, y, n));
+    CHECK_OK(dt_model_backward(m, dy));
+    for (i = 0; i < n; i++) {
+        float mask = y[i] / x[i], dx = dt_model_node_grad(m, 0)[i];
+        if (y[i] == 0.0f) { zeros++; bad += dx != 0.0f; }
+        else { bad += fabsf(mask - 1.0f / 0.7f) > 1e-5f; bad += fabsf(dx - dy[i] * mask) > 1e-5f; }
+    }
+    CHECK(bad == 0);
+    CHECK(zeros > 0.28 * n && zeros < 0.32 * n);
+    CHECK_OK(dt_model_forward(m2, x, 1));                 /* same seed, same step: same mask */
+    CHECK_OK(dt_model_output(m2, y2, n));
+    CHECK(memcmp(y, y2, sizeof(float) * n) == 0);
+    CHECK_OK(dt_model_forward(m, x, 1));                  /* next step: another mask */
+    CHECK_OK(dt_model_output(m, y2, n));
+    for (i = 0; i < n; i++) diff += (y[i] == 0.0f) != (y2[i] == 0.0f);
+    CHECK(diff > n / 10);
+    dt_model_train(m, 0);
+    CHECK_OK(dt_model_forward(m, x, 1));
+    CHECK_OK(dt_model_output(m, y2, n));
+    CHECK(memcmp(x, y2, sizeof(float) * n) == 0);
+    free(x); free(y); free(y2); free(dy);
+    dt_model_destroy(m);
+    dt_model_destroy(m2);
+}
+
+int main(int argc, char **argv) {
+    dt_t_only = argc > 1 ? argv[1] : NULL;
+    printf("test_layers\n");
+    RUN(test_torch_linear);
+    RUN(test_torch_conv2d);
+    RUN(test_torch_maxpool);
+    RUN(test_torch_avgpool);
+    RUN(test_torch_gap_relu_logsoftmax_shortcut);
+    RUN(test_torch_batchnorm);
+    RUN(test_torch_losses);
+    RUN(test_gradcheck_conv);
+    RUN(test_gradcheck_pools);
+    RUN(test_gradcheck_misc);
+    RUN(test_gradcheck_losses);
+    RUN(test_dropout);
+    return dt_t_summary();
+}

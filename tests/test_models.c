@@ -1,0 +1,296 @@
+/* The model graph and the zoo: parameter counts as PyTorch counts them, PyTorch's parameter names,
+   one full forward+backward of SimpleCNN and ResNet-20 against PyTorch, initialisation, gradient
+   accumulation, train/eval. */
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#include "dt_test.h"
+
+static void test_zoo_param_counts(void) {
+    /* the numbers PyTorch prints for the same architectures (tests/fixtures/param_counts.txt) */
+    static const struct { dt_zoo_model z; int64_t count; } want[] = {
+        {DT_ZOO_SIMPLE_CNN, 421642}, {DT_ZOO_RESNET20, 269722}, {DT_ZOO_FEDAVG_CNN, 1663370},
+        {DT_ZOO_FEDAVG_2NN, 199210}, {DT_ZOO_LENET5, 61706}, {DT_ZOO_VGG11, 9231114},
+        {DT_ZOO_MLP, 784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10}};
+    FILE *fp = fopen(DT_TEST_FIXTURES "/param_counts.txt", "r");
+    char name[64];
+    long long cnt;
+    int i, seen = 0;
+    for (i = 0; i < (int)(sizeof want / sizeof want[0]); i++) {
+        dt_model *m;
+        CHECK_OK(dt_zoo_create(&m, want[i].z, 0, NULL));
+        if (!m) continue;
+        if (dt_model_param_count(m) != want[i].count)
+            printf("    %s: %lld parameters, expected %lld\n", dt_zoo_name(want[i].z), (long long)dt_model_param_count(m),
+                   (long long)want[i].count);
+        CHECK(dt_model_param_count(m) == want[i].count);
+        CHECK(dt_zoo_from_name(dt_zoo_name(want[i].z)) == (int)want[i].z);
+        dt_model_destroy(m);
+    }
+    CHECK(fp != NULL);
+    while (fp && fscanf(fp, "%63s %lld", name, &cnt) == 2) {   /* and the counts PyTorch wrote */
+        int z = dt_zoo_from_name(name);
+        dt_model *m;
+        CHECK(z >= 0);
+        if (z < 0) continue;
+        CHECK_OK(dt_zoo_create(&m, (dt_zoo_model)z, 0, NULL));
+        CHECK(m && dt_model_param_count(m) == cnt);
+        dt_model_destroy(m);
+        seen++;
+    }
+    CHECK(seen == 6);
+    if (fp) fclose(fp);
+    CHECK(dt_zoo_from_name("resnet56") == -1);
+}
+
+static void test_param_names(void) {
+    dt_model *m;
+    int i, n;
+    CHECK_OK(dt_zoo_create(&m, DT_ZOO_RESNET20, 0, NULL));
+    if (!m) return;
+    n = dt_model_param_tensors(m);
+    CHECK(n == 1 + 2 + 9 * 6 + 2);    /* conv1, bn1, 9 blocks x (conv, bn w, bn b, conv, bn w, bn b), fc */
+    CHECK(strcmp(dt_model_param_info(m, 0).name, "conv1.weight") == 0);
+    CHECK(strcmp(dt_model_param_info(m, 1).name, "bn1.weight") == 0);
+    CHECK(strcmp(dt_model_param_info(m, 3).name, "layers.0.conv1.weight") == 0);
+    CHECK(strcmp(dt_model_param_info(m, n - 1).name, "fc.bias") == 0);
+    CHECK(strcmp(dt_model_buffer_info(m, 0).name, "bn1.running_mean") == 0);
+    CHECK(dt_model_buffer_tensors(m) == 2 * 19);
+    {   /* views tile the flat buffer exactly, in order */
+        int64_t off = 0;
+        for (i = 0; i < n; i++) {
+            dt_param_info p = dt_model_param_info(m, i);
+            CHECK(p.offset == off);
+            off += p.count;
+        }
+        CHECK(off == dt_model_param_count(m));
+        CHECK(dt_model_param_info(m, 0).ndim == 4 && dt_model_param_info(m, 0).shape[1] == 3);
+        CHECK(dt_model_param_info(m, n).name == NULL);
+    }
+    dt_model_destroy(m);
+    CHECK_OK(dt_zoo_create(&m, DT_ZOO_VGG11, 0, NULL));
+    if (!m) return;
+    CHECK(strcmp(dt_model_param_info(m, 0).name, "features.0.weight") == 0);
+    CHECK(strcmp(dt_model_param_info(m, 2).name, "features.1.weight") == 0);
+    CHECK(strcmp(dt_model_param_info(m, 4).name, "features.4.weight") == 0);
+    CHECK(strcmp(dt_model_param_info(m, dt_model_param_tensors(m) - 1).name, "classifier.bias") == 0);
+    dt_model_destroy(m);
+}
+
+/* One forward + backward of a whole zoo model with PyTorch's weights and inputs. */
+static void full_model(dt_zoo_model z, const char *fixture, int training, int nll) {
+    dt_t_fix f;
+    dt_model *m;
+    int64_t np = 0, n, i, nout = 0, nb = 0;
+    float *x, *lab, *params, *out_ref, *loss_ref, *grads_ref, *out, *g, loss = 0.0f;
+    int32_t labels[16];
+    char what[96];
+    if (dt_t_fix_load(&f, fixture)) return;
+    CHECK_OK(dt_zoo_create(&m, z, 0, NULL));
+    n = (int64_t)dt_t_get(&f, "cfg", NULL)[0];
+    x = dt_t_get(&f, "x", NULL); lab = dt_t_get(&f, "labels", NULL); params = dt_t_get(&f, "params", &np);
+    out_ref = dt_t_get(&f, "out", &nout); loss_ref = dt_t_get(&f, "loss", NULL); grads_ref = dt_t_get(&f, "grads", NULL);
+    if (!m || !x || !lab || !params || !out_ref || !loss_ref || !grads_ref) { dt_model_destroy(m); dt_t_fix_free(&f); return; }
+    for (i = 0; i < n; i++) labels[i] = (int32_t)lab[i];
+    CHECK_OK(dt_model_set_params(m, params, np));
+    if (dt_t_has(&f, "buffers_before")) {
+        float *bb = dt_t_get(&f, "buffers_before", &nb);
+        CHECK_OK(dt_model_set_buffers(m, bb, nb));
+    }
+    dt_model_train(m, training);
+    CHECK_OK(dt_model_forward(m, x, n));
+    out = (float *)malloc(sizeof(float) * (size_t)nout);
+    g = (float *)malloc(sizeof(float) * (size_t)np);
+    CHECK_OK(dt_model_output(m, out, nout));
+    snprintf(what, sizeof what, "%s output", fixture);
+    CHECK_CLOSE(out, out_ref, nout, 1e-4, what);
+    CHECK_OK(nll ? dt_model_loss_nll(m, labels, &loss) : dt_model_loss_cross_entropy(m, labels, &loss));
+    snprintf(what, sizeof what, "%s loss", fixture);
+    CHECK_CLOSE(&loss, loss_ref, 1, 1e-4, what);
+    CHECK_OK(dt_model_backward(m, NULL));
+    CHECK_OK(dt_model_get_grads(m, g, np));
+    snprintf(what, sizeof what, "%s gradients", fixture);
+    CHECK_CLOSE(g, grads_ref, np, 1e-4, what);
+    {   /* each parameter tensor on its own scale too, so a small tensor's error is not hidden */
+        for (i = 0; i < dt_model_param_tensors(m); i++) {
+            dt_param_info p = dt_model_param_info(m, i);
+            snprintf(what, sizeof what, "%s d%s", fixture, p.name);
+            CHECK_CLOSE(g + p.offset, grads_ref + p.offset, p.count, 1e-3, what);
+        }
+    }
+    if (dt_t_has(&f, "buffers_after")) {
+        float *ba = dt_t_get(&f, "buffers_after", NULL), *b = (float *)malloc(sizeof(float) * (size_t)nb);
+        CHECK_OK(dt_model_get_buffers(m, b, nb));
+        snprintf(what, sizeof what, "%s running statistics", fixture);
+        CHECK_CLOSE(b, ba, nb, 1e-4, what);
+        free(b);
+    }
+    free(out); free(g);
+    dt_model_destroy(m);
+    dt_t_fix_free(&f);
+}
+static void test_torch_simplecnn(void) { full_model(DT_ZOO_SIMPLE_CNN, "simplecnn", 0, 1); }
+static void test_torch_resnet20(void) { full_model(DT_ZOO_RESNET20, "resnet20", 1, 0); }
+
+/* PyTorch's default init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for conv/linear weights and biases;
+   reproducible for a seed, different for another stream. */
+static void test_init(void) {
+    dt_model *a, *b, *c;
+    dt_model_desc d;
+    int64_t n = 0, i;
+    int t, differ = 0;
+    memset(&d, 0, sizeof d);
+    d.seed = 11;
+    CHECK_OK(dt_zoo_create(&a, DT_ZOO_LENET5, 0, &d));
+    CHECK_OK(dt_zoo_create(&b, DT_ZOO_LENET5, 0, &d));
+    d.stream = 1;
+    CHECK_OK(dt_zoo_create(&c, DT_ZOO_LENET5, 0, &d));
+    if (!a || !b || !c) return;
+    dt_model_params(a, &n);
+    CHECK(memcmp(dt_model_params(a, NULL), dt_model_params(b, NULL), sizeof(float) * (size_t)n) == 0);
+    for (i = 0; i < n; i++) differ += dt_model_params(a, NULL)[i] != dt_model_params(c, NULL)[i];
+    CHECK(differ > n * 9 / 10);
+    for (t = 0; t < dt_model_param_tensors(a); t++) {
+        dt_param_info p = dt_model_param_info(a, t);
+        const float *w = dt_model_params(a, NULL) + p.offset;
+        int64_t fan_in = dt_model_param_info(a, t & ~1).count / dt_model_param_info(a, t & ~1).shape[0];
+        double bound = 1.0 / sqrt((double)fan_in), sq = 0.0;
+        for (i = 0; i < p.count; i++) { CHECK(fabs(w[i]) <= bound); sq += (double)w[i] * w[i]; }
+        if (p.count > 1000) CHECK(fabs(sqrt(sq / (double)p.count) - bound / sqrt(3.0)) < 0.05 * bound);
+    }
+    dt_model_destroy(a); dt_model_destroy(b); dt_model_destroy(c);
+    CHECK_OK(dt_zoo_create(&a, DT_ZOO_RESNET20, 0, NULL));
+    if (!a) return;
+    for (t = 0; t < dt_model_param_tensors(a); t++) {
+        dt_param_info p = dt_model_param_info(a, t);
+        if (strstr(p.name, "bn") && strstr(p.name, "weight"))
+            for (i = 0; i < p.count; i++) CHECK(dt_model_params(a, NULL)[p.offset + i] == 1.0f);
+    }
+    for (t = 0; t < dt_model_buffer_tensors(a); t++) {
+        dt_param_info p = dt_model_buffer_info(a, t);
+        for (i = 0; i < p.count; i++) CHECK(dt_model_buffers(a, NULL)[p.offset + i] == (strstr(p.name, "var") ? 1.0f : 0.0f));
+    }
+    dt_model_destroy(a);
+}
+
+/* Gradients accumulate over backward calls until zero_grad; smaller batches reuse the arena. */
+static void test_accumulate_and_batches(void) {
+    dt_model *m;
+    int64_t np, i;
+    float x[8 * 784], *g1, *g2, loss;
+    int32_t y[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    double err = 0.0;
+    CHECK_OK(dt_zoo_create(&m, DT_ZOO_LENET5, 0, NULL));
+    if (!m) return;
+    dt_t_fill(x, 8 * 784, 0, 1);
+    dt_model_params(m, &np);
+    g1 = (float *)malloc(sizeof(float) * (size_t)np);
+    g2 = (float *)malloc(sizeof(float) * (size_t)np);
+    CHECK_OK(dt_model_forward(m, x, 8));
+    CHECK_OK(dt_model_loss_cross_entropy(m, y, &loss));
+    CHECK(loss > 1.5f && loss < 3.5f);            /* about ln(10) at initialisation */
+    CHECK_OK(dt_model_backward(m, NULL));
+    CHECK_OK(dt_model_get_grads(m, g1, np));
+    CHECK_OK(dt_model_backward(m, NULL));         /* the same gradient again: doubles */
+    CHECK_OK(dt_model_get_grads(m, g2, np));
+    for (i = 0; i < np; i++) err = fmax(err, fabs(g2[i] - 2.0f * g1[i]));
+    CHECK(err < 1e-6);
+    dt_model_zero_grad(m);
+    CHECK_OK(dt_model_get_grads(m, g2, np));
+    for (i = 0; i < np; i++) CHECK(g2[i] == 0.0f);
+    /* a batch of 3 after a batch of 8: the sample results equal a fresh batch of 3 */
+    {
+        dt_model *m2;
+        float o1[30], o2[30];
+        CHECK_OK(dt_zoo_create(&m2, DT_ZOO_LENET5, 0, NULL));
+        CHECK_OK(dt_model_forward(m, x, 3));
+        CHECK_OK(dt_model_forward(m2, x, 3));
+        CHECK_OK(dt_model_output(m, o1, 30));
+        CHECK_OK(dt_model_output(m2, o2, 30));
+        CHECK(memcmp(o1, o2, sizeof o1) == 0);
+        dt_model_destroy(m2);
+    }
+    free(g1); free(g2);
+    dt_model_destroy(m);
+}
+
+/* Train mode uses batch statistics and updates running ones; eval uses running ones; correct counts. */
+static void test_train_eval(void) {
+    dt_model *m;
+    float x[4 * 3 * 32 * 32], o1[40], o2[40];
+    int32_t y[4] = {1, 2, 3, 4};
+    int64_t nb, correct = -1;
+    float *b0;
+    CHECK_OK(dt_zoo_create(&m, DT_ZOO_RESNET20, 0, NULL));
+    if (!m) return;
+    dt_t_fill(x, 4 * 3 * 32 * 32, -1, 1);
+    b0 = (float *)malloc(sizeof(float) * 4096);
+    dt_model_buffers(m, &nb);
+    CHECK(nb <= 4096);
+    CHECK(dt_model_is_training(m));
+    CHECK_OK(dt_model_get_buffers(m, b0, nb));
+    CHECK_OK(dt_model_forward(m, x, 4));
+    CHECK_OK(dt_model_output(m, o1, 40));
+    CHECK(memcmp(b0, dt_model_buffers(m, NULL), sizeof(float) * (size_t)nb) != 0);
+    dt_model_train(m, 0);
+    CHECK(!dt_model_is_training(m));
+    CHECK_OK(dt_model_get_buffers(m, b0, nb));
+    CHECK_OK(dt_model_forward(m, x, 4));
+    CHECK_OK(dt_model_output(m, o2, 40));
+    CHECK(memcmp(b0, dt_model_buffers(m, NULL), sizeof(float) * (size_t)nb) == 0);
+    CHECK(memcmp(o1, o2, sizeof o1) != 0);
+    CHECK_OK(dt_model_count_correct(m, y, &correct));
+    {
+        int64_t r, j, c = 0;
+        for (r = 0; r < 4; r++) {
+            int best = 0;
+            for (j = 1; j < 10; j++) if (o2[r * 10 + j] > o2[r * 10 + best]) best = (int)j;
+            c += best == y[r];
+        }
+        CHECK(correct == c);
+    }
+    free(b0);
+    dt_model_destroy(m);
+}
+
+/* The builder: shapes flow, names apply, summary lists every node. */
+static int summary_lines;
+static void count_lines(void *u, int level, const char *msg) { (void)u; (void)level; (void)msg; summary_lines++; }
+static void test_builder(void) {
+    dt_model *m;
+    dt_model_desc d;
+    int64_t s[3];
+    int x;
+    memset(&d, 0, sizeof d);
+    d.in_c = 3; d.in_h = 11; d.in_w = 9;
+    CHECK_OK(dt_model_create(&m, &d));
+    x = dt_conv2d(m, dt_model_input(m), 8, 3, 2, 1);
+    CHECK(x == 1 && dt_model_node_shape(m, x, s) == 3 && s[0] == 8 && s[1] == 6 && s[2] == 5);
+    x = dt_maxpool2d(m, x, 3, 2, 1);
+    CHECK(dt_model_node_shape(m, x, s) == 3 && s[1] == 3 && s[2] == 3);
+    x = dt_flatten(m, x);
+    CHECK(dt_model_node_size(m, x) == 72 && dt_model_node_kind(m, x) == DT_LAYER_FLATTEN);
+    x = dt_model_name(m, dt_linear(m, x, 5, 1), "head");
+    CHECK(strcmp(dt_model_node_name(m, x), "head") == 0);
+    CHECK_OK(dt_model_finalize(m));
+    CHECK(strcmp(dt_model_param_info(m, 2).name, "head.weight") == 0);
+    CHECK(dt_model_nodes(m) == 5 && dt_model_output_node(m) == 4);
+    dt_log_configure(count_lines, NULL, DT_LOG_INFO);
+    dt_model_summary(m);
+    dt_log_configure(NULL, NULL, DT_LOG_INFO);
+    CHECK(summary_lines == 1 + 5 + 1);
+    dt_model_destroy(m);
+}
+
+int main(int argc, char **argv) {
+    dt_t_only = argc > 1 ? argv[1] : NULL;
+    printf("test_models\n");
+    RUN(test_zoo_param_counts);
+    RUN(test_param_names);
+    RUN(test_torch_simplecnn);
+    RUN(test_torch_resnet20);
+    RUN(test_init);
+    RUN(test_accumulate_and_batches);
+    RUN(test_train_eval);
+    RUN(test_builder);
+    return dt_t_summary();
+}
