@@ -1,0 +1,42 @@
+# dtrain - build the examples and tests, run the tests.
+#   make              build examples and tests (build/)
+#   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
+#                     ASan+UBSan build); ends with "N passed, N failed", non-zero exit on failure
+#   make demo         the main job: the model zoo's training step on random data
+#   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
+#   make clean
+
+CC      ?= cc
+CFLAGS  ?= -O3
+WARN    := -std=c11 -Wall -Wextra -Wpedantic -Werror
+# OpenMP when the compiler has it; the header works without it too
+OPENMP  := $(shell printf 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp)
+LDLIBS  := -lm
+
+TESTS    := test_core test_layers test_models test_errors
+EXAMPLES := zoo
+B        := build
+
+all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES))
+
+$(B)/tests/%: tests/%.c tests/dt_test.h dtrain.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $< -o $@ $(LDLIBS)
+
+$(B)/examples/%: examples/%.c dtrain.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $< -o $@ $(LDLIBS)
+
+test: all
+	@sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
+
+demo: $(B)/examples/zoo
+	$(B)/examples/zoo --batch 64 --steps 2
+
+fixtures:
+	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures
+
+clean:
+	rm -rf $(B)
+
+.PHONY: all test demo fixtures clean

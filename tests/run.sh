@@ -1,0 +1,68 @@
+#!/bin/sh
+# tests/run.sh CC BUILD TEST... - runs the test suite in its configurations and prints the total.
+#   1. the optimised build (from make): every test program
+#   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++
+#   3. the test programs built without OpenMP, run (the header must work without it)
+#   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run
+# Each test program ends with "N passed, N failed"; each compile check counts as one test.
+# The last line is the sum, "N passed, N failed"; the exit status is non-zero when anything failed.
+CC=$1; B=$2; shift 2
+passed=0; failed=0
+WARN="-std=c11 -Wall -Wextra -Wpedantic -Werror"
+
+# runs one test program, adds its counts; a crash or a missing summary line counts as a failure
+run() {
+    label=$1; shift
+    out=$("$@" 2>&1); rc=$?
+    printf '%s\n' "$out" | sed "s/^/[$label] /"
+    line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "[$label] FAIL: exited with status $rc without a summary line"; failed=$((failed + 1)); return
+    fi
+    p=${line%% passed*}; f=${line#*passed, }; f=${f%% failed*}
+    passed=$((passed + p)); failed=$((failed + f))
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "[$label] FAIL: exit status $rc"; failed=$((failed + 1)); fi
+}
+
+check() {   # check NAME COMMAND...: one test that passes when the command succeeds
+    name=$1; shift
+    if err=$("$@" 2>&1); then echo "ok   $name"; passed=$((passed + 1))
+    else echo "FAIL $name"; printf '%s\n' "$err" | head -n 20; failed=$((failed + 1)); fi
+}
+
+echo "== 1. optimised build ($CC)"
+for t in "$@"; do run "$t" "$B/tests/$t"; done
+
+echo "== 2. compile checks"
+mkdir -p "$B/check"
+printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nint main(void){ return dt_cpu_ops() == 0; }\n' > "$B/check/impl.c"
+for cc in gcc clang; do
+    if command -v $cc >/dev/null 2>&1; then
+        check "$cc C11 with OpenMP" $cc $WARN -fopenmp -c "$B/check/impl.c" -o "$B/check/$cc-omp.o"
+        check "$cc C11 without OpenMP" $cc $WARN -c "$B/check/impl.c" -o "$B/check/$cc.o"
+        check "$cc C11 portable kernels (DT_NO_SIMD)" $cc $WARN -DDT_NO_SIMD -c "$B/check/impl.c" -o "$B/check/$cc-nosimd.o"
+    else
+        echo "FAIL $cc is not installed (run tools/deps.sh)"; failed=$((failed + 1))
+    fi
+done
+check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -c "$B/check/impl.c" -o "$B/check/cxx.o"
+check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
+
+echo "== 3. without OpenMP, portable kernels"
+mkdir -p "$B/noomp"
+for t in "$@"; do
+    if $CC $WARN -O2 -DDT_NO_SIMD "tests/$t.c" -o "$B/noomp/$t" -lm; then run "noomp $t" "$B/noomp/$t"
+    else echo "FAIL build of $t without OpenMP"; failed=$((failed + 1)); fi
+done
+
+echo "== 4. AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
+mkdir -p "$B/asan"
+for t in "$@"; do
+    if clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+        "tests/$t.c" -o "$B/asan/$t" -lm; then
+        ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 run "asan $t" "$B/asan/$t"
+    else echo "FAIL build of $t with sanitizers"; failed=$((failed + 1)); fi
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

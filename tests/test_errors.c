@@ -1,0 +1,160 @@
+/* Bad input to the API returns an error code with a message that names the cause; nothing crashes
+   (this file also runs under AddressSanitizer + UndefinedBehaviorSanitizer). */
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#include "dt_test.h"
+
+static dt_model *image_model(void) {
+    dt_model *m = NULL;
+    dt_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.in_c = 2; d.in_h = 6; d.in_w = 6;
+    CHECK_OK(dt_model_create(&m, &d));
+    return m;
+}
+
+static void test_create_errors(void) {
+    dt_model *m = (dt_model *)&m;
+    dt_model_desc d;
+    memset(&d, 0, sizeof d);
+    CHECK_ERR(dt_model_create(NULL, &d), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_model_create(&m, NULL), DT_ERR_INVALID_ARG);
+    CHECK(m == NULL);
+    CHECK_ERR(dt_model_create(&m, &d), DT_ERR_SHAPE);            /* in_c = 0 */
+    CHECK(strstr(dt_last_error(), "in_c") != NULL);
+    d.in_c = 3; d.in_h = 5;                                        /* h without w */
+    CHECK_ERR(dt_model_create(&m, &d), DT_ERR_SHAPE);
+    d.in_h = -1; d.in_w = -1;
+    CHECK_ERR(dt_model_create(&m, &d), DT_ERR_SHAPE);
+    CHECK_ERR(dt_zoo_create(&m, (dt_zoo_model)99, 0, NULL), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_zoo_create(NULL, DT_ZOO_MLP, 0, NULL), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_zoo_create(&m, DT_ZOO_MLP, -3, NULL), DT_ERR_INVALID_ARG);
+    d.in_c = 1; d.in_h = 8; d.in_w = 8;                            /* too small for 5 poolings */
+    CHECK_ERR(dt_zoo_create(&m, DT_ZOO_VGG11, 0, &d), DT_ERR_SHAPE);
+    CHECK(m == NULL && strstr(dt_last_error(), "vgg11") != NULL);
+    dt_model_destroy(NULL);
+}
+
+static void test_builder_errors(void) {
+    dt_model *m = image_model();
+    int x;
+    if (!m) return;
+    CHECK(dt_linear(m, 0, 10, 1) == -1);                           /* linear on an image */
+    CHECK(strstr(dt_last_error(), "dt_flatten") != NULL);
+    /* the error is sticky: later calls fail and finalize reports the first one */
+    CHECK(dt_relu(m, 0) == -1);
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_SHAPE);
+    CHECK(strstr(dt_last_error(), "dt_linear") != NULL);
+    dt_model_destroy(m);
+
+    m = image_model();
+    CHECK(dt_conv2d(m, 0, 4, 9, 1, 0) == -1);                      /* kernel larger than the input */
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_SHAPE);
+    dt_model_destroy(m);
+    m = image_model();
+    CHECK(dt_conv2d(m, 7, 4, 3, 1, 1) == -1);                      /* no such node */
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+    dt_model_destroy(m);
+    m = image_model();
+    CHECK(dt_conv2d(m, 0, 0, 3, 1, 1) == -1);                      /* zero channels */
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+    dt_model_destroy(m);
+    m = image_model();
+    CHECK(dt_conv2d_ex(m, 0, NULL) == -1);
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+    dt_model_destroy(m);
+    m = image_model();
+    CHECK(dt_maxpool2d(m, 0, 2, 2, 2) == -1);                      /* padding > kernel / 2 */
+    dt_model_destroy(m);
+    m = image_model();
+    CHECK(dt_dropout(m, 0, 1.0f) == -1);
+    CHECK(strstr(dt_last_error(), "[0, 1)") != NULL);
+    dt_model_destroy(m);
+    m = image_model();
+    CHECK(dt_batchnorm_ex(m, 0, -1.0f, 0.1f) == -1);
+    dt_model_destroy(m);
+    m = image_model();
+    x = dt_conv2d(m, 0, 3, 3, 1, 1);
+    CHECK(dt_add(m, x, 0) == -1);                                  /* 3 vs 2 channels */
+    CHECK(strstr(dt_last_error(), "equal shapes") != NULL);
+    dt_model_destroy(m);
+    m = image_model();
+    CHECK(dt_pad_shortcut(m, 0, 5, 2) == -1);                      /* odd channel difference */
+    dt_model_destroy(m);
+    m = image_model();
+    CHECK(dt_log_softmax(m, 0) == -1);
+    dt_model_destroy(m);
+    m = image_model();
+    CHECK(dt_global_avgpool(m, dt_flatten(m, 0)) == -1);
+    dt_model_destroy(m);
+    m = image_model();
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_STATE);                 /* no layers */
+    dt_relu(m, 0);
+    CHECK_OK(dt_model_finalize(m));
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_STATE);                 /* twice */
+    CHECK(dt_relu(m, 1) == -1);                                    /* building after finalize */
+    dt_model_destroy(m);
+    CHECK(dt_relu(NULL, 0) == -1);
+    CHECK_ERR(dt_model_finalize(NULL), DT_ERR_INVALID_ARG);
+}
+
+static void test_run_errors(void) {
+    dt_model *m = image_model();
+    float x[2 * 72], out[20], p[4];
+    int32_t y[2] = {1, 2}, ybad[2] = {1, 10};
+    float loss;
+    int64_t np;
+    if (!m) return;
+    memset(x, 0, sizeof x);
+    dt_linear(m, dt_flatten(m, 0), 10, 1);
+    CHECK_ERR(dt_model_forward(m, x, 2), DT_ERR_STATE);            /* before finalize */
+    CHECK_OK(dt_model_finalize(m));
+    CHECK_ERR(dt_model_loss_cross_entropy(m, y, &loss), DT_ERR_STATE);  /* before forward */
+    CHECK_ERR(dt_model_backward(m, NULL), DT_ERR_STATE);
+    CHECK_ERR(dt_model_forward(m, NULL, 2), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_model_forward(m, x, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_model_forward(m, x, -5), DT_ERR_INVALID_ARG);
+    CHECK_OK(dt_model_forward(m, x, 2));
+    CHECK_ERR(dt_model_backward(m, NULL), DT_ERR_STATE);           /* no loss yet */
+    CHECK_ERR(dt_model_loss_cross_entropy(m, ybad, &loss), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "label 10") != NULL);
+    CHECK_ERR(dt_model_loss_nll(m, NULL, &loss), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_model_loss_mse(m, NULL, &loss), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_model_output(m, out, 19), DT_ERR_SHAPE);
+    CHECK_ERR(dt_model_output(m, NULL, 20), DT_ERR_INVALID_ARG);
+    CHECK_OK(dt_model_output(m, out, 20));
+    dt_model_params(m, &np);
+    CHECK_ERR(dt_model_set_params(m, p, 4), DT_ERR_SHAPE);
+    CHECK_ERR(dt_model_set_params(m, NULL, np), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_model_get_grads(m, p, 4), DT_ERR_SHAPE);
+    CHECK_ERR(dt_model_set_buffers(m, p, 4), DT_ERR_SHAPE);
+    CHECK_ERR(dt_model_count_correct(m, y, NULL), DT_ERR_INVALID_ARG);
+    /* a NaN in the input makes a NaN loss: a numeric error that says what to do */
+    x[3] = NAN;
+    CHECK_OK(dt_model_forward(m, x, 2));
+    CHECK_ERR(dt_model_loss_cross_entropy(m, y, &loss), DT_ERR_NUMERIC);
+    CHECK(strstr(dt_last_error(), "learning rate") != NULL);
+    dt_model_destroy(m);
+    /* classification loss on an image output */
+    m = image_model();
+    dt_relu(m, 0);
+    CHECK_OK(dt_model_finalize(m));
+    CHECK_OK(dt_model_forward(m, x, 1));
+    CHECK_ERR(dt_model_loss_cross_entropy(m, y, &loss), DT_ERR_SHAPE);
+    dt_model_destroy(m);
+    /* queries on NULL or out of range answer harmlessly */
+    CHECK(dt_model_params(NULL, &np) == NULL && np == 0);
+    CHECK(dt_model_param_count(NULL) == 0 && dt_model_nodes(NULL) == 0);
+    CHECK(dt_model_node_name(NULL, 0) == NULL);
+    CHECK(dt_model_param_info(NULL, 0).name == NULL);
+    CHECK(strcmp(dt_layer_kind_str((dt_layer_kind)77), "unknown") == 0);
+}
+
+int main(int argc, char **argv) {
+    dt_t_only = argc > 1 ? argv[1] : NULL;
+    printf("test_errors\n");
+    RUN(test_create_errors);
+    RUN(test_builder_errors);
+    RUN(test_run_errors);
+    return dt_t_summary();
+}

@@ -1,0 +1,14 @@
+#!/bin/sh
+# tools/deps.sh - installs the Debian packages dtrain's build and tests need, when they are missing.
+# Run as root (or with sudo available). Extra package names may be given as arguments.
+set -e
+need="make gcc g++ libc6-dev clang libclang-rt-14-dev libomp-dev zlib1g-dev $*"
+missing=""
+for p in $need; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "tools/deps.sh: installing$missing"
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
