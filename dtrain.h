@@ -1415,7 +1415,7 @@ static dt__node *dt__add_node(dt_model *m, dt_layer_kind kind, int in0) {
     if (m->nnodes == m->cap_nodes) {
         int cap = m->cap_nodes ? 2 * m->cap_nodes : 16;
         dt__node *nn = (dt__node *)DT_REALLOC(m->nodes, sizeof(dt__node) * (size_t)cap);
-        if (!nn) { dt__fail_build(m, DT_ERR_OUT_OF_MEMORY, "cannot grow the node list to %d nodes", cap); return NULL; }
+        if (!nn) { dt__fail_build(m, DT_ERR_OUT_OF_MEMORY, "out of memory growing the node list to %d nodes", cap); return NULL; }
         m->nodes = nn;
         m->cap_nodes = cap;
     }
@@ -1451,7 +1451,7 @@ static int dt__add_view(dt_model *m, int buf, const char *suffix, int ndim, int6
     if (*cnt == *cap) {
         int c2 = *cap ? 2 * *cap : 16;
         dt__pinfo *np = (dt__pinfo *)DT_REALLOC(*arr, sizeof(dt__pinfo) * (size_t)c2);
-        if (!np) return dt__fail_build(m, DT_ERR_OUT_OF_MEMORY, "cannot grow the parameter list");
+        if (!np) return dt__fail_build(m, DT_ERR_OUT_OF_MEMORY, "out of memory growing the parameter list");
         *arr = np;
         *cap = c2;
     }

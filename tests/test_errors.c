@@ -1,5 +1,28 @@
 /* Bad input to the API returns an error code with a message that names the cause; nothing crashes
    (this file also runs under AddressSanitizer + UndefinedBehaviorSanitizer). */
+#include <stdlib.h>
+#include <stddef.h>
+
+/* Allocator hooks that count, and can be told to fail after a number of allocations. */
+static long live_allocs, total_allocs, fail_after = -1;
+static void *t_malloc(size_t n) {
+    if (fail_after >= 0 && total_allocs >= fail_after) return NULL;
+    total_allocs++; live_allocs++;
+    return malloc(n);
+}
+static void *t_realloc(void *p, size_t n) {
+    void *q;
+    if (fail_after >= 0 && total_allocs >= fail_after) return NULL;
+    total_allocs++;
+    q = realloc(p, n);
+    if (q && !p) live_allocs++;
+    return q;
+}
+static void t_free(void *p) { if (p) live_allocs--; free(p); }
+#define DT_MALLOC(n) t_malloc(n)
+#define DT_REALLOC(p, n) t_realloc(p, n)
+#define DT_FREE(p) t_free(p)
+
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
@@ -150,11 +173,49 @@ static void test_run_errors(void) {
     CHECK(strcmp(dt_layer_kind_str((dt_layer_kind)77), "unknown") == 0);
 }
 
+/* Everything the library allocates goes through the hooks and is freed; when an allocation fails at
+   any point, the call returns DT_ERR_OUT_OF_MEMORY (or succeeds), nothing crashes and nothing leaks. */
+static void test_allocator_hooks_and_oom(void) {
+    dt_model *m;
+    float x[2 * 784];
+    int32_t y[2] = {3, 4};
+    float loss;
+    long k, needed, ooms = 0;
+    memset(x, 0, sizeof x);
+    live_allocs = total_allocs = 0;
+    fail_after = -1;
+    CHECK_OK(dt_zoo_create(&m, DT_ZOO_LENET5, 0, NULL));
+    CHECK_OK(dt_model_forward(m, x, 2));
+    CHECK_OK(dt_model_loss_cross_entropy(m, y, &loss));
+    CHECK_OK(dt_model_backward(m, NULL));
+    dt_model_destroy(m);
+    needed = total_allocs;
+    CHECK(needed > 5);
+    CHECK(live_allocs == 0);
+    for (k = 0; k < needed; k++) {
+        dt_result r;
+        live_allocs = total_allocs = 0;
+        fail_after = k;
+        r = dt_zoo_create(&m, DT_ZOO_LENET5, 0, NULL);
+        if (r == DT_OK) r = dt_model_forward(m, x, 2);
+        if (r == DT_OK) r = dt_model_loss_cross_entropy(m, y, &loss);
+        if (r == DT_OK) r = dt_model_backward(m, NULL);
+        CHECK(r == DT_OK || r == DT_ERR_OUT_OF_MEMORY);
+        if (r == DT_ERR_OUT_OF_MEMORY) { ooms++; CHECK(strstr(dt_last_error(), "memory") != NULL); }
+        dt_model_destroy(m);
+        m = NULL;
+        CHECK(live_allocs == 0);
+    }
+    CHECK(ooms > 5);
+    fail_after = -1;
+}
+
 int main(int argc, char **argv) {
     dt_t_only = argc > 1 ? argv[1] : NULL;
     printf("test_errors\n");
     RUN(test_create_errors);
     RUN(test_builder_errors);
     RUN(test_run_errors);
+    RUN(test_allocator_hooks_and_oom);
     return dt_t_summary();
 }
