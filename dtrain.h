@@ -692,6 +692,20 @@ static void dt__pack_b(int tb, const float *B, int64_t ldb, int64_t p0, int64_t 
     }
 }
 
+/* C[mr, nr] = alpha c + beta C, the clipped write-back of a micro-tile (beta == 0 never reads C) */
+static void dt__micro_store(float c[DT__MR][DT__NR], float *C, int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta) {
+    int64_t i, j;
+    for (i = 0; i < mr; i++) {
+        float *crow = C + i * ldc;
+        if (beta == 0.0f)
+            for (j = 0; j < nr; j++) crow[j] = alpha * c[i][j];
+        else if (beta == 1.0f)
+            for (j = 0; j < nr; j++) crow[j] += alpha * c[i][j];
+        else
+            for (j = 0; j < nr; j++) crow[j] = alpha * c[i][j] + beta * crow[j];
+    }
+}
+
 /* c[MR][NR] = sum_p a[p][:] x b[p][:]; then C = alpha c + (first ? beta C : C). Written so that the
    inner loop over NR contiguous floats vectorises. */
 static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
@@ -707,15 +721,7 @@ static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__
             for (j = 0; j < DT__NR; j++) c[i][j] += av * bp[j];
         }
     }
-    for (i = 0; i < mr; i++) {
-        float *crow = C + i * ldc;
-        if (beta == 0.0f)
-            for (j = 0; j < nr; j++) crow[j] = alpha * c[i][j];
-        else if (beta == 1.0f)
-            for (j = 0; j < nr; j++) crow[j] += alpha * c[i][j];
-        else
-            for (j = 0; j < nr; j++) crow[j] = alpha * c[i][j] + beta * crow[j];
-    }
+    dt__micro_store(c, C, ldc, mr, nr, alpha, beta);
 }
 
 /* The same micro-kernel for x86 CPUs with AVX2 and FMA, chosen at run time: 6 rows x 2 vectors of 8 =
@@ -729,7 +735,7 @@ static void dt__micro_avx2(int64_t kc, const float *DT__RESTRICT a, const float 
     __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(), c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
     __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
     float c[DT__MR][DT__NR];
-    int64_t p, i, j;
+    int64_t p;
     for (p = 0; p < kc; p++) {
         __m256 b0 = _mm256_loadu_ps(b + p * DT__NR), b1 = _mm256_loadu_ps(b + p * DT__NR + 8), av;
         const float *ap = a + p * DT__MR;
@@ -746,15 +752,7 @@ static void dt__micro_avx2(int64_t kc, const float *DT__RESTRICT a, const float 
     _mm256_storeu_ps(c[3], c30); _mm256_storeu_ps(c[3] + 8, c31);
     _mm256_storeu_ps(c[4], c40); _mm256_storeu_ps(c[4] + 8, c41);
     _mm256_storeu_ps(c[5], c50); _mm256_storeu_ps(c[5] + 8, c51);
-    for (i = 0; i < mr; i++) {
-        float *crow = C + i * ldc;
-        if (beta == 0.0f)
-            for (j = 0; j < nr; j++) crow[j] = alpha * c[i][j];
-        else if (beta == 1.0f)
-            for (j = 0; j < nr; j++) crow[j] += alpha * c[i][j];
-        else
-            for (j = 0; j < nr; j++) crow[j] = alpha * c[i][j] + beta * crow[j];
-    }
+    dt__micro_store(c, C, ldc, mr, nr, alpha, beta);
 }
 #endif
 
@@ -1990,21 +1988,22 @@ static dt_result dt__loss_done(dt_model *m, float loss, const char *what) {
     return DT_OK;
 }
 
-dt_result dt_model_loss_cross_entropy(dt_model *m, const int32_t *labels, float *loss) {
-    dt_result r = dt__loss_prep(m, labels, NULL, "dt_model_loss_cross_entropy");
+typedef void (*dt__class_loss_fn)(void *, const float *, const int32_t *, int64_t, int64_t, float *, float *);
+static dt_result dt__class_loss(dt_model *m, dt__class_loss_fn fn, const int32_t *labels, float *loss, const char *what) {
+    dt_result r = dt__loss_prep(m, labels, NULL, what);
+    const dt__node *out;
     float l = 0.0f;
     if (r != DT_OK) return r;
-    m->ops->softmax_xent(m->ctx, m->nodes[m->nnodes - 1].out, m->labels, m->batch, m->nodes[m->nnodes - 1].c, m->seed_grad, &l);
+    out = &m->nodes[m->nnodes - 1];
+    fn(m->ctx, out->out, m->labels, m->batch, out->c, m->seed_grad, &l);
     if (loss) *loss = l;
-    return dt__loss_done(m, l, "dt_model_loss_cross_entropy");
+    return dt__loss_done(m, l, what);
+}
+dt_result dt_model_loss_cross_entropy(dt_model *m, const int32_t *labels, float *loss) {
+    return dt__class_loss(m, m ? m->ops->softmax_xent : NULL, labels, loss, "dt_model_loss_cross_entropy");
 }
 dt_result dt_model_loss_nll(dt_model *m, const int32_t *labels, float *loss) {
-    dt_result r = dt__loss_prep(m, labels, NULL, "dt_model_loss_nll");
-    float l = 0.0f;
-    if (r != DT_OK) return r;
-    m->ops->nll(m->ctx, m->nodes[m->nnodes - 1].out, m->labels, m->batch, m->nodes[m->nnodes - 1].c, m->seed_grad, &l);
-    if (loss) *loss = l;
-    return dt__loss_done(m, l, "dt_model_loss_nll");
+    return dt__class_loss(m, m ? m->ops->nll : NULL, labels, loss, "dt_model_loss_nll");
 }
 dt_result dt_model_loss_mse(dt_model *m, const float *target, float *loss) {
     dt_result r;

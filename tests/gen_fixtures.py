@@ -198,21 +198,23 @@ def nparams(m):
 
 
 # ------------------------------------------------------------------- cases
+def weighted_records(x, w, b, y):
+    """Records of a layer with weight w and optional bias b: inputs, a random upstream gradient dy,
+    the output and the gradients of (y * dy).sum()."""
+    dy = torch.randn_like(y)
+    (y * dy).sum().backward()
+    rec = [("x", x), ("w", w)] + ([("b", b)] if b is not None else [])
+    rec += [("dy", dy), ("y", y), ("dx", x.grad), ("dw", w.grad)]
+    return rec + ([("db", b.grad)] if b is not None else [])
+
+
 def case_linear(cfg):
     N, IN, OUT, has_bias = cfg
     x = torch.randn(N, IN, requires_grad=True)
     w = torch.randn(OUT, IN, requires_grad=True)
     b = torch.randn(OUT, requires_grad=True) if has_bias else None
     y = F.linear(x, w, b)
-    dy = torch.randn_like(y)
-    (y * dy).sum().backward()
-    rec = [("x", x), ("w", w)]
-    if has_bias:
-        rec.append(("b", b))
-    rec += [("dy", dy), ("y", y), ("dx", x.grad), ("dw", w.grad)]
-    if has_bias:
-        rec.append(("db", b.grad))
-    return rec
+    return weighted_records(x, w, b, y)
 
 
 def case_conv2d(cfg):
@@ -221,15 +223,7 @@ def case_conv2d(cfg):
     w = (torch.randn(OC, C, K, K) * 0.5).requires_grad_()
     b = torch.randn(OC, requires_grad=True) if has_bias else None
     y = F.conv2d(x, w, b, stride=stride, padding=pad)
-    dy = torch.randn_like(y)
-    (y * dy).sum().backward()
-    rec = [("x", x), ("w", w)]
-    if has_bias:
-        rec.append(("b", b))
-    rec += [("dy", dy), ("y", y), ("dx", x.grad), ("dw", w.grad)]
-    if has_bias:
-        rec.append(("db", b.grad))
-    return rec
+    return weighted_records(x, w, b, y)
 
 
 def case_maxpool(cfg):

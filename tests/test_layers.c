@@ -135,43 +135,28 @@ static void test_torch_avgpool(void) {
     pool_cases(cases, 2, 0);
 }
 
+/* Parameter-free layers: the fixture's cfg gives N, then the input shape, then the layer's settings. */
+static int build_gap(dt_model *m, const float *cfg) { (void)cfg; return dt_global_avgpool(m, 0); }
+static int build_relu(dt_model *m, const float *cfg) { (void)cfg; return dt_relu(m, 0); }
+static int build_log_softmax(dt_model *m, const float *cfg) { (void)cfg; return dt_log_softmax(m, 0); }
+static int build_shortcut(dt_model *m, const float *cfg) {   /* N C H W stride pad_each_side */
+    return dt_pad_shortcut(m, 0, (int64_t)(cfg[1] + 2 * cfg[5]), (int64_t)cfg[4]);
+}
 static void test_torch_gap_relu_logsoftmax_shortcut(void) {
-    dt_t_fix f;
-    float *cfg;
-    dt_model *m;
-    if (!dt_t_fix_load(&f, "gap_a")) {
+    static const struct { const char *fixture; int image; int (*build)(dt_model *, const float *); } cases[] = {
+        {"gap_a", 1, build_gap}, {"relu_a", 0, build_relu}, {"log_softmax_a", 0, build_log_softmax},
+        {"pad_shortcut_a", 1, build_shortcut}};
+    int i;
+    for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        dt_t_fix f;
+        float *cfg;
+        dt_model *m;
+        if (dt_t_fix_load(&f, cases[i].fixture)) continue;
         cfg = dt_t_get(&f, "cfg", NULL);
-        m = new_model((int64_t)cfg[1], (int64_t)cfg[2], (int64_t)cfg[3]);
-        dt_global_avgpool(m, 0);
+        m = cases[i].image ? new_model((int64_t)cfg[1], (int64_t)cfg[2], (int64_t)cfg[3]) : new_model((int64_t)cfg[1], 0, 0);
+        cases[i].build(m, cfg);
         CHECK_OK(dt_model_finalize(m));
-        compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, "gap_a");
-        dt_model_destroy(m);
-        dt_t_fix_free(&f);
-    }
-    if (!dt_t_fix_load(&f, "relu_a")) {
-        cfg = dt_t_get(&f, "cfg", NULL);
-        m = new_model((int64_t)cfg[1], 0, 0);
-        dt_relu(m, 0);
-        CHECK_OK(dt_model_finalize(m));
-        compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, "relu_a");
-        dt_model_destroy(m);
-        dt_t_fix_free(&f);
-    }
-    if (!dt_t_fix_load(&f, "log_softmax_a")) {
-        cfg = dt_t_get(&f, "cfg", NULL);
-        m = new_model((int64_t)cfg[1], 0, 0);
-        dt_log_softmax(m, 0);
-        CHECK_OK(dt_model_finalize(m));
-        compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, "log_softmax_a");
-        dt_model_destroy(m);
-        dt_t_fix_free(&f);
-    }
-    if (!dt_t_fix_load(&f, "pad_shortcut_a")) {
-        cfg = dt_t_get(&f, "cfg", NULL);   /* N C H W stride pad_each_side */
-        m = new_model((int64_t)cfg[1], (int64_t)cfg[2], (int64_t)cfg[3]);
-        dt_pad_shortcut(m, 0, (int64_t)(cfg[1] + 2 * cfg[5]), (int64_t)cfg[4]);
-        CHECK_OK(dt_model_finalize(m));
-        compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, "pad_shortcut_a");
+        compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, cases[i].fixture);
         dt_model_destroy(m);
         dt_t_fix_free(&f);
     }
