@@ -1,7 +1,8 @@
 # dtrain - build the examples and tests, run the tests.
 #   make              build examples and tests (build/)
 #   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
-#                     ASan+UBSan build); ends with "N passed, N failed", non-zero exit on failure
+#                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
+#                     "N passed, N failed", non-zero exit on failure
 #   make demo         the main job: the model zoo's training step on random data
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
@@ -11,24 +12,28 @@ CFLAGS  ?= -O3
 WARN    := -std=c11 -Wall -Wextra -Wpedantic -Werror
 # OpenMP when the compiler has it; the header works without it too
 OPENMP  := $(shell printf 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp)
-LDLIBS  := -lm
+# optional features of dtrain.h the project's own programs use: gzip (zlib) and image decoding (stb_image)
+DEFS    := -DDT_USE_ZLIB -DDT_USE_STB_IMAGE -pthread
+LDLIBS  := -lstb -lz -lm
 
-TESTS    := test_core test_layers test_models test_errors
-EXAMPLES := zoo
+TESTS    := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+EXAMPLES := $(patsubst examples/%.c,%,$(wildcard examples/*.c))
+FUZZ     := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
+export DEFS LDLIBS
 B        := build
 
 all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES))
 
 $(B)/tests/%: tests/%.c tests/dt_test.h dtrain.h
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $< -o $@ $(LDLIBS)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
 $(B)/examples/%: examples/%.c dtrain.h
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $< -o $@ $(LDLIBS)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
 test: all
-	@sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
+	@FUZZ="$(FUZZ)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
 
 demo: $(B)/examples/zoo
 	$(B)/examples/zoo --batch 64 --steps 2

@@ -72,6 +72,9 @@
      1. base     results and errors, allocator hooks, logging, RNG, timers
      2. tensor   tensor views, the backend ops table, GEMM and its naive twin, im2col/col2im
      3. nn       model graph on flat buffers, layers, losses, model zoo
+     4. optim    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
+     5. data     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, the loader
+     6. train    evaluation, checkpoints
 */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -398,6 +401,57 @@ const char *dt_zoo_name(dt_zoo_model z);                  /* "resnet20", ... */
 int         dt_zoo_from_name(const char *name);           /* -1 when unknown */
 /* Creates and finalizes a zoo model. desc's input shape is filled in when zero. */
 dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, const dt_model_desc *desc);
+
+/* ============================================================================================== */
+/* 4. optim: optimizers over the flat buffers, learning-rate schedules                            */
+/* ============================================================================================== */
+
+/* (optimizers: declarations) */
+
+/* ============================================================================================== */
+/* 5. data: datasets, transforms, partitioners, loader                                            */
+/* ============================================================================================== */
+
+/* A labelled image dataset held in memory as uint8, converted to float per batch. Loaders fill it and
+   dt_dataset_free releases what they allocated; a dataset built by hand may point at the caller's
+   arrays (then do not call dt_dataset_free). */
+typedef struct dt_dataset {
+    int64_t  count;              /* samples */
+    int64_t  c, h, w;            /* per-sample shape: channels, height, width */
+    int64_t  num_classes;
+    uint8_t *pixels;             /* [count, c, h, w] */
+    int32_t *labels;             /* [count], each in [0, num_classes) */
+    char   **class_names;        /* [num_classes] or NULL */
+    char     source[256];        /* where it was loaded from, for messages */
+} dt_dataset;
+
+/* Frees the arrays a loader allocated and zeroes *ds. NULL is allowed. */
+void dt_dataset_free(dt_dataset *ds);
+
+/* Per-batch conversion: x = (pixel / 255 - mean[c]) / std[c] after an optional random crop (zero padding
+   of crop_pad pixels on each side, then a crop of the original size) and an optional random horizontal
+   flip (p = 0.5). Zero means the default: mean 0, std 1, no crop, no flip. */
+typedef struct dt_transform {
+    float   mean[3], std[3];
+    int64_t crop_pad;
+    int     flip;
+} dt_transform;
+
+/* Converts samples idx[0..n) of ds into x [n, c, h, w] and y [n] (host memory). Random choices are a
+   pure function of (seed, epoch, sample index), so any rank or thread converting a sample in an epoch
+   gets the same result. t may be NULL (x = pixel / 255). */
+dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, const dt_transform *t, uint64_t seed,
+                           uint64_t epoch, float *x, int32_t *y);
+
+/* (dataset loaders: declarations) */
+
+/* (partitioners and loader: declarations) */
+
+/* ============================================================================================== */
+/* 6. train: evaluation, checkpoints                                                              */
+/* ============================================================================================== */
+
+/* (train: declarations) */
 
 #ifdef __cplusplus
 }
@@ -2297,6 +2351,91 @@ dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, con
     }
     return DT_OK;
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* 4. optim                                                                                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* (optimizers: implementation) */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* 5. data                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+void dt_dataset_free(dt_dataset *ds) {
+    int64_t i;
+    if (!ds) return;
+    if (ds->class_names)
+        for (i = 0; i < ds->num_classes; i++) DT_FREE(ds->class_names[i]);
+    DT_FREE(ds->class_names);
+    DT_FREE(ds->pixels);
+    DT_FREE(ds->labels);
+    memset(ds, 0, sizeof *ds);
+}
+
+dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, const dt_transform *t, uint64_t seed,
+                           uint64_t epoch, float *x, int32_t *y) {
+    int64_t i, plane, chans;
+    float scale[3], shift[3];
+    if (!ds || !idx || !x || !y) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: NULL argument");
+    if (n <= 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: n is %lld; it must be > 0", (long long)n);
+    if (!ds->pixels || !ds->labels || ds->count <= 0)
+        return dt_set_error(DT_ERR_STATE, "dt_dataset_batch: the dataset is empty; load it first");
+    if (t && t->crop_pad < 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: crop_pad is negative");
+    plane = ds->h * ds->w;
+    chans = ds->c;
+    for (i = 0; i < 3; i++) {   /* x = p * scale + shift, with scale = 1 / (255 std), shift = -mean / std */
+        float sd = (t && t->std[i] != 0.0f) ? t->std[i] : 1.0f, mu = t ? t->mean[i] : 0.0f;
+        scale[i] = 1.0f / (255.0f * sd);
+        shift[i] = -mu / sd;
+    }
+    for (i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= ds->count)
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: sample index %lld is outside the dataset %s of %lld samples",
+                                (long long)idx[i], ds->source[0] ? ds->source : "(in memory)", (long long)ds->count);
+    DT__OMP(parallel for if (n * chans * plane > DT__PAR_MIN))
+    for (i = 0; i < n; i++) {
+        const uint8_t *src = ds->pixels + idx[i] * chans * plane;
+        float *dst = x + i * chans * plane;
+        int64_t dy = 0, dx = 0, c, r, q;
+        int flip = 0;
+        if (t && (t->crop_pad > 0 || t->flip)) {
+            /* one hash stream per (seed, epoch, sample): the same choices wherever it is converted */
+            uint64_t key = dt__mix64(seed ^ dt__mix64(epoch + 0x632be59bd9b4e019ULL)) ^ (uint64_t)idx[i];
+            if (t->crop_pad > 0) {
+                int64_t span = 2 * t->crop_pad + 1;
+                dy = (int64_t)(dt_hash_uniform(key, 0) * (float)span) - t->crop_pad;
+                dx = (int64_t)(dt_hash_uniform(key, 1) * (float)span) - t->crop_pad;
+                if (dy > t->crop_pad) dy = t->crop_pad;
+                if (dx > t->crop_pad) dx = t->crop_pad;
+            }
+            flip = t->flip && dt_hash_uniform(key, 2) < 0.5f;
+        }
+        y[i] = ds->labels[idx[i]];
+        for (c = 0; c < chans; c++) {
+            float sc = scale[c < 3 ? c : 2], sh = shift[c < 3 ? c : 2];
+            for (r = 0; r < ds->h; r++)
+                for (q = 0; q < ds->w; q++) {
+                    /* output (r, q) reads input (r + dy, q' + dx) where q' is q mirrored when flipped;
+                       outside the image is the zero padding, which normalises like a zero pixel */
+                    int64_t sr = r + dy, sq = (flip ? ds->w - 1 - q : q) + dx;
+                    float p = (sr >= 0 && sr < ds->h && sq >= 0 && sq < ds->w) ? (float)src[c * plane + sr * ds->w + sq] : 0.0f;
+                    dst[c * plane + r * ds->w + q] = p * sc + sh;
+                }
+        }
+    }
+    return DT_OK;
+}
+
+/* (dataset loaders: implementation) */
+
+/* (partitioners and loader: implementation) */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* 6. train                                                                                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* (train: implementation) */
 
 #ifdef __cplusplus
 }

@@ -4,9 +4,12 @@
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run
+#   5. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
+# DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # Each test program ends with "N passed, N failed"; each compile check counts as one test.
 # The last line is the sum, "N passed, N failed"; the exit status is non-zero when anything failed.
 CC=$1; B=$2; shift 2
+DEFS=${DEFS:-}; LDLIBS=${LDLIBS:--lm}
 passed=0; failed=0
 WARN="-std=c11 -Wall -Wextra -Wpedantic -Werror"
 
@@ -38,20 +41,20 @@ mkdir -p "$B/check"
 printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nint main(void){ return dt_cpu_ops() == 0; }\n' > "$B/check/impl.c"
 for cc in gcc clang; do
     if command -v $cc >/dev/null 2>&1; then
-        check "$cc C11 with OpenMP" $cc $WARN -fopenmp -c "$B/check/impl.c" -o "$B/check/$cc-omp.o"
+        check "$cc C11 with OpenMP and the optional features" $cc $WARN -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/$cc-omp.o"
         check "$cc C11 without OpenMP" $cc $WARN -c "$B/check/impl.c" -o "$B/check/$cc.o"
         check "$cc C11 portable kernels (DT_NO_SIMD)" $cc $WARN -DDT_NO_SIMD -c "$B/check/impl.c" -o "$B/check/$cc-nosimd.o"
     else
         echo "FAIL $cc is not installed (run tools/deps.sh)"; failed=$((failed + 1))
     fi
 done
-check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -c "$B/check/impl.c" -o "$B/check/cxx.o"
+check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
 
 echo "== 3. without OpenMP, portable kernels"
 mkdir -p "$B/noomp"
 for t in "$@"; do
-    if $CC $WARN -O2 -DDT_NO_SIMD "tests/$t.c" -o "$B/noomp/$t" -lm; then run "noomp $t" "$B/noomp/$t"
+    if $CC $WARN -O2 -DDT_NO_SIMD $DEFS "tests/$t.c" -o "$B/noomp/$t" $LDLIBS; then run "noomp $t" "$B/noomp/$t"
     else echo "FAIL build of $t without OpenMP"; failed=$((failed + 1)); fi
 done
 
@@ -59,9 +62,20 @@ echo "== 4. AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
 mkdir -p "$B/asan"
 for t in "$@"; do
     if clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
-        "tests/$t.c" -o "$B/asan/$t" -lm; then
+        $DEFS "tests/$t.c" -o "$B/asan/$t" $LDLIBS; then
         ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 run "asan $t" "$B/asan/$t"
     else echo "FAIL build of $t with sanitizers"; failed=$((failed + 1)); fi
+done
+
+echo "== 5. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
+mkdir -p "$B/fuzz"
+for f in ${FUZZ:-}; do
+    if clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $DEFS "fuzz/$f.c" \
+        -o "$B/fuzz/$f" $LDLIBS; then
+        mkdir -p "$B/fuzz/$f.corpus"
+        seeds=""; [ -d "fuzz/corpus/$f" ] && seeds="fuzz/corpus/$f"
+        check "fuzz $f" "$B/fuzz/$f" -max_total_time="${FUZZ_SECONDS:-20}" -rss_limit_mb=2048 "$B/fuzz/$f.corpus" $seeds
+    else echo "FAIL build of fuzz target $f"; failed=$((failed + 1)); fi
 done
 
 echo "$passed passed, $failed failed"
