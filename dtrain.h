@@ -513,7 +513,32 @@ dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, 
 /* 6. train: evaluation, checkpoints                                                              */
 /* ============================================================================================== */
 
-/* (train: declarations) */
+/* Loss and accuracy of a classifier over samples idx[0..count) of ds (idx NULL = all), in eval mode
+   (the mode is restored after). The loss is NLL when the model ends in dt_log_softmax, cross-entropy
+   otherwise. topk (e.g. 5) also counts samples whose label is among the k highest scores. */
+typedef struct dt_eval_result {
+    double  loss;            /* mean over the samples */
+    double  top1, topk;      /* fractions in [0, 1] */
+    int64_t count;
+    int     k;
+} dt_eval_result;
+dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
+                      int64_t batch, int topk, dt_eval_result *out);
+
+/* Checkpoints: parameters, buffers, the model's dropout RNG (seed, stream, step), optimizer state and step
+   counts, and the caller's progress (epoch, step, round, an RNG). The file has a magic number, a version,
+   the sizes, a signature of the model's parameter names and shapes, and a checksum. Saving writes
+   "<path>.tmp", flushes it to disk and renames it over path, so a crash never leaves a half-written file
+   in place. Loading checks everything before it changes the model: a file of another model, of another
+   version, truncated or damaged is refused with a message naming the file and the cause. */
+typedef struct dt_checkpoint_meta {
+    int64_t epoch, step, round;   /* the caller's counters: e.g. epochs completed */
+    dt_rng  rng;                  /* any RNG the caller wants restored */
+} dt_checkpoint_meta;
+/* o may be NULL (no optimizer state saved); meta may be NULL (zeros). */
+dt_result dt_checkpoint_save(const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta);
+/* o NULL skips the optimizer state in the file; meta NULL skips the counters. */
+dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta);
 
 #ifdef __cplusplus
 }
@@ -2717,7 +2742,279 @@ dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, 
 /* 6. train                                                                                       */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* (train: implementation) */
+dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
+                      int64_t batch, int topk, dt_eval_result *out) {
+    dt_result r = DT_OK;
+    int64_t start, k, in_size, i, j, top1 = 0, topk_hits = 0;
+    int was_training, nll;
+    double loss_sum = 0.0;
+    float *x = NULL, *scores = NULL;
+    int32_t *y = NULL;
+    int64_t *ids = NULL;
+    if ((r = dt__need_final(m, "dt_evaluate")) != DT_OK) return r;
+    if (!ds || !out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: dataset or result is NULL");
+    memset(out, 0, sizeof *out);
+    if (!idx) count = ds->count;
+    if (count <= 0 || batch <= 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: count %lld and batch %lld must be > 0", (long long)count, (long long)batch);
+    in_size = m->nodes[0].size;
+    k = m->nodes[m->nnodes - 1].size;
+    if (ds->c * ds->h * ds->w != in_size)
+        return dt_set_error(DT_ERR_SHAPE, "dt_evaluate: samples of %s are %lldx%lldx%lld but the model takes %lld values",
+                            ds->source[0] ? ds->source : "the dataset", (long long)ds->c, (long long)ds->h,
+                            (long long)ds->w, (long long)in_size);
+    if (topk < 1) topk = 1;
+    if (topk > k) topk = (int)k;
+    if (batch > count) batch = count;
+    x = (float *)DT_MALLOC(sizeof(float) * (size_t)(batch * in_size));
+    scores = (float *)DT_MALLOC(sizeof(float) * (size_t)(batch * k));
+    y = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)batch);
+    ids = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)batch);
+    if (!x || !scores || !y || !ids) {
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_evaluate: no memory for a batch of %lld", (long long)batch);
+        goto done;
+    }
+    was_training = m->training;
+    m->training = 0;
+    nll = m->nodes[m->nnodes - 1].kind == DT_LAYER_LOG_SOFTMAX;
+    for (start = 0; start < count && r == DT_OK; start += batch) {
+        int64_t n = count - start < batch ? count - start : batch;
+        float loss = 0.0f;
+        for (i = 0; i < n; i++) ids[i] = idx ? idx[start + i] : start + i;
+        if ((r = dt_dataset_batch(ds, ids, n, t, 0, 0, x, y)) != DT_OK) break;
+        if ((r = dt_model_forward(m, x, n)) != DT_OK) break;
+        r = nll ? dt_model_loss_nll(m, y, &loss) : dt_model_loss_cross_entropy(m, y, &loss);
+        if (r != DT_OK && r != DT_ERR_NUMERIC) break;
+        r = DT_OK;                                /* a NaN loss is reported as such in the result */
+        loss_sum += (double)loss * (double)n;
+        m->ops->download(m->ctx, scores, m->nodes[m->nnodes - 1].out, (int64_t)sizeof(float) * n * k);
+        for (i = 0; i < n; i++) {
+            const float *row = scores + i * k;
+            int64_t above = 0;                    /* classes scoring strictly higher than the label, or equal and earlier */
+            for (j = 0; j < k; j++)
+                above += row[j] > row[y[i]] || (row[j] == row[y[i]] && j < y[i]);
+            top1 += above == 0;
+            topk_hits += above < topk;
+        }
+    }
+    m->training = was_training;
+    if (r == DT_OK) {
+        out->count = count;
+        out->loss = loss_sum / (double)count;
+        out->top1 = (double)top1 / (double)count;
+        out->topk = (double)topk_hits / (double)count;
+        out->k = topk;
+    }
+done:
+    DT_FREE(x); DT_FREE(scores); DT_FREE(y); DT_FREE(ids);
+    return r;
+}
+
+/* ---- checkpoints ---- */
+
+#define DT__CKPT_MAGIC "DTCKPT\r\n"
+#define DT__CKPT_VERSION 1u
+
+/* FNV-1a, 64-bit, over bytes: the checksum and the model signature */
+static uint64_t dt__fnv(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < n; i++) { h ^= p[i]; h *= 0x100000001b3ULL; }
+    return h;
+}
+static uint64_t dt__model_signature(const dt_model *m) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    int i;
+    for (i = 0; i < m->npinfo; i++) {
+        h = dt__fnv(h, m->pinfo[i].name, strlen(m->pinfo[i].name));
+        h = dt__fnv(h, m->pinfo[i].shape, sizeof m->pinfo[i].shape);
+    }
+    for (i = 0; i < m->nbinfo; i++) h = dt__fnv(h, m->binfo[i].name, strlen(m->binfo[i].name));
+    return h;
+}
+
+/* The header: magic, then 15 little-endian 64-bit words: version, model signature, nparams, nbuffers,
+   nstate, ntensors, optimizer kind, the model's dropout seed, stream and step, the caller's epoch, step,
+   round, and RNG state and increment. Then params, buffers, optimizer state (float32), per-tensor step
+   counts (int64), and the FNV-1a checksum of everything before it. */
+#define DT__CKPT_HEAD_WORDS 15
+
+static void dt__put_u64(unsigned char *p, uint64_t v) {
+    int i;
+    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint64_t dt__get_u64(const unsigned char *p) {
+    uint64_t v = 0;
+    int i;
+    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static int dt__little_endian(void) {
+    const uint32_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
+
+/* Makes the data of f durable before the rename. POSIX fsync where the platform has it. */
+#if defined(__unix__) || defined(__APPLE__)
+#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX)
+extern int fileno(FILE *stream);
+#endif
+#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__USE_MISC)
+extern int fsync(int fd);
+#endif
+#include <unistd.h>
+static int dt__sync_file(FILE *f) { return fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -1; }
+#else
+static int dt__sync_file(FILE *f) { return fflush(f) == 0 ? 0 : -1; }
+#endif
+
+dt_result dt_checkpoint_save(const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta) {
+    char tmp[1024];
+    unsigned char head[8 + 8 * DT__CKPT_HEAD_WORDS], tail[8];
+    uint64_t words[DT__CKPT_HEAD_WORDS], sum = 0xcbf29ce484222325ULL;
+    int64_t nstate = 0, total, i;
+    float *host = NULL;
+    int64_t *steps = NULL;
+    FILE *f;
+    dt_result r;
+    if ((r = dt__need_final(m, "dt_checkpoint_save")) != DT_OK) return r;
+    if (!path || !*path) return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_save: path is empty");
+    if (o && o->m != m) return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_save: the optimizer belongs to another model");
+    if (!dt__little_endian()) return dt_set_error(DT_ERR_UNSUPPORTED, "dt_checkpoint_save: big-endian hosts are not supported");
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_save: path is too long");
+    if (o) dt_optim_state(o, &nstate);
+    total = m->nparams + m->nbuffers + nstate;
+    host = (float *)DT_MALLOC(sizeof(float) * (size_t)(total + 1));
+    steps = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)((o ? o->ntensors : 0) + 1));
+    if (!host || !steps) {
+        DT_FREE(host); DT_FREE(steps);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_checkpoint_save: no memory to stage %lld values", (long long)total);
+    }
+    m->ops->download(m->ctx, host, m->params, (int64_t)sizeof(float) * m->nparams);
+    m->ops->download(m->ctx, host + m->nparams, m->buffers, (int64_t)sizeof(float) * m->nbuffers);
+    if (nstate) m->ops->download(m->ctx, host + m->nparams + m->nbuffers, o->state, (int64_t)sizeof(float) * nstate);
+    for (i = 0; o && i < o->ntensors; i++) steps[i] = o->steps[i];
+    words[0] = DT__CKPT_VERSION; words[1] = dt__model_signature(m); words[2] = (uint64_t)m->nparams;
+    words[3] = (uint64_t)m->nbuffers; words[4] = (uint64_t)nstate; words[5] = (uint64_t)(o ? o->ntensors : 0);
+    words[6] = o ? (uint64_t)o->d.kind : 0; words[7] = m->seed; words[8] = m->stream; words[9] = m->step;
+    words[10] = (uint64_t)(meta ? meta->epoch : 0); words[11] = (uint64_t)(meta ? meta->step : 0);
+    words[12] = (uint64_t)(meta ? meta->round : 0);
+    words[13] = meta ? meta->rng.state : 0; words[14] = meta ? meta->rng.inc : 0;
+    memcpy(head, DT__CKPT_MAGIC, 8);
+    for (i = 0; i < DT__CKPT_HEAD_WORDS; i++) dt__put_u64(head + 8 + 8 * i, words[i]);
+    sum = dt__fnv(sum, head, sizeof head);
+    sum = dt__fnv(sum, host, sizeof(float) * (size_t)total);
+    sum = dt__fnv(sum, steps, sizeof(int64_t) * (size_t)(o ? o->ntensors : 0));
+    dt__put_u64(tail, sum);
+    if (!(f = fopen(tmp, "wb"))) {
+        DT_FREE(host); DT_FREE(steps);
+        return dt_set_error(DT_ERR_IO, "dt_checkpoint_save: cannot create %s (does the directory exist and is it writable?)", tmp);
+    }
+    r = DT_OK;
+    if (fwrite(head, 1, sizeof head, f) != sizeof head || fwrite(host, sizeof(float), (size_t)total, f) != (size_t)total ||
+        fwrite(steps, sizeof(int64_t), (size_t)(o ? o->ntensors : 0), f) != (size_t)(o ? o->ntensors : 0) ||
+        fwrite(tail, 1, sizeof tail, f) != sizeof tail || dt__sync_file(f) != 0)
+        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_save: writing %s failed (disk full?); the previous %s is untouched", tmp, path);
+    if (fclose(f) != 0 && r == DT_OK)
+        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_save: closing %s failed; the previous %s is untouched", tmp, path);
+    if (r == DT_OK && rename(tmp, path) != 0)
+        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_save: cannot rename %s to %s", tmp, path);
+    if (r != DT_OK) remove(tmp);
+    DT_FREE(host); DT_FREE(steps);
+    return r;
+}
+
+dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta) {
+    unsigned char head[8 + 8 * DT__CKPT_HEAD_WORDS], tail[8];
+    uint64_t w[DT__CKPT_HEAD_WORDS], sum = 0xcbf29ce484222325ULL;
+    int64_t total, nt, i, have_state = 0;
+    long size;
+    float *host = NULL;
+    int64_t *steps = NULL;
+    FILE *f;
+    dt_result r;
+    if ((r = dt__need_final(m, "dt_checkpoint_load")) != DT_OK) return r;
+    if (!path) return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_load: path is NULL");
+    if (!(f = fopen(path, "rb"))) return dt_set_error(DT_ERR_IO, "dt_checkpoint_load: cannot open %s (no such file, or no permission)", path);
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return dt_set_error(DT_ERR_IO, "dt_checkpoint_load: cannot read %s", path);
+    }
+    if (fread(head, 1, sizeof head, f) != sizeof head || memcmp(head, DT__CKPT_MAGIC, 8) != 0) {
+        fclose(f);
+        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is not a dtrain checkpoint (wrong magic number or too short)", path);
+    }
+    for (i = 0; i < DT__CKPT_HEAD_WORDS; i++) w[i] = dt__get_u64(head + 8 + 8 * i);
+    if (w[0] != DT__CKPT_VERSION) {
+        fclose(f);
+        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s has format version %llu; this dtrain reads version %u",
+                            path, (unsigned long long)w[0], DT__CKPT_VERSION);
+    }
+    if (w[2] != (uint64_t)m->nparams || w[3] != (uint64_t)m->nbuffers || w[1] != dt__model_signature(m)) {
+        fclose(f);
+        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s holds another model (%llu parameters, %llu buffer values, "
+                            "signature %016llx) than this one (%lld, %lld, %016llx): build the same model to load it",
+                            path, (unsigned long long)w[2], (unsigned long long)w[3], (unsigned long long)w[1],
+                            (long long)m->nparams, (long long)m->nbuffers, (unsigned long long)dt__model_signature(m));
+    }
+    if (w[4] > (uint64_t)(2 * m->nparams) || w[5] > 1000000u) {
+        fclose(f);
+        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is damaged (impossible optimizer sizes)", path);
+    }
+    total = m->nparams + m->nbuffers + (int64_t)w[4];
+    nt = (int64_t)w[5];
+    if ((int64_t)size != (int64_t)sizeof head + 4 * total + 8 * nt + 8) {
+        fclose(f);
+        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is %ld bytes but its header describes %lld: the file is "
+                            "truncated or damaged", path, size, (long long)((int64_t)sizeof head + 4 * total + 8 * nt + 8));
+    }
+    if (o) {
+        int64_t want;
+        dt_optim_state(o, &want);
+        if (w[5] == 0)
+            r = dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s has no optimizer state; pass NULL for the optimizer "
+                             "to load the model alone", path);
+        else if (w[6] != (uint64_t)o->d.kind || (int64_t)w[4] != want || nt != o->ntensors)
+            r = dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: the optimizer state in %s (kind %llu, %llu values) does not "
+                             "fit this optimizer (kind %d, %lld values)", path, (unsigned long long)w[6],
+                             (unsigned long long)w[4], (int)o->d.kind, (long long)want);
+        if (r != DT_OK) { fclose(f); return r; }
+        have_state = 1;
+    }
+    host = (float *)DT_MALLOC(sizeof(float) * (size_t)(total + 1));
+    steps = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    if (!host || !steps) {
+        fclose(f); DT_FREE(host); DT_FREE(steps);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_checkpoint_load: no memory to stage %s", path);
+    }
+    if (fread(host, sizeof(float), (size_t)total, f) != (size_t)total || fread(steps, sizeof(int64_t), (size_t)nt, f) != (size_t)nt ||
+        fread(tail, 1, 8, f) != 8) {
+        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_load: reading %s failed", path);
+    } else {
+        sum = dt__fnv(sum, head, sizeof head);
+        sum = dt__fnv(sum, host, sizeof(float) * (size_t)total);
+        sum = dt__fnv(sum, steps, sizeof(int64_t) * (size_t)nt);
+        if (sum != dt__get_u64(tail))
+            r = dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is damaged (checksum mismatch); use an earlier checkpoint", path);
+    }
+    fclose(f);
+    if (r == DT_OK) {   /* everything checked: only now does the model change */
+        m->ops->upload(m->ctx, m->params, host, (int64_t)sizeof(float) * m->nparams);
+        m->ops->upload(m->ctx, m->buffers, host + m->nparams, (int64_t)sizeof(float) * m->nbuffers);
+        m->seed = w[7]; m->stream = w[8]; m->step = w[9];
+        if (have_state) {
+            if (w[4]) m->ops->upload(m->ctx, o->state, host + m->nparams + m->nbuffers, (int64_t)sizeof(float) * (int64_t)w[4]);
+            memcpy(o->steps, steps, sizeof(int64_t) * (size_t)nt);
+        }
+        if (meta) {
+            meta->epoch = (int64_t)w[10]; meta->step = (int64_t)w[11]; meta->round = (int64_t)w[12];
+            meta->rng.state = w[13]; meta->rng.inc = w[14];
+        }
+    }
+    DT_FREE(host); DT_FREE(steps);
+    return r;
+}
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,297 @@
+#define _POSIX_C_SOURCE 200809L   /* mkdtemp, rmdir */
+#include <stdlib.h>
+#include <unistd.h>
+/* Checkpoints: round trip of every piece of state, a resumed run bit-identical to an uninterrupted one,
+   evaluation, and refusal of files that are missing, foreign, of another version, truncated or damaged. */
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#include "dt_test.h"
+
+#define NS 40                       /* samples of the synthetic dataset, 1x12x12 */
+static uint8_t pix[NS * 144];
+static int32_t lab[NS];
+static char dir[64], path[128];
+
+static dt_dataset synth(void) {
+    dt_dataset ds;
+    int i;
+    memset(&ds, 0, sizeof ds);
+    for (i = 0; i < NS * 144; i++) pix[i] = (uint8_t)((i * 131 + i / 144 * 7) % 256);
+    for (i = 0; i < NS; i++) lab[i] = i % 4;
+    ds.count = NS; ds.c = 1; ds.h = 12; ds.w = 12; ds.num_classes = 4; ds.pixels = pix; ds.labels = lab;
+    snprintf(ds.source, sizeof ds.source, "synthetic");
+    return ds;
+}
+
+/* conv, batchnorm, relu, pool, dropout, linear: every kind of state (params, running stats, dropout step) */
+static dt_model *small_model(uint64_t seed) {
+    dt_model *m = NULL;
+    dt_model_desc d;
+    int x;
+    memset(&d, 0, sizeof d);
+    d.in_c = 1; d.in_h = 12; d.in_w = 12; d.seed = seed;
+    CHECK_OK(dt_model_create(&m, &d));
+    x = dt_relu(m, dt_batchnorm(m, dt_conv2d(m, 0, 4, 3, 1, 1)));
+    x = dt_dropout(m, dt_maxpool2d(m, x, 2, 2, 0), 0.3f);
+    dt_linear(m, dt_flatten(m, x), 4, 1);
+    CHECK_OK(dt_model_finalize(m));
+    return m;
+}
+
+/* one epoch of batches of 8 in an order that depends on the epoch, with a padded crop */
+static void train_epoch(dt_model *m, dt_optim *o, const dt_dataset *ds, int64_t epoch) {
+    int64_t order[NS], i, b;
+    float x[8 * 144], loss;
+    int32_t y[8];
+    dt_transform t;
+    dt_rng rng;
+    memset(&t, 0, sizeof t);
+    t.crop_pad = 2; t.flip = 1;
+    for (i = 0; i < NS; i++) order[i] = i;
+    dt_rng_init(&rng, 5, (uint64_t)epoch);
+    for (i = NS - 1; i > 0; i--) { int64_t j = dt_rng_below(&rng, (uint32_t)i + 1), tmp = order[i]; order[i] = order[j]; order[j] = tmp; }
+    for (b = 0; b < NS; b += 8) {
+        CHECK_OK(dt_dataset_batch(ds, order + b, 8, &t, 5, (uint64_t)epoch, x, y));
+        CHECK_OK(dt_model_forward(m, x, 8));
+        CHECK_OK(dt_model_loss_cross_entropy(m, y, &loss));
+        dt_model_zero_grad(m);
+        CHECK_OK(dt_model_backward(m, NULL));
+        CHECK_OK(dt_optim_step(o));
+    }
+}
+
+static dt_optim *make_optim(dt_model *m, dt_optim_kind kind) {
+    dt_optim *o = NULL;
+    dt_optim_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = kind; d.lr = kind == DT_OPTIM_SGD ? 0.05f : 0.01f; d.momentum = kind == DT_OPTIM_SGD ? 0.9f : 0.0f;
+    d.weight_decay = 1e-3f;
+    CHECK_OK(dt_optim_create(&o, m, &d));
+    return o;
+}
+
+static void test_resume_bit_identical(void) {
+    dt_dataset ds = synth();
+    int kind;
+    for (kind = DT_OPTIM_SGD; kind <= DT_OPTIM_ADAM; kind++) {
+        dt_model *a = small_model(3), *b = small_model(3);
+        dt_optim *oa = make_optim(a, (dt_optim_kind)kind), *ob = make_optim(b, (dt_optim_kind)kind);
+        dt_checkpoint_meta meta, got;
+        int64_t e, np, nb;
+        if (!oa || !ob) return;
+        for (e = 0; e < 4; e++) train_epoch(a, oa, &ds, e);               /* uninterrupted */
+        for (e = 0; e < 2; e++) train_epoch(b, ob, &ds, e);               /* stopped after epoch 2 ... */
+        memset(&meta, 0, sizeof meta);
+        meta.epoch = 2; meta.step = 10; meta.round = 7;
+        dt_rng_init(&meta.rng, 99, 4);
+        CHECK_OK(dt_checkpoint_save(path, b, ob, &meta));
+        dt_optim_destroy(ob);
+        dt_model_destroy(b);
+        b = small_model(12345);                                           /* ... a new process: other init */
+        ob = make_optim(b, (dt_optim_kind)kind);
+        memset(&got, 0, sizeof got);
+        CHECK_OK(dt_checkpoint_load(path, b, ob, &got));
+        CHECK(got.epoch == 2 && got.step == 10 && got.round == 7);
+        CHECK(got.rng.state == meta.rng.state && got.rng.inc == meta.rng.inc);
+        for (e = got.epoch; e < 4; e++) train_epoch(b, ob, &ds, e);       /* ... resumed */
+        dt_model_params(a, &np);
+        dt_model_buffers(a, &nb);
+        CHECK(memcmp(dt_model_params(a, NULL), dt_model_params(b, NULL), sizeof(float) * (size_t)np) == 0);
+        CHECK(memcmp(dt_model_buffers(a, NULL), dt_model_buffers(b, NULL), sizeof(float) * (size_t)nb) == 0);
+        dt_optim_destroy(oa); dt_optim_destroy(ob);
+        dt_model_destroy(a); dt_model_destroy(b);
+    }
+}
+
+static void test_round_trip_without_optimizer(void) {
+    dt_model *a = small_model(1), *b = small_model(2);
+    int64_t np;
+    CHECK_OK(dt_checkpoint_save(path, a, NULL, NULL));
+    CHECK_OK(dt_checkpoint_load(path, b, NULL, NULL));
+    dt_model_params(a, &np);
+    CHECK(memcmp(dt_model_params(a, NULL), dt_model_params(b, NULL), sizeof(float) * (size_t)np) == 0);
+    {   /* a file without optimizer state cannot fill an optimizer */
+        dt_optim *o = make_optim(b, DT_OPTIM_SGD);
+        CHECK_ERR(dt_checkpoint_load(path, b, o, NULL), DT_ERR_FORMAT);
+        CHECK(strstr(dt_last_error(), path) != NULL);
+        dt_optim_destroy(o);
+    }
+    dt_model_destroy(a); dt_model_destroy(b);
+}
+
+static long file_size(const char *p) {
+    FILE *f = fopen(p, "rb");
+    long n;
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fclose(f);
+    return n;
+}
+static void rewrite(const char *p, long keep, long flip_at) {   /* truncate to keep bytes, flip one byte */
+    FILE *f = fopen(p, "rb");
+    unsigned char *buf = (unsigned char *)malloc((size_t)(keep > 0 ? keep : 1));
+    size_t got = fread(buf, 1, (size_t)keep, f);
+    fclose(f);
+    if (flip_at >= 0 && flip_at < keep) buf[flip_at] ^= 0x5a;
+    f = fopen(p, "wb");
+    fwrite(buf, 1, got, f);
+    fclose(f);
+    free(buf);
+}
+
+static void test_bad_files(void) {
+    dt_model *m = small_model(1), *other;
+    dt_optim *o = make_optim(m, DT_OPTIM_SGD), *adam = make_optim(m, DT_OPTIM_ADAM);
+    float before[64];
+    long n;
+    char bad[160];
+    memcpy(before, dt_model_params(m, NULL), sizeof before);
+    CHECK_ERR(dt_checkpoint_load("/nonexistent/x.ckpt", m, o, NULL), DT_ERR_IO);
+    CHECK(strstr(dt_last_error(), "/nonexistent/x.ckpt") != NULL);
+    CHECK_ERR(dt_checkpoint_save("/nonexistent/x.ckpt", m, o, NULL), DT_ERR_IO);
+    CHECK_OK(dt_checkpoint_save(path, m, o, NULL));
+    n = file_size(path);
+    CHECK(n > 100);
+    CHECK_ERR(dt_checkpoint_load(path, m, adam, NULL), DT_ERR_FORMAT);     /* another optimizer */
+    {   /* another model */
+        dt_model_desc d;
+        memset(&d, 0, sizeof d);
+        CHECK_OK(dt_zoo_create(&other, DT_ZOO_LENET5, 0, &d));
+        CHECK_ERR(dt_checkpoint_load(path, other, NULL, NULL), DT_ERR_FORMAT);
+        CHECK(strstr(dt_last_error(), "another model") != NULL);
+        dt_model_destroy(other);
+    }
+    snprintf(bad, sizeof bad, "%s.bad", path);
+    {   /* same sizes, other names: the signature tells them apart */
+        dt_model *renamed = NULL;
+        dt_model_desc d;
+        int x;
+        memset(&d, 0, sizeof d);
+        d.in_c = 1; d.in_h = 12; d.in_w = 12;
+        CHECK_OK(dt_model_create(&renamed, &d));
+        x = dt_relu(renamed, dt_batchnorm(renamed, dt_model_name(renamed, dt_conv2d(renamed, 0, 4, 3, 1, 1), "c")));
+        x = dt_dropout(renamed, dt_maxpool2d(renamed, x, 2, 2, 0), 0.3f);
+        dt_linear(renamed, dt_flatten(renamed, x), 4, 1);
+        CHECK_OK(dt_model_finalize(renamed));
+        CHECK_ERR(dt_checkpoint_load(path, renamed, NULL, NULL), DT_ERR_FORMAT);
+        dt_model_destroy(renamed);
+    }
+    /* damaged copies: each refused, the model left as it was */
+    {
+        static const long cuts[][2] = {{4, -1}, {60, -1}, {-20, -1}, {-1, 0}, {-1, 8}, {-1, 200}, {-1, -4}};
+        int i;
+        for (i = 0; i < (int)(sizeof cuts / sizeof cuts[0]); i++) {
+            FILE *src = fopen(path, "rb"), *dst = fopen(bad, "wb");
+            int c;
+            long keep = cuts[i][0] < 0 ? n + (cuts[i][0] == -1 ? 0 : cuts[i][0]) : cuts[i][0];
+            long flip = cuts[i][1] < -1 ? n + cuts[i][1] : cuts[i][1];
+            while ((c = fgetc(src)) != EOF) fputc(c, dst);
+            fclose(src); fclose(dst);
+            rewrite(bad, keep, flip);
+            CHECK_ERR(dt_checkpoint_load(bad, m, o, NULL), DT_ERR_FORMAT);
+            CHECK(strstr(dt_last_error(), bad) != NULL);
+        }
+        CHECK(memcmp(before, dt_model_params(m, NULL), sizeof before) == 0);
+    }
+    {   /* a version from the future */
+        FILE *f;
+        unsigned char v = 9;
+        rewrite(bad, 0, -1);
+        f = fopen(path, "rb");
+        {
+            FILE *g = fopen(bad, "wb");
+            int c;
+            while ((c = fgetc(f)) != EOF) fputc(c, g);
+            fclose(g);
+        }
+        fclose(f);
+        f = fopen(bad, "r+b");
+        fseek(f, 8, SEEK_SET);
+        fwrite(&v, 1, 1, f);
+        fclose(f);
+        CHECK_ERR(dt_checkpoint_load(bad, m, o, NULL), DT_ERR_FORMAT);
+        CHECK(strstr(dt_last_error(), "version 9") != NULL);
+    }
+    {   /* saving when the temporary file cannot be created leaves the previous checkpoint intact */
+        char tmpdir[160];
+        snprintf(tmpdir, sizeof tmpdir, "%s.tmp", path);
+        CHECK(file_size(path) == n);
+        remove(tmpdir);
+        {
+            FILE *blocker;   /* a directory at <path>.tmp cannot be opened for writing */
+            char cmd[256];
+            snprintf(cmd, sizeof cmd, "mkdir -p '%s'", tmpdir);
+            CHECK(system(cmd) == 0);
+            blocker = fopen(tmpdir, "wb");
+            CHECK(blocker == NULL);
+            if (blocker) fclose(blocker);
+        }
+        CHECK_ERR(dt_checkpoint_save(path, m, o, NULL), DT_ERR_IO);
+        CHECK(file_size(path) == n);
+        CHECK_OK(dt_checkpoint_load(path, m, o, NULL));
+        {
+            char cmd[256];
+            snprintf(cmd, sizeof cmd, "rmdir '%s'", tmpdir);
+            CHECK(system(cmd) == 0);
+        }
+    }
+    CHECK_ERR(dt_checkpoint_save(NULL, m, o, NULL), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_checkpoint_load(NULL, m, o, NULL), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_checkpoint_save(path, NULL, o, NULL), DT_ERR_INVALID_ARG);
+    remove(bad);
+    dt_optim_destroy(o); dt_optim_destroy(adam);
+    dt_model_destroy(m);
+}
+
+/* Evaluation: loss and top-1/top-k match a hand computation from the outputs; eval mode is used and the
+   previous mode restored. */
+static void test_evaluate(void) {
+    dt_dataset ds = synth();
+    dt_model *m = small_model(4);
+    dt_eval_result r;
+    int64_t idx[NS], i, j, c1 = 0, c2 = 0;
+    float x[NS * 144], out[NS * 4], loss;
+    int32_t y[NS];
+    for (i = 0; i < NS; i++) idx[i] = NS - 1 - i;
+    CHECK_OK(dt_evaluate(m, &ds, idx, NS, NULL, 7, 2, &r));
+    CHECK(dt_model_is_training(m));
+    CHECK(r.count == NS && r.k == 2);
+    dt_model_train(m, 0);
+    CHECK_OK(dt_dataset_batch(&ds, idx, NS, NULL, 0, 0, x, y));
+    CHECK_OK(dt_model_forward(m, x, NS));
+    CHECK_OK(dt_model_loss_cross_entropy(m, y, &loss));
+    CHECK_OK(dt_model_output(m, out, NS * 4));
+    for (i = 0; i < NS; i++) {
+        int above = 0;
+        for (j = 0; j < 4; j++) above += out[i * 4 + j] > out[i * 4 + y[i]];
+        c1 += above == 0; c2 += above < 2;
+    }
+    CHECK(fabs(r.loss - loss) < 1e-5 * fabs(loss));
+    CHECK(fabs(r.top1 - (double)c1 / NS) < 1e-12 && fabs(r.topk - (double)c2 / NS) < 1e-12);
+    CHECK(r.topk >= r.top1);
+    CHECK_OK(dt_evaluate(m, &ds, NULL, 0, NULL, 64, 9, &r));            /* all samples; k clamped to 4 */
+    CHECK(r.count == NS && r.k == 4 && r.topk == 1.0);
+    CHECK_ERR(dt_evaluate(m, &ds, NULL, 0, NULL, 0, 1, &r), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_evaluate(m, NULL, NULL, 0, NULL, 8, 1, &r), DT_ERR_INVALID_ARG);
+    ds.w = 11;
+    CHECK_ERR(dt_evaluate(m, &ds, NULL, 0, NULL, 8, 1, &r), DT_ERR_SHAPE);
+    dt_model_destroy(m);
+}
+
+int main(int argc, char **argv) {
+    int rc;
+    dt_t_only = argc > 1 ? argv[1] : NULL;
+    snprintf(dir, sizeof dir, "/tmp/dt_ckpt_test_XXXXXX");
+    if (!mkdtemp(dir)) { printf("cannot create a temporary directory\n0 passed, 1 failed\n"); return 1; }
+    snprintf(path, sizeof path, "%s/model.ckpt", dir);
+    printf("test_checkpoint\n");
+    RUN(test_resume_bit_identical);
+    RUN(test_round_trip_without_optimizer);
+    RUN(test_bad_files);
+    RUN(test_evaluate);
+    rc = dt_t_summary();
+    remove(path);
+    rmdir(dir);
+    return rc;
+}
