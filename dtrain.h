@@ -151,6 +151,22 @@ typedef struct dt_timer { double start, total; int64_t count; } dt_timer;
 void   dt_timer_start(dt_timer *t);
 double dt_timer_stop(dt_timer *t);                     /* adds the lap to total, returns the lap */
 
+/* A one-line progress bar for a terminal: "  37/469 [=====>      ]  <your text>", redrawn in place at
+   most ten times a second. enabled = 0 makes every call a no-op (e.g. when output is not a terminal). */
+typedef struct dt_progress {
+    void   *out;                 /* FILE * */
+    int64_t total;
+    double  start, last_draw;
+    int     enabled, drawn;
+} dt_progress;
+void dt_progress_begin(dt_progress *p, void *file, int64_t total, int enabled);
+void dt_progress_update(dt_progress *p, int64_t done, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void dt_progress_end(dt_progress *p);  /* erases the bar, so the next log line starts clean */
+
 /* ============================================================================================== */
 /* 2. tensor and backend ops                                                                      */
 /* ============================================================================================== */
@@ -357,6 +373,8 @@ dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch);
 dt_result dt_model_loss_cross_entropy(dt_model *m, const int32_t *labels, float *loss); /* softmax + NLL */
 dt_result dt_model_loss_nll(dt_model *m, const int32_t *labels, float *loss);           /* on log-probs */
 dt_result dt_model_loss_mse(dt_model *m, const float *target, float *loss);             /* target host [batch, k] */
+/* The classification loss that fits the model: NLL when it ends in dt_log_softmax, cross-entropy otherwise. */
+dt_result dt_model_loss_labels(dt_model *m, const int32_t *labels, float *loss);
 /* Backward pass: gradients ACCUMULATE into dt_model_grads(). dy (host, shape of the output) is the
    upstream gradient; NULL uses the gradient set by the last dt_model_loss_* call. */
 dt_result dt_model_backward(dt_model *m, const float *dy);
@@ -720,6 +738,38 @@ double dt_timer_stop(dt_timer *t) {
     t->total += lap;
     t->count++;
     return lap;
+}
+
+void dt_progress_begin(dt_progress *p, void *file, int64_t total, int enabled) {
+    memset(p, 0, sizeof *p);
+    p->out = file ? file : stderr;
+    p->total = total;
+    p->enabled = enabled && total > 0;
+    p->start = dt_time_now();
+}
+void dt_progress_update(dt_progress *p, int64_t done, const char *fmt, ...) {
+    char text[160], bar[33];
+    double now;
+    int i, fill;
+    va_list ap;
+    if (!p || !p->enabled) return;
+    now = dt_time_now();
+    if (p->drawn && now - p->last_draw < 0.1 && done < p->total) return;
+    p->last_draw = now;
+    p->drawn = 1;
+    fill = (int)(32 * (done < p->total ? done : p->total) / p->total);
+    for (i = 0; i < 32; i++) bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
+    bar[32] = 0;
+    text[0] = 0;
+    if (fmt) { va_start(ap, fmt); vsnprintf(text, sizeof text, fmt, ap); va_end(ap); }
+    fprintf((FILE *)p->out, "\r%6lld/%lld [%s] %s\033[K", (long long)done, (long long)p->total, bar, text);
+    fflush((FILE *)p->out);
+}
+void dt_progress_end(dt_progress *p) {
+    if (!p || !p->enabled || !p->drawn) return;
+    fprintf((FILE *)p->out, "\r\033[K");
+    fflush((FILE *)p->out);
+    p->drawn = 0;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -2186,6 +2236,10 @@ dt_result dt_model_loss_cross_entropy(dt_model *m, const int32_t *labels, float 
 dt_result dt_model_loss_nll(dt_model *m, const int32_t *labels, float *loss) {
     return dt__class_loss(m, m ? m->ops->nll : NULL, labels, loss, "dt_model_loss_nll");
 }
+dt_result dt_model_loss_labels(dt_model *m, const int32_t *labels, float *loss) {
+    if (m && m->nnodes > 1 && m->nodes[m->nnodes - 1].kind == DT_LAYER_LOG_SOFTMAX) return dt_model_loss_nll(m, labels, loss);
+    return dt_model_loss_cross_entropy(m, labels, loss);
+}
 dt_result dt_model_loss_mse(dt_model *m, const float *target, float *loss) {
     dt_result r;
     int64_t cnt;
@@ -2746,7 +2800,7 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
                       int64_t batch, int topk, dt_eval_result *out) {
     dt_result r = DT_OK;
     int64_t start, k, in_size, i, j, top1 = 0, topk_hits = 0;
-    int was_training, nll;
+    int was_training;
     double loss_sum = 0.0;
     float *x = NULL, *scores = NULL;
     int32_t *y = NULL;
@@ -2776,14 +2830,13 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
     }
     was_training = m->training;
     m->training = 0;
-    nll = m->nodes[m->nnodes - 1].kind == DT_LAYER_LOG_SOFTMAX;
     for (start = 0; start < count && r == DT_OK; start += batch) {
         int64_t n = count - start < batch ? count - start : batch;
         float loss = 0.0f;
         for (i = 0; i < n; i++) ids[i] = idx ? idx[start + i] : start + i;
         if ((r = dt_dataset_batch(ds, ids, n, t, 0, 0, x, y)) != DT_OK) break;
         if ((r = dt_model_forward(m, x, n)) != DT_OK) break;
-        r = nll ? dt_model_loss_nll(m, y, &loss) : dt_model_loss_cross_entropy(m, y, &loss);
+        r = dt_model_loss_labels(m, y, &loss);
         if (r != DT_OK && r != DT_ERR_NUMERIC) break;
         r = DT_OK;                                /* a NaN loss is reported as such in the result */
         loss_sum += (double)loss * (double)n;

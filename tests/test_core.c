@@ -81,6 +81,30 @@ static void test_timer(void) {
     CHECK(dt_time_now() >= t0);
 }
 
+static void test_progress(void) {
+    FILE *f = tmpfile();
+    dt_progress p;
+    char buf[512];
+    size_t n;
+    dt_progress_begin(&p, f, 10, 1);
+    dt_progress_update(&p, 3, "loss %.2f", 0.5);
+    dt_progress_update(&p, 4, "skipped: drawn less than 0.1 s ago");
+    dt_progress_update(&p, 10, "done");
+    dt_progress_end(&p);
+    rewind(f);
+    n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    CHECK(strstr(buf, "     3/10 [=========>") != NULL && strstr(buf, "loss 0.50") != NULL);
+    CHECK(strstr(buf, "skipped") == NULL && strstr(buf, "[================================] done") != NULL);
+    fclose(f);
+    f = tmpfile();
+    dt_progress_begin(&p, f, 10, 0);                       /* disabled: writes nothing */
+    dt_progress_update(&p, 3, "x");
+    dt_progress_end(&p);
+    CHECK(ftell(f) == 0);
+    fclose(f);
+}
+
 static void test_tensor(void) {
     float buf[24];
     int64_t s[3] = {2, 3, 4};
@@ -227,6 +251,7 @@ int main(int argc, char **argv) {
     RUN(test_rng);
     RUN(test_timer);
     RUN(test_tensor);
+    RUN(test_progress);
     RUN(test_gemm_vs_naive);
     RUN(test_gemm_beta_zero_ignores_c);
     RUN(test_conv_vs_direct);

@@ -104,6 +104,11 @@ static void full_model(dt_zoo_model z, const char *fixture, int training, int nl
     snprintf(what, sizeof what, "%s output", fixture);
     CHECK_CLOSE(out, out_ref, nout, 1e-4, what);
     CHECK_OK(nll ? dt_model_loss_nll(m, labels, &loss) : dt_model_loss_cross_entropy(m, labels, &loss));
+    {   /* the labels loss picks NLL after a log-softmax, cross-entropy otherwise */
+        float l2 = 0.0f;
+        CHECK_OK(dt_model_loss_labels(m, labels, &l2));
+        CHECK(l2 == loss);
+    }
     snprintf(what, sizeof what, "%s loss", fixture);
     CHECK_CLOSE(&loss, loss_ref, 1, 1e-4, what);
     CHECK_OK(dt_model_backward(m, NULL));
@@ -186,7 +191,12 @@ static void test_accumulate_and_batches(void) {
     g1 = (float *)malloc(sizeof(float) * (size_t)np);
     g2 = (float *)malloc(sizeof(float) * (size_t)np);
     CHECK_OK(dt_model_forward(m, x, 8));
-    CHECK_OK(dt_model_loss_cross_entropy(m, y, &loss));
+    {   /* LeNet-5 ends in a linear layer: the labels loss is cross-entropy */
+        float l2 = 0.0f;
+        CHECK_OK(dt_model_loss_labels(m, y, &l2));
+        CHECK_OK(dt_model_loss_cross_entropy(m, y, &loss));
+        CHECK(l2 == loss);
+    }
     CHECK(loss > 1.5f && loss < 3.5f);            /* about ln(10) at initialisation */
     CHECK_OK(dt_model_backward(m, NULL));
     CHECK_OK(dt_model_get_grads(m, g1, np));
