@@ -43,8 +43,8 @@
      | DT_CONV_WORKSPACE        | 1 << 24          | elements of im2col workspace per convolution     |
      |                          |                  | chunk; larger = fewer, bigger GEMMs              |
      | DT_NO_OPENMP             | undefined        | ignore OpenMP even when compiling with -fopenmp  |
-     | DT_NO_SIMD               | undefined        | no AVX2 kernel: the portable C kernels only      |
      | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0      |
+     | DT_NO_SIMD               | undefined        | no AVX2 kernel: the portable C kernels only      |
 
    MEMORY OWNERSHIP
      Whoever creates, destroys: dt_model_create / dt_model_destroy. A model owns three flat allocations
