@@ -529,7 +529,8 @@ typedef struct dt_loader_desc {
 typedef struct dt_loader dt_loader;
 
 /* Creates a loader; all its memory (order and batch buffers) is allocated here, nothing later. It checks
-   every index against the dataset. With prefetch it starts its thread. *out is NULL on failure. */
+   every index against the dataset. With prefetch it starts its thread. *out is NULL on failure. One thread
+   at a time may call a loader's functions. */
 dt_result dt_loader_create(dt_loader **out, const dt_loader_desc *d);
 /* Stops the prefetch thread (also mid-epoch) and frees everything the loader allocated. NULL is allowed. */
 void dt_loader_destroy(dt_loader *l);
