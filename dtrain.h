@@ -43,6 +43,7 @@
      | DT_CONV_WORKSPACE        | 1 << 24          | elements of im2col workspace per convolution     |
      |                          |                  | chunk; larger = fewer, bigger GEMMs              |
      | DT_NO_OPENMP             | undefined        | ignore OpenMP even when compiling with -fopenmp  |
+     | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0      |
      | DT_NO_SIMD               | undefined        | no AVX2 kernel: the portable C kernels only      |
 
    MEMORY OWNERSHIP
@@ -63,6 +64,11 @@
      There is no global mutable state except the logger, which is configuration set once before
      threads start. Each thread (each local rank) owns its models; a model must not be used by two threads
      at once. The last-error message is per thread. Kernels use OpenMP inside one call.
+     A loader with prefetch = 1 owns one background thread (POSIX threads: compile with -pthread) that
+     converts the next batch while the caller trains on the current one; it only reads the dataset, which
+     must not change while the loader lives, and it converts on one OpenMP thread. The batches are the same
+     with prefetch = 0, which converts on the calling thread and is what a build without threads uses
+     (define DT_NO_THREADS; then prefetch = 1 fails with DT_ERR_UNSUPPORTED).
 
    BACKENDS
      Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
@@ -526,6 +532,100 @@ dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, 
 /* (dataset loaders: declarations) */
 
 /* (partitioners and loader: declarations) */
+/* ---- partitions ------------------------------------------------------------------------------ */
+
+/* A split of the sample ids 0..count-1 into `parts` disjoint lists that together hold every id exactly
+   once. Part p is indices[offsets[p] .. offsets[p+1]); offsets[0] = 0 and offsets[parts] = count. The
+   constructors allocate offsets and indices as one block (indices points into it), zero *p on failure,
+   and are pure functions of their arguments: every rank computes the same partition from the same seed
+   without communicating. A part can be empty only where its constructor says so. */
+typedef struct dt_partition {
+    int      parts;
+    int64_t *offsets;            /* [parts + 1] */
+    int64_t *indices;            /* [count] sample ids; part p is indices[offsets[p] .. offsets[p+1]) */
+} dt_partition;
+
+/* Frees what a constructor allocated and zeroes *p. NULL is allowed. */
+void dt_partition_free(dt_partition *p);
+
+/* Train/val/test style split: a seeded shuffle of 0..count-1, then consecutive slices, part p taking
+   fractions[p] of the samples (e.g. {0.7f, 0.2f, 0.1f}). fractions [parts], each >= 0, summing to 1 within
+   1e-4. Sizes: n_p = floor(count * f_p / sum(f)); the samples left over (fewer than parts) go one each to
+   the parts with f_p > 0 in order 0, 1, 2, ...; so the sizes sum to count and f_p = 0 gives an empty part. */
+dt_result dt_partition_fractions(dt_partition *p, int64_t count, const float *fractions, int parts, uint64_t seed);
+/* Equal IID shards: a seeded shuffle, then part p takes floor(count / parts) samples, plus one when
+   p < count % parts (sizes differ by at most 1; parts beyond count are empty). */
+dt_result dt_partition_iid(dt_partition *p, int64_t count, int parts, uint64_t seed);
+/* Contiguous blocks in index order, sizes as dt_partition_iid: part p is [start_p, start_p + n_p). */
+dt_result dt_partition_contiguous(dt_partition *p, int64_t count, int parts);
+/* Pathological non-IID split of the FedAvg paper (McMahan et al. 2017): the ids are sorted by label (stable,
+   so ties keep id order), cut into S = parts * shards_per_part shards of floor(count / S) ids (the first
+   count % S shards one more), and each part receives shards_per_part shards drawn at random without
+   replacement (seeded). With 2 shards per part most parts hold at most 2 labels. labels [count], each >= 0.
+   Parts are empty only when count < S leaves shards empty. */
+dt_result dt_partition_shards(dt_partition *p, const int32_t *labels, int64_t count, int parts, int shards_per_part,
+                              uint64_t seed);
+/* Label skew: for each class, proportions q ~ Dirichlet(alpha, ..., alpha) over the parts, and the class's
+   samples (shuffled) are cut at floor(n_class * cumsum(q)). Small alpha (0.1) = each part dominated by a
+   few classes; large alpha (100) = near IID. labels [count] in [0, num_classes). When count >= parts no part
+   is empty: an allocation with an empty part is redrawn (up to 100 draws, as common implementations do),
+   and if one remains empty, one sample at a time moves to it from the largest part. */
+dt_result dt_partition_dirichlet(dt_partition *p, const int32_t *labels, int64_t count, int64_t num_classes, int parts,
+                                 float alpha, uint64_t seed);
+/* Label histogram of each part: hist [parts, num_classes], hist[p * num_classes + k] = samples of class k in
+   part p. labels is indexed by sample id; a label outside [0, num_classes) is an error. */
+dt_result dt_partition_histogram(const dt_partition *p, const int32_t *labels, int64_t num_classes, int64_t *hist);
+
+/* ---- distributed sampler --------------------------------------------------------------------- */
+
+/* Samples per rank and epoch: ceil(count / world), or floor(count / world) when drop_last (0 for bad
+   arguments). */
+int64_t dt_sampler_size(int64_t count, int world, int drop_last);
+/* PyTorch's DistributedSampler: rank's sample ids for one epoch. The list is a permutation of 0..count-1
+   seeded by (seed, epoch) alone, the same on every rank (identity when shuffle = 0); drop_last = 0 pads it
+   to total = ceil(count / world) * world by repeating it from its start, drop_last = 1 truncates it to
+   floor(count / world) * world; rank takes positions rank, rank + world, rank + 2 world, ... So every rank
+   gets *n_out = dt_sampler_size(count, world, drop_last) ids, and the ranks' shares are disjoint apart from
+   the padding. out [dt_sampler_size(...)]. With shuffle it allocates a temporary [count] permutation. */
+dt_result dt_sampler_indices(int64_t count, int rank, int world, uint64_t seed, int64_t epoch, int shuffle,
+                             int drop_last, int64_t *out, int64_t *n_out);
+
+/* ---- loader ---------------------------------------------------------------------------------- */
+
+/* Batches of one rank's samples, converted to float by dt_dataset_batch. Zero means the default. */
+typedef struct dt_loader_desc {
+    const dt_dataset   *dataset;     /* borrowed: must stay valid and unchanged while the loader lives */
+    const int64_t      *indices;     /* this rank's sample ids (e.g. a partition's part), copied at create; */
+    int64_t             count;       /* NULL (and count 0) = all samples of the dataset in order */
+    int64_t             batch;       /* samples per batch (default 64) */
+    int                 shuffle;     /* 1: a new seeded order of the indices every epoch; 0: the given order */
+    int                 drop_last;   /* 1: drop the last partial batch */
+    const dt_transform *transform;   /* copied at create; NULL = pixel / 255 */
+    uint64_t            seed;        /* shuffle and transform randomness */
+    uint64_t            rank;        /* RNG stream of the shuffle: different ranks, different orders */
+    int                 prefetch;    /* 1: a background thread converts batch k+1 while batch k is used */
+} dt_loader_desc;
+
+typedef struct dt_loader dt_loader;
+
+/* Creates a loader; all its memory (order and batch buffers) is allocated here, nothing later. It checks
+   every index against the dataset. With prefetch it starts its thread. *out is NULL on failure. One thread
+   at a time may call a loader's functions. */
+dt_result dt_loader_create(dt_loader **out, const dt_loader_desc *d);
+/* Stops the prefetch thread (also mid-epoch) and frees everything the loader allocated. NULL is allowed. */
+void dt_loader_destroy(dt_loader *l);
+/* Begins epoch `epoch` (>= 0), also in the middle of another one. The batches of an epoch are a pure
+   function of (desc, epoch): the order is the indices shuffled by (seed, rank, epoch) (or as given), the
+   transforms are dt_dataset_batch's for (seed, epoch); timing and prefetch never change them. */
+dt_result dt_loader_start_epoch(dt_loader *l, int64_t epoch);
+/* Next batch of the epoch: x [n, c, h, w] and y [n] point into the loader and stay valid until the next
+   call on l. Returns 1 for a batch, 0 at the end of the epoch, -1 on error (dt_last_error). */
+int dt_loader_next(dt_loader *l, const float **x, const int32_t **y, int64_t *n);
+/* Batches per epoch: ceil(count / batch), or floor(count / batch) with drop_last. */
+int64_t dt_loader_batches(const dt_loader *l);
+/* Replaces the sample ids (count at most the count at create), e.g. with dt_sampler_indices's for the next
+   epoch; ends the current epoch, and dt_loader_start_epoch uses the new ids. Copies them; allocates nothing. */
+dt_result dt_loader_set_indices(dt_loader *l, const int64_t *indices, int64_t count);
 
 /* ============================================================================================== */
 /* 6. train: evaluation, checkpoints                                                              */
@@ -2791,6 +2891,733 @@ dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, 
 /* (dataset loaders: implementation) */
 
 /* (partitioners and loader: implementation) */
+/* ---- threads --------------------------------------------------------------------------------- */
+/* A minimal internal wrapper over POSIX threads (the loader's prefetch thread; later the local backend's
+   ranks). POSIX threads rather than C11 <threads.h>: they exist on Linux, macOS (which has no
+   <threads.h>), the BSDs and MinGW, and the same calls compile as C and as C++. With DT_NO_THREADS the
+   mutex and condition calls do nothing and starting a thread fails, so callers check DT__HAVE_THREADS
+   and report DT_ERR_UNSUPPORTED first. Each function returns 0 on success or an error number. */
+#if !defined(DT_NO_THREADS)
+#ifdef __cplusplus
+}
+#endif
+#include <pthread.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+#define DT__HAVE_THREADS 1
+typedef struct dt__thread { void (*fn)(void *arg); void *arg; pthread_t id; } dt__thread;
+typedef struct dt__mutex { pthread_mutex_t m; } dt__mutex;
+typedef struct dt__cond { pthread_cond_t c; } dt__cond;
+static void *dt__thread_main(void *t) {
+    ((dt__thread *)t)->fn(((dt__thread *)t)->arg);
+    return NULL;
+}
+/* Runs fn(arg) on a new thread; *t must stay where it is until dt__thread_join. */
+static int dt__thread_start(dt__thread *t, void (*fn)(void *), void *arg) {
+    t->fn = fn;
+    t->arg = arg;
+    return pthread_create(&t->id, NULL, dt__thread_main, t);
+}
+static void dt__thread_join(dt__thread *t) { pthread_join(t->id, NULL); }
+static int  dt__mutex_init(dt__mutex *m) { return pthread_mutex_init(&m->m, NULL); }
+static void dt__mutex_destroy(dt__mutex *m) { pthread_mutex_destroy(&m->m); }
+static void dt__mutex_lock(dt__mutex *m) { pthread_mutex_lock(&m->m); }
+static void dt__mutex_unlock(dt__mutex *m) { pthread_mutex_unlock(&m->m); }
+static int  dt__cond_init(dt__cond *c) { return pthread_cond_init(&c->c, NULL); }
+static void dt__cond_destroy(dt__cond *c) { pthread_cond_destroy(&c->c); }
+static void dt__cond_wait(dt__cond *c, dt__mutex *m) { pthread_cond_wait(&c->c, &m->m); }   /* re-check the predicate */
+static void dt__cond_signal(dt__cond *c) { pthread_cond_signal(&c->c); }
+static void dt__cond_broadcast(dt__cond *c) { pthread_cond_broadcast(&c->c); }
+#else
+#define DT__HAVE_THREADS 0
+typedef struct dt__thread { void (*fn)(void *arg); void *arg; } dt__thread;
+typedef struct dt__mutex { int unused; } dt__mutex;
+typedef struct dt__cond { int unused; } dt__cond;
+static int  dt__thread_start(dt__thread *t, void (*fn)(void *), void *arg) { t->fn = fn; t->arg = arg; return -1; }
+static void dt__thread_join(dt__thread *t) { (void)t; }
+static int  dt__mutex_init(dt__mutex *m) { (void)m; return 0; }
+static void dt__mutex_destroy(dt__mutex *m) { (void)m; }
+static void dt__mutex_lock(dt__mutex *m) { (void)m; }
+static void dt__mutex_unlock(dt__mutex *m) { (void)m; }
+static int  dt__cond_init(dt__cond *c) { (void)c; return 0; }
+static void dt__cond_destroy(dt__cond *c) { (void)c; }
+static void dt__cond_wait(dt__cond *c, dt__mutex *m) { (void)c; (void)m; }
+static void dt__cond_signal(dt__cond *c) { (void)c; }
+static void dt__cond_broadcast(dt__cond *c) { (void)c; }
+#endif
+
+/* ---- random helpers for the partitioners, the sampler and the loader ------------------------- */
+
+/* RNG streams of the partitioners and the sampler: fixed, so that every rank draws the same numbers. */
+#define DT__STREAM_PARTITION 0x7061727469ULL
+#define DT__STREAM_SAMPLER   0x73616d706cULL
+/* Draws of dt_partition_dirichlet before it moves samples into parts left empty. */
+#define DT__DIRICHLET_TRIES 100
+
+/* Uniform double in the open interval (0, 1), 52 random bits: never 0, so its logarithm is finite. */
+static double dt__rng_open01(dt_rng *r) {
+    uint64_t hi = dt_rng_u32(r) >> 6, lo = dt_rng_u32(r) >> 6;
+    return ((double)((hi << 26) | lo) + 0.5) * (1.0 / 4503599627370496.0);
+}
+
+/* Uniform integer in [0, n), unbiased, for n up to 2^64 - 1 (dt_rng_below covers 32 bits). n > 0. */
+static uint64_t dt__rng_below64(dt_rng *r, uint64_t n) {
+    uint64_t threshold, hi, x;
+    if (n <= 0xffffffffULL) return dt_rng_below(r, (uint32_t)n);
+    threshold = (0 - n) % n;
+    for (;;) {
+        hi = dt_rng_u32(r);
+        x = (hi << 32) | dt_rng_u32(r);
+        if (x >= threshold) return x % n;
+    }
+}
+
+/* Fisher-Yates shuffle of a [n]. */
+static void dt__shuffle(int64_t *a, int64_t n, dt_rng *r) {
+    int64_t i, j, t;
+    for (i = n - 1; i > 0; i--) {
+        j = (int64_t)dt__rng_below64(r, (uint64_t)i + 1);
+        t = a[i]; a[i] = a[j]; a[j] = t;
+    }
+}
+
+/* The generator of one (seed, epoch) on one stream; the mixed seed puts epochs far apart on the stream. */
+static void dt__rng_epoch(dt_rng *r, uint64_t seed, uint64_t epoch, uint64_t stream) {
+    dt_rng_init(r, dt__mix64(seed ^ dt__mix64(epoch + 0x9e3779b97f4a7c15ULL)), stream);
+}
+
+/* log of a Gamma(shape, 1) variate, shape > 0: Marsaglia and Tsang (2000), "A simple method for generating
+   gamma variables". For shape < 1 it uses Gamma(shape) = Gamma(shape + 1) * U^(1/shape) (the boost);
+   returning the logarithm keeps tiny shapes (alpha = 0.01) from underflowing to 0. */
+static double dt__rng_log_gamma(dt_rng *r, double shape) {
+    double boost = 0.0, d, c, x, v, u;
+    if (shape < 1.0) {
+        boost = log(dt__rng_open01(r)) / shape;
+        shape += 1.0;
+    }
+    d = shape - 1.0 / 3.0;
+    c = 1.0 / sqrt(9.0 * d);
+    for (;;) {
+        do {   /* standard normal x (Box-Muller, one of the pair) with 1 + c x > 0 */
+            double u1 = dt__rng_open01(r), u2 = dt__rng_open01(r);
+            x = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+            v = 1.0 + c * x;
+        } while (v <= 0.0);
+        v = v * v * v;
+        u = dt__rng_open01(r);
+        if (u < 1.0 - 0.0331 * x * x * x * x || log(u) < 0.5 * x * x + d * (1.0 - v + log(v)))
+            return log(d * v) + boost;
+    }
+}
+
+/* ---- partitions ------------------------------------------------------------------------------ */
+
+void dt_partition_free(dt_partition *p) {
+    if (!p) return;
+    DT_FREE(p->offsets);   /* offsets and indices are one block */
+    memset(p, 0, sizeof *p);
+}
+
+/* Zeroes *p and checks the arguments every constructor has. */
+static dt_result dt__partition_check(dt_partition *p, int64_t count, int parts, const char *fn) {
+    if (!p) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the partition pointer is NULL", fn);
+    memset(p, 0, sizeof *p);
+    if (count < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: count is %lld; it must be >= 0 (the number of samples)", fn,
+                            (long long)count);
+    if (parts < 1) return dt_set_error(DT_ERR_INVALID_ARG, "%s: parts is %d; it must be >= 1", fn, parts);
+    return DT_OK;
+}
+
+/* Allocates offsets [parts + 1] and indices [count] as one block. */
+static dt_result dt__partition_alloc(dt_partition *p, int parts, int64_t count, const char *fn) {
+    uint64_t n = (uint64_t)parts + 1 + (uint64_t)count;
+    if (n > SIZE_MAX / sizeof(int64_t) || !(p->offsets = (int64_t *)DT_MALLOC((size_t)n * sizeof(int64_t))))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: out of memory for a partition of %lld samples into %d parts", fn,
+                            (long long)count, parts);
+    p->parts = parts;
+    p->indices = p->offsets + parts + 1;
+    return DT_OK;
+}
+
+/* offsets of parts of sizes floor(count / parts) + (p < count % parts) */
+static void dt__offsets_equal(int64_t *off, int parts, int64_t count) {
+    int64_t q = count / parts, rem = count % parts;
+    int k;
+    off[0] = 0;
+    for (k = 0; k < parts; k++) off[k + 1] = off[k] + q + (k < rem ? 1 : 0);
+}
+
+static void dt__iota(int64_t *a, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) a[i] = i;
+}
+
+dt_result dt_partition_fractions(dt_partition *p, int64_t count, const float *fractions, int parts, uint64_t seed) {
+    const char *fn = "dt_partition_fractions";
+    double sum = 0.0;
+    int64_t left, n, *off;
+    int k;
+    dt_rng r;
+    dt_result e = dt__partition_check(p, count, parts, fn);
+    if (e != DT_OK) return e;
+    if (!fractions)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: fractions is NULL; pass one fraction per part, e.g. {0.7f, 0.2f, 0.1f}", fn);
+    for (k = 0; k < parts; k++) {
+        if (!(fractions[k] >= 0.0f && fractions[k] <= FLT_MAX))
+            return dt_set_error(DT_ERR_INVALID_ARG, "%s: fractions[%d] is %g; each fraction must be a finite number >= 0",
+                                fn, k, (double)fractions[k]);
+        sum += (double)fractions[k];
+    }
+    if (fabs(sum - 1.0) > 1e-4)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: the %d fractions sum to %.6f; they must sum to 1 (within 1e-4)", fn,
+                            parts, sum);
+    if ((e = dt__partition_alloc(p, parts, count, fn)) != DT_OK) return e;
+    off = p->offsets;
+    left = count;
+    for (k = 0; k < parts; k++) {   /* sizes first, in off[k + 1] */
+        n = (int64_t)floor((double)count * ((double)fractions[k] / sum));
+        if (n > left) n = left;     /* rounding can never hand out more than count */
+        off[k + 1] = n;
+        left -= n;
+    }
+    for (k = 0; left > 0; k = (k + 1) % parts)   /* the leftover (< parts): one each to nonzero parts, in order */
+        if (fractions[k] > 0.0f) { off[k + 1]++; left--; }
+    off[0] = 0;
+    for (k = 0; k < parts; k++) off[k + 1] += off[k];
+    dt__iota(p->indices, count);
+    dt_rng_init(&r, seed, DT__STREAM_PARTITION);
+    dt__shuffle(p->indices, count, &r);
+    return DT_OK;
+}
+
+dt_result dt_partition_iid(dt_partition *p, int64_t count, int parts, uint64_t seed) {
+    dt_rng r;
+    dt_result e = dt__partition_check(p, count, parts, "dt_partition_iid");
+    if (e != DT_OK || (e = dt__partition_alloc(p, parts, count, "dt_partition_iid")) != DT_OK) return e;
+    dt__offsets_equal(p->offsets, parts, count);
+    dt__iota(p->indices, count);
+    dt_rng_init(&r, seed, DT__STREAM_PARTITION);
+    dt__shuffle(p->indices, count, &r);
+    return DT_OK;
+}
+
+dt_result dt_partition_contiguous(dt_partition *p, int64_t count, int parts) {
+    dt_result e = dt__partition_check(p, count, parts, "dt_partition_contiguous");
+    if (e != DT_OK || (e = dt__partition_alloc(p, parts, count, "dt_partition_contiguous")) != DT_OK) return e;
+    dt__offsets_equal(p->offsets, parts, count);
+    dt__iota(p->indices, count);
+    return DT_OK;
+}
+
+/* Stable sort of ids [n] by labels[id]: bottom-up merge sort with scratch tmp [n]. */
+static void dt__sort_by_label(int64_t *ids, int64_t *tmp, int64_t n, const int32_t *labels) {
+    int64_t width, i, *src = ids, *dst = tmp, *t;
+    for (width = 1; width < n; width *= 2) {
+        for (i = 0; i < n; i += 2 * width) {
+            int64_t mid = i + width < n ? i + width : n, hi = i + 2 * width < n ? i + 2 * width : n;
+            int64_t a = i, b = mid, k = i;
+            while (a < mid && b < hi) dst[k++] = labels[src[b]] < labels[src[a]] ? src[b++] : src[a++];
+            while (a < mid) dst[k++] = src[a++];
+            while (b < hi) dst[k++] = src[b++];
+        }
+        t = src; src = dst; dst = t;
+    }
+    if (src != ids) memcpy(ids, src, (size_t)n * sizeof *ids);
+}
+
+dt_result dt_partition_shards(dt_partition *p, const int32_t *labels, int64_t count, int parts, int shards_per_part,
+                              uint64_t seed) {
+    const char *fn = "dt_partition_shards";
+    int64_t i, shards, q, rem, pos, *tmp, *sorted, *perm;
+    int k, j;
+    dt_rng r;
+    dt_result e = dt__partition_check(p, count, parts, fn);
+    if (e != DT_OK) return e;
+    if (shards_per_part < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: shards_per_part is %d; it must be >= 1 (the FedAvg paper uses 2)", fn,
+                            shards_per_part);
+    if (count > 0 && !labels) return dt_set_error(DT_ERR_INVALID_ARG, "%s: labels is NULL; pass the dataset's labels", fn);
+    for (i = 0; i < count; i++)
+        if (labels[i] < 0)
+            return dt_set_error(DT_ERR_INVALID_ARG, "%s: labels[%lld] is %d; labels must be >= 0", fn, (long long)i,
+                                (int)labels[i]);
+    shards = (int64_t)parts * shards_per_part;
+    if ((uint64_t)count + (uint64_t)shards > SIZE_MAX / sizeof(int64_t) ||
+        !(tmp = (int64_t *)DT_MALLOC((size_t)(count + shards) * sizeof(int64_t))))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld samples and %lld shards", fn,
+                            (long long)count, (long long)shards);
+    if ((e = dt__partition_alloc(p, parts, count, fn)) != DT_OK) { DT_FREE(tmp); return e; }
+    sorted = tmp;
+    perm = tmp + count;
+    dt__iota(sorted, count);
+    dt__sort_by_label(sorted, p->indices, count, labels);   /* p->indices is the scratch here */
+    dt__iota(perm, shards);
+    dt_rng_init(&r, seed, DT__STREAM_PARTITION);
+    dt__shuffle(perm, shards, &r);
+    q = count / shards;
+    rem = count % shards;
+    pos = 0;
+    for (k = 0; k < parts; k++) {   /* part k takes shards perm[k * spp .. (k + 1) * spp) */
+        p->offsets[k] = pos;
+        for (j = 0; j < shards_per_part; j++) {
+            int64_t s = perm[(int64_t)k * shards_per_part + j];
+            int64_t start = s * q + (s < rem ? s : rem), size = q + (s < rem ? 1 : 0);
+            memcpy(p->indices + pos, sorted + start, (size_t)size * sizeof(int64_t));
+            pos += size;
+        }
+    }
+    p->offsets[parts] = pos;
+    DT_FREE(tmp);
+    return DT_OK;
+}
+
+dt_result dt_partition_dirichlet(dt_partition *p, const int32_t *labels, int64_t count, int64_t num_classes, int parts,
+                                 float alpha, uint64_t seed) {
+    const char *fn = "dt_partition_dirichlet";
+    int64_t i, k, cells, n64, *byclass, *coff, *cnt, *tot, *pos;
+    double *w;
+    char *mem;
+    int j, attempt, empty;
+    dt_rng r;
+    dt_result e = dt__partition_check(p, count, parts, fn);
+    if (e != DT_OK) return e;
+    if (num_classes < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: num_classes is %lld; it must be >= 1 (the dataset's num_classes)", fn,
+                            (long long)num_classes);
+    if (!(alpha > 0.0f && alpha <= FLT_MAX))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: alpha is %g; it must be a finite number > 0 (0.1 = strong label "
+                            "skew, 100 = near IID)", fn, (double)alpha);
+    if (count > 0 && !labels) return dt_set_error(DT_ERR_INVALID_ARG, "%s: labels is NULL; pass the dataset's labels", fn);
+    for (i = 0; i < count; i++)
+        if (labels[i] < 0 || labels[i] >= num_classes)
+            return dt_set_error(DT_ERR_INVALID_ARG, "%s: labels[%lld] is %d, outside [0, %lld); pass the dataset's "
+                                "num_classes", fn, (long long)i, (int)labels[i], (long long)num_classes);
+    /* scratch: byclass [count], coff [num_classes + 1], cnt [num_classes, parts], tot [parts], pos [parts],
+       then w [parts] doubles */
+    if (num_classes > (INT64_MAX / 8) / parts) cells = -1;
+    else cells = num_classes * parts;
+    n64 = cells < 0 ? -1 : count + num_classes + 1 + cells + 2 * (int64_t)parts;
+    if (n64 < 0 || (uint64_t)n64 + (uint64_t)parts > SIZE_MAX / 8 ||
+        !(mem = (char *)DT_MALLOC((size_t)(n64 + parts) * 8)))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: out of memory for %lld classes x %d parts", fn,
+                            (long long)num_classes, parts);
+    if ((e = dt__partition_alloc(p, parts, count, fn)) != DT_OK) { DT_FREE(mem); return e; }
+    byclass = (int64_t *)mem;
+    coff = byclass + count;
+    cnt = coff + num_classes + 1;
+    tot = cnt + cells;
+    pos = tot + parts;
+    w = (double *)(pos + parts);
+    /* counting sort of the ids by class: coff[k] is where class k starts */
+    memset(coff, 0, (size_t)(num_classes + 1) * sizeof *coff);
+    for (i = 0; i < count; i++) coff[labels[i] + 1]++;
+    for (k = 0; k < num_classes; k++) coff[k + 1] += coff[k];
+    for (i = 0; i < count; i++) byclass[coff[labels[i]]++] = i;
+    for (k = num_classes; k > 0; k--) coff[k] = coff[k - 1];
+    coff[0] = 0;
+    dt_rng_init(&r, seed, DT__STREAM_PARTITION);
+    for (k = 0; k < num_classes; k++) dt__shuffle(byclass + coff[k], coff[k + 1] - coff[k], &r);
+    for (attempt = 0; attempt < DT__DIRICHLET_TRIES; attempt++) {
+        memset(tot, 0, (size_t)parts * sizeof *tot);
+        for (k = 0; k < num_classes; k++) {
+            int64_t nk = coff[k + 1] - coff[k], prev = 0, c, *row = cnt + k * parts;
+            double mx = -HUGE_VAL, sum = 0.0, acc = 0.0;
+            if (nk == 0) { memset(row, 0, (size_t)parts * sizeof *row); continue; }
+            for (j = 0; j < parts; j++) {   /* q = g / sum(g), g_j ~ Gamma(alpha), computed from log g */
+                w[j] = dt__rng_log_gamma(&r, (double)alpha);
+                if (w[j] > mx) mx = w[j];
+            }
+            for (j = 0; j < parts; j++) sum += (w[j] = exp(w[j] - mx));
+            for (j = 0; j < parts; j++) {   /* cut the class at floor(nk * cumsum(q)) */
+                acc += w[j];
+                c = j == parts - 1 ? nk : (int64_t)floor((double)nk * (acc / sum));
+                if (c > nk) c = nk;
+                if (c < prev) c = prev;
+                row[j] = c - prev;
+                tot[j] += c - prev;
+                prev = c;
+            }
+        }
+        for (empty = 0, j = 0; j < parts; j++) empty += tot[j] == 0;
+        if (empty == 0 || count < parts) break;
+    }
+    if (count >= parts)   /* still empty after the redraws: move one sample to it from the largest part */
+        for (j = 0; j < parts; j++) {
+            int big = 0, kk = 0;
+            if (tot[j] > 0) continue;
+            for (i = 1; i < parts; i++) if (tot[i] > tot[big]) big = (int)i;
+            for (k = 1; k < num_classes; k++) if (cnt[k * parts + big] > cnt[kk * parts + big]) kk = (int)k;
+            cnt[kk * parts + big]--; tot[big]--;
+            cnt[kk * parts + j]++; tot[j]++;
+        }
+    p->offsets[0] = 0;
+    for (j = 0; j < parts; j++) {
+        p->offsets[j + 1] = p->offsets[j] + tot[j];
+        pos[j] = p->offsets[j];
+    }
+    for (k = 0; k < num_classes; k++) {   /* class k's shuffled ids, cut in part order */
+        int64_t s = coff[k];
+        for (j = 0; j < parts; j++) {
+            int64_t c = cnt[k * parts + j];
+            memcpy(p->indices + pos[j], byclass + s, (size_t)c * sizeof(int64_t));
+            pos[j] += c;
+            s += c;
+        }
+    }
+    DT_FREE(mem);
+    return DT_OK;
+}
+
+dt_result dt_partition_histogram(const dt_partition *p, const int32_t *labels, int64_t num_classes, int64_t *hist) {
+    const char *fn = "dt_partition_histogram";
+    int64_t i, id;
+    int k;
+    if (!p || !hist) return dt_set_error(DT_ERR_INVALID_ARG, "%s: NULL argument (partition and hist are needed)", fn);
+    if (p->parts < 1 || !p->offsets)
+        return dt_set_error(DT_ERR_STATE, "%s: the partition has no parts; build it with a dt_partition_* constructor", fn);
+    if (num_classes < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: num_classes is %lld; it must be >= 1", fn, (long long)num_classes);
+    if (p->offsets[p->parts] > 0 && (!labels || !p->indices))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: labels is NULL; pass the dataset's labels", fn);
+    memset(hist, 0, (size_t)p->parts * (size_t)num_classes * sizeof *hist);
+    for (k = 0; k < p->parts; k++)
+        for (i = p->offsets[k]; i < p->offsets[k + 1]; i++) {
+            id = p->indices[i];
+            if (id < 0)
+                return dt_set_error(DT_ERR_INVALID_ARG, "%s: part %d holds the negative sample id %lld", fn, k, (long long)id);
+            if (labels[id] < 0 || labels[id] >= num_classes)
+                return dt_set_error(DT_ERR_INVALID_ARG, "%s: sample %lld (part %d) has label %d, outside [0, %lld); pass "
+                                    "the dataset's num_classes", fn, (long long)id, k, (int)labels[id],
+                                    (long long)num_classes);
+            hist[(int64_t)k * num_classes + labels[id]]++;
+        }
+    return DT_OK;
+}
+
+/* ---- distributed sampler --------------------------------------------------------------------- */
+
+int64_t dt_sampler_size(int64_t count, int world, int drop_last) {
+    if (count < 0 || world < 1) return 0;
+    return count / world + (!drop_last && count % world != 0 ? 1 : 0);
+}
+
+dt_result dt_sampler_indices(int64_t count, int rank, int world, uint64_t seed, int64_t epoch, int shuffle,
+                             int drop_last, int64_t *out, int64_t *n_out) {
+    const char *fn = "dt_sampler_indices";
+    int64_t n, j, *perm = NULL;
+    dt_rng r;
+    if (!n_out) return dt_set_error(DT_ERR_INVALID_ARG, "%s: n_out is NULL", fn);
+    *n_out = 0;
+    if (count < 0) return dt_set_error(DT_ERR_INVALID_ARG, "%s: count is %lld; it must be >= 0", fn, (long long)count);
+    if (world < 1 || rank < 0 || rank >= world)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: rank %d of world %d; it needs world >= 1 and 0 <= rank < world", fn,
+                            rank, world);
+    if (epoch < 0) return dt_set_error(DT_ERR_INVALID_ARG, "%s: epoch is %lld; it must be >= 0", fn, (long long)epoch);
+    n = dt_sampler_size(count, world, drop_last);
+    if (n == 0) return DT_OK;
+    if (!out)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: out is NULL; it must hold dt_sampler_size(count, world, drop_last) = "
+                            "%lld ids", fn, (long long)n);
+    if (shuffle) {
+        if ((uint64_t)count > SIZE_MAX / sizeof(int64_t) || !(perm = (int64_t *)DT_MALLOC((size_t)count * sizeof(int64_t))))
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: out of memory for a permutation of %lld samples", fn,
+                                (long long)count);
+        dt__iota(perm, count);
+        dt__rng_epoch(&r, seed, (uint64_t)epoch, DT__STREAM_SAMPLER);
+        dt__shuffle(perm, count, &r);
+    }
+    for (j = 0; j < n; j++) {   /* position in the padded (or truncated) list; padding repeats it from the start */
+        int64_t at = (rank + j * world) % count;
+        out[j] = perm ? perm[at] : at;
+    }
+    DT_FREE(perm);
+    *n_out = n;
+    return DT_OK;
+}
+
+/* ---- loader ---------------------------------------------------------------------------------- */
+
+struct dt_loader {
+    const dt_dataset *ds;
+    dt_transform      tf;
+    int               has_tf, shuffle, drop_last, prefetch;
+    uint64_t          seed, rank;
+    int64_t           batch, count, cap;   /* samples per batch; sample ids now; ids at most (buffer size) */
+    int64_t          *ids, *order;         /* [cap]: the given ids; this epoch's order */
+    float            *x[2];                /* [rows, c, h, w] each; the second only with prefetch */
+    int32_t          *y[2];                /* [rows] */
+    int64_t           epoch, next;         /* epoch (-1 = none started), next batch to hand out */
+    /* prefetch: the worker converts batch `job` into slot job % 2, then sets `done` = job. The caller asks
+       for batch k + 1 only after it received batch k, so at most one batch is in flight and the slot being
+       written is never the one the caller holds. The worker reads order, epoch and count, which the caller
+       changes only while the worker is idle (dt__loader_quiesce). */
+    dt__thread        thread;
+    dt__mutex         mu;
+    dt__cond          wake, ready;         /* wake: a job or quit for the worker; ready: a batch finished */
+    int               sync_ok, thread_ok, busy, quit;
+    int64_t           job, done;           /* -1 = none */
+    dt_result         done_r;
+    char              done_msg[512];
+};
+
+static dt_result dt__loader_convert(dt_loader *l, int64_t k, int slot) {
+    int64_t start = k * l->batch, n = l->count - start < l->batch ? l->count - start : l->batch;
+    return dt_dataset_batch(l->ds, l->order + start, n, l->has_tf ? &l->tf : NULL, l->seed, (uint64_t)l->epoch,
+                            l->x[slot], l->y[slot]);
+}
+
+static void dt__loader_worker(void *arg) {
+    dt_loader *l = (dt_loader *)arg;
+    int64_t k;
+    dt_result r;
+#if DT__HAVE_OMP
+    omp_set_num_threads(1);   /* a background thread: leave the cores to the training thread's kernels */
+#endif
+    dt__mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->quit && l->job < 0) dt__cond_wait(&l->wake, &l->mu);
+        if (l->quit) break;
+        k = l->job;
+        l->job = -1;
+        l->busy = 1;
+        dt__mutex_unlock(&l->mu);
+        r = dt__loader_convert(l, k, (int)(k & 1));
+        dt__mutex_lock(&l->mu);
+        if (r != DT_OK) {   /* the message is per thread: hand it to the caller's thread, without "CODE: " */
+            const char *msg = dt_last_error();
+            size_t pre = strlen(dt_result_str(r));
+            if (strncmp(msg, dt_result_str(r), pre) == 0 && msg[pre] == ':') msg += pre + (msg[pre + 1] == ' ' ? 2 : 1);
+            snprintf(l->done_msg, sizeof l->done_msg, "%s", msg);
+        }
+        l->busy = 0;
+        l->done = k;
+        l->done_r = r;
+        dt__cond_broadcast(&l->ready);
+    }
+    dt__mutex_unlock(&l->mu);
+}
+
+/* Cancels a batch not yet begun and waits for the one being converted: afterwards the worker touches
+   nothing until the next request. */
+static void dt__loader_quiesce(dt_loader *l) {
+    if (!l->thread_ok) return;
+    dt__mutex_lock(&l->mu);
+    l->job = -1;
+    while (l->busy) dt__cond_wait(&l->ready, &l->mu);
+    l->done = -1;
+    dt__mutex_unlock(&l->mu);
+}
+
+static void dt__loader_request(dt_loader *l, int64_t k) {
+    dt__mutex_lock(&l->mu);
+    l->job = k;
+    dt__cond_signal(&l->wake);
+    dt__mutex_unlock(&l->mu);
+}
+
+/* Checks ids [n] against the dataset. */
+static dt_result dt__loader_check_ids(const dt_dataset *ds, const int64_t *ids, int64_t n, const char *fn) {
+    int64_t i;
+    for (i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= ds->count)
+            return dt_set_error(DT_ERR_INVALID_ARG, "%s: indices[%lld] is %lld, outside the dataset %s of %lld samples; "
+                                "pass sample ids in [0, count)", fn, (long long)i, (long long)ids[i],
+                                ds->source[0] ? ds->source : "(in memory)", (long long)ds->count);
+    return DT_OK;
+}
+
+/* bytes rounded up to a multiple of 64, so that each array of the loader's block starts on a cache line */
+static size_t dt__round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+dt_result dt_loader_create(dt_loader **out, const dt_loader_desc *d) {
+    const char *fn = "dt_loader_create";
+    const dt_dataset *ds;
+    dt_loader *l;
+    char *mem;
+    int64_t batch, cap, rows, sample, i;
+    int s, slots;
+    double want;
+    size_t at, bytes_x, bytes_y, bytes_ids;
+    dt_result e;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the desc is NULL; pass a dt_loader_desc (zero = defaults)", fn);
+    if (!(ds = d->dataset))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: desc.dataset is NULL; point it at a loaded dt_dataset", fn);
+    if (!ds->pixels || !ds->labels || ds->count <= 0 || ds->c <= 0 || ds->h <= 0 || ds->w <= 0)
+        return dt_set_error(DT_ERR_STATE, "%s: the dataset %s is empty (count %lld, shape %lldx%lldx%lld); load it first",
+                            fn, ds->source[0] ? ds->source : "(in memory)", (long long)ds->count, (long long)ds->c,
+                            (long long)ds->h, (long long)ds->w);
+    if (d->batch < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: batch is %lld; it must be > 0 (or 0 for the default 64)", fn,
+                            (long long)d->batch);
+    if (d->count < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: count is %lld; it must be >= 0", fn, (long long)d->count);
+    if (!d->indices && d->count != 0 && d->count != ds->count)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: count is %lld but indices is NULL; pass the sample ids, or count 0 "
+                            "for all %lld samples of the dataset", fn, (long long)d->count, (long long)ds->count);
+    if (d->indices && (e = dt__loader_check_ids(ds, d->indices, d->count, fn)) != DT_OK) return e;
+    if (d->transform && d->transform->crop_pad < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: transform.crop_pad is %lld; it must be >= 0", fn,
+                            (long long)d->transform->crop_pad);
+    if (d->prefetch && !DT__HAVE_THREADS)
+        return dt_set_error(DT_ERR_UNSUPPORTED, "%s: prefetch needs threads, and this build defines DT_NO_THREADS; set "
+                            "prefetch = 0 (the batches are the same, converted on the calling thread)", fn);
+    batch = d->batch ? d->batch : 64;
+    cap = d->indices ? d->count : ds->count;
+    sample = ds->c * ds->h * ds->w;
+    rows = batch < cap ? batch : (cap > 0 ? cap : 1);   /* a batch never holds more than all the samples */
+    slots = d->prefetch ? 2 : 1;
+    /* one block: the loader, ids and order [cap], then per slot x [rows, c, h, w] and y [rows] */
+    want = (double)sizeof(dt_loader) + 16.0 * (double)cap + (double)slots * (double)rows * ((double)sample + 1.0) * 4.0;
+    if (want > (double)(SIZE_MAX / 4))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: the batch buffers would need %.0f bytes; use a smaller batch", fn, want);
+    bytes_ids = dt__round64((size_t)cap * sizeof(int64_t));
+    bytes_x = dt__round64((size_t)rows * (size_t)sample * sizeof(float));
+    bytes_y = dt__round64((size_t)rows * sizeof(int32_t));
+    at = dt__round64(sizeof(dt_loader));
+    if (!(mem = (char *)DT_MALLOC(at + 2 * bytes_ids + (size_t)slots * (bytes_x + bytes_y))))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: out of memory for %.1f MiB of order and batch buffers; use a "
+                            "smaller batch", fn, want / 1048576.0);
+    l = (dt_loader *)mem;
+    memset(l, 0, sizeof *l);
+    l->ids = (int64_t *)(mem + at);
+    l->order = (int64_t *)(mem + at + bytes_ids);
+    at += 2 * bytes_ids;
+    for (s = 0; s < slots; s++) {
+        l->x[s] = (float *)(mem + at);
+        l->y[s] = (int32_t *)(mem + at + bytes_x);
+        at += bytes_x + bytes_y;
+    }
+    l->ds = ds;
+    if (d->transform) { l->tf = *d->transform; l->has_tf = 1; }
+    l->shuffle = d->shuffle != 0;
+    l->drop_last = d->drop_last != 0;
+    l->prefetch = d->prefetch != 0;
+    l->seed = d->seed;
+    l->rank = d->rank;
+    l->batch = batch;
+    l->count = l->cap = cap;
+    if (d->indices) { if (cap > 0) memcpy(l->ids, d->indices, (size_t)cap * sizeof(int64_t)); }
+    else for (i = 0; i < cap; i++) l->ids[i] = i;
+    l->epoch = -1;
+    l->job = l->done = -1;
+    if (l->prefetch) {
+        int err = dt__mutex_init(&l->mu);
+        if (err == 0 && (err = dt__cond_init(&l->wake)) != 0) dt__mutex_destroy(&l->mu);
+        if (err == 0 && (err = dt__cond_init(&l->ready)) != 0) { dt__cond_destroy(&l->wake); dt__mutex_destroy(&l->mu); }
+        if (err != 0) {
+            DT_FREE(mem);
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: could not create the prefetch thread's mutex (error %d); set "
+                                "prefetch = 0", fn, err);
+        }
+        l->sync_ok = 1;
+        if ((err = dt__thread_start(&l->thread, dt__loader_worker, l)) != 0) {
+            dt_loader_destroy(l);
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: could not start the prefetch thread (error %d); set prefetch "
+                                "= 0 or raise the process's thread limit", fn, err);
+        }
+        l->thread_ok = 1;
+    }
+    *out = l;
+    return DT_OK;
+}
+
+void dt_loader_destroy(dt_loader *l) {
+    if (!l) return;
+    if (l->thread_ok) {   /* the worker finishes a batch in flight, sees quit and returns */
+        dt__mutex_lock(&l->mu);
+        l->quit = 1;
+        dt__cond_signal(&l->wake);
+        dt__mutex_unlock(&l->mu);
+        dt__thread_join(&l->thread);
+    }
+    if (l->sync_ok) {
+        dt__cond_destroy(&l->ready);
+        dt__cond_destroy(&l->wake);
+        dt__mutex_destroy(&l->mu);
+    }
+    DT_FREE(l);
+}
+
+int64_t dt_loader_batches(const dt_loader *l) {
+    if (!l) return 0;
+    return l->count / l->batch + (!l->drop_last && l->count % l->batch != 0 ? 1 : 0);
+}
+
+dt_result dt_loader_start_epoch(dt_loader *l, int64_t epoch) {
+    dt_rng r;
+    if (!l) return dt_set_error(DT_ERR_INVALID_ARG, "dt_loader_start_epoch: the loader is NULL");
+    if (epoch < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_loader_start_epoch: epoch is %lld; it must be >= 0", (long long)epoch);
+    dt__loader_quiesce(l);
+    if (l->count > 0) memcpy(l->order, l->ids, (size_t)l->count * sizeof(int64_t));
+    if (l->shuffle) {   /* from the given order each epoch: the order depends on (seed, rank, epoch) only */
+        dt__rng_epoch(&r, l->seed, (uint64_t)epoch, l->rank);
+        dt__shuffle(l->order, l->count, &r);
+    }
+    l->epoch = epoch;
+    l->next = 0;
+    if (l->thread_ok && dt_loader_batches(l) > 0) dt__loader_request(l, 0);
+    return DT_OK;
+}
+
+int dt_loader_next(dt_loader *l, const float **x, const int32_t **y, int64_t *n) {
+    int64_t k, left;
+    int slot;
+    dt_result r;
+    char msg[512];
+    if (!l || !x || !y || !n) {
+        dt_set_error(DT_ERR_INVALID_ARG, "dt_loader_next: NULL argument (the loader, x, y and n are needed)");
+        return -1;
+    }
+    *x = NULL; *y = NULL; *n = 0;
+    if (l->epoch < 0) {
+        dt_set_error(DT_ERR_STATE, "dt_loader_next: no epoch started; call dt_loader_start_epoch(loader, epoch) first "
+                     "(also after dt_loader_set_indices)");
+        return -1;
+    }
+    k = l->next;
+    if (k >= dt_loader_batches(l)) return 0;
+    if (l->thread_ok) {
+        slot = (int)(k & 1);
+        dt__mutex_lock(&l->mu);
+        while (l->done != k) dt__cond_wait(&l->ready, &l->mu);
+        r = l->done_r;
+        if (r != DT_OK) snprintf(msg, sizeof msg, "%s", l->done_msg);
+        dt__mutex_unlock(&l->mu);
+        if (r != DT_OK) { dt_set_error(r, "%s", msg); return -1; }
+        if (k + 1 < dt_loader_batches(l)) dt__loader_request(l, k + 1);   /* into the slot of batch k - 1 */
+    } else {
+        slot = 0;
+        if (dt__loader_convert(l, k, 0) != DT_OK) return -1;
+    }
+    left = l->count - k * l->batch;
+    l->next = k + 1;
+    *x = l->x[slot];
+    *y = l->y[slot];
+    *n = left < l->batch ? left : l->batch;
+    return 1;
+}
+
+dt_result dt_loader_set_indices(dt_loader *l, const int64_t *indices, int64_t count) {
+    const char *fn = "dt_loader_set_indices";
+    dt_result e;
+    if (!l) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the loader is NULL", fn);
+    if (count < 0 || count > l->cap)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: count is %lld; it must be in [0, %lld], the count at create", fn,
+                            (long long)count, (long long)l->cap);
+    if (count > 0 && !indices) return dt_set_error(DT_ERR_INVALID_ARG, "%s: indices is NULL", fn);
+    if ((e = dt__loader_check_ids(l->ds, indices, count, fn)) != DT_OK) return e;
+    dt__loader_quiesce(l);
+    if (count > 0) memcpy(l->ids, indices, (size_t)count * sizeof(int64_t));
+    l->count = count;
+    l->epoch = -1;
+    l->next = 0;
+    return DT_OK;
+}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* 6. train                                                                                       */
