@@ -48,6 +48,7 @@ for cc in gcc clang; do
         echo "FAIL $cc is not installed (run tools/deps.sh)"; failed=$((failed + 1))
     fi
 done
+check "gcc C11 without threads (DT_NO_THREADS)" gcc $WARN -DDT_NO_THREADS -c "$B/check/impl.c" -o "$B/check/nothreads.o"
 check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
 
