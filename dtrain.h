@@ -1037,6 +1037,24 @@ static void dt__micro_avx2(int64_t kc, const float *DT__RESTRICT a, const float 
         av = _mm256_broadcast_ss(ap + 4); c40 = _mm256_fmadd_ps(av, b0, c40); c41 = _mm256_fmadd_ps(av, b1, c41);
         av = _mm256_broadcast_ss(ap + 5); c50 = _mm256_fmadd_ps(av, b0, c50); c51 = _mm256_fmadd_ps(av, b1, c51);
     }
+    if (mr == DT__MR && nr == DT__NR && alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
+        /* a whole tile with the common scalars: straight from the registers to C */
+        __m256 *acc[DT__MR][2];
+        int64_t i;
+        acc[0][0] = &c00; acc[0][1] = &c01; acc[1][0] = &c10; acc[1][1] = &c11; acc[2][0] = &c20; acc[2][1] = &c21;
+        acc[3][0] = &c30; acc[3][1] = &c31; acc[4][0] = &c40; acc[4][1] = &c41; acc[5][0] = &c50; acc[5][1] = &c51;
+        for (i = 0; i < DT__MR; i++) {
+            float *crow = C + i * ldc;
+            if (beta == 0.0f) {
+                _mm256_storeu_ps(crow, *acc[i][0]);
+                _mm256_storeu_ps(crow + 8, *acc[i][1]);
+            } else {
+                _mm256_storeu_ps(crow, _mm256_add_ps(_mm256_loadu_ps(crow), *acc[i][0]));
+                _mm256_storeu_ps(crow + 8, _mm256_add_ps(_mm256_loadu_ps(crow + 8), *acc[i][1]));
+            }
+        }
+        return;
+    }
     _mm256_storeu_ps(c[0], c00); _mm256_storeu_ps(c[0] + 8, c01);
     _mm256_storeu_ps(c[1], c10); _mm256_storeu_ps(c[1] + 8, c11);
     _mm256_storeu_ps(c[2], c20); _mm256_storeu_ps(c[2] + 8, c21);
@@ -1208,16 +1226,23 @@ static void dt__cpu_im2col(void *ctx, const dt_conv_geom *g, const float *x, flo
         for (n = 0; n < g->n; n++) {
             const float *xc = x + (n * g->c + c) * g->h * g->w;
             float *dst = col + r * g->n * S + n * S;
+            /* output columns [lo, hi) read inside the image; the rest read zero padding */
+            int64_t lo = kx >= g->pw ? 0 : (g->pw - kx + g->sw - 1) / g->sw;
+            int64_t hi = g->w + g->pw - kx > 0 ? (g->w + g->pw - kx - 1) / g->sw + 1 : 0;
+            if (hi > g->ow) hi = g->ow;
+            if (lo > hi) lo = hi;
             for (oy = 0; oy < g->oh; oy++) {
                 int64_t iy = oy * g->sh - g->ph + ky;
+                float *d = dst + oy * g->ow;
+                int64_t base = iy * g->w - g->pw + kx;    /* input offset of output column 0 */
                 if (iy < 0 || iy >= g->h) {
-                    for (ox = 0; ox < g->ow; ox++) dst[oy * g->ow + ox] = 0.0f;
+                    for (ox = 0; ox < g->ow; ox++) d[ox] = 0.0f;
                     continue;
                 }
-                for (ox = 0; ox < g->ow; ox++) {
-                    int64_t ix = ox * g->sw - g->pw + kx;
-                    dst[oy * g->ow + ox] = (ix >= 0 && ix < g->w) ? xc[iy * g->w + ix] : 0.0f;
-                }
+                for (ox = 0; ox < lo; ox++) d[ox] = 0.0f;
+                if (g->sw == 1) for (ox = lo; ox < hi; ox++) d[ox] = xc[base + ox];
+                else for (ox = lo; ox < hi; ox++) d[ox] = xc[base + ox * g->sw];
+                for (ox = hi; ox < g->ow; ox++) d[ox] = 0.0f;
             }
         }
     }
@@ -1235,13 +1260,16 @@ static void dt__cpu_col2im_bwd(void *ctx, const dt_conv_geom *g, const float *co
             for (kx = 0; kx < g->kw; kx++) {
                 int64_t r = (c * g->kh + ky) * g->kw + kx;
                 const float *src = col + r * g->n * S + n * S;
+                int64_t lo = kx >= g->pw ? 0 : (g->pw - kx + g->sw - 1) / g->sw;
+                int64_t hi = g->w + g->pw - kx > 0 ? (g->w + g->pw - kx - 1) / g->sw + 1 : 0;
+                if (hi > g->ow) hi = g->ow;
                 for (oy = 0; oy < g->oh; oy++) {
                     int64_t iy = oy * g->sh - g->ph + ky;
+                    int64_t base = iy * g->w - g->pw + kx;
+                    const float *s = src + oy * g->ow;
                     if (iy < 0 || iy >= g->h) continue;
-                    for (ox = 0; ox < g->ow; ox++) {
-                        int64_t ix = ox * g->sw - g->pw + kx;
-                        if (ix >= 0 && ix < g->w) xc[iy * g->w + ix] += src[oy * g->ow + ox];
-                    }
+                    if (g->sw == 1) for (ox = lo; ox < hi; ox++) xc[base + ox] += s[ox];
+                    else for (ox = lo; ox < hi; ox++) xc[base + ox * g->sw] += s[ox];
                 }
             }
     }
@@ -1294,7 +1322,20 @@ static void dt__cpu_maxpool_fwd(void *ctx, const dt_conv_geom *g, const float *x
         for (oy = 0; oy < g->oh; oy++)
             for (ox = 0; ox < g->ow; ox++) {
                 float best = -INFINITY;
-                int64_t bi = -1;
+                int64_t bi = -1, y0 = oy * g->sh - g->ph, x0 = ox * g->sw - g->pw;
+                if (y0 >= 0 && x0 >= 0 && y0 + g->kh <= g->h && x0 + g->kw <= g->w) {
+                    /* inside: no bounds checks; first maximum wins, NaN propagates */
+                    bi = y0 * g->w + x0;
+                    best = xp[bi];
+                    for (ky = 0; ky < g->kh && best == best; ky++)
+                        for (kx = 0; kx < g->kw; kx++) {
+                            float v = xp[(y0 + ky) * g->w + x0 + kx];
+                            if (v > best || v != v) { best = v; bi = (y0 + ky) * g->w + x0 + kx; if (v != v) break; }
+                        }
+                    y[(nc * g->oh + oy) * g->ow + ox] = best;
+                    idx[(nc * g->oh + oy) * g->ow + ox] = (int32_t)bi;
+                    continue;
+                }
                 for (ky = 0; ky < g->kh; ky++) {
                     int64_t iy = oy * g->sh - g->ph + ky;
                     if (iy < 0 || iy >= g->h) continue;
