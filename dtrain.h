@@ -2581,10 +2581,12 @@ static dt_result dt__in_read(dt__in *in, void *buf, int64_t n, int64_t *got) {
             r = gzread((gzFile)in->gz, dst, (unsigned)want);
             zmsg = gzerror((gzFile)in->gz, &zerr);
             if (zerr == Z_ERRNO) return dt_set_error(DT_ERR_IO, "cannot read %s: %s", in->path, strerror(errno));
-            if (r < 0 || (r < want && zerr != Z_OK))
-                return dt_set_error(DT_ERR_FORMAT, "%s: the gzip data is truncated or corrupt after %lld decompressed "
-                                    "bytes (zlib: %s); download the file again", in->path,
-                                    (long long)(*got + (r > 0 ? r : 0)), zmsg ? zmsg : "?");
+            if (r < 0 || (r < want && zerr != Z_OK)) {
+                size_t np = strlen(in->path);   /* zlib's message repeats the path: "path: what" */
+                if (zmsg && strncmp(zmsg, in->path, np) == 0 && zmsg[np] == ':' && zmsg[np + 1] == ' ') zmsg += np + 2;
+                return dt_set_error(DT_ERR_FORMAT, "%s: the gzip data is truncated or corrupt (zlib: %s); download the "
+                                    "file again", in->path, zmsg ? zmsg : "unknown error");
+            }
 #else
             r = 0;
 #endif
@@ -2664,7 +2666,7 @@ static dt_result dt__idx_header(dt__in *in, uint32_t magic, int ndim, uint32_t *
 
 dt_result dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const char *labels_path) {
     dt__in im, lb;
-    uint32_t di[3], dl[1];
+    uint32_t di[3] = {0, 0, 0}, dl[1] = {0};
     uint8_t *lab = NULL;
     uint64_t n, plane;
     int64_t i;
@@ -2786,7 +2788,11 @@ dt_result dt_dataset_load_cifar10(dt_dataset *ds, const char *dir, int train) {
             r = dt_set_error(DT_ERR_IO, "cannot find the size of %s (is it a regular file?)", path[f]);
             goto done;
         }
-        if (size == 0 || size % REC != 0) {
+        if (size == 0) {
+            r = dt_set_error(DT_ERR_FORMAT, "%s is empty; a CIFAR-10 batch holds records of %d bytes", path[f], REC);
+            goto done;
+        }
+        if (size % REC != 0) {
             r = dt_set_error(DT_ERR_FORMAT, "%s is %lld bytes, not a whole number of %d-byte CIFAR-10 records: record %lld "
                              "(counting from 0) is %lld bytes; download the binary version again", path[f],
                              (long long)size, REC, (long long)(size / REC), (long long)(size % REC));
