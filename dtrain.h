@@ -2513,10 +2513,13 @@ static int dt__file_exists(const char *path) {
     if (fp) fclose(fp);
     return fp != NULL;
 }
-/* Size of an open regular file (the position is restored to the start), or -1. */
+/* Size of an open regular file (the position is restored to the start), or -1. The first read fails on
+   a directory, whose "size" could be anything. */
 static int64_t dt__file_size(FILE *fp) {
     long n;
-    if (fseek(fp, 0, SEEK_END) != 0 || (n = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) != 0) return -1;
+    if ((fgetc(fp) == EOF && ferror(fp)) || fseek(fp, 0, SEEK_END) != 0 || (n = ftell(fp)) < 0 ||
+        fseek(fp, 0, SEEK_SET) != 0)
+        return -1;
     return (int64_t)n;
 }
 
@@ -2847,6 +2850,10 @@ dt_result dt_dataset_load_cifar10(dt_dataset *ds, const char *dir, int train) {
             goto done;
         }
         text[size] = '\0';
+        if ((int64_t)strlen(text) != size) {
+            r = dt_set_error(DT_ERR_FORMAT, "%s holds NUL bytes; it should be text, the 10 class names one per line", meta);
+            goto done;
+        }
         for (p = text; *p; ) {
             char *end;
             line = p;
@@ -2856,7 +2863,7 @@ dt_result dt_dataset_load_cifar10(dt_dataset *ds, const char *dir, int train) {
             while (line < end && (*line == ' ' || *line == '\t' || *line == '\r')) line++;
             while (end > line && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r')) end--;
             if (end == line) continue;
-            if (memchr(line, '\0', (size_t)(end - line)) || k == 10) { k = 11; break; }
+            if (k == 10) { k = 11; break; }
             if (!(ds->class_names[k] = (char *)DT_MALLOC((size_t)(end - line) + 1))) {
                 r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to read %s", meta);
                 goto done;
@@ -2956,9 +2963,10 @@ static dt_result dt__list_dir(const char *dir, int dirs, dt__strs *out) {
     return r;
 }
 
-/* Refuses content stb_image should not be given: formats outside torchvision's list (stb_image would
-   also try GIF, PSD, HDR, PIC and TGA, whose loaders are the least robust, and TGA has no magic number,
-   so random bytes could "decode") and the listed formats stb_image cannot decode. */
+/* Accepts PNG, JPEG and BMP (for stb_image) and binary PGM/PPM (decoded here). Refuses everything else:
+   formats outside torchvision's list (stb_image would also try GIF, PSD, HDR, PIC and TGA, whose loaders
+   are the least robust, and TGA has no magic number, so random bytes could "decode") and the listed
+   formats stb_image cannot decode, with a message saying so. */
 static dt_result dt__image_sniff(const char *path, const uint8_t *b, int64_t n) {
     static const uint8_t png[8] = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
     if (n >= 8 && memcmp(b, png, 8) == 0) return DT_OK;
@@ -2970,21 +2978,83 @@ static dt_result dt__image_sniff(const char *path, const uint8_t *b, int64_t n) 
     if (n >= 12 && memcmp(b, "RIFF", 4) == 0 && memcmp(b + 8, "WEBP", 4) == 0)
         return dt_set_error(DT_ERR_FORMAT, "%s is a WebP image, which stb_image cannot decode; convert it to PNG", path);
     if (n >= 2 && b[0] == 'P' && (b[1] == '2' || b[1] == '3'))
-        return dt_set_error(DT_ERR_FORMAT, "%s is a text (P2/P3) PGM/PPM image; stb_image reads the binary kinds (P5/P6), "
+        return dt_set_error(DT_ERR_FORMAT, "%s is a text (P2/P3) PGM/PPM image; only the binary kinds (P5/P6) are read, "
                             "convert it", path);
     return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: it is not a PNG, JPEG, BMP or binary PGM/PPM image (it "
                         "starts %02x %02x %02x %02x)", path, n > 0 ? b[0] : 0, n > 1 ? b[1] : 0, n > 2 ? b[2] : 0,
                         n > 3 ? b[3] : 0);
 }
 
+/* Binary PGM/PPM (P5/P6) are decoded here rather than by stb_image 2.27, which reads 16-bit samples in
+   the wrong byte order, reads past its buffer when converting them (CVE-2021-42716, found again by
+   fuzz/fuzz_image.c), returns uninitialised memory for a truncated file and can overflow an int while
+   parsing the header. Samples are scaled so that maxval is 255, as the Netpbm format defines. Gives
+   *out [h, w, comp] (DT_FREE it), comp 1 (PGM) or 3 (PPM). */
+static dt_result dt__pnm_decode(const char *path, const uint8_t *b, int64_t n, uint8_t **out, int *ow, int *oh,
+                                int *ocomp) {
+    int64_t pos = 2, v[3] = {0, 0, 0}, need, i, np, maxv;
+    int k, comp = b[1] == '6' ? 3 : 1, wide;
+    *out = NULL;
+    for (k = 0; k < 3; k++) {   /* width, height, maxval, each after whitespace and # comments */
+        for (;;) {
+            while (pos < n && (b[pos] == ' ' || b[pos] == '\t' || b[pos] == '\n' || b[pos] == '\v' || b[pos] == '\f' ||
+                               b[pos] == '\r'))
+                pos++;
+            if (pos >= n || b[pos] != '#') break;
+            while (pos < n && b[pos] != '\n' && b[pos] != '\r') pos++;
+        }
+        if (pos >= n || b[pos] < '0' || b[pos] > '9')
+            return dt_set_error(DT_ERR_FORMAT, "%s: its PGM/PPM header is incomplete (width, height and maxval expected)",
+                                path);
+        while (pos < n && b[pos] >= '0' && b[pos] <= '9') {
+            v[k] = v[k] * 10 + (b[pos++] - '0');
+            if (v[k] > (1 << 24)) return dt_set_error(DT_ERR_FORMAT, "%s: a number in its PGM/PPM header is too large", path);
+        }
+    }
+    if (pos >= n || !(b[pos] == ' ' || b[pos] == '\t' || b[pos] == '\n' || b[pos] == '\v' || b[pos] == '\f' || b[pos] == '\r'))
+        return dt_set_error(DT_ERR_FORMAT, "%s: its PGM/PPM header does not end with a whitespace character", path);
+    pos++;
+    maxv = v[2];
+    if (v[0] == 0 || v[1] == 0 || maxv == 0 || maxv > 65535)
+        return dt_set_error(DT_ERR_FORMAT, "%s: its PGM/PPM header says %lldx%lld pixels with maxval %lld; all must be "
+                            "positive and maxval at most 65535", path, (long long)v[0], (long long)v[1], (long long)maxv);
+    np = v[0] * v[1];
+    if (np > (int64_t)DT_IMAGE_MAX_PIXELS)
+        return dt_set_error(DT_ERR_FORMAT, "%s is %lldx%lld pixels, more than DT_IMAGE_MAX_PIXELS (%lld); define that macro "
+                            "larger or shrink the image", path, (long long)v[0], (long long)v[1], (long long)DT_IMAGE_MAX_PIXELS);
+    wide = maxv > 255;
+    need = np * comp * (wide ? 2 : 1);
+    if (n - pos < need)
+        return dt_set_error(DT_ERR_FORMAT, "%s is truncated: its PGM/PPM header says %lldx%lld pixels (%lld bytes) but %lld "
+                            "bytes follow the header", path, (long long)v[0], (long long)v[1], (long long)need,
+                            (long long)(n - pos));
+    if (!(*out = (uint8_t *)DT_MALLOC((size_t)(np * comp))))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to decode %s", path);
+    for (i = 0; i < np * comp; i++) {
+        int64_t x = wide ? ((int64_t)b[pos + 2 * i] << 8) | b[pos + 2 * i + 1] : b[pos + i];   /* big-endian */
+        (*out)[i] = x >= maxv ? 255 : (uint8_t)((x * 255 + maxv / 2) / maxv);
+    }
+    *ow = (int)v[0];
+    *oh = (int)v[1];
+    *ocomp = comp;
+    return DT_OK;
+}
+
 /* Decodes the image file at path into dst [ch, h, w]; buf/bufcap is a reusable read buffer and tmp an
-   [h, w, ch] scratch buffer. */
+   [h, w, ch] scratch buffer. The image is decoded with its own components and converted here, as
+   stb_image converts (grey = (77 R + 150 G + 29 B) >> 8, alpha dropped), so that stb_image's conversion
+   code, where CVE-2021-42716 lives, is never run. */
+static void dt__image_free(uint8_t *img, int pnm) {
+    if (pnm) DT_FREE(img);
+    else stbi_image_free(img);
+}
 static dt_result dt__image_load(const char *path, int64_t h, int64_t w, int64_t ch, uint8_t **buf, int64_t *bufcap,
                                 uint8_t *tmp, uint8_t *dst) {
     FILE *fp = fopen(path, "rb");
-    int64_t size, i, c;
-    int iw = 0, ih = 0, comp = 0;
-    uint8_t *img;
+    int64_t size, i, c, np;
+    int iw = 0, ih = 0, comp = 0, pnm = 0;
+    uint8_t *img = NULL, *conv = NULL;
+    const uint8_t *src;
     const char *why;
     if (!fp) return dt_set_error(DT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     if ((size = dt__file_size(fp)) < 0 || size > INT32_MAX) {
@@ -3005,27 +3075,59 @@ static dt_result dt__image_load(const char *path, int64_t h, int64_t w, int64_t 
     }
     fclose(fp);
     if (dt__image_sniff(path, *buf, size) != DT_OK) return DT_ERR_FORMAT;
-    if (!stbi_info_from_memory(*buf, (int)size, &iw, &ih, &comp)) {
-        why = stbi_failure_reason();
-        return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: %s (stb_image)", path, why ? why : "unknown reason");
+    if ((*buf)[0] == 'P') {   /* sniffed: P5 or P6 */
+        dt_result r = dt__pnm_decode(path, *buf, size, &img, &iw, &ih, &comp);
+        if (r != DT_OK) return r;
+        pnm = 1;
+    } else {
+        if (!stbi_info_from_memory(*buf, (int)size, &iw, &ih, &comp)) {
+            why = stbi_failure_reason();
+            return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: %s (stb_image)", path, why ? why : "unknown reason");
+        }
+        if (iw <= 0 || ih <= 0 || (int64_t)iw * ih > (int64_t)DT_IMAGE_MAX_PIXELS)
+            return dt_set_error(DT_ERR_FORMAT, "%s is %dx%d pixels, more than DT_IMAGE_MAX_PIXELS (%lld); define that macro "
+                                "larger or shrink the image", path, iw, ih, (long long)DT_IMAGE_MAX_PIXELS);
+        if (!(img = stbi_load_from_memory(*buf, (int)size, &iw, &ih, &comp, 0))) {
+            why = stbi_failure_reason();
+            return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: %s (stb_image)", path, why ? why : "unknown reason");
+        }
     }
-    if (iw <= 0 || ih <= 0 || (int64_t)iw * ih > (int64_t)DT_IMAGE_MAX_PIXELS)
-        return dt_set_error(DT_ERR_FORMAT, "%s is %dx%d pixels, more than DT_IMAGE_MAX_PIXELS (%lld); define that macro "
-                            "larger or shrink the image", path, iw, ih, (long long)DT_IMAGE_MAX_PIXELS);
-    if (!(img = stbi_load_from_memory(*buf, (int)size, &iw, &ih, &comp, (int)ch))) {
-        why = stbi_failure_reason();
-        return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: %s (stb_image)", path, why ? why : "unknown reason");
+    np = (int64_t)iw * ih;
+    src = img;
+    if (comp < 1 || comp > 4 || iw <= 0 || ih <= 0 || np > (int64_t)DT_IMAGE_MAX_PIXELS) {
+        dt__image_free(img, pnm);
+        return dt_set_error(DT_ERR_FORMAT, "%s: stb_image decoded %dx%d pixels of %d components; the file is corrupt", path,
+                            iw, ih, comp);
+    }
+    if (comp != ch) {
+        if (!(conv = (uint8_t *)DT_MALLOC((size_t)(np * ch)))) {
+            dt__image_free(img, pnm);
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to convert %s (%dx%d pixels)", path, iw, ih);
+        }
+        for (i = 0; i < np; i++) {
+            const uint8_t *p = img + i * comp;
+            if (ch == 3) {   /* comp 1, 2: grey (and alpha); comp 4: RGBA */
+                conv[3 * i] = p[0];
+                conv[3 * i + 1] = comp >= 3 ? p[1] : p[0];
+                conv[3 * i + 2] = comp >= 3 ? p[2] : p[0];
+            } else {
+                conv[i] = comp >= 3 ? (uint8_t)((p[0] * 77 + p[1] * 150 + p[2] * 29) >> 8) : p[0];
+            }
+        }
+        src = conv;
     }
     if (iw != w || ih != h) {
-        if (!stbir_resize_uint8(img, iw, ih, 0, tmp, (int)w, (int)h, 0, (int)ch)) {
-            stbi_image_free(img);
+        if (!stbir_resize_uint8(src, iw, ih, 0, tmp, (int)w, (int)h, 0, (int)ch)) {
+            dt__image_free(img, pnm);
+            DT_FREE(conv);
             return dt_set_error(DT_ERR_OUT_OF_MEMORY, "stb_image_resize could not resize %s from %dx%d to %lldx%lld "
                                 "(out of memory)", path, iw, ih, (long long)w, (long long)h);
         }
     } else {
-        memcpy(tmp, img, (size_t)(h * w * ch));
+        memcpy(tmp, src, (size_t)(h * w * ch));
     }
-    stbi_image_free(img);
+    dt__image_free(img, pnm);
+    DT_FREE(conv);
     for (c = 0; c < ch; c++)   /* HWC -> CHW */
         for (i = 0; i < h * w; i++) dst[c * h * w + i] = tmp[i * ch + c];
     return DT_OK;

@@ -573,6 +573,11 @@ static void test_cifar10_errors(void) {
     EXPECT_FAIL(dt_dataset_load_cifar10(&ds, tp("cbad"), 1), DT_ERR_FORMAT, "batches.meta.txt");
     write_file("cbad/batches.meta.txt", "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\n", 22);
     EXPECT_FAIL(dt_dataset_load_cifar10(&ds, tp("cbad"), 1), DT_ERR_FORMAT, "batches.meta.txt");
+    write_file("cbad/batches.meta.txt", "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\0k\n", 22);
+    EXPECT_FAIL(dt_dataset_load_cifar10(&ds, tp("cbad"), 1), DT_ERR_FORMAT, "batches.meta.txt");
+    unlink(tp("cbad/test_batch.bin"));
+    mkdir_rel("cbad/test_batch.bin");   /* a directory where a file should be */
+    EXPECT_FAIL(dt_dataset_load_cifar10(&ds, tp("cbad"), 0), DT_ERR_IO, "test_batch.bin");
     write_file("cbad/batches.meta.txt", "a\nb\nc\nd\ne\nf\ng\nh\ni\nj", 19);
     CHECK_OK(dt_dataset_load_cifar10(&ds, tp("cbad"), 1));
     CHECK(ds.class_names && ds.class_names[9] && strcmp(ds.class_names[9], "j") == 0);
@@ -740,6 +745,88 @@ static void test_image_folder_jpeg_resize(void) {
     CHECK(live_allocs == 0);
 }
 
+/* Loads root "fmt" holding the one image fmt/c/<name> with the given bytes, as 2x3 with ch channels. */
+static dt_result load_one(const char *name, const void *bytes, size_t n, int64_t ch, dt_dataset *ds) {
+    char rel[64];
+    dt_result r;
+    snprintf(rel, sizeof rel, "fmt/c/%s", name);
+    write_file(rel, bytes, n);
+    r = dt_dataset_load_image_folder(ds, tp("fmt"), 2, 3, ch);
+    unlink(tp(rel));
+    return r;
+}
+/* PGM/PPM (decoded by dtrain), BMP, PNG with alpha: exact values */
+static void test_image_folder_formats(void) {
+    static const uint8_t ppm[] = "P6\n# a comment\n3 2\n255\n"
+        "\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\xff";
+    static const uint8_t pgm16[] = "P5 3 2 65535 \x12\x34\xab\xcd\xff\xff\x00\x00\x00\xff\x80\x00";
+    static const uint8_t pgm15[] = "P5\n3\n2\n15\n\x00\x01\x07\x08\x0f\x0e";
+    uint8_t img[2 * 3 * 4];
+    dt_dataset ds;
+    int i, c, ok;
+    mkdir_rel("fmt");
+    mkdir_rel("fmt/c");
+    CHECK_OK(load_one("a.ppm", ppm, sizeof ppm - 1, 3, &ds));
+    if (ds.pixels && ds.count == 1) {
+        for (ok = 1, c = 0; c < 3; c++)
+            for (i = 0; i < 6; i++) ok &= ds.pixels[c * 6 + i] == ppm[sizeof ppm - 1 - 18 + 3 * i + c];
+        CHECK(ok);
+    }
+    dt_dataset_free(&ds);
+    CHECK_OK(load_one("a.pgm", pgm16, sizeof pgm16 - 1, 1, &ds));   /* 16-bit, big-endian: scaled to 0..255 */
+    if (ds.pixels && ds.count == 1) {
+        static const uint8_t want[6] = {0x12, 0xab, 0xff, 0x00, 0x01, 0x80};   /* 0x00ff * 255 / 65535 rounds to 1 */
+        for (i = 0; i < 6; i++) CHECK(ds.pixels[i] == want[i]);
+    }
+    dt_dataset_free(&ds);
+    CHECK_OK(load_one("b.pgm", pgm15, sizeof pgm15 - 1, 3, &ds));   /* maxval 15 is white */
+    if (ds.pixels && ds.count == 1) {
+        static const uint8_t want[6] = {0, 17, 119, 136, 255, 238};
+        for (ok = 1, c = 0; c < 3; c++)
+            for (i = 0; i < 6; i++) ok &= ds.pixels[c * 6 + i] == want[i];
+        CHECK(ok);
+    }
+    dt_dataset_free(&ds);
+    for (i = 0; i < 24; i++) img[i] = (uint8_t)(i * 11 + 3);
+    /* RGBA and grey + alpha PNG (alpha dropped), BMP */
+    write_png("fmt/c/rgba.png", 3, 2, 4, img);
+    CHECK_OK(dt_dataset_load_image_folder(&ds, tp("fmt"), 2, 3, 3));
+    if (ds.pixels && ds.count == 1) {
+        for (ok = 1, c = 0; c < 3; c++)
+            for (i = 0; i < 6; i++) ok &= ds.pixels[c * 6 + i] == img[4 * i + c];
+        CHECK(ok);
+    }
+    dt_dataset_free(&ds);
+    unlink(tp("fmt/c/rgba.png"));
+    write_png("fmt/c/ga.png", 3, 2, 2, img);
+    CHECK_OK(dt_dataset_load_image_folder(&ds, tp("fmt"), 2, 3, 3));
+    if (ds.pixels && ds.count == 1) {
+        for (ok = 1, c = 0; c < 3; c++)
+            for (i = 0; i < 6; i++) ok &= ds.pixels[c * 6 + i] == img[2 * i];
+        CHECK(ok);
+    }
+    dt_dataset_free(&ds);
+    unlink(tp("fmt/c/ga.png"));
+    if (!stbi_write_bmp(tp("fmt/c/x.bmp"), 3, 2, 3, img)) { dt_t_checks_failed++; printf("    cannot write a BMP\n"); }
+    CHECK_OK(dt_dataset_load_image_folder(&ds, tp("fmt"), 2, 3, 3));
+    if (ds.pixels && ds.count == 1) {
+        for (ok = 1, c = 0; c < 3; c++)
+            for (i = 0; i < 6; i++) ok &= ds.pixels[c * 6 + i] == img[3 * i + c];
+        CHECK(ok);
+    }
+    dt_dataset_free(&ds);
+    unlink(tp("fmt/c/x.bmp"));
+    /* bad PGM/PPM: truncated, a header number too large, no maxval, maxval 0 */
+    EXPECT_FAIL(load_one("cut.ppm", ppm, sizeof ppm - 2, 3, &ds), DT_ERR_FORMAT, "cut.ppm");
+    CHECK_MSG("truncated");
+    EXPECT_FAIL(load_one("big.pgm", "P5 99999999999 1 255 x", 22, 3, &ds), DT_ERR_FORMAT, "big.pgm");
+    EXPECT_FAIL(load_one("nomax.pgm", "P5 3 2", 6, 3, &ds), DT_ERR_FORMAT, "nomax.pgm");
+    EXPECT_FAIL(load_one("zero.pgm", "P5 3 2 0\n123456", 15, 3, &ds), DT_ERR_FORMAT, "zero.pgm");
+    EXPECT_FAIL(load_one("huge.pgm", "P5 5000 5000 255\n1", 19, 3, &ds), DT_ERR_FORMAT, "DT_IMAGE_MAX_PIXELS");
+    EXPECT_FAIL(load_one("text.pgm", "P2 1 1 255 7\n", 13, 3, &ds), DT_ERR_FORMAT, "text.pgm");
+    CHECK(live_allocs == 0);
+}
+
 static void test_image_folder_errors(void) {
     dt_dataset ds;
     uint8_t img[FH * FW * 3], *png;
@@ -827,8 +914,9 @@ static void test_image_folder_out_of_memory(void) {
         snprintf(rel, sizeof rel, "%s/1.png", cls[k]);
         write_png(rel, FW, FH, 3, img);
         snprintf(rel, sizeof rel, "%s/2.png", cls[k]);
-        write_png(rel, FW, FH, 3, img);
+        write_png(rel, FW, FH, k == 2 ? 1 : 3, img);   /* a grey one: converted to RGB */
     }
+    write_file("folder-oom/z/3.ppm", "P6 1 1 255 abc", 14);
     oom_sweep(load_folder, "folder-oom", "image folder");
 }
 #else
@@ -877,6 +965,7 @@ int main(int argc, char **argv) {
 #ifdef DT_USE_STB_IMAGE
     RUN(test_image_folder);
     RUN(test_image_folder_jpeg_resize);
+    RUN(test_image_folder_formats);
     RUN(test_image_folder_errors);
     RUN(test_image_folder_out_of_memory);
 #else
