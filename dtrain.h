@@ -3044,6 +3044,22 @@ static dt_result dt__pnm_decode(const char *path, const uint8_t *b, int64_t n, u
    [h, w, ch] scratch buffer. The image is decoded with its own components and converted here, as
    stb_image converts (grey = (77 R + 150 G + 29 B) >> 8, alpha dropped), so that stb_image's conversion
    code, where CVE-2021-42716 lives, is never run. */
+/* stb_image 2.27 grows its buffer for a PNG's IDAT chunks to the length a chunk claims before checking
+   that the file holds that much, so a few corrupt bytes ask for gigabytes (found by fuzz/fuzz_image.c).
+   Every chunk up to IEND must fit in the file. */
+static dt_result dt__png_check(const char *path, const uint8_t *b, int64_t n) {
+    int64_t pos = 8;
+    while (n - pos >= 12) {
+        int64_t len = (int64_t)dt__be32(b + pos);
+        if (len > n - pos - 12)
+            return dt_set_error(DT_ERR_FORMAT, "%s is truncated or corrupt: a PNG chunk at byte %lld claims %lld bytes, the "
+                                "file has %lld left", path, (long long)pos, (long long)len, (long long)(n - pos - 12));
+        if (memcmp(b + pos + 4, "IEND", 4) == 0) break;
+        pos += 12 + len;
+    }
+    return DT_OK;
+}
+
 static void dt__image_free(uint8_t *img, int pnm) {
     if (pnm) DT_FREE(img);
     else stbi_image_free(img);
@@ -3080,6 +3096,7 @@ static dt_result dt__image_load(const char *path, int64_t h, int64_t w, int64_t 
         if (r != DT_OK) return r;
         pnm = 1;
     } else {
+        if ((*buf)[0] == 0x89 && dt__png_check(path, *buf, size) != DT_OK) return DT_ERR_FORMAT;
         if (!stbi_info_from_memory(*buf, (int)size, &iw, &ih, &comp)) {
             why = stbi_failure_reason();
             return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: %s (stb_image)", path, why ? why : "unknown reason");

@@ -868,7 +868,23 @@ static void test_image_folder_errors(void) {
         EXPECT_FAIL(dt_dataset_load_image_folder(&ds, tp("bad"), FH, FW, 3), DT_ERR_FORMAT, "cut.png");
         CHECK_MSG("stb_image");
         unlink(tp("bad/c/cut.png"));
-        memset(png + 16, 0xee, n - 16);                          /* a PNG signature, then garbage */
+        {   /* the IDAT chunk claims more than the file holds */
+            size_t pos = 8;
+            while (pos + 8 <= n && memcmp(png + pos + 4, "IDAT", 4) != 0)
+                pos += 12 + (((size_t)png[pos] << 24) | ((size_t)png[pos + 1] << 16) | ((size_t)png[pos + 2] << 8) | png[pos + 3]);
+            CHECK(pos + 8 <= n);
+            if (pos + 8 <= n) {
+                uint8_t save[4];
+                memcpy(save, png + pos, 4);
+                put_be32(png + pos, 0x7ffffff0u);
+                write_file("bad/c/claim.png", png, n);
+                EXPECT_FAIL(dt_dataset_load_image_folder(&ds, tp("bad"), FH, FW, 3), DT_ERR_FORMAT, "claim.png");
+                CHECK_MSG("PNG chunk");
+                unlink(tp("bad/c/claim.png"));
+                memcpy(png + pos, save, 4);
+            }
+        }
+        memset(png + 16, 0xee, 13);                              /* a PNG whose header chunk is garbage */
         write_file("bad/c/garbage.PNG", png, n);
         EXPECT_FAIL(dt_dataset_load_image_folder(&ds, tp("bad"), FH, FW, 3), DT_ERR_FORMAT, "garbage.PNG");
         CHECK_MSG("stb_image");
