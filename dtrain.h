@@ -3060,6 +3060,74 @@ static dt_result dt__png_check(const char *path, const uint8_t *b, int64_t n) {
     return DT_OK;
 }
 
+/* stb_image 2.27 decodes a JPEG scan with Huffman tables that were never defined (uninitialised memory:
+   its decoder then indexes past its tables; found by fuzz/fuzz_image.c with stb_image built in). This
+   walks the markers and checks that each scan's tables, as stb_image will use them, were defined by a DHT
+   (and its quantisation tables by a DQT) before it. */
+static dt_result dt__jpeg_check(const char *path, const uint8_t *b, int64_t n) {
+    int64_t pos = 2;
+    int dht[2][4], dqt[4], ncomp = 0, progressive = 0, i;
+    int comp_id[4] = {0, 0, 0, 0}, comp_tq[4] = {0, 0, 0, 0};
+    memset(dht, 0, sizeof dht);
+    memset(dqt, 0, sizeof dqt);
+    for (;;) {
+        int64_t len, p, end;
+        int marker;
+        while (pos < n && b[pos] != 0xff) pos++;           /* to the next marker (past entropy-coded data) */
+        while (pos < n && b[pos] == 0xff) pos++;
+        if (pos >= n) return DT_OK;                           /* no EOI: stb_image decodes what is there */
+        marker = b[pos++];
+        if (marker == 0xd9) return DT_OK;                     /* EOI */
+        if (marker == 0x00 || marker == 0x01 || (marker >= 0xd0 && marker <= 0xd7)) continue;   /* no segment */
+        if (n - pos < 2 || (len = ((int64_t)b[pos] << 8) | b[pos + 1]) < 2 || len > n - pos)
+            return dt_set_error(DT_ERR_FORMAT, "%s is truncated or corrupt: the JPEG segment at byte %lld runs past the "
+                                "end of the file", path, (long long)(pos - 2));
+        p = pos + 2;
+        end = pos + len;
+        pos = end;
+        if (marker == 0xc4) {                                 /* DHT: class, id, 16 counts, values */
+            while (p < end) {
+                int64_t count = 0;
+                int tc = b[p] >> 4, th = b[p] & 15;
+                if (tc > 1 || th > 3 || end - p < 17) break;   /* stb_image refuses it */
+                for (i = 1; i <= 16; i++) count += b[p + i];
+                dht[tc][th] = 1;
+                p += 17 + count;
+            }
+        } else if (marker == 0xdb) {                          /* DQT: precision and id, 64 entries */
+            while (p < end) {
+                int tq = b[p] & 15;
+                if (tq > 3) break;
+                dqt[tq] = 1;
+                p += 1 + 64 * ((b[p] >> 4) ? 2 : 1);
+            }
+        } else if (marker == 0xc0 || marker == 0xc1 || marker == 0xc2) {   /* SOF: the components */
+            progressive = marker == 0xc2;
+            if (end - p >= 6) {
+                ncomp = b[p + 5] < 4 ? b[p + 5] : 4;
+                for (i = 0; i < ncomp && p + 6 + 3 * i + 2 < end; i++) {
+                    comp_id[i] = b[p + 6 + 3 * i];
+                    comp_tq[i] = b[p + 6 + 3 * i + 2] & 3;
+                }
+            }
+        } else if (marker == 0xda && end - p >= 1) {          /* SOS: components and their tables, Ss, Se, Ah/Al */
+            int ns = b[p], ss, ah, k;
+            if (end - p < 1 + 2 * (int64_t)ns + 3) continue;  /* stb_image refuses it */
+            ss = b[p + 1 + 2 * ns];
+            ah = b[p + 3 + 2 * ns] >> 4;
+            for (k = 0; k < ns; k++) {
+                int id = b[p + 1 + 2 * k], td = b[p + 2 + 2 * k] >> 4, ta = b[p + 2 + 2 * k] & 15, c;
+                int need_dc = progressive ? (ss == 0 && ah == 0) : 1, need_ac = progressive ? ss > 0 : 1;
+                for (c = 0; c < ncomp && comp_id[c] != id; c++) {}
+                if (c == ncomp || td > 3 || ta > 3) continue;     /* stb_image refuses these itself */
+                if ((need_dc && !dht[0][td]) || (need_ac && !dht[1][ta]) || !dqt[comp_tq[c]])
+                    return dt_set_error(DT_ERR_FORMAT, "%s is corrupt: a JPEG scan uses a %s table that was never "
+                                        "defined", path, !dqt[comp_tq[c]] ? "quantisation" : "Huffman");
+            }
+        }
+    }
+}
+
 static void dt__image_free(uint8_t *img, int pnm) {
     if (pnm) DT_FREE(img);
     else stbi_image_free(img);
@@ -3097,6 +3165,7 @@ static dt_result dt__image_load(const char *path, int64_t h, int64_t w, int64_t 
         pnm = 1;
     } else {
         if ((*buf)[0] == 0x89 && dt__png_check(path, *buf, size) != DT_OK) return DT_ERR_FORMAT;
+        if ((*buf)[0] == 0xff && dt__jpeg_check(path, *buf, size) != DT_OK) return DT_ERR_FORMAT;
         if (!stbi_info_from_memory(*buf, (int)size, &iw, &ih, &comp)) {
             why = stbi_failure_reason();
             return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: %s (stb_image)", path, why ? why : "unknown reason");

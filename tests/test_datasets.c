@@ -891,6 +891,33 @@ static void test_image_folder_errors(void) {
         unlink(tp("bad/c/garbage.PNG"));
     }
     free(png);
+    {   /* JPEG scans that use tables never defined (stb_image 2.27 would read uninitialised memory) */
+        size_t i, sos = 0, sof = 0;
+        uint8_t *jpg;
+        if (!stbi_write_jpg(tp("bad/c/j.jpg"), FW, FH, 3, img, 90)) { dt_t_checks_failed++; printf("    cannot write a JPEG\n"); }
+        CHECK_OK(dt_dataset_load_image_folder(&ds, tp("bad"), FH, FW, 3));
+        dt_dataset_free(&ds);
+        jpg = read_file("bad/c/j.jpg", &n);
+        for (i = 0; jpg && i + 1 < n; i++) {
+            if (jpg[i] == 0xff && jpg[i + 1] == 0xda && !sos) sos = i;
+            if (jpg[i] == 0xff && jpg[i + 1] == 0xc0 && !sof) sof = i;
+        }
+        CHECK(sos > 0 && sof > 0);
+        if (sos > 0 && sof > 0) {
+            uint8_t keep = jpg[sos + 6];
+            jpg[sos + 6] = 0x33;                             /* component 1: DC and AC table 3 */
+            write_file("bad/c/j.jpg", jpg, n);
+            EXPECT_FAIL(dt_dataset_load_image_folder(&ds, tp("bad"), FH, FW, 3), DT_ERR_FORMAT, "j.jpg");
+            CHECK_MSG("Huffman");
+            jpg[sos + 6] = keep;
+            jpg[sof + 12] = 3;                               /* component 1: quantisation table 3 */
+            write_file("bad/c/j.jpg", jpg, n);
+            EXPECT_FAIL(dt_dataset_load_image_folder(&ds, tp("bad"), FH, FW, 3), DT_ERR_FORMAT, "j.jpg");
+            CHECK_MSG("quantisation");
+        }
+        free(jpg);
+        unlink(tp("bad/c/j.jpg"));
+    }
     write_file("bad/c/e.jpg", "", 0);
     EXPECT_FAIL(dt_dataset_load_image_folder(&ds, tp("bad"), FH, FW, 3), DT_ERR_FORMAT, "e.jpg");
     unlink(tp("bad/c/e.jpg"));
