@@ -1,5 +1,8 @@
 /* libFuzzer target: dt_dataset_load_image_folder on root/cls/img.png. Input: 1 byte P, then the image
-   file. P picks the output: channels 1 (bit 0 set) or 3, h = 1 + bits 1..3, w = 1 + bits 4..6. */
+   file. P picks the output: channels 1 (bit 0 set) or 3, h = 1 + bits 1..3, w = 1 + bits 4..6.
+   To let the fuzzer see inside stb_image's decoders too, build it with stb_image compiled in:
+       clang -std=c11 -O1 -g -fsanitize=fuzzer,address -DSTB_IMAGE_IMPLEMENTATION
+           -DSTB_IMAGE_RESIZE_IMPLEMENTATION -DDT_USE_ZLIB -DDT_USE_STB_IMAGE fuzz/fuzz_image.c -lz -lm */
 #include "fuzz_util.h"
 #define DT_IMAGE_MAX_PIXELS (1 << 20)   /* keeps each run fast; the limit itself is part of what is tested */
 #define DTRAIN_IMPLEMENTATION
