@@ -45,6 +45,24 @@
      | DT_NO_OPENMP             | undefined        | ignore OpenMP even when compiling with -fopenmp  |
      | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0      |
      | DT_NO_SIMD               | undefined        | no AVX2 kernel: the portable C kernels only      |
+     | DT_USE_ZLIB              | undefined        | gzip-compressed IDX files (zlib); link -lz       |
+     | DT_USE_STB_IMAGE         | undefined        | image folders: stb_image decodes, stb_image_     |
+     |                          |                  | resize resizes; link -lstb (Debian libstb-dev)   |
+     | DT_MNIST_DEFAULT_DIR     | "/usr/share/     | what dt_dataset_load_mnist_dir reads for dir     |
+     |                          | datasets/fashion-| NULL (Debian's dataset-fashion-mnist)            |
+     |                          | mnist"           |                                                  |
+     | DT_IMAGE_MAX_PIXELS      | 1 << 26          | largest image (w * h) an image folder may hold   |
+
+   OPTIONAL FEATURES AND POSIX
+     Without DT_USE_ZLIB and DT_USE_STB_IMAGE the header needs nothing but the C library; a .gz file or an
+     image folder then fails with DT_ERR_UNSUPPORTED naming the macro to build with. DT_USE_ZLIB includes
+     <zlib.h>. DT_USE_STB_IMAGE includes <stb/stb_image.h> and <stb/stb_image_resize.h> but not their
+     implementations (Debian's -lstb holds them; with your own copies, compile them once with
+     STB_IMAGE_IMPLEMENTATION and STB_IMAGE_RESIZE_IMPLEMENTATION), and lists directories with POSIX
+     opendir/readdir/stat from <dirent.h> and <sys/stat.h>. Those headers declare these functions without a
+     feature-test macro (glibc, musl, macOS, the BSDs), so dtrain.h defines none and does not depend on what
+     the including file defined or included first; where a system wants one, pass -D_POSIX_C_SOURCE=200809L.
+     Windows has no <dirent.h>: leave DT_USE_STB_IMAGE undefined there.
 
    MEMORY OWNERSHIP
      Whoever creates, destroys: dt_model_create / dt_model_destroy. A model owns three flat allocations
@@ -531,6 +549,32 @@ dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, 
 
 /* (dataset loaders: declarations) */
 
+/* Dataset loaders. Each one zeroes *ds, then fills it with arrays it allocates (free them with
+   dt_dataset_free), so a *ds holding a previous dataset must be freed first. On failure *ds is left
+   zeroed with nothing allocated, and dt_last_error() names the file and the cause. Pixels are stored as
+   read; normalisation happens per batch (dt_dataset_batch). Not collective: each rank loads its copy. */
+
+/* MNIST-style IDX files: images (magic 0x00000803, big-endian dims N, H, W, then N*H*W bytes) and labels
+   (magic 0x00000801, dim N, then N bytes in 0..9). Either file may be gzip-compressed (detected by its
+   first two bytes; needs DT_USE_ZLIB). Gives c = 1, num_classes = 10, class_names NULL. */
+dt_result dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const char *labels_path);
+/* MNIST or Fashion-MNIST from a directory: train-{images-idx3,labels-idx1}-ubyte (t10k-... when train is
+   0), each raw or with .gz appended (raw preferred). dir NULL means DT_MNIST_DEFAULT_DIR, where Debian's
+   package dataset-fashion-mnist installs Fashion-MNIST. */
+dt_result dt_dataset_load_mnist_dir(dt_dataset *ds, const char *dir, int train);
+/* CIFAR-10, binary version: dir/data_batch_1.bin .. data_batch_5.bin (train != 0) or dir/test_batch.bin,
+   records of 1 label byte + 3072 pixel bytes (R, G, B planes of 32x32). Gives c = 3, h = w = 32,
+   num_classes = 10; class_names from dir/batches.meta.txt (one name per line) when present, else NULL. */
+dt_result dt_dataset_load_cifar10(dt_dataset *ds, const char *dir, int train);
+/* torchvision's ImageFolder layout, root/<class>/<image>: classes are the sub-directories of root in
+   byte-wise (Python sorted()) order, label = position in that order, class_names their names; images in
+   a class are taken in name order. Files with the extensions torchvision accepts (.jpg .jpeg .png .ppm
+   .bmp .pgm .tif .tiff .webp, any case) are images, other files and names starting with '.' are skipped.
+   Each image is decoded to `channels` components (1 or 3; 0 means 3) and resized to h x w with
+   stb_image_resize's default filter. PNG, JPEG, BMP and binary PGM/PPM decode; TIFF and WebP are
+   refused with a message. Needs DT_USE_STB_IMAGE (and POSIX <dirent.h>). */
+dt_result dt_dataset_load_image_folder(dt_dataset *ds, const char *root, int64_t h, int64_t w, int64_t channels);
+
 /* (partitioners and loader: declarations) */
 /* ---- partitions ------------------------------------------------------------------------------ */
 
@@ -679,6 +723,16 @@ dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_chec
 #include <time.h>
 #include <float.h>
 #include <assert.h>
+#include <errno.h>
+#ifdef DT_USE_ZLIB
+#include <zlib.h>
+#endif
+#ifdef DT_USE_STB_IMAGE
+#include <stb/stb_image.h>
+#include <stb/stb_image_resize.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#endif
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DT_NO_SIMD)
 #include <immintrin.h>
@@ -2930,6 +2984,836 @@ dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, 
 }
 
 /* (dataset loaders: implementation) */
+
+#ifndef DT_MNIST_DEFAULT_DIR
+#define DT_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
+#endif
+#ifndef DT_IMAGE_MAX_PIXELS
+#define DT_IMAGE_MAX_PIXELS ((int64_t)1 << 26)
+#endif
+
+/* "a" + "b" + "c" in a new DT_MALLOC'd string, or NULL when out of memory. */
+static char *dt__str3(const char *a, const char *b, const char *c) {
+    size_t la = strlen(a), lb = strlen(b), lc = strlen(c);
+    char *s = (char *)DT_MALLOC(la + lb + lc + 1);
+    if (!s) return NULL;
+    memcpy(s, a, la);
+    memcpy(s + la, b, lb);
+    memcpy(s + la + lb, c, lc + 1);
+    return s;
+}
+/* dir/name; no second '/' when dir already ends with one. */
+static char *dt__path(const char *dir, const char *name) {
+    size_t n = strlen(dir);
+    return dt__str3(dir, (n > 0 && dir[n - 1] == '/') ? "" : "/", name);
+}
+static uint32_t dt__be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+static int dt__file_exists(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (fp) fclose(fp);
+    return fp != NULL;
+}
+/* Size of an open regular file (the position is restored to the start), or -1. The first read fails on
+   a directory, whose "size" could be anything. */
+static int64_t dt__file_size(FILE *fp) {
+    long n;
+    if ((fgetc(fp) == EOF && ferror(fp)) || fseek(fp, 0, SEEK_END) != 0 || (n = ftell(fp)) < 0 ||
+        fseek(fp, 0, SEEK_SET) != 0)
+        return -1;
+    return (int64_t)n;
+}
+
+/* An input file read as a byte stream, gzip-compressed or not; gzip is recognised by its magic bytes
+   1f 8b, not by the name. Sizes and positions of a gzip file are those of the decompressed data. */
+typedef struct dt__in {
+    FILE *fp;
+    void *gz;           /* gzFile when DT_USE_ZLIB */
+    const char *path;
+} dt__in;
+
+static void dt__in_close(dt__in *in) {
+    if (in->fp) fclose(in->fp);
+#ifdef DT_USE_ZLIB
+    if (in->gz) gzclose((gzFile)in->gz);
+#endif
+    in->fp = NULL;
+    in->gz = NULL;
+}
+
+static dt_result dt__in_open(dt__in *in, const char *path) {
+    uint8_t m[2];
+    size_t n;
+    memset(in, 0, sizeof *in);
+    in->path = path;
+    if (!(in->fp = fopen(path, "rb"))) return dt_set_error(DT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    n = fread(m, 1, 2, in->fp);
+    if (ferror(in->fp)) { dt__in_close(in); return dt_set_error(DT_ERR_IO, "cannot read %s: %s", path, strerror(errno)); }
+    if (n == 2 && m[0] == 0x1f && m[1] == 0x8b) {
+        dt__in_close(in);
+#ifdef DT_USE_ZLIB
+        if (!(in->gz = (void *)gzopen(path, "rb")))
+            return dt_set_error(DT_ERR_IO, "zlib cannot open %s: %s", path, errno ? strerror(errno) : "out of memory");
+        gzbuffer((gzFile)in->gz, 1u << 17);
+        return DT_OK;
+#else
+        return dt_set_error(DT_ERR_UNSUPPORTED, "%s is gzip-compressed; build with -DDT_USE_ZLIB and link -lz, or "
+                            "decompress it with gunzip", path);
+#endif
+    }
+    if (fseek(in->fp, 0, SEEK_SET) != 0) {
+        dt__in_close(in);
+        return dt_set_error(DT_ERR_IO, "cannot seek in %s (is it a regular file?)", path);
+    }
+    return DT_OK;
+}
+
+/* Reads up to n bytes; *got < n only at the end of the data. Read errors and corrupt gzip data fail. */
+static dt_result dt__in_read(dt__in *in, void *buf, int64_t n, int64_t *got) {
+    *got = 0;
+    while (*got < n) {
+        int64_t want = n - *got < ((int64_t)1 << 30) ? n - *got : ((int64_t)1 << 30), r;
+        char *dst = (char *)buf + *got;
+        if (in->fp) {
+            r = (int64_t)fread(dst, 1, (size_t)want, in->fp);
+            if (r < want && ferror(in->fp))
+                return dt_set_error(DT_ERR_IO, "cannot read %s: %s", in->path, strerror(errno));
+        } else {
+#ifdef DT_USE_ZLIB
+            int zerr = Z_OK;
+            const char *zmsg;
+            r = gzread((gzFile)in->gz, dst, (unsigned)want);
+            zmsg = gzerror((gzFile)in->gz, &zerr);
+            if (zerr == Z_ERRNO) return dt_set_error(DT_ERR_IO, "cannot read %s: %s", in->path, strerror(errno));
+            if (r < 0 || (r < want && zerr != Z_OK)) {
+                size_t np = strlen(in->path);   /* zlib's message repeats the path: "path: what" */
+                if (zmsg && strncmp(zmsg, in->path, np) == 0 && zmsg[np] == ':' && zmsg[np + 1] == ' ') zmsg += np + 2;
+                return dt_set_error(DT_ERR_FORMAT, "%s: the gzip data is truncated or corrupt (zlib: %s); download the "
+                                    "file again", in->path, zmsg ? zmsg : "unknown error");
+            }
+#else
+            r = 0;
+#endif
+        }
+        *got += r;
+        if (r < want) break;
+    }
+    return DT_OK;
+}
+
+/* Reads the rest of a file, which must be exactly `want` bytes after a header of `head` bytes, into a new
+   buffer (*out, DT_FREE it). The buffer grows with the data actually read, so a header that claims more
+   than the file holds costs nothing. `what` describes the header's claim for the message. */
+static dt_result dt__in_read_payload(dt__in *in, int64_t head, int64_t want, const char *what, uint8_t **out) {
+    int64_t cap = want + 1 < ((int64_t)1 << 16) ? want + 1 : ((int64_t)1 << 16), have = 0, got;
+    uint8_t *buf = (uint8_t *)DT_MALLOC((size_t)cap), *nb;
+    dt_result r;
+    *out = NULL;
+    if (!buf) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to read %s", in->path);
+    for (;;) {   /* read up to want + 1 bytes: one more than expected tells a too-long file */
+        if ((r = dt__in_read(in, buf + have, cap - have, &got)) != DT_OK) { DT_FREE(buf); return r; }
+        have += got;
+        if (have < cap || cap == want + 1) break;
+        cap = cap > (want + 1) / 2 ? want + 1 : 2 * cap;
+        if (!(nb = (uint8_t *)DT_REALLOC(buf, (size_t)cap))) {
+            DT_FREE(buf);
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to read %s (%lld bytes)", in->path, (long long)want);
+        }
+        buf = nb;
+    }
+    if (have > want) {   /* count the rest for the message */
+        do {
+            if ((r = dt__in_read(in, buf, cap, &got)) != DT_OK) { DT_FREE(buf); return r; }
+            have += got;
+        } while (got == cap);
+    }
+    if (have != want) {
+        DT_FREE(buf);
+        return dt_set_error(DT_ERR_FORMAT, "%s is %s: its header (%s) needs %lld bytes but the file has %lld%s; %s",
+                            in->path, have < want ? "truncated" : "longer than its header says", what,
+                            (long long)(head + want), (long long)(head + have), in->gz ? " (decompressed)" : "",
+                            have < want ? "download it again" : "the header or the file is corrupt");
+    }
+    *out = buf;
+    return DT_OK;
+}
+
+/* Reads an IDX header: magic, then ndim big-endian uint32 dims. */
+static dt_result dt__idx_header(dt__in *in, uint32_t magic, int ndim, uint32_t *dims) {
+    uint8_t h[16];
+    int64_t need = 4 + 4 * (int64_t)ndim, got;
+    uint32_t m;
+    int i;
+    dt_result r = dt__in_read(in, h, need, &got);
+    if (r != DT_OK) return r;
+    if (got < 4)
+        return dt_set_error(DT_ERR_FORMAT, "%s is %lld bytes, too short for an IDX file (its header alone is %lld "
+                            "bytes)", in->path, (long long)got, (long long)need);
+    m = dt__be32(h);
+    if (m != magic) {
+        if (magic == 0x803 && m == 0x801)
+            return dt_set_error(DT_ERR_FORMAT, "%s is an IDX labels file (magic 0x00000801), given as the images file; "
+                                "pass the *-images-idx3-ubyte file first and the labels second", in->path);
+        if (magic == 0x801 && m == 0x803)
+            return dt_set_error(DT_ERR_FORMAT, "%s is an IDX images file (magic 0x00000803), given as the labels file; "
+                                "pass the *-images-idx3-ubyte file first and the labels second", in->path);
+        return dt_set_error(DT_ERR_FORMAT, "%s: magic number 0x%08lx is not an IDX %s file's 0x%08lx (unsigned bytes, "
+                            "%d dimension%s); is it an MNIST file?", in->path, (unsigned long)m,
+                            magic == 0x803 ? "images" : "labels", (unsigned long)magic, ndim, ndim > 1 ? "s" : "");
+    }
+    if (got < need)
+        return dt_set_error(DT_ERR_FORMAT, "%s is truncated inside its IDX header: %lld of %lld bytes; download it again",
+                            in->path, (long long)got, (long long)need);
+    for (i = 0; i < ndim; i++) dims[i] = dt__be32(h + 4 + 4 * i);
+    return DT_OK;
+}
+
+dt_result dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const char *labels_path) {
+    dt__in im, lb;
+    uint32_t di[3] = {0, 0, 0}, dl[1] = {0};
+    uint8_t *lab = NULL;
+    uint64_t n, plane;
+    int64_t i;
+    char what[96];
+    dt_result r;
+    memset(&im, 0, sizeof im);
+    memset(&lb, 0, sizeof lb);
+    if (!ds) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_load_idx: ds is NULL");
+    memset(ds, 0, sizeof *ds);
+    if (!images_path || !labels_path)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_load_idx: %s path is NULL", images_path ? "labels" : "images");
+    if ((r = dt__in_open(&im, images_path)) != DT_OK || (r = dt__idx_header(&im, 0x803, 3, di)) != DT_OK ||
+        (r = dt__in_open(&lb, labels_path)) != DT_OK || (r = dt__idx_header(&lb, 0x801, 1, dl)) != DT_OK)
+        goto fail;
+    n = di[0];
+    plane = (uint64_t)di[1] * di[2];
+    if (n == 0 || plane == 0) {
+        r = dt_set_error(DT_ERR_FORMAT, "%s: its header says %lu images of %lux%lu; there is nothing to load",
+                         images_path, (unsigned long)di[0], (unsigned long)di[1], (unsigned long)di[2]);
+        goto fail;
+    }
+    if (plane > (uint64_t)(INT64_MAX / 2) / n || plane * n > (uint64_t)(SIZE_MAX / 2)) {
+        r = dt_set_error(DT_ERR_FORMAT, "%s: its header says %lu images of %lux%lu, more bytes than this machine can "
+                         "address; the header is corrupt", images_path, (unsigned long)di[0], (unsigned long)di[1],
+                         (unsigned long)di[2]);
+        goto fail;
+    }
+    if (dl[0] != di[0]) {
+        r = dt_set_error(DT_ERR_FORMAT, "%s holds %lu images but %s holds %lu labels; the two files must come from the "
+                         "same set (both train-* or both t10k-*)", images_path, (unsigned long)di[0], labels_path,
+                         (unsigned long)dl[0]);
+        goto fail;
+    }
+    snprintf(what, sizeof what, "%lu images of %lux%lu", (unsigned long)di[0], (unsigned long)di[1], (unsigned long)di[2]);
+    if ((r = dt__in_read_payload(&im, 16, (int64_t)(n * plane), what, &ds->pixels)) != DT_OK) goto fail;
+    snprintf(what, sizeof what, "%lu labels", (unsigned long)dl[0]);
+    if ((r = dt__in_read_payload(&lb, 8, (int64_t)n, what, &lab)) != DT_OK) goto fail;
+    for (i = 0; i < (int64_t)n; i++)
+        if (lab[i] > 9) {
+            r = dt_set_error(DT_ERR_FORMAT, "%s: label %d at index %lld is outside 0..9; MNIST-style labels are class "
+                             "indices below 10", labels_path, (int)lab[i], (long long)i);
+            goto fail;
+        }
+    if (!(ds->labels = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)n))) {
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory for the %llu labels of %s", (unsigned long long)n, labels_path);
+        goto fail;
+    }
+    for (i = 0; i < (int64_t)n; i++) ds->labels[i] = lab[i];
+    DT_FREE(lab);
+    dt__in_close(&im);
+    dt__in_close(&lb);
+    ds->count = (int64_t)n;
+    ds->c = 1;
+    ds->h = di[1];
+    ds->w = di[2];
+    ds->num_classes = 10;
+    snprintf(ds->source, sizeof ds->source, "%s", images_path);
+    return DT_OK;
+fail:
+    DT_FREE(lab);
+    dt__in_close(&im);
+    dt__in_close(&lb);
+    dt_dataset_free(ds);
+    return r;
+}
+
+dt_result dt_dataset_load_mnist_dir(dt_dataset *ds, const char *dir, int train) {
+    const char *kind[2] = {"images-idx3-ubyte", "labels-idx1-ubyte"};
+    char *path[2] = {NULL, NULL}, *name = NULL;
+    dt_result r = DT_OK;
+    int k;
+    if (!ds) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_load_mnist_dir: ds is NULL");
+    memset(ds, 0, sizeof *ds);
+    if (!dir) dir = DT_MNIST_DEFAULT_DIR;
+    for (k = 0; k < 2 && r == DT_OK; k++) {   /* the raw file when there, else the .gz */
+        char *gz = NULL;
+        if (!(name = dt__str3(train ? "train-" : "t10k-", kind[k], "")) || !(path[k] = dt__path(dir, name)) ||
+            (!dt__file_exists(path[k]) && !(gz = dt__str3(path[k], ".gz", "")))) {
+            r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dataset_load_mnist_dir: no memory for a path");
+        } else if (gz) {
+            if (!dt__file_exists(gz))
+                r = dt_set_error(DT_ERR_IO, "cannot open %s or %s: %s; install the Debian package dataset-fashion-mnist, "
+                                 "or pass the directory that holds the MNIST files", path[k], gz, strerror(errno));
+            DT_FREE(path[k]);
+            path[k] = gz;
+        }
+        DT_FREE(name);
+        name = NULL;
+    }
+    if (r == DT_OK) r = dt_dataset_load_idx(ds, path[0], path[1]);
+    DT_FREE(path[0]);
+    DT_FREE(path[1]);
+    return r;
+}
+
+dt_result dt_dataset_load_cifar10(dt_dataset *ds, const char *dir, int train) {
+    enum { REC = 3073, MAXF = 5 };
+    FILE *fp[MAXF] = {NULL, NULL, NULL, NULL, NULL}, *mf = NULL;
+    char *path[MAXF] = {NULL, NULL, NULL, NULL, NULL}, *meta = NULL, *text = NULL;
+    int64_t recs[MAXF], total = 0, i, done = 0;
+    int nf = train ? 5 : 1, f;
+    dt_result r = DT_OK;
+    if (!ds) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_load_cifar10: ds is NULL");
+    memset(ds, 0, sizeof *ds);
+    if (!dir) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_load_cifar10: dir is NULL; pass the directory of the "
+                                  "binary version (cifar-10-batches-bin)");
+    for (f = 0; f < nf; f++) {   /* plan: every file's size, checked, before anything is allocated */
+        char name[32];
+        int64_t size;
+        if (train) snprintf(name, sizeof name, "data_batch_%d.bin", f + 1);
+        else snprintf(name, sizeof name, "test_batch.bin");
+        if (!(path[f] = dt__path(dir, name))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory for a path"); goto done; }
+        if (!(fp[f] = fopen(path[f], "rb"))) {
+            r = dt_set_error(DT_ERR_IO, "cannot open %s: %s; CIFAR-10 needs the binary version (cifar-10-binary.tar.gz, "
+                             "unpacked)", path[f], strerror(errno));
+            goto done;
+        }
+        if ((size = dt__file_size(fp[f])) < 0) {
+            r = dt_set_error(DT_ERR_IO, "cannot find the size of %s (is it a regular file?)", path[f]);
+            goto done;
+        }
+        if (size == 0) {
+            r = dt_set_error(DT_ERR_FORMAT, "%s is empty; a CIFAR-10 batch holds records of %d bytes", path[f], REC);
+            goto done;
+        }
+        if (size % REC != 0) {
+            r = dt_set_error(DT_ERR_FORMAT, "%s is %lld bytes, not a whole number of %d-byte CIFAR-10 records: record %lld "
+                             "(counting from 0) is %lld bytes; download the binary version again", path[f],
+                             (long long)size, REC, (long long)(size / REC), (long long)(size % REC));
+            goto done;
+        }
+        recs[f] = size / REC;
+        total += recs[f];
+    }
+    ds->pixels = (uint8_t *)DT_MALLOC((size_t)total * (REC - 1));
+    ds->labels = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)total);
+    if (!ds->pixels || !ds->labels) {
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory for %lld CIFAR-10 images from %s", (long long)total, dir);
+        goto done;
+    }
+    for (f = 0; f < nf; f++)
+        for (i = 0; i < recs[f]; i++, done++) {
+            uint8_t label;
+            if (fread(&label, 1, 1, fp[f]) != 1 || fread(ds->pixels + done * (REC - 1), 1, REC - 1, fp[f]) != REC - 1) {
+                r = dt_set_error(DT_ERR_IO, "cannot read record %lld of %s: %s", (long long)i, path[f],
+                                 ferror(fp[f]) ? strerror(errno) : "the file shrank while being read");
+                goto done;
+            }
+            if (label > 9) {
+                r = dt_set_error(DT_ERR_FORMAT, "%s: record %lld (counting from 0) has label %d; CIFAR-10 labels are 0..9 "
+                                 "(is this CIFAR-100, or not the binary version?)", path[f], (long long)i, (int)label);
+                goto done;
+            }
+            ds->labels[done] = label;
+        }
+    ds->count = total;
+    ds->c = 3;
+    ds->h = ds->w = 32;
+    ds->num_classes = 10;
+    snprintf(ds->source, sizeof ds->source, "%s", dir);
+    if (!(meta = dt__path(dir, "batches.meta.txt"))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory for a path"); goto done; }
+    if ((mf = fopen(meta, "rb")) != NULL) {   /* class names: one per non-blank line, trimmed */
+        int64_t size = dt__file_size(mf), k = 0;
+        char *p, *line;
+        if (size < 0 || size > 65536) {
+            r = dt_set_error(DT_ERR_FORMAT, "%s: %s; it should hold the 10 class names, one per line", meta,
+                             size < 0 ? "cannot find its size" : "too large");
+            goto done;
+        }
+        if (!(text = (char *)DT_MALLOC((size_t)size + 1)) ||
+            !(ds->class_names = (char **)DT_MALLOC(10 * sizeof(char *)))) {
+            r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to read %s", meta);
+            goto done;
+        }
+        memset(ds->class_names, 0, 10 * sizeof(char *));
+        if ((int64_t)fread(text, 1, (size_t)size, mf) != size) {
+            r = dt_set_error(DT_ERR_IO, "cannot read %s", meta);
+            goto done;
+        }
+        text[size] = '\0';
+        if ((int64_t)strlen(text) != size) {
+            r = dt_set_error(DT_ERR_FORMAT, "%s holds NUL bytes; it should be text, the 10 class names one per line", meta);
+            goto done;
+        }
+        for (p = text; *p; ) {
+            char *end;
+            line = p;
+            while (*p && *p != '\n') p++;
+            end = p;
+            if (*p) p++;
+            while (line < end && (*line == ' ' || *line == '\t' || *line == '\r')) line++;
+            while (end > line && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r')) end--;
+            if (end == line) continue;
+            if (k == 10) { k = 11; break; }
+            if (!(ds->class_names[k] = (char *)DT_MALLOC((size_t)(end - line) + 1))) {
+                r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to read %s", meta);
+                goto done;
+            }
+            memcpy(ds->class_names[k], line, (size_t)(end - line));
+            ds->class_names[k++][end - line] = '\0';
+        }
+        if (k != 10) {
+            r = dt_set_error(DT_ERR_FORMAT, "%s holds %s10 class names; CIFAR-10's has 10, one per line (remove the "
+                             "file to load without names)", meta, k > 10 ? "more than " : k < 10 ? "fewer than " : "");
+            goto done;
+        }
+    }
+done:
+    for (f = 0; f < nf; f++) {
+        if (fp[f]) fclose(fp[f]);
+        DT_FREE(path[f]);
+    }
+    if (mf) fclose(mf);
+    DT_FREE(meta);
+    DT_FREE(text);
+    if (r != DT_OK) dt_dataset_free(ds);
+    return r;
+}
+
+#ifdef DT_USE_STB_IMAGE
+/* A growable array of DT_MALLOC'd strings. */
+typedef struct dt__strs { char **s; int64_t n, cap; } dt__strs;
+
+static void dt__strs_free(dt__strs *l) {
+    int64_t i;
+    for (i = 0; i < l->n; i++) DT_FREE(l->s[i]);
+    DT_FREE(l->s);
+    memset(l, 0, sizeof *l);
+}
+/* Appends str (owned from now on: freed here on failure). Returns 0, or -1 when out of memory. */
+static int dt__strs_push(dt__strs *l, char *str) {
+    if (!str) return -1;
+    if (l->n == l->cap) {
+        int64_t cap = l->cap ? 2 * l->cap : 16;
+        char **s = (char **)DT_REALLOC(l->s, sizeof(char *) * (size_t)cap);
+        if (!s) { DT_FREE(str); return -1; }
+        l->s = s;
+        l->cap = cap;
+    }
+    l->s[l->n++] = str;
+    return 0;
+}
+static int dt__strs_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* torchvision's IMG_EXTENSIONS, compared without case. */
+static int dt__is_image_name(const char *name) {
+    static const char *ext[] = {"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"};
+    const char *dot = strrchr(name, '.');
+    size_t i, j;
+    if (!dot) return 0;
+    for (i = 0; i < sizeof ext / sizeof ext[0]; i++) {
+        for (j = 0; ext[i][j] && dot[1 + j]; j++) {
+            char ch = dot[1 + j];
+            if (ch >= 'A' && ch <= 'Z') ch = (char)(ch - 'A' + 'a');
+            if (ch != ext[i][j]) break;
+        }
+        if (!ext[i][j] && !dot[1 + j]) return 1;
+    }
+    return 0;
+}
+
+/* The names in dir that do not start with '.' and are directories (dirs != 0) or regular files with an
+   image extension, sorted byte-wise (as Python's sorted()). stat() follows symbolic links, as torchvision. */
+static dt_result dt__list_dir(const char *dir, int dirs, dt__strs *out) {
+    DIR *d;
+    dt_result r = DT_OK;
+    memset(out, 0, sizeof *out);
+    if (!(d = opendir(dir))) return dt_set_error(DT_ERR_IO, "cannot open directory %s: %s", dir, strerror(errno));
+    for (;;) {
+        struct dirent *e;
+        struct stat st;
+        char *p;
+        int keep;
+        errno = 0;
+        if (!(e = readdir(d))) {
+            if (errno) r = dt_set_error(DT_ERR_IO, "cannot list directory %s: %s", dir, strerror(errno));
+            break;
+        }
+        if (e->d_name[0] == '.' || (!dirs && !dt__is_image_name(e->d_name))) continue;
+        if (!(p = dt__path(dir, e->d_name))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to list %s", dir); break; }
+        keep = stat(p, &st) == 0 && (dirs ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode));
+        DT_FREE(p);
+        if (keep && dt__strs_push(out, dt__str3(e->d_name, "", "")) != 0) {
+            r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to list %s", dir);
+            break;
+        }
+    }
+    closedir(d);
+    if (r != DT_OK) dt__strs_free(out);
+    else if (out->n > 1) qsort(out->s, (size_t)out->n, sizeof(char *), dt__strs_cmp);
+    return r;
+}
+
+/* Accepts PNG, JPEG and BMP (for stb_image) and binary PGM/PPM (decoded here). Refuses everything else:
+   formats outside torchvision's list (stb_image would also try GIF, PSD, HDR, PIC and TGA, whose loaders
+   are the least robust, and TGA has no magic number, so random bytes could "decode") and the listed
+   formats stb_image cannot decode, with a message saying so. */
+static dt_result dt__image_sniff(const char *path, const uint8_t *b, int64_t n) {
+    static const uint8_t png[8] = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
+    if (n >= 8 && memcmp(b, png, 8) == 0) return DT_OK;
+    if (n >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) return DT_OK;                  /* JPEG */
+    if (n >= 2 && b[0] == 'B' && b[1] == 'M') return DT_OK;                                    /* BMP */
+    if (n >= 2 && b[0] == 'P' && (b[1] == '5' || b[1] == '6')) return DT_OK;                   /* PGM, PPM */
+    if (n >= 4 && ((b[0] == 'I' && b[1] == 'I' && b[2] == 42 && b[3] == 0) || (b[0] == 'M' && b[1] == 'M' && b[2] == 0 && b[3] == 42)))
+        return dt_set_error(DT_ERR_FORMAT, "%s is a TIFF image, which stb_image cannot decode; convert it to PNG", path);
+    if (n >= 12 && memcmp(b, "RIFF", 4) == 0 && memcmp(b + 8, "WEBP", 4) == 0)
+        return dt_set_error(DT_ERR_FORMAT, "%s is a WebP image, which stb_image cannot decode; convert it to PNG", path);
+    if (n >= 2 && b[0] == 'P' && (b[1] == '2' || b[1] == '3'))
+        return dt_set_error(DT_ERR_FORMAT, "%s is a text (P2/P3) PGM/PPM image; only the binary kinds (P5/P6) are read, "
+                            "convert it", path);
+    return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: it is not a PNG, JPEG, BMP or binary PGM/PPM image (it "
+                        "starts %02x %02x %02x %02x)", path, n > 0 ? b[0] : 0, n > 1 ? b[1] : 0, n > 2 ? b[2] : 0,
+                        n > 3 ? b[3] : 0);
+}
+
+/* Binary PGM/PPM (P5/P6) are decoded here rather than by stb_image 2.27, which reads 16-bit samples in
+   the wrong byte order, reads past its buffer when converting them (CVE-2021-42716, found again by
+   fuzz/fuzz_image.c), returns uninitialised memory for a truncated file and can overflow an int while
+   parsing the header. Samples are scaled so that maxval is 255, as the Netpbm format defines. Gives
+   *out [h, w, comp] (DT_FREE it), comp 1 (PGM) or 3 (PPM). */
+static dt_result dt__pnm_decode(const char *path, const uint8_t *b, int64_t n, uint8_t **out, int *ow, int *oh,
+                                int *ocomp) {
+    int64_t pos = 2, v[3] = {0, 0, 0}, need, i, np, maxv;
+    int k, comp = b[1] == '6' ? 3 : 1, wide;
+    *out = NULL;
+    for (k = 0; k < 3; k++) {   /* width, height, maxval, each after whitespace and # comments */
+        for (;;) {
+            while (pos < n && (b[pos] == ' ' || b[pos] == '\t' || b[pos] == '\n' || b[pos] == '\v' || b[pos] == '\f' ||
+                               b[pos] == '\r'))
+                pos++;
+            if (pos >= n || b[pos] != '#') break;
+            while (pos < n && b[pos] != '\n' && b[pos] != '\r') pos++;
+        }
+        if (pos >= n || b[pos] < '0' || b[pos] > '9')
+            return dt_set_error(DT_ERR_FORMAT, "%s: its PGM/PPM header is incomplete (width, height and maxval expected)",
+                                path);
+        while (pos < n && b[pos] >= '0' && b[pos] <= '9') {
+            v[k] = v[k] * 10 + (b[pos++] - '0');
+            if (v[k] > (1 << 24)) return dt_set_error(DT_ERR_FORMAT, "%s: a number in its PGM/PPM header is too large", path);
+        }
+    }
+    if (pos >= n || !(b[pos] == ' ' || b[pos] == '\t' || b[pos] == '\n' || b[pos] == '\v' || b[pos] == '\f' || b[pos] == '\r'))
+        return dt_set_error(DT_ERR_FORMAT, "%s: its PGM/PPM header does not end with a whitespace character", path);
+    pos++;
+    maxv = v[2];
+    if (v[0] == 0 || v[1] == 0 || maxv == 0 || maxv > 65535)
+        return dt_set_error(DT_ERR_FORMAT, "%s: its PGM/PPM header says %lldx%lld pixels with maxval %lld; all must be "
+                            "positive and maxval at most 65535", path, (long long)v[0], (long long)v[1], (long long)maxv);
+    np = v[0] * v[1];
+    if (np > (int64_t)DT_IMAGE_MAX_PIXELS)
+        return dt_set_error(DT_ERR_FORMAT, "%s is %lldx%lld pixels, more than DT_IMAGE_MAX_PIXELS (%lld); define that macro "
+                            "larger or shrink the image", path, (long long)v[0], (long long)v[1], (long long)DT_IMAGE_MAX_PIXELS);
+    wide = maxv > 255;
+    need = np * comp * (wide ? 2 : 1);
+    if (n - pos < need)
+        return dt_set_error(DT_ERR_FORMAT, "%s is truncated: its PGM/PPM header says %lldx%lld pixels (%lld bytes) but %lld "
+                            "bytes follow the header", path, (long long)v[0], (long long)v[1], (long long)need,
+                            (long long)(n - pos));
+    if (!(*out = (uint8_t *)DT_MALLOC((size_t)(np * comp))))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to decode %s", path);
+    for (i = 0; i < np * comp; i++) {
+        int64_t x = wide ? ((int64_t)b[pos + 2 * i] << 8) | b[pos + 2 * i + 1] : b[pos + i];   /* big-endian */
+        (*out)[i] = x >= maxv ? 255 : (uint8_t)((x * 255 + maxv / 2) / maxv);
+    }
+    *ow = (int)v[0];
+    *oh = (int)v[1];
+    *ocomp = comp;
+    return DT_OK;
+}
+
+/* Decodes the image file at path into dst [ch, h, w]; buf/bufcap is a reusable read buffer and tmp an
+   [h, w, ch] scratch buffer. The image is decoded with its own components and converted here, as
+   stb_image converts (grey = (77 R + 150 G + 29 B) >> 8, alpha dropped), so that stb_image's conversion
+   code, where CVE-2021-42716 lives, is never run. */
+/* stb_image 2.27 grows its buffer for a PNG's IDAT chunks to the length a chunk claims before checking
+   that the file holds that much, so a few corrupt bytes ask for gigabytes (found by fuzz/fuzz_image.c).
+   Every chunk up to IEND must fit in the file. */
+static dt_result dt__png_check(const char *path, const uint8_t *b, int64_t n) {
+    int64_t pos = 8;
+    while (n - pos >= 12) {
+        int64_t len = (int64_t)dt__be32(b + pos);
+        if (len > n - pos - 12)
+            return dt_set_error(DT_ERR_FORMAT, "%s is truncated or corrupt: a PNG chunk at byte %lld claims %lld bytes, the "
+                                "file has %lld left", path, (long long)pos, (long long)len, (long long)(n - pos - 12));
+        if (memcmp(b + pos + 4, "IEND", 4) == 0) break;
+        pos += 12 + len;
+    }
+    return DT_OK;
+}
+
+/* stb_image 2.27 decodes a JPEG scan with Huffman tables that were never defined (uninitialised memory:
+   its decoder then indexes past its tables; found by fuzz/fuzz_image.c with stb_image built in). This
+   walks the markers and checks that each scan's tables, as stb_image will use them, were defined by a DHT
+   (and its quantisation tables by a DQT) before it. */
+static dt_result dt__jpeg_check(const char *path, const uint8_t *b, int64_t n) {
+    int64_t pos = 2;
+    int dht[2][4], dqt[4], ncomp = 0, progressive = 0, i;
+    int comp_id[4] = {0, 0, 0, 0}, comp_tq[4] = {0, 0, 0, 0};
+    memset(dht, 0, sizeof dht);
+    memset(dqt, 0, sizeof dqt);
+    for (;;) {
+        int64_t len, p, end;
+        int marker;
+        while (pos < n && b[pos] != 0xff) pos++;           /* to the next marker (past entropy-coded data) */
+        while (pos < n && b[pos] == 0xff) pos++;
+        if (pos >= n) return DT_OK;                           /* no EOI: stb_image decodes what is there */
+        marker = b[pos++];
+        if (marker == 0xd9) return DT_OK;                     /* EOI */
+        if (marker == 0x00 || marker == 0x01 || (marker >= 0xd0 && marker <= 0xd7)) continue;   /* no segment */
+        if (n - pos < 2 || (len = ((int64_t)b[pos] << 8) | b[pos + 1]) < 2 || len > n - pos)
+            return dt_set_error(DT_ERR_FORMAT, "%s is truncated or corrupt: the JPEG segment at byte %lld runs past the "
+                                "end of the file", path, (long long)(pos - 2));
+        p = pos + 2;
+        end = pos + len;
+        pos = end;
+        if (marker == 0xc4) {                                 /* DHT: class, id, 16 counts, values */
+            while (p < end) {
+                int64_t count = 0;
+                int tc = b[p] >> 4, th = b[p] & 15;
+                if (tc > 1 || th > 3 || end - p < 17) break;   /* stb_image refuses it */
+                for (i = 1; i <= 16; i++) count += b[p + i];
+                dht[tc][th] = 1;
+                p += 17 + count;
+            }
+        } else if (marker == 0xdb) {                          /* DQT: precision and id, 64 entries */
+            while (p < end) {
+                int tq = b[p] & 15;
+                if (tq > 3) break;
+                dqt[tq] = 1;
+                p += 1 + 64 * ((b[p] >> 4) ? 2 : 1);
+            }
+        } else if (marker == 0xc0 || marker == 0xc1 || marker == 0xc2) {   /* SOF: the components */
+            progressive = marker == 0xc2;
+            if (end - p >= 6) {
+                ncomp = b[p + 5] < 4 ? b[p + 5] : 4;
+                for (i = 0; i < ncomp && p + 6 + 3 * i + 2 < end; i++) {
+                    comp_id[i] = b[p + 6 + 3 * i];
+                    comp_tq[i] = b[p + 6 + 3 * i + 2] & 3;
+                }
+            }
+        } else if (marker == 0xda && end - p >= 1) {          /* SOS: components and their tables, Ss, Se, Ah/Al */
+            int ns = b[p], ss, ah, k;
+            if (end - p < 1 + 2 * (int64_t)ns + 3) continue;  /* stb_image refuses it */
+            ss = b[p + 1 + 2 * ns];
+            ah = b[p + 3 + 2 * ns] >> 4;
+            for (k = 0; k < ns; k++) {
+                int id = b[p + 1 + 2 * k], td = b[p + 2 + 2 * k] >> 4, ta = b[p + 2 + 2 * k] & 15, c;
+                int need_dc = progressive ? (ss == 0 && ah == 0) : 1, need_ac = progressive ? ss > 0 : 1;
+                for (c = 0; c < ncomp && comp_id[c] != id; c++) {}
+                if (c == ncomp || td > 3 || ta > 3) continue;     /* stb_image refuses these itself */
+                if ((need_dc && !dht[0][td]) || (need_ac && !dht[1][ta]) || !dqt[comp_tq[c]])
+                    return dt_set_error(DT_ERR_FORMAT, "%s is corrupt: a JPEG scan uses a %s table that was never "
+                                        "defined", path, !dqt[comp_tq[c]] ? "quantisation" : "Huffman");
+            }
+        }
+    }
+}
+
+static void dt__image_free(uint8_t *img, int pnm) {
+    if (pnm) DT_FREE(img);
+    else stbi_image_free(img);
+}
+static dt_result dt__image_load(const char *path, int64_t h, int64_t w, int64_t ch, uint8_t **buf, int64_t *bufcap,
+                                uint8_t *tmp, uint8_t *dst) {
+    FILE *fp = fopen(path, "rb");
+    int64_t size, i, c, np;
+    int iw = 0, ih = 0, comp = 0, pnm = 0;
+    uint8_t *img = NULL, *conv = NULL;
+    const uint8_t *src;
+    const char *why;
+    if (!fp) return dt_set_error(DT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if ((size = dt__file_size(fp)) < 0 || size > INT32_MAX) {
+        fclose(fp);
+        return dt_set_error(size < 0 ? DT_ERR_IO : DT_ERR_FORMAT, "%s: %s", path,
+                            size < 0 ? "cannot find its size (is it a regular file?)" : "larger than 2 GiB; not an image");
+    }
+    if (size == 0) { fclose(fp); return dt_set_error(DT_ERR_FORMAT, "%s is empty; it cannot be decoded", path); }
+    if (size > *bufcap) {
+        uint8_t *nb = (uint8_t *)DT_REALLOC(*buf, (size_t)size);
+        if (!nb) { fclose(fp); return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to read %s (%lld bytes)", path, (long long)size); }
+        *buf = nb;
+        *bufcap = size;
+    }
+    if ((int64_t)fread(*buf, 1, (size_t)size, fp) != size) {
+        fclose(fp);
+        return dt_set_error(DT_ERR_IO, "cannot read %s", path);
+    }
+    fclose(fp);
+    if (dt__image_sniff(path, *buf, size) != DT_OK) return DT_ERR_FORMAT;
+    if ((*buf)[0] == 'P') {   /* sniffed: P5 or P6 */
+        dt_result r = dt__pnm_decode(path, *buf, size, &img, &iw, &ih, &comp);
+        if (r != DT_OK) return r;
+        pnm = 1;
+    } else {
+        if ((*buf)[0] == 0x89 && dt__png_check(path, *buf, size) != DT_OK) return DT_ERR_FORMAT;
+        if ((*buf)[0] == 0xff && dt__jpeg_check(path, *buf, size) != DT_OK) return DT_ERR_FORMAT;
+        if (!stbi_info_from_memory(*buf, (int)size, &iw, &ih, &comp)) {
+            why = stbi_failure_reason();
+            return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: %s (stb_image)", path, why ? why : "unknown reason");
+        }
+        if (iw <= 0 || ih <= 0 || (int64_t)iw * ih > (int64_t)DT_IMAGE_MAX_PIXELS)
+            return dt_set_error(DT_ERR_FORMAT, "%s is %dx%d pixels, more than DT_IMAGE_MAX_PIXELS (%lld); define that macro "
+                                "larger or shrink the image", path, iw, ih, (long long)DT_IMAGE_MAX_PIXELS);
+        if (!(img = stbi_load_from_memory(*buf, (int)size, &iw, &ih, &comp, 0))) {
+            why = stbi_failure_reason();
+            return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: %s (stb_image)", path, why ? why : "unknown reason");
+        }
+    }
+    np = (int64_t)iw * ih;
+    src = img;
+    if (comp < 1 || comp > 4 || iw <= 0 || ih <= 0 || np > (int64_t)DT_IMAGE_MAX_PIXELS) {
+        dt__image_free(img, pnm);
+        return dt_set_error(DT_ERR_FORMAT, "%s: stb_image decoded %dx%d pixels of %d components; the file is corrupt", path,
+                            iw, ih, comp);
+    }
+    if (comp != ch) {
+        if (!(conv = (uint8_t *)DT_MALLOC((size_t)(np * ch)))) {
+            dt__image_free(img, pnm);
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to convert %s (%dx%d pixels)", path, iw, ih);
+        }
+        for (i = 0; i < np; i++) {
+            const uint8_t *p = img + i * comp;
+            if (ch == 3) {   /* comp 1, 2: grey (and alpha); comp 4: RGBA */
+                conv[3 * i] = p[0];
+                conv[3 * i + 1] = comp >= 3 ? p[1] : p[0];
+                conv[3 * i + 2] = comp >= 3 ? p[2] : p[0];
+            } else {
+                conv[i] = comp >= 3 ? (uint8_t)((p[0] * 77 + p[1] * 150 + p[2] * 29) >> 8) : p[0];
+            }
+        }
+        src = conv;
+    }
+    if (iw != w || ih != h) {
+        if (!stbir_resize_uint8(src, iw, ih, 0, tmp, (int)w, (int)h, 0, (int)ch)) {
+            dt__image_free(img, pnm);
+            DT_FREE(conv);
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "stb_image_resize could not resize %s from %dx%d to %lldx%lld "
+                                "(out of memory)", path, iw, ih, (long long)w, (long long)h);
+        }
+    } else {
+        memcpy(tmp, src, (size_t)(h * w * ch));
+    }
+    dt__image_free(img, pnm);
+    DT_FREE(conv);
+    for (c = 0; c < ch; c++)   /* HWC -> CHW */
+        for (i = 0; i < h * w; i++) dst[c * h * w + i] = tmp[i * ch + c];
+    return DT_OK;
+}
+
+dt_result dt_dataset_load_image_folder(dt_dataset *ds, const char *root, int64_t h, int64_t w, int64_t channels) {
+    dt__strs cls, names, files;
+    int64_t *start = NULL, k, i, bufcap = 0, sample;
+    uint8_t *buf = NULL, *tmp = NULL;
+    dt_result r;
+    memset(&cls, 0, sizeof cls);
+    memset(&names, 0, sizeof names);
+    memset(&files, 0, sizeof files);
+    if (!ds) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_load_image_folder: ds is NULL");
+    memset(ds, 0, sizeof *ds);
+    if (!root) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_load_image_folder: root is NULL");
+    if (channels == 0) channels = 3;
+    if (channels != 1 && channels != 3)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_load_image_folder(%s): channels is %lld; use 1 (grey), 3 "
+                            "(RGB) or 0 (RGB)", root, (long long)channels);
+    if (h <= 0 || w <= 0 || h > INT32_MAX || w > INT32_MAX || h * w > (int64_t)DT_IMAGE_MAX_PIXELS)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_load_image_folder(%s): size %lldx%lld is invalid; h and w "
+                            "must be > 0 with h * w <= DT_IMAGE_MAX_PIXELS (%lld)", root, (long long)h, (long long)w,
+                            (long long)DT_IMAGE_MAX_PIXELS);
+    if ((r = dt__list_dir(root, 1, &cls)) != DT_OK) goto fail;
+    if (cls.n == 0) {
+        r = dt_set_error(DT_ERR_FORMAT, "%s holds no class directories; an image folder is root/<class>/<image>", root);
+        goto fail;
+    }
+    if (!(start = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(cls.n + 1)))) {
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to list %s", root);
+        goto fail;
+    }
+    for (k = 0; k < cls.n; k++) {   /* every image path, class by class, each class in name order */
+        char *dir = dt__path(root, cls.s[k]);
+        if (!dir) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to list %s", root); goto fail; }
+        r = dt__list_dir(dir, 0, &names);
+        start[k] = files.n;
+        for (i = 0; r == DT_OK && i < names.n; i++)
+            if (dt__strs_push(&files, dt__path(dir, names.s[i])) != 0)
+                r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to list %s", root);
+        if (r == DT_OK && names.n == 0)
+            r = dt_set_error(DT_ERR_FORMAT, "class directory %s holds no images (files ending .jpg .jpeg .png .ppm .bmp "
+                             ".pgm .tif .tiff .webp); add images or remove the directory", dir);
+        DT_FREE(dir);
+        dt__strs_free(&names);
+        if (r != DT_OK) goto fail;
+    }
+    start[cls.n] = files.n;
+    if ((uint64_t)files.n > (uint64_t)(SIZE_MAX / 2) / (uint64_t)(channels * h * w)) {
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: %lld images of %lldx%lldx%lld do not fit in memory", root,
+                         (long long)files.n, (long long)channels, (long long)h, (long long)w);
+        goto fail;
+    }
+    ds->pixels = (uint8_t *)DT_MALLOC((size_t)(files.n * channels * h * w));
+    ds->labels = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)files.n);
+    tmp = (uint8_t *)DT_MALLOC((size_t)(channels * h * w));
+    if (!ds->pixels || !ds->labels || !tmp) {
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory for %lld images of %lldx%lldx%lld from %s", (long long)files.n,
+                         (long long)channels, (long long)h, (long long)w, root);
+        goto fail;
+    }
+    for (k = 0; k < cls.n; k++)
+        for (sample = start[k]; sample < start[k + 1]; sample++) {
+            ds->labels[sample] = (int32_t)k;
+            r = dt__image_load(files.s[sample], h, w, channels, &buf, &bufcap, tmp,
+                               ds->pixels + sample * channels * h * w);
+            if (r != DT_OK) goto fail;
+        }
+    ds->count = files.n;
+    ds->c = channels;
+    ds->h = h;
+    ds->w = w;
+    ds->num_classes = cls.n;
+    ds->class_names = cls.s;   /* the class list's strings become the dataset's */
+    snprintf(ds->source, sizeof ds->source, "%s", root);
+    dt__strs_free(&files);
+    DT_FREE(start);
+    DT_FREE(buf);
+    DT_FREE(tmp);
+    return DT_OK;
+fail:
+    dt__strs_free(&cls);
+    dt__strs_free(&files);
+    DT_FREE(start);
+    DT_FREE(buf);
+    DT_FREE(tmp);
+    dt_dataset_free(ds);
+    return r;
+}
+#else
+dt_result dt_dataset_load_image_folder(dt_dataset *ds, const char *root, int64_t h, int64_t w, int64_t channels) {
+    (void)h; (void)w; (void)channels;
+    if (ds) memset(ds, 0, sizeof *ds);
+    return dt_set_error(DT_ERR_UNSUPPORTED, "dt_dataset_load_image_folder(%s): image decoding is not built in; build "
+                        "with -DDT_USE_STB_IMAGE and link -lstb (Debian: libstb-dev)", root ? root : "NULL");
+}
+#endif /* DT_USE_STB_IMAGE */
 
 /* (partitioners and loader: implementation) */
 /* ---- threads --------------------------------------------------------------------------------- */
