@@ -1,0 +1,264 @@
+/* train.c - trains a zoo model in one process: the loop every distributed trainer builds on.
+
+   usage: train [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR]
+                [--epochs 3] [--batch 128] [--optim sgd|adam|adamw] [--lr 0.01] [--momentum 0.5] [--wd 0]
+                [--sched none|multistep|cosine] [--milestones 80,120] [--min-lr 0] [--warmup 0]
+                [--seed 0] [--limit N] [--size 32] [--checkpoint PATH] [--resume PATH] [--csv PATH]
+   e.g.   ./build/examples/train --model simplecnn --epochs 3                    (Fashion-MNIST)
+          ./build/examples/train --model resnet20 --dataset cifar10 --data ~/cifar-10-batches-bin \
+                                 --lr 0.1 --momentum 0.9 --wd 5e-4 --sched multistep --epochs 160
+
+   Each epoch: shuffle (seeded by seed and epoch), forward, loss, backward, optimizer step per batch;
+   then the test set in eval mode. One log line per epoch; the same figures go to the CSV file. With
+   --checkpoint the state is saved after every epoch; --resume continues from such a file and ends with
+   the same parameters, bit for bit, as a run that was never stopped. */
+#define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+
+#define TRY(call) do { dt_result r_ = (call); if (r_ != DT_OK) { \
+    fprintf(stderr, "train: %s\n", dt_last_error()); goto fail; } } while (0)
+
+typedef struct args {
+    const char *model, *dataset, *data, *optim, *sched, *checkpoint, *resume, *csv;
+    long epochs, batch, seed, limit, size, warmup;
+    double lr, momentum, wd, min_lr;
+    int64_t milestones[DT_SCHED_MAX_MILESTONES];
+} args;
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: train [--model NAME] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR] [--epochs N]\n"
+               "             [--batch N] [--optim sgd|adam|adamw] [--lr X] [--momentum X] [--wd X]\n"
+               "             [--sched none|multistep|cosine] [--milestones A,B,...] [--min-lr X] [--warmup N]\n"
+               "             [--seed N] [--limit N] [--size N] [--checkpoint PATH] [--resume PATH] [--csv PATH]\n");
+}
+
+static int parse_long(const char *flag, const char *v, long lo, long *out) {
+    char *end;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || x < lo) { fprintf(stderr, "train: %s needs an integer >= %ld, got '%s'\n", flag, lo, v ? v : ""); return -1; }
+    *out = x;
+    return 0;
+}
+static int parse_double(const char *flag, const char *v, double *out) {
+    char *end;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || !*v || *end || !(x >= 0.0)) { fprintf(stderr, "train: %s needs a number >= 0, got '%s'\n", flag, v ? v : ""); return -1; }
+    *out = x;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, args *a) {
+    int i;
+    memset(a, 0, sizeof *a);
+    a->model = "simplecnn"; a->dataset = "fashion-mnist"; a->optim = "sgd"; a->sched = "none";
+    a->epochs = 3; a->batch = 128; a->size = 32; a->lr = 0.01; a->momentum = 0.5;
+    for (i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if (!v) { fprintf(stderr, "train: %s needs a value\n", f); return -1; }
+        if (!strcmp(f, "--model")) a->model = v;
+        else if (!strcmp(f, "--dataset")) a->dataset = v;
+        else if (!strcmp(f, "--data")) a->data = v;
+        else if (!strcmp(f, "--optim")) a->optim = v;
+        else if (!strcmp(f, "--sched")) a->sched = v;
+        else if (!strcmp(f, "--checkpoint")) a->checkpoint = v;
+        else if (!strcmp(f, "--resume")) a->resume = v;
+        else if (!strcmp(f, "--csv")) a->csv = v;
+        else if (!strcmp(f, "--epochs")) bad = parse_long(f, v, 1, &a->epochs);
+        else if (!strcmp(f, "--batch")) bad = parse_long(f, v, 1, &a->batch);
+        else if (!strcmp(f, "--seed")) bad = parse_long(f, v, 0, &a->seed);
+        else if (!strcmp(f, "--limit")) bad = parse_long(f, v, 1, &a->limit);
+        else if (!strcmp(f, "--size")) bad = parse_long(f, v, 1, &a->size);
+        else if (!strcmp(f, "--warmup")) bad = parse_long(f, v, 0, &a->warmup);
+        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr) || !(a->lr > 0.0);
+        else if (!strcmp(f, "--momentum")) bad = parse_double(f, v, &a->momentum);
+        else if (!strcmp(f, "--wd")) bad = parse_double(f, v, &a->wd);
+        else if (!strcmp(f, "--min-lr")) bad = parse_double(f, v, &a->min_lr);
+        else if (!strcmp(f, "--milestones")) {
+            char *end;
+            const char *p = v;
+            int k = 0;
+            while (*p && k < DT_SCHED_MAX_MILESTONES) {
+                long x = strtol(p, &end, 10);
+                if (end == p || x <= 0) { bad = 1; break; }
+                a->milestones[k++] = x;
+                p = *end == ',' ? end + 1 : end;
+                if (*end && *end != ',') { bad = 1; break; }
+            }
+            if (bad || *p) { fprintf(stderr, "train: --milestones needs positive integers separated by commas, got '%s'\n", v); return -1; }
+        } else { fprintf(stderr, "train: unknown flag '%s'\n", f); usage(stderr); return -1; }
+        if (bad) return -1;
+        i++;
+    }
+    if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "train: unknown model '%s'\n", a->model); return -1; }
+    if (strcmp(a->optim, "sgd") && strcmp(a->optim, "adam") && strcmp(a->optim, "adamw")) {
+        fprintf(stderr, "train: --optim must be sgd, adam or adamw, got '%s'\n", a->optim);
+        return -1;
+    }
+    if (strcmp(a->sched, "none") && strcmp(a->sched, "multistep") && strcmp(a->sched, "cosine")) {
+        fprintf(stderr, "train: --sched must be none, multistep or cosine, got '%s'\n", a->sched);
+        return -1;
+    }
+    return 0;
+}
+
+/* Loads train and test sets; transforms as torchvision's usual recipes for each dataset. */
+static dt_result load_data(const args *a, dt_dataset *train, dt_dataset *test, dt_transform *tt, dt_transform *te,
+                           dt_partition *split) {
+    dt_result r;
+    memset(tt, 0, sizeof *tt);
+    if (!strcmp(a->dataset, "fashion-mnist") || !strcmp(a->dataset, "mnist")) {
+        int fashion = !strcmp(a->dataset, "fashion-mnist");
+        if ((r = dt_dataset_load_mnist_dir(train, a->data, 1)) != DT_OK) return r;
+        if ((r = dt_dataset_load_mnist_dir(test, a->data, 0)) != DT_OK) return r;
+        tt->mean[0] = fashion ? 0.2860f : 0.1307f;
+        tt->std[0] = fashion ? 0.3530f : 0.3081f;
+    } else if (!strcmp(a->dataset, "cifar10")) {
+        static const float mean[3] = {0.4914f, 0.4822f, 0.4465f}, std[3] = {0.2470f, 0.2435f, 0.2616f};
+        if ((r = dt_dataset_load_cifar10(train, a->data, 1)) != DT_OK) return r;
+        if ((r = dt_dataset_load_cifar10(test, a->data, 0)) != DT_OK) return r;
+        memcpy(tt->mean, mean, sizeof mean);
+        memcpy(tt->std, std, sizeof std);
+        tt->crop_pad = 4;
+        tt->flip = 1;
+    } else if (!strcmp(a->dataset, "folder")) {
+        const float frac[2] = {0.9f, 0.1f};
+        if (!a->data) return dt_set_error(DT_ERR_INVALID_ARG, "--dataset folder needs --data ROOT (ROOT/<class>/<image>)");
+        if ((r = dt_dataset_load_image_folder(train, a->data, a->size, a->size, 3)) != DT_OK) return r;
+        /* one folder: a seeded 90/10 split; the test set shares the training set's pixels */
+        if ((r = dt_partition_fractions(split, train->count, frac, 2, (uint64_t)a->seed)) != DT_OK) return r;
+        *test = *train;
+        tt->mean[0] = tt->mean[1] = tt->mean[2] = 0.5f;
+        tt->std[0] = tt->std[1] = tt->std[2] = 0.5f;
+        tt->flip = 1;
+    } else {
+        return dt_set_error(DT_ERR_INVALID_ARG, "unknown --dataset '%s': use fashion-mnist, mnist, cifar10 or folder", a->dataset);
+    }
+    *te = *tt;
+    te->crop_pad = 0;
+    te->flip = 0;
+    return DT_OK;
+}
+
+int main(int argc, char **argv) {
+    args a;
+    dt_dataset train, test;
+    dt_transform tt, te;
+    dt_partition split;
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_loader *loader = NULL;
+    dt_model_desc md;
+    dt_optim_desc od;
+    dt_sched_desc sd;
+    dt_loader_desc ld;
+    dt_checkpoint_meta meta;
+    FILE *csv = NULL;
+    const int64_t *train_idx = NULL, *test_idx = NULL;
+    int64_t *limit_idx = NULL;
+    int64_t ntrain, ntest, epoch, first_epoch = 0;
+    int rc = 1, tty = isatty(fileno(stderr));
+
+    memset(&train, 0, sizeof train); memset(&test, 0, sizeof test); memset(&split, 0, sizeof split);
+    if (parse_args(argc, argv, &a)) return 2;
+    TRY(load_data(&a, &train, &test, &tt, &te, &split));
+    ntrain = split.parts ? split.offsets[1] : train.count;
+    ntest = split.parts ? split.offsets[2] - split.offsets[1] : test.count;
+    if (split.parts) { train_idx = split.indices; test_idx = split.indices + split.offsets[1]; }
+    if (a.limit && a.limit < ntrain) {          /* the first --limit training samples (a quick run) */
+        int64_t i;
+        if (!(limit_idx = (int64_t *)malloc(sizeof(int64_t) * (size_t)a.limit))) { fprintf(stderr, "train: out of memory\n"); goto fail; }
+        for (i = 0; i < a.limit; i++) limit_idx[i] = train_idx ? train_idx[i] : i;
+        train_idx = limit_idx;
+        ntrain = a.limit;
+    }
+
+    memset(&md, 0, sizeof md);
+    md.in_c = train.c; md.in_h = train.h; md.in_w = train.w; md.seed = (uint64_t)a.seed;
+    TRY(dt_zoo_create(&m, (dt_zoo_model)dt_zoo_from_name(a.model), train.num_classes, &md));
+    memset(&od, 0, sizeof od);
+    od.kind = !strcmp(a.optim, "sgd") ? DT_OPTIM_SGD : !strcmp(a.optim, "adam") ? DT_OPTIM_ADAM : DT_OPTIM_ADAMW;
+    od.lr = (float)a.lr; od.momentum = od.kind == DT_OPTIM_SGD ? (float)a.momentum : 0.0f; od.weight_decay = (float)a.wd;
+    TRY(dt_optim_create(&o, m, &od));
+    memset(&sd, 0, sizeof sd);
+    sd.kind = !strcmp(a.sched, "multistep") ? DT_SCHED_MULTISTEP : !strcmp(a.sched, "cosine") ? DT_SCHED_COSINE : DT_SCHED_CONSTANT;
+    sd.base_lr = (float)a.lr; sd.t_max = a.epochs - a.warmup; sd.min_lr = (float)a.min_lr; sd.warmup = a.warmup;
+    memcpy(sd.milestones, a.milestones, sizeof sd.milestones);
+    memset(&meta, 0, sizeof meta);
+    if (a.resume) {
+        TRY(dt_checkpoint_load(a.resume, m, o, &meta));
+        first_epoch = meta.epoch;
+        printf("resumed from %s after epoch %lld\n", a.resume, (long long)first_epoch);
+    }
+    memset(&ld, 0, sizeof ld);
+    ld.dataset = &train; ld.indices = train_idx; ld.count = train_idx ? ntrain : 0; ld.batch = a.batch; ld.shuffle = 1;
+    ld.transform = &tt; ld.seed = (uint64_t)a.seed; ld.prefetch = 1;
+    TRY(dt_loader_create(&loader, &ld));
+    if (a.csv) {
+        int fresh = !a.resume;
+        if (!(csv = fopen(a.csv, fresh ? "w" : "a"))) { fprintf(stderr, "train: cannot write %s\n", a.csv); goto fail; }
+        if (fresh) fprintf(csv, "epoch,time_s,lr,train_loss,test_loss,test_acc,test_top5,img_per_s\n");
+    }
+    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s lr %g, batch %ld, %d threads\n",
+           a.model, a.dataset, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m), a.optim, a.lr,
+           a.batch, dt_cpu_threads());
+
+    for (epoch = first_epoch; epoch < a.epochs; epoch++) {
+        const float *x;
+        const int32_t *y;
+        int64_t n, b = 0, seen = 0;
+        double t0 = dt_time_now(), loss_sum = 0.0, secs;
+        float lr = dt_sched_lr(&sd, epoch), loss = 0.0f;
+        dt_eval_result ev;
+        dt_progress bar;
+        int got;
+        dt_optim_set_lr(o, lr);
+        dt_model_train(m, 1);
+        TRY(dt_loader_start_epoch(loader, epoch));
+        dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
+        while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+            TRY(dt_model_forward(m, x, n));
+            TRY(dt_model_loss_labels(m, y, &loss));
+            dt_model_zero_grad(m);
+            TRY(dt_model_backward(m, NULL));
+            TRY(dt_optim_step(o));
+            loss_sum += (double)loss * (double)n;
+            seen += n;
+            dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
+        }
+        if (got < 0) { fprintf(stderr, "train: %s\n", dt_last_error()); goto fail; }
+        dt_progress_end(&bar);
+        secs = dt_time_now() - t0;
+        TRY(dt_evaluate(m, &test, test_idx, test_idx ? ntest : 0, &te, 1000, 5, &ev));
+        printf("epoch %3lld/%ld  %7.2fs  lr %.5f  train loss %.4f  test loss %.4f  test acc %6.2f%%  top-5 %6.2f%%  %.0f img/s\n",
+               (long long)epoch + 1, a.epochs, secs, (double)lr, loss_sum / (double)seen, ev.loss, 100.0 * ev.top1,
+               100.0 * ev.topk, (double)seen / secs);
+        fflush(stdout);
+        if (csv) {
+            fprintf(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)epoch + 1, secs, (double)lr,
+                    loss_sum / (double)seen, ev.loss, ev.top1, ev.topk, (double)seen / secs);
+            fflush(csv);
+        }
+        if (a.checkpoint) {
+            meta.epoch = epoch + 1;
+            TRY(dt_checkpoint_save(a.checkpoint, m, o, &meta));
+        }
+    }
+    rc = 0;
+fail:
+    if (csv) fclose(csv);
+    dt_loader_destroy(loader);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    if (!split.parts) dt_dataset_free(&test);
+    dt_dataset_free(&train);
+    dt_partition_free(&split);
+    free(limit_idx);
+    return rc;
+}
