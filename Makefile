@@ -3,7 +3,7 @@
 #   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
-#   make demo         the main job: the model zoo's training step on random data
+#   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
 
@@ -35,8 +35,8 @@ $(B)/examples/%: examples/%.c dtrain.h
 test: all
 	@FUZZ="$(FUZZ)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
 
-demo: $(B)/examples/zoo
-	$(B)/examples/zoo --batch 64 --steps 2
+demo: $(B)/examples/train
+	$(B)/examples/train --model simplecnn --epochs 1
 
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures
