@@ -4,28 +4,7 @@
    a message naming the file, a zeroed dataset and no allocation left (counted here, and by the ASan run).
    Built without DT_USE_ZLIB / DT_USE_STB_IMAGE, the gzip and image tests check DT_ERR_UNSUPPORTED instead. */
 #define _POSIX_C_SOURCE 200809L   /* mkdtemp, lstat, rmdir, unlink: the tests' own file handling */
-#include <stdlib.h>
-#include <stddef.h>
-
-/* Allocator hooks that count, and can be told to fail after a number of allocations. */
-static long live_allocs, total_allocs, fail_after = -1;
-static void *t_malloc(size_t n) {
-    if (fail_after >= 0 && total_allocs >= fail_after) return NULL;
-    total_allocs++; live_allocs++;
-    return malloc(n);
-}
-static void *t_realloc(void *p, size_t n) {
-    void *q;
-    if (fail_after >= 0 && total_allocs >= fail_after) return NULL;
-    total_allocs++;
-    q = realloc(p, n);
-    if (q && !p) live_allocs++;
-    return q;
-}
-static void t_free(void *p) { if (p) live_allocs--; free(p); }
-#define DT_MALLOC(n) t_malloc(n)
-#define DT_REALLOC(p, n) t_realloc(p, n)
-#define DT_FREE(p) t_free(p)
+#include "dt_test_alloc.h"   /* counting allocator hooks, before the implementation */
 #define DT_IMAGE_MAX_PIXELS 4096   /* small, so the test can exceed it */
 
 #define DTRAIN_IMPLEMENTATION

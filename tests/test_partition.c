@@ -1,28 +1,7 @@
 /* Partitioners (fractions, IID, contiguous, label shards, Dirichlet label skew), the distributed sampler and
    the batch loader: every sample exactly once, sizes as documented, determinism per seed, PyTorch's
    DistributedSampler padding, prefetch on == off byte for byte, clean errors and out-of-memory paths. */
-#include <stdlib.h>
-#include <stddef.h>
-
-/* Allocator hooks that count, and can be told to fail after a number of allocations. */
-static long live_allocs, total_allocs, fail_after = -1;
-static void *t_malloc(size_t n) {
-    if (fail_after >= 0 && total_allocs >= fail_after) return NULL;
-    total_allocs++; live_allocs++;
-    return malloc(n);
-}
-static void *t_realloc(void *p, size_t n) {
-    void *q;
-    if (fail_after >= 0 && total_allocs >= fail_after) return NULL;
-    total_allocs++;
-    q = realloc(p, n);
-    if (q && !p) live_allocs++;
-    return q;
-}
-static void t_free(void *p) { if (p) live_allocs--; free(p); }
-#define DT_MALLOC(n) t_malloc(n)
-#define DT_REALLOC(p, n) t_realloc(p, n)
-#define DT_FREE(p) t_free(p)
+#include "dt_test_alloc.h"   /* counting allocator hooks, before the implementation */
 
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
