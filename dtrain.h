@@ -2629,18 +2629,11 @@ static void dt__zoo_build(dt_model *m, dt_zoo_model z, int64_t nc) {
     int x = dt_model_input(m), i;
     char nm[64];
     switch (z) {
-    case DT_ZOO_MLP:
-        x = dt_flatten(m, x);
-        x = dt_relu(m, dt__zfc(m, x, 512, "fc1"));
-        x = dt_relu(m, dt__zfc(m, x, 256, "fc2"));
-        dt__zfc(m, x, nc, "fc3");
-        break;
-    case DT_ZOO_FEDAVG_2NN:
-        x = dt_flatten(m, x);
-        x = dt_relu(m, dt__zfc(m, x, 200, "fc1"));
-        x = dt_relu(m, dt__zfc(m, x, 200, "fc2"));
-        dt__zfc(m, x, nc, "fc3");
-        break;
+    case DT_ZOO_MLP: case DT_ZOO_FEDAVG_2NN: {   /* two hidden layers with ReLU */
+        int64_t h1 = z == DT_ZOO_MLP ? 512 : 200, h2 = z == DT_ZOO_MLP ? 256 : 200;
+        x = dt_relu(m, dt__zfc(m, dt_flatten(m, x), h1, "fc1"));
+        dt__zfc(m, dt_relu(m, dt__zfc(m, x, h2, "fc2")), nc, "fc3");
+    } break;
     case DT_ZOO_SIMPLE_CNN:
         x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 32, 3, 1, 1, 0, "conv1")), 2, 2, 0);
         x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 64, 3, 1, 1, 0, "conv2")), 2, 2, 0);
