@@ -4,7 +4,8 @@
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run
-#   5. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
+#   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one
+#   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # Each test program ends with "N passed, N failed"; each compile check counts as one test.
 # The last line is the sum, "N passed, N failed"; the exit status is non-zero when anything failed.
@@ -68,7 +69,33 @@ for t in "$@"; do
     else echo "FAIL build of $t with sanitizers"; failed=$((failed + 1)); fi
 done
 
-echo "== 5. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
+echo "== 5. examples"
+T=$(mktemp -d)
+expect_status() {   # expect_status CODE COMMAND...: the command exits with CODE and says why on stderr
+    want=$1; shift
+    "$@" >/dev/null 2>"$T/err"; got=$?
+    [ "$got" -eq "$want" ] && [ -s "$T/err" ]
+}
+for args in "--bogus 1" "--model resnet56" "--optim rmsprop" "--epochs 0" "--lr -1" "--milestones 5,x" "--batch"; do
+    check "train $args: exit 2 with a message" expect_status 2 "$B/examples/train" $args
+done
+check "train on a missing directory: exit 1 naming it" sh -c "'$B/examples/train' --data '$T/none' 2>&1 >/dev/null | grep -q '$T/none'"
+if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    # stopped after epoch 1 and resumed = never stopped: the CSV rows agree to the last digit
+    check "train: resumed run ends as the uninterrupted one" sh -c "
+        set -e
+        '$B/examples/train' --epochs 2 --limit 1024 --csv '$T/a.csv' >/dev/null
+        '$B/examples/train' --epochs 1 --limit 1024 --csv '$T/b.csv' --checkpoint '$T/b.ckpt' >/dev/null
+        '$B/examples/train' --epochs 2 --limit 1024 --csv '$T/b.csv' --resume '$T/b.ckpt' >/dev/null
+        [ \$(wc -l < '$T/a.csv') -eq 3 ]
+        cut -d, -f1,3-7 '$T/a.csv' > '$T/a.cut'; cut -d, -f1,3-7 '$T/b.csv' > '$T/b.cut'
+        cmp '$T/a.cut' '$T/b.cut'"
+else
+    echo "skipped train resume check: dataset-fashion-mnist is not installed"
+fi
+rm -rf "$T"
+
+echo "== 6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
 mkdir -p "$B/fuzz"
 for f in ${FUZZ:-}; do
     if clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $DEFS "fuzz/$f.c" \
