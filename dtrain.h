@@ -98,7 +98,8 @@
      3. nn       model graph on flat buffers, layers, losses, model zoo
      4. optim    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
      5. data     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, the loader
-     6. train    evaluation, checkpoints
+     6. comm     gossip topologies and mixing matrices
+     7. train    evaluation, checkpoints
 */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -672,7 +673,47 @@ int64_t dt_loader_batches(const dt_loader *l);
 dt_result dt_loader_set_indices(dt_loader *l, const int64_t *indices, int64_t count);
 
 /* ============================================================================================== */
-/* 6. train: evaluation, checkpoints                                                              */
+/* 6. comm: gossip topologies and mixing matrices                                                 */
+/* ============================================================================================== */
+
+/* The graph over which decentralised algorithms (D-PSGD, gossip) average, and its mixing matrix W:
+   rank i's new value is sum_j W[i][j] x_j over itself and its neighbours. */
+typedef enum dt_topology_kind {
+    DT_TOPO_RING = 0,      /* i - 1 and i + 1 (mod world): the D-PSGD ring */
+    DT_TOPO_TORUS,         /* rows x cols grid with wrap-around: up to 4 neighbours */
+    DT_TOPO_EXPONENTIAL,   /* i +- 2^k (mod world) for 2^k < world: log2(world) hops to anyone */
+    DT_TOPO_FULL,          /* everyone: W = 1/world, the same as all-reduce */
+    DT_TOPO_CUSTOM         /* the adjacency matrix given in the desc */
+} dt_topology_kind;
+typedef enum dt_mixing_kind {
+    DT_MIXING_UNIFORM = 0, /* W[i][j] = 1 / (deg(i) + 1) for j in {i} u N(i): needs a regular graph */
+    DT_MIXING_METROPOLIS   /* W[i][j] = 1 / (1 + max(deg(i), deg(j))), W[i][i] = 1 - the rest: any graph */
+} dt_mixing_kind;
+typedef struct dt_topology_desc {
+    dt_topology_kind kind;
+    int              world;      /* number of ranks, >= 1 */
+    int              rows;       /* torus: rows (must divide world); 0 = the most square factorisation */
+    const uint8_t   *adjacency;  /* custom: [world * world], nonzero = edge; must be symmetric */
+    dt_mixing_kind   mixing;
+} dt_topology_desc;
+typedef struct dt_topology {
+    int     world;
+    double *weights;             /* [world, world] mixing matrix */
+    int    *offsets;             /* [world + 1]: neighbours of rank i are neighbors[offsets[i] .. offsets[i+1]) */
+    int    *neighbors;           /* ascending, without i itself */
+    double  spectral_gap;        /* 1 - max(|lambda_2|, |lambda_min|) of W: how fast gossip mixes (0 = never);
+                                    -1 when not computed (more than 1024 ranks) */
+    double  lambda2;             /* the second largest |eigenvalue| */
+} dt_topology;
+/* Builds the graph and its mixing matrix and checks that W is symmetric, doubly stochastic and the graph
+   connected (otherwise DT_ERR_INVALID_ARG naming the rank and what fails, and the fix); computes the
+   spectral gap. *t is zeroed on failure. */
+dt_result dt_topology_create(dt_topology *t, const dt_topology_desc *desc);
+void      dt_topology_free(dt_topology *t);
+const char *dt_topology_name(dt_topology_kind k);   /* "ring", "torus", ... */
+
+/* ============================================================================================== */
+/* 7. train: evaluation, checkpoints                                                              */
 /* ============================================================================================== */
 
 /* Loss and accuracy of a classifier over samples idx[0..count) of ds (idx NULL = all), in eval mode
@@ -4538,7 +4579,204 @@ dt_result dt_loader_set_indices(dt_loader *l, const int64_t *indices, int64_t co
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* 6. train                                                                                       */
+/* 6. comm                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+const char *dt_topology_name(dt_topology_kind k) {
+    static const char *names[] = {"ring", "torus", "exponential", "full", "custom"};
+    return (k >= DT_TOPO_RING && k <= DT_TOPO_CUSTOM) ? names[k] : "unknown";
+}
+
+void dt_topology_free(dt_topology *t) {
+    if (!t) return;
+    DT_FREE(t->weights);
+    DT_FREE(t->offsets);
+    DT_FREE(t->neighbors);
+    memset(t, 0, sizeof *t);
+}
+
+/* Eigenvalues of the symmetric n x n matrix a (destroyed) by cyclic Jacobi rotations, into ev[n]. */
+static void dt__sym_eigenvalues(double *a, int n, double *ev) {
+    int sweep, p, q, k;
+    for (sweep = 0; sweep < 100; sweep++) {
+        double off = 0.0;
+        for (p = 0; p < n; p++)
+            for (q = p + 1; q < n; q++) off += a[p * n + q] * a[p * n + q];
+        if (off < 1e-22) break;
+        for (p = 0; p < n; p++)
+            for (q = p + 1; q < n; q++) {
+                double apq = a[p * n + q], theta, t, c, s;
+                if (fabs(apq) < 1e-300) continue;
+                theta = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
+                t = (theta >= 0 ? 1.0 : -1.0) / (fabs(theta) + sqrt(theta * theta + 1.0));
+                c = 1.0 / sqrt(t * t + 1.0);
+                s = t * c;
+                for (k = 0; k < n; k++) {   /* A <- A J (columns p, q) */
+                    double akp = a[k * n + p], akq = a[k * n + q];
+                    a[k * n + p] = c * akp - s * akq;
+                    a[k * n + q] = s * akp + c * akq;
+                }
+                for (k = 0; k < n; k++) {   /* A <- J^T A (rows p, q) */
+                    double apk = a[p * n + k], aqk = a[q * n + k];
+                    a[p * n + k] = c * apk - s * aqk;
+                    a[q * n + k] = s * apk + c * aqk;
+                }
+            }
+    }
+    for (k = 0; k < n; k++) ev[k] = a[k * n + k];
+}
+
+dt_result dt_topology_create(dt_topology *t, const dt_topology_desc *desc) {
+    int n, i, j, rows = 0, cols = 0, nedges = 0;
+    uint8_t *adj = NULL;
+    int *stack = NULL, *seen = NULL;
+    double *work = NULL, *ev = NULL;
+    dt_result r = DT_OK;
+    if (!t) return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: topology is NULL");
+    memset(t, 0, sizeof *t);
+    if (!desc) return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: desc is NULL");
+    n = desc->world;
+    if (n < 1 || n > 65536) return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: world is %d; it must be in 1..65536", n);
+    if (desc->kind < DT_TOPO_RING || desc->kind > DT_TOPO_CUSTOM)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: unknown topology %d", (int)desc->kind);
+    if (desc->mixing != DT_MIXING_UNIFORM && desc->mixing != DT_MIXING_METROPOLIS)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: unknown mixing %d", (int)desc->mixing);
+    if (desc->kind == DT_TOPO_CUSTOM && !desc->adjacency)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: a custom topology needs the adjacency matrix [world * world]");
+    if (desc->kind == DT_TOPO_TORUS) {
+        rows = desc->rows;
+        if (rows == 0)   /* the most square factorisation */
+            for (rows = (int)sqrt((double)n); rows > 1 && n % rows; rows--) {}
+        if (rows < 1 || n % rows)
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: a torus of %d ranks cannot have %d rows; rows must "
+                                "divide the world size (or be 0 for the most square grid)", n, desc->rows);
+        cols = n / rows;
+    }
+    adj = (uint8_t *)DT_MALLOC((size_t)n * (size_t)n);
+    t->weights = (double *)DT_MALLOC(sizeof(double) * (size_t)n * (size_t)n);
+    t->offsets = (int *)DT_MALLOC(sizeof(int) * (size_t)(n + 1));
+    if (!adj || !t->weights || !t->offsets) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_create: no memory for %d ranks", n); goto done; }
+    memset(adj, 0, (size_t)n * (size_t)n);
+    for (i = 0; i < n; i++) {
+        int d;
+        switch (desc->kind) {
+        case DT_TOPO_RING:
+            adj[i * n + (i + 1) % n] = adj[i * n + (i + n - 1) % n] = 1;
+            break;
+        case DT_TOPO_TORUS: {
+            int rr = i / cols, cc = i % cols;
+            adj[i * n + rr * cols + (cc + 1) % cols] = adj[i * n + rr * cols + (cc + cols - 1) % cols] = 1;
+            adj[i * n + ((rr + 1) % rows) * cols + cc] = adj[i * n + ((rr + rows - 1) % rows) * cols + cc] = 1;
+        } break;
+        case DT_TOPO_EXPONENTIAL:
+            for (d = 1; d < n; d *= 2) adj[i * n + (i + d) % n] = adj[i * n + (i + n - d % n) % n] = 1;
+            break;
+        case DT_TOPO_FULL:
+            for (j = 0; j < n; j++) adj[i * n + j] = 1;
+            break;
+        case DT_TOPO_CUSTOM:
+            for (j = 0; j < n; j++) adj[i * n + j] = desc->adjacency[i * n + j] != 0;
+            break;
+        }
+        adj[i * n + i] = 0;   /* self-loops are implicit in W[i][i] */
+    }
+    for (i = 0; i < n; i++)
+        for (j = 0; j < n; j++)
+            if (adj[i * n + j] != adj[j * n + i]) {
+                r = dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: the adjacency is not symmetric (%d -> %d but not %d -> %d); "
+                                 "gossip needs undirected edges", i, j, j, i);
+                goto done;
+            }
+    /* neighbour lists */
+    t->offsets[0] = 0;
+    for (i = 0; i < n; i++) {
+        for (j = 0; j < n; j++) nedges += adj[i * n + j];
+        t->offsets[i + 1] = nedges;
+    }
+    t->neighbors = (int *)DT_MALLOC(sizeof(int) * (size_t)(nedges + 1));
+    if (!t->neighbors) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_create: no memory for %d edges", nedges); goto done; }
+    for (i = 0, nedges = 0; i < n; i++)
+        for (j = 0; j < n; j++)
+            if (adj[i * n + j]) t->neighbors[nedges++] = j;
+    /* mixing weights */
+    for (i = 0; i < n; i++) {
+        int di = t->offsets[i + 1] - t->offsets[i];
+        double rest = 1.0;
+        for (j = 0; j < n; j++) {
+            int dj = t->offsets[j + 1] - t->offsets[j];
+            double w = 0.0;
+            if (adj[i * n + j]) w = desc->mixing == DT_MIXING_UNIFORM ? 1.0 / (di + 1) : 1.0 / (1 + (di > dj ? di : dj));
+            t->weights[i * n + j] = w;
+            rest -= w;
+        }
+        t->weights[i * n + i] = rest;
+    }
+    for (i = 0; i < n; i++) {   /* symmetric and doubly stochastic (rows sum to 1 by construction) */
+        double col = 0.0;
+        for (j = 0; j < n; j++) {
+            col += t->weights[j * n + i];
+            if (fabs(t->weights[i * n + j] - t->weights[j * n + i]) > 1e-12) {
+                r = dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: the %s mixing matrix is not symmetric (ranks %d and %d "
+                                 "have degrees %d and %d): use DT_MIXING_METROPOLIS for graphs that are not regular",
+                                 desc->mixing == DT_MIXING_UNIFORM ? "uniform" : "Metropolis", i, j,
+                                 t->offsets[i + 1] - t->offsets[i], t->offsets[j + 1] - t->offsets[j]);
+                goto done;
+            }
+        }
+        if (fabs(col - 1.0) > 1e-9 || t->weights[i * n + i] < -1e-12) {
+            r = dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: the mixing matrix is not doubly stochastic at rank %d "
+                             "(column sum %g, self weight %g)", i, col, t->weights[i * n + i]);
+            goto done;
+        }
+    }
+    /* connected: a search from rank 0 reaches everyone */
+    stack = (int *)DT_MALLOC(sizeof(int) * (size_t)n);
+    seen = (int *)DT_MALLOC(sizeof(int) * (size_t)n);
+    if (!stack || !seen) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_create: no memory"); goto done; }
+    {
+        int top = 0, reached = 1, k;
+        memset(seen, 0, sizeof(int) * (size_t)n);
+        seen[0] = 1;
+        stack[top++] = 0;
+        while (top) {
+            int v = stack[--top];
+            for (k = t->offsets[v]; k < t->offsets[v + 1]; k++)
+                if (!seen[t->neighbors[k]]) { seen[t->neighbors[k]] = 1; reached++; stack[top++] = t->neighbors[k]; }
+        }
+        if (reached != n) {
+            for (k = 0; k < n && seen[k]; k++) {}
+            r = dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: the graph is not connected (rank %d cannot be reached from "
+                             "rank 0): gossip would never reach consensus; add edges", k);
+            goto done;
+        }
+    }
+    /* spectral gap from the eigenvalues of W (symmetric, so real); Jacobi costs O(world^3) per sweep, so
+       beyond 1024 ranks the gap is left at -1 (not computed) */
+    t->world = n;
+    if (n > 1024) { t->spectral_gap = t->lambda2 = -1.0; goto done; }
+    work = (double *)DT_MALLOC(sizeof(double) * (size_t)n * (size_t)n);
+    ev = (double *)DT_MALLOC(sizeof(double) * (size_t)n);
+    if (!work || !ev) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_create: no memory for the spectrum"); goto done; }
+    memcpy(work, t->weights, sizeof(double) * (size_t)n * (size_t)n);
+    dt__sym_eigenvalues(work, n, ev);
+    {
+        /* the largest eigenvalue is 1 (the consensus direction); lambda2 is the largest |ev| among the rest */
+        int top1 = 0, k;
+        double l2 = 0.0;
+        for (k = 1; k < n; k++) if (ev[k] > ev[top1]) top1 = k;
+        for (k = 0; k < n; k++) if (k != top1 && fabs(ev[k]) > l2) l2 = fabs(ev[k]);
+        t->lambda2 = l2;
+        t->spectral_gap = 1.0 - l2;
+    }
+    t->world = n;
+done:
+    DT_FREE(adj); DT_FREE(stack); DT_FREE(seen); DT_FREE(work); DT_FREE(ev);
+    if (r != DT_OK) dt_topology_free(t);
+    return r;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* 7. train                                                                                       */
 /* ---------------------------------------------------------------------------------------------- */
 
 dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
