@@ -40,6 +40,7 @@ demo: $(B)/examples/train
 
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures
+	/usr/bin/python3 tests/gen_optim_fixtures.py tests/fixtures
 
 clean:
 	rm -rf $(B)
