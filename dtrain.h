@@ -1168,24 +1168,23 @@ static dt__micro_fn dt__pick_micro(void) {
     return dt__micro;
 }
 
-void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-             const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* Floats of packing workspace dt__gemm_packed needs with `threads` threads: one packed B block shared
+   by all, one packed A block per thread. */
+static int64_t dt__gemm_ws_count(int threads) {
+    return (int64_t)DT__KC * (DT__NC + DT__NR) + (int64_t)threads * DT__KC * (DT__MC + DT__MR);
+}
+
+/* The blocked GEMM on a caller's workspace of dt__gemm_ws_count(dt_cpu_threads()) floats. */
+static void dt__gemm_packed(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                            int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     dt__micro_fn micro = dt__pick_micro();
-    int64_t jc, pc, ic;
-    float *Bp, *Ap;
-    int nthreads = dt_cpu_threads();
+    int64_t jc, pc;
+    float *Bp = ws, *Ap = ws + (int64_t)DT__KC * (DT__NC + DT__NR);
     if (M <= 0 || N <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         int64_t i, j;
         for (i = 0; i < M; i++)
             for (j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
-        return;
-    }
-    Bp = (float *)DT_MALLOC(sizeof(float) * (size_t)(DT__KC * (DT__NC + DT__NR)));
-    Ap = (float *)DT_MALLOC(sizeof(float) * (size_t)nthreads * (size_t)(DT__KC * (DT__MC + DT__MR)));
-    if (!Bp || !Ap) { /* no memory for packing: fall back to the unblocked twin rather than fail */
-        DT_FREE(Bp); DT_FREE(Ap);
-        dt_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     for (jc = 0; jc < N; jc += DT__NC) {
@@ -1223,11 +1222,21 @@ void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const
                     }
                 }
             }
-            (void)ic;
         }
     }
-    DT_FREE(Bp);
-    DT_FREE(Ap);
+}
+
+void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    float *ws;
+    if (M <= 0 || N <= 0) return;
+    ws = (float *)DT_MALLOC(sizeof(float) * (size_t)dt__gemm_ws_count(dt_cpu_threads()));
+    if (!ws) {   /* no memory for packing: the unblocked twin rather than a failure */
+        dt_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    dt__gemm_packed(ws, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    DT_FREE(ws);
 }
 
 void dt_conv2d_ref(const dt_conv_geom *g, const float *x, const float *w, const float *b, float *y) {
@@ -1289,10 +1298,17 @@ static void dt__cpu_add(void *ctx, float *y, const float *a, const float *b, int
     DT__OMP(parallel for if (n > DT__PAR_MIN))
     for (i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
+/* The CPU backend's own state, when a model gives it one: the GEMM packing workspace, so a training
+   step allocates nothing. */
+typedef struct dt__cpu_state { float *gemm_ws; int64_t gemm_ws_count; } dt__cpu_state;
+
 static void dt__cpu_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    (void)ctx;
-    dt_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    dt__cpu_state *st = (dt__cpu_state *)ctx;
+    if (st && st->gemm_ws && st->gemm_ws_count >= dt__gemm_ws_count(dt_cpu_threads()))
+        dt__gemm_packed(st->gemm_ws, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else   /* no state, or more threads than it was sized for */
+        dt_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 static void dt__cpu_add_row_bias(void *ctx, float *y, const float *b, int64_t rows, int64_t cols) {
     int64_t r, i;
@@ -1848,6 +1864,7 @@ struct dt_model {
     float *ws;                      /* convolution workspace */
     int64_t ws_count;
     uint64_t step;                  /* forward passes in training mode: the dropout counter */
+    dt__cpu_state cpu;              /* the CPU backend's state (ctx) when no other is given */
 };
 
 /* ---- builder ---------------------------------------------------------------------------------- */
@@ -1947,6 +1964,7 @@ dt_result dt_model_create(dt_model **out, const dt_model_desc *desc) {
     memset(m, 0, sizeof *m);
     m->ops = desc->ops ? desc->ops : dt_cpu_ops();
     m->ctx = desc->ops_ctx;
+    if (m->ops == dt_cpu_ops() && !m->ctx) m->ctx = &m->cpu;   /* workspace placed by dt__reserve */
     m->seed = desc->seed;
     m->stream = desc->stream;
     m->training = 1;
@@ -1967,6 +1985,8 @@ static void dt__free_arena(dt_model *m) {
     m->arena = NULL;
     m->iarena = NULL;
     m->cap_batch = 0;
+    m->cpu.gemm_ws = NULL;
+    m->cpu.gemm_ws_count = 0;
 }
 
 void dt_model_destroy(dt_model *m) {
@@ -2250,6 +2270,7 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
         }
     }
     total += ws + batch * outsz;
+    if (m->ctx == &m->cpu) total += dt__gemm_ws_count(dt_cpu_threads());
     itotal += batch;
     a = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * total);
     ia = (int32_t *)m->ops->alloc(m->ctx, (int64_t)sizeof(int32_t) * itotal);
@@ -2274,6 +2295,11 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
         if (n->kind == DT_LAYER_MAXPOOL2D) { n->idx = ia; ia += batch * n->size; }
     }
     m->ws = a; m->ws_count = ws; a += ws;
+    if (m->ctx == &m->cpu) {
+        m->cpu.gemm_ws = a;
+        m->cpu.gemm_ws_count = dt__gemm_ws_count(dt_cpu_threads());
+        a += m->cpu.gemm_ws_count;
+    }
     m->seed_grad = a;
     m->labels = ia;
     return DT_OK;

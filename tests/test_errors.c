@@ -189,6 +189,40 @@ static void test_allocator_hooks_and_oom(void) {
     fail_after = -1;
 }
 
+/* A training step allocates nothing once the first step has sized the arena: forward, loss, backward
+   and the optimizer run on memory planned in advance (the GEMM's packing space included). */
+static void test_no_allocation_in_the_step(void) {
+    dt_model *m;
+    dt_optim *o;
+    dt_optim_desc od;
+    float x[16 * 3 * 32 * 32], loss;
+    int32_t y[16];
+    long before;
+    int i, z;
+    for (i = 0; i < 16; i++) y[i] = i % 10;
+    for (i = 0; i < 16 * 3 * 32 * 32; i++) x[i] = (float)((i * 7) % 13) / 13.0f;
+    for (z = 0; z < 2; z++) {
+        fail_after = -1;
+        CHECK_OK(dt_zoo_create(&m, z ? DT_ZOO_RESNET20 : DT_ZOO_LENET5, 0, NULL));
+        memset(&od, 0, sizeof od);
+        od.kind = z ? DT_OPTIM_ADAM : DT_OPTIM_SGD; od.momentum = z ? 0.0f : 0.9f;
+        CHECK_OK(dt_optim_create(&o, m, &od));
+        for (i = 0; i < 4; i++) {
+            int64_t batch = i == 3 ? 5 : 16;       /* a smaller last batch reuses the arena too */
+            if (i == 1) before = total_allocs;
+            CHECK_OK(dt_model_forward(m, x, batch));
+            CHECK_OK(dt_model_loss_labels(m, y, &loss));
+            dt_model_zero_grad(m);
+            CHECK_OK(dt_model_backward(m, NULL));
+            CHECK_OK(dt_optim_clip_grad_norm(o, 5.0f, NULL));
+            CHECK_OK(dt_optim_step(o));
+        }
+        CHECK(total_allocs == before);
+        dt_optim_destroy(o);
+        dt_model_destroy(m);
+    }
+}
+
 int main(int argc, char **argv) {
     dt_t_only = argc > 1 ? argv[1] : NULL;
     printf("test_errors\n");
@@ -196,5 +230,6 @@ int main(int argc, char **argv) {
     RUN(test_builder_errors);
     RUN(test_run_errors);
     RUN(test_allocator_hooks_and_oom);
+    RUN(test_no_allocation_in_the_step);
     return dt_t_summary();
 }
