@@ -3,7 +3,9 @@
 #   1. the optimised build (from make): every test program
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++
 #   3. the test programs built without OpenMP, run (the header must work without it)
-#   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run
+#   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
+#   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
+#   4b. the loader's prefetch thread under ThreadSanitizer
 #   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
@@ -60,6 +62,11 @@ for t in "$@"; do
     else echo "FAIL build of $t without OpenMP"; failed=$((failed + 1)); fi
 done
 
+# the dataset tests once more without gzip and image support: the loaders must say which macro to build with
+if $CC $WARN -O2 -pthread "tests/test_datasets.c" -o "$B/noomp/test_datasets_plain" -lm; then
+    run "without DT_USE_ZLIB, DT_USE_STB_IMAGE: test_datasets" "$B/noomp/test_datasets_plain"
+else echo "FAIL build of test_datasets without the optional features"; failed=$((failed + 1)); fi
+
 echo "== 4. AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
 mkdir -p "$B/asan"
 for t in "$@"; do
@@ -68,6 +75,11 @@ for t in "$@"; do
         ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 run "asan $t" "$B/asan/$t"
     else echo "FAIL build of $t with sanitizers"; failed=$((failed + 1)); fi
 done
+
+# the loader's prefetch thread under ThreadSanitizer (no OpenMP, whose runtime TSan cannot see into)
+if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/test_partition.c" -o "$B/asan/test_partition_tsan" $LDLIBS; then
+    TSAN_OPTIONS=halt_on_error=1 run "tsan test_partition" "$B/asan/test_partition_tsan"
+else echo "FAIL build of test_partition with ThreadSanitizer"; failed=$((failed + 1)); fi
 
 echo "== 5. examples"
 T=$(mktemp -d)
