@@ -17,25 +17,8 @@
 
 static char fz_dir[64];
 
-static void fz_rm_rf(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        char p[512];
-        while (d && (e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-            snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-            fz_rm_rf(p);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
-static void fz_cleanup(void) { if (fz_dir[0]) fz_rm_rf(fz_dir); }
+#include "../tests/dt_test_files.h"
+static void fz_cleanup(void) { if (fz_dir[0]) dt_t_rm_rf(fz_dir); }
 
 /* fz_dir/rel in one of a few rotating buffers; creates fz_dir on first use */
 static const char *fz_path(const char *rel) {
@@ -44,7 +27,7 @@ static const char *fz_path(const char *rel) {
     char *p = buf[next++ & 3];
     if (!fz_dir[0]) {
         snprintf(fz_dir, sizeof fz_dir, "/tmp/dt_fuzz_%ld", (long)getpid());
-        fz_rm_rf(fz_dir);
+        dt_t_rm_rf(fz_dir);
         if (mkdir(fz_dir, 0700) != 0) { perror(fz_dir); abort(); }
         atexit(fz_cleanup);
     }

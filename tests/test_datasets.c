@@ -60,24 +60,7 @@ static void write_gz(const char *rel, const void *data, size_t n) {
     if (gz) gzclose(gz);
 }
 #endif
-static void rm_rf(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        char p[1024];
-        while (d && (e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-            snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-            rm_rf(p);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
+#include "dt_test_files.h"
 
 static uint64_t rnd_state = 0x9e3779b97f4a7c15ULL;
 static uint8_t rnd8(void) {
@@ -994,6 +977,6 @@ int main(int argc, char **argv) {
     RUN(test_image_folder_unsupported);
 #endif
     rc = dt_t_summary();
-    rm_rf(tmp_root);
+    dt_t_rm_rf(tmp_root);
     return rc;
 }

@@ -310,6 +310,14 @@ static void gradcheck(dt_model *m, int64_t batch, int mode, int spread, const ch
     free(x); free(r); free(target); free(ga); free(dxa);
 }
 
+/* Finalizes a built model, sets its mode, checks its gradients and destroys it. */
+static void gc_model(dt_model *m, int64_t batch, int mode, int training, int spread, const char *what) {
+    CHECK_OK(dt_model_finalize(m));
+    dt_model_train(m, training);
+    gradcheck(m, batch, mode, spread, what);
+    dt_model_destroy(m);
+}
+
 static void gc_image(int64_t c, int64_t h, int64_t w, int64_t batch, int kind, int64_t a, int64_t b, int64_t s,
                      int64_t pd, int mode, const char *what) {
     dt_model *m = new_model(c, h, w);
@@ -327,9 +335,7 @@ static void gc_image(int64_t c, int64_t h, int64_t w, int64_t batch, int kind, i
     case 7: x = dt_add(m, dt_relu(m, x), x); break;   /* two consumers of the input: gradients must add */
     }
     (void)x;
-    CHECK_OK(dt_model_finalize(m));
-    gradcheck(m, batch, mode, kind == 1 || kind == 6 || kind == 7, what);
-    dt_model_destroy(m);
+    gc_model(m, batch, mode, 1, kind == 1 || kind == 6 || kind == 7, what);
 }
 
 static void test_gradcheck_conv(void) {
@@ -353,30 +359,19 @@ static void test_gradcheck_misc(void) {
     {   /* batchnorm in eval mode, 1-D batchnorm, linear with and without bias, log-softmax */
         dt_model *m = new_model(3, 4, 5);
         dt_batchnorm(m, 0);
-        CHECK_OK(dt_model_finalize(m));
-        dt_model_train(m, 0);
-        gradcheck(m, 3, GC_SUM, 0, "batchnorm2d eval");
-        dt_model_destroy(m);
+        gc_model(m, 3, GC_SUM, 0, 0, "batchnorm2d eval");
         m = new_model(6, 0, 0);
         dt_batchnorm(m, 0);
-        CHECK_OK(dt_model_finalize(m));
-        gradcheck(m, 5, GC_SUM, 0, "batchnorm1d train");
-        dt_model_destroy(m);
+        gc_model(m, 5, GC_SUM, 1, 0, "batchnorm1d train");
         m = new_model(7, 0, 0);
         dt_linear(m, 0, 5, 1);
-        CHECK_OK(dt_model_finalize(m));
-        gradcheck(m, 3, GC_SUM, 0, "linear");
-        dt_model_destroy(m);
+        gc_model(m, 3, GC_SUM, 1, 0, "linear");
         m = new_model(2, 3, 3);
         dt_linear(m, dt_flatten(m, 0), 4, 0);
-        CHECK_OK(dt_model_finalize(m));
-        gradcheck(m, 3, GC_SUM, 0, "flatten + linear without bias");
-        dt_model_destroy(m);
+        gc_model(m, 3, GC_SUM, 1, 0, "flatten + linear without bias");
         m = new_model(7, 0, 0);
         dt_log_softmax(m, 0);
-        CHECK_OK(dt_model_finalize(m));
-        gradcheck(m, 4, GC_SUM, 0, "log-softmax");
-        dt_model_destroy(m);
+        gc_model(m, 4, GC_SUM, 1, 0, "log-softmax");
     }
 }
 static void test_gradcheck_losses(void) {
@@ -388,9 +383,7 @@ static void test_gradcheck_losses(void) {
     dt_model_destroy(m);
     m = new_model(7, 0, 0);
     dt_log_softmax(m, dt_linear(m, 0, 5, 1));
-    CHECK_OK(dt_model_finalize(m));
-    gradcheck(m, 4, GC_NLL, 0, "linear + log-softmax + nll");
-    dt_model_destroy(m);
+    gc_model(m, 4, GC_NLL, 1, 0, "linear + log-softmax + nll");
     /* a small CNN end to end: conv, batchnorm, relu, pool, dropout (eval), linear, cross-entropy */
     m = new_model(2, 6, 6);
     {
@@ -398,10 +391,7 @@ static void test_gradcheck_losses(void) {
         x = dt_dropout(m, dt_avgpool2d(m, x, 2, 2, 0), 0.3f);
         dt_linear(m, dt_flatten(m, x), 4, 1);
     }
-    CHECK_OK(dt_model_finalize(m));
-    dt_model_train(m, 0);
-    gradcheck(m, 3, GC_XENT, 0, "small CNN + cross-entropy");
-    dt_model_destroy(m);
+    gc_model(m, 3, GC_XENT, 0, 0, "small CNN + cross-entropy");
 }
 
 /* Dropout: mask of 0 and 1/(1-p) at rate p in training, the same mask in backward, new masks each step,
