@@ -39,7 +39,6 @@
      | DT_MALLOC(n)             | malloc(n)        | allocator hooks: define all three or none        |
      | DT_REALLOC(p, n)         | realloc(p, n)    |                                                  |
      | DT_FREE(p)               | free(p)          |                                                  |
-     | DT_ASSERT(x)             | assert(x)        | internal invariants (never for user input)       |
      | DT_CONV_WORKSPACE        | 1 << 24          | elements of im2col workspace per convolution     |
      |                          |                  | chunk; larger = fewer, bigger GEMMs              |
      | DT_NO_OPENMP             | undefined        | ignore OpenMP even when compiling with -fopenmp  |
@@ -763,7 +762,6 @@ dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_chec
 #include <math.h>
 #include <time.h>
 #include <float.h>
-#include <assert.h>
 #include <errno.h>
 #ifdef DT_USE_ZLIB
 #include <zlib.h>
@@ -796,9 +794,6 @@ dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_chec
 #define DT_FREE(p) free(p)
 #else
 #error "dtrain: define all of DT_MALLOC, DT_REALLOC and DT_FREE, or none of them"
-#endif
-#ifndef DT_ASSERT
-#define DT_ASSERT(x) assert(x)
 #endif
 #ifndef DT_CONV_WORKSPACE
 #define DT_CONV_WORKSPACE (1 << 24)
