@@ -131,6 +131,10 @@ typedef enum dt_result {
     DT_ERR_FORMAT,        /* a file's content is corrupt or of the wrong kind */
     DT_ERR_NUMERIC,       /* NaN or infinity where a finite number is required */
     DT_ERR_UNSUPPORTED,   /* valid request this build or backend cannot serve */
+    DT_ERR_TIMEOUT,       /* a rank waited longer than the communicator's timeout for another */
+    DT_ERR_PEER,          /* another rank failed or left, so this operation cannot complete */
+    DT_ERR_MISMATCH,      /* ranks made different collective calls (kind, order, count, type, op, root) */
+    DT_ERR_COMM,          /* the transport failed (e.g. an MPI error, with MPI's message) */
     DT_RESULT_COUNT
 } dt_result;
 
@@ -711,6 +715,209 @@ dt_result dt_topology_create(dt_topology *t, const dt_topology_desc *desc);
 void      dt_topology_free(dt_topology *t);
 const char *dt_topology_name(dt_topology_kind k);   /* "ring", "torus", ... */
 
+/* ---- the communicator ------------------------------------------------------------------------ */
+
+/* Element types a message or a reduction carries. */
+typedef enum dt_dtype { DT_F32 = 0, DT_F64, DT_I32, DT_I64, DT_U8, DT_DTYPE_COUNT } dt_dtype;
+size_t      dt_dtype_size(dt_dtype t);           /* bytes per element; 0 for an unknown type */
+const char *dt_dtype_name(dt_dtype t);           /* "f32", ... */
+
+/* Reductions. MEAN is SUM divided by the world size, for floating-point types only. */
+typedef enum dt_reduce_op { DT_SUM = 0, DT_MEAN, DT_MAX, DT_MIN } dt_reduce_op;
+
+/* How all-reduce, reduce and broadcast move data. Every algorithm but NATIVE is written once in this
+   file over point-to-point messages, so it behaves and rounds the same on every backend:
+     NAIVE   everyone sends to the root, the root reduces in rank order and sends the result back: the
+             parameter-server pattern; 2 (p - 1) messages of n elements through one rank.
+     RING    reduce-scatter then all-gather around the ring: 2 (p - 1) steps of n / p elements each, every
+             link busy; the bandwidth-optimal choice for large n. Chunks are sent in segments so the
+             next segment travels while the previous one is reduced.
+     TREE    binomial tree to the root and back: 2 log2(p) steps of n elements; the latency-optimal choice
+             for small n.
+     NATIVE  the backend's own: a shared-memory all-reduce for local ranks, MPI_Allreduce for MPI.
+   For a given world size, NAIVE, RING and TREE give bit-identical results on every backend; NATIVE
+   is deterministic run to run but may round differently. AUTO (0) is the communicator's default. */
+typedef enum dt_algo { DT_ALGO_AUTO = 0, DT_ALGO_NAIVE, DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NATIVE, DT_ALGO_COUNT } dt_algo;
+const char *dt_algo_name(dt_algo a);             /* "auto", "naive", "ring", "tree", "native" */
+dt_result   dt_algo_parse(const char *s, dt_algo *out);
+
+/* Per-rank traffic counters, since the communicator was created (or last reset). Bytes count payload
+   this rank put on, or took off, a link: for point-to-point messages and the library's algorithms the
+   exact figure; for NATIVE collectives that of a ring (2 (p - 1) / p n per rank). wait_seconds is the
+   time the rank spent blocked, waiting for others. */
+typedef struct dt_comm_stats {
+    uint64_t bytes_sent, bytes_recv;
+    uint64_t messages_sent, messages_recv;
+    uint64_t collectives;                  /* collective calls made */
+    double   wait_seconds;
+} dt_comm_stats;
+
+/* A pending point-to-point operation. It lives in the caller's memory and must stay where it is (not be
+   copied or freed) until dt_comm_wait or dt_comm_test has completed it. */
+typedef struct dt_request {
+    int         kind;          /* 0 none or completed, 1 send, 2 receive */
+    int         peer, tag;     /* destination or source; tag */
+    int         owner;         /* posting rank */
+    size_t      bytes;         /* posted size */
+    size_t      received;      /* a completed receive: bytes that arrived (<= bytes) */
+    const void *sbuf;
+    void       *rbuf;
+    uint64_t    sig[3];        /* the collective this message belongs to, for mismatch reports */
+    double      not_before;    /* link model: the time the message has crossed the link */
+    volatile int state;        /* backend's progress */
+    dt_result   error;
+    char       *error_msg;     /* backend's message when error != DT_OK (owned by the backend) */
+    void       *next;          /* backend's queue link */
+    uint64_t    impl[4];       /* backend's own (e.g. an MPI_Request) */
+} dt_request;
+
+typedef struct dt_comm dt_comm;
+
+/* A backend: point-to-point transport plus optional native collectives (NULL = none; the library's
+   algorithms are used). Deadlines are absolute dt_time_now() seconds; a backend returns DT_ERR_TIMEOUT
+   past it, DT_ERR_PEER when the peer has gone, with a message from dt__comm_fail-style reports.
+   Documented in docs/design.md; the local and self backends are in this file, MPI in dtrain_mpi.h. */
+typedef struct dt_comm_backend {
+    const char *name;
+    dt_result (*isend)(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *req);
+    dt_result (*irecv)(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt_request *req);
+    dt_result (*wait)(dt_comm *c, dt_request *req, double deadline);
+    dt_result (*test)(dt_comm *c, dt_request *req, int *done);
+    void      (*cancel)(dt_comm *c, dt_request *req);   /* after an error: withdraw a pending request */
+    dt_result (*barrier)(dt_comm *c, double deadline);
+    dt_result (*allreduce)(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, double deadline);
+    dt_result (*broadcast)(dt_comm *c, void *buf, size_t bytes, int root, double deadline);
+    /* appends to msg the ranks that have not reached collective seq (or "" when it cannot tell) */
+    void      (*missing)(dt_comm *c, uint64_t seq, char *msg, size_t cap);
+    /* tells the other ranks that this one failed (its message), so they stop waiting for it */
+    void      (*fail)(dt_comm *c, dt_result r, const char *msg);
+    void      (*destroy)(dt_comm *c);
+} dt_comm_backend;
+
+/* The communicator of one rank. Fields are read-only for users; dt_comm_rank()/dt_comm_size() read them. */
+struct dt_comm {
+    int                    rank, size;
+    const dt_comm_backend *backend;
+    void                  *impl;            /* backend state */
+    dt_algo                algo;            /* what DT_ALGO_AUTO means for this communicator */
+    double                 timeout;         /* seconds any single wait may last */
+    size_t                 segment_bytes;   /* ring pipeline segment */
+    uint64_t               seq;             /* collectives started: the number in error messages */
+    uint64_t               sig[3];          /* the operation in progress (its signature) */
+    int                    tag_ub;          /* largest tag the transport carries; user tags < DT_TAG_USER_MAX */
+    dt_result              broken;          /* sticky: after a failure every call returns it */
+    char                   broken_msg[512];
+    dt_comm_stats          stats;
+    void                  *scratch;         /* reused by the algorithms */
+    size_t                 scratch_bytes;
+    dt_request            *reqs;            /* reused by the algorithms */
+    int                    nreqs;
+    void                  *user;            /* free for the caller */
+};
+
+#define DT_TAG_USER_MAX  32767             /* user point-to-point tags are 0 .. DT_TAG_USER_MAX */
+#define DT_TIMEOUT_DEFAULT 300.0           /* seconds; the environment variable DT_COMM_TIMEOUT overrides */
+
+/* Options of a communicator; zero means the default. */
+typedef struct dt_comm_desc {
+    dt_algo algo;              /* default algorithm: 0 = NATIVE where the backend has one, else RING */
+    double  timeout;           /* seconds a wait may last before DT_ERR_TIMEOUT: 0 = $DT_COMM_TIMEOUT or 300 */
+    size_t  segment_bytes;     /* ring pipeline segment: 0 = 256 KiB */
+    /* link model (local backend only; both 0 = off): every message is delayed by latency seconds and
+       each directed link carries at most bandwidth bytes/s, messages queueing behind each other */
+    double  link_latency;
+    double  link_bandwidth;
+} dt_comm_desc;
+
+int  dt_comm_rank(const dt_comm *c);
+int  dt_comm_size(const dt_comm *c);
+const char *dt_comm_backend_name(const dt_comm *c);   /* "self", "local", "mpi" */
+
+/* A communicator of one rank: every collective is a no-op or a copy, messages to itself are delivered.
+   The same program is its own single-process baseline. Free with dt_comm_destroy. */
+dt_result dt_comm_create_self(dt_comm **out, const dt_comm_desc *desc);
+/* n local ranks in this process, for a caller that runs its own threads: out[0..n) are the ranks'
+   communicators; each must be used by one thread only. Free each with dt_comm_destroy (after every rank
+   has finished). Most programs use dt_launch instead. */
+dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc);
+/* Marks this rank as gone (its function returned r, with message msg): ranks waiting for it fail at once
+   with DT_ERR_PEER instead of waiting for the timeout. dt_launch calls it when a rank function returns. */
+void      dt_comm_leave(dt_comm *c, dt_result r, const char *msg);
+void      dt_comm_destroy(dt_comm *c);
+
+/* Point-to-point, blocking and non-blocking. Messages between two ranks with the same tag arrive in the
+   order sent. A receive accepts at most count elements; *received (may be NULL) gets how many came.
+   A send completes when the receiver has the data. */
+dt_result dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag);
+dt_result dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, size_t *received);
+dt_result dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req);
+dt_result dt_comm_irecv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, dt_request *req);
+dt_result dt_comm_wait(dt_comm *c, dt_request *req);
+dt_result dt_comm_waitall(dt_comm *c, dt_request *reqs, int n);
+dt_result dt_comm_test(dt_comm *c, dt_request *req, int *done);
+
+/* Collectives: every rank of the communicator calls the same ones in the same order with the same count,
+   type, op and root; a rank that calls another, or another size, gets DT_ERR_MISMATCH rather than a wrong
+   result. Buffers are in place where one buffer is given. algo 0 = the communicator's default. */
+dt_result dt_comm_barrier(dt_comm *c);
+dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_algo algo);
+/* buf: in, and on root the result; other ranks' buf is left unchanged. */
+dt_result dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, int root, dt_algo algo);
+dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, dt_algo algo);
+/* root's send[size * count] is split in rank order; each rank gets its count elements in recv. send is
+   read on root only (NULL elsewhere). */
+dt_result dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root);
+/* each rank's send[count] lands at recv[rank * count] on root (recv NULL elsewhere). */
+dt_result dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root);
+/* each rank's send[count] lands at recv[rank * count] on every rank (ring). */
+dt_result dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t);
+/* send[size * count] on every rank; rank r gets in recv[count] the reduction of everyone's block r (ring). */
+dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_reduce_op op);
+/* Neighbour exchange for gossip: send goes to each rank in to[0..nto), and recv[i * count] receives from
+   from[i], i < nfrom. Every rank calls it (with its own lists; a rank may list none); the edges must
+   match (a in b's to exactly when b in a's from). */
+dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
+                                    const int *to, int nto, const int *from, int nfrom);
+
+/* Counters of this rank (see dt_comm_stats), and their reset. */
+void dt_comm_get_stats(const dt_comm *c, dt_comm_stats *out);
+void dt_comm_reset_stats(dt_comm *c);
+
+/* ---- the launcher ---------------------------------------------------------------------------- */
+
+/* A rank's work: its communicator and the argument given to dt_launch. Returning an error stops the
+   run: the other ranks' waits for this one fail with DT_ERR_PEER. */
+typedef dt_result (*dt_rank_fn)(dt_comm *comm, void *arg);
+
+typedef struct dt_launch_desc {
+    int          ranks;            /* local ranks (threads); 0 = 1. Ignored under mpiexec */
+    int          threads_per_rank; /* OpenMP threads of each rank: 0 = cores / ranks, at least 1 */
+    int          log_all_ranks;    /* show ranks > 0's info lines too (always shown: warnings, errors) */
+    dt_comm_desc comm;
+} dt_launch_desc;
+
+/* Takes the launcher's flags out of argv (argc updated), leaving the program's own:
+     --ranks N            local ranks (threads in this process)
+     --algo A             default collective algorithm: naive, ring, tree, native
+     --timeout S          seconds a rank may wait for another before the run fails
+     --link-latency S     link model: seconds per message (local ranks)
+     --link-bandwidth B   link model: bytes per second per link, with suffix K, M or G (local ranks)
+     --threads-per-rank T OpenMP threads per rank
+     --log-all-ranks      show every rank's log lines, prefixed "[rank r]"
+   Returns DT_ERR_INVALID_ARG naming a bad value. */
+dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d);
+
+/* Runs fn on every rank and returns 0 when every rank returned DT_OK, else 1 after logging each failed
+   rank's error. Under mpiexec (built with DT_USE_MPI) each process is one rank on MPI_COMM_WORLD;
+   otherwise desc->ranks threads on the local backend (1 rank: the self backend). Log lines of rank r > 0
+   are prefixed "[rank r]" and, unless log_all_ranks, only warnings and errors are shown. */
+int dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
+/* The same on local ranks, returning each rank's result in results[ranks] (may be NULL) and the first
+   failure (the lowest failed rank's) as the return value, with its message in dt_last_error(). */
+dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results);
+/* The rank of the calling thread inside dt_launch (-1 outside): what the logger prefixes. */
+int dt_current_rank(void);
+
 /* ============================================================================================== */
 /* 7. train: evaluation, checkpoints                                                              */
 /* ============================================================================================== */
@@ -830,6 +1037,10 @@ const char *dt_result_str(dt_result r) {
     case DT_ERR_FORMAT: return "DT_ERR_FORMAT";
     case DT_ERR_NUMERIC: return "DT_ERR_NUMERIC";
     case DT_ERR_UNSUPPORTED: return "DT_ERR_UNSUPPORTED";
+    case DT_ERR_TIMEOUT: return "DT_ERR_TIMEOUT";
+    case DT_ERR_PEER: return "DT_ERR_PEER";
+    case DT_ERR_MISMATCH: return "DT_ERR_MISMATCH";
+    case DT_ERR_COMM: return "DT_ERR_COMM";
     default: return "DT_ERR_UNKNOWN";
     }
 }
@@ -855,12 +1066,20 @@ void dt_log_configure(dt_log_fn fn, void *user, int max_level) {
     dt__log_level = max_level;
 }
 
+static DT__THREAD_LOCAL int dt__tls_rank = -1;   /* the rank of this thread inside dt_launch */
+static int dt__log_all_ranks = 0;
+
 void dt_log(int level, const char *fmt, ...) {
     char buf[1024];
+    int n = 0;
     va_list ap;
     if (level > dt__log_level) return;
+    if (dt__tls_rank > 0) {   /* rank 0's lines are the log; the others' show their rank, and only when asked */
+        if (level > DT_LOG_WARN && !dt__log_all_ranks) return;
+        n = snprintf(buf, sizeof buf, "[rank %d] ", dt__tls_rank);
+    }
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
     va_end(ap);
     if (dt__log_fn) { dt__log_fn(dt__log_user, level, buf); return; }
     if (level <= DT_LOG_WARN) fprintf(stderr, "dtrain %s: %s\n", level == DT_LOG_ERROR ? "error" : "warning", buf);
@@ -3882,6 +4101,8 @@ dt_result dt_dataset_load_image_folder(dt_dataset *ds, const char *root, int64_t
 }
 #endif
 #include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -3911,6 +4132,7 @@ static void dt__cond_signal(dt__cond *c) { pthread_cond_signal(&c->c); }
 static void dt__cond_broadcast(dt__cond *c) { pthread_cond_broadcast(&c->c); }
 #else
 #define DT__HAVE_THREADS 0
+static int sched_yield(void) { return 0; }
 typedef struct dt__thread { void (*fn)(void *arg); void *arg; } dt__thread;
 typedef struct dt__mutex { int unused; } dt__mutex;
 typedef struct dt__cond { int unused; } dt__cond;
@@ -4794,6 +5016,1411 @@ done:
     DT_FREE(adj); DT_FREE(stack); DT_FREE(seen); DT_FREE(work); DT_FREE(ev);
     if (r != DT_OK) dt_topology_free(t);
     return r;
+}
+
+/* ---- communicator: the generic layer ----------------------------------------------------------- */
+/* Everything above the transport: argument checks, the collective's signature and sequence number,
+   error reports, counters, and the algorithms (naive, ring, tree) written once over isend/irecv. */
+
+#define DT__ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DT__ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+enum { DT__REQ_NONE = 0, DT__REQ_SEND = 1, DT__REQ_RECV = 2 };
+enum { DT__ST_POSTED = 0, DT__ST_MATCHED = 1, DT__ST_DONE = 2, DT__ST_CANCELLED = 3 };
+/* What a communicator is doing: the kind of its current operation, stored in sig[2]. */
+enum { DT__OP_P2P = 0, DT__OP_BARRIER, DT__OP_BROADCAST, DT__OP_REDUCE, DT__OP_ALLREDUCE, DT__OP_SCATTER,
+       DT__OP_GATHER, DT__OP_ALLGATHER, DT__OP_REDUCE_SCATTER, DT__OP_NEIGHBOR, DT__OP_COUNT };
+static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "broadcast", "reduce", "all-reduce",
+                                                  "scatter", "gather", "all-gather", "reduce-scatter",
+                                                  "neighbour exchange"};
+#define DT__TAG_COLL 32768          /* tags from here up belong to collectives: seq and signature hash */
+#define DT__TAG_HASH_BITS 6
+
+size_t dt_dtype_size(dt_dtype t) {
+    switch (t) {
+    case DT_F32: case DT_I32: return 4;
+    case DT_F64: case DT_I64: return 8;
+    case DT_U8: return 1;
+    default: return 0;
+    }
+}
+const char *dt_dtype_name(dt_dtype t) {
+    static const char *n[] = {"f32", "f64", "i32", "i64", "u8"};
+    return (t >= DT_F32 && t < DT_DTYPE_COUNT) ? n[t] : "unknown";
+}
+const char *dt_algo_name(dt_algo a) {
+    static const char *n[] = {"auto", "naive", "ring", "tree", "native"};
+    return (a >= DT_ALGO_AUTO && a < DT_ALGO_COUNT) ? n[a] : "unknown";
+}
+dt_result dt_algo_parse(const char *s, dt_algo *out) {
+    int a;
+    for (a = 0; s && a < DT_ALGO_COUNT; a++)
+        if (strcmp(s, dt_algo_name((dt_algo)a)) == 0) { *out = (dt_algo)a; return DT_OK; }
+    return dt_set_error(DT_ERR_INVALID_ARG, "unknown collective algorithm '%s': use auto, naive, ring, tree or native", s ? s : "(null)");
+}
+static const char *dt__reduce_name(int op) {
+    static const char *n[] = {"sum", "mean", "max", "min"};
+    return (op >= 0 && op <= DT_MIN) ? n[op] : "none";
+}
+
+int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
+int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }
+const char *dt_comm_backend_name(const dt_comm *c) { return (c && c->backend) ? c->backend->name : "none"; }
+void dt_comm_get_stats(const dt_comm *c, dt_comm_stats *out) { if (c && out) *out = c->stats; }
+void dt_comm_reset_stats(dt_comm *c) { if (c) memset(&c->stats, 0, sizeof c->stats); }
+
+/* The signature of an operation: sig[0] sequence number, sig[1] count, sig[2] kind | type | op | root | algo.
+   Two ranks in the same collective have equal signatures; the transport compares them. */
+static void dt__comm_begin(dt_comm *c, int kind, size_t count, int t, int op, int root, int algo) {
+    c->sig[0] = c->seq;
+    c->sig[1] = (uint64_t)count;
+    c->sig[2] = (uint64_t)kind | ((uint64_t)(t & 0xff) << 8) | ((uint64_t)(op & 0xff) << 16) |
+                ((uint64_t)(uint32_t)(root + 1) << 24) | ((uint64_t)(algo & 0xff) << 56);
+}
+static void dt__sig_str(const uint64_t *sig, char *buf, size_t cap) {
+    int kind = (int)(sig[2] & 0xff), t = (int)((sig[2] >> 8) & 0xff), op = (int)((sig[2] >> 16) & 0xff);
+    int root = (int)((sig[2] >> 24) & 0xffffffffu) - 1, algo = (int)(sig[2] >> 56);
+    int n = snprintf(buf, cap, "%s #%llu (", kind < DT__OP_COUNT ? dt__op_names[kind] : "?", (unsigned long long)sig[0]);
+    if (n < 0 || (size_t)n >= cap) return;
+    if (kind == DT__OP_BARRIER) { snprintf(buf + n, cap - (size_t)n, "%s)", dt_algo_name((dt_algo)algo)); return; }
+    n += snprintf(buf + n, cap - (size_t)n, "%llu x %s", (unsigned long long)sig[1], dt_dtype_name((dt_dtype)t));
+    if ((size_t)n >= cap) return;
+    if (kind == DT__OP_REDUCE || kind == DT__OP_ALLREDUCE || kind == DT__OP_REDUCE_SCATTER)
+        n += snprintf(buf + n, cap - (size_t)n, ", %s", dt__reduce_name(op));
+    if ((size_t)n >= cap) return;
+    if (root >= 0 && (kind == DT__OP_BROADCAST || kind == DT__OP_REDUCE || kind == DT__OP_SCATTER || kind == DT__OP_GATHER))
+        n += snprintf(buf + n, cap - (size_t)n, ", root %d", root);
+    if ((size_t)n >= cap) return;
+    if (kind == DT__OP_BROADCAST || kind == DT__OP_REDUCE || kind == DT__OP_ALLREDUCE)
+        n += snprintf(buf + n, cap - (size_t)n, ", %s", dt_algo_name((dt_algo)algo));
+    if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
+}
+static uint64_t dt__sig_hash(const uint64_t *sig) {
+    uint64_t h = 1469598103934665603ull ^ sig[1];
+    h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+    h ^= sig[2];
+    h = (h ^ (h >> 31)) * 0x94d049bb133111ebull;
+    return h ^ (h >> 32);
+}
+/* The tag of the current collective's messages: DT__TAG_COLL + (seq mod nseq) << 6 + a 6-bit hash of the
+   signature, so a transport that matches on tags alone (MPI) still tells collectives and their sizes apart. */
+static int dt__coll_tag(const dt_comm *c) {
+    uint64_t nseq = (uint64_t)((c->tag_ub - DT__TAG_COLL) >> DT__TAG_HASH_BITS);
+    return DT__TAG_COLL + (int)(((c->sig[0] % nseq) << DT__TAG_HASH_BITS) | (dt__sig_hash(c->sig) & ((1u << DT__TAG_HASH_BITS) - 1)));
+}
+
+/* The description of the current operation for error messages. */
+static void dt__comm_what(const dt_comm *c, char *buf, size_t cap) {
+    if ((c->sig[2] & 0xff) == DT__OP_P2P) snprintf(buf, cap, "point-to-point");
+    else dt__sig_str(c->sig, buf, cap);
+}
+
+/* Records a failure of the current operation: the communicator becomes unusable (every later call
+   returns the same error), the other ranks are told where the backend can, and dt_last_error() reads
+   "rank R: <operation>: <cause>[; <who is missing>]". cause is the transport's message. */
+static dt_result dt__comm_fail(dt_comm *c, dt_result r, const char *cause) {
+    char what[160], miss[192] = "";
+    const char *pre = dt_result_str(r);
+    size_t lp = strlen(pre);
+    if (strncmp(cause, pre, lp) == 0 && cause[lp] == ':') cause += lp + 1 + (cause[lp + 1] == ' ');
+    dt__comm_what(c, what, sizeof what);
+    if ((c->sig[2] & 0xff) != DT__OP_P2P && c->backend->missing) c->backend->missing(c, c->sig[0], miss, sizeof miss);
+    snprintf(c->broken_msg, sizeof c->broken_msg, "rank %d: %s: %s%s%s", c->rank, what, cause, miss[0] ? "; " : "", miss);
+    c->broken = r;
+    if (c->backend->fail) c->backend->fail(c, r, c->broken_msg);
+    return dt_set_error(r, "%s", c->broken_msg);
+}
+/* A call on a communicator that failed before. */
+static dt_result dt__comm_broken(const dt_comm *c) {
+    return dt_set_error(c->broken, "this communicator failed earlier and cannot be used (destroy it): %s", c->broken_msg);
+}
+
+/* Scratch memory kept by the communicator: grown outside the steady state, reused by every call. */
+static dt_result dt__comm_scratch(dt_comm *c, size_t bytes, void **out) {
+    if (bytes > c->scratch_bytes) {
+        void *p = DT_MALLOC(bytes);
+        if (!p) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "communicator: no memory for %zu bytes of scratch", bytes);
+        DT_FREE(c->scratch);
+        c->scratch = p;
+        c->scratch_bytes = bytes;
+    }
+    *out = c->scratch;
+    return DT_OK;
+}
+static dt_result dt__comm_reqs(dt_comm *c, int n, dt_request **out) {
+    if (n > c->nreqs) {
+        dt_request *p = (dt_request *)DT_MALLOC((size_t)n * sizeof *p);
+        if (!p) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "communicator: no memory for %d requests", n);
+        DT_FREE(c->reqs);
+        c->reqs = p;
+        c->nreqs = n;
+    }
+    *out = c->reqs;
+    return DT_OK;
+}
+
+/* Element-wise dst = dst (op) src over n elements; MEAN reduces as SUM (the division comes once, after). */
+#define DT__REDUCE_LOOP(T)                                                                               \
+    do {                                                                                                 \
+        T *d = (T *)dst;                                                                                 \
+        const T *s = (const T *)src;                                                                     \
+        size_t i;                                                                                        \
+        if (op == DT_SUM || op == DT_MEAN) for (i = 0; i < n; i++) d[i] = d[i] + s[i];                   \
+        else if (op == DT_MAX) for (i = 0; i < n; i++) d[i] = s[i] > d[i] ? s[i] : d[i];                 \
+        else for (i = 0; i < n; i++) d[i] = s[i] < d[i] ? s[i] : d[i];                                   \
+    } while (0)
+static void dt__reduce_into(void *DT__RESTRICT dst, const void *DT__RESTRICT src, size_t n, dt_dtype t, dt_reduce_op op) {
+    switch (t) {
+    case DT_F32: DT__REDUCE_LOOP(float); break;
+    case DT_F64: DT__REDUCE_LOOP(double); break;
+    case DT_I32: DT__REDUCE_LOOP(int32_t); break;
+    case DT_I64: DT__REDUCE_LOOP(int64_t); break;
+    default: DT__REDUCE_LOOP(uint8_t); break;
+    }
+}
+#undef DT__REDUCE_LOOP
+/* MEAN's division, the same expression on every path: x / p. */
+static void dt__mean_finish(void *buf, size_t n, dt_dtype t, int p) {
+    size_t i;
+    if (t == DT_F32) { float *x = (float *)buf; for (i = 0; i < n; i++) x[i] = x[i] / (float)p; }
+    else if (t == DT_F64) { double *x = (double *)buf; for (i = 0; i < n; i++) x[i] = x[i] / (double)p; }
+}
+
+/* ---- point-to-point through the backend, with counters and error reports ---- */
+
+static dt_result dt__isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *q) {
+    dt_result r = c->backend->isend(c, buf, bytes, dst, tag, q);
+    if (r != DT_OK) return dt__comm_fail(c, r, dt_last_error());
+    c->stats.bytes_sent += bytes;
+    c->stats.messages_sent++;
+    return DT_OK;
+}
+static dt_result dt__irecv(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt_request *q) {
+    dt_result r = c->backend->irecv(c, buf, bytes, src, tag, q);
+    return r != DT_OK ? dt__comm_fail(c, r, dt_last_error()) : DT_OK;
+}
+/* Waits for q. exact: a receive must bring exactly q->bytes (every message of a collective). */
+static dt_result dt__wait(dt_comm *c, dt_request *q, int exact) {
+    double t0 = dt_time_now();
+    int kind = q->kind, peer = q->peer;
+    size_t want = q->bytes;
+    dt_result r = c->backend->wait(c, q, t0 + c->timeout);
+    c->stats.wait_seconds += dt_time_now() - t0;
+    if (r != DT_OK) return dt__comm_fail(c, r, dt_last_error());
+    if (kind == DT__REQ_RECV) {
+        c->stats.bytes_recv += q->received;
+        c->stats.messages_recv++;
+        if (exact && q->received != want) {
+            char m[160];
+            snprintf(m, sizeof m, "rank %d sent %zu bytes where this rank expected %zu: the ranks called it with different sizes",
+                     peer, q->received, want);
+            return dt__comm_fail(c, DT_ERR_MISMATCH, m);
+        }
+    }
+    return DT_OK;
+}
+/* After a failure: withdraw the requests still pending, so no rank later touches their buffers. */
+static void dt__cancel_all(dt_comm *c, dt_request *q, int n) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (q[i].kind != DT__REQ_NONE && q[i].state != DT__ST_DONE && c->backend->cancel) c->backend->cancel(c, &q[i]);
+}
+
+/* One step of an algorithm: send sbytes of sbuf to dst while receiving rbytes from src, in segments of
+   c->segment_bytes so the next segment travels while this one is reduced. With reduce set, the data
+   received lands in tmp and is reduced into rbuf segment by segment; otherwise it lands in rbuf.
+   dst or src < 0 skips that half. A side of 0 bytes still sends one empty message, so that every
+   message carries the collective's signature. */
+static dt_result dt__step(dt_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes, int src,
+                          void *tmp, int reduce, dt_dtype t, dt_reduce_op op) {
+    size_t seg = c->segment_bytes, es = dt_dtype_size(t);
+    int ns = dst >= 0 ? (int)(sbytes ? (sbytes + seg - 1) / seg : 1) : 0;
+    int nr = src >= 0 ? (int)(rbytes ? (rbytes + seg - 1) / seg : 1) : 0;
+    int tag = dt__coll_tag(c), i;
+    dt_request *q = NULL;
+    dt_result r;
+    if ((r = dt__comm_reqs(c, ns + nr, &q)) != DT_OK) return r;
+    memset(q, 0, (size_t)(ns + nr) * sizeof *q);
+    for (i = 0; i < nr; i++) {
+        size_t off = (size_t)i * seg, len = rbytes - off < seg ? rbytes - off : seg;
+        if (rbytes == 0) off = len = 0;
+        if ((r = dt__irecv(c, (char *)(reduce ? tmp : rbuf) + off, len, src, tag, &q[ns + i])) != DT_OK) goto fail;
+    }
+    for (i = 0; i < ns; i++) {
+        size_t off = (size_t)i * seg, len = sbytes - off < seg ? sbytes - off : seg;
+        if (sbytes == 0) off = len = 0;
+        if ((r = dt__isend(c, (const char *)sbuf + off, len, dst, tag, &q[i])) != DT_OK) goto fail;
+    }
+    for (i = 0; i < nr; i++) {
+        if ((r = dt__wait(c, &q[ns + i], 1)) != DT_OK) goto fail;
+        if (reduce && q[ns + i].bytes)
+            dt__reduce_into((char *)rbuf + (size_t)i * seg, (char *)tmp + (size_t)i * seg, q[ns + i].bytes / es, t, op);
+    }
+    for (i = 0; i < ns; i++)
+        if ((r = dt__wait(c, &q[i], 1)) != DT_OK) goto fail;
+    return DT_OK;
+fail:
+    dt__cancel_all(c, q, ns + nr);
+    return r;
+}
+
+/* Chunk k of n elements split over p ranks: the first n % p chunks have one element more. */
+static size_t dt__chunk_off(size_t n, int p, int k) { return (size_t)k * (n / (size_t)p) + ((size_t)k < n % (size_t)p ? (size_t)k : n % (size_t)p); }
+static size_t dt__chunk_len(size_t n, int p, int k) { return n / (size_t)p + ((size_t)k < n % (size_t)p ? 1 : 0); }
+
+/* Ring reduce-scatter, in place: afterwards rank r holds chunk r reduced over all ranks. Step s sends
+   chunk r - s - 1 to the right and reduces chunk r - s - 2 from the left into its own, so chunk k starts
+   at rank k + 1 and picks up one rank per step: the order of the reduction is fixed by the ring. */
+static dt_result dt__ring_reduce_scatter(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, void *tmp) {
+    int p = c->size, me = c->rank, s;
+    int right = (me + 1) % p, left = (me + p - 1) % p;
+    size_t es = dt_dtype_size(t);
+    for (s = 0; s < p - 1; s++) {
+        int ks = ((me - s - 1) % p + p) % p, kr = ((me - s - 2) % p + 2 * p) % p;
+        dt_result r = dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
+                               (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, tmp, 1, t, op);
+        if (r != DT_OK) return r;
+    }
+    return DT_OK;
+}
+/* Ring all-gather, in place: rank r starts with chunk r and ends with all of them. */
+static dt_result dt__ring_allgather(dt_comm *c, void *buf, size_t n, dt_dtype t) {
+    int p = c->size, me = c->rank, s;
+    int right = (me + 1) % p, left = (me + p - 1) % p;
+    size_t es = dt_dtype_size(t);
+    for (s = 0; s < p - 1; s++) {
+        int ks = ((me - s) % p + p) % p, kr = ((me - s - 1) % p + p) % p;
+        dt_result r = dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
+                               (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, NULL, 0, t, DT_SUM);
+        if (r != DT_OK) return r;
+    }
+    return DT_OK;
+}
+/* tmp: one chunk (n / p + 1 elements) of scratch. */
+static dt_result dt__allreduce_ring(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, void *tmp) {
+    size_t es = dt_dtype_size(t);
+    dt_result r = dt__ring_reduce_scatter(c, buf, n, t, op, tmp);
+    if (r == DT_OK && op == DT_MEAN)   /* each rank divides the chunk it owns, so all get the same bits */
+        dt__mean_finish((char *)buf + dt__chunk_off(n, c->size, c->rank) * es, dt__chunk_len(n, c->size, c->rank), t, c->size);
+    if (r == DT_OK) r = dt__ring_allgather(c, buf, n, t);
+    return r;
+}
+
+/* Binomial tree over ranks renumbered so the root is 0 (v = (rank - root) mod p). Reduce: in round
+   k (mask = 2^k) a rank with bit k set sends its partial result to v - mask and stops; the others add
+   what v + mask sends them. Broadcast: the same edges in the other direction. */
+static dt_result dt__tree_reduce(dt_comm *c, void *buf, size_t bytes, dt_dtype t, dt_reduce_op op, int root, void *tmp) {
+    int p = c->size, v = (c->rank - root + p) % p, mask;
+    for (mask = 1; mask < p; mask <<= 1) {
+        dt_result r;
+        if (v & mask) return dt__step(c, buf, bytes, (v - mask + root) % p, NULL, 0, -1, NULL, 0, t, op);
+        if (v + mask < p && (r = dt__step(c, NULL, 0, -1, buf, bytes, (v + mask + root) % p, tmp, 1, t, op)) != DT_OK) return r;
+    }
+    return DT_OK;
+}
+static dt_result dt__tree_broadcast(dt_comm *c, void *buf, size_t bytes, int root) {
+    int p = c->size, v = (c->rank - root + p) % p, mask = 1;
+    dt_result r;
+    while (mask < p) {
+        if (v & mask) {
+            if ((r = dt__step(c, NULL, 0, -1, buf, bytes, (v - mask + root) % p, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+            break;
+        }
+        mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1)
+        if (v + mask < p && (r = dt__step(c, buf, bytes, (v + mask + root) % p, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK)
+            return r;
+    return DT_OK;
+}
+/* Naive: the root talks to everyone in rank order; the reduction is x0 op x1 op ... op x(p-1). */
+/* mine and tmp: n elements of scratch each, on the root. */
+static dt_result dt__naive_reduce(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, int root, void *mine, void *tmp) {
+    size_t bytes = n * dt_dtype_size(t);
+    int k;
+    dt_result r;
+    if (c->rank != root) return dt__step(c, buf, bytes, root, NULL, 0, -1, NULL, 0, t, op);
+    if (bytes) memcpy(mine, buf, bytes);
+    for (k = 0; k < c->size; k++) {
+        if (k == root) {
+            if (k == 0) continue;   /* buf already is x0 */
+            dt__reduce_into(buf, mine, n, t, op);
+        } else if (k == 0) {
+            if ((r = dt__step(c, NULL, 0, -1, buf, bytes, 0, NULL, 0, t, op)) != DT_OK) return r;
+        } else if ((r = dt__step(c, NULL, 0, -1, buf, bytes, k, tmp, 1, t, op)) != DT_OK) return r;
+    }
+    return DT_OK;
+}
+static dt_result dt__naive_broadcast(dt_comm *c, void *buf, size_t bytes, int root) {
+    int k;
+    dt_result r;
+    if (c->rank != root) return dt__step(c, NULL, 0, -1, buf, bytes, root, NULL, 0, DT_U8, DT_SUM);
+    for (k = 0; k < c->size; k++)
+        if (k != root && (r = dt__step(c, buf, bytes, k, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+    return DT_OK;
+}
+/* Ring broadcast: a pipelined chain root -> root + 1 -> ...; each segment is passed on as it arrives. */
+static dt_result dt__ring_broadcast(dt_comm *c, void *buf, size_t bytes, int root) {
+    int p = c->size, me = c->rank, right = (me + 1) % p, left = (me + p - 1) % p;
+    size_t seg = c->segment_bytes, off = 0;
+    do {
+        size_t len = bytes - off < seg ? bytes - off : seg;
+        dt_result r;
+        if (me != root && (r = dt__step(c, NULL, 0, -1, (char *)buf + off, len, left, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+        if (right != root && (r = dt__step(c, (char *)buf + off, len, right, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+        off += len;
+    } while (off < bytes);
+    return DT_OK;
+}
+
+/* ---- the public calls ------------------------------------------------------------------------- */
+
+/* Checks shared by every call; sets the error and returns nonzero when the call cannot go ahead. */
+static dt_result dt__comm_check(dt_comm *c, const char *fn, const void *buf, size_t count, dt_dtype t, int peer, const char *peer_name) {
+    size_t es = dt_dtype_size(t);
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: communicator is NULL", fn);
+    if (c->broken) return dt__comm_broken(c);
+    if (es == 0) return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown element type %d: use DT_F32, DT_F64, DT_I32, DT_I64 or DT_U8", fn, (int)t);
+    if (count > (SIZE_MAX / 4) / es / (size_t)c->size) return dt_set_error(DT_ERR_INVALID_ARG, "%s: count %zu is too large", fn, count);
+    if (count > 0 && !buf) return dt_set_error(DT_ERR_INVALID_ARG, "%s: buffer is NULL with count %zu", fn, count);
+    if (peer_name && (peer < 0 || peer >= c->size))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: %s %d is not a rank of this communicator (0..%d)", fn, peer_name, peer, c->size - 1);
+    return DT_OK;
+}
+static dt_result dt__tag_check(const dt_comm *c, const char *fn, int tag) {
+    (void)c;
+    if (tag < 0 || tag > DT_TAG_USER_MAX) return dt_set_error(DT_ERR_INVALID_ARG, "%s: tag %d is outside 0..%d", fn, tag, DT_TAG_USER_MAX);
+    return DT_OK;
+}
+/* Starts collective number c->seq + 1: its signature, its counter; the seq is published for reports. */
+static void dt__coll_start(dt_comm *c, int kind, size_t count, dt_dtype t, int op, int root, dt_algo algo) {
+    DT__ATOMIC_STORE(&c->seq, c->seq + 1);
+    dt__comm_begin(c, kind, count, (int)t, op, root, (int)algo);
+    c->stats.collectives++;
+}
+static dt_algo dt__algo_resolve(const dt_comm *c, dt_algo a, int has_native) {
+    if (a <= DT_ALGO_AUTO || a >= DT_ALGO_COUNT) a = c->algo;
+    if (a <= DT_ALGO_AUTO || a >= DT_ALGO_COUNT) a = has_native ? DT_ALGO_NATIVE : DT_ALGO_RING;
+    if (a == DT_ALGO_NATIVE && !has_native) a = DT_ALGO_RING;
+    return a;
+}
+/* A native collective's traffic, counted as a ring's: 2 (p - 1) / p bytes per rank each way. */
+static void dt__count_native(dt_comm *c, size_t bytes, int factor) {
+    uint64_t b = (uint64_t)((double)bytes * factor * (c->size - 1) / c->size);
+    c->stats.bytes_sent += b;
+    c->stats.bytes_recv += b;
+}
+static dt_result dt__native(dt_comm *c, dt_result r) { return r == DT_OK ? DT_OK : dt__comm_fail(c, r, dt_last_error()); }
+
+dt_result dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req) {
+    dt_result r = dt__comm_check(c, "dt_comm_isend", buf, count, t, dst, "destination");
+    if (r == DT_OK) r = dt__tag_check(c, "dt_comm_isend", tag);
+    if (r == DT_OK && !req) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_isend: request is NULL");
+    if (r != DT_OK) return r;
+    dt__comm_begin(c, DT__OP_P2P, count, (int)t, 0, dst, 0);
+    return dt__isend(c, buf, count * dt_dtype_size(t), dst, tag, req);
+}
+dt_result dt_comm_irecv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, dt_request *req) {
+    dt_result r = dt__comm_check(c, "dt_comm_irecv", buf, count, t, src, "source");
+    if (r == DT_OK) r = dt__tag_check(c, "dt_comm_irecv", tag);
+    if (r == DT_OK && !req) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_irecv: request is NULL");
+    if (r != DT_OK) return r;
+    dt__comm_begin(c, DT__OP_P2P, count, (int)t, 0, src, 0);
+    return dt__irecv(c, buf, count * dt_dtype_size(t), src, tag, req);
+}
+dt_result dt_comm_wait(dt_comm *c, dt_request *req) {
+    if (!c || !req) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_wait: %s is NULL", c ? "request" : "communicator");
+    if (req->kind == DT__REQ_NONE) return DT_OK;   /* completed before, or never posted */
+    if (c->broken) { if (c->backend->cancel) c->backend->cancel(c, req); return dt__comm_broken(c); }
+    dt__comm_begin(c, DT__OP_P2P, req->bytes, DT_U8, 0, req->peer, 0);
+    {
+        dt_result r = dt__wait(c, req, 0);
+        if (r == DT_OK) req->kind = DT__REQ_NONE;
+        return r;
+    }
+}
+dt_result dt_comm_waitall(dt_comm *c, dt_request *reqs, int n) {
+    int i;
+    dt_result r = DT_OK;
+    if (n > 0 && !reqs) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_waitall: requests are NULL");
+    for (i = 0; i < n && r == DT_OK; i++) r = dt_comm_wait(c, &reqs[i]);
+    if (r != DT_OK && c) dt__cancel_all(c, reqs, n);
+    return r;
+}
+dt_result dt_comm_test(dt_comm *c, dt_request *req, int *done) {
+    dt_result r;
+    if (!c || !req || !done) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_test: communicator, request and done must not be NULL");
+    *done = 0;
+    if (req->kind == DT__REQ_NONE) { *done = 1; return DT_OK; }
+    if (c->broken) return dt__comm_broken(c);
+    if ((r = c->backend->test(c, req, done)) != DT_OK) {
+        dt__comm_begin(c, DT__OP_P2P, req->bytes, DT_U8, 0, req->peer, 0);
+        return dt__comm_fail(c, r, dt_last_error());
+    }
+    if (*done) {
+        if (req->kind == DT__REQ_RECV) { c->stats.bytes_recv += req->received; c->stats.messages_recv++; }
+        req->kind = DT__REQ_NONE;
+    }
+    return DT_OK;
+}
+dt_result dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag) {
+    dt_request q;
+    dt_result r = dt_comm_isend(c, buf, count, t, dst, tag, &q);
+    return r == DT_OK ? dt_comm_wait(c, &q) : r;
+}
+dt_result dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, size_t *received) {
+    dt_request q;
+    dt_result r = dt_comm_irecv(c, buf, count, t, src, tag, &q);
+    if (r == DT_OK) r = dt_comm_wait(c, &q);
+    if (r == DT_OK && received) *received = q.received / dt_dtype_size(t);
+    return r;
+}
+
+dt_result dt_comm_barrier(dt_comm *c) {
+    int k;
+    dt_result r = dt__comm_check(c, "dt_comm_barrier", NULL, 0, DT_U8, 0, NULL);
+    dt_algo a;
+    if (r != DT_OK) return r;
+    a = dt__algo_resolve(c, DT_ALGO_AUTO, c->backend->barrier != NULL);
+    dt__coll_start(c, DT__OP_BARRIER, 0, DT_U8, 0, -1, a);
+    if (c->size == 1) return DT_OK;
+    if (a == DT_ALGO_NATIVE) return dt__native(c, c->backend->barrier(c, dt_time_now() + c->timeout));
+    /* dissemination: in round k everyone signals rank + 2^k and hears from rank - 2^k */
+    for (k = 1; k < c->size && r == DT_OK; k <<= 1)
+        r = dt__step(c, NULL, 0, (c->rank + k) % c->size, NULL, 0, (c->rank - k + c->size) % c->size, NULL, 0, DT_U8, DT_SUM);
+    return r;
+}
+
+dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_algo algo) {
+    dt_result r = dt__comm_check(c, "dt_comm_broadcast", buf, count, t, root, "root");
+    size_t bytes;
+    if (r != DT_OK) return r;
+    bytes = count * dt_dtype_size(t);
+    algo = dt__algo_resolve(c, algo, c->backend->broadcast != NULL);
+    dt__coll_start(c, DT__OP_BROADCAST, count, t, 0, root, algo);
+    if (c->size == 1) return DT_OK;
+    switch (algo) {
+    case DT_ALGO_NATIVE:
+        dt__count_native(c, bytes, 1);
+        return dt__native(c, c->backend->broadcast(c, buf, bytes, root, dt_time_now() + c->timeout));
+    case DT_ALGO_NAIVE: return dt__naive_broadcast(c, buf, bytes, root);
+    case DT_ALGO_RING: return dt__ring_broadcast(c, buf, bytes, root);
+    default: return dt__tree_broadcast(c, buf, bytes, root);
+    }
+}
+
+static dt_result dt__reduce_args(dt_comm *c, const char *fn, dt_dtype t, dt_reduce_op op) {
+    if (op < DT_SUM || op > DT_MIN) return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown reduction %d: use DT_SUM, DT_MEAN, DT_MAX or DT_MIN", fn, (int)op);
+    if (op == DT_MEAN && t != DT_F32 && t != DT_F64)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: DT_MEAN needs a floating-point type, not %s: use DT_SUM and divide", fn, dt_dtype_name(t));
+    (void)c;
+    return DT_OK;
+}
+
+dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, dt_algo algo) {
+    dt_result r = dt__comm_check(c, "dt_comm_allreduce", buf, count, t, 0, NULL);
+    size_t es, bytes;
+    void *s = NULL;
+    if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_allreduce", t, op);
+    if (r != DT_OK) return r;
+    es = dt_dtype_size(t);
+    bytes = count * es;
+    algo = dt__algo_resolve(c, algo, c->backend->allreduce != NULL);
+    dt__coll_start(c, DT__OP_ALLREDUCE, count, t, op, -1, algo);
+    if (c->size == 1) return DT_OK;
+    switch (algo) {
+    case DT_ALGO_NATIVE:
+        dt__count_native(c, bytes, 2);
+        r = dt__native(c, c->backend->allreduce(c, buf, count, t, op == DT_MEAN ? DT_SUM : op, dt_time_now() + c->timeout));
+        break;
+    case DT_ALGO_RING:
+        if ((r = dt__comm_scratch(c, (count / (size_t)c->size + 1) * es, &s)) == DT_OK) r = dt__allreduce_ring(c, buf, count, t, op, s);
+        return r;   /* the ring divides for MEAN itself */
+    case DT_ALGO_TREE:
+        if ((r = dt__comm_scratch(c, bytes + 1, &s)) == DT_OK) r = dt__tree_reduce(c, buf, bytes, t, op, 0, s);
+        if (r == DT_OK) r = dt__tree_broadcast(c, buf, bytes, 0);
+        break;
+    default:
+        if ((r = dt__comm_scratch(c, 2 * bytes + 1, &s)) == DT_OK) r = dt__naive_reduce(c, buf, count, t, op, 0, s, (char *)s + bytes);
+        if (r == DT_OK) r = dt__naive_broadcast(c, buf, bytes, 0);
+        break;
+    }
+    if (r == DT_OK && op == DT_MEAN) dt__mean_finish(buf, count, t, c->size);
+    return r;
+}
+
+dt_result dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, int root, dt_algo algo) {
+    dt_result r = dt__comm_check(c, "dt_comm_reduce", buf, count, t, root, "root");
+    size_t es, bytes;
+    char *s = NULL;
+    if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_reduce", t, op);
+    if (r != DT_OK) return r;
+    es = dt_dtype_size(t);
+    bytes = count * es;
+    algo = dt__algo_resolve(c, algo, 0);   /* no backend has a native reduce: NATIVE and AUTO mean RING */
+    dt__coll_start(c, DT__OP_REDUCE, count, t, op, root, algo);
+    if (c->size == 1) return DT_OK;
+    if ((r = dt__comm_scratch(c, 2 * bytes + es + 1, (void **)&s)) != DT_OK) return r;
+    if (algo == DT_ALGO_NAIVE) {
+        r = dt__naive_reduce(c, buf, count, t, op, root, s, s + bytes);
+    } else if (algo == DT_ALGO_TREE) {   /* non-roots reduce into a copy: their buffer stays as it was */
+        char *work = c->rank == root ? (char *)buf : s;
+        if (work != buf && bytes) memcpy(work, buf, bytes);
+        r = dt__tree_reduce(c, work, bytes, t, op, root, s + bytes);
+    } else {   /* ring reduce-scatter on a copy, then every rank sends its reduced chunk to the root */
+        int p = c->size, k;
+        if (bytes) memcpy(s, buf, bytes);
+        r = dt__ring_reduce_scatter(c, s, count, t, op, s + bytes);
+        for (k = 0; k < p && r == DT_OK; k++) {
+            size_t off = dt__chunk_off(count, p, k) * es, len = dt__chunk_len(count, p, k) * es;
+            if (c->rank == root && k == root) { if (len) memcpy((char *)buf + off, s + off, len); }
+            else if (c->rank == root) r = dt__step(c, NULL, 0, -1, (char *)buf + off, len, k, NULL, 0, t, op);
+            else if (c->rank == k) r = dt__step(c, s + off, len, root, NULL, 0, -1, NULL, 0, t, op);
+        }
+    }
+    if (r == DT_OK && op == DT_MEAN && c->rank == root) dt__mean_finish(buf, count, t, c->size);
+    return r;
+}
+
+dt_result dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
+    dt_result r = dt__comm_check(c, "dt_comm_scatter", recv, count, t, root, "root");
+    size_t bytes;
+    int k;
+    if (r == DT_OK && c->rank == root && count > 0 && !send) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_scatter: the root's send buffer is NULL");
+    if (r != DT_OK) return r;
+    bytes = count * dt_dtype_size(t);
+    dt__coll_start(c, DT__OP_SCATTER, count, t, 0, root, DT_ALGO_NAIVE);
+    if (c->rank != root) return dt__step(c, NULL, 0, -1, recv, bytes, root, NULL, 0, t, DT_SUM);
+    for (k = 0; k < c->size && r == DT_OK; k++) {
+        if (k == root) { if (bytes) memmove(recv, (const char *)send + (size_t)k * bytes, bytes); }
+        else r = dt__step(c, (const char *)send + (size_t)k * bytes, bytes, k, NULL, 0, -1, NULL, 0, t, DT_SUM);
+    }
+    return r;
+}
+
+dt_result dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
+    dt_result r = dt__comm_check(c, "dt_comm_gather", send, count, t, root, "root");
+    size_t bytes;
+    int k;
+    if (r == DT_OK && c->rank == root && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_gather: the root's receive buffer is NULL");
+    if (r != DT_OK) return r;
+    bytes = count * dt_dtype_size(t);
+    dt__coll_start(c, DT__OP_GATHER, count, t, 0, root, DT_ALGO_NAIVE);
+    if (c->rank != root) return dt__step(c, send, bytes, root, NULL, 0, -1, NULL, 0, t, DT_SUM);
+    for (k = 0; k < c->size && r == DT_OK; k++) {
+        if (k == root) { if (bytes) memmove((char *)recv + (size_t)k * bytes, send, bytes); }
+        else r = dt__step(c, NULL, 0, -1, (char *)recv + (size_t)k * bytes, bytes, k, NULL, 0, t, DT_SUM);
+    }
+    return r;
+}
+
+dt_result dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
+    dt_result r = dt__comm_check(c, "dt_comm_allgather", send, count, t, 0, NULL);
+    size_t bytes;
+    if (r == DT_OK && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_allgather: receive buffer is NULL");
+    if (r != DT_OK) return r;
+    bytes = count * dt_dtype_size(t);
+    dt__coll_start(c, DT__OP_ALLGATHER, count, t, 0, -1, DT_ALGO_RING);
+    if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, send, bytes);
+    if (c->size == 1) return DT_OK;
+    return dt__ring_allgather(c, recv, count * (size_t)c->size, t);   /* p equal chunks of count */
+}
+
+dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_reduce_op op) {
+    dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", send, count, t, 0, NULL);
+    size_t bytes, es;
+    char *s = NULL;
+    if (r == DT_OK && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_reduce_scatter: receive buffer is NULL");
+    if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_reduce_scatter", t, op);
+    if (r != DT_OK) return r;
+    es = dt_dtype_size(t);
+    bytes = count * es;
+    dt__coll_start(c, DT__OP_REDUCE_SCATTER, count, t, op, -1, DT_ALGO_RING);
+    if ((r = dt__comm_scratch(c, bytes * (size_t)(c->size + 1) + 1, (void **)&s)) != DT_OK) return r;
+    if (bytes) memcpy(s, send, bytes * (size_t)c->size);
+    if (c->size > 1) r = dt__ring_reduce_scatter(c, s, count * (size_t)c->size, t, op, s + bytes * (size_t)c->size);
+    if (r == DT_OK && op == DT_MEAN) dt__mean_finish(s + (size_t)c->rank * bytes, count, t, c->size);
+    if (r == DT_OK && bytes) memcpy(recv, s + (size_t)c->rank * bytes, bytes);
+    return r;
+}
+
+dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
+                                    const int *to, int nto, const int *from, int nfrom) {
+    dt_result r = dt__comm_check(c, "dt_comm_neighbor_exchange", send, count, t, 0, NULL);
+    size_t bytes;
+    dt_request *q = NULL;
+    int i;
+    if (r == DT_OK && (nto < 0 || nfrom < 0 || (nto > 0 && !to) || (nfrom > 0 && !from) || (nfrom > 0 && count > 0 && !recv)))
+        r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_neighbor_exchange: a neighbour list or the receive buffer is missing");
+    for (i = 0; r == DT_OK && i < nto + nfrom; i++) {
+        int k = i < nto ? to[i] : from[i - nto];
+        if (k < 0 || k >= c->size)
+            r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_neighbor_exchange: neighbour %d is not a rank (0..%d)", k, c->size - 1);
+    }
+    if (r != DT_OK) return r;
+    bytes = count * dt_dtype_size(t);
+    dt__coll_start(c, DT__OP_NEIGHBOR, count, t, 0, -1, DT_ALGO_NAIVE);
+    if ((r = dt__comm_reqs(c, nto + nfrom, &q)) != DT_OK) return r;
+    memset(q, 0, (size_t)(nto + nfrom) * sizeof *q);
+    for (i = 0; i < nfrom && r == DT_OK; i++) r = dt__irecv(c, (char *)recv + (size_t)i * bytes, bytes, from[i], dt__coll_tag(c), &q[nto + i]);
+    for (i = 0; i < nto && r == DT_OK; i++) r = dt__isend(c, send, bytes, to[i], dt__coll_tag(c), &q[i]);
+    for (i = 0; i < nto + nfrom && r == DT_OK; i++) r = dt__wait(c, &q[i], 1);
+    if (r != DT_OK) dt__cancel_all(c, q, nto + nfrom);
+    return r;
+}
+
+/* ---- the local backend: ranks as threads of this process ----------------------------------------
+   Messages are rendezvous: isend and irecv each look for their partner in the destination's queues
+   under that rank's mutex; whichever arrives second unlinks both and copies the data once, straight
+   from the sender's buffer to the receiver's, then marks both requests done and wakes their owners.
+   A rank that waits spins briefly only when there are no more ranks than cores, then sleeps on its
+   condition variable, so waiting ranks leave the cores to working ones. Native collectives meet at a
+   barrier and read each other's buffers directly. Every wait has a deadline, and a rank that has gone
+   (its function returned, its communicator failed, its thread exited) wakes everyone waiting for it. */
+
+typedef struct dt__lrank {
+    dt__mutex   mu;
+    dt__cond    cv;
+    dt_request *inbox, *inbox_tail;     /* sends to this rank not yet matched */
+    dt_request *posted, *posted_tail;   /* this rank's receives not yet matched */
+    int         gone;                   /* atomic: 1 once the rank has left or failed */
+    dt_result   gone_result;
+    char        gone_msg[320];
+    const void *ptr;                    /* native collectives: the buffer this rank published */
+    char        pad[64];
+} dt__lrank;
+
+typedef struct dt__lworld {
+    int        n, refs, spin;           /* spin: ranks <= cores, waiting may poll for a few microseconds */
+    dt__mutex  mu;                      /* barrier state and reference count */
+    dt__cond   cv;
+    uint64_t   bar_gen;                 /* atomic: barriers completed */
+    int        bar_count;
+    uint64_t  *bar_sig;                 /* [n][3] signatures of the ranks in the current barrier */
+    int        bar_bad[2];              /* per generation parity: a rank whose signature differs, or -1 */
+    uint64_t   bar_badsig[2][6];        /* ... rank 0's signature and that rank's */
+    double     latency, bandwidth;      /* link model; both 0 = off */
+    double    *link_free;               /* [n][n]: when the link src -> dst is next free */
+    char      *small;                   /* [2][n][DT__LOCAL_SMALL] slots for small native all-reduces */
+    dt__lrank *r;
+    dt_comm  **comms;
+    int        fail_count;              /* ranks that failed, in order */
+} dt__lworld;
+
+#define DT__LOCAL_SMALL 16384            /* bytes: below, a native all-reduce copies into shared slots */
+
+static void dt__local_free_world(dt__lworld *W) {
+    int i;
+    if (!W) return;
+    for (i = 0; W->r && i < W->n; i++) { dt__cond_destroy(&W->r[i].cv); dt__mutex_destroy(&W->r[i].mu); }
+    dt__cond_destroy(&W->cv);
+    dt__mutex_destroy(&W->mu);
+    DT_FREE(W->r); DT_FREE(W->comms); DT_FREE(W->bar_sig); DT_FREE(W->link_free); DT_FREE(W->small);
+    DT_FREE(W);
+}
+
+static int dt__ltag_eq(int a, int b) {
+    if (a >= DT__TAG_COLL && b >= DT__TAG_COLL) return ((a - DT__TAG_COLL) >> DT__TAG_HASH_BITS) == ((b - DT__TAG_COLL) >> DT__TAG_HASH_BITS);
+    return a == b;
+}
+static void dt__lq_push(dt_request **head, dt_request **tail, dt_request *q) {
+    q->next = NULL;
+    if (*tail) (*tail)->next = q; else *head = q;
+    *tail = q;
+}
+static int dt__lq_unlink(dt_request **head, dt_request **tail, dt_request *q) {
+    dt_request *prev = NULL, *it;
+    for (it = *head; it; prev = it, it = (dt_request *)it->next)
+        if (it == q) {
+            if (prev) prev->next = it->next; else *head = (dt_request *)it->next;
+            if (*tail == it) *tail = prev;
+            return 1;
+        }
+    return 0;
+}
+/* Sleeps on rank me's condition variable for at most s seconds (its mutex held). */
+static void dt__cond_wait_for(dt__cond *c, dt__mutex *m, double s) {
+#if DT__HAVE_THREADS
+    struct timespec ts;
+    double frac;
+    timespec_get(&ts, TIME_UTC);
+    if (s > 1.0) s = 1.0;
+    if (s < 0.0) s = 0.0;
+    frac = (double)ts.tv_nsec + s * 1e9;
+    ts.tv_sec += (time_t)(frac / 1e9);
+    ts.tv_nsec = (long)(frac - (double)(time_t)(frac / 1e9) * 1e9);
+    pthread_cond_timedwait(&c->c, &m->m, &ts);
+#else
+    (void)c; (void)m; (void)s;
+#endif
+}
+static void dt__local_sleep_until(dt__lworld *W, int me, double t) {
+    double now;
+    dt__mutex_lock(&W->r[me].mu);
+    while ((now = dt_time_now()) < t) dt__cond_wait_for(&W->r[me].cv, &W->r[me].mu, t - now);
+    dt__mutex_unlock(&W->r[me].mu);
+}
+/* Polls *state for a few microseconds when spinning pays (no more ranks than cores); otherwise yields
+   once. Returns 1 when it saw want. */
+static int dt__local_spin(const dt__lworld *W, const volatile int *state, int want) {
+    int i;
+    if (!W->spin) { sched_yield(); return DT__ATOMIC_LOAD(state) == want; }
+    for (i = 0; i < 4000; i++) {
+        if (DT__ATOMIC_LOAD(state) == want) return 1;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    return 0;
+}
+
+static void dt__local_complete(dt__lworld *W, dt_request *q) {
+    dt__lrank *o = &W->r[q->owner];
+    dt__mutex_lock(&o->mu);
+    DT__ATOMIC_STORE(&q->state, DT__ST_DONE);
+    dt__cond_broadcast(&o->cv);
+    dt__mutex_unlock(&o->mu);
+}
+/* s and r are matched and unlinked: check that they belong together, copy, complete both. */
+static void dt__local_deliver(dt__lworld *W, dt_request *s, dt_request *r) {
+    if (s->tag >= DT__TAG_COLL && (s->sig[0] != r->sig[0] || s->sig[1] != r->sig[1] || s->sig[2] != r->sig[2])) {
+        memcpy(s->impl, r->sig, sizeof r->sig);   /* each side keeps the other's signature for its report */
+        memcpy(r->impl, s->sig, sizeof s->sig);
+        s->error = r->error = DT_ERR_MISMATCH;
+    } else if (s->bytes > r->bytes) {
+        s->impl[3] = r->bytes;
+        r->impl[3] = s->bytes;
+        s->error = r->error = DT_ERR_MISMATCH;
+    } else {
+        if (s->bytes) memcpy(r->rbuf, s->sbuf, s->bytes);
+        r->received = s->bytes;
+        if (W->latency > 0 || W->bandwidth > 0) r->not_before = s->not_before + W->latency;
+    }
+    dt__local_complete(W, s);
+    dt__local_complete(W, r);
+}
+
+static dt_result dt__local_gone_error(dt__lworld *W, int k) {
+    const char *m = W->r[k].gone_msg;
+    if (W->r[k].gone_result == DT_OK) return dt_set_error(DT_ERR_PEER, "rank %d has finished (its function returned DT_OK) and will not send or receive any more", k);
+    return dt_set_error(DT_ERR_PEER, "rank %d has failed (%s)%s%s", k, dt_result_str(W->r[k].gone_result), m[0] ? ": " : "", m);
+}
+
+static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *q) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lrank *d = &W->r[dst];
+    dt_request *it;
+    memset(q, 0, sizeof *q);
+    q->kind = DT__REQ_SEND; q->peer = dst; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->sbuf = buf;
+    memcpy(q->sig, c->sig, sizeof q->sig);
+    if (W->latency > 0 || W->bandwidth > 0) {   /* the link model: queue behind earlier messages on this link */
+        double *f = &W->link_free[(size_t)c->rank * (size_t)W->n + (size_t)dst], start = dt_time_now();
+        if (*f > start) start = *f;
+        *f = start + (W->bandwidth > 0 ? (double)bytes / W->bandwidth : 0.0);
+        q->not_before = *f;
+    }
+    if (DT__ATOMIC_LOAD(&d->gone) && dst != c->rank) { q->kind = DT__REQ_NONE; return dt__local_gone_error(W, dst); }
+    dt__mutex_lock(&d->mu);
+    for (it = d->posted; it; it = (dt_request *)it->next)
+        if (it->peer == c->rank && dt__ltag_eq(it->tag, tag)) break;
+    if (it) {
+        dt__lq_unlink(&d->posted, &d->posted_tail, it);
+        it->state = DT__ST_MATCHED;
+        q->state = DT__ST_MATCHED;
+        dt__mutex_unlock(&d->mu);
+        dt__local_deliver(W, q, it);
+        return DT_OK;
+    }
+    dt__lq_push(&d->inbox, &d->inbox_tail, q);
+    dt__mutex_unlock(&d->mu);
+    return DT_OK;
+}
+
+static dt_result dt__local_irecv(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt_request *q) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lrank *me = &W->r[c->rank];
+    dt_request *it;
+    memset(q, 0, sizeof *q);
+    q->kind = DT__REQ_RECV; q->peer = src; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->rbuf = buf;
+    memcpy(q->sig, c->sig, sizeof q->sig);
+    dt__mutex_lock(&me->mu);
+    for (it = me->inbox; it; it = (dt_request *)it->next)
+        if (it->owner == src && dt__ltag_eq(it->tag, tag)) break;
+    if (it) {
+        dt__lq_unlink(&me->inbox, &me->inbox_tail, it);
+        it->state = DT__ST_MATCHED;
+        q->state = DT__ST_MATCHED;
+        dt__mutex_unlock(&me->mu);
+        dt__local_deliver(W, it, q);
+        return DT_OK;
+    }
+    dt__lq_push(&me->posted, &me->posted_tail, q);
+    dt__mutex_unlock(&me->mu);
+    return DT_OK;
+}
+
+/* Withdraws q if no one has matched it yet; if its copy is under way, waits for the copy to finish. */
+static void dt__local_cancel(dt_comm *c, dt_request *q) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lrank *holder = &W->r[q->kind == DT__REQ_SEND ? q->peer : q->owner], *me = &W->r[q->owner];
+    int st;
+    if (q->kind == DT__REQ_NONE) return;
+    dt__mutex_lock(&holder->mu);
+    st = DT__ATOMIC_LOAD(&q->state);
+    if (st == DT__ST_POSTED) {
+        if (q->kind == DT__REQ_SEND) dt__lq_unlink(&holder->inbox, &holder->inbox_tail, q);
+        else dt__lq_unlink(&holder->posted, &holder->posted_tail, q);
+        q->state = DT__ST_CANCELLED;
+    }
+    dt__mutex_unlock(&holder->mu);
+    if (st != DT__ST_MATCHED) return;
+    dt__mutex_lock(&me->mu);
+    while (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) dt__cond_wait_for(&me->cv, &me->mu, 0.01);
+    dt__mutex_unlock(&me->mu);
+}
+
+/* The report for a request that completed with an error. */
+static dt_result dt__local_req_error(dt_request *q) {
+    if (q->impl[3]) {
+        if (q->kind == DT__REQ_RECV)
+            return dt_set_error(DT_ERR_MISMATCH, "rank %d sent %llu bytes, more than the %zu this receive accepts", q->peer, (unsigned long long)q->impl[3], q->bytes);
+        return dt_set_error(DT_ERR_MISMATCH, "rank %d accepts only %llu bytes and this message has %zu", q->peer, (unsigned long long)q->impl[3], q->bytes);
+    } else {
+        char a[128], b[128];
+        dt__sig_str(q->sig, a, sizeof a);
+        dt__sig_str(q->impl, b, sizeof b);
+        return dt_set_error(DT_ERR_MISMATCH, "rank %d called %s where this rank called %s: every rank must make the same collective calls in the same order, with the same count, type, op and root",
+                            q->peer, b, a);
+    }
+}
+static dt_result dt__local_finish(dt__lworld *W, int me, dt_request *q) {
+    if (q->not_before > 0 && dt_time_now() < q->not_before) dt__local_sleep_until(W, me, q->not_before);
+    if (q->error != DT_OK) { q->kind = DT__REQ_NONE; return dt__local_req_error(q); }
+    return DT_OK;
+}
+
+static dt_result dt__local_wait(dt_comm *c, dt_request *q, double deadline) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lrank *me = &W->r[c->rank];
+    if (DT__ATOMIC_LOAD(&q->state) == DT__ST_CANCELLED) return dt_set_error(DT_ERR_STATE, "the request was cancelled");
+    if (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE && !dt__local_spin(W, &q->state, DT__ST_DONE)) {
+        dt__mutex_lock(&me->mu);
+        while (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) {
+            double now = dt_time_now();
+            int gone = q->peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->peer].gone);
+            if (gone || now >= deadline) {
+                dt__mutex_unlock(&me->mu);
+                dt__local_cancel(c, q);
+                if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) return dt__local_finish(W, c->rank, q);   /* it made it after all */
+                if (gone) return dt__local_gone_error(W, q->peer);
+                return dt_set_error(DT_ERR_TIMEOUT, "no %s rank %d within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)",
+                                    q->kind == DT__REQ_SEND ? "receive was posted by" : "message came from", q->peer, c->timeout);
+            }
+            dt__cond_wait_for(&me->cv, &me->mu, deadline - now);
+        }
+        dt__mutex_unlock(&me->mu);
+    }
+    return dt__local_finish(W, c->rank, q);
+}
+
+static dt_result dt__local_test(dt_comm *c, dt_request *q, int *done) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    *done = 0;
+    if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) {
+        if (q->not_before > 0 && dt_time_now() < q->not_before) return DT_OK;
+        *done = 1;
+        return q->error != DT_OK ? dt__local_req_error(q) : DT_OK;
+    }
+    if (q->peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->peer].gone)) {
+        dt__local_cancel(c, q);
+        if (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) return dt__local_gone_error(W, q->peer);
+    }
+    return DT_OK;
+}
+
+/* The barrier of native collectives. The last rank to arrive compares everyone's signature before it
+   releases the others, so a mismatch is reported by every rank, the same way. */
+static dt_result dt__local_barrier(dt_comm *c, double deadline) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    int n = W->n, me = c->rank, k;
+    uint64_t gen;
+    double t0 = dt_time_now();
+    dt_result r = DT_OK;
+    dt__mutex_lock(&W->mu);
+    gen = W->bar_gen;
+    memcpy(&W->bar_sig[(size_t)me * 3], c->sig, 3 * sizeof(uint64_t));
+    if (++W->bar_count == n) {
+        int bad = -1;
+        for (k = 1; k < n && bad < 0; k++)
+            if (memcmp(&W->bar_sig[(size_t)k * 3], W->bar_sig, 3 * sizeof(uint64_t)) != 0) bad = k;
+        W->bar_bad[gen & 1] = bad;
+        if (bad >= 0) {
+            memcpy(W->bar_badsig[gen & 1], W->bar_sig, 3 * sizeof(uint64_t));
+            memcpy(W->bar_badsig[gen & 1] + 3, &W->bar_sig[(size_t)bad * 3], 3 * sizeof(uint64_t));
+        }
+        W->bar_count = 0;
+        DT__ATOMIC_STORE(&W->bar_gen, gen + 1);
+        dt__cond_broadcast(&W->cv);
+        dt__mutex_unlock(&W->mu);
+    } else {
+        dt__mutex_unlock(&W->mu);
+        if (W->spin) for (k = 0; k < 4000 && DT__ATOMIC_LOAD(&W->bar_gen) == gen; k++) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+        else sched_yield();
+        dt__mutex_lock(&W->mu);
+        while (DT__ATOMIC_LOAD(&W->bar_gen) == gen) {
+            double now = dt_time_now();
+            for (k = 0; k < n; k++)
+                if (k != me && DT__ATOMIC_LOAD(&W->r[k].gone)) break;
+            if (k < n) { dt__mutex_unlock(&W->mu); c->stats.wait_seconds += dt_time_now() - t0; return dt__local_gone_error(W, k); }
+            if (now >= deadline) {
+                dt__mutex_unlock(&W->mu);
+                c->stats.wait_seconds += dt_time_now() - t0;
+                return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->timeout);
+            }
+            dt__cond_wait_for(&W->cv, &W->mu, deadline - now);
+        }
+        dt__mutex_unlock(&W->mu);
+    }
+    c->stats.wait_seconds += dt_time_now() - t0;
+    if (W->bar_bad[gen & 1] >= 0) {
+        char a[128], b[128];
+        dt__sig_str(W->bar_badsig[gen & 1], a, sizeof a);
+        dt__sig_str(W->bar_badsig[gen & 1] + 3, b, sizeof b);
+        r = dt_set_error(DT_ERR_MISMATCH, "rank 0 called %s but rank %d called %s: every rank must make the same collective calls in the same order, with the same count, type, op and root",
+                         a, W->bar_bad[gen & 1], b);
+    }
+    return r;
+}
+
+static dt_result dt__local_broadcast(dt_comm *c, void *buf, size_t bytes, int root, double deadline) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt_result r;
+    if (W->latency > 0 || W->bandwidth > 0) return dt__tree_broadcast(c, buf, bytes, root);   /* messages feel the link model */
+    W->r[c->rank].ptr = buf;
+    if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
+    if (c->rank != root && bytes) memcpy(buf, W->r[root].ptr, bytes);
+    return dt__local_barrier(c, deadline);   /* the root's buffer is read until everyone passes here */
+}
+
+/* Native all-reduce. Small: each rank copies its data into its slot (double-buffered by barrier
+   generation), one barrier, then every rank reduces all slots in rank order. Large: each rank reduces
+   its own slice of everyone's buffers in rank order into its buffer, then copies the other slices
+   from their owners; three barriers, no copy of the input. Either way element i is
+   ((x0 op x1) op x2) ..., the order NAIVE uses too. */
+static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, double deadline) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    size_t es = dt_dtype_size(t), bytes = n * es;
+    int p = W->n, me = c->rank, k;
+    dt_result r;
+    if (W->latency > 0 || W->bandwidth > 0) {   /* messages feel the link model: the ring instead */
+        void *s = NULL;
+        if ((r = dt__comm_scratch(c, (n / (size_t)p + 1) * es, &s)) != DT_OK) return r;
+        return dt__allreduce_ring(c, buf, n, t, op, s);
+    }
+    if (bytes <= DT__LOCAL_SMALL) {
+        uint64_t gen = DT__ATOMIC_LOAD(&W->bar_gen);
+        char *slots = W->small + (size_t)(gen & 1) * (size_t)p * DT__LOCAL_SMALL;
+        if (bytes) memcpy(slots + (size_t)me * DT__LOCAL_SMALL, buf, bytes);
+        if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
+        if (bytes) memcpy(buf, slots, bytes);
+        for (k = 1; k < p; k++) dt__reduce_into(buf, slots + (size_t)k * DT__LOCAL_SMALL, n, t, op);
+        return DT_OK;
+    }
+    W->r[me].ptr = buf;
+    if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
+    {
+        size_t lo = dt__chunk_off(n, p, me), len = dt__chunk_len(n, p, me), i;
+        double tmp[1024];   /* 8 KiB: a block of any element type */
+        size_t blk = sizeof tmp / es;
+        for (i = 0; i < len; i += blk) {
+            size_t m = len - i < blk ? len - i : blk, off = (lo + i) * es;
+            memcpy(tmp, (const char *)W->r[0].ptr + off, m * es);
+            for (k = 1; k < p; k++) dt__reduce_into(tmp, (const char *)W->r[k].ptr + off, m, t, op);
+            memcpy((char *)buf + off, tmp, m * es);
+        }
+    }
+    if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
+    for (k = 0; k < p; k++)
+        if (k != me && dt__chunk_len(n, p, k))
+            memcpy((char *)buf + dt__chunk_off(n, p, k) * es, (const char *)W->r[k].ptr + dt__chunk_off(n, p, k) * es, dt__chunk_len(n, p, k) * es);
+    return dt__local_barrier(c, deadline);   /* everyone's buffer is read until all pass here */
+}
+
+static void dt__local_missing(dt_comm *c, uint64_t seq, char *msg, size_t cap) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    size_t len = 0;
+    int k, any = 0;
+    msg[0] = 0;
+    for (k = 0; k < W->n && len + 48 < cap; k++) {
+        uint64_t s;
+        int n;
+        if (k == c->rank) continue;
+        if (!W->comms[k]) continue;
+        s = DT__ATOMIC_LOAD(&W->comms[k]->seq);
+        if (DT__ATOMIC_LOAD(&W->r[k].gone)) n = snprintf(msg + len, cap - len, "%s%d (%s)", any ? ", " : "ranks not in it: ", k, W->r[k].gone_result == DT_OK ? "finished" : "failed");
+        else if (s < seq) n = snprintf(msg + len, cap - len, "%s%d (at #%llu)", any ? ", " : "ranks not in it: ", k, (unsigned long long)s);
+        else continue;
+        if (n > 0) len += (size_t)n;
+        any = 1;
+    }
+}
+
+/* The rank has gone (left, or its communicator failed): mark it, withdraw its pending requests, wake
+   everyone so that waits for it end now. */
+static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lrank *me = &W->r[c->rank];
+    dt_request *it, *next;
+    int k;
+    dt__mutex_lock(&me->mu);
+    if (me->gone) { dt__mutex_unlock(&me->mu); return; }
+    me->gone_result = res;
+    snprintf(me->gone_msg, sizeof me->gone_msg, "%s", msg ? msg : "");
+    DT__ATOMIC_STORE(&me->gone, 1);
+    for (it = me->posted; it; it = next) { next = (dt_request *)it->next; it->state = DT__ST_CANCELLED; }
+    me->posted = me->posted_tail = NULL;
+    dt__mutex_unlock(&me->mu);
+    for (k = 0; k < W->n; k++) {
+        dt__lrank *o = &W->r[k];
+        dt__mutex_lock(&o->mu);
+        for (it = o->inbox; it; it = next) {
+            next = (dt_request *)it->next;
+            if (it->owner == c->rank) { dt__lq_unlink(&o->inbox, &o->inbox_tail, it); it->state = DT__ST_CANCELLED; }
+        }
+        dt__cond_broadcast(&o->cv);
+        dt__mutex_unlock(&o->mu);
+    }
+    dt__mutex_lock(&W->mu);
+    if (res != DT_OK) W->fail_count++;
+    dt__cond_broadcast(&W->cv);
+    dt__mutex_unlock(&W->mu);
+}
+static void dt__local_fail(dt_comm *c, dt_result r, const char *msg) { dt__local_gone(c, r, msg); }
+
+static void dt__local_destroy(dt_comm *c) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    int last;
+    dt__mutex_lock(&W->mu);
+    last = --W->refs == 0;
+    W->comms[c->rank] = NULL;
+    dt__mutex_unlock(&W->mu);
+    if (last) dt__local_free_world(W);
+}
+
+static const dt_comm_backend dt__local_backend = {
+    "local", dt__local_isend, dt__local_irecv, dt__local_wait, dt__local_test, dt__local_cancel,
+    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_fail, dt__local_destroy};
+static const dt_comm_backend dt__self_backend = {
+    "self", dt__local_isend, dt__local_irecv, dt__local_wait, dt__local_test, dt__local_cancel,
+    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_fail, dt__local_destroy};
+
+/* Fills the fields every backend shares from desc (and the environment). */
+static dt_result dt__comm_init(dt_comm *c, const dt_comm_desc *desc, const char *fn) {
+    const char *env = getenv("DT_COMM_TIMEOUT");
+    c->algo = desc ? desc->algo : DT_ALGO_AUTO;
+    c->timeout = desc && desc->timeout > 0 ? desc->timeout : DT_TIMEOUT_DEFAULT;
+    if ((!desc || desc->timeout <= 0) && env && *env) {
+        char *end;
+        double v = strtod(env, &end);
+        if (*end || !(v > 0)) return dt_set_error(DT_ERR_INVALID_ARG, "%s: DT_COMM_TIMEOUT='%s' is not a positive number of seconds", fn, env);
+        c->timeout = v;
+    }
+    c->segment_bytes = desc && desc->segment_bytes ? desc->segment_bytes : (size_t)256 << 10;
+    if (c->algo < DT_ALGO_AUTO || c->algo >= DT_ALGO_COUNT) return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown algorithm %d", fn, (int)c->algo);
+    if (desc && (desc->timeout < 0 || desc->link_latency < 0 || desc->link_bandwidth < 0 || !(desc->timeout == desc->timeout)))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: timeout, link latency and link bandwidth must not be negative", fn);
+    return DT_OK;
+}
+
+dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc) {
+    dt__lworld *W;
+    int i, cores = 1;
+    dt_result r = DT_OK;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_local: out is NULL");
+    if (n < 1 || n > 4096) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_local: %d ranks; use 1 to 4096", n);
+    if (n > 1 && !DT__HAVE_THREADS) return dt_set_error(DT_ERR_UNSUPPORTED, "dt_comm_create_local: %d local ranks need threads; this build has DT_NO_THREADS", n);
+    for (i = 0; i < n; i++) out[i] = NULL;
+    W = (dt__lworld *)DT_MALLOC(sizeof *W);
+    if (!W) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_local: no memory");
+    memset(W, 0, sizeof *W);
+    W->n = n;
+    W->r = (dt__lrank *)DT_MALLOC((size_t)n * sizeof *W->r);
+    W->comms = (dt_comm **)DT_MALLOC((size_t)n * sizeof *W->comms);
+    W->bar_sig = (uint64_t *)DT_MALLOC((size_t)n * 3 * sizeof *W->bar_sig);
+    W->small = (char *)DT_MALLOC((size_t)2 * (size_t)n * DT__LOCAL_SMALL);
+    if (desc && (desc->link_latency > 0 || desc->link_bandwidth > 0)) {
+        W->latency = desc->link_latency;
+        W->bandwidth = desc->link_bandwidth;
+        W->link_free = (double *)DT_MALLOC((size_t)n * (size_t)n * sizeof(double));
+        if (W->link_free) memset(W->link_free, 0, (size_t)n * (size_t)n * sizeof(double));
+    }
+    if (!W->r || !W->comms || !W->bar_sig || !W->small || ((W->latency > 0 || W->bandwidth > 0) && !W->link_free)) {
+        DT_FREE(W->r); W->r = NULL;
+        dt__local_free_world(W);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_local: no memory for %d ranks", n);
+    }
+    memset(W->r, 0, (size_t)n * sizeof *W->r);
+    memset(W->comms, 0, (size_t)n * sizeof *W->comms);
+    dt__mutex_init(&W->mu);
+    dt__cond_init(&W->cv);
+    for (i = 0; i < n; i++) { dt__mutex_init(&W->r[i].mu); dt__cond_init(&W->r[i].cv); }
+#if DT__HAVE_OMP
+    cores = omp_get_num_procs();
+#elif DT__HAVE_THREADS && defined(_SC_NPROCESSORS_ONLN)
+    cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+    W->spin = n <= cores;
+    for (i = 0; i < n && r == DT_OK; i++) {
+        dt_comm *c = (dt_comm *)DT_MALLOC(sizeof *c);
+        if (!c) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_local: no memory"); break; }
+        memset(c, 0, sizeof *c);
+        c->rank = i;
+        c->size = n;
+        c->backend = n == 1 ? &dt__self_backend : &dt__local_backend;
+        c->impl = W;
+        c->tag_ub = 0x7fffffff;
+        W->comms[i] = c;
+        W->refs++;
+        r = dt__comm_init(c, desc, "dt_comm_create_local");
+    }
+    if (r != DT_OK) {
+        for (i = 0; i < n; i++) { if (W->comms[i]) DT_FREE(W->comms[i]); }
+        dt__local_free_world(W);
+        return r;
+    }
+    for (i = 0; i < n; i++) out[i] = W->comms[i];
+    return DT_OK;
+}
+
+dt_result dt_comm_create_self(dt_comm **out, const dt_comm_desc *desc) {
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_self: out is NULL");
+    return dt_comm_create_local(out, 1, desc);
+}
+
+void dt_comm_leave(dt_comm *c, dt_result r, const char *msg) {
+    if (c && c->backend && c->backend->destroy == dt__local_destroy) dt__local_gone(c, r, msg);
+    else if (c && r != DT_OK && !c->broken && c->backend->fail) c->backend->fail(c, r, msg ? msg : "");
+}
+
+void dt_comm_destroy(dt_comm *c) {
+    if (!c) return;
+    DT_FREE(c->scratch);
+    DT_FREE(c->reqs);
+    if (c->backend && c->backend->destroy) c->backend->destroy(c);
+    DT_FREE(c);
+}
+
+/* ---- the launcher ------------------------------------------------------------------------------ */
+
+int dt_current_rank(void) { return dt__tls_rank; }
+
+static dt_result dt__parse_num(const char *flag, const char *v, double lo, double *out) {
+    char *end;
+    double x, mul = 1.0;
+    if (!v) return dt_set_error(DT_ERR_INVALID_ARG, "%s needs a value", flag);
+    x = strtod(v, &end);
+    if (end != v && *end && !end[1]) {
+        if (*end == 'K' || *end == 'k') { mul = 1e3; end++; }
+        else if (*end == 'M' || *end == 'm') { mul = 1e6; end++; }
+        else if (*end == 'G' || *end == 'g') { mul = 1e9; end++; }
+    }
+    if (end == v || *end || !(x * mul >= lo) || x * mul > 1e18)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s '%s' is not a number >= %g", flag, v, lo);
+    *out = x * mul;
+    return DT_OK;
+}
+
+dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d) {
+    int i, o = 1;
+    if (!argc || !argv || !d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_launch_parse: argc, argv and desc must not be NULL");
+    for (i = 1; i < *argc; i++) {
+        const char *a = argv[i], *v = i + 1 < *argc ? argv[i + 1] : NULL;
+        double x;
+        dt_result r = DT_OK;
+        if (strcmp(a, "--ranks") == 0) {
+            if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK && (x > 4096 || x != (double)(int)x))
+                r = dt_set_error(DT_ERR_INVALID_ARG, "--ranks '%s': use a whole number from 1 to 4096", v);
+            d->ranks = (int)x; i++;
+        } else if (strcmp(a, "--threads-per-rank") == 0) {
+            if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK && (x > 1024 || x != (double)(int)x))
+                r = dt_set_error(DT_ERR_INVALID_ARG, "--threads-per-rank '%s': use a whole number from 1 to 1024", v);
+            d->threads_per_rank = (int)x; i++;
+        } else if (strcmp(a, "--algo") == 0) {
+            if (!v) r = dt_set_error(DT_ERR_INVALID_ARG, "--algo needs a value: naive, ring, tree or native");
+            else r = dt_algo_parse(v, &d->comm.algo);
+            i++;
+        } else if (strcmp(a, "--timeout") == 0) {
+            if ((r = dt__parse_num(a, v, 1e-3, &x)) == DT_OK) d->comm.timeout = x;
+            i++;
+        } else if (strcmp(a, "--link-latency") == 0) {
+            if ((r = dt__parse_num(a, v, 0, &x)) == DT_OK) d->comm.link_latency = x;
+            i++;
+        } else if (strcmp(a, "--link-bandwidth") == 0) {
+            if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK) d->comm.link_bandwidth = x;
+            i++;
+        } else if (strcmp(a, "--log-all-ranks") == 0) {
+            d->log_all_ranks = 1;
+        } else {
+            argv[o++] = argv[i];
+            continue;
+        }
+        if (r != DT_OK) return r;
+    }
+    *argc = o;
+    argv[o] = NULL;
+    return DT_OK;
+}
+
+typedef struct dt__rank_ctx {
+    dt_comm    *comm;
+    dt_rank_fn  fn;
+    void       *arg;
+    int         threads, finished, order;
+    dt_result   result;
+    char        msg[512];
+    dt__thread  thread;
+} dt__rank_ctx;
+
+#if DT__HAVE_THREADS
+static void dt__rank_exit(void *p) {   /* the thread ended inside fn (pthread_exit): the rank has gone */
+    dt__rank_ctx *x = (dt__rank_ctx *)p;
+    if (x->finished) return;
+    x->result = DT_ERR_STATE;
+    snprintf(x->msg, sizeof x->msg, "DT_ERR_STATE: rank %d: its thread exited before its rank function returned", x->comm->rank);
+    dt_comm_leave(x->comm, x->result, x->msg + strlen("DT_ERR_STATE: "));
+}
+#endif
+static void dt__rank_body(dt__rank_ctx *x) {
+    x->result = x->fn(x->comm, x->arg);
+    if (x->result != DT_OK) {
+        snprintf(x->msg, sizeof x->msg, "%s", dt_last_error());
+        if (!x->msg[0]) snprintf(x->msg, sizeof x->msg, "%s: rank %d's function failed", dt_result_str(x->result), x->comm->rank);
+    }
+    x->finished = 1;
+    {   /* the cause without the result-code prefix, for the others' reports */
+        const char *m = x->msg, *pre = dt_result_str(x->result);
+        size_t lp = strlen(pre);
+        if (strncmp(m, pre, lp) == 0 && m[lp] == ':') m += lp + 1 + (m[lp + 1] == ' ');
+        dt_comm_leave(x->comm, x->result, m);
+    }
+}
+static void dt__rank_main(void *p) {
+    dt__rank_ctx *x = (dt__rank_ctx *)p;
+    dt__tls_rank = x->comm->rank;
+#if DT__HAVE_OMP
+    omp_set_num_threads(x->threads);
+#endif
+#if DT__HAVE_THREADS
+    pthread_cleanup_push(dt__rank_exit, x);
+    dt__rank_body(x);
+    pthread_cleanup_pop(0);
+#else
+    dt__rank_body(x);
+#endif
+    dt__tls_rank = -1;
+}
+
+static int dt__default_threads(int ranks) {
+    int cores = 1;
+#if DT__HAVE_OMP
+    cores = omp_get_num_procs();
+#endif
+    return cores / ranks > 1 ? cores / ranks : 1;
+}
+
+/* Runs the ranks; with log set, logs every failed rank's message, the likely cause (a failure other than
+   DT_ERR_PEER, which only follows from another rank's) first. */
+static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results, int log) {
+    dt_launch_desc d;
+    dt__rank_ctx *x;
+    dt_comm **comms;
+    int n, i, cause = -1;
+    dt_result r;
+    if (!fn) return dt_set_error(DT_ERR_INVALID_ARG, "dt_launch: the rank function is NULL");
+    if (desc) d = *desc; else memset(&d, 0, sizeof d);
+    n = d.ranks > 0 ? d.ranks : 1;
+    x = (dt__rank_ctx *)DT_MALLOC((size_t)n * sizeof *x);
+    comms = (dt_comm **)DT_MALLOC((size_t)n * sizeof *comms);
+    if (!x || !comms) { DT_FREE(x); DT_FREE(comms); return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: no memory for %d ranks", n); }
+    if ((r = dt_comm_create_local(comms, n, &d.comm)) != DT_OK) { DT_FREE(x); DT_FREE(comms); return r; }
+    memset(x, 0, (size_t)n * sizeof *x);
+    dt__log_all_ranks = d.log_all_ranks;
+    for (i = 0; i < n; i++) {
+        x[i].comm = comms[i];
+        x[i].fn = fn;
+        x[i].arg = arg;
+        x[i].threads = d.threads_per_rank > 0 ? d.threads_per_rank : dt__default_threads(n);
+    }
+    if (n == 1) dt__rank_main(&x[0]);   /* one rank runs on the calling thread */
+    else {
+        int started;
+        for (started = 0; started < n; started++)
+            if (dt__thread_start(&x[started].thread, dt__rank_main, &x[started]) != 0) break;
+        for (i = started; i < n; i++) {   /* could not start: these ranks have gone */
+            x[i].result = DT_ERR_OUT_OF_MEMORY;
+            snprintf(x[i].msg, sizeof x[i].msg, "DT_ERR_OUT_OF_MEMORY: rank %d: its thread could not be started", i);
+            dt_comm_leave(comms[i], x[i].result, x[i].msg + 22);
+        }
+        for (i = 0; i < started; i++) dt__thread_join(&x[i].thread);
+    }
+    for (i = 0; i < n; i++) {
+        if (results) results[i] = x[i].result;
+        if (x[i].result != DT_OK && (cause < 0 || (x[cause].result == DT_ERR_PEER && x[i].result != DT_ERR_PEER))) cause = i;
+    }
+    r = DT_OK;
+    if (cause >= 0) {
+        if (log) {
+            dt_log(DT_LOG_ERROR, "%s", x[cause].msg);
+            for (i = 0; i < n; i++) if (i != cause && x[i].result != DT_OK) dt_log(DT_LOG_ERROR, "%s", x[i].msg);
+        }
+        r = x[cause].result;
+        {
+            const char *m = x[cause].msg, *pre = dt_result_str(r);
+            size_t lp = strlen(pre);
+            if (strncmp(m, pre, lp) == 0 && m[lp] == ':') m += lp + 1 + (m[lp + 1] == ' ');
+            dt_set_error(r, "%s", m);
+        }
+    }
+    for (i = 0; i < n; i++) dt_comm_destroy(comms[i]);
+    DT_FREE(comms);
+    DT_FREE(x);
+    return r;
+}
+
+dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results) {
+    return dt__launch_local(desc, fn, arg, results, 0);
+}
+
+/* Started by mpiexec? Hydra (MPICH) sets PMI_SIZE, Open MPI OMPI_COMM_WORLD_SIZE, PMIx PMIX_RANK. */
+static int dt__mpiexec_size(void) {
+    const char *v = getenv("PMI_SIZE");
+    if (!v) v = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!v && getenv("PMIX_RANK")) v = "2";
+    return v ? atoi(v) : 0;
+}
+
+#ifdef DT_USE_MPI
+int dt__mpi_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);   /* in dtrain_mpi.h */
+#endif
+
+int dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
+    int np = dt__mpiexec_size();
+    dt_launch_desc d;
+    if (desc) d = *desc; else memset(&d, 0, sizeof d);
+#ifdef DT_USE_MPI
+    if (np > 0) return dt__mpi_launch(&d, fn, arg);
+#else
+    if (np > 1) {
+        dt_log(DT_LOG_ERROR, "this program was started by mpiexec with %d processes but built without MPI: "
+                             "rebuild it with MPI (make MPI=1: mpicc -DDT_USE_MPI), or run it alone with --ranks %d", np, np);
+        return 1;
+    }
+#endif
+    return dt__launch_local(&d, fn, arg, NULL, 1) == DT_OK ? 0 : 1;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
