@@ -4,6 +4,7 @@
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
 #   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch
+#   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
 
@@ -19,10 +20,11 @@ LDLIBS  := -lstb -lz -lm
 TESTS    := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 EXAMPLES := $(patsubst examples/%.c,%,$(wildcard examples/*.c))
 FUZZ     := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
+BENCHES  := $(patsubst bench/%.c,%,$(wildcard bench/*.c))
 export DEFS LDLIBS
 B        := build
 
-all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES))
+all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES))
 
 $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h dtrain.h
 	@mkdir -p $(dir $@)
@@ -32,11 +34,18 @@ $(B)/examples/%: examples/%.c dtrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
+$(B)/bench/%: bench/%.c dtrain.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
+
 test: all
 	@FUZZ="$(FUZZ)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
 
 demo: $(B)/examples/train
 	$(B)/examples/train --model simplecnn --epochs 1
+
+bench-comm: $(B)/bench/bench_comm
+	sh bench/comm.sh $(B)
 
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures
@@ -45,4 +54,4 @@ fixtures:
 clean:
 	rm -rf $(B)
 
-.PHONY: all test demo fixtures clean
+.PHONY: all test demo bench-comm fixtures clean

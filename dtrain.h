@@ -5707,7 +5707,8 @@ typedef struct dt__lworld {
     int        fail_count;              /* ranks that failed, in order */
 } dt__lworld;
 
-#define DT__LOCAL_SMALL 16384            /* bytes: below, a native all-reduce copies into shared slots */
+#define DT__LOCAL_SMALL 65536            /* bytes: below, a native all-reduce copies into shared slots */
+#define DT__SPIN_SECONDS 50e-6           /* how long a waiting rank polls before it sleeps, when ranks <= cores */
 
 static void dt__local_free_world(dt__lworld *W) {
     int i;
@@ -5762,16 +5763,22 @@ static void dt__local_sleep_until(dt__lworld *W, int me, double t) {
 }
 /* Polls *state for a few microseconds when spinning pays (no more ranks than cores); otherwise yields
    once. Returns 1 when it saw want. */
+static void dt__cpu_relax(void) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_ia32_pause();
+#endif
+}
 static int dt__local_spin(const dt__lworld *W, const volatile int *state, int want) {
+    double end;
     int i;
     if (!W->spin) { sched_yield(); return DT__ATOMIC_LOAD(state) == want; }
-    for (i = 0; i < 4000; i++) {
-        if (DT__ATOMIC_LOAD(state) == want) return 1;
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
+    for (end = dt_time_now() + DT__SPIN_SECONDS;;) {
+        for (i = 0; i < 64; i++) {
+            if (DT__ATOMIC_LOAD(state) == want) return 1;
+            dt__cpu_relax();
+        }
+        if (dt_time_now() > end) return 0;
     }
-    return 0;
 }
 
 static void dt__local_complete(dt__lworld *W, dt_request *q) {
@@ -5964,12 +5971,11 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
         dt__mutex_unlock(&W->mu);
     } else {
         dt__mutex_unlock(&W->mu);
-        if (W->spin) for (k = 0; k < 4000 && DT__ATOMIC_LOAD(&W->bar_gen) == gen; k++) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        }
-        else sched_yield();
+        if (W->spin) {
+            double end = dt_time_now() + DT__SPIN_SECONDS;
+            while (DT__ATOMIC_LOAD(&W->bar_gen) == gen && dt_time_now() < end)
+                for (k = 0; k < 64; k++) dt__cpu_relax();
+        } else sched_yield();
         dt__mutex_lock(&W->mu);
         while (DT__ATOMIC_LOAD(&W->bar_gen) == gen) {
             double now = dt_time_now();
