@@ -32,6 +32,20 @@
          dt_model_backward(m, NULL);                   // gradients accumulate into dt_model_grads(m)
          dt_model_destroy(m);
 
+   DISTRIBUTED QUICK START
+         static dt_result rank_main(dt_comm *c, void *arg) {    // runs once per rank
+             float g[1000];                                     // e.g. this rank's gradient
+             ...
+             return dt_comm_allreduce(c, g, 1000, DT_F32, DT_MEAN, DT_ALGO_AUTO);
+         }
+         int main(int argc, char **argv) {
+             dt_launch_desc ld = {0};
+             if (dt_launch_parse(&argc, argv, &ld) != DT_OK) return 2;   // takes --ranks N etc. out of argv
+             return dt_launch(&ld, rank_main, NULL);   // N threads here; one rank per process under mpiexec
+         }
+     ./prog --ranks 4 runs four ranks as threads of one process (the local backend). Built with mpicc
+     -DDT_USE_MPI, mpiexec -n 4 ./prog runs the same source on MPI (dtrain_mpi.h).
+
    CONFIGURATION MACROS (define before the implementation include)
      | macro                    | default          | meaning                                          |
      |--------------------------|------------------|--------------------------------------------------|
@@ -51,6 +65,9 @@
      |                          | datasets/fashion-| NULL (Debian's dataset-fashion-mnist)            |
      |                          | mnist"           |                                                  |
      | DT_IMAGE_MAX_PIXELS      | 1 << 26          | largest image (w * h) an image folder may hold   |
+     | DT_USE_MPI               | undefined        | include dtrain_mpi.h (the MPI backend) and let   |
+     |                          |                  | dt_launch use MPI under mpiexec; build with mpicc|
+   The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s).
 
    OPTIONAL FEATURES AND POSIX
      Without DT_USE_ZLIB and DT_USE_STB_IMAGE the header needs nothing but the C library; a .gz file or an
@@ -87,9 +104,22 @@
      with prefetch = 0, which converts on the calling thread and is what a build without threads uses
      (define DT_NO_THREADS; then prefetch = 1 fails with DT_ERR_UNSUPPORTED).
 
+     Ranks: dt_launch runs a rank function on N ranks. Local ranks are threads; each owns its models,
+     optimizers and data and shares nothing with the others but its communicator (dt_comm), which must be
+     used by its own thread only. Each local rank gets cores / ranks OpenMP threads (--threads-per-rank).
+     Waiting ranks sleep rather than spin when there are more ranks than cores. Every wait ends by the
+     communicator's timeout: a rank that fails, returns or stops calling makes the others fail with
+     DT_ERR_PEER or DT_ERR_TIMEOUT naming the operation, its sequence number and the missing ranks, and
+     ranks that call different collectives get DT_ERR_MISMATCH. A communicator that failed stays failed.
+     Logging: rank 0's lines are the log; other ranks' warnings and errors are shown prefixed "[rank r]"
+     (all their lines with --log-all-ranks).
+
    BACKENDS
      Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
      table, dt_cpu_ops(), is in this file; another backend supplies another table in dt_model_desc.
+     Communication has its own table (dt_comm_backend): self (one rank), local (threads, here) and mpi
+     (dtrain_mpi.h). The collective algorithms (naive, ring, tree) are written once over its point-to-point
+     calls, so they behave and round the same on every backend; NATIVE uses the backend's own.
 
    TABLE OF CONTENTS (declarations and implementation follow the same order)
      1. base     results and errors, allocator hooks, logging, RNG, timers
@@ -97,7 +127,8 @@
      3. nn       model graph on flat buffers, layers, losses, model zoo
      4. optim    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
      5. data     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, the loader
-     6. comm     gossip topologies and mixing matrices
+     6. comm     gossip topologies; the communicator: point-to-point, collectives and their algorithms,
+                 the self and local backends, faults and counters; the launcher
      7. train    evaluation, checkpoints
 */
 #ifndef DTRAIN_H
@@ -676,7 +707,7 @@ int64_t dt_loader_batches(const dt_loader *l);
 dt_result dt_loader_set_indices(dt_loader *l, const int64_t *indices, int64_t count);
 
 /* ============================================================================================== */
-/* 6. comm: gossip topologies and mixing matrices                                                 */
+/* 6. comm: topologies, the communicator and its backends, the launcher                          */
 /* ============================================================================================== */
 
 /* The graph over which decentralised algorithms (D-PSGD, gossip) average, and its mixing matrix W:
@@ -823,8 +854,9 @@ typedef struct dt_comm_desc {
     dt_algo algo;              /* default algorithm: 0 = NATIVE where the backend has one, else RING */
     double  timeout;           /* seconds a wait may last before DT_ERR_TIMEOUT: 0 = $DT_COMM_TIMEOUT or 300 */
     size_t  segment_bytes;     /* ring pipeline segment: 0 = 256 KiB */
-    /* link model (local backend only; both 0 = off): every message is delayed by latency seconds and
-       each directed link carries at most bandwidth bytes/s, messages queueing behind each other */
+    /* link model (local backend only; both 0 = off): each rank has one full-duplex link to a switch that
+       sends and receives at most bandwidth bytes/s (messages queue behind each other on both ends), and
+       every message arrives latency seconds after it has left */
     double  link_latency;
     double  link_bandwidth;
 } dt_comm_desc;
@@ -5704,7 +5736,7 @@ typedef struct dt__lworld {
     int        bar_bad[2];              /* per generation parity: a rank whose signature differs, or -1 */
     uint64_t   bar_badsig[2][6];        /* ... rank 0's signature and that rank's */
     double     latency, bandwidth;      /* link model; both 0 = off */
-    double    *link_free;               /* [n][n]: when the link src -> dst is next free */
+    double    *link_free;               /* [2][n]: when rank i's port is next free to send, to receive */
     char      *small;                   /* [2][n][DT__LOCAL_SMALL] slots for small native all-reduces */
     dt__lrank *r;
     dt_comm  **comms;
@@ -5824,14 +5856,19 @@ static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int 
     memset(q, 0, sizeof *q);
     q->kind = DT__REQ_SEND; q->peer = dst; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->sbuf = buf;
     memcpy(q->sig, c->sig, sizeof q->sig);
-    if (W->latency > 0 || W->bandwidth > 0) {   /* the link model: queue behind earlier messages on this link */
-        double *f = &W->link_free[(size_t)c->rank * (size_t)W->n + (size_t)dst], start = dt_time_now();
-        if (*f > start) start = *f;
-        *f = start + (W->bandwidth > 0 ? (double)bytes / W->bandwidth : 0.0);
-        q->not_before = *f;
-    }
     if (DT__ATOMIC_LOAD(&d->gone) && dst != c->rank) { q->kind = DT__REQ_NONE; return dt__local_gone_error(W, dst); }
     dt__mutex_lock(&d->mu);
+    if ((W->latency > 0 || W->bandwidth > 0) && dst != c->rank) {
+        /* the link model: each rank has one full-duplex port to a switch. The message waits until the
+           sender's port is free to send and the receiver's to receive, occupies both for bytes /
+           bandwidth, and arrives latency seconds after it has left. (The receiver's slot is taken under
+           its mutex, held here; the sender's is only ever touched by the sender.) */
+        double *out = &W->link_free[c->rank], *in = &W->link_free[W->n + dst], start = dt_time_now();
+        if (*out > start) start = *out;
+        if (*in > start) start = *in;
+        *out = *in = start + (W->bandwidth > 0 ? (double)bytes / W->bandwidth : 0.0);
+        q->not_before = *out;
+    }
     for (it = d->posted; it; it = (dt_request *)it->next)
         if (it->peer == c->rank && dt__ltag_eq(it->tag, tag)) break;
     if (it) {
@@ -6167,8 +6204,8 @@ dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc) {
     if (desc && (desc->link_latency > 0 || desc->link_bandwidth > 0)) {
         W->latency = desc->link_latency;
         W->bandwidth = desc->link_bandwidth;
-        W->link_free = (double *)DT_MALLOC((size_t)n * (size_t)n * sizeof(double));
-        if (W->link_free) memset(W->link_free, 0, (size_t)n * (size_t)n * sizeof(double));
+        W->link_free = (double *)DT_MALLOC((size_t)2 * (size_t)n * sizeof(double));
+        if (W->link_free) memset(W->link_free, 0, (size_t)2 * (size_t)n * sizeof(double));
     }
     if (!W->r || !W->comms || !W->bar_sig || !W->small || ((W->latency > 0 || W->bandwidth > 0) && !W->link_free)) {
         DT_FREE(W->r); W->r = NULL;
