@@ -835,6 +835,8 @@ struct dt_comm {
     size_t                 segment_bytes;   /* ring pipeline segment */
     uint64_t               seq;             /* collectives started: the number in error messages */
     uint64_t               sig[3];          /* the operation in progress (its signature) */
+    uint64_t               coll_sig[3];     /* the collective in progress, published for other ranks'
+                                               mismatch checks (a seqlock: [0] is written last) */
     int                    tag_ub;          /* largest tag the transport carries; user tags < DT_TAG_USER_MAX */
     dt_result              broken;          /* sticky: after a failure every call returns it */
     char                   broken_msg[512];
@@ -5433,6 +5435,10 @@ static dt_result dt__tag_check(const dt_comm *c, const char *fn, int tag) {
 static void dt__coll_start(dt_comm *c, int kind, size_t count, dt_dtype t, int op, int root, dt_algo algo) {
     DT__ATOMIC_STORE(&c->seq, c->seq + 1);
     dt__comm_begin(c, kind, count, (int)t, op, root, (int)algo);
+    DT__ATOMIC_STORE(&c->coll_sig[0], UINT64_MAX);   /* readers that see this ignore the rest */
+    DT__ATOMIC_STORE(&c->coll_sig[1], c->sig[1]);
+    DT__ATOMIC_STORE(&c->coll_sig[2], c->sig[2]);
+    DT__ATOMIC_STORE(&c->coll_sig[0], c->sig[0]);
     c->stats.collectives++;
 }
 static dt_algo dt__algo_resolve(const dt_comm *c, dt_algo a, int has_native) {
@@ -5741,6 +5747,7 @@ typedef struct dt__lworld {
     dt__lrank *r;
     dt_comm  **comms;
     int        fail_count;              /* ranks that failed, in order */
+    char       cause[400];              /* the first failure that was not DT_ERR_PEER: the root cause */
 } dt__lworld;
 
 #define DT__LOCAL_SMALL 65536            /* bytes: below, a native all-reduce copies into shared slots */
@@ -5781,7 +5788,7 @@ static void dt__cond_wait_for(dt__cond *c, dt__mutex *m, double s) {
     struct timespec ts;
     double frac;
     timespec_get(&ts, TIME_UTC);
-    if (s > 1.0) s = 1.0;
+    if (s > 0.05) s = 0.05;   /* waiters wake now and then to look for mismatched ranks */
     if (s < 0.0) s = 0.0;
     frac = (double)ts.tv_nsec + s * 1e9;
     ts.tv_sec += (time_t)(frac / 1e9);
@@ -5843,9 +5850,17 @@ static void dt__local_deliver(dt__lworld *W, dt_request *s, dt_request *r) {
     dt__local_complete(W, r);
 }
 
+/* Rank k has gone. When it failed only because another rank did, the report names the root cause
+   rather than nesting one report in the next. */
 static dt_result dt__local_gone_error(dt__lworld *W, int k) {
     const char *m = W->r[k].gone_msg;
     if (W->r[k].gone_result == DT_OK) return dt_set_error(DT_ERR_PEER, "rank %d has finished (its function returned DT_OK) and will not send or receive any more", k);
+    if (W->r[k].gone_result == DT_ERR_PEER) {
+        dt__mutex_lock(&W->mu);
+        dt_set_error(DT_ERR_PEER, "rank %d has failed because another did%s%s", k, W->cause[0] ? "; the first failure: " : "", W->cause);
+        dt__mutex_unlock(&W->mu);
+        return DT_ERR_PEER;
+    }
     return dt_set_error(DT_ERR_PEER, "rank %d has failed (%s)%s%s", k, dt_result_str(W->r[k].gone_result), m[0] ? ": " : "", m);
 }
 
@@ -5927,19 +5942,35 @@ static void dt__local_cancel(dt_comm *c, dt_request *q) {
     dt__mutex_unlock(&me->mu);
 }
 
+static dt_result dt__mismatch_error(int peer, const uint64_t *mine, const uint64_t *theirs) {
+    char a[128], b[128];
+    dt__sig_str(mine, a, sizeof a);
+    dt__sig_str(theirs, b, sizeof b);
+    return dt_set_error(DT_ERR_MISMATCH, "rank %d called %s where this rank called %s: every rank must make the same collective calls in the same order, with the same count, type, op and root",
+                        peer, b, a);
+}
+/* Whether rank k is in this rank's current collective (same sequence number) with another signature,
+   which it then copies to other. Reads k's published signature as a seqlock: no lock needed. */
+static int dt__local_peer_differs(const dt__lworld *W, const dt_comm *c, int k, uint64_t *other) {
+    const dt_comm *o = W->comms[k];
+    uint64_t s0, s1, s2;
+    if (!o || k == c->rank || (c->sig[2] & 0xff) == DT__OP_P2P) return 0;
+    if ((s0 = DT__ATOMIC_LOAD(&o->coll_sig[0])) != c->sig[0]) return 0;
+    s1 = DT__ATOMIC_LOAD(&o->coll_sig[1]);
+    s2 = DT__ATOMIC_LOAD(&o->coll_sig[2]);
+    if (DT__ATOMIC_LOAD(&o->coll_sig[0]) != s0 || (s1 == c->sig[1] && s2 == c->sig[2])) return 0;
+    other[0] = s0; other[1] = s1; other[2] = s2;
+    return 1;
+}
+
 /* The report for a request that completed with an error. */
 static dt_result dt__local_req_error(dt_request *q) {
     if (q->impl[3]) {
         if (q->kind == DT__REQ_RECV)
             return dt_set_error(DT_ERR_MISMATCH, "rank %d sent %llu bytes, more than the %zu this receive accepts", q->peer, (unsigned long long)q->impl[3], q->bytes);
         return dt_set_error(DT_ERR_MISMATCH, "rank %d accepts only %llu bytes and this message has %zu", q->peer, (unsigned long long)q->impl[3], q->bytes);
-    } else {
-        char a[128], b[128];
-        dt__sig_str(q->sig, a, sizeof a);
-        dt__sig_str(q->impl, b, sizeof b);
-        return dt_set_error(DT_ERR_MISMATCH, "rank %d called %s where this rank called %s: every rank must make the same collective calls in the same order, with the same count, type, op and root",
-                            q->peer, b, a);
     }
+    return dt__mismatch_error(q->peer, q->sig, q->impl);
 }
 static dt_result dt__local_finish(dt__lworld *W, int me, dt_request *q) {
     if (q->not_before > 0 && dt_time_now() < q->not_before) dt__local_sleep_until(W, me, q->not_before);
@@ -5956,11 +5987,14 @@ static dt_result dt__local_wait(dt_comm *c, dt_request *q, double deadline) {
         while (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) {
             double now = dt_time_now();
             int gone = q->peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->peer].gone);
-            if (gone || now >= deadline) {
+            uint64_t other[3];
+            int differs = q->tag >= DT__TAG_COLL && dt__local_peer_differs(W, c, q->peer, other);
+            if (gone || differs || now >= deadline) {
                 dt__mutex_unlock(&me->mu);
                 dt__local_cancel(c, q);
                 if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) return dt__local_finish(W, c->rank, q);   /* it made it after all */
                 if (gone) return dt__local_gone_error(W, q->peer);
+                if (differs) return dt__mismatch_error(q->peer, c->sig, other);
                 return dt_set_error(DT_ERR_TIMEOUT, "no %s rank %d within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)",
                                     q->kind == DT__REQ_SEND ? "receive was posted by" : "message came from", q->peer, c->timeout);
             }
@@ -6020,9 +6054,13 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
         dt__mutex_lock(&W->mu);
         while (DT__ATOMIC_LOAD(&W->bar_gen) == gen) {
             double now = dt_time_now();
+            uint64_t other[3];
             for (k = 0; k < n; k++)
                 if (k != me && DT__ATOMIC_LOAD(&W->r[k].gone)) break;
             if (k < n) { dt__mutex_unlock(&W->mu); c->stats.wait_seconds += dt_time_now() - t0; return dt__local_gone_error(W, k); }
+            for (k = 0; k < n; k++)
+                if (dt__local_peer_differs(W, c, k, other)) break;
+            if (k < n) { dt__mutex_unlock(&W->mu); c->stats.wait_seconds += dt_time_now() - t0; return dt__mismatch_error(k, c->sig, other); }
             if (now >= deadline) {
                 dt__mutex_unlock(&W->mu);
                 c->stats.wait_seconds += dt_time_now() - t0;
@@ -6145,6 +6183,7 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
     }
     dt__mutex_lock(&W->mu);
     if (res != DT_OK) W->fail_count++;
+    if (res != DT_OK && res != DT_ERR_PEER && !W->cause[0]) snprintf(W->cause, sizeof W->cause, "%s (%s)", me->gone_msg, dt_result_str(res));
     dt__cond_broadcast(&W->cv);
     dt__mutex_unlock(&W->mu);
 }
