@@ -299,7 +299,15 @@ static dt_result dt__mpi_sigcheck(dt_comm *c, double deadline) {
     dt_result r;
     mine[0] = h; mine[1] = ~h;
     DT__MPI_TRY(MPI_Iallreduce(mine, all, 2, MPI_UINT64_T, MPI_MAX, M->comm, &rq));
-    if ((r = dt__mpi_native_wait(c, &rq, deadline, "MPI_Iallreduce")) != DT_OK) return r;
+    r = dt__mpi_native_wait(c, &rq, deadline, "MPI_Iallreduce");
+    if (r == DT_ERR_PEER && M->in.result == DT_ERR_MISMATCH) {
+        /* a rank whose check completed found a mismatch: so will this one, once MPI delivers the result */
+        int flag = 0, polls = 0, rc;
+        while ((rc = MPI_Test(&rq, &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && !flag && dt_time_now() < deadline) dt__mpi_backoff(M, &polls);
+        if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Iallreduce");
+        if (flag) r = DT_OK;
+    }
+    if (r != DT_OK) return r;
     if (all[0] != mine[0] || all[1] != mine[1]) {
         char what[128];
         dt__sig_str(c->sig, what, sizeof what);
@@ -359,6 +367,19 @@ static void dt__mpi_fail(dt_comm *c, dt_result r, const char *msg) {
             M->out_reqs[k] = MPI_REQUEST_NULL;
 }
 
+/* Receives and drops the messages waiting on a failed communicator (which is kept, not freed), so that
+   MPI does not hold them, or warn about them, until it is finalized. */
+static void dt__mpi_drain(dt__mpi *M) {
+    MPI_Status st;
+    int flag = 1, n = 0;
+    while (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, M->comm, &flag, &st) == MPI_SUCCESS && flag) {
+        void *b = MPI_Get_count(&st, MPI_BYTE, &n) == MPI_SUCCESS ? DT_MALLOC(n > 0 ? (size_t)n : 1) : NULL;
+        if (!b) return;
+        MPI_Recv(b, n, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, M->comm, MPI_STATUS_IGNORE);
+        DT_FREE(b);
+    }
+}
+
 static void dt__mpi_destroy(dt_comm *c) {
     dt__mpi *M = (dt__mpi *)c->impl;
     int k, pending = 0, polls = 0;
@@ -374,7 +395,7 @@ static void dt__mpi_destroy(dt_comm *c) {
     if (!c->broken && !M->notified) {
         dt__mpi_notices(c);   /* a notice that came after this rank's last call: taken off the queue */
         MPI_Comm_free(&M->comm);
-    }
+    } else dt__mpi_drain(M);
     dt__cond_destroy(&M->cv);
     dt__mutex_destroy(&M->mu);
     DT_FREE(M->out_reqs);
