@@ -76,6 +76,7 @@ extern "C" {
 
 #define DT__MPI_NOTICE 480              /* bytes of message in an abort notice */
 #define DT__MPI_CANCEL_WAIT 0.5         /* seconds, after a failure, that cancels may wait for MPI in all */
+#define DT__MPI_ORDER_GRACE 0.2         /* seconds a message of a later collective must stay first in line */
 
 typedef char dt__mpi_request_fits[sizeof(MPI_Request) <= sizeof(((dt_request *)0)->impl) ? 1 : -1];
 
@@ -94,6 +95,8 @@ typedef struct dt__mpi {
     dt__mpi_notice in, out;             /* the notice received, the one sent */
     MPI_Request   *out_reqs;            /* [size] the notice's sends */
     double         cancel_until;        /* 0, or the end of the time cancels may wait */
+    uint64_t       sig_in[2], sig_out[2];  /* the signature check's buffers: MPI may write them after a failure */
+    int            stuck;               /* a native collective failed: MPI still holds its request (and M) */
     dt__mutex      mu;                  /* naps: a timed wait on a condition nobody signals */
     dt__cond       cv;
 } dt__mpi;
@@ -137,8 +140,9 @@ static dt_result dt__mpi_notices(dt_comm *c) {
 
 /* Looks at the first message pending from rank src (every other rank when src < 0, for a native
    collective): a collective tag of the current collective number with another signature, or of another
-   number, means the ranks disagree. User tags are not judged; a pending notice is left to dt__mpi_notices. */
-static dt_result dt__mpi_probe(dt_comm *c, int src) {
+   number, means the ranks disagree (*ahead set for the latter). User tags are not judged; a pending
+   notice is left to dt__mpi_notices. */
+static dt_result dt__mpi_probe(dt_comm *c, int src, int *ahead) {
     dt__mpi *M = (dt__mpi *)c->impl;
     int mine = dt__coll_tag(c), k, lo = src < 0 ? 0 : src, hi = src < 0 ? c->size : src + 1;
     char what[128];
@@ -152,6 +156,7 @@ static dt_result dt__mpi_probe(dt_comm *c, int src) {
         if (tag < DT__TAG_COLL || tag == M->abort_tag) continue;
         if (((tag - DT__TAG_COLL) >> DT__TAG_HASH_BITS) != ((mine - DT__TAG_COLL) >> DT__TAG_HASH_BITS)) {
             if (src < 0) continue;   /* a rank ahead of this one, already in a later collective */
+            *ahead = 1;
             dt__sig_str(c->sig, what, sizeof what);
             return dt_set_error(DT_ERR_MISMATCH, "rank %d sent a message of another collective while this rank waits for its part of %s: "
                                 "the ranks called collectives in a different order", k, what);
@@ -166,17 +171,27 @@ static dt_result dt__mpi_probe(dt_comm *c, int src) {
 
 /* Polls *rq until it completes (DT_OK, *st filled; *rc MPI_Test's code), the deadline passes
    (DT_ERR_TIMEOUT, no message: the caller says what was missing), an abort notice arrives (DT_ERR_PEER)
-   or the probe of rank probe (-1: all, -2: none) finds a mismatch. */
+   or the probe of rank probe (-1: all, -2: none) finds a mismatch. The probe drives MPI's progress, so
+   what it sees may have arrived after this request completed: the request is tested again first. A
+   message of a later collective may also overtake the completion of a large message still being copied,
+   so that verdict must hold for DT__MPI_ORDER_GRACE seconds. */
 static dt_result dt__mpi_poll(dt_comm *c, MPI_Request *rq, MPI_Status *st, double deadline, int probe, int *rc) {
     dt__mpi *M = (dt__mpi *)c->impl;
-    int polls = 0, flag = 0;
+    int polls = 0, flag = 0, ahead = 0;
+    double suspect = 0, now;
     dt_result r;
     for (;;) {
         *rc = MPI_Test(rq, &flag, st);
         if (*rc != MPI_SUCCESS || flag) return DT_OK;
         if ((r = dt__mpi_notices(c)) != DT_OK) return r;
-        if (probe > -2 && (r = dt__mpi_probe(c, probe)) != DT_OK) return r;
-        if (dt_time_now() >= deadline) return DT_ERR_TIMEOUT;
+        now = dt_time_now();
+        if (probe > -2 && (r = dt__mpi_probe(c, probe, &ahead)) != DT_OK) {
+            *rc = MPI_Test(rq, &flag, st);
+            if (*rc != MPI_SUCCESS || flag) return DT_OK;
+            if (!ahead || (suspect > 0 && now - suspect > DT__MPI_ORDER_GRACE)) return r;
+            if (suspect == 0) suspect = now;
+        } else suspect = 0;
+        if (now >= deadline) return DT_ERR_TIMEOUT;
         dt__mpi_backoff(M, &polls);
     }
 }
@@ -281,6 +296,7 @@ static dt_result dt__mpi_native_wait(dt_comm *c, MPI_Request *rq, double deadlin
     MPI_Status st;
     int rc = MPI_SUCCESS;
     dt_result r = dt__mpi_poll(c, rq, &st, deadline, -1, &rc);
+    if (r != DT_OK) ((dt__mpi *)c->impl)->stuck = 1;
     if (r == DT_ERR_TIMEOUT)
         return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->timeout);
     if (r == DT_OK && rc != MPI_SUCCESS) return dt__mpi_error(rc, call);
@@ -294,7 +310,7 @@ static dt_result dt__mpi_native_wait(dt_comm *c, MPI_Request *rq, double deadlin
    the barrier: no rank leaves an all-reduce before every rank has entered it. */
 static dt_result dt__mpi_sigcheck(dt_comm *c, double deadline) {
     dt__mpi *M = (dt__mpi *)c->impl;
-    uint64_t h = dt__sig_hash(c->sig) ^ dt__mix64(c->sig[0] + 0x9e3779b97f4a7c15ull), mine[2], all[2];
+    uint64_t h = dt__sig_hash(c->sig) ^ dt__mix64(c->sig[0] + 0x9e3779b97f4a7c15ull), *mine = M->sig_in, *all = M->sig_out;
     MPI_Request rq = MPI_REQUEST_NULL;
     dt_result r;
     mine[0] = h; mine[1] = ~h;
@@ -305,7 +321,7 @@ static dt_result dt__mpi_sigcheck(dt_comm *c, double deadline) {
         int flag = 0, polls = 0, rc;
         while ((rc = MPI_Test(&rq, &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && !flag && dt_time_now() < deadline) dt__mpi_backoff(M, &polls);
         if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Iallreduce");
-        if (flag) r = DT_OK;
+        if (flag) { r = DT_OK; M->stuck = 0; }
     }
     if (r != DT_OK) return r;
     if (all[0] != mine[0] || all[1] != mine[1]) {
@@ -399,7 +415,7 @@ static void dt__mpi_destroy(dt_comm *c) {
     dt__cond_destroy(&M->cv);
     dt__mutex_destroy(&M->mu);
     DT_FREE(M->out_reqs);
-    if (!pending) DT_FREE(M);   /* else MPI may still read M->out */
+    if (!pending && !M->stuck) DT_FREE(M);   /* else MPI may still read M->out or write M->sig_out */
     c->impl = NULL;
 }
 
