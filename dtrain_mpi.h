@@ -385,15 +385,41 @@ static void dt__mpi_fail(dt_comm *c, dt_result r, const char *msg) {
 
 /* Receives and drops the messages waiting on a failed communicator (which is kept, not freed), so that
    MPI does not hold them, or warn about them, until it is finalized. */
-static void dt__mpi_drain(dt__mpi *M) {
+static void dt__mpi_drain(MPI_Comm comm) {
     MPI_Status st;
     int flag = 1, n = 0;
-    while (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, M->comm, &flag, &st) == MPI_SUCCESS && flag) {
+    while (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &st) == MPI_SUCCESS && flag) {
         void *b = MPI_Get_count(&st, MPI_BYTE, &n) == MPI_SUCCESS ? DT_MALLOC(n > 0 ? (size_t)n : 1) : NULL;
         if (!b) return;
-        MPI_Recv(b, n, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, M->comm, MPI_STATUS_IGNORE);
+        MPI_Recv(b, n, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, comm, MPI_STATUS_IGNORE);
         DT_FREE(b);
     }
+}
+/* The failed communicators kept until MPI_Finalize, which drains them once more (messages of a failed
+   collective may arrive after its communicator was destroyed) through the delete callback of an
+   attribute on MPI_COMM_SELF, the standard's hook for work at finalize. One thread calls MPI. */
+static MPI_Comm *dt__mpi_kept = NULL;
+static int dt__mpi_nkept = 0;
+static int dt__mpi_at_finalize(MPI_Comm self, int key, void *val, void *extra) {
+    int i;
+    (void)self; (void)key; (void)val; (void)extra;
+    for (i = 0; i < dt__mpi_nkept; i++) dt__mpi_drain(dt__mpi_kept[i]);
+    DT_FREE(dt__mpi_kept);
+    dt__mpi_kept = NULL;
+    dt__mpi_nkept = 0;
+    return MPI_SUCCESS;
+}
+static void dt__mpi_keep(MPI_Comm comm) {
+    MPI_Comm *p = (MPI_Comm *)DT_REALLOC(dt__mpi_kept, (size_t)(dt__mpi_nkept + 1) * sizeof *p);
+    dt__mpi_drain(comm);
+    if (!p) return;
+    if (!dt__mpi_kept) {
+        int key;
+        if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, dt__mpi_at_finalize, &key, NULL) != MPI_SUCCESS ||
+            MPI_Comm_set_attr(MPI_COMM_SELF, key, NULL) != MPI_SUCCESS) { DT_FREE(p); return; }
+    }
+    dt__mpi_kept = p;
+    dt__mpi_kept[dt__mpi_nkept++] = comm;
 }
 
 static void dt__mpi_destroy(dt_comm *c) {
@@ -411,7 +437,7 @@ static void dt__mpi_destroy(dt_comm *c) {
     if (!c->broken && !M->notified) {
         dt__mpi_notices(c);   /* a notice that came after this rank's last call: taken off the queue */
         MPI_Comm_free(&M->comm);
-    } else dt__mpi_drain(M);
+    } else dt__mpi_keep(M->comm);
     dt__cond_destroy(&M->cv);
     dt__mutex_destroy(&M->mu);
     DT_FREE(M->out_reqs);
