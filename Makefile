@@ -6,6 +6,7 @@
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
 #   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch
+#   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
 
@@ -21,6 +22,7 @@ LDLIBS  := -lstb -lz -lm
 TESTS    := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 EXAMPLES := $(patsubst examples/%.c,%,$(wildcard examples/*.c))
 FUZZ     := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
+BENCHES  := $(patsubst bench/%.c,%,$(wildcard bench/*.c))
 export DEFS LDLIBS
 B        := build
 # make MPI=1: the MPI backend (dtrain_mpi.h) in every program, in a build directory of its own
@@ -31,7 +33,7 @@ B        := build-mpi
 MPITESTS := $(B)/tests/mpi/test_comm_mpi
 endif
 
-all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(MPITESTS)
+all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS)
 
 $(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h dtrain.h dtrain_mpi.h
 	@mkdir -p $(dir $@)
@@ -45,11 +47,18 @@ $(B)/examples/%: examples/%.c dtrain.h dtrain_mpi.h
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
+$(B)/bench/%: bench/%.c dtrain.h dtrain_mpi.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
+
 test: all
 	@FUZZ="$(FUZZ)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
 
 demo: $(B)/examples/train
 	$(B)/examples/train --model simplecnn --epochs 1
+
+bench-comm: $(B)/bench/bench_comm
+	sh bench/comm.sh $(B)
 
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures
@@ -58,4 +67,4 @@ fixtures:
 clean:
 	rm -rf build build-mpi
 
-.PHONY: all test demo fixtures clean
+.PHONY: all test demo bench-comm fixtures clean

@@ -880,7 +880,7 @@ dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, si
                                     const int *to, int nto, const int *from, int nfrom);
 
 /* Counters of this rank (see dt_comm_stats), and their reset. */
-void dt_comm_get_stats(const dt_comm *c, dt_comm_stats *out);
+dt_comm_stats dt_comm_get_stats(const dt_comm *c);   /* zeros for NULL */
 void dt_comm_reset_stats(dt_comm *c);
 
 /* ---- the launcher ---------------------------------------------------------------------------- */
@@ -5066,7 +5066,12 @@ static const char *dt__reduce_name(int op) {
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }
 const char *dt_comm_backend_name(const dt_comm *c) { return (c && c->backend) ? c->backend->name : "none"; }
-void dt_comm_get_stats(const dt_comm *c, dt_comm_stats *out) { if (c && out) *out = c->stats; }
+dt_comm_stats dt_comm_get_stats(const dt_comm *c) {
+    dt_comm_stats z;
+    if (c) return c->stats;
+    memset(&z, 0, sizeof z);
+    return z;
+}
 void dt_comm_reset_stats(dt_comm *c) { if (c) memset(&c->stats, 0, sizeof c->stats); }
 
 /* The signature of an operation: sig[0] sequence number, sig[1] count, sig[2] kind | type | op | root | algo.
@@ -5404,7 +5409,8 @@ static dt_algo dt__algo_resolve(const dt_comm *c, dt_algo a, int has_native) {
     if (a == DT_ALGO_NATIVE && !has_native) a = DT_ALGO_RING;
     return a;
 }
-/* A native collective's traffic, counted as a ring's: 2 (p - 1) / p bytes per rank each way. */
+/* A native collective's traffic, counted by the backend as a ring's would be: factor (p - 1) / p bytes
+   per rank each way (factor 2 for all-reduce, 1 for broadcast). */
 static void dt__count_native(dt_comm *c, size_t bytes, int factor) {
     uint64_t b = (uint64_t)((double)bytes * factor * (c->size - 1) / c->size);
     c->stats.bytes_sent += b;
@@ -5501,7 +5507,6 @@ dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int
     if (c->size == 1) return DT_OK;
     switch (algo) {
     case DT_ALGO_NATIVE:
-        dt__count_native(c, bytes, 1);
         return dt__native(c, c->backend->broadcast(c, buf, bytes, root, dt_time_now() + c->timeout));
     case DT_ALGO_NAIVE: return dt__naive_broadcast(c, buf, bytes, root);
     case DT_ALGO_RING: return dt__ring_broadcast(c, buf, bytes, root);
@@ -5530,7 +5535,6 @@ dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_
     if (c->size == 1) return DT_OK;
     switch (algo) {
     case DT_ALGO_NATIVE:
-        dt__count_native(c, bytes, 2);
         r = dt__native(c, c->backend->allreduce(c, buf, count, t, op == DT_MEAN ? DT_SUM : op, dt_time_now() + c->timeout));
         break;
     case DT_ALGO_RING:
@@ -5707,7 +5711,8 @@ typedef struct dt__lworld {
     int        fail_count;              /* ranks that failed, in order */
 } dt__lworld;
 
-#define DT__LOCAL_SMALL 16384            /* bytes: below, a native all-reduce copies into shared slots */
+#define DT__LOCAL_SMALL 65536            /* bytes: below, a native all-reduce copies into shared slots */
+#define DT__SPIN_SECONDS 50e-6           /* how long a waiting rank polls before it sleeps, when ranks <= cores */
 
 static void dt__local_free_world(dt__lworld *W) {
     int i;
@@ -5762,16 +5767,22 @@ static void dt__local_sleep_until(dt__lworld *W, int me, double t) {
 }
 /* Polls *state for a few microseconds when spinning pays (no more ranks than cores); otherwise yields
    once. Returns 1 when it saw want. */
+static void dt__cpu_relax(void) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_ia32_pause();
+#endif
+}
 static int dt__local_spin(const dt__lworld *W, const volatile int *state, int want) {
+    double end;
     int i;
     if (!W->spin) { sched_yield(); return DT__ATOMIC_LOAD(state) == want; }
-    for (i = 0; i < 4000; i++) {
-        if (DT__ATOMIC_LOAD(state) == want) return 1;
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
+    for (end = dt_time_now() + DT__SPIN_SECONDS;;) {
+        for (i = 0; i < 64; i++) {
+            if (DT__ATOMIC_LOAD(state) == want) return 1;
+            dt__cpu_relax();
+        }
+        if (dt_time_now() > end) return 0;
     }
-    return 0;
 }
 
 static void dt__local_complete(dt__lworld *W, dt_request *q) {
@@ -5964,12 +5975,11 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
         dt__mutex_unlock(&W->mu);
     } else {
         dt__mutex_unlock(&W->mu);
-        if (W->spin) for (k = 0; k < 4000 && DT__ATOMIC_LOAD(&W->bar_gen) == gen; k++) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        }
-        else sched_yield();
+        if (W->spin) {
+            double end = dt_time_now() + DT__SPIN_SECONDS;
+            while (DT__ATOMIC_LOAD(&W->bar_gen) == gen && dt_time_now() < end)
+                for (k = 0; k < 64; k++) dt__cpu_relax();
+        } else sched_yield();
         dt__mutex_lock(&W->mu);
         while (DT__ATOMIC_LOAD(&W->bar_gen) == gen) {
             double now = dt_time_now();
@@ -6000,6 +6010,7 @@ static dt_result dt__local_broadcast(dt_comm *c, void *buf, size_t bytes, int ro
     dt__lworld *W = (dt__lworld *)c->impl;
     dt_result r;
     if (W->latency > 0 || W->bandwidth > 0) return dt__tree_broadcast(c, buf, bytes, root);   /* messages feel the link model */
+    dt__count_native(c, bytes, 1);
     W->r[c->rank].ptr = buf;
     if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
     if (c->rank != root && bytes) memcpy(buf, W->r[root].ptr, bytes);
@@ -6021,6 +6032,7 @@ static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t
         if ((r = dt__comm_scratch(c, (n / (size_t)p + 1) * es, &s)) != DT_OK) return r;
         return dt__allreduce_ring(c, buf, n, t, op, s);
     }
+    dt__count_native(c, bytes, 2);
     if (bytes <= DT__LOCAL_SMALL) {
         uint64_t gen = DT__ATOMIC_LOAD(&W->bar_gen);
         char *slots = W->small + (size_t)(gen & 1) * (size_t)p * DT__LOCAL_SMALL;

@@ -343,6 +343,7 @@ static dt_result dt__mpi_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype
     MPI_Op ops[] = {MPI_SUM, MPI_MAX, MPI_MIN};
     size_t es = dt_dtype_size(t), off;
     dt_result r = dt__mpi_sigcheck(c, deadline);
+    dt__count_native(c, count * es, 2);
     for (off = 0; r == DT_OK && off < count; ) {   /* MPI counts are int: parts of at most INT_MAX elements */
         size_t n = count - off < (size_t)INT_MAX ? count - off : (size_t)INT_MAX;
         MPI_Request rq = MPI_REQUEST_NULL;
@@ -357,6 +358,7 @@ static dt_result dt__mpi_broadcast(dt_comm *c, void *buf, size_t bytes, int root
     dt__mpi *M = (dt__mpi *)c->impl;
     size_t off;
     dt_result r = dt__mpi_sigcheck(c, deadline);
+    dt__count_native(c, bytes, 1);
     for (off = 0; r == DT_OK && off < bytes; ) {
         size_t n = bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30);
         MPI_Request rq = MPI_REQUEST_NULL;
