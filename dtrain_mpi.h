@@ -34,7 +34,7 @@
      One thread per process calls MPI: the one that uses the dt_comm. dt_launch initialises MPI with
      MPI_THREAD_FUNNELED (OpenMP threads inside kernels never call MPI). A program that initialises MPI
      itself needs at least FUNNELED, or SERIALIZED when different threads use different communicators
-     one at a time. Waiting ranks poll with MPI_Test and back off (sched_yield, then naps growing to
+     one at a time. Waiting ranks poll with MPI_Test and back off (sched_yield for 200 us, then naps growing to
      1 ms), so ranks oversubscribing the cores leave them to the ranks that work.
 */
 #ifndef DTRAIN_MPI_H
@@ -76,6 +76,7 @@ extern "C" {
 
 #define DT__MPI_NOTICE 480              /* bytes of message in an abort notice */
 #define DT__MPI_CANCEL_WAIT 0.5         /* seconds, after a failure, that cancels may wait for MPI in all */
+#define DT__MPI_YIELD_SECONDS 2e-4      /* seconds a wait yields before it naps */
 #define DT__MPI_ORDER_GRACE 0.2         /* seconds a message of a later collective must stay first in line */
 
 typedef char dt__mpi_request_fits[sizeof(MPI_Request) <= sizeof(((dt_request *)0)->impl) ? 1 : -1];
@@ -113,13 +114,17 @@ static dt_result dt__mpi_error(int rc, const char *call) {
 }
 #define DT__MPI_TRY(call) do { int rc_ = (call); if (rc_ != MPI_SUCCESS) return dt__mpi_error(rc_, #call); } while (0)
 
-/* Yields for the first polls, then naps of 2 us doubling up to 1 ms: no spinning on a busy machine. */
-static void dt__mpi_backoff(dt__mpi *M, int *polls) {
-    double nap;
-    if (++*polls < 32) { sched_yield(); return; }
-    nap = 2e-6 * (double)(1u << ((*polls - 32) / 2 < 9 ? (*polls - 32) / 2 : 9));
+/* Yields (sched_yield: a waiting rank gives its core to any rank that can run) for the first
+   DT__MPI_YIELD_SECONDS of a wait, then naps of an eighth of the time waited so far, from 10 us up to
+   1 ms: no spinning on a busy machine, and little added latency for a short wait. */
+static void dt__mpi_backoff(dt__mpi *M, double *since) {
+    double now = dt_time_now(), nap;
+    if (*since == 0) *since = now;
+    if (now - *since < DT__MPI_YIELD_SECONDS) { sched_yield(); return; }
+    nap = (now - *since) / 8;
+    nap = nap < 1e-5 ? 1e-5 : nap > 1e-3 ? 1e-3 : nap;
     dt__mutex_lock(&M->mu);
-    dt__cond_wait_for(&M->cv, &M->mu, nap < 1e-3 ? nap : 1e-3);
+    dt__cond_wait_for(&M->cv, &M->mu, nap);
     dt__mutex_unlock(&M->mu);
 }
 
@@ -177,7 +182,8 @@ static dt_result dt__mpi_probe(dt_comm *c, int src, int *ahead) {
    so that verdict must hold for DT__MPI_ORDER_GRACE seconds. */
 static dt_result dt__mpi_poll(dt_comm *c, MPI_Request *rq, MPI_Status *st, double deadline, int probe, int *rc) {
     dt__mpi *M = (dt__mpi *)c->impl;
-    int polls = 0, flag = 0, ahead = 0;
+    int flag = 0, ahead = 0;
+    double since = 0;
     double suspect = 0, now;
     dt_result r;
     for (;;) {
@@ -192,7 +198,7 @@ static dt_result dt__mpi_poll(dt_comm *c, MPI_Request *rq, MPI_Status *st, doubl
             if (suspect == 0) suspect = now;
         } else suspect = 0;
         if (now >= deadline) return DT_ERR_TIMEOUT;
-        dt__mpi_backoff(M, &polls);
+        dt__mpi_backoff(M, &since);
     }
 }
 
@@ -249,12 +255,13 @@ static dt_result dt__mpi_complete(dt_request *q, MPI_Status *st, int rc) {
 static void dt__mpi_cancel(dt_comm *c, dt_request *q) {
     dt__mpi *M = (dt__mpi *)c->impl;
     MPI_Request rq = dt__mpi_req_get(q);
-    int flag = 0, polls = 0;
+    int flag = 0;
+    double since = 0;
     if (q->kind == DT__REQ_NONE || q->state == DT__ST_DONE || rq == MPI_REQUEST_NULL) return;
     if (M->cancel_until == 0) M->cancel_until = dt_time_now() + DT__MPI_CANCEL_WAIT;
     if (MPI_Cancel(&rq) == MPI_SUCCESS)
         while (MPI_Test(&rq, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag && dt_time_now() < M->cancel_until)
-            dt__mpi_backoff(M, &polls);
+            dt__mpi_backoff(M, &since);
     if (!flag && rq != MPI_REQUEST_NULL) MPI_Request_free(&rq);
     dt__mpi_req_set(q, MPI_REQUEST_NULL);
     q->state = DT__ST_CANCELLED;
@@ -318,8 +325,9 @@ static dt_result dt__mpi_sigcheck(dt_comm *c, double deadline) {
     r = dt__mpi_native_wait(c, &rq, deadline, "MPI_Iallreduce");
     if (r == DT_ERR_PEER && M->in.result == DT_ERR_MISMATCH) {
         /* a rank whose check completed found a mismatch: so will this one, once MPI delivers the result */
-        int flag = 0, polls = 0, rc;
-        while ((rc = MPI_Test(&rq, &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && !flag && dt_time_now() < deadline) dt__mpi_backoff(M, &polls);
+        int flag = 0, rc;
+        double since = 0;
+        while ((rc = MPI_Test(&rq, &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && !flag && dt_time_now() < deadline) dt__mpi_backoff(M, &since);
         if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Iallreduce");
         if (flag) { r = DT_OK; M->stuck = 0; }
     }
@@ -426,14 +434,15 @@ static void dt__mpi_keep(MPI_Comm comm) {
 
 static void dt__mpi_destroy(dt_comm *c) {
     dt__mpi *M = (dt__mpi *)c->impl;
-    int k, pending = 0, polls = 0;
+    int k, pending = 0;
+    double since = 0;
     double until = dt_time_now() + 1.0;
     if (!M) return;
     for (k = 0; k < c->size; k++) {   /* the notices: at most a second more, then left to MPI */
         int flag = 0;
         while (M->out_reqs[k] != MPI_REQUEST_NULL && MPI_Test(&M->out_reqs[k], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag &&
                dt_time_now() < until)
-            dt__mpi_backoff(M, &polls);
+            dt__mpi_backoff(M, &since);
         if (M->out_reqs[k] != MPI_REQUEST_NULL) { MPI_Request_free(&M->out_reqs[k]); pending = 1; }
     }
     if (!c->broken && !M->notified) {
