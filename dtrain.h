@@ -6794,6 +6794,11 @@ dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_chec
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
 
+/* The MPI backend, declarations and (with DTRAIN_IMPLEMENTATION) implementation, for builds with MPI. */
+#ifdef DT_USE_MPI
+#include "dtrain_mpi.h"
+#endif
+
 /*
 MIT License
 
