@@ -129,7 +129,8 @@
      5. data     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, the loader
      6. comm     gossip topologies; the communicator: point-to-point, collectives and their algorithms,
                  the self and local backends, faults and counters; the launcher
-     7. train    evaluation, checkpoints
+     7. train    evaluation, checkpoints, DDP (data-parallel SGD: gradient averaging by five methods,
+                 buckets overlapped with backward, accumulation, uneven data, BatchNorm statistics)
 */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -439,6 +440,13 @@ dt_result dt_model_loss_labels(dt_model *m, const int32_t *labels, float *loss);
 dt_result dt_model_backward(dt_model *m, const float *dy);
 /* Sets every parameter gradient to zero. */
 void dt_model_zero_grad(dt_model *m);
+/* A function dt_model_backward calls right after each node's backward (node = nnodes - 1 down to 1): from
+   then on the gradients of the parameters of nodes >= node are final for this pass (parameters are laid
+   out in node order, so that is every gradient from some offset to the end of the flat buffer). It runs on
+   the caller's thread, between two nodes. dt_ddp uses it to start reducing a bucket of gradients while
+   backward goes on. fn NULL removes it; one hook per model. */
+typedef void (*dt_backward_hook)(void *user, dt_model *m, int node);
+void dt_model_set_backward_hook(dt_model *m, dt_backward_hook fn, void *user);
 /* Copies the output of the last forward ([batch, out...]) to host memory; count = batch * output size. */
 dt_result dt_model_output(dt_model *m, float *host, int64_t count);
 /* Number of correctly classified samples of the last forward (argmax of the output vs labels). */
@@ -953,7 +961,7 @@ dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, 
 int dt_current_rank(void);
 
 /* ============================================================================================== */
-/* 7. train: evaluation, checkpoints                                                              */
+/* 7. train: evaluation, checkpoints, DDP                                                         */
 /* ============================================================================================== */
 
 /* Loss and accuracy of a classifier over samples idx[0..count) of ds (idx NULL = all), in eval mode
@@ -982,6 +990,77 @@ typedef struct dt_checkpoint_meta {
 dt_result dt_checkpoint_save(const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta);
 /* o NULL skips the optimizer state in the file; meta NULL skips the counters. */
 dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta);
+
+/* ---- DDP: data-parallel SGD over the flat gradient buffer ------------------------------------ */
+
+/* How dt_ddp averages the gradients of the ranks. Each is a few lines over the flat buffer; they give the
+   same average (up to float rounding) and differ in who sends what:
+     BUCKETS       one all-reduce per bucket of about bucket_bytes of consecutive tensors, taken from the
+                   end of the buffer (backward finishes the last layers first); with dt_ddp_backward on the
+                   local backend a helper thread reduces each bucket as soon as backward has finished its
+                   layers, so communication overlaps the rest of the backward pass (the default)
+     FLAT          one all-reduce over the whole gradient buffer, after backward
+     PER_LAYER     one all-reduce per parameter tensor, last tensor first
+     PARAM_SERVER  dt_comm_gather of every gradient to rank 0, which sums them in rank order, then
+                   dt_comm_broadcast (naive: rank 0 sends to each) of the result
+     P2P           the same by hand: each rank isends its gradient to rank 0 and receives the sum back;
+                   rank 0 irecvs from everyone, sums, isends to everyone (user tag DT_DDP_TAG)
+   The all-reduce methods use desc.algo (naive, ring, tree, native; 0 = the communicator's default). */
+typedef enum dt_ddp_method {
+    DT_DDP_BUCKETS = 0, DT_DDP_FLAT, DT_DDP_PER_LAYER, DT_DDP_PARAM_SERVER, DT_DDP_P2P, DT_DDP_METHOD_COUNT
+} dt_ddp_method;
+const char *dt_ddp_method_name(dt_ddp_method k);             /* "buckets", "flat", "per-layer", "ps", "p2p" */
+dt_result   dt_ddp_method_parse(const char *s, dt_ddp_method *out);
+
+#define DT_DDP_BUCKET_BYTES (256 * 1024)   /* default bucket size; docs/design.md has the measurements */
+#define DT_DDP_TAG 32000                   /* the point-to-point tag of DT_DDP_P2P */
+
+/* DDP settings; zero means the default. */
+typedef struct dt_ddp_desc {
+    dt_ddp_method method;       /* default BUCKETS */
+    dt_algo       algo;         /* all-reduce algorithm of BUCKETS, FLAT, PER_LAYER (0 = communicator's default) */
+    int64_t       bucket_bytes; /* BUCKETS: bytes of gradient per bucket (0 = DT_DDP_BUCKET_BYTES); a tensor is
+                                   never split, so a bucket holds at least one tensor */
+    int           no_overlap;   /* 1: BUCKETS reduce after backward, on the caller's thread */
+    int           sync_buffers; /* 1: average the buffers (BatchNorm running statistics) at every gradient
+                                   sync; 0: only when the caller calls dt_ddp_sync_buffers (e.g. each epoch) */
+} dt_ddp_desc;
+
+typedef struct dt_ddp dt_ddp;
+
+/* What a rank's dt_ddp has done: gradient syncs, rounds it took part in after joining, and the seconds the
+   caller's thread spent blocked in communication (with overlap: only the part backward did not hide). */
+typedef struct dt_ddp_stats {
+    int64_t syncs, joined_rounds;
+    double  comm_seconds;
+} dt_ddp_stats;
+
+/* Collective. Wraps model m (finalized, the same architecture on every rank) for data-parallel training
+   on communicator c: broadcasts rank 0's parameters and buffers so every rank starts equal, and plans the
+   buckets. Both c and m must outlive the dt_ddp. Host buffers (the CPU backend). *out is NULL on failure. */
+dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc);
+/* Stops the helper thread, removes the backward hook, frees what dt_ddp_create allocated. NULL is allowed. */
+void      dt_ddp_destroy(dt_ddp *d);
+/* Backward pass of a micro-batch of `samples` samples (its loss a mean over them), like dt_model_backward
+   (dy as there). With sync = 0 nothing is communicated: the gradient accumulates, weighted by samples.
+   With sync = 1 (collective) the accumulated gradients of all ranks are averaged, each sample weighing the
+   same: afterwards every rank's dt_model_grads holds the gradient of the mean loss over all the samples
+   of all ranks since the last sync. Then step the optimizer and zero the gradients. */
+dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync);
+/* Collective: the same averaging for a gradient computed by plain dt_model_backward calls, which the
+   caller states is the mean over `samples` samples. Never overlapped. */
+dt_result dt_ddp_sync(dt_ddp *d, int64_t samples);
+/* Collective: call when this rank has no more batches (e.g. at the end of every epoch, on every rank).
+   Until every rank has joined, it takes part in the others' gradient syncs with a zero gradient and zero
+   weight and steps o (may be NULL) with the average, so its replica stays equal to theirs. Ranks with
+   unequal numbers of batches thus finish the epoch without hanging. */
+dt_result dt_ddp_join(dt_ddp *d, dt_optim *o);
+/* Collective: averages the model's buffers (BatchNorm running mean and variance) over the ranks. */
+dt_result dt_ddp_sync_buffers(dt_ddp *d);
+/* Collective: broadcasts rank 0's parameters and buffers (what dt_ddp_create does). */
+dt_result dt_ddp_broadcast_params(dt_ddp *d);
+dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d);       /* zeros for NULL */
+int          dt_ddp_buckets(const dt_ddp *d);         /* buckets planned (BUCKETS), else 0 */
 
 #ifdef __cplusplus
 }
@@ -2112,6 +2191,8 @@ struct dt_model {
     float *ws;                      /* convolution workspace */
     int64_t ws_count;
     uint64_t step;                  /* forward passes in training mode: the dropout counter */
+    dt_backward_hook hook;          /* called after each node's backward (dt_ddp's buckets) */
+    void *hook_user;
     dt__cpu_state cpu;              /* the CPU backend's state (ctx) when no other is given */
 };
 
@@ -2779,8 +2860,17 @@ dt_result dt_model_backward(dt_model *m, const float *dy) {
     if (!out->grad) return dt_set_error(DT_ERR_STATE, "dt_model_backward: the output is the input itself; add a layer");
     if (dy) m->ops->upload(m->ctx, out->grad, dy, (int64_t)sizeof(float) * m->batch * out->size);
     else m->ops->copy(m->ctx, out->grad, m->seed_grad, m->batch * out->size);
-    for (i = m->nnodes - 1; i >= 1; i--) dt__node_bwd(m, &m->nodes[i], m->batch);
+    for (i = m->nnodes - 1; i >= 1; i--) {
+        dt__node_bwd(m, &m->nodes[i], m->batch);
+        if (m->hook) m->hook(m->hook_user, m, i);
+    }
     return DT_OK;
+}
+
+void dt_model_set_backward_hook(dt_model *m, dt_backward_hook fn, void *user) {
+    if (!m) return;
+    m->hook = fn;
+    m->hook_user = fn ? user : NULL;
 }
 
 void dt_model_zero_grad(dt_model *m) {
@@ -6787,6 +6877,400 @@ dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_chec
     DT_FREE(host); DT_FREE(steps);
     return r;
 }
+
+/* ---- DDP ---------------------------------------------------------------------------------------
+   Every sync has two halves. First the ranks agree, in one all-reduce of two integers, on the samples
+   behind the gradients (and on how many ranks still have data: dt_ddp_join's ranks say 0); each rank then
+   scales its gradient by its share, last micro-batch's samples / all samples (its buffer holds a mean over
+   its last micro-batch, see dt_ddp_backward), so that the SUM over ranks is the mean over every sample.
+   Then the method sums: the same collectives in the same order on every rank, so a joined rank that
+   contributes zeros can shadow the others. With BUCKETS and overlap, a helper thread owns the communicator
+   from the agreement to the end of backward: the backward hook moves `ready` down the buffer and the
+   helper reduces each bucket as soon as `ready` has passed its start. */
+
+const char *dt_ddp_method_name(dt_ddp_method k) {
+    static const char *names[DT_DDP_METHOD_COUNT] = {"buckets", "flat", "per-layer", "ps", "p2p"};
+    return (k >= 0 && k < DT_DDP_METHOD_COUNT) ? names[k] : "unknown";
+}
+
+dt_result dt_ddp_method_parse(const char *s, dt_ddp_method *out) {
+    int k;
+    for (k = 0; s && k < DT_DDP_METHOD_COUNT; k++)
+        if (strcmp(s, dt_ddp_method_name((dt_ddp_method)k)) == 0) {
+            if (out) *out = (dt_ddp_method)k;
+            return DT_OK;
+        }
+    return dt_set_error(DT_ERR_INVALID_ARG, "unknown DDP sync method '%s': use buckets, flat, per-layer, ps or p2p",
+                        s ? s : "(null)");
+}
+
+struct dt_ddp {
+    dt_comm     *comm;
+    dt_model    *model;
+    dt_ddp_desc  desc;
+    int64_t      n;                 /* gradient elements */
+    int          ntensors, nbuckets;
+    int64_t     *toff, *tcnt;       /* [ntensors] parameter tensors, last first (the order backward ends them) */
+    int64_t     *boff, *bcnt;       /* [nbuckets] buckets of whole tensors, last first */
+    int64_t     *ready_at;          /* [nodes]: after node i's backward the gradients [ready_at[i], n) are final */
+    float       *gathered;          /* PARAM_SERVER and P2P, rank 0: [size * n] everyone's gradient */
+    dt_request  *reqs;              /* P2P, rank 0: [size] */
+    int64_t      acc_samples;       /* samples accumulated since the last sync */
+    int64_t      last_samples;      /* the last micro-batch's: the buffer is (sum of gradients) / this */
+    float        scale;             /* this rank's weight in the sum of the current sync */
+    dt_ddp_stats stats;
+    int          tls_rank;          /* the creator's rank for log prefixes, given to the helper thread */
+    /* overlap (BUCKETS on local ranks) */
+    int          overlap, in_sync;  /* in_sync: the caller's thread is in an overlapped backward */
+    int64_t      ready_seen;        /* caller's copy of `ready` */
+    dt__thread   thread;
+    dt__mutex    mu;
+    dt__cond     cv;
+    int          quit, job;         /* under mu */
+    int64_t      ready;             /* under mu: gradients [ready, n) are final */
+    dt_result    herr;              /* under mu: the helper's failure and message */
+    char         hmsg[512];
+};
+
+/* Sums this rank's slice (already in g) with slots 1..p-1 of gathered, in rank order. */
+static void dt__ddp_sum_slots(float *g, const float *gathered, int p, int64_t cnt) {
+    int i;
+    int64_t j;
+    for (i = 1; i < p; i++)
+        for (j = 0; j < cnt; j++) g[j] += gathered[(int64_t)i * cnt + j];
+}
+
+/* Weighs this rank's gradients [off, off + cnt) and sums them over the ranks by the chosen method. */
+static dt_result dt__ddp_reduce(dt_ddp *d, int64_t off, int64_t cnt) {
+    dt_comm *c = d->comm;
+    float *g = d->model->grads + off;
+    int p = c->size, me = c->rank, i;
+    int64_t j;
+    dt_result r = DT_OK;
+    if (d->scale != 1.0f)
+        for (j = 0; j < cnt; j++) g[j] *= d->scale;
+    if (p == 1) return DT_OK;
+    switch (d->desc.method) {
+    case DT_DDP_PARAM_SERVER:   /* everyone to rank 0, which sums and sends the result to everyone */
+        if ((r = dt_comm_gather(c, g, me == 0 ? d->gathered : NULL, (size_t)cnt, DT_F32, 0)) != DT_OK) return r;
+        if (me == 0) dt__ddp_sum_slots(g, d->gathered, p, cnt);
+        return dt_comm_broadcast(c, g, (size_t)cnt, DT_F32, 0, DT_ALGO_NAIVE);
+    case DT_DDP_P2P:            /* the same with messages written by hand */
+        if (me != 0) {
+            if ((r = dt_comm_send(c, g, (size_t)cnt, DT_F32, 0, DT_DDP_TAG)) != DT_OK) return r;
+            return dt_comm_recv(c, g, (size_t)cnt, DT_F32, 0, DT_DDP_TAG, NULL);
+        }
+        for (i = 1; i < p && r == DT_OK; i++)
+            r = dt_comm_irecv(c, d->gathered + (int64_t)i * cnt, (size_t)cnt, DT_F32, i, DT_DDP_TAG, &d->reqs[i]);
+        if (r == DT_OK) r = dt_comm_waitall(c, d->reqs + 1, i - 1);
+        if (r != DT_OK) return r;
+        dt__ddp_sum_slots(g, d->gathered, p, cnt);
+        for (i = 1; i < p && r == DT_OK; i++) r = dt_comm_isend(c, g, (size_t)cnt, DT_F32, i, DT_DDP_TAG, &d->reqs[i]);
+        if (r == DT_OK) r = dt_comm_waitall(c, d->reqs + 1, i - 1);
+        return r;
+    default:                    /* BUCKETS, FLAT, PER_LAYER: all-reduce of a slice */
+        return dt_comm_allreduce(c, g, (size_t)cnt, DT_F32, DT_SUM, d->desc.algo);
+    }
+}
+
+/* The whole buffer, in the method's order of collectives, buckets from `from` on. */
+static dt_result dt__ddp_reduce_all(dt_ddp *d, int from) {
+    dt_result r = DT_OK;
+    int i;
+    if (d->desc.method == DT_DDP_BUCKETS)
+        for (i = from; i < d->nbuckets && r == DT_OK; i++) r = dt__ddp_reduce(d, d->boff[i], d->bcnt[i]);
+    else if (d->desc.method == DT_DDP_PER_LAYER)
+        for (i = 0; i < d->ntensors && r == DT_OK; i++) r = dt__ddp_reduce(d, d->toff[i], d->tcnt[i]);
+    else
+        r = dt__ddp_reduce(d, 0, d->n);
+    return r;
+}
+
+/* First half of a sync: the samples of all ranks and the number of ranks with data; sets this rank's weight. */
+static dt_result dt__ddp_agree(dt_ddp *d, int active, int64_t *nactive) {
+    int64_t v[2];
+    dt_result r;
+    v[0] = active ? d->acc_samples : 0;
+    v[1] = active;
+    if ((r = dt_comm_allreduce(d->comm, v, 2, DT_I64, DT_SUM, DT_ALGO_AUTO)) != DT_OK) return r;
+    *nactive = v[1];
+    d->scale = active && v[0] > 0 ? (float)((double)d->last_samples / (double)v[0]) : 0.0f;
+    return DT_OK;
+}
+
+#if DT__HAVE_THREADS
+static void dt__ddp_helper(void *arg) {
+    dt_ddp *d = (dt_ddp *)arg;
+    dt__tls_rank = d->tls_rank;
+    dt__mutex_lock(&d->mu);
+    for (;;) {
+        int b;
+        while (!d->quit && !d->job) dt__cond_wait(&d->cv, &d->mu);
+        if (d->quit) break;
+        for (b = 0; b < d->nbuckets && d->herr == DT_OK; b++) {
+            dt_result r;
+            while (d->ready > d->boff[b]) dt__cond_wait(&d->cv, &d->mu);
+            dt__mutex_unlock(&d->mu);
+            r = dt__ddp_reduce(d, d->boff[b], d->bcnt[b]);
+            dt__mutex_lock(&d->mu);
+            if (r != DT_OK) {
+                d->herr = r;
+                snprintf(d->hmsg, sizeof d->hmsg, "%s", dt_last_error());
+            }
+        }
+        d->job = 0;
+        dt__cond_broadcast(&d->cv);
+    }
+    dt__mutex_unlock(&d->mu);
+}
+
+static void dt__ddp_hook(void *user, dt_model *m, int node) {
+    dt_ddp *d = (dt_ddp *)user;
+    (void)m;
+    if (!d->in_sync || d->ready_at[node] >= d->ready_seen) return;
+    d->ready_seen = d->ready_at[node];
+    dt__mutex_lock(&d->mu);
+    d->ready = d->ready_seen;
+    dt__cond_broadcast(&d->cv);
+    dt__mutex_unlock(&d->mu);
+}
+#endif
+
+static void dt__ddp_free(dt_ddp *d) {
+    DT_FREE(d->toff); DT_FREE(d->tcnt); DT_FREE(d->boff); DT_FREE(d->bcnt); DT_FREE(d->ready_at);
+    DT_FREE(d->gathered); DT_FREE(d->reqs);
+    DT_FREE(d);
+}
+
+/* Tensors last first, buckets of whole tensors from the end, and where each node's backward leaves the
+   final gradients. */
+static dt_result dt__ddp_plan(dt_ddp *d) {
+    dt_model *m = d->model;
+    int nt = dt_model_param_tensors(m), nodes = dt_model_nodes(m), i, nb = 0;
+    int64_t cap = d->desc.bucket_bytes / (int64_t)sizeof(float), have = 0;
+    d->ntensors = nt;
+    d->toff = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->tcnt = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->boff = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->bcnt = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->ready_at = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nodes + 1));
+    if (!d->toff || !d->tcnt || !d->boff || !d->bcnt || !d->ready_at) return DT_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < nodes; i++) d->ready_at[i] = d->n;
+    for (i = 0; i < nt; i++) {
+        dt_param_info pi = dt_model_param_info(m, nt - 1 - i);
+        d->toff[i] = pi.offset;
+        d->tcnt[i] = pi.count;
+        if (pi.offset < d->ready_at[pi.node]) d->ready_at[pi.node] = pi.offset;
+    }
+    for (i = nodes - 2; i >= 0; i--)   /* node i's backward comes after every later node's */
+        if (d->ready_at[i + 1] < d->ready_at[i]) d->ready_at[i] = d->ready_at[i + 1];
+    for (i = 0; i < nt; i++) {         /* tensors are consecutive: a bucket is [its last tensor's offset, previous start) */
+        if (have == 0) { d->bcnt[nb] = 0; nb++; }
+        d->boff[nb - 1] = d->toff[i];
+        d->bcnt[nb - 1] += d->tcnt[i];
+        have += d->tcnt[i];
+        if (have >= cap) have = 0;
+    }
+    d->nbuckets = d->desc.method == DT_DDP_BUCKETS ? nb : 0;
+    return DT_OK;
+}
+
+dt_result dt_ddp_broadcast_params(dt_ddp *d) {
+    int64_t nb = 0;
+    float *b;
+    dt_result r;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_broadcast_params: ddp is NULL");
+    if ((r = dt_comm_broadcast(d->comm, d->model->params, (size_t)d->n, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    b = dt_model_buffers(d->model, &nb);
+    return nb > 0 ? dt_comm_broadcast(d->comm, b, (size_t)nb, DT_F32, 0, DT_ALGO_AUTO) : DT_OK;
+}
+
+dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc) {
+    dt_ddp_desc dd;
+    dt_ddp *d;
+    dt_result r;
+    int64_t v[2];
+    int me = c ? c->rank : -1;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: out is NULL");
+    *out = NULL;
+    memset(&dd, 0, sizeof dd);
+    if (desc) dd = *desc;
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: the communicator is NULL");
+    if (!m || !m->finalized)
+        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: the model is %s", me,
+                            m ? "not finalized: call dt_model_finalize first" : "NULL");
+    if (dd.method < 0 || dd.method >= DT_DDP_METHOD_COUNT || dd.algo < 0 || dd.algo >= DT_ALGO_COUNT || dd.bucket_bytes < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: bad desc (method %d, algo %d, bucket_bytes %lld): "
+                            "method is a dt_ddp_method, algo a dt_algo, bucket_bytes >= 0", me, (int)dd.method,
+                            (int)dd.algo, (long long)dd.bucket_bytes);
+    if (!dd.bucket_bytes) dd.bucket_bytes = DT_DDP_BUCKET_BYTES;
+    if (!(d = (dt_ddp *)DT_MALLOC(sizeof *d))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory", me);
+    memset(d, 0, sizeof *d);
+    d->comm = c;
+    d->model = m;
+    d->desc = dd;
+    d->n = m->nparams;
+    d->tls_rank = dt__tls_rank;
+    if (dt__ddp_plan(d) != DT_OK) {
+        dt__ddp_free(d);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for the plan", me);
+    }
+    if ((dd.method == DT_DDP_PARAM_SERVER || dd.method == DT_DDP_P2P) && me == 0 && c->size > 1) {
+        d->gathered = (float *)DT_MALLOC(sizeof(float) * (size_t)(c->size * (d->n ? d->n : 1)));
+        d->reqs = (dt_request *)DT_MALLOC(sizeof(dt_request) * (size_t)c->size);
+        if (!d->gathered || !d->reqs) {
+            dt__ddp_free(d);
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank 0: no memory to gather %d gradients of %lld floats "
+                                "(the parameter server's buffer); use --sync flat or buckets", c->size, (long long)m->nparams);
+        }
+    }
+    v[0] = d->n;   /* the same model everywhere: max of n and of -n */
+    v[1] = -d->n;
+    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) == DT_OK && (v[0] != d->n || -v[1] != d->n))
+        r = dt_set_error(DT_ERR_MISMATCH, "dt_ddp_create: rank %d: its model has %lld parameters but another rank's has %lld: "
+                         "every rank must build the same model", me, (long long)d->n, (long long)(v[0] != d->n ? v[0] : -v[1]));
+    if (r == DT_OK) r = dt_ddp_broadcast_params(d);
+    if (r != DT_OK) { dt__ddp_free(d); return r; }
+    /* the helper thread calls the communicator: local ranks only (MPI is initialised FUNNELED) */
+#if DT__HAVE_THREADS
+    if (dd.method == DT_DDP_BUCKETS && !dd.no_overlap && c->size > 1 && strcmp(dt_comm_backend_name(c), "local") == 0) {
+        if (dt__mutex_init(&d->mu) == 0 && dt__cond_init(&d->cv) == 0 && dt__thread_start(&d->thread, dt__ddp_helper, d) == 0) {
+            d->overlap = 1;
+            dt_model_set_backward_hook(m, dt__ddp_hook, d);
+        } else {
+            dt_log(DT_LOG_WARN, "dt_ddp_create: rank %d: could not start the helper thread; buckets are reduced after backward", me);
+        }
+    }
+#endif
+    *out = d;
+    return DT_OK;
+}
+
+void dt_ddp_destroy(dt_ddp *d) {
+    if (!d) return;
+#if DT__HAVE_THREADS
+    if (d->overlap) {
+        dt__mutex_lock(&d->mu);
+        d->quit = 1;
+        dt__cond_broadcast(&d->cv);
+        dt__mutex_unlock(&d->mu);
+        dt__thread_join(&d->thread);
+        dt__cond_destroy(&d->cv);
+        dt__mutex_destroy(&d->mu);
+    }
+#endif
+    if (d->model->hook_user == d) dt_model_set_backward_hook(d->model, NULL, NULL);
+    dt__ddp_free(d);
+}
+
+static dt_result dt__ddp_bad(const dt_ddp *d, int64_t samples, const char *what) {
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "%s: ddp is NULL", what);
+    if (samples <= 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: rank %d: samples is %lld; give the batch's sample count (> 0)", what,
+                            d->comm->rank, (long long)samples);
+    return DT_OK;
+}
+
+/* After the sum: buffers if asked, counters, and a fresh accumulation. */
+static dt_result dt__ddp_done(dt_ddp *d, dt_result r, double t0) {
+    if (r == DT_OK && d->desc.sync_buffers) r = dt_ddp_sync_buffers(d);
+    d->stats.comm_seconds += dt_time_now() - t0;
+    d->stats.syncs += r == DT_OK;
+    d->acc_samples = d->last_samples = 0;
+    return r;
+}
+
+dt_result dt_ddp_sync(dt_ddp *d, int64_t samples) {
+    dt_result r;
+    int64_t nactive;
+    double t0 = dt_time_now();
+    if ((r = dt__ddp_bad(d, samples, "dt_ddp_sync")) != DT_OK) return r;
+    d->acc_samples = d->last_samples = samples;
+    if ((r = dt__ddp_agree(d, 1, &nactive)) == DT_OK) r = dt__ddp_reduce_all(d, 0);
+    return dt__ddp_done(d, r, t0);
+}
+
+dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync) {
+    dt_result r, rb;
+    int64_t j, nactive;
+    double t0;
+    if ((r = dt__ddp_bad(d, samples, "dt_ddp_backward")) != DT_OK) return r;
+    if (d->last_samples > 0 && d->last_samples != samples) {   /* keep the buffer = sum of gradients / samples */
+        float f = (float)((double)d->last_samples / (double)samples);
+        for (j = 0; j < d->n; j++) d->model->grads[j] *= f;
+    }
+    d->acc_samples += samples;
+    d->last_samples = samples;
+    if (!sync) return dt_model_backward(d->model, dy);
+    t0 = dt_time_now();
+    if ((r = dt__ddp_agree(d, 1, &nactive)) != DT_OK) return dt__ddp_done(d, r, t0);
+    if (!d->overlap) {
+        t0 -= dt_time_now();   /* backward's time is not communication */
+        rb = dt_model_backward(d->model, dy);
+        t0 += dt_time_now();
+        if (rb != DT_OK) return rb;
+        return dt__ddp_done(d, dt__ddp_reduce_all(d, 0), t0);
+    }
+    /* hand the communicator to the helper, run backward, then wait for the buckets backward did not hide */
+    dt__mutex_lock(&d->mu);
+    d->ready = d->ready_seen = d->n;
+    d->herr = DT_OK;
+    d->job = 1;
+    dt__cond_broadcast(&d->cv);
+    dt__mutex_unlock(&d->mu);
+    d->in_sync = 1;
+    t0 -= dt_time_now();
+    rb = dt_model_backward(d->model, dy);
+    t0 += dt_time_now();
+    d->in_sync = 0;
+    dt__mutex_lock(&d->mu);
+    d->ready = 0;
+    dt__cond_broadcast(&d->cv);
+    while (d->job) dt__cond_wait(&d->cv, &d->mu);
+    r = d->herr;
+    dt__mutex_unlock(&d->mu);
+    if (rb != DT_OK) return rb;
+    if (r != DT_OK) snprintf(dt__errmsg, sizeof dt__errmsg, "%s", d->hmsg);
+    return dt__ddp_done(d, r, t0);
+}
+
+dt_result dt_ddp_join(dt_ddp *d, dt_optim *o) {
+    dt_result r;
+    int64_t nactive;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_join: ddp is NULL");
+    if (d->acc_samples)
+        return dt_set_error(DT_ERR_STATE, "dt_ddp_join: rank %d has %lld samples accumulated but not synced: pass sync = 1 "
+                            "to dt_ddp_backward on the last batch", d->comm->rank, (long long)d->acc_samples);
+    for (;;) {
+        double t0 = dt_time_now();
+        if ((r = dt__ddp_agree(d, 0, &nactive)) != DT_OK) return r;
+        if (nactive == 0) { d->stats.comm_seconds += dt_time_now() - t0; return DT_OK; }   /* everyone has joined */
+        dt_model_zero_grad(d->model);
+        r = dt__ddp_reduce_all(d, 0);
+        if ((r = dt__ddp_done(d, r, t0)) != DT_OK) return r;
+        d->stats.syncs--;
+        d->stats.joined_rounds++;
+        if (o && (r = dt_optim_step(o)) != DT_OK) return r;
+        dt_model_zero_grad(d->model);
+    }
+}
+
+dt_result dt_ddp_sync_buffers(dt_ddp *d) {
+    int64_t nb = 0;
+    float *b;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_sync_buffers: ddp is NULL");
+    b = dt_model_buffers(d->model, &nb);
+    if (nb == 0 || d->comm->size == 1) return DT_OK;
+    return dt_comm_allreduce(d->comm, b, (size_t)nb, DT_F32, DT_MEAN, d->desc.algo);
+}
+
+dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d) {
+    dt_ddp_stats s;
+    memset(&s, 0, sizeof s);
+    return d ? d->stats : s;
+}
+
+int dt_ddp_buckets(const dt_ddp *d) { return d ? d->nbuckets : 0; }
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,417 @@
+/* test_ddp.c - the DDP trainer: every averaging method on 2, 3 and 4 local ranks with per-rank batch B/N
+   ends, after k SGD steps, with the parameters of one rank trained with batch B; the initial broadcast;
+   gradient accumulation; ranks with unequal numbers of batches; BatchNorm statistics; bad arguments.
+   DT_TEST_QUICK=1 (sanitizer builds) tries fewer algorithms. */
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#include "dt_test.h"
+
+#define IN 12        /* features */
+#define K 4          /* classes */
+#define B 12         /* global batch: divisible by 2, 3 and 4 */
+#define STEPS 3
+#define MAXR 4
+#define NSAMP (B * STEPS)
+
+static int quick;
+static float X[NSAMP * IN];
+static int32_t Y[NSAMP];
+
+static void make_data(void) {
+    dt_rng r;
+    int i;
+    dt_rng_init(&r, 5, 0);
+    for (i = 0; i < NSAMP * IN; i++) X[i] = (float)dt_rng_u32(&r) / 4294967296.0f * 2.0f - 1.0f;
+    for (i = 0; i < NSAMP; i++) Y[i] = (int32_t)(dt_rng_u32(&r) % K);
+}
+
+/* A small MLP (no dropout, no batchnorm), or with batchnorm; seed differs per rank to test the broadcast. */
+static dt_result make_model(dt_model **m, uint64_t seed, int bn, int hidden) {
+    dt_model_desc d;
+    int x;
+    memset(&d, 0, sizeof d);
+    d.in_c = IN; d.seed = seed;
+    if (dt_model_create(m, &d) != DT_OK) return DT_ERR_OUT_OF_MEMORY;
+    x = dt_model_input(*m);
+    x = dt_linear(*m, x, hidden, 1);
+    if (bn) x = dt_batchnorm(*m, x);
+    x = dt_relu(*m, x);
+    x = dt_linear(*m, x, 10, 1);
+    x = dt_relu(*m, x);
+    x = dt_linear(*m, x, K, 1);
+    return dt_model_finalize(*m);
+}
+
+static dt_result make_optim(dt_optim **o, dt_model *m) {
+    dt_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.lr = 0.1f; od.momentum = 0.9f;
+    return dt_optim_create(o, m, &od);
+}
+
+/* One step's forward and loss on samples [first, first + n). */
+static dt_result fwd(dt_model *m, int64_t first, int64_t n) {
+    float loss;
+    dt_result r = dt_model_forward(m, X + first * IN, n);
+    return r != DT_OK ? r : dt_model_loss_labels(m, Y + first, &loss);
+}
+
+/* The reference: one process, steps[s] = (first sample, count) of each step's batch. */
+static void reference(float *out, int64_t nparams, const int64_t (*steps)[2], int nsteps) {
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    int s;
+    CHECK_OK(make_model(&m, 1, 0, 16));
+    CHECK_OK(make_optim(&o, m));
+    for (s = 0; s < nsteps && m && o; s++) {
+        CHECK_OK(fwd(m, steps[s][0], steps[s][1]));
+        dt_model_zero_grad(m);
+        CHECK_OK(dt_model_backward(m, NULL));
+        CHECK_OK(dt_optim_step(o));
+    }
+    if (m) CHECK_OK(dt_model_get_params(m, out, nparams));
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+}
+
+typedef struct job {
+    dt_ddp_desc desc;
+    int mode;                  /* 0 equal shares; 1 accumulation; 2 unequal batch counts; 3 plain backward + dt_ddp_sync */
+    int64_t nparams;
+    float params[MAXR][1024];  /* each rank's parameters at the end */
+    float first[MAXR][1024];   /* right after dt_ddp_create */
+    dt_ddp_stats stats[MAXR];
+    int buckets[MAXR];
+} job;
+
+static dt_result ddp_rank(dt_comm *c, void *arg) {
+    job *j = (job *)arg;
+    int me = dt_comm_rank(c), p = dt_comm_size(c), s;
+    int64_t share = B / p;
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_ddp *d = NULL;
+    dt_result r;
+#define T(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
+    T(make_model(&m, 1 + (uint64_t)me * 77, 0, 16));
+    T(make_optim(&o, m));
+    T(dt_ddp_create(&d, c, m, &j->desc));
+    T(dt_model_get_params(m, j->first[me], j->nparams));
+    j->buckets[me] = dt_ddp_buckets(d);
+    if (j->mode == 2) {   /* rank 0: 3 batches of 4; rank 1: 1 batch of 2 (samples 4 + 12 s .. and 16..17) */
+        int nb = me == 0 ? STEPS : 1;
+        for (s = 0; s < nb; s++) {
+            T(fwd(m, me == 0 ? 12 * s : 16, me == 0 ? 4 : 2));
+            T(dt_ddp_backward(d, NULL, me == 0 ? 4 : 2, 1));
+            T(dt_optim_step(o));
+            dt_model_zero_grad(m);
+        }
+        T(dt_ddp_join(d, o));
+    } else {
+        for (s = 0; s < STEPS; s++) {
+            int64_t first = (int64_t)s * B + me * share;
+            if (j->mode == 1) {   /* two micro-batches of unequal size, synced on the second */
+                int64_t a = share / 2 + (share > 2), b2 = share - a;
+                T(fwd(m, first, a));
+                T(dt_ddp_backward(d, NULL, a, 0));
+                T(fwd(m, first + a, b2));
+                T(dt_ddp_backward(d, NULL, b2, 1));
+            } else if (j->mode == 3) {
+                T(fwd(m, first, share));
+                T(dt_model_backward(m, NULL));
+                T(dt_ddp_sync(d, share));
+            } else {
+                T(fwd(m, first, share));
+                T(dt_ddp_backward(d, NULL, share, 1));
+            }
+            T(dt_optim_step(o));
+            dt_model_zero_grad(m);
+        }
+        T(dt_ddp_join(d, o));
+    }
+    T(dt_model_get_params(m, j->params[me], j->nparams));
+    j->stats[me] = dt_ddp_get_stats(d);
+done:
+#undef T
+    dt_ddp_destroy(d);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    return r;
+}
+
+/* fn on `ranks` local ranks, with a timeout that keeps a broken test from hanging */
+static dt_result launch(dt_rank_fn fn, void *arg, int ranks) {
+    dt_launch_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.ranks = ranks;
+    ld.comm.timeout = 20;
+    return dt_launch_local(&ld, fn, arg, NULL);
+}
+static void run_job(job *j, int ranks) { CHECK_OK(launch(ddp_rank, j, ranks)); }
+
+static int64_t model_params(void) {
+    dt_model *m = NULL;
+    int64_t n = 0;
+    CHECK_OK(make_model(&m, 1, 0, 16));
+    n = dt_model_param_count(m);
+    dt_model_destroy(m);
+    return n;
+}
+
+/* N ranks with B/N each = one rank with B, for every method (and all-reduce algorithm) */
+static void test_equivalence(void) {
+    static job j;
+    static float ref[1024];
+    int64_t steps[STEPS][2], n = model_params();
+    int s, p, meth, a, mode;
+    for (s = 0; s < STEPS; s++) { steps[s][0] = (int64_t)s * B; steps[s][1] = B; }
+    reference(ref, n, (const int64_t(*)[2])steps, STEPS);
+    for (meth = 0; meth < DT_DDP_METHOD_COUNT; meth++)
+        for (a = 0; a < DT_ALGO_COUNT; a++) {
+            int allreduce = meth == DT_DDP_BUCKETS || meth == DT_DDP_FLAT || meth == DT_DDP_PER_LAYER;
+            if (a && (!allreduce || (quick && a != DT_ALGO_RING))) continue;
+            for (p = 2; p <= MAXR; p++)
+                for (mode = 0; mode < (meth == DT_DDP_BUCKETS ? 4 : 1); mode++) {
+                    int r;
+                    char what[128];
+                    memset(&j, 0, sizeof j);
+                    j.nparams = n;
+                    j.desc.method = (dt_ddp_method)meth;
+                    j.desc.algo = (dt_algo)a;
+                    /* buckets: one tensor each, two tensors, or everything (default), or no overlap */
+                    j.desc.bucket_bytes = mode == 0 ? 4 : mode == 1 ? 200 : 0;
+                    j.desc.no_overlap = mode == 3;
+                    run_job(&j, p);
+                    for (r = 0; r < p; r++) {
+                        snprintf(what, sizeof what, "%s, algo %s, %d ranks, mode %d: rank %d", dt_ddp_method_name(j.desc.method),
+                                 dt_algo_name(j.desc.algo), p, mode, r);
+                        CHECK_CLOSE(j.params[r], ref, n, 1e-5, what);
+                    }
+                    if (meth == DT_DDP_BUCKETS) CHECK(j.buckets[0] == (mode == 0 ? 6 : mode == 1 ? 3 : 1));
+                }
+        }
+}
+
+/* dt_ddp_create broadcasts rank 0's parameters: ranks built with different seeds start equal */
+static void test_broadcast(void) {
+    static job j;
+    int r;
+    memset(&j, 0, sizeof j);
+    j.nparams = model_params();
+    run_job(&j, 3);
+    for (r = 1; r < 3; r++) CHECK(memcmp(j.first[r], j.first[0], sizeof(float) * (size_t)j.nparams) == 0);
+    CHECK(j.stats[0].syncs == STEPS && j.stats[0].joined_rounds == 0);
+}
+
+/* two micro-batches (sizes 2 + 1 ... 3 + 3) accumulated, then one sync = one batch; and plain backward +
+   dt_ddp_sync; on one rank (the self backend) too */
+static void test_accumulation(void) {
+    static job j;
+    static float ref[1024];
+    int64_t steps[STEPS][2], n = model_params();
+    int s, p, r, mode;
+    for (s = 0; s < STEPS; s++) { steps[s][0] = (int64_t)s * B; steps[s][1] = B; }
+    reference(ref, n, (const int64_t(*)[2])steps, STEPS);
+    for (mode = 1; mode <= 3; mode += 2)
+        for (p = 1; p <= MAXR; p++) {
+            memset(&j, 0, sizeof j);
+            j.nparams = n;
+            j.mode = mode;
+            j.desc.method = DT_DDP_FLAT;
+            run_job(&j, p);
+            for (r = 0; r < p; r++) CHECK_CLOSE(j.params[r], ref, n, 1e-5, mode == 1 ? "accumulation" : "dt_ddp_sync");
+        }
+}
+
+/* rank 0 has 3 batches of 4 samples, rank 1 one batch of 2: the first step averages 6 samples, then
+   rank 1 joins with zero weight for 2 rounds; both end equal to the reference, for every method */
+static void test_uneven(void) {
+    static job j;
+    static float ref[1024];
+    const int64_t steps[STEPS][2] = {{0, 4}, {12, 4}, {24, 4}};
+    int64_t n = model_params();
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    int meth, s;
+    /* the reference's first step is over samples 0..3 and 16..17: build it by hand */
+    CHECK_OK(make_model(&m, 1, 0, 16));
+    CHECK_OK(make_optim(&o, m));
+    if (!m || !o) { dt_optim_destroy(o); dt_model_destroy(m); return; }
+    {
+        float x6[6 * IN];
+        int32_t y6[6];
+        float loss;
+        memcpy(x6, X, sizeof(float) * 4 * IN); memcpy(x6 + 4 * IN, X + 16 * IN, sizeof(float) * 2 * IN);
+        memcpy(y6, Y, sizeof(int32_t) * 4); memcpy(y6 + 4, Y + 16, sizeof(int32_t) * 2);
+        CHECK_OK(dt_model_forward(m, x6, 6));
+        CHECK_OK(dt_model_loss_labels(m, y6, &loss));
+        dt_model_zero_grad(m);
+        CHECK_OK(dt_model_backward(m, NULL));
+        CHECK_OK(dt_optim_step(o));
+    }
+    for (s = 1; s < STEPS; s++) {
+        CHECK_OK(fwd(m, steps[s][0], steps[s][1]));
+        dt_model_zero_grad(m);
+        CHECK_OK(dt_model_backward(m, NULL));
+        CHECK_OK(dt_optim_step(o));
+    }
+    CHECK_OK(dt_model_get_params(m, ref, n));
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    for (meth = 0; meth < DT_DDP_METHOD_COUNT; meth++) {
+        memset(&j, 0, sizeof j);
+        j.nparams = n;
+        j.mode = 2;
+        j.desc.method = (dt_ddp_method)meth;
+        j.desc.bucket_bytes = 4;
+        run_job(&j, 2);
+        CHECK_CLOSE(j.params[0], ref, n, 1e-5, dt_ddp_method_name(j.desc.method));
+        CHECK_CLOSE(j.params[1], ref, n, 1e-5, dt_ddp_method_name(j.desc.method));
+        CHECK(j.stats[1].joined_rounds == 2 && j.stats[1].syncs == 1 && j.stats[0].syncs == 3 && j.stats[0].joined_rounds == 0);
+    }
+}
+
+/* BatchNorm running statistics: dt_ddp_sync_buffers gives every rank the mean of the ranks' buffers;
+   sync_buffers = 1 does it at every sync */
+typedef struct bn_job { int every; int64_t nb; float before[MAXR][64], after[MAXR][64]; } bn_job;
+static dt_result bn_rank(dt_comm *c, void *arg) {
+    bn_job *j = (bn_job *)arg;
+    int me = dt_comm_rank(c);
+    dt_model *m = NULL;
+    dt_ddp *d = NULL;
+    dt_ddp_desc dd;
+    dt_result r;
+    memset(&dd, 0, sizeof dd);
+    dd.sync_buffers = j->every;
+    if ((r = make_model(&m, 3, 1, 8)) == DT_OK && (r = dt_ddp_create(&d, c, m, &dd)) == DT_OK &&
+        (r = fwd(m, me * 6, 6)) == DT_OK && (r = dt_model_get_buffers(m, j->before[me], j->nb)) == DT_OK) {
+        if (j->every) r = dt_ddp_backward(d, NULL, 6, 1);
+        else r = dt_ddp_sync_buffers(d);
+        if (r == DT_OK) r = dt_model_get_buffers(m, j->after[me], j->nb);
+    }
+    dt_ddp_destroy(d);
+    dt_model_destroy(m);
+    return r;
+}
+static void test_batchnorm_stats(void) {
+    static bn_job j;
+    dt_model *m = NULL;
+    int every, r;
+    int64_t i;
+    CHECK_OK(make_model(&m, 3, 1, 8));
+    memset(&j, 0, sizeof j);
+    if (m) dt_model_buffers(m, &j.nb);
+    dt_model_destroy(m);
+    CHECK(j.nb >= 16 && j.nb <= 64);
+    for (every = 0; every < 2; every++) {
+        j.every = every;
+        CHECK_OK(launch(bn_rank, &j, 3));
+        CHECK(memcmp(j.before[0], j.before[1], sizeof(float) * (size_t)j.nb) != 0);   /* the ranks saw different data */
+        for (i = 0; i < j.nb; i++) {
+            float want = (j.before[0][i] + j.before[1][i] + j.before[2][i]) / 3.0f;
+            for (r = 0; r < 3; r++) CHECK(fabsf(j.after[r][i] - want) <= 1e-6f * (1.0f + fabsf(want)));
+        }
+    }
+}
+
+/* bad arguments and a model that differs between ranks: errors that name the rank, nothing hangs */
+typedef struct bad_job { int case_; dt_result got[MAXR]; char msg[MAXR][512]; } bad_job;
+static dt_result bad_rank(dt_comm *c, void *arg) {
+    bad_job *j = (bad_job *)arg;
+    int me = dt_comm_rank(c);
+    dt_model *m = NULL;
+    dt_ddp *d = NULL;
+    dt_result r = make_model(&m, 1, 0, j->case_ == 0 && me == 1 ? 17 : 16);
+    if (r == DT_OK) {
+        if ((r = dt_ddp_create(&d, c, m, NULL)) == DT_OK && (r = fwd(m, 0, 4)) == DT_OK) {
+            if (j->case_ == 1 && me == 1) {   /* agrees on the samples, then leaves before the buckets */
+                int64_t v[2] = {4, 1};
+                r = dt_comm_allreduce(c, v, 2, DT_I64, DT_SUM, DT_ALGO_AUTO);
+                if (r == DT_OK) r = dt_set_error(DT_ERR_IO, "rank 1 could not read its data");
+            } else {
+                r = dt_ddp_backward(d, NULL, 4, 1);
+            }
+        }
+    }
+    j->got[me] = r;
+    snprintf(j->msg[me], sizeof j->msg[me], "%s", dt_last_error());
+    dt_ddp_destroy(d);
+    dt_model_destroy(m);
+    return r;
+}
+static void test_bad_args(void) {
+    static bad_job j;
+    dt_comm *c = NULL;
+    dt_model *m = NULL, *raw = NULL;
+    dt_model_desc md;
+    dt_ddp *d = (dt_ddp *)&j;
+    dt_ddp_desc dd;
+    dt_ddp_method k;
+    CHECK_OK(dt_comm_create_self(&c, NULL));
+    CHECK_OK(make_model(&m, 1, 0, 16));
+    memset(&md, 0, sizeof md);
+    md.in_c = IN;
+    CHECK_OK(dt_model_create(&raw, &md));
+    memset(&dd, 0, sizeof dd);
+    CHECK_ERR(dt_ddp_create(NULL, c, m, NULL), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_ddp_create(&d, NULL, m, NULL), DT_ERR_INVALID_ARG);
+    CHECK(d == NULL);
+    CHECK_ERR(dt_ddp_create(&d, c, NULL, NULL), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_ddp_create(&d, c, raw, NULL), DT_ERR_STATE);
+    CHECK(strstr(dt_last_error(), "rank 0") != NULL);
+    dd.method = DT_DDP_METHOD_COUNT;
+    CHECK_ERR(dt_ddp_create(&d, c, m, &dd), DT_ERR_INVALID_ARG);
+    dd.method = DT_DDP_FLAT; dd.algo = (dt_algo)99;
+    CHECK_ERR(dt_ddp_create(&d, c, m, &dd), DT_ERR_INVALID_ARG);
+    dd.algo = DT_ALGO_AUTO; dd.bucket_bytes = -1;
+    CHECK_ERR(dt_ddp_create(&d, c, m, &dd), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_ddp_method_parse("allgather", &k), DT_ERR_INVALID_ARG);
+    CHECK(dt_ddp_method_parse("per-layer", &k) == DT_OK && k == DT_DDP_PER_LAYER);
+    CHECK(strcmp(dt_ddp_method_name((dt_ddp_method)42), "unknown") == 0);
+    CHECK_ERR(dt_ddp_backward(NULL, NULL, 4, 1), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_ddp_sync(NULL, 4), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_ddp_join(NULL, NULL), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_ddp_sync_buffers(NULL), DT_ERR_INVALID_ARG);
+    dt_ddp_destroy(NULL);
+    CHECK(dt_ddp_get_stats(NULL).syncs == 0 && dt_ddp_buckets(NULL) == 0);
+    if (c && m && dt_ddp_create(&d, c, m, NULL) == DT_OK) {
+        CHECK_ERR(dt_ddp_backward(d, NULL, 0, 1), DT_ERR_INVALID_ARG);
+        CHECK(strstr(dt_last_error(), "rank 0") != NULL);
+        CHECK_ERR(dt_ddp_sync(d, -3), DT_ERR_INVALID_ARG);
+        CHECK_OK(fwd(m, 0, 4));
+        CHECK_OK(dt_ddp_backward(d, NULL, 4, 0));
+        CHECK_ERR(dt_ddp_join(d, NULL), DT_ERR_STATE);   /* samples accumulated but not synced */
+        CHECK_OK(dt_ddp_sync(d, 4));
+        CHECK_OK(dt_ddp_join(d, NULL));
+        dt_ddp_destroy(d);
+    }
+    dt_model_destroy(raw);
+    dt_model_destroy(m);
+    dt_comm_destroy(c);
+    /* a rank with another model: both fail with DT_ERR_MISMATCH naming themselves; a rank that leaves:
+       the other's overlapped backward fails with DT_ERR_PEER instead of waiting */
+    memset(&j, 0, sizeof j);
+    j.case_ = 0;
+    CHECK(launch(bad_rank, &j, 2) != DT_OK);
+    CHECK(j.got[0] == DT_ERR_MISMATCH && j.got[1] == DT_ERR_MISMATCH);
+    CHECK(strstr(j.msg[0], "rank 0") && strstr(j.msg[0], "same model") && strstr(j.msg[1], "rank 1"));
+    memset(&j, 0, sizeof j);
+    j.case_ = 1;
+    CHECK(launch(bad_rank, &j, 2) != DT_OK);
+    CHECK(j.got[0] == DT_ERR_PEER && strstr(j.msg[0], "rank 1") && j.got[1] == DT_ERR_IO);
+}
+
+int main(int argc, char **argv) {
+    const char *q = getenv("DT_TEST_QUICK");
+    quick = q && *q && strcmp(q, "0") != 0;
+    if (argc > 1) dt_t_only = argv[1];
+    dt_log_configure(NULL, NULL, DT_LOG_ERROR);
+    make_data();
+    RUN(test_equivalence);
+    RUN(test_broadcast);
+    RUN(test_accumulation);
+    RUN(test_uneven);
+    RUN(test_batchnorm_stats);
+    RUN(test_bad_args);
+    return dt_t_summary();
+}
