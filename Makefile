@@ -5,7 +5,7 @@
 #   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
-#   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch
+#   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch by DDP on 4 local ranks
 #   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
@@ -43,7 +43,7 @@ $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_file
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
-$(B)/examples/%: examples/%.c dtrain.h dtrain_mpi.h
+$(B)/examples/%: examples/%.c examples/common.h dtrain.h dtrain_mpi.h
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
@@ -54,8 +54,8 @@ $(B)/bench/%: bench/%.c dtrain.h dtrain_mpi.h
 test: all
 	@FUZZ="$(FUZZ)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
 
-demo: $(B)/examples/train
-	$(B)/examples/train --model simplecnn --epochs 1
+demo: $(B)/examples/ddp
+	$(B)/examples/ddp --ranks 4 --model simplecnn --epochs 1
 
 bench-comm: $(B)/bench/bench_comm
 	sh bench/comm.sh $(B)

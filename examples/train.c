@@ -19,6 +19,8 @@
 #include <unistd.h>
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
+#define EX_PROG "train"
+#include "common.h"
 
 #define TRY(call) do { dt_result r_ = (call); if (r_ != DT_OK) { \
     fprintf(stderr, "train: %s\n", dt_last_error()); goto fail; } } while (0)
@@ -35,21 +37,6 @@ static void usage(FILE *f) {
                "             [--batch N] [--optim sgd|adam|adamw] [--lr X] [--momentum X] [--wd X]\n"
                "             [--sched none|multistep|cosine] [--milestones A,B,...] [--min-lr X] [--warmup N]\n"
                "             [--seed N] [--limit N] [--size N] [--checkpoint PATH] [--resume PATH] [--csv PATH]\n");
-}
-
-static int parse_long(const char *flag, const char *v, long lo, long *out) {
-    char *end;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || x < lo) { fprintf(stderr, "train: %s needs an integer >= %ld, got '%s'\n", flag, lo, v ? v : ""); return -1; }
-    *out = x;
-    return 0;
-}
-static int parse_double(const char *flag, const char *v, double *out) {
-    char *end;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || !*v || *end || !(x >= 0.0)) { fprintf(stderr, "train: %s needs a number >= 0, got '%s'\n", flag, v ? v : ""); return -1; }
-    *out = x;
-    return 0;
 }
 
 static int parse_args(int argc, char **argv, args *a) {
@@ -108,44 +95,6 @@ static int parse_args(int argc, char **argv, args *a) {
     return 0;
 }
 
-/* Loads train and test sets; transforms as torchvision's usual recipes for each dataset. */
-static dt_result load_data(const args *a, dt_dataset *train, dt_dataset *test, dt_transform *tt, dt_transform *te,
-                           dt_partition *split) {
-    dt_result r;
-    memset(tt, 0, sizeof *tt);
-    if (!strcmp(a->dataset, "fashion-mnist") || !strcmp(a->dataset, "mnist")) {
-        int fashion = !strcmp(a->dataset, "fashion-mnist");
-        if ((r = dt_dataset_load_mnist_dir(train, a->data, 1)) != DT_OK) return r;
-        if ((r = dt_dataset_load_mnist_dir(test, a->data, 0)) != DT_OK) return r;
-        tt->mean[0] = fashion ? 0.2860f : 0.1307f;
-        tt->std[0] = fashion ? 0.3530f : 0.3081f;
-    } else if (!strcmp(a->dataset, "cifar10")) {
-        static const float mean[3] = {0.4914f, 0.4822f, 0.4465f}, std[3] = {0.2470f, 0.2435f, 0.2616f};
-        if ((r = dt_dataset_load_cifar10(train, a->data, 1)) != DT_OK) return r;
-        if ((r = dt_dataset_load_cifar10(test, a->data, 0)) != DT_OK) return r;
-        memcpy(tt->mean, mean, sizeof mean);
-        memcpy(tt->std, std, sizeof std);
-        tt->crop_pad = 4;
-        tt->flip = 1;
-    } else if (!strcmp(a->dataset, "folder")) {
-        const float frac[2] = {0.9f, 0.1f};
-        if (!a->data) return dt_set_error(DT_ERR_INVALID_ARG, "--dataset folder needs --data ROOT (ROOT/<class>/<image>)");
-        if ((r = dt_dataset_load_image_folder(train, a->data, a->size, a->size, 3)) != DT_OK) return r;
-        /* one folder: a seeded 90/10 split; the test set shares the training set's pixels */
-        if ((r = dt_partition_fractions(split, train->count, frac, 2, (uint64_t)a->seed)) != DT_OK) return r;
-        *test = *train;
-        tt->mean[0] = tt->mean[1] = tt->mean[2] = 0.5f;
-        tt->std[0] = tt->std[1] = tt->std[2] = 0.5f;
-        tt->flip = 1;
-    } else {
-        return dt_set_error(DT_ERR_INVALID_ARG, "unknown --dataset '%s': use fashion-mnist, mnist, cifar10 or folder", a->dataset);
-    }
-    *te = *tt;
-    te->crop_pad = 0;
-    te->flip = 0;
-    return DT_OK;
-}
-
 int main(int argc, char **argv) {
     args a;
     dt_dataset train, test;
@@ -167,7 +116,7 @@ int main(int argc, char **argv) {
 
     memset(&train, 0, sizeof train); memset(&test, 0, sizeof test); memset(&split, 0, sizeof split);
     if (parse_args(argc, argv, &a)) return 2;
-    TRY(load_data(&a, &train, &test, &tt, &te, &split));
+    TRY(load_data(a.dataset, a.data, a.size, a.seed, &train, &test, &tt, &te, &split));
     ntrain = split.parts ? split.offsets[1] : train.count;
     ntest = split.parts ? split.offsets[2] - split.offsets[1] : test.count;
     if (split.parts) { train_idx = split.indices; test_idx = split.indices + split.offsets[1]; }

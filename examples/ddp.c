@@ -1,0 +1,216 @@
+/* ddp.c - data-parallel SGD (DDP): every rank trains a replica of the model on its share of each global
+   batch, and the gradients are averaged before every optimizer step, so the replicas stay equal and the
+   run follows one process training with the global batch.
+
+   usage: ddp [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]
+              [--epochs 1] [--batch 128] [--lr 0.01] [--momentum 0.5] [--seed 0] [--limit N] [--accum 1]
+              [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb 256]
+              [--no-overlap] [--csv PATH]   (and the launcher's flags: --timeout, --link-latency, ...)
+   e.g.   ./build/examples/ddp --ranks 4 --epochs 3
+          ./build/examples/ddp --ranks 4 --sync ps --limit 6000              (the parameter server)
+          ./build/examples/ddp --ranks 8 --sync flat --algo ring --link-latency 0.001 --link-bandwidth 100M
+          mpiexec -n 4 ./build-mpi/examples/ddp --epochs 3                    (built with make MPI=1)
+
+   --batch is the global batch: each of the p ranks takes batch / p samples of it (the distributed
+   sampler gives every rank a disjoint share of a seeded permutation each epoch). With --accum k each rank
+   splits its share into k micro-batches and communicates once per step. Rank 0 logs each epoch (the
+   test set is evaluated there) and writes the CSV. */
+#define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#define EX_PROG "ddp"
+#include "common.h"
+
+typedef struct args {
+    const char *model, *dataset, *data, *csv;
+    long epochs, batch, seed, limit, accum, bucket_kb;
+    double lr, momentum;
+    dt_ddp_desc ddp;
+    /* loaded once by main, read by every local rank */
+    dt_dataset train, test;
+    dt_transform tt, te;
+    int64_t ntrain;
+} args;
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: ddp [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--epochs N]\n"
+               "           [--batch N] [--lr X] [--momentum X] [--seed N] [--limit N] [--accum K]\n"
+               "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb N]\n"
+               "           [--no-overlap] [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
+}
+
+static int parse_args(int argc, char **argv, args *a) {
+    int i;
+    a->model = "simplecnn"; a->dataset = "fashion-mnist";
+    a->epochs = 1; a->batch = 128; a->lr = 0.01; a->momentum = 0.5; a->accum = 1;
+    for (i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if (!strcmp(f, "--no-overlap")) { a->ddp.no_overlap = 1; continue; }
+        if (!v) { fprintf(stderr, "ddp: %s needs a value\n", f); return -1; }
+        if (!strcmp(f, "--model")) a->model = v;
+        else if (!strcmp(f, "--dataset")) a->dataset = v;
+        else if (!strcmp(f, "--data")) a->data = v;
+        else if (!strcmp(f, "--csv")) a->csv = v;
+        else if (!strcmp(f, "--sync")) {
+            if (dt_ddp_method_parse(v, &a->ddp.method) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); return -1; }
+        }
+        else if (!strcmp(f, "--epochs")) bad = parse_long(f, v, 1, &a->epochs);
+        else if (!strcmp(f, "--batch")) bad = parse_long(f, v, 1, &a->batch);
+        else if (!strcmp(f, "--seed")) bad = parse_long(f, v, 0, &a->seed);
+        else if (!strcmp(f, "--limit")) bad = parse_long(f, v, 1, &a->limit);
+        else if (!strcmp(f, "--accum")) bad = parse_long(f, v, 1, &a->accum);
+        else if (!strcmp(f, "--bucket-kb")) bad = parse_long(f, v, 1, &a->bucket_kb);
+        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr) || !(a->lr > 0.0);
+        else if (!strcmp(f, "--momentum")) bad = parse_double(f, v, &a->momentum);
+        else { fprintf(stderr, "ddp: unknown flag '%s'\n", f); usage(stderr); return -1; }
+        if (bad) return -1;
+        i++;
+    }
+    if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "ddp: unknown model '%s'\n", a->model); return -1; }
+    if (!strcmp(a->dataset, "folder")) { fprintf(stderr, "ddp: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
+    a->ddp.bucket_bytes = (int64_t)a->bucket_kb * 1024;
+    return 0;
+}
+
+#define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
+
+/* One rank: its replica, optimizer, loader and DDP; the loop is the one-process loop of train.c with
+   dt_ddp_backward in place of dt_model_backward and dt_ddp_join at the end of each epoch. */
+static dt_result rank_main(dt_comm *c, void *arg) {
+    args *a = (args *)arg;
+    int me = dt_comm_rank(c), p = dt_comm_size(c), tty = me == 0 && isatty(fileno(stderr));
+    int64_t per_rank = a->batch / p, micro = (per_rank + a->accum - 1) / a->accum;
+    int64_t nshare = dt_sampler_size(a->ntrain, p, 0), *ids = NULL, epoch;
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_ddp *d = NULL;
+    dt_loader *loader = NULL;
+    dt_model_desc md;
+    dt_optim_desc od;
+    dt_loader_desc ld;
+    FILE *csv = NULL;
+    dt_result r = DT_OK;
+
+    if (per_rank < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "rank %d: --batch %ld is smaller than the %d ranks: give each rank a sample", me, a->batch, p);
+    memset(&md, 0, sizeof md);
+    md.in_c = a->train.c; md.in_h = a->train.h; md.in_w = a->train.w; md.seed = (uint64_t)a->seed; md.stream = (uint64_t)me;
+    TRY(dt_zoo_create(&m, (dt_zoo_model)dt_zoo_from_name(a->model), a->train.num_classes, &md));
+    memset(&od, 0, sizeof od);
+    od.lr = (float)a->lr; od.momentum = (float)a->momentum;
+    TRY(dt_optim_create(&o, m, &od));
+    TRY(dt_ddp_create(&d, c, m, &a->ddp));      /* rank 0's initial weights everywhere */
+    if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "rank %d: no memory", me); goto done; }
+    TRY(dt_sampler_indices(a->ntrain, me, p, (uint64_t)a->seed, 0, 1, 0, ids, &nshare));
+    memset(&ld, 0, sizeof ld);
+    ld.dataset = &a->train; ld.indices = ids; ld.count = nshare; ld.batch = micro;
+    ld.transform = &a->tt; ld.seed = (uint64_t)a->seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
+    TRY(dt_loader_create(&loader, &ld));
+    if (me == 0) {
+        if (a->csv && !(csv = fopen(a->csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a->csv); goto done; }
+        if (csv) fprintf(csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s,comm_s,busiest_rank_mb\n");
+        printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g, batch %ld = %d ranks x %lld%s\n"
+               "%s backend, sync %s", a->model, a->dataset, (long long)a->ntrain, (long long)a->test.count,
+               (long long)dt_model_param_count(m), a->lr, a->batch, p, (long long)per_rank,
+               a->accum > 1 ? " in micro-batches" : "", dt_comm_backend_name(c), dt_ddp_method_name(a->ddp.method));
+        if (a->ddp.method == DT_DDP_BUCKETS)
+            printf(" (%d buckets of %lld KiB%s)", dt_ddp_buckets(d), (long long)(a->bucket_kb ? a->bucket_kb : DT_DDP_BUCKET_BYTES / 1024),
+                   a->ddp.no_overlap || p == 1 ? "" : ", overlapped with backward");
+        if (a->ddp.method <= DT_DDP_PER_LAYER) {   /* what "auto" means on this communicator */
+            dt_algo al = a->ddp.algo ? a->ddp.algo : c->algo;
+            if (al == DT_ALGO_AUTO) al = c->backend->allreduce ? DT_ALGO_NATIVE : DT_ALGO_RING;
+            printf(", all-reduce %s", dt_algo_name(al));
+        }
+        printf(", %d threads per rank\n", dt_cpu_threads());
+        fflush(stdout);
+    }
+
+    for (epoch = 0; epoch < a->epochs && r == DT_OK; epoch++) {
+        const float *x;
+        const int32_t *y;
+        int64_t n, b = 0, k = 0;
+        double t0 = dt_time_now(), sums[2] = {0.0, 0.0}, secs, mb;
+        float loss = 0.0f;
+        dt_ddp_stats st0 = dt_ddp_get_stats(d);
+        dt_comm_stats cs0 = dt_comm_get_stats(c);
+        dt_eval_result ev;
+        dt_progress bar;
+        int got;
+        dt_model_train(m, 1);
+        TRY(dt_sampler_indices(a->ntrain, me, p, (uint64_t)a->seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
+        TRY(dt_loader_set_indices(loader, ids, nshare));
+        TRY(dt_loader_start_epoch(loader, epoch));
+        dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
+        while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+            int last = ++k == dt_loader_batches(loader);
+            TRY(dt_model_forward(m, x, n));
+            TRY(dt_model_loss_labels(m, y, &loss));
+            /* the gradients of all ranks are averaged every accum micro-batches (and at the end) */
+            TRY(dt_ddp_backward(d, NULL, n, k % a->accum == 0 || last));
+            if (k % a->accum == 0 || last) {
+                TRY(dt_optim_step(o));
+                dt_model_zero_grad(m);
+            }
+            sums[0] += (double)loss * (double)n;
+            sums[1] += (double)n;
+            dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
+        }
+        if (got < 0) { r = DT_ERR_STATE; goto done; }
+        TRY(dt_ddp_join(d, o));            /* ranks with fewer batches shadow the others' last steps */
+        TRY(dt_ddp_sync_buffers(d));       /* BatchNorm statistics, if the model has any */
+        dt_progress_end(&bar);
+        secs = dt_time_now() - t0;
+        mb = (double)(dt_comm_get_stats(c).bytes_sent - cs0.bytes_sent) / 1e6;
+        TRY(dt_comm_allreduce(c, sums, 2, DT_F64, DT_SUM, DT_ALGO_AUTO));   /* the mean loss over every sample */
+        TRY(dt_comm_allreduce(c, &mb, 1, DT_F64, DT_MAX, DT_ALGO_AUTO));    /* the busiest rank's traffic */
+        if (me == 0) {
+            double comm = dt_ddp_get_stats(d).comm_seconds - st0.comm_seconds;
+            TRY(dt_evaluate(m, &a->test, NULL, 0, &a->te, 1000, 5, &ev));
+            printf("epoch %3lld/%ld  %7.2fs  train loss %.4f  test loss %.4f  test acc %6.2f%%  top-5 %6.2f%%  %.0f img/s  "
+                   "comm %.2fs  %.1f MB sent by the busiest rank\n", (long long)epoch + 1, a->epochs, secs, sums[0] / sums[1],
+                   ev.loss, 100.0 * ev.top1, 100.0 * ev.topk, sums[1] / secs, comm, mb);
+            fflush(stdout);
+            if (csv) {
+                fprintf(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.3f\n", (long long)epoch + 1, secs, sums[0] / sums[1],
+                        ev.loss, ev.top1, ev.topk, sums[1] / secs, comm, mb);
+                fflush(csv);
+            }
+        }
+    }
+done:
+    if (csv) fclose(csv);
+    dt_loader_destroy(loader);
+    dt_ddp_destroy(d);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    free(ids);
+    return r;
+}
+
+int main(int argc, char **argv) {
+    args a;
+    dt_launch_desc ld;
+    dt_partition none;
+    int rc;
+    memset(&a, 0, sizeof a);
+    memset(&ld, 0, sizeof ld);
+    memset(&none, 0, sizeof none);
+    ld.ranks = 4;
+    if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); usage(stderr); return 2; }
+    if (parse_args(argc, argv, &a)) return 2;
+    if (load_data(a.dataset, a.data, 32, a.seed, &a.train, &a.test, &a.tt, &a.te, &none) != DT_OK) {
+        fprintf(stderr, "ddp: %s\n", dt_last_error());
+        return 1;
+    }
+    a.ntrain = a.limit && a.limit < a.train.count ? a.limit : a.train.count;   /* --limit: the first N samples */
+    rc = dt_launch(&ld, rank_main, &a);
+    dt_dataset_free(&a.test);
+    dt_dataset_free(&a.train);
+    return rc;
+}
