@@ -5,7 +5,7 @@
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
-#   4b. the loader's prefetch thread under ThreadSanitizer
+#   4b. the loader's prefetch thread and DDP's helper thread under ThreadSanitizer
 #   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
@@ -82,6 +82,10 @@ done
 if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/test_partition.c" -o "$B/asan/test_partition_tsan" $LDLIBS; then
     TSAN_OPTIONS=halt_on_error=1 run "tsan test_partition" "$B/asan/test_partition_tsan"
 else echo "FAIL build of test_partition with ThreadSanitizer"; failed=$((failed + 1)); fi
+# DDP's helper thread, which reduces buckets while the rank's thread runs backward
+if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/test_ddp.c" -o "$B/asan/test_ddp_tsan" $LDLIBS; then
+    TSAN_OPTIONS=halt_on_error=1 run "tsan test_ddp" env DT_TEST_QUICK=1 "$B/asan/test_ddp_tsan"
+else echo "FAIL build of test_ddp with ThreadSanitizer"; failed=$((failed + 1)); fi
 
 echo "== 5. examples"
 T=$(mktemp -d)
@@ -92,6 +96,9 @@ expect_status() {   # expect_status CODE COMMAND...: the command exits with CODE
 }
 for args in "--bogus 1" "--model resnet56" "--optim rmsprop" "--epochs 0" "--lr -1" "--milestones 5,x" "--batch"; do
     check "train $args: exit 2 with a message" expect_status 2 "$B/examples/train" $args
+done
+for args in "--sync allgather" "--bucket-kb 0" "--accum" "--dataset folder" "--ranks 0"; do
+    check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
 check "train on a missing directory: exit 1 naming it" sh -c "'$B/examples/train' --data '$T/none' 2>&1 >/dev/null | grep -q '$T/none'"
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
@@ -104,6 +111,14 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         [ \$(wc -l < '$T/a.csv') -eq 3 ]
         cut -d, -f1,3-7 '$T/a.csv' > '$T/a.cut'; cut -d, -f1,3-7 '$T/b.csv' > '$T/b.cut'
         cmp '$T/a.cut' '$T/b.cut'"
+    # the same 4 local ranks twice: the same bits (fixed-order reductions); and a batch no rank can share
+    check "ddp: two runs on 4 ranks log the same losses and accuracy" sh -c "
+        set -e
+        '$B/examples/ddp' --ranks 4 --limit 1024 --csv '$T/d1.csv' >/dev/null
+        '$B/examples/ddp' --ranks 4 --limit 1024 --csv '$T/d2.csv' >/dev/null
+        cut -d, -f1,3-6 '$T/d1.csv' > '$T/d1.cut'; cut -d, -f1,3-6 '$T/d2.csv' > '$T/d2.cut'
+        [ \$(wc -l < '$T/d1.cut') -eq 2 ] && cmp '$T/d1.cut' '$T/d2.cut'"
+    check "ddp --batch 2 on 4 ranks: exit 1 naming the cause" sh -c "'$B/examples/ddp' --ranks 4 --batch 2 --limit 64 2>&1 >/dev/null | grep -q 'smaller than the 4 ranks'"
 else
     echo "skipped train resume check: dataset-fashion-mnist is not installed"
 fi
