@@ -5233,12 +5233,13 @@ static void dt__cancel_all(dt_comm *c, dt_request *q, int n) {
    message carries the collective's signature. */
 static dt_result dt__step(dt_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes, int src,
                           void *tmp, int reduce, dt_dtype t, dt_reduce_op op) {
-    size_t seg = c->segment_bytes, es = dt_dtype_size(t);
-    int ns = dst >= 0 ? (int)(sbytes ? (sbytes + seg - 1) / seg : 1) : 0;
-    int nr = src >= 0 ? (int)(rbytes ? (rbytes + seg - 1) / seg : 1) : 0;
-    int tag = dt__coll_tag(c), i;
+    size_t es = dt_dtype_size(t), seg = c->segment_bytes / es * es;   /* whole elements: each segment is reduced alone */
+    int ns, nr, tag = dt__coll_tag(c), i;
     dt_request *q = NULL;
     dt_result r;
+    if (seg == 0) seg = es;
+    ns = dst >= 0 ? (int)(sbytes ? (sbytes + seg - 1) / seg : 1) : 0;
+    nr = src >= 0 ? (int)(rbytes ? (rbytes + seg - 1) / seg : 1) : 0;
     if ((r = dt__comm_reqs(c, ns + nr, &q)) != DT_OK) return r;
     memset(q, 0, (size_t)(ns + nr) * sizeof *q);
     for (i = 0; i < nr; i++) {
@@ -5398,6 +5399,11 @@ static void dt__coll_start(dt_comm *c, int kind, size_t count, dt_dtype t, int o
     dt__comm_begin(c, kind, count, (int)t, op, root, (int)algo);
     c->stats.collectives++;
 }
+static dt_result dt__algo_check(const char *fn, dt_algo a) {
+    if (a < DT_ALGO_AUTO || a >= DT_ALGO_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown algorithm %d: use DT_ALGO_AUTO, _NAIVE, _RING, _TREE or _NATIVE", fn, (int)a);
+    return DT_OK;
+}
 static dt_algo dt__algo_resolve(const dt_comm *c, dt_algo a, int has_native) {
     if (a <= DT_ALGO_AUTO || a >= DT_ALGO_COUNT) a = c->algo;
     if (a <= DT_ALGO_AUTO || a >= DT_ALGO_COUNT) a = has_native ? DT_ALGO_NATIVE : DT_ALGO_RING;
@@ -5494,6 +5500,7 @@ dt_result dt_comm_barrier(dt_comm *c) {
 dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_algo algo) {
     dt_result r = dt__comm_check(c, "dt_comm_broadcast", buf, count, t, root, "root");
     size_t bytes;
+    if (r == DT_OK) r = dt__algo_check("dt_comm_broadcast", algo);
     if (r != DT_OK) return r;
     bytes = count * dt_dtype_size(t);
     algo = dt__algo_resolve(c, algo, c->backend->broadcast != NULL);
@@ -5522,6 +5529,7 @@ dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_
     size_t es, bytes;
     void *s = NULL;
     if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_allreduce", t, op);
+    if (r == DT_OK) r = dt__algo_check("dt_comm_allreduce", algo);
     if (r != DT_OK) return r;
     es = dt_dtype_size(t);
     bytes = count * es;
@@ -5554,6 +5562,7 @@ dt_result dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_red
     size_t es, bytes;
     char *s = NULL;
     if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_reduce", t, op);
+    if (r == DT_OK) r = dt__algo_check("dt_comm_reduce", algo);
     if (r != DT_OK) return r;
     es = dt_dtype_size(t);
     bytes = count * es;
@@ -5687,6 +5696,8 @@ typedef struct dt__lrank {
     dt_result   gone_result;
     char        gone_msg[320];
     const void *ptr;                    /* native collectives: the buffer this rank published */
+    uint64_t    pub[3];                 /* under mu: the signature of the last collective this rank
+                                           posted a message or entered a barrier in (mismatch checks) */
     char        pad[64];
 } dt__lrank;
 
@@ -5806,6 +5817,34 @@ static dt_result dt__local_gone_error(dt__lworld *W, int k) {
     return dt_set_error(DT_ERR_PEER, "rank %d has failed (%s)%s%s", k, dt_result_str(W->r[k].gone_result), m[0] ? ": " : "", m);
 }
 
+/* Publishes the collective this rank is in, so that a rank waiting for it can tell when it called
+   another one: two ranks in different collectives may both wait for a message the other will never send
+   (a tree reduce and a tree broadcast each receive first), which matching messages alone cannot catch. */
+static void dt__local_publish(dt__lworld *W, const dt_comm *c) {
+    dt__lrank *me = &W->r[c->rank];
+    if ((c->sig[2] & 0xff) == DT__OP_P2P || memcmp(me->pub, c->sig, sizeof me->pub) == 0) return;   /* only the owner writes */
+    dt__mutex_lock(&me->mu);
+    memcpy(me->pub, c->sig, sizeof me->pub);
+    dt__mutex_unlock(&me->mu);
+}
+/* Has rank k gone on to another collective than sig (another signature with the same number, or a later
+   number) while this rank waits for it in sig? Then it never will take part in sig. k's signature goes to
+   other. Holding W->mu is allowed, holding any rank's mu is not. A rank publishes before it waits and
+   checks after, under the ranks' mutexes, so of two ranks in different collectives at least one sees it. */
+static int dt__local_elsewhere(dt__lworld *W, int k, const uint64_t *sig, uint64_t *other) {
+    dt__mutex_lock(&W->r[k].mu);
+    memcpy(other, W->r[k].pub, sizeof W->r[k].pub);
+    dt__mutex_unlock(&W->r[k].mu);
+    return other[0] > sig[0] || (other[0] == sig[0] && memcmp(other, sig, 3 * sizeof(uint64_t)) != 0);
+}
+static dt_result dt__local_mismatch(int k, const uint64_t *theirs, const uint64_t *mine) {
+    char a[128], b[128];
+    dt__sig_str(mine, a, sizeof a);
+    dt__sig_str(theirs, b, sizeof b);
+    return dt_set_error(DT_ERR_MISMATCH, "rank %d called %s where this rank called %s: every rank must make the same collective calls in the same order, with the same count, type, op and root",
+                        k, b, a);
+}
+
 static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *q) {
     dt__lworld *W = (dt__lworld *)c->impl;
     dt__lrank *d = &W->r[dst];
@@ -5813,6 +5852,7 @@ static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int 
     memset(q, 0, sizeof *q);
     q->kind = DT__REQ_SEND; q->peer = dst; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->sbuf = buf;
     memcpy(q->sig, c->sig, sizeof q->sig);
+    dt__local_publish(W, c);
     if (W->latency > 0 || W->bandwidth > 0) {   /* the link model: queue behind earlier messages on this link */
         double *f = &W->link_free[(size_t)c->rank * (size_t)W->n + (size_t)dst], start = dt_time_now();
         if (*f > start) start = *f;
@@ -5843,6 +5883,7 @@ static dt_result dt__local_irecv(dt_comm *c, void *buf, size_t bytes, int src, i
     memset(q, 0, sizeof *q);
     q->kind = DT__REQ_RECV; q->peer = src; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->rbuf = buf;
     memcpy(q->sig, c->sig, sizeof q->sig);
+    dt__local_publish(W, c);
     dt__mutex_lock(&me->mu);
     for (it = me->inbox; it; it = (dt_request *)it->next)
         if (it->owner == src && dt__ltag_eq(it->tag, tag)) break;
@@ -5885,13 +5926,8 @@ static dt_result dt__local_req_error(dt_request *q) {
         if (q->kind == DT__REQ_RECV)
             return dt_set_error(DT_ERR_MISMATCH, "rank %d sent %llu bytes, more than the %zu this receive accepts", q->peer, (unsigned long long)q->impl[3], q->bytes);
         return dt_set_error(DT_ERR_MISMATCH, "rank %d accepts only %llu bytes and this message has %zu", q->peer, (unsigned long long)q->impl[3], q->bytes);
-    } else {
-        char a[128], b[128];
-        dt__sig_str(q->sig, a, sizeof a);
-        dt__sig_str(q->impl, b, sizeof b);
-        return dt_set_error(DT_ERR_MISMATCH, "rank %d called %s where this rank called %s: every rank must make the same collective calls in the same order, with the same count, type, op and root",
-                            q->peer, b, a);
     }
+    return dt__local_mismatch(q->peer, q->impl, q->sig);
 }
 static dt_result dt__local_finish(dt__lworld *W, int me, dt_request *q) {
     if (q->not_before > 0 && dt_time_now() < q->not_before) dt__local_sleep_until(W, me, q->not_before);
@@ -5916,6 +5952,19 @@ static dt_result dt__local_wait(dt_comm *c, dt_request *q, double deadline) {
                 return dt_set_error(DT_ERR_TIMEOUT, "no %s rank %d within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)",
                                     q->kind == DT__REQ_SEND ? "receive was posted by" : "message came from", q->peer, c->timeout);
             }
+            if (q->tag >= DT__TAG_COLL && q->peer != c->rank) {   /* a collective's message: is the peer in another? */
+                uint64_t other[3];
+                int elsewhere;
+                dt__mutex_unlock(&me->mu);
+                elsewhere = dt__local_elsewhere(W, q->peer, q->sig, other);
+                if (elsewhere) {
+                    dt__local_cancel(c, q);
+                    if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) return dt__local_finish(W, c->rank, q);
+                    return dt__local_mismatch(q->peer, other, q->sig);
+                }
+                dt__mutex_lock(&me->mu);
+                if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) break;
+            }
             dt__cond_wait_for(&me->cv, &me->mu, deadline - now);
         }
         dt__mutex_unlock(&me->mu);
@@ -5938,16 +5987,27 @@ static dt_result dt__local_test(dt_comm *c, dt_request *q, int *done) {
     return DT_OK;
 }
 
+/* The rank whose departure keeps the barrier from completing, or -1. W->mu held. */
+static int dt__local_gone_rank(dt__lworld *W, int me) {
+    int k;
+    for (k = 0; k < W->n; k++)
+        if (k != me && DT__ATOMIC_LOAD(&W->r[k].gone)) return k;
+    return -1;
+}
 /* The barrier of native collectives. The last rank to arrive compares everyone's signature before it
-   releases the others, so a mismatch is reported by every rank, the same way. */
+   releases the others, so a mismatch is reported by every rank, the same way. A rank that gives up
+   (a rank gone, another collective, the timeout) withdraws its arrival, so the barrier can never
+   complete without it: the others must not go on to read its buffer. */
 static dt_result dt__local_barrier(dt_comm *c, double deadline) {
     dt__lworld *W = (dt__lworld *)c->impl;
     int n = W->n, me = c->rank, k;
-    uint64_t gen;
+    uint64_t gen, other[3];
     double t0 = dt_time_now();
     dt_result r = DT_OK;
+    dt__local_publish(W, c);
     dt__mutex_lock(&W->mu);
     gen = W->bar_gen;
+    if ((k = dt__local_gone_rank(W, me)) >= 0) { dt__mutex_unlock(&W->mu); return dt__local_gone_error(W, k); }
     memcpy(&W->bar_sig[(size_t)me * 3], c->sig, 3 * sizeof(uint64_t));
     if (++W->bar_count == n) {
         int bad = -1;
@@ -5973,13 +6033,16 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
         dt__mutex_lock(&W->mu);
         while (DT__ATOMIC_LOAD(&W->bar_gen) == gen) {
             double now = dt_time_now();
-            for (k = 0; k < n; k++)
-                if (k != me && DT__ATOMIC_LOAD(&W->r[k].gone)) break;
-            if (k < n) { dt__mutex_unlock(&W->mu); c->stats.wait_seconds += dt_time_now() - t0; return dt__local_gone_error(W, k); }
-            if (now >= deadline) {
+            if ((k = dt__local_gone_rank(W, me)) >= 0) r = dt__local_gone_error(W, k);
+            for (k = 0; k < n && r == DT_OK; k++)
+                if (k != me && dt__local_elsewhere(W, k, c->sig, other)) r = dt__local_mismatch(k, other, c->sig);
+            if (r == DT_OK && now >= deadline)
+                r = dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->timeout);
+            if (r != DT_OK) {
+                W->bar_count--;
                 dt__mutex_unlock(&W->mu);
                 c->stats.wait_seconds += dt_time_now() - t0;
-                return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->timeout);
+                return r;
             }
             dt__cond_wait_for(&W->cv, &W->mu, deadline - now);
         }
