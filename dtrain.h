@@ -824,7 +824,9 @@ typedef struct dt_comm_desc {
     double  timeout;           /* seconds a wait may last before DT_ERR_TIMEOUT: 0 = $DT_COMM_TIMEOUT or 300 */
     size_t  segment_bytes;     /* ring pipeline segment: 0 = 256 KiB */
     /* link model (local backend only; both 0 = off): every message is delayed by latency seconds and
-       each directed link carries at most bandwidth bytes/s, messages queueing behind each other */
+       each directed link carries at most bandwidth bytes/s, messages queueing behind each other. Under
+       it the native all-reduce and broadcast run over messages too (as RING and TREE), so that they feel
+       the links: a NATIVE float sum then rounds as the ring's, not as without the model */
     double  link_latency;
     double  link_bandwidth;
 } dt_comm_desc;
@@ -5245,12 +5247,12 @@ static dt_result dt__step(dt_comm *c, const void *sbuf, size_t sbytes, int dst, 
     for (i = 0; i < nr; i++) {
         size_t off = (size_t)i * seg, len = rbytes - off < seg ? rbytes - off : seg;
         if (rbytes == 0) off = len = 0;
-        if ((r = dt__irecv(c, (char *)(reduce ? tmp : rbuf) + off, len, src, tag, &q[ns + i])) != DT_OK) goto fail;
+        if ((r = dt__irecv(c, len ? (char *)(reduce ? tmp : rbuf) + off : NULL, len, src, tag, &q[ns + i])) != DT_OK) goto fail;
     }
     for (i = 0; i < ns; i++) {
         size_t off = (size_t)i * seg, len = sbytes - off < seg ? sbytes - off : seg;
         if (sbytes == 0) off = len = 0;
-        if ((r = dt__isend(c, (const char *)sbuf + off, len, dst, tag, &q[i])) != DT_OK) goto fail;
+        if ((r = dt__isend(c, len ? (const char *)sbuf + off : NULL, len, dst, tag, &q[i])) != DT_OK) goto fail;
     }
     for (i = 0; i < nr; i++) {
         if ((r = dt__wait(c, &q[ns + i], 1)) != DT_OK) goto fail;
@@ -5375,6 +5377,13 @@ static dt_result dt__ring_broadcast(dt_comm *c, void *buf, size_t bytes, int roo
 }
 
 /* ---- the public calls ------------------------------------------------------------------------- */
+
+/* Buffers of no elements may be NULL, but the algorithms still offset them (by 0), which C leaves
+   undefined for NULL: such buffers get a dummy address, never read or written. */
+static void *dt__nonnull(const void *p) {
+    static char none[8];
+    return p ? (void *)(uintptr_t)p : (void *)none;
+}
 
 /* Checks shared by every call; sets the error and returns nonzero when the call cannot go ahead. */
 static dt_result dt__comm_check(dt_comm *c, const char *fn, const void *buf, size_t count, dt_dtype t, int peer, const char *peer_name) {
@@ -5502,6 +5511,7 @@ dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int
     size_t bytes;
     if (r == DT_OK) r = dt__algo_check("dt_comm_broadcast", algo);
     if (r != DT_OK) return r;
+    if (!count) buf = dt__nonnull(buf);
     bytes = count * dt_dtype_size(t);
     algo = dt__algo_resolve(c, algo, c->backend->broadcast != NULL);
     dt__coll_start(c, DT__OP_BROADCAST, count, t, 0, root, algo);
@@ -5531,6 +5541,7 @@ dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_
     if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_allreduce", t, op);
     if (r == DT_OK) r = dt__algo_check("dt_comm_allreduce", algo);
     if (r != DT_OK) return r;
+    if (!count) buf = dt__nonnull(buf);
     es = dt_dtype_size(t);
     bytes = count * es;
     algo = dt__algo_resolve(c, algo, c->backend->allreduce != NULL);
@@ -5564,6 +5575,7 @@ dt_result dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_red
     if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_reduce", t, op);
     if (r == DT_OK) r = dt__algo_check("dt_comm_reduce", algo);
     if (r != DT_OK) return r;
+    if (!count) buf = dt__nonnull(buf);
     es = dt_dtype_size(t);
     bytes = count * es;
     algo = dt__algo_resolve(c, algo, 0);   /* no backend has a native reduce: NATIVE and AUTO mean RING */
@@ -5597,6 +5609,7 @@ dt_result dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count
     int k;
     if (r == DT_OK && c->rank == root && count > 0 && !send) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_scatter: the root's send buffer is NULL");
     if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_SCATTER, count, t, 0, root, DT_ALGO_NAIVE);
     if (c->rank != root) return dt__step(c, NULL, 0, -1, recv, bytes, root, NULL, 0, t, DT_SUM);
@@ -5613,6 +5626,7 @@ dt_result dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count,
     int k;
     if (r == DT_OK && c->rank == root && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_gather: the root's receive buffer is NULL");
     if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_GATHER, count, t, 0, root, DT_ALGO_NAIVE);
     if (c->rank != root) return dt__step(c, send, bytes, root, NULL, 0, -1, NULL, 0, t, DT_SUM);
@@ -5628,6 +5642,7 @@ dt_result dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t cou
     size_t bytes;
     if (r == DT_OK && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_allgather: receive buffer is NULL");
     if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_ALLGATHER, count, t, 0, -1, DT_ALGO_RING);
     if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, send, bytes);
@@ -5642,6 +5657,7 @@ dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_
     if (r == DT_OK && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_reduce_scatter: receive buffer is NULL");
     if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_reduce_scatter", t, op);
     if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     es = dt_dtype_size(t);
     bytes = count * es;
     dt__coll_start(c, DT__OP_REDUCE_SCATTER, count, t, op, -1, DT_ALGO_RING);
@@ -5667,8 +5683,10 @@ dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, si
             r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_neighbor_exchange: neighbour %d is not a rank (0..%d)", k, c->size - 1);
     }
     if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_NEIGHBOR, count, t, 0, -1, DT_ALGO_NAIVE);
+    if (nto + nfrom == 0) return DT_OK;   /* a rank with no neighbours has nothing to do (and no requests) */
     if ((r = dt__comm_reqs(c, nto + nfrom, &q)) != DT_OK) return r;
     memset(q, 0, (size_t)(nto + nfrom) * sizeof *q);
     for (i = 0; i < nfrom && r == DT_OK; i++) r = dt__irecv(c, (char *)recv + (size_t)i * bytes, bytes, from[i], dt__coll_tag(c), &q[nto + i]);
@@ -5865,8 +5883,8 @@ static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int 
         if (it->peer == c->rank && dt__ltag_eq(it->tag, tag)) break;
     if (it) {
         dt__lq_unlink(&d->posted, &d->posted_tail, it);
-        it->state = DT__ST_MATCHED;
-        q->state = DT__ST_MATCHED;
+        DT__ATOMIC_STORE(&it->state, DT__ST_MATCHED);
+        DT__ATOMIC_STORE(&q->state, DT__ST_MATCHED);
         dt__mutex_unlock(&d->mu);
         dt__local_deliver(W, q, it);
         return DT_OK;
@@ -5889,8 +5907,8 @@ static dt_result dt__local_irecv(dt_comm *c, void *buf, size_t bytes, int src, i
         if (it->owner == src && dt__ltag_eq(it->tag, tag)) break;
     if (it) {
         dt__lq_unlink(&me->inbox, &me->inbox_tail, it);
-        it->state = DT__ST_MATCHED;
-        q->state = DT__ST_MATCHED;
+        DT__ATOMIC_STORE(&it->state, DT__ST_MATCHED);
+        DT__ATOMIC_STORE(&q->state, DT__ST_MATCHED);
         dt__mutex_unlock(&me->mu);
         dt__local_deliver(W, it, q);
         return DT_OK;
@@ -5911,7 +5929,7 @@ static void dt__local_cancel(dt_comm *c, dt_request *q) {
     if (st == DT__ST_POSTED) {
         if (q->kind == DT__REQ_SEND) dt__lq_unlink(&holder->inbox, &holder->inbox_tail, q);
         else dt__lq_unlink(&holder->posted, &holder->posted_tail, q);
-        q->state = DT__ST_CANCELLED;
+        DT__ATOMIC_STORE(&q->state, DT__ST_CANCELLED);
     }
     dt__mutex_unlock(&holder->mu);
     if (st != DT__ST_MATCHED) return;
@@ -6144,7 +6162,7 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
     me->gone_result = res;
     snprintf(me->gone_msg, sizeof me->gone_msg, "%s", msg ? msg : "");
     DT__ATOMIC_STORE(&me->gone, 1);
-    for (it = me->posted; it; it = next) { next = (dt_request *)it->next; it->state = DT__ST_CANCELLED; }
+    for (it = me->posted; it; it = next) { next = (dt_request *)it->next; DT__ATOMIC_STORE(&it->state, DT__ST_CANCELLED); }
     me->posted = me->posted_tail = NULL;
     dt__mutex_unlock(&me->mu);
     for (k = 0; k < W->n; k++) {
@@ -6152,7 +6170,7 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
         dt__mutex_lock(&o->mu);
         for (it = o->inbox; it; it = next) {
             next = (dt_request *)it->next;
-            if (it->owner == c->rank) { dt__lq_unlink(&o->inbox, &o->inbox_tail, it); it->state = DT__ST_CANCELLED; }
+            if (it->owner == c->rank) { dt__lq_unlink(&o->inbox, &o->inbox_tail, it); DT__ATOMIC_STORE(&it->state, DT__ST_CANCELLED); }
         }
         dt__cond_broadcast(&o->cv);
         dt__mutex_unlock(&o->mu);
