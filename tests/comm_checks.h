@@ -59,11 +59,14 @@ static uint64_t cc_mix(uint64_t z) {   /* splitmix64's finaliser */
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-/* Rank r's element i. Floats span 16 binary orders of magnitude, so the order of a sum shows in its
-   bits; integers stay small enough that sums of 256 ranks do not overflow; u8 sums wrap, as in C. */
-static cc_val cc_gen(dt_dtype t, uint64_t seed, int r, size_t i) {
-    uint64_t h = cc_mix(cc_mix(seed * 1000003u + (uint64_t)r) ^ (uint64_t)i);
-    double scale = ldexp(1.0, (int)(h >> 59) - 8);
+/* The key of rank r's input. */
+static uint64_t cc_key(uint64_t seed, int r) { return cc_mix(seed * 1000003u + (uint64_t)r); }
+/* Element i of the input with key k (rank r's: cc_key(seed, r)). Floats span 32 binary orders of
+   magnitude, so the order of a sum shows in its bits; integers stay small enough that sums of 256 ranks
+   do not overflow; u8 sums wrap, as in C. */
+static cc_val cc_gen(dt_dtype t, uint64_t k, size_t i) {
+    uint64_t h = cc_mix(k ^ (uint64_t)i);
+    double scale = (double)(1u << (h >> 59)) / 256.0;   /* 2^-8 .. 2^23 */
     cc_val v;
     memset(&v, 0, sizeof v);
     switch (t) {
@@ -77,12 +80,21 @@ static cc_val cc_gen(dt_dtype t, uint64_t seed, int r, size_t i) {
 }
 static void cc_fill(dt_dtype t, uint64_t seed, int r, void *buf, size_t off, size_t n) {
     size_t es = dt_dtype_size(t), i;
-    for (i = 0; i < n; i++) { cc_val v = cc_gen(t, seed, r, off + i); memcpy((char *)buf + i * es, &v, es); }
+    uint64_t k = cc_key(seed, r);
+    for (i = 0; i < n; i++) { cc_val v = cc_gen(t, k, off + i); memcpy((char *)buf + i * es, &v, es); }
+}
+/* the same bits: a and b hold es (1, 4 or 8) bytes */
+static int cc_same(const void *a, const void *b, size_t es) {
+    uint64_t x = 0, y = 0;
+    memcpy(&x, a, es);
+    memcpy(&y, b, es);
+    return x == y;
 }
 /* buf[i] == rank r's element off + i, for i < n; the index of the first difference, or n */
 static size_t cc_diff_gen(dt_dtype t, uint64_t seed, int r, const void *buf, size_t off, size_t n) {
     size_t es = dt_dtype_size(t), i;
-    for (i = 0; i < n; i++) { cc_val v = cc_gen(t, seed, r, off + i); if (memcmp((const char *)buf + i * es, &v, es)) return i; }
+    uint64_t k = cc_key(seed, r);
+    for (i = 0; i < n; i++) { cc_val v = cc_gen(t, k, off + i); if (!cc_same((const char *)buf + i * es, &v, es)) return i; }
     return n;
 }
 static void *cc_alloc(size_t bytes) {
@@ -114,11 +126,12 @@ static int cc_chunk_of(size_t i, size_t n, int p) {
 }
 /* Element i (of n) of the reduction of every rank's input in the order of algo (NAIVE: rank order,
    the local NATIVE's too; RING: chunk k starts at rank k + 1 and each rank adds its own value to what
-   arrives; TREE: the binomial tree rooted at root), divided by p for MEAN. x: p values of scratch. */
-static cc_val cc_ref(dt_dtype t, dt_reduce_op op, dt_algo algo, int p, int root, uint64_t seed, size_t i, size_t n, cc_val *x) {
+   arrives; TREE: the binomial tree rooted at root), divided by p for MEAN. keys: the ranks' cc_key;
+   x: 2 p values of scratch. */
+static cc_val cc_ref(dt_dtype t, dt_reduce_op op, dt_algo algo, int p, int root, const uint64_t *keys, size_t i, size_t n, cc_val *x) {
     cc_val acc;
     int k, j, mask;
-    for (k = 0; k < p; k++) x[k] = cc_gen(t, seed, k, i);
+    for (k = 0; k < p; k++) x[k] = cc_gen(t, keys[k], i);
     if (algo == DT_ALGO_RING) {
         int ch = cc_chunk_of(i, n, p);
         acc = x[(ch + 1) % p];
@@ -137,12 +150,6 @@ static cc_val cc_ref(dt_dtype t, dt_reduce_op op, dt_algo algo, int p, int root,
     if (op == DT_MEAN && t == DT_F64) acc.d = acc.d / (double)p;
     return acc;
 }
-/* Large results are checked on a sample: the ends, both sides of every chunk boundary, every 61st
-   element (61 is prime: every residue of the chunk and segment sizes comes up). */
-static int cc_sampled(size_t i, size_t n, int p) {
-    if (i < 2048 || i + 2048 >= n || i % 61 == 0) return 1;
-    return cc_chunk_of(i - 4, n, p) != cc_chunk_of(i + 4, n, p);
-}
 /* What algo means for an all-reduce (native = 1) or a reduce (native = 0) on this communicator. */
 static dt_algo cc_resolve(const dt_comm *c, dt_algo a, int native) {
     int has = native && c->backend->allreduce != NULL;
@@ -151,34 +158,61 @@ static dt_algo cc_resolve(const dt_comm *c, dt_algo a, int native) {
     if (a == DT_ALGO_NATIVE && !has) a = DT_ALGO_RING;
     return a;
 }
-/* Compares buf[0..n) with the reduction of element base + i over a total of ntot elements. Exact unless
-   a floating-point sum was made in an order we do not know (NATIVE outside the local backends). */
+typedef struct cc_want {    /* what a reduced buffer should hold */
+    const char  *what;
+    dt_dtype     t;
+    dt_reduce_op op;
+    dt_algo      algo;
+    int          root, exact;
+    size_t       base, n, ntot;    /* buf[i] is element base + i of ntot */
+    uint64_t    *keys;
+    cc_val      *x;
+} cc_want;
+/* Checks buf[i]; prints and returns 1 when it is wrong. */
+static int cc_check_at(cc_rank *x, const cc_want *w, const void *buf, size_t i) {
+    size_t es = dt_dtype_size(w->t);
+    dt_dtype t = w->t;
+    cc_val want = cc_ref(t, w->op, w->algo, x->p, w->root, w->keys, w->base + i, w->ntot, w->x), got;
+    memset(&got, 0, sizeof got);
+    memcpy(&got, (const char *)buf + i * es, es);
+    if (w->exact ? cc_same(&got, &want, es)
+                 : fabs((t == DT_F32 ? got.f : got.d) - (t == DT_F32 ? want.f : want.d)) <= (t == DT_F32 ? 1e-5 : 1e-13) * x->p * (1 << 23))
+        return 0;
+    x->fails++;
+    printf("    rank %d: %s (%zu x %s, %s, %s, root %d, %d ranks, %s): element %zu is %.17g, expected %.17g\n",
+           x->rank, w->what, w->n, dt_dtype_name(t), w->op == DT_SUM ? "sum" : w->op == DT_MEAN ? "mean" : w->op == DT_MAX ? "max" : "min",
+           dt_algo_name(w->algo), w->root, x->p, w->exact ? "bit for bit" : "within tolerance", w->base + i,
+           t == DT_F32 ? got.f : t == DT_F64 ? got.d : t == DT_I32 ? got.i : t == DT_I64 ? (double)got.l : got.u,
+           t == DT_F32 ? want.f : t == DT_F64 ? want.d : t == DT_I32 ? want.i : t == DT_I64 ? (double)want.l : want.u);
+    return 1;
+}
+/* Compares buf[0..n) with the reduction of elements base + i of a total of ntot. Exact unless a
+   floating-point sum was made in an order we do not know (NATIVE outside the local backends). Large
+   results are checked on a sample: the ends, both sides of every ring chunk boundary, and every 61st
+   element (61 is prime: every residue of the chunk and segment sizes comes up). */
 static void cc_check_reduced(cc_rank *x, const char *what, const void *buf, size_t base, size_t n, size_t ntot,
                              dt_dtype t, dt_reduce_op op, dt_algo algo, int root) {
-    size_t es = dt_dtype_size(t), i;
     const char *be = dt_comm_backend_name(x->c);
-    int isfloat = t == DT_F32 || t == DT_F64, sum = op == DT_SUM || op == DT_MEAN;
-    int exact = !(isfloat && sum && algo == DT_ALGO_NATIVE && strcmp(be, "local") != 0 && strcmp(be, "self") != 0);
-    cc_val *scratch = (cc_val *)cc_alloc(2 * (size_t)x->p * sizeof(cc_val));
-    for (i = 0; i < n; i++) {
-        cc_val want, got;
-        if (n > 65536 && !cc_sampled(base + i, ntot, x->p)) continue;
-        want = cc_ref(t, op, algo, x->p, root, x->seed, base + i, ntot, scratch);
-        memset(&got, 0, sizeof got);
-        memcpy(&got, (const char *)buf + i * es, es);
-        if (exact ? memcmp(&got, &want, es) != 0
-                  : fabs((t == DT_F32 ? got.f : got.d) - (t == DT_F32 ? want.f : want.d)) >
-                        (t == DT_F32 ? 1e-5 : 1e-13) * (double)x->p * ldexp(1.0, 8)) {
-            x->fails++;
-            printf("    rank %d: %s (%zu x %s, %s, %s, root %d, %d ranks, %s): element %zu is %.17g, expected %.17g\n",
-                   x->rank, what, n, dt_dtype_name(t), op == DT_SUM ? "sum" : op == DT_MEAN ? "mean" : op == DT_MAX ? "max" : "min",
-                   dt_algo_name(algo), root, x->p, exact ? "bit for bit" : "within tolerance", base + i,
-                   t == DT_F32 ? got.f : t == DT_F64 ? got.d : t == DT_I32 ? got.i : t == DT_I64 ? (double)got.l : got.u,
-                   t == DT_F32 ? want.f : t == DT_F64 ? want.d : t == DT_I32 ? want.i : t == DT_I64 ? (double)want.l : want.u);
-            break;
+    int isfloat = t == DT_F32 || t == DT_F64, sum = op == DT_SUM || op == DT_MEAN, k, bad = 0;
+    size_t i, edge = n > 65536 ? 2048 : n;
+    cc_want w;
+    w.what = what; w.t = t; w.op = op; w.algo = algo; w.root = root;
+    w.exact = !(isfloat && sum && algo == DT_ALGO_NATIVE && strcmp(be, "local") != 0 && strcmp(be, "self") != 0);
+    w.base = base; w.n = n; w.ntot = ntot;
+    w.keys = (uint64_t *)cc_alloc((size_t)x->p * sizeof(uint64_t));
+    w.x = (cc_val *)cc_alloc(2 * (size_t)x->p * sizeof(cc_val));
+    for (k = 0; k < x->p; k++) w.keys[k] = cc_key(x->seed, k);
+    for (i = 0; !bad && i < edge; i++) bad = cc_check_at(x, &w, buf, i);
+    if (edge < n) {
+        for (i = n - edge; !bad && i < n; i++) bad = cc_check_at(x, &w, buf, i);
+        for (i = 0; !bad && i < n; i += 61) bad = cc_check_at(x, &w, buf, i);
+        for (k = 1; !bad && k < x->p; k++) {   /* ring chunk k starts at global element b */
+            size_t b = (size_t)k * (ntot / (size_t)x->p) + ((size_t)k < ntot % (size_t)x->p ? (size_t)k : ntot % (size_t)x->p);
+            for (i = b >= base + 4 ? b - base - 4 : 0; !bad && i < n && i + base < b + 4; i++) bad = cc_check_at(x, &w, buf, i);
         }
     }
-    free(scratch);
+    free(w.keys);
+    free(w.x);
 }
 
 /* ---- collectives ---- */
