@@ -1,9 +1,12 @@
 # dtrain - build the examples and tests, run the tests.
 #   make              build examples and tests (build/)
+#   make MPI=1        the same with mpicc and -DDT_USE_MPI (build-mpi/), plus the MPI test
+#                     (build-mpi/tests/mpi/test_comm_mpi: run it with mpiexec -n 2, 3 or 4)
 #   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
 #   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch
+#   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
 
@@ -19,16 +22,32 @@ LDLIBS  := -lstb -lz -lm
 TESTS    := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 EXAMPLES := $(patsubst examples/%.c,%,$(wildcard examples/*.c))
 FUZZ     := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
+BENCHES  := $(patsubst bench/%.c,%,$(wildcard bench/*.c))
 export DEFS LDLIBS
 B        := build
+# make MPI=1: the MPI backend (dtrain_mpi.h) in every program, in a build directory of its own
+ifdef MPI
+CC       := mpicc
+DEFS     += -DDT_USE_MPI
+B        := build-mpi
+MPITESTS := $(B)/tests/mpi/test_comm_mpi
+endif
 
-all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES))
+all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS)
 
-$(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h tests/comm_checks.h dtrain.h
+$(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h dtrain.h dtrain_mpi.h
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
-$(B)/examples/%: examples/%.c dtrain.h
+$(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h tests/comm_checks.h dtrain.h dtrain_mpi.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
+
+$(B)/examples/%: examples/%.c dtrain.h dtrain_mpi.h
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
+
+$(B)/bench/%: bench/%.c dtrain.h dtrain_mpi.h
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
@@ -38,11 +57,14 @@ test: all
 demo: $(B)/examples/train
 	$(B)/examples/train --model simplecnn --epochs 1
 
+bench-comm: $(B)/bench/bench_comm
+	sh bench/comm.sh $(B)
+
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures
 	/usr/bin/python3 tests/gen_optim_fixtures.py tests/fixtures
 
 clean:
-	rm -rf $(B)
+	rm -rf build build-mpi
 
-.PHONY: all test demo fixtures clean
+.PHONY: all test demo bench-comm fixtures clean

@@ -32,6 +32,20 @@
          dt_model_backward(m, NULL);                   // gradients accumulate into dt_model_grads(m)
          dt_model_destroy(m);
 
+   DISTRIBUTED QUICK START
+         static dt_result rank_main(dt_comm *c, void *arg) {    // runs once per rank
+             float g[1000];                                     // e.g. this rank's gradient
+             ...
+             return dt_comm_allreduce(c, g, 1000, DT_F32, DT_MEAN, DT_ALGO_AUTO);
+         }
+         int main(int argc, char **argv) {
+             dt_launch_desc ld = {0};
+             if (dt_launch_parse(&argc, argv, &ld) != DT_OK) return 2;   // takes --ranks N etc. out of argv
+             return dt_launch(&ld, rank_main, NULL);   // N threads here; one rank per process under mpiexec
+         }
+     ./prog --ranks 4 runs four ranks as threads of one process (the local backend). Built with mpicc
+     -DDT_USE_MPI, mpiexec -n 4 ./prog runs the same source on MPI (dtrain_mpi.h).
+
    CONFIGURATION MACROS (define before the implementation include)
      | macro                    | default          | meaning                                          |
      |--------------------------|------------------|--------------------------------------------------|
@@ -51,6 +65,9 @@
      |                          | datasets/fashion-| NULL (Debian's dataset-fashion-mnist)            |
      |                          | mnist"           |                                                  |
      | DT_IMAGE_MAX_PIXELS      | 1 << 26          | largest image (w * h) an image folder may hold   |
+     | DT_USE_MPI               | undefined        | include dtrain_mpi.h (the MPI backend) and let   |
+     |                          |                  | dt_launch use MPI under mpiexec; build with mpicc|
+   The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s).
 
    OPTIONAL FEATURES AND POSIX
      Without DT_USE_ZLIB and DT_USE_STB_IMAGE the header needs nothing but the C library; a .gz file or an
@@ -87,9 +104,22 @@
      with prefetch = 0, which converts on the calling thread and is what a build without threads uses
      (define DT_NO_THREADS; then prefetch = 1 fails with DT_ERR_UNSUPPORTED).
 
+     Ranks: dt_launch runs a rank function on N ranks. Local ranks are threads; each owns its models,
+     optimizers and data and shares nothing with the others but its communicator (dt_comm), which must be
+     used by its own thread only. Each local rank gets cores / ranks OpenMP threads (--threads-per-rank).
+     Waiting ranks sleep rather than spin when there are more ranks than cores. Every wait ends by the
+     communicator's timeout: a rank that fails, returns or stops calling makes the others fail with
+     DT_ERR_PEER or DT_ERR_TIMEOUT naming the operation, its sequence number and the missing ranks, and
+     ranks that call different collectives get DT_ERR_MISMATCH. A communicator that failed stays failed.
+     Logging: rank 0's lines are the log; other ranks' warnings and errors are shown prefixed "[rank r]"
+     (all their lines with --log-all-ranks).
+
    BACKENDS
      Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
      table, dt_cpu_ops(), is in this file; another backend supplies another table in dt_model_desc.
+     Communication has its own table (dt_comm_backend): self (one rank), local (threads, here) and mpi
+     (dtrain_mpi.h). The collective algorithms (naive, ring, tree) are written once over its point-to-point
+     calls, so they behave and round the same on every backend; NATIVE uses the backend's own.
 
    TABLE OF CONTENTS (declarations and implementation follow the same order)
      1. base     results and errors, allocator hooks, logging, RNG, timers
@@ -97,7 +127,8 @@
      3. nn       model graph on flat buffers, layers, losses, model zoo
      4. optim    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
      5. data     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, the loader
-     6. comm     gossip topologies and mixing matrices
+     6. comm     gossip topologies; the communicator: point-to-point, collectives and their algorithms,
+                 the self and local backends, faults and counters; the launcher
      7. train    evaluation, checkpoints
 */
 #ifndef DTRAIN_H
@@ -676,7 +707,7 @@ int64_t dt_loader_batches(const dt_loader *l);
 dt_result dt_loader_set_indices(dt_loader *l, const int64_t *indices, int64_t count);
 
 /* ============================================================================================== */
-/* 6. comm: gossip topologies and mixing matrices                                                 */
+/* 6. comm: topologies, the communicator and its backends, the launcher                          */
 /* ============================================================================================== */
 
 /* The graph over which decentralised algorithms (D-PSGD, gossip) average, and its mixing matrix W:
@@ -804,6 +835,8 @@ struct dt_comm {
     size_t                 segment_bytes;   /* ring pipeline segment */
     uint64_t               seq;             /* collectives started: the number in error messages */
     uint64_t               sig[3];          /* the operation in progress (its signature) */
+    uint64_t               coll_sig[3];     /* the collective in progress, published for other ranks'
+                                               mismatch checks (a seqlock: [0] is written last) */
     int                    tag_ub;          /* largest tag the transport carries; user tags < DT_TAG_USER_MAX */
     dt_result              broken;          /* sticky: after a failure every call returns it */
     char                   broken_msg[512];
@@ -823,10 +856,10 @@ typedef struct dt_comm_desc {
     dt_algo algo;              /* default algorithm: 0 = NATIVE where the backend has one, else RING */
     double  timeout;           /* seconds a wait may last before DT_ERR_TIMEOUT: 0 = $DT_COMM_TIMEOUT or 300 */
     size_t  segment_bytes;     /* ring pipeline segment: 0 = 256 KiB */
-    /* link model (local backend only; both 0 = off): every message is delayed by latency seconds and
-       each directed link carries at most bandwidth bytes/s, messages queueing behind each other. Under
-       it the native all-reduce and broadcast run over messages too (as RING and TREE), so that they feel
-       the links: a NATIVE float sum then rounds as the ring's, not as without the model */
+    /* link model (local backend only; both 0 = off): each rank has one full-duplex link to a switch that
+       sends and receives at most bandwidth bytes/s (messages queue behind each other on both ends), and
+       every message arrives latency seconds after it has left. Under it the native all-reduce and
+       broadcast run over messages too (as RING and TREE), so a NATIVE float sum rounds as the ring's */
     double  link_latency;
     double  link_bandwidth;
 } dt_comm_desc;
@@ -882,7 +915,7 @@ dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, si
                                     const int *to, int nto, const int *from, int nfrom);
 
 /* Counters of this rank (see dt_comm_stats), and their reset. */
-void dt_comm_get_stats(const dt_comm *c, dt_comm_stats *out);
+dt_comm_stats dt_comm_get_stats(const dt_comm *c);   /* zeros for NULL */
 void dt_comm_reset_stats(dt_comm *c);
 
 /* ---- the launcher ---------------------------------------------------------------------------- */
@@ -5068,7 +5101,12 @@ static const char *dt__reduce_name(int op) {
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }
 const char *dt_comm_backend_name(const dt_comm *c) { return (c && c->backend) ? c->backend->name : "none"; }
-void dt_comm_get_stats(const dt_comm *c, dt_comm_stats *out) { if (c && out) *out = c->stats; }
+dt_comm_stats dt_comm_get_stats(const dt_comm *c) {
+    dt_comm_stats z;
+    if (c) return c->stats;
+    memset(&z, 0, sizeof z);
+    return z;
+}
 void dt_comm_reset_stats(dt_comm *c) { if (c) memset(&c->stats, 0, sizeof c->stats); }
 
 /* The signature of an operation: sig[0] sequence number, sig[1] count, sig[2] kind | type | op | root | algo.
@@ -5406,6 +5444,10 @@ static dt_result dt__tag_check(const dt_comm *c, const char *fn, int tag) {
 static void dt__coll_start(dt_comm *c, int kind, size_t count, dt_dtype t, int op, int root, dt_algo algo) {
     DT__ATOMIC_STORE(&c->seq, c->seq + 1);
     dt__comm_begin(c, kind, count, (int)t, op, root, (int)algo);
+    DT__ATOMIC_STORE(&c->coll_sig[0], UINT64_MAX);   /* readers that see this ignore the rest */
+    DT__ATOMIC_STORE(&c->coll_sig[1], c->sig[1]);
+    DT__ATOMIC_STORE(&c->coll_sig[2], c->sig[2]);
+    DT__ATOMIC_STORE(&c->coll_sig[0], c->sig[0]);
     c->stats.collectives++;
 }
 static dt_result dt__algo_check(const char *fn, dt_algo a) {
@@ -5419,7 +5461,8 @@ static dt_algo dt__algo_resolve(const dt_comm *c, dt_algo a, int has_native) {
     if (a == DT_ALGO_NATIVE && !has_native) a = DT_ALGO_RING;
     return a;
 }
-/* A native collective's traffic, counted as a ring's: 2 (p - 1) / p bytes per rank each way. */
+/* A native collective's traffic, counted by the backend as a ring's would be: factor (p - 1) / p bytes
+   per rank each way (factor 2 for all-reduce, 1 for broadcast). */
 static void dt__count_native(dt_comm *c, size_t bytes, int factor) {
     uint64_t b = (uint64_t)((double)bytes * factor * (c->size - 1) / c->size);
     c->stats.bytes_sent += b;
@@ -5518,7 +5561,6 @@ dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int
     if (c->size == 1) return DT_OK;
     switch (algo) {
     case DT_ALGO_NATIVE:
-        dt__count_native(c, bytes, 1);
         return dt__native(c, c->backend->broadcast(c, buf, bytes, root, dt_time_now() + c->timeout));
     case DT_ALGO_NAIVE: return dt__naive_broadcast(c, buf, bytes, root);
     case DT_ALGO_RING: return dt__ring_broadcast(c, buf, bytes, root);
@@ -5549,7 +5591,6 @@ dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_
     if (c->size == 1) return DT_OK;
     switch (algo) {
     case DT_ALGO_NATIVE:
-        dt__count_native(c, bytes, 2);
         r = dt__native(c, c->backend->allreduce(c, buf, count, t, op == DT_MEAN ? DT_SUM : op, dt_time_now() + c->timeout));
         break;
     case DT_ALGO_RING:
@@ -5714,8 +5755,6 @@ typedef struct dt__lrank {
     dt_result   gone_result;
     char        gone_msg[320];
     const void *ptr;                    /* native collectives: the buffer this rank published */
-    uint64_t    pub[3];                 /* under mu: the signature of the last collective this rank
-                                           posted a message or entered a barrier in (mismatch checks) */
     char        pad[64];
 } dt__lrank;
 
@@ -5729,14 +5768,16 @@ typedef struct dt__lworld {
     int        bar_bad[2];              /* per generation parity: a rank whose signature differs, or -1 */
     uint64_t   bar_badsig[2][6];        /* ... rank 0's signature and that rank's */
     double     latency, bandwidth;      /* link model; both 0 = off */
-    double    *link_free;               /* [n][n]: when the link src -> dst is next free */
+    double    *link_free;               /* [2][n]: when rank i's port is next free to send, to receive */
     char      *small;                   /* [2][n][DT__LOCAL_SMALL] slots for small native all-reduces */
     dt__lrank *r;
     dt_comm  **comms;
     int        fail_count;              /* ranks that failed, in order */
+    char       cause[400];              /* the first failure that was not DT_ERR_PEER: the root cause */
 } dt__lworld;
 
-#define DT__LOCAL_SMALL 16384            /* bytes: below, a native all-reduce copies into shared slots */
+#define DT__LOCAL_SMALL 65536            /* bytes: below, a native all-reduce copies into shared slots */
+#define DT__SPIN_SECONDS 50e-6           /* how long a waiting rank polls before it sleeps, when ranks <= cores */
 
 static void dt__local_free_world(dt__lworld *W) {
     int i;
@@ -5773,7 +5814,7 @@ static void dt__cond_wait_for(dt__cond *c, dt__mutex *m, double s) {
     struct timespec ts;
     double frac;
     timespec_get(&ts, TIME_UTC);
-    if (s > 1.0) s = 1.0;
+    if (s > 0.05) s = 0.05;   /* waiters wake now and then to look for mismatched ranks */
     if (s < 0.0) s = 0.0;
     frac = (double)ts.tv_nsec + s * 1e9;
     ts.tv_sec += (time_t)(frac / 1e9);
@@ -5791,16 +5832,22 @@ static void dt__local_sleep_until(dt__lworld *W, int me, double t) {
 }
 /* Polls *state for a few microseconds when spinning pays (no more ranks than cores); otherwise yields
    once. Returns 1 when it saw want. */
+static void dt__cpu_relax(void) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_ia32_pause();
+#endif
+}
 static int dt__local_spin(const dt__lworld *W, const volatile int *state, int want) {
+    double end;
     int i;
     if (!W->spin) { sched_yield(); return DT__ATOMIC_LOAD(state) == want; }
-    for (i = 0; i < 4000; i++) {
-        if (DT__ATOMIC_LOAD(state) == want) return 1;
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
+    for (end = dt_time_now() + DT__SPIN_SECONDS;;) {
+        for (i = 0; i < 64; i++) {
+            if (DT__ATOMIC_LOAD(state) == want) return 1;
+            dt__cpu_relax();
+        }
+        if (dt_time_now() > end) return 0;
     }
-    return 0;
 }
 
 static void dt__local_complete(dt__lworld *W, dt_request *q) {
@@ -5829,38 +5876,18 @@ static void dt__local_deliver(dt__lworld *W, dt_request *s, dt_request *r) {
     dt__local_complete(W, r);
 }
 
+/* Rank k has gone. When it failed only because another rank did, the report names the root cause
+   rather than nesting one report in the next. */
 static dt_result dt__local_gone_error(dt__lworld *W, int k) {
     const char *m = W->r[k].gone_msg;
     if (W->r[k].gone_result == DT_OK) return dt_set_error(DT_ERR_PEER, "rank %d has finished (its function returned DT_OK) and will not send or receive any more", k);
+    if (W->r[k].gone_result == DT_ERR_PEER) {
+        dt__mutex_lock(&W->mu);
+        dt_set_error(DT_ERR_PEER, "rank %d has failed because another did%s%s", k, W->cause[0] ? "; the first failure: " : "", W->cause);
+        dt__mutex_unlock(&W->mu);
+        return DT_ERR_PEER;
+    }
     return dt_set_error(DT_ERR_PEER, "rank %d has failed (%s)%s%s", k, dt_result_str(W->r[k].gone_result), m[0] ? ": " : "", m);
-}
-
-/* Publishes the collective this rank is in, so that a rank waiting for it can tell when it called
-   another one: two ranks in different collectives may both wait for a message the other will never send
-   (a tree reduce and a tree broadcast each receive first), which matching messages alone cannot catch. */
-static void dt__local_publish(dt__lworld *W, const dt_comm *c) {
-    dt__lrank *me = &W->r[c->rank];
-    if ((c->sig[2] & 0xff) == DT__OP_P2P || memcmp(me->pub, c->sig, sizeof me->pub) == 0) return;   /* only the owner writes */
-    dt__mutex_lock(&me->mu);
-    memcpy(me->pub, c->sig, sizeof me->pub);
-    dt__mutex_unlock(&me->mu);
-}
-/* Has rank k gone on to another collective than sig (another signature with the same number, or a later
-   number) while this rank waits for it in sig? Then it never will take part in sig. k's signature goes to
-   other. Holding W->mu is allowed, holding any rank's mu is not. A rank publishes before it waits and
-   checks after, under the ranks' mutexes, so of two ranks in different collectives at least one sees it. */
-static int dt__local_elsewhere(dt__lworld *W, int k, const uint64_t *sig, uint64_t *other) {
-    dt__mutex_lock(&W->r[k].mu);
-    memcpy(other, W->r[k].pub, sizeof W->r[k].pub);
-    dt__mutex_unlock(&W->r[k].mu);
-    return other[0] > sig[0] || (other[0] == sig[0] && memcmp(other, sig, 3 * sizeof(uint64_t)) != 0);
-}
-static dt_result dt__local_mismatch(int k, const uint64_t *theirs, const uint64_t *mine) {
-    char a[128], b[128];
-    dt__sig_str(mine, a, sizeof a);
-    dt__sig_str(theirs, b, sizeof b);
-    return dt_set_error(DT_ERR_MISMATCH, "rank %d called %s where this rank called %s: every rank must make the same collective calls in the same order, with the same count, type, op and root",
-                        k, b, a);
 }
 
 static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *q) {
@@ -5870,15 +5897,19 @@ static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int 
     memset(q, 0, sizeof *q);
     q->kind = DT__REQ_SEND; q->peer = dst; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->sbuf = buf;
     memcpy(q->sig, c->sig, sizeof q->sig);
-    dt__local_publish(W, c);
-    if (W->latency > 0 || W->bandwidth > 0) {   /* the link model: queue behind earlier messages on this link */
-        double *f = &W->link_free[(size_t)c->rank * (size_t)W->n + (size_t)dst], start = dt_time_now();
-        if (*f > start) start = *f;
-        *f = start + (W->bandwidth > 0 ? (double)bytes / W->bandwidth : 0.0);
-        q->not_before = *f;
-    }
     if (DT__ATOMIC_LOAD(&d->gone) && dst != c->rank) { q->kind = DT__REQ_NONE; return dt__local_gone_error(W, dst); }
     dt__mutex_lock(&d->mu);
+    if ((W->latency > 0 || W->bandwidth > 0) && dst != c->rank) {
+        /* the link model: each rank has one full-duplex port to a switch. The message waits until the
+           sender's port is free to send and the receiver's to receive, occupies both for bytes /
+           bandwidth, and arrives latency seconds after it has left. (The receiver's slot is taken under
+           its mutex, held here; the sender's is only ever touched by the sender.) */
+        double *out = &W->link_free[c->rank], *in = &W->link_free[W->n + dst], start = dt_time_now();
+        if (*out > start) start = *out;
+        if (*in > start) start = *in;
+        *out = *in = start + (W->bandwidth > 0 ? (double)bytes / W->bandwidth : 0.0);
+        q->not_before = *out;
+    }
     for (it = d->posted; it; it = (dt_request *)it->next)
         if (it->peer == c->rank && dt__ltag_eq(it->tag, tag)) break;
     if (it) {
@@ -5901,7 +5932,6 @@ static dt_result dt__local_irecv(dt_comm *c, void *buf, size_t bytes, int src, i
     memset(q, 0, sizeof *q);
     q->kind = DT__REQ_RECV; q->peer = src; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->rbuf = buf;
     memcpy(q->sig, c->sig, sizeof q->sig);
-    dt__local_publish(W, c);
     dt__mutex_lock(&me->mu);
     for (it = me->inbox; it; it = (dt_request *)it->next)
         if (it->owner == src && dt__ltag_eq(it->tag, tag)) break;
@@ -5938,6 +5968,27 @@ static void dt__local_cancel(dt_comm *c, dt_request *q) {
     dt__mutex_unlock(&me->mu);
 }
 
+static dt_result dt__mismatch_error(int peer, const uint64_t *mine, const uint64_t *theirs) {
+    char a[128], b[128];
+    dt__sig_str(mine, a, sizeof a);
+    dt__sig_str(theirs, b, sizeof b);
+    return dt_set_error(DT_ERR_MISMATCH, "rank %d called %s where this rank called %s: every rank must make the same collective calls in the same order, with the same count, type, op and root",
+                        peer, b, a);
+}
+/* Whether rank k is in this rank's current collective (same sequence number) with another signature,
+   which it then copies to other. Reads k's published signature as a seqlock: no lock needed. */
+static int dt__local_peer_differs(const dt__lworld *W, const dt_comm *c, int k, uint64_t *other) {
+    const dt_comm *o = W->comms[k];
+    uint64_t s0, s1, s2;
+    if (!o || k == c->rank || (c->sig[2] & 0xff) == DT__OP_P2P) return 0;
+    if ((s0 = DT__ATOMIC_LOAD(&o->coll_sig[0])) != c->sig[0]) return 0;
+    s1 = DT__ATOMIC_LOAD(&o->coll_sig[1]);
+    s2 = DT__ATOMIC_LOAD(&o->coll_sig[2]);
+    if (DT__ATOMIC_LOAD(&o->coll_sig[0]) != s0 || (s1 == c->sig[1] && s2 == c->sig[2])) return 0;
+    other[0] = s0; other[1] = s1; other[2] = s2;
+    return 1;
+}
+
 /* The report for a request that completed with an error. */
 static dt_result dt__local_req_error(dt_request *q) {
     if (q->impl[3]) {
@@ -5945,7 +5996,7 @@ static dt_result dt__local_req_error(dt_request *q) {
             return dt_set_error(DT_ERR_MISMATCH, "rank %d sent %llu bytes, more than the %zu this receive accepts", q->peer, (unsigned long long)q->impl[3], q->bytes);
         return dt_set_error(DT_ERR_MISMATCH, "rank %d accepts only %llu bytes and this message has %zu", q->peer, (unsigned long long)q->impl[3], q->bytes);
     }
-    return dt__local_mismatch(q->peer, q->impl, q->sig);
+    return dt__mismatch_error(q->peer, q->sig, q->impl);
 }
 static dt_result dt__local_finish(dt__lworld *W, int me, dt_request *q) {
     if (q->not_before > 0 && dt_time_now() < q->not_before) dt__local_sleep_until(W, me, q->not_before);
@@ -5962,26 +6013,16 @@ static dt_result dt__local_wait(dt_comm *c, dt_request *q, double deadline) {
         while (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) {
             double now = dt_time_now();
             int gone = q->peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->peer].gone);
-            if (gone || now >= deadline) {
+            uint64_t other[3];
+            int differs = q->tag >= DT__TAG_COLL && dt__local_peer_differs(W, c, q->peer, other);
+            if (gone || differs || now >= deadline) {
                 dt__mutex_unlock(&me->mu);
                 dt__local_cancel(c, q);
                 if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) return dt__local_finish(W, c->rank, q);   /* it made it after all */
                 if (gone) return dt__local_gone_error(W, q->peer);
+                if (differs) return dt__mismatch_error(q->peer, c->sig, other);
                 return dt_set_error(DT_ERR_TIMEOUT, "no %s rank %d within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)",
                                     q->kind == DT__REQ_SEND ? "receive was posted by" : "message came from", q->peer, c->timeout);
-            }
-            if (q->tag >= DT__TAG_COLL && q->peer != c->rank) {   /* a collective's message: is the peer in another? */
-                uint64_t other[3];
-                int elsewhere;
-                dt__mutex_unlock(&me->mu);
-                elsewhere = dt__local_elsewhere(W, q->peer, q->sig, other);
-                if (elsewhere) {
-                    dt__local_cancel(c, q);
-                    if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) return dt__local_finish(W, c->rank, q);
-                    return dt__local_mismatch(q->peer, other, q->sig);
-                }
-                dt__mutex_lock(&me->mu);
-                if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) break;
             }
             dt__cond_wait_for(&me->cv, &me->mu, deadline - now);
         }
@@ -6022,7 +6063,6 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
     uint64_t gen, other[3];
     double t0 = dt_time_now();
     dt_result r = DT_OK;
-    dt__local_publish(W, c);
     dt__mutex_lock(&W->mu);
     gen = W->bar_gen;
     if ((k = dt__local_gone_rank(W, me)) >= 0) { dt__mutex_unlock(&W->mu); return dt__local_gone_error(W, k); }
@@ -6042,25 +6082,24 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
         dt__mutex_unlock(&W->mu);
     } else {
         dt__mutex_unlock(&W->mu);
-        if (W->spin) for (k = 0; k < 4000 && DT__ATOMIC_LOAD(&W->bar_gen) == gen; k++) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        }
-        else sched_yield();
+        if (W->spin) {
+            double end = dt_time_now() + DT__SPIN_SECONDS;
+            while (DT__ATOMIC_LOAD(&W->bar_gen) == gen && dt_time_now() < end)
+                for (k = 0; k < 64; k++) dt__cpu_relax();
+        } else sched_yield();
         dt__mutex_lock(&W->mu);
         while (DT__ATOMIC_LOAD(&W->bar_gen) == gen) {
             double now = dt_time_now();
-            if ((k = dt__local_gone_rank(W, me)) >= 0) r = dt__local_gone_error(W, k);
-            for (k = 0; k < n && r == DT_OK; k++)
-                if (k != me && dt__local_elsewhere(W, k, c->sig, other)) r = dt__local_mismatch(k, other, c->sig);
-            if (r == DT_OK && now >= deadline)
-                r = dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->timeout);
-            if (r != DT_OK) {
+            int gone = dt__local_gone_rank(W, me), bad = -1;
+            for (k = 0; gone < 0 && bad < 0 && k < n; k++)
+                if (dt__local_peer_differs(W, c, k, other)) bad = k;
+            if (gone >= 0 || bad >= 0 || now >= deadline) {
                 W->bar_count--;
-                dt__mutex_unlock(&W->mu);
+                dt__mutex_unlock(&W->mu);   /* before the reports, which may take it */
                 c->stats.wait_seconds += dt_time_now() - t0;
-                return r;
+                if (gone >= 0) return dt__local_gone_error(W, gone);
+                if (bad >= 0) return dt__mismatch_error(bad, c->sig, other);
+                return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->timeout);
             }
             dt__cond_wait_for(&W->cv, &W->mu, deadline - now);
         }
@@ -6081,6 +6120,7 @@ static dt_result dt__local_broadcast(dt_comm *c, void *buf, size_t bytes, int ro
     dt__lworld *W = (dt__lworld *)c->impl;
     dt_result r;
     if (W->latency > 0 || W->bandwidth > 0) return dt__tree_broadcast(c, buf, bytes, root);   /* messages feel the link model */
+    dt__count_native(c, bytes, 1);
     W->r[c->rank].ptr = buf;
     if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
     if (c->rank != root && bytes) memcpy(buf, W->r[root].ptr, bytes);
@@ -6102,6 +6142,7 @@ static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t
         if ((r = dt__comm_scratch(c, (n / (size_t)p + 1) * es, &s)) != DT_OK) return r;
         return dt__allreduce_ring(c, buf, n, t, op, s);
     }
+    dt__count_native(c, bytes, 2);
     if (bytes <= DT__LOCAL_SMALL) {
         uint64_t gen = DT__ATOMIC_LOAD(&W->bar_gen);
         char *slots = W->small + (size_t)(gen & 1) * (size_t)p * DT__LOCAL_SMALL;
@@ -6177,6 +6218,10 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
     }
     dt__mutex_lock(&W->mu);
     if (res != DT_OK) W->fail_count++;
+    if (res != DT_OK && res != DT_ERR_PEER && !W->cause[0]) {   /* named by its rank, unless the message does it */
+        if (strncmp(me->gone_msg, "rank ", 5) == 0) snprintf(W->cause, sizeof W->cause, "%s (%s)", me->gone_msg, dt_result_str(res));
+        else snprintf(W->cause, sizeof W->cause, "rank %d: %s (%s)", c->rank, me->gone_msg, dt_result_str(res));
+    }
     dt__cond_broadcast(&W->cv);
     dt__mutex_unlock(&W->mu);
 }
@@ -6236,8 +6281,8 @@ dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc) {
     if (desc && (desc->link_latency > 0 || desc->link_bandwidth > 0)) {
         W->latency = desc->link_latency;
         W->bandwidth = desc->link_bandwidth;
-        W->link_free = (double *)DT_MALLOC((size_t)n * (size_t)n * sizeof(double));
-        if (W->link_free) memset(W->link_free, 0, (size_t)n * (size_t)n * sizeof(double));
+        W->link_free = (double *)DT_MALLOC((size_t)2 * (size_t)n * sizeof(double));
+        if (W->link_free) memset(W->link_free, 0, (size_t)2 * (size_t)n * sizeof(double));
     }
     if (!W->r || !W->comms || !W->bar_sig || !W->small || ((W->latency > 0 || W->bandwidth > 0) && !W->link_free)) {
         DT_FREE(W->r); W->r = NULL;
@@ -6786,6 +6831,11 @@ dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_chec
 #endif
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
+
+/* The MPI backend, declarations and (with DTRAIN_IMPLEMENTATION) implementation, for builds with MPI. */
+#ifdef DT_USE_MPI
+#include "dtrain_mpi.h"
+#endif
 
 /*
 MIT License

@@ -385,7 +385,7 @@ static dt_result cc_p2p(cc_rank *x) {
     for (done = 0; !done;) { CC_OK(x, dt_comm_test(c, &q[0], &done)); if (!done) sched_yield(); }
     sent += 60;
     /* the counters: exact for point-to-point */
-    dt_comm_get_stats(c, &st);
+    st = dt_comm_get_stats(c);
     CC_CHECK(x, st.bytes_sent == sent && st.bytes_recv == sent);
     CC_CHECK(x, st.messages_sent == CC_NMSG + 4 && st.messages_recv == CC_NMSG + 4 && st.collectives == 0);
     return DT_OK;
@@ -412,7 +412,7 @@ static dt_result cc_counters(cc_rank *x, size_t n) {
     cc_fill(DT_F32, x->seed, me, buf, 0, n);
     dt_comm_reset_stats(x->c);
     CC_OK(x, dt_comm_allreduce(x->c, buf, n, DT_F32, DT_SUM, DT_ALGO_RING));
-    dt_comm_get_stats(x->c, &st);
+    st = dt_comm_get_stats(x->c);
     if (p == 1) CC_CHECK(x, st.bytes_sent == 0 && st.bytes_recv == 0 && st.messages_sent == 0);
     else {
         CC_CHECK(x, st.bytes_sent == sent && st.bytes_recv == recv);
@@ -423,16 +423,16 @@ static dt_result cc_counters(cc_rank *x, size_t n) {
     /* NATIVE counts as a ring would */
     dt_comm_reset_stats(x->c);
     CC_OK(x, dt_comm_allreduce(x->c, buf, n, DT_F32, DT_MAX, DT_ALGO_NATIVE));
-    dt_comm_get_stats(x->c, &st);
+    st = dt_comm_get_stats(x->c);
     CC_CHECK(x, fabs((double)st.bytes_sent - ideal) <= 1 && fabs((double)st.bytes_recv - ideal) <= 1 && st.collectives == 1);
     dt_comm_reset_stats(x->c);
-    dt_comm_get_stats(x->c, &st);
+    st = dt_comm_get_stats(x->c);
     CC_CHECK(x, st.bytes_sent == 0 && st.bytes_recv == 0 && st.messages_sent == 0 && st.collectives == 0 && st.wait_seconds == 0);
     /* wait_seconds: everyone waits for rank 0, which is 0.1 s late */
     if (p > 1) {
         if (me == 0) cc_sleep(0.1);
         CC_OK(x, dt_comm_allreduce(x->c, buf, 1, DT_F32, DT_SUM, DT_ALGO_RING));
-        dt_comm_get_stats(x->c, &st);
+        st = dt_comm_get_stats(x->c);
         if (me != 0) CC_CHECK(x, st.wait_seconds >= 0.05);
     }
     free(buf);

@@ -9,6 +9,8 @@
 # Sections 3, 4 and 4b set DT_TEST_QUICK=1: test_comm leaves out its million-element cases there.
 #   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
+#   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
+#      a program built without MPI and started by mpiexec fails, saying to rebuild it (needs mpich)
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # Each test program ends with "N passed, N failed"; each compile check counts as one test.
 # The last line is the sum, "N passed, N failed"; the exit status is non-zero when anything failed.
@@ -121,6 +123,23 @@ for f in ${FUZZ:-}; do
         check "fuzz $f" "$B/fuzz/$f" -max_total_time="${FUZZ_SECONDS:-20}" -rss_limit_mb=2048 "$B/fuzz/$f.corpus" $seeds
     else echo "FAIL build of fuzz target $f"; failed=$((failed + 1)); fi
 done
+
+echo "== 7. MPI (mpiexec -n 2, 3, 4)"
+mkdir -p "$B/mpi"
+if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
+    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_comm_mpi.c" -o "$B/mpi/test_comm_mpi" $LDLIBS; then
+        for n in 2 3 4; do run "mpi -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_comm_mpi"; done
+    else echo "FAIL build of tests/mpi/test_comm_mpi.c with mpicc"; failed=$((failed + 1)); fi
+    check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl.o' &&
+        mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl-cxx.o'"
+    printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL); }\n' > "$B/mpi/nompi.c"
+    check "built without MPI, under mpiexec -n 2: exit 1, saying to rebuild with MPI" sh -c "
+        $CC $WARN -pthread '$B/mpi/nompi.c' -o '$B/mpi/nompi' -lm || exit 1
+        timeout 60 mpiexec -n 2 '$B/mpi/nompi' > '$B/mpi/nompi.out' 2>&1; rc=\$?
+        cat '$B/mpi/nompi.out'; [ \$rc -eq 1 ] && grep -q 'built without MPI: rebuild it with MPI' '$B/mpi/nompi.out'"
+else
+    echo "FAIL mpicc or mpiexec is not installed (run tools/deps.sh: mpich, libmpich-dev)"; failed=$((failed + 1))
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

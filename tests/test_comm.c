@@ -162,7 +162,7 @@ static dt_result fault_rank(dt_comm *c, void *arg) {
     a->first[me] = dt_comm_allreduce(c, buf, 10, DT_F32, DT_SUM, a->algo);   /* collective #1 goes well */
     if (me == a->victim) {
         if (a->mode == F_RETURN_OK) { free(buf); return DT_OK; }
-        if (a->mode == F_RETURN_ERROR) { free(buf); return dt_set_error(DT_ERR_NUMERIC, "the loss of rank %d became NaN", me); }
+        if (a->mode == F_RETURN_ERROR) { free(buf); return dt_set_error(DT_ERR_NUMERIC, "the loss became NaN"); }
         if (a->mode == F_THREAD_EXIT) { free(buf); pthread_exit(NULL); }
         if (a->mode == F_LATE) cc_sleep(a->late);
     }
@@ -231,7 +231,7 @@ static void test_fault_rank_returns_early(void) {
         CHECK(run_fault(&a, 4, 10.0, res, msg, sizeof msg) == DT_ERR_PEER);
         CHECK(res[2] == DT_OK);
         check_others_failed(&a, 4, 2, BIT(DT_ERR_PEER), 3.0);   /* promptly: far below the 10 s timeout */
-        for (k = 0; k < 4; k++) if (k != 2) CHECK(strstr(a.msg[k], "rank 2") && strstr(a.msg[k], "all-reduce #2"));
+        for (k = 0; k < 4; k++) if (k != 2) { CHECK((strstr(a.msg[k], "rank 2 has finished") || strstr(a.msg[k], "2 (finished)")) && strstr(a.msg[k], "all-reduce #2")); }
     }
 }
 
@@ -243,11 +243,11 @@ static void test_fault_rank_returns_error(void) {
     int i, k;
     for (i = 0; i < 2; i++) {
         fault_init(&a, F_RETURN_ERROR, 1, algos[i], 1000);
-        CHECK(run_fault(&a, 3, 10.0, res, msg, sizeof msg) == DT_ERR_NUMERIC);   /* the root cause, not DT_ERR_PEER */
+                CHECK(run_fault(&a, 3, 10.0, res, msg, sizeof msg) == DT_ERR_NUMERIC);   /* the root cause, not DT_ERR_PEER */
         CHECK(strstr(msg, "became NaN") != NULL);
         CHECK(res[1] == DT_ERR_NUMERIC);
         check_others_failed(&a, 3, 1, BIT(DT_ERR_PEER), 3.0);
-        for (k = 0; k < 3; k++) if (k != 1) CHECK(strstr(a.msg[k], "rank 1 has failed") && strstr(a.msg[k], "became NaN"));
+        for (k = 0; k < 3; k++) if (k != 1) { if (!(strstr(a.msg[k], "rank 1") && strstr(a.msg[k], "became NaN"))) printf("    rank %d: %s\n", k, a.msg[k]); CHECK(strstr(a.msg[k], "rank 1") && strstr(a.msg[k], "became NaN")); }
     }
 }
 
