@@ -866,7 +866,8 @@ typedef struct dt_comm_desc {
     size_t  segment_bytes;     /* ring pipeline segment: 0 = 256 KiB */
     /* link model (local backend only; both 0 = off): each rank has one full-duplex link to a switch that
        sends and receives at most bandwidth bytes/s (messages queue behind each other on both ends), and
-       every message arrives latency seconds after it has left */
+       every message arrives latency seconds after it has left. Under it the native all-reduce and
+       broadcast run over messages too (as RING and TREE), so a NATIVE float sum rounds as the ring's */
     double  link_latency;
     double  link_bandwidth;
 } dt_comm_desc;
@@ -5362,23 +5363,24 @@ static void dt__cancel_all(dt_comm *c, dt_request *q, int n) {
    message carries the collective's signature. */
 static dt_result dt__step(dt_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes, int src,
                           void *tmp, int reduce, dt_dtype t, dt_reduce_op op) {
-    size_t seg = c->segment_bytes, es = dt_dtype_size(t);
-    int ns = dst >= 0 ? (int)(sbytes ? (sbytes + seg - 1) / seg : 1) : 0;
-    int nr = src >= 0 ? (int)(rbytes ? (rbytes + seg - 1) / seg : 1) : 0;
-    int tag = dt__coll_tag(c), i;
+    size_t es = dt_dtype_size(t), seg = c->segment_bytes / es * es;   /* whole elements: each segment is reduced alone */
+    int ns, nr, tag = dt__coll_tag(c), i;
     dt_request *q = NULL;
     dt_result r;
+    if (seg == 0) seg = es;
+    ns = dst >= 0 ? (int)(sbytes ? (sbytes + seg - 1) / seg : 1) : 0;
+    nr = src >= 0 ? (int)(rbytes ? (rbytes + seg - 1) / seg : 1) : 0;
     if ((r = dt__comm_reqs(c, ns + nr, &q)) != DT_OK) return r;
     memset(q, 0, (size_t)(ns + nr) * sizeof *q);
     for (i = 0; i < nr; i++) {
         size_t off = (size_t)i * seg, len = rbytes - off < seg ? rbytes - off : seg;
         if (rbytes == 0) off = len = 0;
-        if ((r = dt__irecv(c, (char *)(reduce ? tmp : rbuf) + off, len, src, tag, &q[ns + i])) != DT_OK) goto fail;
+        if ((r = dt__irecv(c, len ? (char *)(reduce ? tmp : rbuf) + off : NULL, len, src, tag, &q[ns + i])) != DT_OK) goto fail;
     }
     for (i = 0; i < ns; i++) {
         size_t off = (size_t)i * seg, len = sbytes - off < seg ? sbytes - off : seg;
         if (sbytes == 0) off = len = 0;
-        if ((r = dt__isend(c, (const char *)sbuf + off, len, dst, tag, &q[i])) != DT_OK) goto fail;
+        if ((r = dt__isend(c, len ? (const char *)sbuf + off : NULL, len, dst, tag, &q[i])) != DT_OK) goto fail;
     }
     for (i = 0; i < nr; i++) {
         if ((r = dt__wait(c, &q[ns + i], 1)) != DT_OK) goto fail;
@@ -5504,6 +5506,13 @@ static dt_result dt__ring_broadcast(dt_comm *c, void *buf, size_t bytes, int roo
 
 /* ---- the public calls ------------------------------------------------------------------------- */
 
+/* Buffers of no elements may be NULL, but the algorithms still offset them (by 0), which C leaves
+   undefined for NULL: such buffers get a dummy address, never read or written. */
+static void *dt__nonnull(const void *p) {
+    static char none[8];
+    return p ? (void *)(uintptr_t)p : (void *)none;
+}
+
 /* Checks shared by every call; sets the error and returns nonzero when the call cannot go ahead. */
 static dt_result dt__comm_check(dt_comm *c, const char *fn, const void *buf, size_t count, dt_dtype t, int peer, const char *peer_name) {
     size_t es = dt_dtype_size(t);
@@ -5530,6 +5539,11 @@ static void dt__coll_start(dt_comm *c, int kind, size_t count, dt_dtype t, int o
     DT__ATOMIC_STORE(&c->coll_sig[2], c->sig[2]);
     DT__ATOMIC_STORE(&c->coll_sig[0], c->sig[0]);
     c->stats.collectives++;
+}
+static dt_result dt__algo_check(const char *fn, dt_algo a) {
+    if (a < DT_ALGO_AUTO || a >= DT_ALGO_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown algorithm %d: use DT_ALGO_AUTO, _NAIVE, _RING, _TREE or _NATIVE", fn, (int)a);
+    return DT_OK;
 }
 static dt_algo dt__algo_resolve(const dt_comm *c, dt_algo a, int has_native) {
     if (a <= DT_ALGO_AUTO || a >= DT_ALGO_COUNT) a = c->algo;
@@ -5628,7 +5642,9 @@ dt_result dt_comm_barrier(dt_comm *c) {
 dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_algo algo) {
     dt_result r = dt__comm_check(c, "dt_comm_broadcast", buf, count, t, root, "root");
     size_t bytes;
+    if (r == DT_OK) r = dt__algo_check("dt_comm_broadcast", algo);
     if (r != DT_OK) return r;
+    if (!count) buf = dt__nonnull(buf);
     bytes = count * dt_dtype_size(t);
     algo = dt__algo_resolve(c, algo, c->backend->broadcast != NULL);
     dt__coll_start(c, DT__OP_BROADCAST, count, t, 0, root, algo);
@@ -5655,7 +5671,9 @@ dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_
     size_t es, bytes;
     void *s = NULL;
     if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_allreduce", t, op);
+    if (r == DT_OK) r = dt__algo_check("dt_comm_allreduce", algo);
     if (r != DT_OK) return r;
+    if (!count) buf = dt__nonnull(buf);
     es = dt_dtype_size(t);
     bytes = count * es;
     algo = dt__algo_resolve(c, algo, c->backend->allreduce != NULL);
@@ -5686,7 +5704,9 @@ dt_result dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_red
     size_t es, bytes;
     char *s = NULL;
     if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_reduce", t, op);
+    if (r == DT_OK) r = dt__algo_check("dt_comm_reduce", algo);
     if (r != DT_OK) return r;
+    if (!count) buf = dt__nonnull(buf);
     es = dt_dtype_size(t);
     bytes = count * es;
     algo = dt__algo_resolve(c, algo, 0);   /* no backend has a native reduce: NATIVE and AUTO mean RING */
@@ -5720,6 +5740,7 @@ dt_result dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count
     int k;
     if (r == DT_OK && c->rank == root && count > 0 && !send) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_scatter: the root's send buffer is NULL");
     if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_SCATTER, count, t, 0, root, DT_ALGO_NAIVE);
     if (c->rank != root) return dt__step(c, NULL, 0, -1, recv, bytes, root, NULL, 0, t, DT_SUM);
@@ -5736,6 +5757,7 @@ dt_result dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count,
     int k;
     if (r == DT_OK && c->rank == root && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_gather: the root's receive buffer is NULL");
     if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_GATHER, count, t, 0, root, DT_ALGO_NAIVE);
     if (c->rank != root) return dt__step(c, send, bytes, root, NULL, 0, -1, NULL, 0, t, DT_SUM);
@@ -5751,6 +5773,7 @@ dt_result dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t cou
     size_t bytes;
     if (r == DT_OK && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_allgather: receive buffer is NULL");
     if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_ALLGATHER, count, t, 0, -1, DT_ALGO_RING);
     if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, send, bytes);
@@ -5765,6 +5788,7 @@ dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_
     if (r == DT_OK && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_reduce_scatter: receive buffer is NULL");
     if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_reduce_scatter", t, op);
     if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     es = dt_dtype_size(t);
     bytes = count * es;
     dt__coll_start(c, DT__OP_REDUCE_SCATTER, count, t, op, -1, DT_ALGO_RING);
@@ -5790,8 +5814,10 @@ dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, si
             r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_neighbor_exchange: neighbour %d is not a rank (0..%d)", k, c->size - 1);
     }
     if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_NEIGHBOR, count, t, 0, -1, DT_ALGO_NAIVE);
+    if (nto + nfrom == 0) return DT_OK;   /* a rank with no neighbours has nothing to do (and no requests) */
     if ((r = dt__comm_reqs(c, nto + nfrom, &q)) != DT_OK) return r;
     memset(q, 0, (size_t)(nto + nfrom) * sizeof *q);
     for (i = 0; i < nfrom && r == DT_OK; i++) r = dt__irecv(c, (char *)recv + (size_t)i * bytes, bytes, from[i], dt__coll_tag(c), &q[nto + i]);
@@ -5978,8 +6004,8 @@ static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int 
         if (it->peer == c->rank && dt__ltag_eq(it->tag, tag)) break;
     if (it) {
         dt__lq_unlink(&d->posted, &d->posted_tail, it);
-        it->state = DT__ST_MATCHED;
-        q->state = DT__ST_MATCHED;
+        DT__ATOMIC_STORE(&it->state, DT__ST_MATCHED);
+        DT__ATOMIC_STORE(&q->state, DT__ST_MATCHED);
         dt__mutex_unlock(&d->mu);
         dt__local_deliver(W, q, it);
         return DT_OK;
@@ -6001,8 +6027,8 @@ static dt_result dt__local_irecv(dt_comm *c, void *buf, size_t bytes, int src, i
         if (it->owner == src && dt__ltag_eq(it->tag, tag)) break;
     if (it) {
         dt__lq_unlink(&me->inbox, &me->inbox_tail, it);
-        it->state = DT__ST_MATCHED;
-        q->state = DT__ST_MATCHED;
+        DT__ATOMIC_STORE(&it->state, DT__ST_MATCHED);
+        DT__ATOMIC_STORE(&q->state, DT__ST_MATCHED);
         dt__mutex_unlock(&me->mu);
         dt__local_deliver(W, it, q);
         return DT_OK;
@@ -6023,7 +6049,7 @@ static void dt__local_cancel(dt_comm *c, dt_request *q) {
     if (st == DT__ST_POSTED) {
         if (q->kind == DT__REQ_SEND) dt__lq_unlink(&holder->inbox, &holder->inbox_tail, q);
         else dt__lq_unlink(&holder->posted, &holder->posted_tail, q);
-        q->state = DT__ST_CANCELLED;
+        DT__ATOMIC_STORE(&q->state, DT__ST_CANCELLED);
     }
     dt__mutex_unlock(&holder->mu);
     if (st != DT__ST_MATCHED) return;
@@ -6110,16 +6136,26 @@ static dt_result dt__local_test(dt_comm *c, dt_request *q, int *done) {
     return DT_OK;
 }
 
+/* The rank whose departure keeps the barrier from completing, or -1. W->mu held. */
+static int dt__local_gone_rank(dt__lworld *W, int me) {
+    int k;
+    for (k = 0; k < W->n; k++)
+        if (k != me && DT__ATOMIC_LOAD(&W->r[k].gone)) return k;
+    return -1;
+}
 /* The barrier of native collectives. The last rank to arrive compares everyone's signature before it
-   releases the others, so a mismatch is reported by every rank, the same way. */
+   releases the others, so a mismatch is reported by every rank, the same way. A rank that gives up
+   (a rank gone, another collective, the timeout) withdraws its arrival, so the barrier can never
+   complete without it: the others must not go on to read its buffer. */
 static dt_result dt__local_barrier(dt_comm *c, double deadline) {
     dt__lworld *W = (dt__lworld *)c->impl;
     int n = W->n, me = c->rank, k;
-    uint64_t gen;
+    uint64_t gen, other[3];
     double t0 = dt_time_now();
     dt_result r = DT_OK;
     dt__mutex_lock(&W->mu);
     gen = W->bar_gen;
+    if ((k = dt__local_gone_rank(W, me)) >= 0) { dt__mutex_unlock(&W->mu); return dt__local_gone_error(W, k); }
     memcpy(&W->bar_sig[(size_t)me * 3], c->sig, 3 * sizeof(uint64_t));
     if (++W->bar_count == n) {
         int bad = -1;
@@ -6144,16 +6180,15 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
         dt__mutex_lock(&W->mu);
         while (DT__ATOMIC_LOAD(&W->bar_gen) == gen) {
             double now = dt_time_now();
-            uint64_t other[3];
-            for (k = 0; k < n; k++)
-                if (k != me && DT__ATOMIC_LOAD(&W->r[k].gone)) break;
-            if (k < n) { dt__mutex_unlock(&W->mu); c->stats.wait_seconds += dt_time_now() - t0; return dt__local_gone_error(W, k); }
-            for (k = 0; k < n; k++)
-                if (dt__local_peer_differs(W, c, k, other)) break;
-            if (k < n) { dt__mutex_unlock(&W->mu); c->stats.wait_seconds += dt_time_now() - t0; return dt__mismatch_error(k, c->sig, other); }
-            if (now >= deadline) {
-                dt__mutex_unlock(&W->mu);
+            int gone = dt__local_gone_rank(W, me), bad = -1;
+            for (k = 0; gone < 0 && bad < 0 && k < n; k++)
+                if (dt__local_peer_differs(W, c, k, other)) bad = k;
+            if (gone >= 0 || bad >= 0 || now >= deadline) {
+                W->bar_count--;
+                dt__mutex_unlock(&W->mu);   /* before the reports, which may take it */
                 c->stats.wait_seconds += dt_time_now() - t0;
+                if (gone >= 0) return dt__local_gone_error(W, gone);
+                if (bad >= 0) return dt__mismatch_error(bad, c->sig, other);
                 return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->timeout);
             }
             dt__cond_wait_for(&W->cv, &W->mu, deadline - now);
@@ -6258,7 +6293,7 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
     me->gone_result = res;
     snprintf(me->gone_msg, sizeof me->gone_msg, "%s", msg ? msg : "");
     DT__ATOMIC_STORE(&me->gone, 1);
-    for (it = me->posted; it; it = next) { next = (dt_request *)it->next; it->state = DT__ST_CANCELLED; }
+    for (it = me->posted; it; it = next) { next = (dt_request *)it->next; DT__ATOMIC_STORE(&it->state, DT__ST_CANCELLED); }
     me->posted = me->posted_tail = NULL;
     dt__mutex_unlock(&me->mu);
     for (k = 0; k < W->n; k++) {
@@ -6266,14 +6301,17 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
         dt__mutex_lock(&o->mu);
         for (it = o->inbox; it; it = next) {
             next = (dt_request *)it->next;
-            if (it->owner == c->rank) { dt__lq_unlink(&o->inbox, &o->inbox_tail, it); it->state = DT__ST_CANCELLED; }
+            if (it->owner == c->rank) { dt__lq_unlink(&o->inbox, &o->inbox_tail, it); DT__ATOMIC_STORE(&it->state, DT__ST_CANCELLED); }
         }
         dt__cond_broadcast(&o->cv);
         dt__mutex_unlock(&o->mu);
     }
     dt__mutex_lock(&W->mu);
     if (res != DT_OK) W->fail_count++;
-    if (res != DT_OK && res != DT_ERR_PEER && !W->cause[0]) snprintf(W->cause, sizeof W->cause, "%s (%s)", me->gone_msg, dt_result_str(res));
+    if (res != DT_OK && res != DT_ERR_PEER && !W->cause[0]) {   /* named by its rank, unless the message does it */
+        if (strncmp(me->gone_msg, "rank ", 5) == 0) snprintf(W->cause, sizeof W->cause, "%s (%s)", me->gone_msg, dt_result_str(res));
+        else snprintf(W->cause, sizeof W->cause, "rank %d: %s (%s)", c->rank, me->gone_msg, dt_result_str(res));
+    }
     dt__cond_broadcast(&W->cv);
     dt__mutex_unlock(&W->mu);
 }

@@ -351,6 +351,11 @@ static dt_result dt__mpi_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype
     MPI_Op ops[] = {MPI_SUM, MPI_MAX, MPI_MIN};
     size_t es = dt_dtype_size(t), off;
     dt_result r = dt__mpi_sigcheck(c, deadline);
+    /* MPICH 4.0 (Debian 12) compares MPI_UINT8_T and MPI_UNSIGNED_CHAR as signed in MPI_MAX and MPI_MIN
+       (max(84, 169) = 84). Flipping the top bit maps unsigned order onto signed order, so max/min of
+       bytes run as MPI_INT8_T on x ^ 0x80 and flip back. */
+    int flip = t == DT_U8 && (op == DT_MAX || op == DT_MIN);
+    if (flip) { for (off = 0; off < count; off++) ((unsigned char *)buf)[off] ^= 0x80; types[DT_U8] = MPI_INT8_T; }
     dt__count_native(c, count * es, 2);
     for (off = 0; r == DT_OK && off < count; ) {   /* MPI counts are int: parts of at most INT_MAX elements */
         size_t n = count - off < (size_t)INT_MAX ? count - off : (size_t)INT_MAX;
@@ -359,6 +364,7 @@ static dt_result dt__mpi_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype
         r = dt__mpi_native_wait(c, &rq, deadline, "MPI_Iallreduce");
         off += n;
     }
+    if (flip) for (off = 0; off < count; off++) ((unsigned char *)buf)[off] ^= 0x80;
     return r;
 }
 

@@ -5,7 +5,10 @@
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
-#   4b. the loader's prefetch thread and DDP's helper thread under ThreadSanitizer
+#   4b. the loader's prefetch thread, the communicator's local ranks and DDP's helper thread under
+#       ThreadSanitizer
+# Sections 3, 4 and 4b set DT_TEST_QUICK=1: test_comm leaves out its million-element cases there, test_ddp
+# most all-reduce algorithms.
 #   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
@@ -60,7 +63,7 @@ check "declarations alone (no implementation)" sh -c "printf '#include \"../../d
 echo "== 3. without OpenMP, portable kernels"
 mkdir -p "$B/noomp"
 for t in "$@"; do
-    if $CC $WARN -O2 -DDT_NO_SIMD $DEFS "tests/$t.c" -o "$B/noomp/$t" $LDLIBS; then run "noomp $t" "$B/noomp/$t"
+    if $CC $WARN -O2 -DDT_NO_SIMD $DEFS "tests/$t.c" -o "$B/noomp/$t" $LDLIBS; then run "noomp $t" env DT_TEST_QUICK=1 "$B/noomp/$t"
     else echo "FAIL build of $t without OpenMP"; failed=$((failed + 1)); fi
 done
 
@@ -74,18 +77,17 @@ mkdir -p "$B/asan"
 for t in "$@"; do
     if clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
         $DEFS "tests/$t.c" -o "$B/asan/$t" $LDLIBS; then
-        ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 run "asan $t" "$B/asan/$t"
+        ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 run "asan $t" env DT_TEST_QUICK=1 "$B/asan/$t"
     else echo "FAIL build of $t with sanitizers"; failed=$((failed + 1)); fi
 done
 
-# the loader's prefetch thread under ThreadSanitizer (no OpenMP, whose runtime TSan cannot see into)
-if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/test_partition.c" -o "$B/asan/test_partition_tsan" $LDLIBS; then
-    TSAN_OPTIONS=halt_on_error=1 run "tsan test_partition" "$B/asan/test_partition_tsan"
-else echo "FAIL build of test_partition with ThreadSanitizer"; failed=$((failed + 1)); fi
-# DDP's helper thread, which reduces buckets while the rank's thread runs backward
-if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/test_ddp.c" -o "$B/asan/test_ddp_tsan" $LDLIBS; then
-    TSAN_OPTIONS=halt_on_error=1 run "tsan test_ddp" env DT_TEST_QUICK=1 "$B/asan/test_ddp_tsan"
-else echo "FAIL build of test_ddp with ThreadSanitizer"; failed=$((failed + 1)); fi
+# the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
+# rank's thread runs backward) under ThreadSanitizer (no OpenMP, whose runtime TSan cannot see into)
+for t in test_partition test_comm test_ddp; do
+    if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/$t.c" -o "$B/asan/${t}_tsan" $LDLIBS; then
+        TSAN_OPTIONS=halt_on_error=1 run "tsan $t" env DT_TEST_QUICK=1 "$B/asan/${t}_tsan"
+    else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi
+done
 
 echo "== 5. examples"
 T=$(mktemp -d)

@@ -9,6 +9,7 @@
 #define DTRAIN_IMPLEMENTATION
 #include "../../dtrain.h"
 #include "../dt_test.h"
+#include "../comm_checks.h"
 #include <time.h>
 #ifndef DT_USE_MPI
 #error "build this test with MPI: mpicc -DDT_USE_MPI (make MPI=1)"
@@ -459,6 +460,15 @@ static void test_errors(void) {
     CHECK(dt_comm_mpi_handle(W) != MPI_COMM_NULL && dt_comm_mpi_handle(NULL) == MPI_COMM_NULL);
 }
 
+/* the backend-independent checks the local tests run too (tests/comm_checks.h), here on MPI */
+static void test_shared_checks(void) {
+    static comm_checks_arg a;
+    a.seed = 7;
+    a.big = 0;
+    if (comm_checks_run(W, &a) != DT_OK) dt_t_checks_failed++;
+    dt_t_checks_failed += a.failures[me];
+}
+
 static dt_result rank_main(dt_comm *c, void *arg) {
     (void)arg;
     W = c;
@@ -478,6 +488,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     run("neighbors", test_neighbors);
     run("bits", test_bits);
     run("errors", test_errors);
+    run("shared_checks", test_shared_checks);
     run("fault_mismatch", test_fault_mismatch);
     run("fault_stall", test_fault_stall);
     run("fault_leave", test_fault_leave);

@@ -1,0 +1,547 @@
+/* The communicator on the local and self backends: every primitive against a serial reference (the
+   backend-independent checks of comm_checks.h) on 1 to 8 ranks and with small ring segments; the
+   determinism the algorithms promise; faults (a rank that leaves, fails, never comes, exits its thread,
+   or calls another collective or size) end every rank with an error naming the cause, in bounded time,
+   and leave the communicator broken; the link model; the launcher (flags, results, rank-prefixed log).
+   DT_TEST_QUICK=1 leaves out the million-element cases (for the sanitizer builds). */
+#define _POSIX_C_SOURCE 200809L
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#include "dt_test.h"
+#include "comm_checks.h"
+
+static int quick;   /* DT_TEST_QUICK: fewer large cases */
+
+/* Runs comm_checks_run on ranks local ranks with the communicator options cd. */
+static void launch_checks(int ranks, const dt_comm_desc *cd, int big) {
+    dt_launch_desc d;
+    comm_checks_arg a;
+    dt_result res[CC_MAX_RANKS];
+    int k;
+    memset(&d, 0, sizeof d);
+    memset(&a, 0, sizeof a);
+    d.ranks = ranks;
+    if (cd) d.comm = *cd;
+    if (!d.comm.timeout) d.comm.timeout = 60;
+    a.seed = 1000 + (uint64_t)ranks;
+    a.big = big && !quick;
+    CHECK_OK(dt_launch_local(&d, comm_checks_run, &a, res));
+    for (k = 0; k < ranks; k++) {
+        CHECK(res[k] == DT_OK);
+        CHECK(a.failures[k] == 0);
+    }
+}
+
+static void test_checks_1_to_8_ranks(void) {
+    int p;
+    for (p = 1; p <= 8; p++) {
+        double t0 = dt_time_now();
+        launch_checks(p, NULL, 1);
+        if (getenv("DT_TEST_VERBOSE")) printf("    %d ranks: %.2f s\n", p, dt_time_now() - t0);
+    }
+}
+
+static void test_checks_small_segments(void) {
+    dt_comm_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.segment_bytes = 4096;
+    launch_checks(5, &cd, 1);
+    launch_checks(8, &cd, 0);
+    cd.segment_bytes = 100;   /* not a multiple of 8: segments must still hold whole elements */
+    launch_checks(3, &cd, 0);
+    launch_checks(7, &cd, 0);
+}
+
+/* AUTO means the communicator's default algorithm */
+static void test_checks_default_algo(void) {
+    dt_comm_desc cd;
+    int a;
+    memset(&cd, 0, sizeof cd);
+    for (a = DT_ALGO_NAIVE; a < DT_ALGO_COUNT; a++) {
+        cd.algo = (dt_algo)a;
+        launch_checks(a == DT_ALGO_TREE ? 6 : 4, &cd, 0);
+    }
+}
+
+/* The self backend on the calling thread, and local ranks on the caller's own threads. */
+static dt_result run_checks_thread_arg(dt_comm *c, comm_checks_arg *a) { return comm_checks_run(c, a); }
+typedef struct own_thread { dt_comm *c; comm_checks_arg *a; dt_result r; pthread_t id; } own_thread;
+static void *own_main(void *p) {
+    own_thread *t = (own_thread *)p;
+    t->r = run_checks_thread_arg(t->c, t->a);
+    return NULL;
+}
+static void test_self_and_own_threads(void) {
+    dt_comm *c = NULL, *cs[3];
+    comm_checks_arg a;
+    own_thread t[3];
+    int k;
+    memset(&a, 0, sizeof a);
+    a.seed = 5;
+    CHECK_OK(dt_comm_create_self(&c, NULL));
+    if (!c) return;
+    CHECK(dt_comm_rank(c) == 0 && dt_comm_size(c) == 1 && strcmp(dt_comm_backend_name(c), "self") == 0);
+    CHECK_OK(comm_checks_run(c, &a));
+    CHECK(a.failures[0] == 0);
+    dt_comm_destroy(c);
+    CHECK_OK(dt_comm_create_local(cs, 3, NULL));
+    CHECK(strcmp(dt_comm_backend_name(cs[0]), "local") == 0 && dt_comm_size(cs[2]) == 3 && dt_comm_rank(cs[2]) == 2);
+    for (k = 0; k < 3; k++) { t[k].c = cs[k]; t[k].a = &a; pthread_create(&t[k].id, NULL, own_main, &t[k]); }
+    for (k = 0; k < 3; k++) { pthread_join(t[k].id, NULL); CHECK(t[k].r == DT_OK && a.failures[k] == 0); }
+    for (k = 0; k < 3; k++) dt_comm_destroy(cs[k]);
+    CHECK_ERR(dt_comm_create_local(cs, 0, NULL), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_comm_create_self(NULL, NULL), DT_ERR_INVALID_ARG);
+    {
+        dt_comm_desc cd;
+        memset(&cd, 0, sizeof cd);
+        cd.timeout = -1;
+        CHECK_ERR(dt_comm_create_local(cs, 2, &cd), DT_ERR_INVALID_ARG);
+        cd.timeout = 0; cd.algo = (dt_algo)17;
+        CHECK_ERR(dt_comm_create_local(cs, 2, &cd), DT_ERR_INVALID_ARG);
+    }
+}
+
+/* ---- determinism ---- */
+
+#define DET_N 1000003
+typedef struct det_arg { float *out[8][3]; } det_arg;   /* [rank][naive, native, ring] */
+static dt_result det_rank(dt_comm *c, void *arg) {
+    det_arg *a = (det_arg *)arg;
+    int me = dt_comm_rank(c), j;
+    static const dt_algo algos[3] = {DT_ALGO_NAIVE, DT_ALGO_NATIVE, DT_ALGO_RING};
+    dt_result r = DT_OK;
+    for (j = 0; j < 3 && r == DT_OK; j++) {
+        cc_fill(DT_F32, 99, me, a->out[me][j], 0, DET_N);
+        r = dt_comm_allreduce(c, a->out[me][j], DET_N, DT_F32, DT_SUM, algos[j]);
+    }
+    return r;
+}
+/* NAIVE and the local NATIVE both reduce in rank order: the same bits; every algorithm gives the same
+   bits on every rank and on every run. */
+static void test_determinism(void) {
+    static det_arg a[2];
+    dt_launch_desc d;
+    int run, k, j, p = 5, n = quick ? 1000 : DET_N;
+    memset(&d, 0, sizeof d);
+    d.ranks = p;
+    for (run = 0; run < 2; run++)
+        for (k = 0; k < p; k++)
+            for (j = 0; j < 3; j++) a[run].out[k][j] = (float *)malloc(DET_N * sizeof(float));
+    for (run = 0; run < 2; run++) CHECK_OK(dt_launch_local(&d, det_rank, &a[run], NULL));
+    CHECK(memcmp(a[0].out[0][0], a[0].out[0][1], (size_t)n * 4) == 0);   /* naive == native */
+    for (run = 0; run < 2; run++)
+        for (k = 0; k < p; k++)
+            for (j = 0; j < 3; j++) CHECK(memcmp(a[run].out[k][j], a[0].out[0][j], (size_t)n * 4) == 0);
+    for (run = 0; run < 2; run++)
+        for (k = 0; k < p; k++)
+            for (j = 0; j < 3; j++) free(a[run].out[k][j]);
+}
+
+/* ---- faults ---- */
+
+enum { F_NONE, F_RETURN_OK, F_RETURN_ERROR, F_LATE, F_COUNT_PLUS_ONE, F_OTHER_COLLECTIVE, F_THREAD_EXIT, F_P2P_TOO_BIG };
+typedef struct fault_arg {
+    int       mode, victim;
+    dt_algo   algo;
+    size_t    n;
+    double    late;                  /* F_LATE: how long the victim sleeps */
+    dt_result first[8], res[8], again[8];
+    double    elapsed[8], again_elapsed[8];
+    char      msg[8][700], again_msg[8][700];
+    int       wrong[8];              /* a rank whose call succeeded with a wrong result */
+} fault_arg;
+
+static dt_result fault_rank(dt_comm *c, void *arg) {
+    fault_arg *a = (fault_arg *)arg;
+    int me = dt_comm_rank(c);
+    size_t n = a->n + (a->mode == F_COUNT_PLUS_ONE && me == a->victim);
+    float *buf = (float *)malloc((n + 1) * sizeof(float));
+    double t0;
+    dt_result r;
+    cc_fill(DT_F32, 3, me, buf, 0, n);
+    a->first[me] = dt_comm_allreduce(c, buf, 10, DT_F32, DT_SUM, a->algo);   /* collective #1 goes well */
+    if (me == a->victim) {
+        if (a->mode == F_RETURN_OK) { free(buf); return DT_OK; }
+        if (a->mode == F_RETURN_ERROR) { free(buf); return dt_set_error(DT_ERR_NUMERIC, "the loss became NaN"); }
+        if (a->mode == F_THREAD_EXIT) { free(buf); pthread_exit(NULL); }
+        if (a->mode == F_LATE) cc_sleep(a->late);
+    }
+    cc_fill(DT_F32, 3, me, buf, 0, n);
+    t0 = dt_time_now();
+    if (a->mode == F_OTHER_COLLECTIVE && me == a->victim) r = dt_comm_broadcast(c, buf, n, DT_F32, 0, a->algo);
+    else if (a->mode == F_P2P_TOO_BIG) {
+        if (me == 0) r = dt_comm_send(c, buf, n, DT_F32, 1, 3);
+        else if (me == 1) r = dt_comm_recv(c, buf, n - 1, DT_F32, 0, 3, NULL);
+        else r = dt_comm_recv(c, buf, 1, DT_F32, 0, 4, NULL);   /* never comes: rank 0 fails or leaves */
+    } else r = dt_comm_allreduce(c, buf, n, DT_F32, DT_SUM, a->algo);
+    a->elapsed[me] = dt_time_now() - t0;
+    a->res[me] = r;
+    snprintf(a->msg[me], sizeof a->msg[me], "%s", dt_last_error());
+    a->wrong[me] = r == DT_OK;   /* this collective cannot have succeeded */
+    if (r != DT_OK) {   /* broken for good: the next call fails at once with the same cause */
+        t0 = dt_time_now();
+        a->again[me] = dt_comm_allreduce(c, buf, n, DT_F32, DT_SUM, a->algo);
+        if (a->again[me] == DT_OK) a->again[me] = dt_comm_send(c, buf, 1, DT_F32, me, 0);
+        a->again_elapsed[me] = dt_time_now() - t0;
+        snprintf(a->again_msg[me], sizeof a->again_msg[me], "%s", dt_last_error());
+    }
+    free(buf);
+    return r;
+}
+
+/* Runs a fault on p ranks; returns what dt_launch_local returned, with its message in msg. */
+static dt_result run_fault(fault_arg *a, int p, double timeout, dt_result *results, char *msg, size_t cap) {
+    dt_launch_desc d;
+    dt_result r;
+    memset(&d, 0, sizeof d);
+    d.ranks = p;
+    d.comm.timeout = timeout;
+    r = dt_launch_local(&d, fault_rank, a, results);
+    snprintf(msg, cap, "%s", dt_last_error());
+    return r;
+}
+static void fault_init(fault_arg *a, int mode, int victim, dt_algo algo, size_t n) {
+    memset(a, 0, sizeof *a);
+    a->mode = mode; a->victim = victim; a->algo = algo; a->n = n;
+}
+/* every rank but the victim failed with an error in expect (a bitmask of results), stayed broken */
+static void check_others_failed(const fault_arg *a, int p, int skip, unsigned expect, double bound) {
+    int k;
+    for (k = 0; k < p; k++) {
+        CHECK(a->first[k] == DT_OK);
+        if (k == skip) continue;
+        CHECK(!a->wrong[k]);
+        if (!((1u << a->res[k]) & expect)) printf("    rank %d: %s\n", k, a->msg[k]);
+        CHECK((1u << a->res[k]) & expect);
+        if (!(a->elapsed[k] < bound)) printf("    rank %d took %.3f s (bound %.3f): %s\n", k, a->elapsed[k], bound, a->msg[k]);
+        CHECK(a->elapsed[k] < bound);
+        CHECK(a->again[k] == a->res[k] && a->again_elapsed[k] < 0.5 && strstr(a->again_msg[k], "failed earlier"));
+    }
+}
+#define BIT(r) (1u << (r))
+
+static void test_fault_rank_returns_early(void) {
+    static fault_arg a;
+    static const dt_algo algos[] = {DT_ALGO_NATIVE, DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NAIVE};
+    dt_result res[8];
+    char msg[700];
+    int i, k;
+    for (i = 0; i < 4; i++) {
+        fault_init(&a, F_RETURN_OK, 2, algos[i], 1000);
+        CHECK(run_fault(&a, 4, 10.0, res, msg, sizeof msg) == DT_ERR_PEER);
+        CHECK(res[2] == DT_OK);
+        check_others_failed(&a, 4, 2, BIT(DT_ERR_PEER), 3.0);   /* promptly: far below the 10 s timeout */
+        for (k = 0; k < 4; k++) if (k != 2) { CHECK((strstr(a.msg[k], "rank 2 has finished") || strstr(a.msg[k], "2 (finished)")) && strstr(a.msg[k], "all-reduce #2")); }
+    }
+}
+
+static void test_fault_rank_returns_error(void) {
+    static fault_arg a;
+    static const dt_algo algos[] = {DT_ALGO_NATIVE, DT_ALGO_RING};
+    dt_result res[8];
+    char msg[700];
+    int i, k;
+    for (i = 0; i < 2; i++) {
+        fault_init(&a, F_RETURN_ERROR, 1, algos[i], 1000);
+                CHECK(run_fault(&a, 3, 10.0, res, msg, sizeof msg) == DT_ERR_NUMERIC);   /* the root cause, not DT_ERR_PEER */
+        CHECK(strstr(msg, "became NaN") != NULL);
+        CHECK(res[1] == DT_ERR_NUMERIC);
+        check_others_failed(&a, 3, 1, BIT(DT_ERR_PEER), 3.0);
+        for (k = 0; k < 3; k++) if (k != 1) { if (!(strstr(a.msg[k], "rank 1") && strstr(a.msg[k], "became NaN"))) printf("    rank %d: %s\n", k, a.msg[k]); CHECK(strstr(a.msg[k], "rank 1") && strstr(a.msg[k], "became NaN")); }
+    }
+}
+
+/* rank 3 sleeps three timeouts: the others give up after about one, naming the operation, its number and
+   the missing rank; the sleeper, when it comes, fails at once */
+static void test_fault_rank_never_arrives(void) {
+    static fault_arg a;
+    static const dt_algo algos[] = {DT_ALGO_NATIVE, DT_ALGO_RING};
+    dt_result res[8];
+    char msg[700];
+    double timeout = 0.5;
+    int i, k, timeouts;
+    for (i = 0; i < 2; i++) {
+        fault_init(&a, F_LATE, 3, algos[i], 1000);
+        a.late = 3 * timeout;
+        CHECK(run_fault(&a, 4, timeout, res, msg, sizeof msg) == DT_ERR_TIMEOUT);
+        CHECK(strstr(msg, "all-reduce #2") && strstr(msg, "3"));
+        check_others_failed(&a, 4, 3, BIT(DT_ERR_TIMEOUT) | BIT(DT_ERR_PEER), timeout + 2.0);
+        for (k = 0, timeouts = 0; k < 3; k++) {
+            timeouts += a.res[k] == DT_ERR_TIMEOUT;
+            if (!strstr(a.msg[k], "all-reduce #2") || !strstr(a.msg[k], "3 (at #1)"))
+                printf("    rank %d: %s\n", k, a.msg[k]);
+            CHECK(strstr(a.msg[k], "all-reduce #2") && strstr(a.msg[k], "3 (at #1)"));
+            CHECK(a.elapsed[k] >= timeout * 0.9 || a.res[k] == DT_ERR_PEER);
+        }
+        CHECK(timeouts >= 1);
+        if (!(res[3] == DT_ERR_PEER && a.elapsed[3] < 0.5)) printf("    rank 3 (late) %s %s, %.3f s: %s\n", dt_result_str(res[3]), dt_result_str(a.first[3]), a.elapsed[3], a.msg[3]);
+        CHECK(res[3] == DT_ERR_PEER && a.elapsed[3] < 0.5);   /* the late rank learns at once */
+    }
+}
+
+/* one rank calls with one element more, or calls another collective: DT_ERR_MISMATCH, not a wrong result */
+static void test_fault_mismatch(void) {
+    static fault_arg a;
+    static const dt_algo algos[] = {DT_ALGO_NATIVE, DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NAIVE};
+    static const size_t ns[] = {10, 100000};
+    dt_result res[8];
+    char msg[700];
+    int i, j, m, k, mism;
+    for (m = F_COUNT_PLUS_ONE; m <= F_OTHER_COLLECTIVE; m++)
+        for (i = 0; i < 4; i++)
+            for (j = 0; j < 2; j++) {
+                fault_init(&a, m, 1, algos[i], ns[j]);
+                CHECK(run_fault(&a, 4, 10.0, res, msg, sizeof msg) == DT_ERR_MISMATCH);
+                check_others_failed(&a, 4, -1, BIT(DT_ERR_MISMATCH) | BIT(DT_ERR_PEER), 3.0);
+                for (k = 0, mism = 0; k < 4; k++)
+                    if (a.res[k] == DT_ERR_MISMATCH) {
+                        mism++;
+                        CHECK(strstr(a.msg[k], m == F_COUNT_PLUS_ONE ? (j ? "100001" : "11") : "broadcast") != NULL);
+                    }
+                CHECK(mism >= 1);
+            }
+}
+
+static void test_fault_thread_exit(void) {
+    static fault_arg a;
+    dt_result res[8];
+    char msg[700];
+    int k;
+    fault_init(&a, F_THREAD_EXIT, 2, DT_ALGO_RING, 1000);
+    CHECK(run_fault(&a, 4, 10.0, res, msg, sizeof msg) == DT_ERR_STATE);
+    CHECK(res[2] == DT_ERR_STATE && strstr(msg, "rank 2") && strstr(msg, "exited"));
+    check_others_failed(&a, 4, 2, BIT(DT_ERR_PEER), 3.0);
+    for (k = 0; k < 4; k++) if (k != 2) CHECK(strstr(a.msg[k], "rank 2") != NULL);
+}
+
+/* a message larger than the receive: DT_ERR_MISMATCH on both sides, with the sizes */
+static void test_fault_message_too_big(void) {
+    static fault_arg a;
+    dt_result res[8];
+    char msg[700];
+    fault_init(&a, F_P2P_TOO_BIG, -1, DT_ALGO_AUTO, 50);
+    CHECK(run_fault(&a, 3, 10.0, res, msg, sizeof msg) == DT_ERR_MISMATCH);
+    CHECK(a.res[0] == DT_ERR_MISMATCH && a.res[1] == DT_ERR_MISMATCH && a.res[2] == DT_ERR_PEER);
+    CHECK(strstr(a.msg[1], "200") && strstr(a.msg[1], "196"));
+    check_others_failed(&a, 3, -1, BIT(DT_ERR_MISMATCH) | BIT(DT_ERR_PEER), 3.0);
+}
+
+/* ---- the link model ---- */
+
+typedef struct link_arg {
+    dt_algo algo;
+    size_t  n;
+    int     p2p;
+    double  elapsed[8];
+    float  *out[8];
+} link_arg;
+static dt_result link_rank(dt_comm *c, void *arg) {
+    link_arg *a = (link_arg *)arg;
+    int me = dt_comm_rank(c);
+    double t0;
+    dt_result r;
+    cc_fill(DT_F32, 11, me, a->out[me], 0, a->n);
+    if ((r = dt_comm_barrier(c)) != DT_OK) return r;
+    t0 = dt_time_now();
+    if (a->p2p) {
+        if (me == 0) r = dt_comm_send(c, a->out[0], a->n, DT_F32, 1, 0);
+        else if (me == 1) r = dt_comm_recv(c, a->out[1], a->n, DT_F32, 0, 0, NULL);
+    } else r = dt_comm_allreduce(c, a->out[me], a->n, DT_F32, DT_SUM, a->algo);
+    a->elapsed[me] = dt_time_now() - t0;
+    return r;
+}
+static void run_link(link_arg *a, int p, double latency, double bandwidth) {
+    dt_launch_desc d;
+    memset(&d, 0, sizeof d);
+    d.ranks = p;
+    d.comm.timeout = 30;
+    d.comm.link_latency = latency;
+    d.comm.link_bandwidth = bandwidth;
+    CHECK_OK(dt_launch_local(&d, link_rank, a, NULL));
+}
+static void test_link_model(void) {
+    static link_arg with, without;
+    static const dt_algo algos[] = {DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NAIVE, DT_ALGO_NATIVE};
+    double L = 0.02, slowest;
+    int p = 4, i, k;
+    for (k = 0; k < 8; k++) { with.out[k] = (float *)malloc(100000 * 4); without.out[k] = (float *)malloc(100000 * 4); }
+    for (i = 0; i < 4; i++) {
+        with.algo = without.algo = algos[i];
+        with.n = without.n = 1000;
+        with.p2p = without.p2p = 0;
+        run_link(&with, p, L, 0);
+        run_link(&without, p, 0, 0);
+        for (k = 0, slowest = 0; k < p; k++) {
+            if (with.elapsed[k] > slowest) slowest = with.elapsed[k];
+            /* the same bits as without the link model (the native all-reduce runs as the ring under it) */
+            if (algos[i] != DT_ALGO_NATIVE) CHECK(memcmp(with.out[k], without.out[k], 1000 * 4) == 0);
+            /* lower bounds only: each of the ring's 2 (p - 1) steps waits for a message */
+            if (algos[i] == DT_ALGO_RING || algos[i] == DT_ALGO_NATIVE) {
+                if (!(with.elapsed[k] >= 2 * (p - 1) * L * 0.95)) printf("    %s rank %d: %.3f s\n", dt_algo_name(algos[i]), k, with.elapsed[k]);
+                CHECK(with.elapsed[k] >= 2 * (p - 1) * L * 0.95);
+            }
+        }
+        /* the last rank of the tree waits for 2 log2 p messages in a row, of naive for 2 */
+        if (algos[i] == DT_ALGO_TREE) CHECK(slowest >= 4 * L * 0.95);
+        if (algos[i] == DT_ALGO_NAIVE) CHECK(slowest >= 2 * L * 0.95);
+    }
+    /* bandwidth: 400 kB at 4 MB/s take at least 0.1 s */
+    with.p2p = 1; with.n = 100000;
+    run_link(&with, 2, 0, 4e6);
+    CHECK(with.elapsed[1] >= 0.095);
+    CHECK(cc_diff_gen(DT_F32, 11, 0, with.out[1], 0, 100000) == 100000);
+    for (k = 0; k < 8; k++) { free(with.out[k]); free(without.out[k]); }
+}
+
+/* ---- the launcher ---- */
+
+static void test_launch_parse(void) {
+    char a0[] = "prog", a1[] = "--ranks", a2[] = "4", a3[] = "--lr", a4[] = "0.1", a5[] = "--algo", a6[] = "tree",
+         a7[] = "--timeout", a8[] = "2.5", a9[] = "--link-latency", a10[] = "0.001", a11[] = "--link-bandwidth",
+         a12[] = "10M", a13[] = "--threads-per-rank", a14[] = "2", a15[] = "--log-all-ranks", a16[] = "data.bin";
+    char *argv[] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, NULL};
+    int argc = 17, i;
+    dt_launch_desc d;
+    memset(&d, 0, sizeof d);
+    CHECK_OK(dt_launch_parse(&argc, argv, &d));
+    CHECK(argc == 4 && strcmp(argv[0], "prog") == 0 && strcmp(argv[1], "--lr") == 0 && strcmp(argv[2], "0.1") == 0 &&
+          strcmp(argv[3], "data.bin") == 0 && argv[4] == NULL);
+    CHECK(d.ranks == 4 && d.comm.algo == DT_ALGO_TREE && d.comm.timeout == 2.5 && d.comm.link_latency == 0.001 &&
+          d.comm.link_bandwidth == 10e6 && d.threads_per_rank == 2 && d.log_all_ranks == 1);
+    {
+        static const char *bad[][2] = {{"--ranks", "0"}, {"--ranks", "x"}, {"--ranks", "2.5"}, {"--ranks", "100000"},
+                                       {"--algo", "foo"}, {"--timeout", "-1"}, {"--timeout", "0"}, {"--link-latency", "-0.1"},
+                                       {"--link-bandwidth", "10Q"}, {"--threads-per-rank", "0"}, {"--ranks", NULL}, {"--algo", NULL}};
+        for (i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
+            char b0[] = "prog", b1[32], b2[32];
+            char *bv[4] = {b0, b1, b2, NULL};
+            int bc = bad[i][1] ? 3 : 2;
+            snprintf(b1, sizeof b1, "%s", bad[i][0]);
+            snprintf(b2, sizeof b2, "%s", bad[i][1] ? bad[i][1] : "");
+            if (!bad[i][1]) bv[2] = NULL;
+            memset(&d, 0, sizeof d);
+            CHECK_ERR(dt_launch_parse(&bc, bv, &d), DT_ERR_INVALID_ARG);
+            if (bad[i][1]) CHECK(strstr(dt_last_error(), bad[i][1]) != NULL);
+        }
+    }
+    CHECK_ERR(dt_launch_parse(NULL, argv, &d), DT_ERR_INVALID_ARG);
+    {
+        dt_algo al = DT_ALGO_AUTO;
+        for (i = 0; i < DT_ALGO_COUNT; i++) { CHECK_OK(dt_algo_parse(dt_algo_name((dt_algo)i), &al)); CHECK(al == (dt_algo)i); }
+        CHECK_ERR(dt_algo_parse("rings", &al), DT_ERR_INVALID_ARG);
+        CHECK(strcmp(dt_dtype_name(DT_I64), "i64") == 0 && dt_dtype_size(DT_F64) == 8 && dt_dtype_size(DT_U8) == 1 &&
+              dt_dtype_size((dt_dtype)77) == 0);
+    }
+}
+
+/* a log sink that keeps every line, from any thread */
+typedef struct log_cap { pthread_mutex_t mu; int n; char lines[64][256]; int levels[64]; } log_cap;
+static void capture(void *user, int level, const char *msg) {
+    log_cap *l = (log_cap *)user;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < 64) { snprintf(l->lines[l->n], sizeof l->lines[0], "%s", msg); l->levels[l->n] = level; l->n++; }
+    pthread_mutex_unlock(&l->mu);
+}
+static int has_line(log_cap *l, const char *s) {
+    int i;
+    for (i = 0; i < l->n; i++) if (strcmp(l->lines[i], s) == 0) return 1;
+    return 0;
+}
+typedef struct launch_arg { int seen_rank[8]; int fail_rank; } launch_arg;
+static dt_result launch_rank(dt_comm *c, void *arg) {
+    launch_arg *a = (launch_arg *)arg;
+    int me = dt_comm_rank(c);
+    a->seen_rank[me] = dt_current_rank();
+    dt_log(DT_LOG_INFO, "info from %d", me);
+    dt_log(DT_LOG_WARN, "warning from %d", me);
+    if (me == a->fail_rank) return dt_set_error(DT_ERR_IO, "rank %d could not read its shard", me);
+    return dt_comm_barrier(c);
+}
+static void test_launch_and_log(void) {
+    static log_cap cap;
+    launch_arg a;
+    dt_launch_desc d;
+    dt_result res[8];
+    int k;
+    pthread_mutex_init(&cap.mu, NULL);
+    dt_log_configure(capture, &cap, DT_LOG_INFO);
+    memset(&d, 0, sizeof d);
+    memset(&a, 0, sizeof a);
+    a.fail_rank = -1;
+    d.ranks = 3;
+    CHECK(dt_current_rank() == -1);
+    CHECK(dt_launch(&d, launch_rank, &a) == 0);
+    for (k = 0; k < 3; k++) CHECK(a.seen_rank[k] == k);
+    CHECK(dt_current_rank() == -1);
+    /* rank 0's lines as they are; ranks > 0 only warnings, prefixed */
+    CHECK(has_line(&cap, "info from 0") && has_line(&cap, "warning from 0") && has_line(&cap, "[rank 1] warning from 1") &&
+          has_line(&cap, "[rank 2] warning from 2") && !has_line(&cap, "[rank 1] info from 1") && cap.n == 4);
+    cap.n = 0;
+    d.log_all_ranks = 1;
+    CHECK(dt_launch(&d, launch_rank, &a) == 0);
+    CHECK(has_line(&cap, "[rank 1] info from 1") && has_line(&cap, "[rank 2] info from 2") && cap.n == 6);
+    /* a failing rank: dt_launch says 1 and logs the cause first */
+    cap.n = 0;
+    d.log_all_ranks = 0;
+    a.fail_rank = 2;
+    CHECK(dt_launch(&d, launch_rank, &a) == 1);
+    CHECK(cap.n >= 4 && cap.levels[cap.n - 3] == DT_LOG_ERROR);
+    for (k = 0; k < cap.n && !strstr(cap.lines[k], "could not read its shard"); k++) {}
+    CHECK(k < cap.n && cap.levels[k] == DT_LOG_ERROR);
+    for (k = 0; k < cap.n && cap.levels[k] != DT_LOG_ERROR; k++) {}
+    CHECK(k < cap.n && strstr(cap.lines[k], "could not read its shard"));   /* the cause before the DT_ERR_PEERs */
+    CHECK(dt_launch_local(&d, launch_rank, &a, res) == DT_ERR_IO && strstr(dt_last_error(), "could not read its shard"));
+    CHECK(res[2] == DT_ERR_IO && res[0] == DT_ERR_PEER && res[1] == DT_ERR_PEER);
+    /* one rank (0 = 1) runs on the calling thread, on the self backend */
+    d.ranks = 0;
+    a.fail_rank = -1;
+    CHECK(dt_launch(&d, launch_rank, &a) == 0 && a.seen_rank[0] == 0);
+    CHECK_ERR(dt_launch_local(&d, NULL, &a, NULL), DT_ERR_INVALID_ARG);
+    dt_log_configure(NULL, NULL, DT_LOG_INFO);
+    pthread_mutex_destroy(&cap.mu);
+}
+
+/* ---- more ranks than cores ---- */
+
+static dt_result many_rank(dt_comm *c, void *arg) {
+    int i, me = dt_comm_rank(c);
+    dt_result r = DT_OK;
+    (void)arg;
+    for (i = 0; i < 200 && r == DT_OK; i++) {
+        float v[16];
+        int k;
+        for (k = 0; k < 16; k++) v[k] = (float)(me + k);
+        r = dt_comm_allreduce(c, v, 16, DT_F32, DT_SUM, (dt_algo)(i % DT_ALGO_COUNT));
+        if (r == DT_OK && v[3] != (float)(28 + 8 * 3)) r = dt_set_error(DT_ERR_NUMERIC, "rank %d: wrong sum %g", me, v[3]);
+    }
+    return r;
+}
+static void test_more_ranks_than_cores(void) {
+    dt_launch_desc d;
+    memset(&d, 0, sizeof d);
+    d.ranks = 8;
+    d.comm.timeout = 60;
+    CHECK_OK(dt_launch_local(&d, many_rank, NULL, NULL));
+}
+
+int main(int argc, char **argv) {
+    const char *q = getenv("DT_TEST_QUICK");
+    quick = q && *q && strcmp(q, "0") != 0;
+    if (argc > 1) dt_t_only = argv[1];
+    RUN(test_launch_parse);
+    RUN(test_launch_and_log);
+    RUN(test_self_and_own_threads);
+    RUN(test_checks_1_to_8_ranks);
+    RUN(test_checks_small_segments);
+    RUN(test_checks_default_algo);
+    RUN(test_determinism);
+    RUN(test_fault_rank_returns_early);
+    RUN(test_fault_rank_returns_error);
+    RUN(test_fault_rank_never_arrives);
+    RUN(test_fault_mismatch);
+    RUN(test_fault_thread_exit);
+    RUN(test_fault_message_too_big);
+    RUN(test_link_model);
+    RUN(test_more_ranks_than_cores);
+    return dt_t_summary();
+}
