@@ -1062,6 +1062,7 @@ dt_result dt_ddp_sync_buffers(dt_ddp *d);
 dt_result dt_ddp_broadcast_params(dt_ddp *d);
 dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d);       /* zeros for NULL */
 int          dt_ddp_buckets(const dt_ddp *d);         /* buckets planned (BUCKETS), else 0 */
+int          dt_ddp_overlapped(const dt_ddp *d);      /* 1 when buckets are reduced during backward */
 
 #ifdef __cplusplus
 }
@@ -7309,6 +7310,7 @@ dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d) {
 }
 
 int dt_ddp_buckets(const dt_ddp *d) { return d ? d->nbuckets : 0; }
+int dt_ddp_overlapped(const dt_ddp *d) { return d ? d->overlap : 0; }
 
 #ifdef __cplusplus
 }

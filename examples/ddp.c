@@ -121,7 +121,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                a->accum > 1 ? " in micro-batches" : "", dt_comm_backend_name(c), dt_ddp_method_name(a->ddp.method));
         if (a->ddp.method == DT_DDP_BUCKETS)
             printf(" (%d buckets of %lld KiB%s)", dt_ddp_buckets(d), (long long)(a->bucket_kb ? a->bucket_kb : DT_DDP_BUCKET_BYTES / 1024),
-                   a->ddp.no_overlap || p == 1 ? "" : ", overlapped with backward");
+                   dt_ddp_overlapped(d) ? ", overlapped with backward" : ", after backward");
         if (a->ddp.method <= DT_DDP_PER_LAYER) {   /* what "auto" means on this communicator */
             dt_algo al = a->ddp.algo ? a->ddp.algo : c->algo;
             if (al == DT_ALGO_AUTO) al = c->backend->allreduce ? DT_ALGO_NATIVE : DT_ALGO_RING;

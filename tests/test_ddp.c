@@ -373,7 +373,7 @@ static void test_bad_args(void) {
     CHECK_ERR(dt_ddp_join(NULL, NULL), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_ddp_sync_buffers(NULL), DT_ERR_INVALID_ARG);
     dt_ddp_destroy(NULL);
-    CHECK(dt_ddp_get_stats(NULL).syncs == 0 && dt_ddp_buckets(NULL) == 0);
+    CHECK(dt_ddp_get_stats(NULL).syncs == 0 && dt_ddp_buckets(NULL) == 0 && dt_ddp_overlapped(NULL) == 0);
     if (c && m && dt_ddp_create(&d, c, m, NULL) == DT_OK) {
         CHECK_ERR(dt_ddp_backward(d, NULL, 0, 1), DT_ERR_INVALID_ARG);
         CHECK(strstr(dt_last_error(), "rank 0") != NULL);
