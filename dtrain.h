@@ -6289,6 +6289,13 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
     dt__lrank *me = &W->r[c->rank];
     dt_request *it, *next;
     int k;
+    if (DT__ATOMIC_LOAD(&me->gone)) return;
+    dt__mutex_lock(&W->mu);   /* the root cause is written before anyone can see this rank gone */
+    if (res != DT_OK && res != DT_ERR_PEER && !W->cause[0]) {   /* named by its rank, unless the message does it */
+        if (msg && strncmp(msg, "rank ", 5) == 0) snprintf(W->cause, sizeof W->cause, "%.300s (%s)", msg, dt_result_str(res));
+        else snprintf(W->cause, sizeof W->cause, "rank %d: %.300s (%s)", c->rank, msg ? msg : "", dt_result_str(res));
+    }
+    dt__mutex_unlock(&W->mu);
     dt__mutex_lock(&me->mu);
     if (me->gone) { dt__mutex_unlock(&me->mu); return; }
     me->gone_result = res;
@@ -6309,10 +6316,6 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
     }
     dt__mutex_lock(&W->mu);
     if (res != DT_OK) W->fail_count++;
-    if (res != DT_OK && res != DT_ERR_PEER && !W->cause[0]) {   /* named by its rank, unless the message does it */
-        if (strncmp(me->gone_msg, "rank ", 5) == 0) snprintf(W->cause, sizeof W->cause, "%s (%s)", me->gone_msg, dt_result_str(res));
-        else snprintf(W->cause, sizeof W->cause, "rank %d: %s (%s)", c->rank, me->gone_msg, dt_result_str(res));
-    }
     dt__cond_broadcast(&W->cv);
     dt__mutex_unlock(&W->mu);
 }
