@@ -5869,6 +5869,7 @@ typedef struct dt__lworld {
 
 #define DT__LOCAL_SMALL 65536            /* bytes: below, a native all-reduce copies into shared slots */
 #define DT__SPIN_SECONDS 50e-6           /* how long a waiting rank polls before it sleeps, when ranks <= cores */
+#define DT__YIELD_SECONDS 200e-6         /* ... and how long it yields the core first, when ranks > cores */
 
 static void dt__local_free_world(dt__lworld *W) {
     int i;
@@ -5928,17 +5929,20 @@ static void dt__cpu_relax(void) {
     __builtin_ia32_pause();
 #endif
 }
-static int dt__local_spin(const dt__lworld *W, const volatile int *state, int want) {
-    double end;
+/* One round of polling before a wait goes to sleep; returns 0 when the polling time since start is
+   spent. With no more ranks than cores the waiter spins on its own core; with more, it yields the core
+   to a rank that has work, and only keeps doing so for a short while. */
+static int dt__local_keep_polling(const dt__lworld *W, double start) {
     int i;
-    if (!W->spin) { sched_yield(); return DT__ATOMIC_LOAD(state) == want; }
-    for (end = dt_time_now() + DT__SPIN_SECONDS;;) {
-        for (i = 0; i < 64; i++) {
-            if (DT__ATOMIC_LOAD(state) == want) return 1;
-            dt__cpu_relax();
-        }
-        if (dt_time_now() > end) return 0;
-    }
+    if (!W->spin) { sched_yield(); return dt_time_now() - start < DT__YIELD_SECONDS; }
+    for (i = 0; i < 64; i++) dt__cpu_relax();
+    return dt_time_now() - start < DT__SPIN_SECONDS;
+}
+static int dt__local_spin(const dt__lworld *W, const volatile int *state, int want) {
+    double start = dt_time_now();
+    while (DT__ATOMIC_LOAD(state) != want)
+        if (!dt__local_keep_polling(W, start)) return 0;
+    return 1;
 }
 
 static void dt__local_complete(dt__lworld *W, dt_request *q) {
@@ -6173,11 +6177,7 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
         dt__mutex_unlock(&W->mu);
     } else {
         dt__mutex_unlock(&W->mu);
-        if (W->spin) {
-            double end = dt_time_now() + DT__SPIN_SECONDS;
-            while (DT__ATOMIC_LOAD(&W->bar_gen) == gen && dt_time_now() < end)
-                for (k = 0; k < 64; k++) dt__cpu_relax();
-        } else sched_yield();
+        while (DT__ATOMIC_LOAD(&W->bar_gen) == gen && dt__local_keep_polling(W, t0)) {}
         dt__mutex_lock(&W->mu);
         while (DT__ATOMIC_LOAD(&W->bar_gen) == gen) {
             double now = dt_time_now();
@@ -6219,10 +6219,12 @@ static dt_result dt__local_broadcast(dt_comm *c, void *buf, size_t bytes, int ro
 }
 
 /* Native all-reduce. Small: each rank copies its data into its slot (double-buffered by barrier
-   generation), one barrier, then every rank reduces all slots in rank order. Large: each rank reduces
-   its own slice of everyone's buffers in rank order into its buffer, then copies the other slices
-   from their owners; three barriers, no copy of the input. Either way element i is
-   ((x0 op x1) op x2) ..., the order NAIVE uses too. */
+   generation), one barrier, then every rank reduces all slots in rank order. Large: after a barrier
+   every buffer is published; rank r reduces slice r of all of them in rank order and writes the result
+   into slice r of every buffer (nobody else reads or writes slice r), and a second barrier ends it:
+   each byte is read once and written once per rank, no staging copy. Either way element i is
+   ((x0 op x1) op x2) ..., the order NAIVE uses too. (A rank that gives up at the second barrier after
+   the timeout returns while a stalled rank may still write its slice into that buffer later.) */
 static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, double deadline) {
     dt__lworld *W = (dt__lworld *)c->impl;
     size_t es = dt_dtype_size(t), bytes = n * es;
@@ -6253,14 +6255,10 @@ static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t
             size_t m = len - i < blk ? len - i : blk, off = (lo + i) * es;
             memcpy(tmp, (const char *)W->r[0].ptr + off, m * es);
             for (k = 1; k < p; k++) dt__reduce_into(tmp, (const char *)W->r[k].ptr + off, m, t, op);
-            memcpy((char *)buf + off, tmp, m * es);
+            for (k = 0; k < p; k++) memcpy((char *)W->r[k].ptr + off, tmp, m * es);   /* only this rank touches slice me */
         }
     }
-    if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
-    for (k = 0; k < p; k++)
-        if (k != me && dt__chunk_len(n, p, k))
-            memcpy((char *)buf + dt__chunk_off(n, p, k) * es, (const char *)W->r[k].ptr + dt__chunk_off(n, p, k) * es, dt__chunk_len(n, p, k) * es);
-    return dt__local_barrier(c, deadline);   /* everyone's buffer is read until all pass here */
+    return dt__local_barrier(c, deadline);   /* every slice of every buffer is written when all pass here */
 }
 
 static void dt__local_missing(dt_comm *c, uint64_t seq, char *msg, size_t cap) {
