@@ -1,0 +1,169 @@
+/* hogwild.c - Hogwild: several threads of one process train ONE model, each on its own shard of the data,
+   and apply their SGD steps to the shared parameters without any lock (Recht et al., 2011). A thread may
+   read parameters another is halfway through updating, or overwrite another's update of the same element:
+   the races are the algorithm, traded for never waiting.
+
+   usage: hogwild [--threads 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]
+                  [--epochs 1] [--batch 32] [--lr 0.01] [--seed 0] [--limit N] [--csv PATH]
+   e.g.   ./build/examples/hogwild --threads 4 --epochs 3
+          ./build/examples/hogwild --threads 1 --limit 6000        (plain SGD: the baseline)
+
+   Each worker thread has its own replica of the model for activations and gradients; a step pulls the
+   shared parameters into it, runs forward and backward on the worker's batch, and pushes
+   shared -= lr * gradient. Every epoch the sampler deals the (limited) training set into one disjoint
+   shard per thread; after it the shared model is evaluated on the test set. */
+#define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#define EX_PROG "hogwild"
+#include "common.h"
+
+#define MAX_THREADS 256
+
+typedef struct args {
+    const char *model, *dataset, *data, *csv;
+    long threads, epochs, batch, seed, limit;
+    double lr;
+    dt_dataset train, test;
+    dt_transform tt, te;
+    int64_t ntrain, epoch;
+    dt_model *replica[MAX_THREADS];   /* one per worker, made by main */
+    double sums[MAX_THREADS][2];      /* each worker's loss sum and samples this epoch */
+    dt_progress bar;                  /* drawn by worker 0, from its own batches */
+} args;
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: hogwild [--threads N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--epochs N]\n"
+               "               [--batch N] [--lr X] [--seed N] [--limit N] [--csv PATH]\n");
+}
+
+static int parse_args(int argc, char **argv, args *a) {
+    int i;
+    a->model = "simplecnn"; a->dataset = "fashion-mnist";
+    a->threads = 4; a->epochs = 1; a->batch = 32; a->lr = 0.01;
+    for (i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if (!v) { fprintf(stderr, "hogwild: %s needs a value\n", f); return -1; }
+        if (!strcmp(f, "--model")) a->model = v;
+        else if (!strcmp(f, "--dataset")) a->dataset = v;
+        else if (!strcmp(f, "--data")) a->data = v;
+        else if (!strcmp(f, "--csv")) a->csv = v;
+        else if (!strcmp(f, "--threads")) bad = parse_long(f, v, 1, &a->threads) || (a->threads > MAX_THREADS && fprintf(stderr, "hogwild: at most %d threads\n", MAX_THREADS));
+        else if (!strcmp(f, "--epochs")) bad = parse_long(f, v, 1, &a->epochs);
+        else if (!strcmp(f, "--batch")) bad = parse_long(f, v, 1, &a->batch);
+        else if (!strcmp(f, "--seed")) bad = parse_long(f, v, 0, &a->seed);
+        else if (!strcmp(f, "--limit")) bad = parse_long(f, v, 1, &a->limit);
+        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr) || !(a->lr > 0.0);
+        else { fprintf(stderr, "hogwild: unknown flag '%s'\n", f); usage(stderr); return -1; }
+        if (bad) return -1;
+        i++;
+    }
+    if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "hogwild: unknown model '%s'\n", a->model); return -1; }
+    if (!strcmp(a->dataset, "folder")) { fprintf(stderr, "hogwild: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
+    return 0;
+}
+
+#define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
+
+/* One worker, one epoch on its shard: pull, forward, backward, push, with no lock anywhere. */
+static dt_result worker(dt_hogwild_worker *w, void *arg) {
+    args *a = (args *)arg;
+    dt_model *rep = a->replica[w->index];
+    int64_t nshare = dt_sampler_size(a->ntrain, w->threads, 0), *ids, n, b = 0;
+    dt_loader *loader = NULL;
+    dt_loader_desc ld;
+    const float *x;
+    const int32_t *y;
+    float loss = 0.0f;
+    dt_result r = DT_OK;
+    int got;
+    if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
+    TRY(dt_sampler_indices(a->ntrain, w->index, w->threads, (uint64_t)a->seed, a->epoch, 1, 0, ids, &nshare));
+    memset(&ld, 0, sizeof ld);
+    ld.dataset = &a->train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
+    ld.transform = &a->tt; ld.seed = (uint64_t)a->seed; ld.rank = (uint64_t)w->index;
+    TRY(dt_loader_create(&loader, &ld));
+    TRY(dt_loader_start_epoch(loader, a->epoch));
+    dt_model_zero_grad(rep);
+    while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+        TRY(dt_hogwild_pull(w->shared, rep));          /* the shared parameters, as they are right now */
+        TRY(dt_model_forward(rep, x, n));
+        TRY(dt_model_loss_labels(rep, y, &loss));
+        TRY(dt_model_backward(rep, NULL));
+        TRY(dt_hogwild_push(w->shared, rep, (float)a->lr));   /* shared -= lr * gradient, unlocked */
+        a->sums[w->index][0] += (double)loss * (double)n;
+        a->sums[w->index][1] += (double)n;
+        if (w->index == 0) dt_progress_update(&a->bar, ++b, "loss %.4f", (double)loss);
+    }
+    if (got < 0) r = DT_ERR_STATE;
+done:
+    dt_loader_destroy(loader);
+    free(ids);
+    return r;
+}
+
+int main(int argc, char **argv) {
+    static args a;
+    dt_partition none;
+    dt_model *shared = NULL;
+    dt_model_desc md;
+    FILE *csv = NULL;
+    dt_result r = DT_OK;
+    long i;
+    int tty = isatty(fileno(stderr));
+    memset(&none, 0, sizeof none);
+    if (parse_args(argc, argv, &a)) return 2;
+    if (load_data(a.dataset, a.data, 32, a.seed, &a.train, &a.test, &a.tt, &a.te, &none) != DT_OK) {
+        fprintf(stderr, "hogwild: %s\n", dt_last_error());
+        return 1;
+    }
+    a.ntrain = a.limit && a.limit < a.train.count ? a.limit : a.train.count;   /* --limit: the first N samples */
+    memset(&md, 0, sizeof md);
+    md.in_c = a.train.c; md.in_h = a.train.h; md.in_w = a.train.w; md.seed = (uint64_t)a.seed;
+    TRY(dt_zoo_create(&shared, (dt_zoo_model)dt_zoo_from_name(a.model), a.train.num_classes, &md));
+    for (i = 0; i < a.threads; i++) {   /* replicas: only their activations and gradients are used */
+        md.stream = (uint64_t)i + 1;
+        TRY(dt_zoo_create(&a.replica[i], (dt_zoo_model)dt_zoo_from_name(a.model), a.train.num_classes, &md));
+    }
+    if (a.csv && !(csv = fopen(a.csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a.csv); goto done; }
+    if (csv) fprintf(csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s\n");
+    printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g, batch %ld\n"
+           "hogwild: %ld threads update one shared parameter buffer without locks\n", a.model, a.dataset, (long long)a.ntrain,
+           (long long)a.test.count, (long long)dt_model_param_count(shared), a.lr, a.batch, a.threads);
+    fflush(stdout);
+    for (a.epoch = 0; a.epoch < a.epochs; a.epoch++) {
+        double t0 = dt_time_now(), loss = 0.0, seen = 0.0, secs;
+        int64_t nb = (dt_sampler_size(a.ntrain, (int)a.threads, 0) + a.batch - 1) / a.batch;
+        dt_eval_result ev;
+        memset(a.sums, 0, sizeof a.sums);
+        for (i = 0; i < a.threads; i++) dt_model_train(a.replica[i], 1);
+        dt_progress_begin(&a.bar, stderr, nb, tty);
+        TRY(dt_hogwild_run(shared, (int)a.threads, worker, &a));
+        dt_progress_end(&a.bar);
+        secs = dt_time_now() - t0;
+        for (i = 0; i < a.threads; i++) { loss += a.sums[i][0]; seen += a.sums[i][1]; }
+        TRY(dt_evaluate(shared, &a.test, NULL, 0, &a.te, 1000, 5, &ev));
+        printf("epoch %3lld/%ld  %7.2fs  train loss %.4f  test loss %.4f  test acc %6.2f%%  top-5 %6.2f%%  %.0f img/s\n",
+               (long long)a.epoch + 1, a.epochs, secs, loss / seen, ev.loss, 100.0 * ev.top1, 100.0 * ev.topk, seen / secs);
+        fflush(stdout);
+        if (csv) {
+            fprintf(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)a.epoch + 1, secs, loss / seen, ev.loss, ev.top1,
+                    ev.topk, seen / secs);
+            fflush(csv);
+        }
+    }
+done:
+    if (r != DT_OK) fprintf(stderr, "hogwild: %s\n", dt_last_error());
+    if (csv) fclose(csv);
+    for (i = 0; i < a.threads; i++) dt_model_destroy(a.replica[i]);
+    dt_model_destroy(shared);
+    dt_dataset_free(&a.test);
+    dt_dataset_free(&a.train);
+    return r == DT_OK ? 0 : 1;
+}
