@@ -50,9 +50,9 @@ typedef struct job {
     dt_dpsgd_order   order;
     int              gossip;                     /* 1: pure gossip from distinct replicas (no training) */
     float pre[STEPS][MAXR][NP], grad[STEPS][MAXR][NP], post[STEPS][MAXR][NP];
-    double dist[12];                             /* gossip: consensus distance before step t */
+    double dist[MAXR][11];                       /* gossip: each rank's consensus distance before step t */
     float  mean0[MAXR][NP], mean1[MAXR][NP], avg[MAXR][NP], restored[MAXR][NP], mine[MAXR][NP];
-    double after_average;
+    double after_average[MAXR];
     uint64_t bytes[MAXR];
     dt_topology topo;
 } job;
@@ -88,14 +88,14 @@ static dt_result dpsgd_rank(dt_comm *c, void *arg) {
         T_(dt_dpsgd_use_average(d, 0));
         T_(dt_model_get_params(m, j->restored[me], NP));
         for (s = 0; s < 10; s++) {
-            T_(dt_dpsgd_consensus(d, &j->dist[s]));
+            T_(dt_dpsgd_consensus(d, &j->dist[me][s]));
             T_(dt_dpsgd_step(d, NULL));
         }
-        T_(dt_dpsgd_consensus(d, &j->dist[10]));
+        T_(dt_dpsgd_consensus(d, &j->dist[me][10]));
         j->bytes[me] = dt_dpsgd_get_stats(d).bytes_sent;
         T_(dt_dpsgd_average(d, j->mean1[me]));
         T_(dt_dpsgd_average(d, NULL));
-        T_(dt_dpsgd_consensus(d, &j->after_average));
+        T_(dt_dpsgd_consensus(d, &j->after_average[me]));
     } else {
         for (s = 0; s < STEPS; s++) {
             T_(grad_at(m, s, me));
@@ -212,12 +212,16 @@ static void test_gossip_rate(void) {
     CHECK_OK(dt_topology_create(&topo, &td));
     rho = 1.0 - topo.spectral_gap;
     CHECK(rho > 0.0 && rho < 1.0);
-    CHECK(j.dist[0] > 0.1);
-    for (t = 1; t <= 10; t++) {
-        CHECK(j.dist[t] <= sqrt((double)ranks) * pow(rho, t) * j.dist[0] * (1.0 + 1e-6));
-        CHECK(j.dist[t] < j.dist[t - 1]);
+    for (i = 0; i < ranks; i++) {
+        CHECK(j.dist[i][0] == j.dist[0][0] && j.dist[i][10] == j.dist[0][10]);   /* the same on every rank */
+        CHECK(j.after_average[i] == 0.0);
     }
-    CHECK(j.dist[10] > 1e-4);                          /* not averaged away: the ring still disagrees */
+    CHECK(j.dist[0][0] > 0.1);
+    for (t = 1; t <= 10; t++) {
+        CHECK(j.dist[0][t] <= sqrt((double)ranks) * pow(rho, t) * j.dist[0][0] * (1.0 + 1e-6));
+        CHECK(j.dist[0][t] < j.dist[0][t - 1]);
+    }
+    CHECK(j.dist[0][10] > 1e-4);                       /* not averaged away: the ring still disagrees */
     for (k = 0; k < NP; k++) {
         for (mean = 0.0, i = 0; i < ranks; i++) mean += j.mine[i][k];
         mean /= ranks;
@@ -228,7 +232,6 @@ static void test_gossip_rate(void) {
             CHECK(j.restored[i][k] == j.mine[i][k]);   /* ... and puts the replica back */
         }
     }
-    CHECK(j.after_average == 0.0);
     for (i = 0; i < ranks; i++) CHECK(j.bytes[i] == 10u * 2u * NP * sizeof(float));   /* two neighbours a step */
     dt_topology_free(&topo);
 }
