@@ -1123,6 +1123,61 @@ dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d);       /* zeros for NULL */
 int          dt_ddp_buckets(const dt_ddp *d);         /* buckets planned (BUCKETS), else 0 */
 int          dt_ddp_overlapped(const dt_ddp *d);      /* 1 when buckets are reduced during backward */
 
+/* ---- D-PSGD ---------------------------------------------------------------------------------- */
+
+/* Decentralised parallel SGD (Lian et al. 2017): no all-reduce; each rank keeps its own replica x_i and,
+   every step, averages it with its neighbours' through the mixing matrix W of a dt_topology. In which
+   order the local update and the averaging happen:
+     COMBINE_THEN_ADAPT  the original D-PSGD: x_i <- sum_j W[i][j] x_j - lr g_i, where g_i is the gradient
+                         at the replica before averaging (the default)
+     ADAPT_THEN_COMBINE  step first, then average: x_i <- sum_j W[i][j] (x_j - lr g_j) */
+typedef enum dt_dpsgd_order {
+    DT_DPSGD_COMBINE_THEN_ADAPT = 0, DT_DPSGD_ADAPT_THEN_COMBINE, DT_DPSGD_ORDER_COUNT
+} dt_dpsgd_order;
+const char *dt_dpsgd_order_name(dt_dpsgd_order k);          /* "cta", "atc" */
+dt_result   dt_dpsgd_order_parse(const char *s, dt_dpsgd_order *out);
+
+/* D-PSGD settings; zero means the default. */
+typedef struct dt_dpsgd_desc {
+    dt_dpsgd_order order;       /* default COMBINE_THEN_ADAPT */
+    int            mix_buffers; /* 1: also gossip the buffers (BatchNorm running statistics) every step */
+} dt_dpsgd_desc;
+
+typedef struct dt_dpsgd dt_dpsgd;
+
+/* What a rank's dt_dpsgd has done: steps (gossip rounds), the payload bytes this rank sent in them (from
+   dt_comm_get_stats; the all-reduces of dt_dpsgd_consensus and dt_dpsgd_average are not counted), and the
+   seconds spent in the neighbour exchange. */
+typedef struct dt_dpsgd_stats {
+    int64_t  steps;
+    uint64_t bytes_sent;
+    double   comm_seconds;
+} dt_dpsgd_stats;
+
+/* Collective. Wraps model m (finalized, the same architecture on every rank) for D-PSGD on communicator c
+   over topology t, which must have c's world size; broadcasts rank 0's parameters and buffers so the
+   replicas start equal. c, m and t must outlive the dt_dpsgd. Host buffers. *out is NULL on failure. */
+dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topology *t, const dt_dpsgd_desc *desc);
+/* Frees what dt_dpsgd_create allocated. NULL is allowed. */
+void      dt_dpsgd_destroy(dt_dpsgd *d);
+/* Collective: one D-PSGD step, after dt_model_backward, in place of dt_optim_step (then zero the gradients).
+   Every rank sends its replica to its neighbours (dt_comm_neighbor_exchange) and mixes what it receives,
+   summing W[i][j] x_j over j = 0, 1, ... (itself in its place) in double, so the result is the same on
+   every backend. COMBINE_THEN_ADAPT: the replica x_i is sent, o steps x_i to x_i' with the gradient at
+   x_i, and x_i becomes sum_j W[i][j] x_j + (x_i' - x_i): the update o computed before averaging (weight
+   decay and momentum included) is added to the average. ADAPT_THEN_COMBINE: o steps first, then the
+   stepped replicas are mixed. o NULL: a pure gossip step x_i <- sum_j W[i][j] x_j. */
+dt_result dt_dpsgd_step(dt_dpsgd *d, dt_optim *o);
+/* Collective: *dist = mean over ranks of ||x_i - x_avg|| (2-norm over all parameters), on every rank. */
+dt_result dt_dpsgd_consensus(dt_dpsgd *d, double *dist);
+/* Collective: out [dt_model_param_count] receives the mean of all replicas' parameters. out NULL: every
+   rank's model itself is set to the mean parameters and mean buffers (for the final evaluation). */
+dt_result dt_dpsgd_average(dt_dpsgd *d, float *out);
+/* Evaluating the averaged model in the middle of training: use = 1 (collective) keeps this rank's replica
+   aside and loads the mean parameters and buffers into the model; use = 0 (local) puts the replica back. */
+dt_result dt_dpsgd_use_average(dt_dpsgd *d, int use);
+dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d);    /* zeros for NULL */
+
 #ifdef __cplusplus
 }
 #endif
@@ -7535,6 +7590,232 @@ dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d) {
 
 int dt_ddp_buckets(const dt_ddp *d) { return d ? d->nbuckets : 0; }
 int dt_ddp_overlapped(const dt_ddp *d) { return d ? d->overlap : 0; }
+
+/* ---- D-PSGD ------------------------------------------------------------------------------------
+   One neighbour exchange per step sends the replica (n floats) to each neighbour and receives theirs
+   into recv. The mix sums W[i][j] x_j over a fixed list (the ranks j = 0, 1, ... with an edge to i, and i
+   itself in its place), in double, then adds the local update x_i' - x_i (zero when nothing stepped in
+   between), so with the fully connected topology every rank computes the same average bit for bit. */
+
+const char *dt_dpsgd_order_name(dt_dpsgd_order k) {
+    static const char *names[DT_DPSGD_ORDER_COUNT] = {"cta", "atc"};
+    return (k >= 0 && k < DT_DPSGD_ORDER_COUNT) ? names[k] : "unknown";
+}
+
+dt_result dt_dpsgd_order_parse(const char *s, dt_dpsgd_order *out) {
+    int k;
+    for (k = 0; s && k < DT_DPSGD_ORDER_COUNT; k++)
+        if (strcmp(s, dt_dpsgd_order_name((dt_dpsgd_order)k)) == 0) {
+            if (out) *out = (dt_dpsgd_order)k;
+            return DT_OK;
+        }
+    return dt_set_error(DT_ERR_INVALID_ARG, "unknown D-PSGD order '%s': use cta (combine then adapt) or atc (adapt then combine)",
+                        s ? s : "(null)");
+}
+
+struct dt_dpsgd {
+    dt_comm           *comm;
+    dt_model          *model;
+    const dt_topology *topo;
+    dt_dpsgd_desc      desc;
+    int64_t            n, nb;       /* parameters, buffers */
+    int                deg;         /* neighbours of this rank */
+    const int         *nbrs;        /* [deg] ascending (the topology's) */
+    double            *w;           /* [deg + 1] W[i][j] in mixing order (j ascending, i in its place) */
+    int                self_at;     /* position of this rank in that order */
+    const float      **src;         /* [deg + 1] the replicas being mixed */
+    float             *recv;        /* [deg * max(n, nb)] the neighbours' replicas */
+    float             *own;         /* [max(n, nb)] this rank's replica as sent */
+    float             *keep;        /* [n + nb] the replica kept aside by dt_dpsgd_use_average */
+    float             *avg;         /* [n + nb] the mean, for consensus and averages */
+    int                using_avg;
+    dt_dpsgd_stats     stats;
+};
+
+static void dt__dpsgd_free(dt_dpsgd *d) {
+    DT_FREE(d->w);
+    DT_FREE((void *)d->src);
+    DT_FREE(d->recv);
+    DT_FREE(d->own);
+    DT_FREE(d->keep);
+    DT_FREE(d->avg);
+    DT_FREE(d);
+}
+
+/* Sends own [cnt] to the neighbours, then x[k] = sum_j W[i][j] x_j[k] + (x[k] - own[k]). */
+static dt_result dt__dpsgd_gossip(dt_dpsgd *d, float *x, const float *own, int64_t cnt) {
+    int q, m = d->deg + 1;
+    int64_t k;
+    uint64_t b0 = d->comm->stats.bytes_sent;
+    double t0 = dt_time_now();
+    dt_result r = dt_comm_neighbor_exchange(d->comm, own, d->recv, (size_t)cnt, DT_F32, d->nbrs, d->deg, d->nbrs, d->deg);
+    d->stats.comm_seconds += dt_time_now() - t0;
+    d->stats.bytes_sent += d->comm->stats.bytes_sent - b0;
+    if (r != DT_OK) return r;
+    for (q = 0; q < m; q++) d->src[q] = q == d->self_at ? own : d->recv + (int64_t)(q - (q > d->self_at)) * cnt;
+    DT__OMP(parallel for if (cnt * m > DT__PAR_MIN))
+    for (k = 0; k < cnt; k++) {
+        double acc = 0.0;
+        int j;
+        for (j = 0; j < m; j++) acc += d->w[j] * (double)d->src[j][k];
+        x[k] = (float)(acc + ((double)x[k] - (double)own[k]));
+    }
+    return DT_OK;
+}
+
+/* Collective: the mean of every rank's params and buffers into d->avg [n + nb]. */
+static dt_result dt__dpsgd_mean(dt_dpsgd *d) {
+    dt_result r;
+    memcpy(d->avg, d->model->params, sizeof(float) * (size_t)d->n);
+    if (d->nb) memcpy(d->avg + d->n, dt_model_buffers(d->model, NULL), sizeof(float) * (size_t)d->nb);
+    if (d->comm->size == 1) return DT_OK;
+    r = dt_comm_allreduce(d->comm, d->avg, (size_t)(d->n + d->nb), DT_F32, DT_MEAN, DT_ALGO_AUTO);
+    return r;
+}
+
+dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topology *t, const dt_dpsgd_desc *desc) {
+    dt_dpsgd_desc dd;
+    dt_dpsgd *d;
+    dt_result r;
+    int64_t v[2], big;
+    int me = c ? c->rank : -1, q;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: out is NULL");
+    *out = NULL;
+    memset(&dd, 0, sizeof dd);
+    if (desc) dd = *desc;
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: the communicator is NULL");
+    if (!m || !m->finalized)
+        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the model is %s", me,
+                            m ? "not finalized: call dt_model_finalize first" : "NULL");
+    if (!t || !t->weights || !t->offsets)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology is %s: build it with dt_topology_create", me,
+                            t ? "empty" : "NULL");
+    if (t->world != c->size)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology has %d ranks but the communicator %d: "
+                            "give dt_topology_desc.world = dt_comm_size(c)", me, t->world, c->size);
+    if (dd.order < 0 || dd.order >= DT_DPSGD_ORDER_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: bad order %d: use a dt_dpsgd_order", me, (int)dd.order);
+    if (!(d = (dt_dpsgd *)DT_MALLOC(sizeof *d))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory", me);
+    memset(d, 0, sizeof *d);
+    d->comm = c;
+    d->model = m;
+    d->topo = t;
+    d->desc = dd;
+    d->n = m->nparams;
+    dt_model_buffers(m, &d->nb);
+    d->deg = t->offsets[me + 1] - t->offsets[me];
+    d->nbrs = t->neighbors + t->offsets[me];
+    big = d->n > d->nb ? d->n : d->nb;
+    d->w = (double *)DT_MALLOC(sizeof(double) * (size_t)(d->deg + 1));
+    d->src = (const float **)DT_MALLOC(sizeof(float *) * (size_t)(d->deg + 1));
+    d->recv = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->deg * big + 1));
+    d->own = (float *)DT_MALLOC(sizeof(float) * (size_t)(big + 1));
+    d->keep = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
+    d->avg = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
+    if (!d->w || !d->src || !d->recv || !d->own || !d->keep || !d->avg) {
+        dt__dpsgd_free(d);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory for %d neighbours' replicas of %lld floats",
+                            me, t->offsets[me + 1] - t->offsets[me], (long long)big);
+    }
+    d->self_at = d->deg;
+    for (q = 0; q < d->deg; q++)
+        if (d->nbrs[q] > me) { d->self_at = q; break; }
+    for (q = 0; q <= d->deg; q++) {
+        int j = q == d->self_at ? me : d->nbrs[q - (q > d->self_at)];
+        d->w[q] = t->weights[(int64_t)me * t->world + j];
+    }
+    v[0] = d->n + d->nb;   /* the same model everywhere: max of n and of -n */
+    v[1] = -v[0];
+    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) == DT_OK && (v[0] != d->n + d->nb || -v[1] != d->n + d->nb))
+        r = dt_set_error(DT_ERR_MISMATCH, "dt_dpsgd_create: rank %d: its model has %lld parameters and buffers but another rank's "
+                         "has %lld: every rank must build the same model", me, (long long)(d->n + d->nb),
+                         (long long)(v[0] != d->n + d->nb ? v[0] : -v[1]));
+    if (r == DT_OK) r = dt_comm_broadcast(c, m->params, (size_t)d->n, DT_F32, 0, DT_ALGO_AUTO);
+    if (r == DT_OK && d->nb) r = dt_comm_broadcast(c, dt_model_buffers(m, NULL), (size_t)d->nb, DT_F32, 0, DT_ALGO_AUTO);
+    if (r != DT_OK) { dt__dpsgd_free(d); return r; }
+    *out = d;
+    return DT_OK;
+}
+
+void dt_dpsgd_destroy(dt_dpsgd *d) {
+    if (d) dt__dpsgd_free(d);
+}
+
+dt_result dt_dpsgd_step(dt_dpsgd *d, dt_optim *o) {
+    float *x;
+    dt_result r;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_step: dpsgd is NULL");
+    if (d->using_avg)
+        return dt_set_error(DT_ERR_STATE, "dt_dpsgd_step: rank %d: the model holds the average: call dt_dpsgd_use_average(d, 0) "
+                            "first", d->comm->rank);
+    x = d->model->params;
+    if (o && d->desc.order == DT_DPSGD_ADAPT_THEN_COMBINE && (r = dt_optim_step(o)) != DT_OK) return r;
+    memcpy(d->own, x, sizeof(float) * (size_t)d->n);
+    if (o && d->desc.order == DT_DPSGD_COMBINE_THEN_ADAPT) {
+        /* the update at the replica before averaging: x' = x - lr g(x); the mix adds x' - own */
+        if ((r = dt_optim_step(o)) != DT_OK) return r;
+    }
+    if ((r = dt__dpsgd_gossip(d, x, d->own, d->n)) != DT_OK) return r;
+    if (d->desc.mix_buffers && d->nb) {
+        float *b = dt_model_buffers(d->model, NULL);
+        memcpy(d->own, b, sizeof(float) * (size_t)d->nb);
+        if ((r = dt__dpsgd_gossip(d, b, d->own, d->nb)) != DT_OK) return r;
+    }
+    d->stats.steps++;
+    return DT_OK;
+}
+
+dt_result dt_dpsgd_consensus(dt_dpsgd *d, double *dist) {
+    double s = 0.0;
+    int64_t k;
+    dt_result r;
+    if (!d || !dist) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_consensus: %s is NULL", d ? "dist" : "dpsgd");
+    *dist = 0.0;
+    if ((r = dt__dpsgd_mean(d)) != DT_OK) return r;
+    for (k = 0; k < d->n; k++) {
+        double e = (double)d->model->params[k] - (double)d->avg[k];
+        s += e * e;
+    }
+    s = sqrt(s);
+    if (d->comm->size > 1 && (r = dt_comm_allreduce(d->comm, &s, 1, DT_F64, DT_SUM, DT_ALGO_AUTO)) != DT_OK) return r;
+    *dist = s / (double)d->comm->size;
+    return DT_OK;
+}
+
+dt_result dt_dpsgd_average(dt_dpsgd *d, float *out) {
+    dt_result r;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_average: dpsgd is NULL");
+    if ((r = dt__dpsgd_mean(d)) != DT_OK) return r;
+    if (out) { memcpy(out, d->avg, sizeof(float) * (size_t)d->n); return DT_OK; }
+    memcpy(d->model->params, d->avg, sizeof(float) * (size_t)d->n);
+    if (d->nb) memcpy(dt_model_buffers(d->model, NULL), d->avg + d->n, sizeof(float) * (size_t)d->nb);
+    return DT_OK;
+}
+
+dt_result dt_dpsgd_use_average(dt_dpsgd *d, int use) {
+    float *b;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_use_average: dpsgd is NULL");
+    if (!!use == d->using_avg)
+        return dt_set_error(DT_ERR_STATE, "dt_dpsgd_use_average: rank %d: the model %s the average already", d->comm->rank,
+                            use ? "holds" : "does not hold");
+    b = dt_model_buffers(d->model, NULL);
+    if (!use) {
+        memcpy(d->model->params, d->keep, sizeof(float) * (size_t)d->n);
+        if (d->nb) memcpy(b, d->keep + d->n, sizeof(float) * (size_t)d->nb);
+        d->using_avg = 0;
+        return DT_OK;
+    }
+    memcpy(d->keep, d->model->params, sizeof(float) * (size_t)d->n);
+    if (d->nb) memcpy(d->keep + d->n, b, sizeof(float) * (size_t)d->nb);
+    d->using_avg = 1;
+    return dt_dpsgd_average(d, NULL);
+}
+
+dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d) {
+    dt_dpsgd_stats s;
+    memset(&s, 0, sizeof s);
+    return d ? d->stats : s;
+}
 
 #ifdef __cplusplus
 }

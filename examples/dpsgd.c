@@ -1,0 +1,261 @@
+/* dpsgd.c - decentralised parallel SGD (D-PSGD): no all-reduce and no server; every rank trains its own
+   replica on its shard and, every step, averages it with its neighbours' on a ring (or another topology)
+   through the mixing matrix W. The replicas drift apart a little (the consensus distance) and their
+   average is the model: it is evaluated each epoch and at the end, as the original workload does.
+
+   usage: dpsgd [--ranks 4] [--model resnet20] [--data DIR] [--topology ring|torus|exponential|full]
+                [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--lr 0.1]
+                [--momentum 0.9] [--wd 1e-4] [--milestones 50,75] [--seed 0] [--limit N] [--csv PATH]
+                (and the launcher's flags: --timeout, --link-latency, --link-bandwidth, ...)
+   e.g.   ./build/examples/dpsgd --ranks 4 --limit 2000                        (Fashion-MNIST padded to 32x32)
+          ./build/examples/dpsgd --ranks 4 --data cifar-10-batches-bin --epochs 100 --milestones 50,75
+          ./build/examples/dpsgd --ranks 8 --link-latency 0.001 --link-bandwidth 100M
+
+   With --data DIR (CIFAR-10's cifar-10-batches-bin) it trains on CIFAR-10 with random crops and flips;
+   without, on Fashion-MNIST from its default directory, zero-padded to 32x32 as ResNet-20 expects.
+   --batch is per rank; every rank takes a disjoint share of a seeded permutation each epoch. The learning
+   rate is multiplied by 0.1 at each epoch of --milestones. --limit N keeps the first N samples of the
+   training and of the test set. Rank 0 logs the epochs and writes the CSV. */
+#define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#define EX_PROG "dpsgd"
+#include "common.h"
+
+typedef struct args {
+    const char *model, *data, *csv, *dataset;
+    long epochs, batch, seed, limit;
+    double lr, momentum, wd;
+    dt_sched_desc sched;
+    dt_topology_desc topo;
+    dt_dpsgd_desc dpsgd;
+    /* loaded once by main, read by every local rank */
+    dt_dataset train, test;
+    dt_transform tt, te;
+    int64_t ntrain;
+} args;
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: dpsgd [--ranks N] [--model NAME] [--data DIR] [--topology ring|torus|exponential|full]\n"
+               "             [--mixing uniform|metropolis] [--order cta|atc] [--epochs N] [--batch N] [--lr X]\n"
+               "             [--momentum X] [--wd X] [--milestones E1,E2,...] [--seed N] [--limit N] [--csv PATH]\n"
+               "             [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
+}
+
+static int parse_milestones(const char *v, dt_sched_desc *s) {
+    int n = 0;
+    char *end;
+    while (*v) {
+        long e = strtol(v, &end, 10);
+        if (end == v || e < 1 || n == DT_SCHED_MAX_MILESTONES) {
+            fprintf(stderr, "dpsgd: --milestones takes up to %d ascending epochs, e.g. 50,75\n", DT_SCHED_MAX_MILESTONES);
+            return 1;
+        }
+        s->milestones[n++] = e;
+        v = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, args *a) {
+    int i, k;
+    a->model = "resnet20";
+    a->epochs = 1; a->batch = 32; a->lr = 0.1; a->momentum = 0.9; a->wd = 1e-4;
+    a->sched.kind = DT_SCHED_MULTISTEP;
+    for (i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if (!v) { fprintf(stderr, "dpsgd: %s needs a value\n", f); return -1; }
+        if (!strcmp(f, "--model")) a->model = v;
+        else if (!strcmp(f, "--data")) a->data = v;
+        else if (!strcmp(f, "--csv")) a->csv = v;
+        else if (!strcmp(f, "--topology")) {
+            for (k = 0; k < DT_TOPO_CUSTOM && strcmp(v, dt_topology_name((dt_topology_kind)k)); k++) {}
+            if (k == DT_TOPO_CUSTOM) { fprintf(stderr, "dpsgd: unknown --topology '%s': ring, torus, exponential or full\n", v); return -1; }
+            a->topo.kind = (dt_topology_kind)k;
+        }
+        else if (!strcmp(f, "--mixing")) {
+            if (strcmp(v, "uniform") && strcmp(v, "metropolis")) { fprintf(stderr, "dpsgd: --mixing is uniform or metropolis\n"); return -1; }
+            a->topo.mixing = !strcmp(v, "metropolis") ? DT_MIXING_METROPOLIS : DT_MIXING_UNIFORM;
+        }
+        else if (!strcmp(f, "--order")) {
+            if (dt_dpsgd_order_parse(v, &a->dpsgd.order) != DT_OK) { fprintf(stderr, "dpsgd: %s\n", dt_last_error()); return -1; }
+        }
+        else if (!strcmp(f, "--milestones")) bad = parse_milestones(v, &a->sched);
+        else if (!strcmp(f, "--epochs")) bad = parse_long(f, v, 1, &a->epochs);
+        else if (!strcmp(f, "--batch")) bad = parse_long(f, v, 1, &a->batch);
+        else if (!strcmp(f, "--seed")) bad = parse_long(f, v, 0, &a->seed);
+        else if (!strcmp(f, "--limit")) bad = parse_long(f, v, 1, &a->limit);
+        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr) || !(a->lr > 0.0);
+        else if (!strcmp(f, "--momentum")) bad = parse_double(f, v, &a->momentum);
+        else if (!strcmp(f, "--wd")) bad = parse_double(f, v, &a->wd);
+        else { fprintf(stderr, "dpsgd: unknown flag '%s'\n", f); usage(stderr); return -1; }
+        if (bad) return -1;
+        i++;
+    }
+    if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "dpsgd: unknown model '%s'\n", a->model); return -1; }
+    a->sched.base_lr = (float)a->lr;
+    a->dataset = a->data ? "cifar10" : "fashion-mnist";
+    return 0;
+}
+
+/* Zero-pads every image of ds by pad pixels on each side (torchvision's Pad before ToTensor), in place. */
+static dt_result pad_dataset(dt_dataset *ds, int64_t pad) {
+    int64_t h = ds->h + 2 * pad, w = ds->w + 2 * pad, i, y;
+    uint8_t *p = (uint8_t *)calloc((size_t)(ds->count * ds->c * h * w), 1);
+    if (!p) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to pad %s", ds->source);
+    for (i = 0; i < ds->count * ds->c; i++)
+        for (y = 0; y < ds->h; y++)
+            memcpy(p + (i * h + y + pad) * w + pad, ds->pixels + (i * ds->h + y) * ds->w, (size_t)ds->w);
+    free(ds->pixels);
+    ds->pixels = p;
+    ds->h = h;
+    ds->w = w;
+    return DT_OK;
+}
+
+#define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
+
+/* One rank: its replica, optimizer, loader and D-PSGD; the loop is the one-process loop of train.c with
+   dt_dpsgd_step in place of dt_optim_step. */
+static dt_result rank_main(dt_comm *c, void *arg) {
+    args *a = (args *)arg;
+    int me = dt_comm_rank(c), p = dt_comm_size(c), tty = me == 0 && isatty(fileno(stderr));
+    int64_t nshare = dt_sampler_size(a->ntrain, p, 0), *ids = NULL, epoch;
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_dpsgd *d = NULL;
+    dt_loader *loader = NULL;
+    dt_topology topo;
+    dt_topology_desc td = a->topo;
+    dt_model_desc md;
+    dt_optim_desc od;
+    dt_loader_desc ld;
+    dt_eval_result ev;
+    FILE *csv = NULL;
+    dt_result r = DT_OK;
+
+    memset(&topo, 0, sizeof topo);
+    td.world = p;
+    TRY(dt_topology_create(&topo, &td));
+    memset(&md, 0, sizeof md);
+    md.in_c = a->train.c; md.in_h = a->train.h; md.in_w = a->train.w; md.seed = (uint64_t)a->seed; md.stream = (uint64_t)me;
+    TRY(dt_zoo_create(&m, (dt_zoo_model)dt_zoo_from_name(a->model), a->train.num_classes, &md));
+    memset(&od, 0, sizeof od);
+    od.lr = (float)a->lr; od.momentum = (float)a->momentum; od.weight_decay = (float)a->wd;
+    TRY(dt_optim_create(&o, m, &od));
+    TRY(dt_dpsgd_create(&d, c, m, &topo, &a->dpsgd));      /* rank 0's initial weights everywhere */
+    if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "rank %d: no memory", me); goto done; }
+    TRY(dt_sampler_indices(a->ntrain, me, p, (uint64_t)a->seed, 0, 1, 0, ids, &nshare));
+    memset(&ld, 0, sizeof ld);
+    ld.dataset = &a->train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
+    ld.transform = &a->tt; ld.seed = (uint64_t)a->seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
+    TRY(dt_loader_create(&loader, &ld));
+    if (me == 0) {
+        if (a->csv && !(csv = fopen(a->csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a->csv); goto done; }
+        if (csv) fprintf(csv, "epoch,time_s,lr,train_loss,test_loss,test_acc,consensus,busiest_rank_mb\n");
+        printf("%s on %s (%lldx%lld): %lld training and %lld test samples, %lld parameters, sgd lr %g momentum %g wd %g, "
+               "batch %ld per rank\nD-PSGD (%s) on %d ranks, %s topology (%s mixing, spectral gap %.4f), %s backend\n",
+               a->model, a->dataset, (long long)a->train.h, (long long)a->train.w, (long long)a->ntrain,
+               (long long)a->test.count, (long long)dt_model_param_count(m), a->lr, a->momentum, a->wd, a->batch,
+               dt_dpsgd_order_name(a->dpsgd.order), p, dt_topology_name(td.kind),
+               td.mixing == DT_MIXING_METROPOLIS ? "metropolis" : "uniform", topo.spectral_gap, dt_comm_backend_name(c));
+        fflush(stdout);
+    }
+
+    for (epoch = 0; epoch < a->epochs && r == DT_OK; epoch++) {
+        const float *x;
+        const int32_t *y;
+        int64_t n, b = 0;
+        double t0 = dt_time_now(), sums[2] = {0.0, 0.0}, secs, mb, dist;
+        float loss = 0.0f, lr = dt_sched_lr(&a->sched, epoch);
+        uint64_t sent0 = dt_dpsgd_get_stats(d).bytes_sent;
+        dt_progress bar;
+        int got;
+        dt_optim_set_lr(o, lr);
+        dt_model_train(m, 1);
+        TRY(dt_sampler_indices(a->ntrain, me, p, (uint64_t)a->seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
+        TRY(dt_loader_set_indices(loader, ids, nshare));
+        TRY(dt_loader_start_epoch(loader, epoch));
+        dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
+        /* every rank has the same number of batches (the sampler pads), so the gossip steps pair up */
+        while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+            TRY(dt_model_forward(m, x, n));
+            TRY(dt_model_loss_labels(m, y, &loss));
+            TRY(dt_model_backward(m, NULL));
+            TRY(dt_dpsgd_step(d, o));        /* the local update and the average with the neighbours */
+            dt_model_zero_grad(m);
+            sums[0] += (double)loss * (double)n;
+            sums[1] += (double)n;
+            dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
+        }
+        if (got < 0) { r = DT_ERR_STATE; goto done; }
+        dt_progress_end(&bar);
+        secs = dt_time_now() - t0;
+        mb = (double)(dt_dpsgd_get_stats(d).bytes_sent - sent0) / 1e6;
+        TRY(dt_comm_allreduce(c, sums, 2, DT_F64, DT_SUM, DT_ALGO_AUTO));   /* the mean loss over every sample */
+        TRY(dt_comm_allreduce(c, &mb, 1, DT_F64, DT_MAX, DT_ALGO_AUTO));    /* the busiest rank's gossip traffic */
+        TRY(dt_dpsgd_consensus(d, &dist));
+        TRY(dt_dpsgd_use_average(d, 1));     /* the average of the replicas, evaluated on rank 0 */
+        if (me == 0) r = dt_evaluate(m, &a->test, NULL, 0, &a->te, 1000, 1, &ev);
+        TRY(dt_dpsgd_use_average(d, 0));
+        if (r != DT_OK) goto done;
+        if (me == 0) {
+            printf("epoch %3lld/%ld  %7.2fs  lr %.4g  train loss %.4f  averaged model: test loss %.4f  test acc %6.2f%%  "
+                   "consensus %.4g  %.1f MB sent by the busiest rank\n", (long long)epoch + 1, a->epochs, secs, (double)lr,
+                   sums[0] / sums[1], ev.loss, 100.0 * ev.top1, dist, mb);
+            fflush(stdout);
+            if (csv) {
+                fprintf(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6g,%.3f\n", (long long)epoch + 1, secs, (double)lr, sums[0] / sums[1],
+                        ev.loss, ev.top1, dist, mb);
+                fflush(csv);
+            }
+        }
+    }
+    /* the end: every replica becomes the average, which is the trained model */
+    TRY(dt_dpsgd_average(d, NULL));
+    if (me == 0) {
+        TRY(dt_evaluate(m, &a->test, NULL, 0, &a->te, 1000, 1, &ev));
+        printf("average of the %d replicas: test loss %.4f  test acc %.2f%%\n", p, ev.loss, 100.0 * ev.top1);
+    }
+done:
+    if (csv) fclose(csv);
+    dt_loader_destroy(loader);
+    dt_dpsgd_destroy(d);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    dt_topology_free(&topo);
+    free(ids);
+    return r;
+}
+
+int main(int argc, char **argv) {
+    args a;
+    dt_launch_desc ld;
+    dt_partition none;
+    int rc;
+    memset(&a, 0, sizeof a);
+    memset(&ld, 0, sizeof ld);
+    memset(&none, 0, sizeof none);
+    ld.ranks = 4;
+    if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "dpsgd: %s\n", dt_last_error()); usage(stderr); return 2; }
+    if (parse_args(argc, argv, &a)) return 2;
+    if (load_data(a.dataset, a.data, 32, a.seed, &a.train, &a.test, &a.tt, &a.te, &none) != DT_OK ||
+        (a.train.h < 32 && (pad_dataset(&a.train, (32 - a.train.h) / 2) != DT_OK || pad_dataset(&a.test, (32 - a.test.h) / 2) != DT_OK))) {
+        fprintf(stderr, "dpsgd: %s\n", dt_last_error());
+        dt_dataset_free(&a.train);
+        dt_dataset_free(&a.test);
+        return 1;
+    }
+    a.ntrain = a.limit && a.limit < a.train.count ? a.limit : a.train.count;   /* --limit: the first N samples */
+    if (a.limit && a.limit < a.test.count) a.test.count = a.limit;                /* of both sets */
+    rc = dt_launch(&ld, rank_main, &a);
+    dt_dataset_free(&a.test);
+    dt_dataset_free(&a.train);
+    return rc;
+}
