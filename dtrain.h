@@ -1159,7 +1159,9 @@ void      dt_fed_destroy(dt_fed *f);
    so nobody waits for a client that dropped; the global model is broadcast from rank 0; each host trains its
    sampled clients in client order, E epochs of batch B from the global model (client k's loader shuffles with
    stream k and epoch round * E + e), and sends delta = w_local - w_global and its sample count to rank 0,
-   which aggregates and adds the result to the global model. Rank 0's model holds the new global model after. */
+   which aggregates and adds the result to the global model. Rank 0's model holds the new global model after.
+   When dropouts leave fewer reports than the aggregator needs, the round keeps the global model (a warning);
+   dt_fed_create refuses a C that samples too few clients for it in the first place. */
 dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info);
 /* The clients sampled in a round (sorted) and whether each drops out: a pure function of (desc, round).
    sel and dropped [clients]; returns the count sampled. */
@@ -7604,6 +7606,14 @@ done:
     return r;
 }
 
+/* The fewest updates the aggregator accepts (Krum's 2f + 3, the class-mean check's 3). */
+static int dt__fed_min_clients(dt_fed_agg kind, const dt_fed_agg_desc *a) {
+    if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * (a->f ? a->f : 1) + 3;
+    if (kind == DT_FED_CLASSMEAN) return 3;
+    if (kind == DT_FED_TRIMMED) { int n = 1; while (2 * (int)floor((double)(a->trim ? a->trim : 0.1f) * n) >= n && n < 1000) n++; return n; }
+    return 1;
+}
+
 struct dt_fed {
     dt_comm       *comm;
     dt_model      *model;
@@ -7711,6 +7721,12 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     f->nsel = (int)floor((double)d.frac * (double)nc + 0.5);
     if (f->nsel < 1) f->nsel = 1;
     if (f->nsel > nc) f->nsel = nc;
+    if (f->nsel < dt__fed_min_clients(d.agg, &d.agg_desc)) {
+        dt_fed_destroy(f);
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: %s needs at least %d clients per round, but C = %g of %d "
+                            "clients samples %d: raise --frac or --clients", me, dt_fed_agg_name(d.agg),
+                            dt__fed_min_clients(d.agg, &d.agg_desc), (double)d.frac, nc, (int)floor((double)d.frac * nc + 0.5));
+    }
     n = (size_t)(f->n ? f->n : 1);
     f->behaviour = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
     f->sel = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
@@ -7871,7 +7887,12 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         info->lr = lr;
     }
     memcpy(w, f->global, sizeof(float) * (size_t)f->n);
-    if (nagg == 0) return DT_OK;   /* everyone dropped: the global model stays */
+    if (nagg < dt__fed_min_clients(f->desc.agg, &f->desc.agg_desc)) {   /* too many dropped: the global model stays */
+        if (nagg > 0)
+            dt_log(DT_LOG_WARN, "dt_fed_round: round %lld: %d clients reported, fewer than %s needs; the global model is kept",
+                   (long long)round, nagg, dt_fed_agg_name(f->desc.agg));
+        return DT_OK;
+    }
     f->desc.agg_desc.kept = f->kept;
     r = dt_fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->n, f->delta, &f->desc.agg_desc);
     f->desc.agg_desc.kept = NULL;
