@@ -1178,6 +1178,111 @@ dt_result dt_dpsgd_average(dt_dpsgd *d, float *out);
 dt_result dt_dpsgd_use_average(dt_dpsgd *d, int use);
 dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d);    /* zeros for NULL */
 
+/* ---- FedAvg ---------------------------------------------------------------------------------- */
+
+/* Federated averaging (McMahan et al. 2017) with robust aggregation. The server's aggregation is a pure
+   function over flat float vectors (one update per client), so it is testable without ranks:
+     MEAN       sum_i w_i u_i / sum_i w_i, the weights being the clients' sample counts (FedAvg)
+     MEDIAN     coordinate-wise median (the mean of the two middle values when n is even)
+     TRIMMED    coordinate-wise trimmed mean: t = floor(trim * n) smallest and t largest values dropped;
+                refused when 2 t >= n
+     KRUM       the update whose summed squared distance to its n - f - 2 nearest others is smallest
+                (Blanchard et al. 2017); refused when n < 2 f + 3, Krum's minimum-client condition
+     MULTIKRUM  the plain mean of the m updates of lowest Krum score (m = n - f by default); same condition
+     CLASSMEAN  the class-mean check: the rows of the final linear layer's weight update, one per class, are
+                compared across clients. For class c, d_c(i) = ||row_c(u_i) - coordinate median over clients
+                of row_c|| and s_c = median over i of d_c(i); client i is an outlier when d_c(i) > k s_c for
+                some class c. The others are averaged as MEAN. A label-flipping client moves the rows of the
+                classes it flips, which honest clients leave alike. Needs n >= 3.
+   Ties are broken by the lower client index, so the result is deterministic. */
+typedef enum dt_fed_agg {
+    DT_FED_MEAN = 0, DT_FED_MEDIAN, DT_FED_TRIMMED, DT_FED_KRUM, DT_FED_MULTIKRUM, DT_FED_CLASSMEAN, DT_FED_AGG_COUNT
+} dt_fed_agg;
+const char *dt_fed_agg_name(dt_fed_agg k);   /* "mean", "median", "trimmed", "krum", "multikrum", "classmean" */
+dt_result   dt_fed_agg_parse(const char *s, dt_fed_agg *out);
+
+/* Aggregator settings; zero means the default. */
+typedef struct dt_fed_agg_desc {
+    float   trim;              /* TRIMMED: fraction cut at each end (default 0.1) */
+    int     f;                 /* KRUM, MULTIKRUM: Byzantine clients tolerated (default 1) */
+    int     m;                 /* MULTIKRUM: updates averaged (0 = n - f) */
+    float   k;                 /* CLASSMEAN: outlier threshold in median distances (default 3) */
+    int64_t cm_offset;         /* CLASSMEAN: the final linear weight [cm_rows classes, cm_cols] inside each */
+    int64_t cm_rows, cm_cols;  /*   update (dt_fed fills these from the model) */
+    int    *kept;              /* out, may be NULL: [n], 1 for each client whose update entered the result
+                                  (all for MEAN, MEDIAN and TRIMMED) */
+} dt_fed_agg_desc;
+
+/* Aggregates n updates, each updates[i][0..len), into out[len] (out may not alias an update). weights [n]
+   (sample counts, > 0) are used by MEAN and CLASSMEAN; NULL means equal weights. Allocates scratch of
+   n * (n + len) doubles at most (Krum's distances, a column for the median). desc may be NULL. */
+dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
+                           float *out, const dt_fed_agg_desc *desc);
+
+/* What a client does with its round, for studying attacks. */
+typedef enum dt_fed_behaviour {
+    DT_FED_HONEST = 0,
+    DT_FED_LABELFLIP,          /* trains on labels mapped through desc.flip (e.g. 1 -> 4, or a permutation) */
+    DT_FED_SIGNFLIP,           /* sends the negated update */
+    DT_FED_NOISE               /* sends Gaussian noise of std desc.noise_std instead of its update */
+} dt_fed_behaviour;
+
+#define DT_FED_MAX_CLASSES 256
+#define DT_FED_TAG 32100       /* the point-to-point tag of the clients' updates */
+
+/* FedAvg settings; zero means the default. */
+typedef struct dt_fed_desc {
+    int                clients;          /* N simulated clients (default: ranks - 1, or 1 on one rank) */
+    float              frac;             /* C: fraction of the clients sampled each round (default 1; at least 1) */
+    int                local_epochs;     /* E (default 1) */
+    int64_t            batch;            /* B (default 10) */
+    dt_optim_desc      optim;            /* each client's optimizer, fresh every round (SGD or Adam) */
+    dt_sched_desc      sched;            /* learning rate of round t = dt_sched_lr(&sched, t) when sched.kind or
+                                            sched.base_lr is set (e.g. cosine with t_max = rounds); else optim.lr */
+    float              prox_mu;          /* FedProx: mu (w - w_global) added to every local gradient (0 = off) */
+    float              dropout_prob;     /* probability that a sampled client drops out of a round */
+    dt_fed_agg         agg;
+    dt_fed_agg_desc    agg_desc;         /* kept is set by dt_fed; cm_* from the model when zero */
+    const dt_dataset  *data;             /* borrowed training set */
+    const dt_partition *part;            /* borrowed: part k is client k's samples (parts == clients) */
+    const dt_transform *transform;       /* copied; NULL = pixel / 255 */
+    const int         *behaviour;        /* [clients] dt_fed_behaviour, copied; NULL = every client honest */
+    int32_t            flip[DT_FED_MAX_CLASSES]; /* LABELFLIP: label y becomes flip[y]; all zeros = identity */
+    int                flip_set;         /* 1: flip holds a map (else the identity) */
+    float              noise_std;        /* NOISE: default 1 */
+    uint64_t           seed;             /* client sampling, dropouts, loader shuffles, noise */
+} dt_fed_desc;
+
+typedef struct dt_fed dt_fed;
+
+/* What one round did (complete on rank 0; the draw is known everywhere). */
+typedef struct dt_fed_round_info {
+    int     selected, dropped, kept;     /* clients sampled, dropped out, and in the aggregate */
+    double  train_loss;                  /* mean local training loss over the samples of the clients that reported */
+    int64_t samples;                     /* samples the reporting clients trained on, per local epoch */
+    float   lr;                          /* the clients' learning rate this round */
+} dt_fed_round_info;
+
+/* Collective. Rank 0 is the server; client k trains on rank 1 + k mod (ranks - 1), or on rank 0 when there
+   is one rank. m (finalized, the same architecture on every rank) is the server's global model on rank 0 and
+   a rank's working copy elsewhere; rank 0's parameters are the initial global model. c, m, the dataset and
+   the partition must outlive the dt_fed. *out is NULL on failure. */
+dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc);
+void      dt_fed_destroy(dt_fed *f);
+/* Collective: one round. Every rank draws the same clients (seeded by (seed, round)) and the same dropouts,
+   so nobody waits for a client that dropped; the global model is broadcast from rank 0; each host trains its
+   sampled clients in client order, E epochs of batch B from the global model (client k's loader shuffles with
+   stream k and epoch round * E + e), and sends delta = w_local - w_global and its sample count to rank 0,
+   which aggregates and adds the result to the global model. Rank 0's model holds the new global model after.
+   When dropouts leave fewer reports than the aggregator needs, the round keeps the global model (a warning);
+   dt_fed_create refuses a C that samples too few clients for it in the first place. */
+dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info);
+/* The clients sampled in a round (sorted) and whether each drops out: a pure function of (desc, round).
+   sel and dropped [clients]; returns the count sampled. */
+int       dt_fed_draw(const dt_fed *f, int64_t round, int *sel, int *dropped);
+/* Rank 0: which clients of the last round entered the aggregate, kept [clients] (1/0); others get zeros. */
+void      dt_fed_last_kept(const dt_fed *f, int *kept);
+
 #ifdef __cplusplus
 }
 #endif
@@ -7815,6 +7920,493 @@ dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d) {
     dt_dpsgd_stats s;
     memset(&s, 0, sizeof s);
     return d ? d->stats : s;
+}
+
+/* ---- FedAvg ------------------------------------------------------------------------------------
+   The aggregators are pure functions over the updates. The round protocol needs no agreement message:
+   every rank draws the same clients and dropouts from (seed, round), so each host knows which clients to
+   train and the server knows which updates to expect; it posts one receive per reporting client, in client
+   order, which matches the order each host sends in (same tag, same source: messages keep their order). */
+
+const char *dt_fed_agg_name(dt_fed_agg k) {
+    static const char *names[DT_FED_AGG_COUNT] = {"mean", "median", "trimmed", "krum", "multikrum", "classmean"};
+    return (k >= 0 && k < DT_FED_AGG_COUNT) ? names[k] : "unknown";
+}
+
+dt_result dt_fed_agg_parse(const char *s, dt_fed_agg *out) {
+    int k;
+    for (k = 0; s && k < DT_FED_AGG_COUNT; k++)
+        if (strcmp(s, dt_fed_agg_name((dt_fed_agg)k)) == 0) {
+            if (out) *out = (dt_fed_agg)k;
+            return DT_OK;
+        }
+    return dt_set_error(DT_ERR_INVALID_ARG, "unknown aggregator '%s': use mean, median, trimmed, krum, multikrum or classmean",
+                        s ? s : "(null)");
+}
+
+/* Insertion sort: the columns are as short as the number of clients, and it is stable. */
+static void dt__fed_sort(double *v, int n) {
+    int i, j;
+    for (i = 1; i < n; i++) {
+        double x = v[i];
+        for (j = i - 1; j >= 0 && v[j] > x; j--) v[j + 1] = v[j];
+        v[j + 1] = x;
+    }
+}
+
+static double dt__fed_median_sorted(const double *v, int n) {
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* out = sum over the kept clients of (w_i / W) u_i, in client order (kept NULL = all). */
+static void dt__fed_mean(const float *const *u, const double *w, const int *kept, int n, int64_t len, float *out) {
+    double total = 0.0;
+    int i;
+    int64_t j;
+    for (i = 0; i < n; i++) if (!kept || kept[i]) total += w ? w[i] : 1.0;
+    for (j = 0; j < len; j++) out[j] = 0.0f;
+    for (i = 0; i < n; i++) {
+        float s;
+        if (kept && !kept[i]) continue;
+        s = (float)((w ? w[i] : 1.0) / total);
+        for (j = 0; j < len; j++) out[j] += s * u[i][j];
+    }
+}
+
+/* Coordinate-wise median (t < 0) or mean of the sorted column without its t lowest and t highest. */
+static void dt__fed_columns(const float *const *u, int n, int64_t len, int t, double *col, float *out) {
+    int64_t j;
+    int i;
+    for (j = 0; j < len; j++) {
+        double s = 0.0;
+        for (i = 0; i < n; i++) col[i] = u[i][j];
+        dt__fed_sort(col, n);
+        if (t < 0) { out[j] = (float)dt__fed_median_sorted(col, n); continue; }
+        for (i = t; i < n - t; i++) s += col[i];
+        out[j] = (float)(s / (double)(n - 2 * t));
+    }
+}
+
+/* Krum scores: score[i] = sum of the n - f - 2 smallest squared distances from u_i to the others; order
+   gets the clients by increasing score (ties: lower index first). dist [n * n], tmp [n]. */
+static void dt__fed_krum(const float *const *u, int n, int64_t len, int f, double *dist, double *tmp, double *score,
+                         int *order) {
+    int i, k, c = n - f - 2;
+    int64_t j;
+    for (i = 0; i < n; i++) {
+        dist[i * n + i] = 0.0;
+        for (k = i + 1; k < n; k++) {
+            double s = 0.0;
+            for (j = 0; j < len; j++) { double d = (double)u[i][j] - (double)u[k][j]; s += d * d; }
+            dist[i * n + k] = dist[k * n + i] = s;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        double s = 0.0;
+        int m = 0;
+        for (k = 0; k < n; k++) if (k != i) tmp[m++] = dist[i * n + k];
+        dt__fed_sort(tmp, m);
+        for (k = 0; k < c; k++) s += tmp[k];
+        score[i] = s;
+        order[i] = i;
+    }
+    for (i = 1; i < n; i++) {   /* stable insertion sort of the indices by score */
+        int x = order[i];
+        for (k = i - 1; k >= 0 && score[order[k]] > score[x]; k--) order[k + 1] = order[k];
+        order[k + 1] = x;
+    }
+}
+
+/* The class-mean check: kept[i] = 0 for a client whose row of some class lies beyond k median distances
+   from that class's coordinate-median row. col [n], d [n], med [cols]. */
+static void dt__fed_classmean(const float *const *u, int n, const dt_fed_agg_desc *a, double *col, double *d,
+                              double *sorted, float *med, int *kept) {
+    int64_t c, j;
+    int i;
+    for (i = 0; i < n; i++) kept[i] = 1;
+    for (c = 0; c < a->cm_rows; c++) {
+        int64_t base = a->cm_offset + c * a->cm_cols;
+        double s;
+        for (j = 0; j < a->cm_cols; j++) {
+            for (i = 0; i < n; i++) col[i] = u[i][base + j];
+            dt__fed_sort(col, n);
+            med[j] = (float)dt__fed_median_sorted(col, n);
+        }
+        for (i = 0; i < n; i++) {
+            double q = 0.0;
+            for (j = 0; j < a->cm_cols; j++) { double e = (double)u[i][base + j] - (double)med[j]; q += e * e; }
+            d[i] = sorted[i] = sqrt(q);
+        }
+        dt__fed_sort(sorted, n);
+        s = dt__fed_median_sorted(sorted, n);
+        for (i = 0; i < n; i++) if (d[i] > (double)a->k * s) kept[i] = 0;
+    }
+}
+
+dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
+                           float *out, const dt_fed_agg_desc *desc) {
+    dt_fed_agg_desc a;
+    double *scratch = NULL;
+    int *order = NULL, *kept = NULL, i, t = 0;
+    dt_result r = DT_OK;
+    memset(&a, 0, sizeof a);
+    if (desc) a = *desc;
+    if (!a.trim) a.trim = 0.1f;
+    if (!a.f) a.f = 1;
+    if (!a.k) a.k = 3.0f;
+    if (!updates || !out || n < 1 || len < 0 || kind < 0 || kind >= DT_FED_AGG_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: bad arguments (updates %p, out %p, n %d, len %lld, "
+                            "kind %d): give n >= 1 updates of len >= 0 and a dt_fed_agg", (const void *)updates,
+                            (void *)out, n, (long long)len, (int)kind);
+    for (i = 0; i < n; i++) {
+        if (!updates[i]) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: update %d is NULL", i);
+        if (weights && !(weights[i] > 0.0 && weights[i] < INFINITY))
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: client %d's weight is %g; weights are sample counts > 0",
+                                i, weights[i]);
+    }
+    if (kind == DT_FED_TRIMMED) {
+        t = (int)floor((double)a.trim * (double)n);
+        if (a.trim < 0.0f || 2 * t >= n)
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: trimmed mean of %d clients with trim %g cuts %d at each "
+                                "end, leaving none: need 2 * floor(trim * n) < n", n, (double)a.trim, t);
+    }
+    if ((kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) && (a.f < 0 || n < 2 * a.f + 3))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: %s with f = %d Byzantine clients needs n >= 2f + 3 = %d clients, "
+                            "got %d: sample more clients or lower f", dt_fed_agg_name(kind), a.f, 2 * a.f + 3, n);
+    if (kind == DT_FED_MULTIKRUM && (a.m < 0 || a.m > n))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: multikrum m = %d, need 0 <= m <= n = %d", a.m, n);
+    if (kind == DT_FED_CLASSMEAN && (n < 3 || a.k < 1.0f || a.cm_rows < 1 || a.cm_cols < 1 || a.cm_offset < 0 ||
+                                     a.cm_offset + a.cm_rows * a.cm_cols > len))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: classmean needs n >= 3 clients (got %d), k >= 1 (got %g) and "
+                            "the last layer's weight [%lld, %lld] at offset %lld inside the update of %lld", n, (double)a.k,
+                            (long long)a.cm_rows, (long long)a.cm_cols, (long long)a.cm_offset, (long long)len);
+    scratch = (double *)DT_MALLOC(sizeof(double) * (size_t)(n * (n + 4) + (kind == DT_FED_CLASSMEAN ? a.cm_cols : 0)));
+    order = (int *)DT_MALLOC(sizeof(int) * (size_t)n * 2);
+    if (!scratch || !order) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_aggregate: no memory for %d clients", n); goto done; }
+    kept = order + n;
+    for (i = 0; i < n; i++) kept[i] = 1;
+    switch (kind) {
+    case DT_FED_MEAN: dt__fed_mean(updates, weights, NULL, n, len, out); break;
+    case DT_FED_MEDIAN: dt__fed_columns(updates, n, len, -1, scratch, out); break;
+    case DT_FED_TRIMMED: dt__fed_columns(updates, n, len, t, scratch, out); break;
+    case DT_FED_KRUM:
+    case DT_FED_MULTIKRUM: {
+        int m = kind == DT_FED_KRUM ? 1 : (a.m ? a.m : n - a.f);
+        dt__fed_krum(updates, n, len, a.f, scratch, scratch + n * n, scratch + n * n + n, order);
+        for (i = 0; i < n; i++) kept[i] = 0;
+        for (i = 0; i < m; i++) kept[order[i]] = 1;
+        dt__fed_mean(updates, NULL, kept, n, len, out);
+        break;
+    }
+    default: /* DT_FED_CLASSMEAN */
+        dt__fed_classmean(updates, n, &a, scratch, scratch + n, scratch + 2 * n, (float *)(scratch + 3 * n), kept);
+        dt__fed_mean(updates, weights, kept, n, len, out);
+        break;
+    }
+    if (a.kept) for (i = 0; i < n; i++) a.kept[i] = kept[i];
+done:
+    DT_FREE(scratch);
+    DT_FREE(order);
+    return r;
+}
+
+/* The fewest updates the aggregator accepts (Krum's 2f + 3, the class-mean check's 3). */
+static int dt__fed_min_clients(dt_fed_agg kind, const dt_fed_agg_desc *a) {
+    if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * (a->f ? a->f : 1) + 3;
+    if (kind == DT_FED_CLASSMEAN) return 3;
+    if (kind == DT_FED_TRIMMED) { int n = 1; while (2 * (int)floor((double)(a->trim ? a->trim : 0.1f) * n) >= n && n < 1000) n++; return n; }
+    return 1;
+}
+
+struct dt_fed {
+    dt_comm       *comm;
+    dt_model      *model;
+    dt_fed_desc    desc;
+    int64_t        n;            /* parameters */
+    int            nsel;         /* clients sampled per round */
+    int           *behaviour;    /* [clients] */
+    int           *sel, *drop;   /* [clients] the round's draw */
+    int           *kept, *last_kept; /* [nsel] of the aggregate; [clients] by client id */
+    float         *global;       /* [n] the round's global model */
+    float         *delta;        /* [n] a host's update being sent */
+    float         *updates;      /* rank 0: [nsel * n] the reported updates */
+    double        *stats;        /* rank 0: [nsel * 2] samples and loss sum of each report */
+    double        *weights;      /* rank 0: [nsel] */
+    const float  **ptrs;         /* rank 0: [nsel] */
+    int           *who;          /* rank 0: [nsel] client of each report */
+    dt_request    *reqs;         /* rank 0: [nsel * 2] */
+    int32_t       *ybuf;         /* [batch] flipped labels */
+};
+
+static void dt__fed_rng(dt_rng *r, const dt_fed *f, int64_t round, uint64_t what, uint64_t stream) {
+    dt_rng_init(r, f->desc.seed ^ (0x9E3779B97F4A7C15ULL * (uint64_t)(round + 1)) ^ (what << 56), stream);
+}
+
+int dt_fed_draw(const dt_fed *f, int64_t round, int *sel, int *dropped) {
+    int nc, i, m;
+    int *perm = sel;
+    dt_rng r;
+    if (!f || !sel || !dropped) return 0;
+    nc = f->desc.clients;
+    m = f->nsel;
+    for (i = 0; i < nc; i++) perm[i] = i;
+    dt__fed_rng(&r, f, round, 1, 0);
+    for (i = 0; i < m; i++) {   /* partial Fisher-Yates: the first m of a seeded permutation */
+        int j = i + (int)dt_rng_below(&r, (uint32_t)(nc - i)), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    for (i = 1; i < m; i++) {   /* sorted, so hosts and server walk the clients in the same order */
+        int x = sel[i], j;
+        for (j = i - 1; j >= 0 && sel[j] > x; j--) sel[j + 1] = sel[j];
+        sel[j + 1] = x;
+    }
+    for (i = 0; i < m; i++) {
+        dt_rng d;
+        dt__fed_rng(&d, f, round, 2, (uint64_t)sel[i]);
+        dropped[i] = f->desc.dropout_prob > 0.0f && dt_rng_uniform(&d) < f->desc.dropout_prob;
+    }
+    return m;
+}
+
+void dt_fed_last_kept(const dt_fed *f, int *kept) {
+    int i;
+    if (!f || !kept) return;
+    for (i = 0; i < f->desc.clients; i++) kept[i] = f->last_kept ? f->last_kept[i] : 0;
+}
+
+void dt_fed_destroy(dt_fed *f) {
+    if (!f) return;
+    DT_FREE(f->behaviour); DT_FREE(f->sel); DT_FREE(f->drop); DT_FREE(f->kept); DT_FREE(f->last_kept);
+    DT_FREE(f->global); DT_FREE(f->delta); DT_FREE(f->updates); DT_FREE(f->stats); DT_FREE(f->weights);
+    DT_FREE((void *)f->ptrs); DT_FREE(f->who); DT_FREE(f->reqs); DT_FREE(f->ybuf);
+    DT_FREE(f);
+}
+
+dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc) {
+    dt_fed *f;
+    dt_fed_desc d;
+    int me = c ? c->rank : -1, i, nc;
+    size_t n;
+    int64_t v[2];
+    dt_result r;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: out is NULL");
+    *out = NULL;
+    if (!c || !m || !m->finalized || !desc || !desc->data || !desc->part)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: needs a communicator, a finalized model, a desc, "
+                            "its dataset and its partition", me);
+    d = *desc;
+    if (!d.clients) d.clients = c->size > 1 ? c->size - 1 : 1;
+    if (!d.frac) d.frac = 1.0f;
+    if (!d.local_epochs) d.local_epochs = 1;
+    if (!d.batch) d.batch = 10;
+    if (!d.noise_std) d.noise_std = 1.0f;
+    if (!d.agg_desc.cm_rows) {   /* the class-mean check reads the last linear layer's weight */
+        for (i = dt_model_param_tensors(m) - 1; i >= 0; i--) {
+            dt_param_info pi = dt_model_param_info(m, i);
+            if (pi.ndim == 2) {
+                d.agg_desc.cm_offset = pi.offset; d.agg_desc.cm_rows = pi.shape[0]; d.agg_desc.cm_cols = pi.shape[1];
+                break;
+            }
+        }
+    }
+    nc = d.clients;
+    if (nc < 1 || d.part->parts != nc || !(d.frac > 0.0f && d.frac <= 1.0f) || d.local_epochs < 1 || d.batch < 1 ||
+        d.prox_mu < 0.0f || !(d.dropout_prob >= 0.0f && d.dropout_prob < 1.0f) || d.agg < 0 || d.agg >= DT_FED_AGG_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: bad desc (clients %d, partition of %d parts, frac %g, "
+                            "local_epochs %d, batch %lld, prox_mu %g, dropout_prob %g): the partition needs one part per "
+                            "client, 0 < frac <= 1, 0 <= dropout_prob < 1", me, nc, d.part->parts, (double)d.frac,
+                            d.local_epochs, (long long)d.batch, (double)d.prox_mu, (double)d.dropout_prob);
+    if (!(f = (dt_fed *)DT_MALLOC(sizeof *f))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory", me);
+    memset(f, 0, sizeof *f);
+    f->comm = c; f->model = m; f->desc = d; f->n = m->nparams;
+    f->desc.behaviour = NULL;
+    f->desc.agg_desc.kept = NULL;
+    f->nsel = (int)floor((double)d.frac * (double)nc + 0.5);
+    if (f->nsel < 1) f->nsel = 1;
+    if (f->nsel > nc) f->nsel = nc;
+    if (f->nsel < dt__fed_min_clients(d.agg, &d.agg_desc)) {
+        dt_fed_destroy(f);
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: %s needs at least %d clients per round, but C = %g of %d "
+                            "clients samples %d: raise --frac or --clients", me, dt_fed_agg_name(d.agg),
+                            dt__fed_min_clients(d.agg, &d.agg_desc), (double)d.frac, nc, (int)floor((double)d.frac * nc + 0.5));
+    }
+    n = (size_t)(f->n ? f->n : 1);
+    f->behaviour = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
+    f->sel = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
+    f->drop = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
+    f->kept = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
+    f->last_kept = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
+    f->global = (float *)DT_MALLOC(sizeof(float) * n);
+    f->delta = (float *)DT_MALLOC(sizeof(float) * n);
+    f->ybuf = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)d.batch);
+    if (me == 0) {
+        f->updates = (float *)DT_MALLOC(sizeof(float) * n * (size_t)f->nsel);
+        f->stats = (double *)DT_MALLOC(sizeof(double) * 2 * (size_t)f->nsel);
+        f->weights = (double *)DT_MALLOC(sizeof(double) * (size_t)f->nsel);
+        f->ptrs = (const float **)DT_MALLOC(sizeof(float *) * (size_t)f->nsel);
+        f->who = (int *)DT_MALLOC(sizeof(int) * (size_t)f->nsel);
+        f->reqs = (dt_request *)DT_MALLOC(sizeof(dt_request) * 2 * (size_t)f->nsel);
+    }
+    if (!f->behaviour || !f->sel || !f->drop || !f->kept || !f->last_kept || !f->global || !f->delta || !f->ybuf ||
+        (me == 0 && (!f->updates || !f->stats || !f->weights || !f->ptrs || !f->who || !f->reqs))) {
+        dt_fed_destroy(f);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory (the server keeps %d updates of %lld floats: "
+                            "lower --frac)", me, f->nsel, (long long)f->n);
+    }
+    for (i = 0; i < nc; i++) {
+        f->behaviour[i] = desc->behaviour ? desc->behaviour[i] : DT_FED_HONEST;
+        f->last_kept[i] = 0;
+    }
+    v[0] = f->n; v[1] = -f->n;   /* the same model everywhere */
+    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) == DT_OK && (v[0] != f->n || -v[1] != f->n))
+        r = dt_set_error(DT_ERR_MISMATCH, "dt_fed_create: rank %d: its model has %lld parameters but another rank's differs: "
+                         "every rank must build the same model", me, (long long)f->n);
+    if (r != DT_OK) { dt_fed_destroy(f); return r; }
+    *out = f;
+    return DT_OK;
+}
+
+/* Client k's local training from f->global: E epochs of batch B with a fresh optimizer at rate lr. Leaves
+   delta = w_local - w_global (after the client's behaviour) and st = {samples, loss sum over the epochs}. */
+static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr, float *delta, double *st) {
+    const dt_fed_desc *d = &f->desc;
+    dt_model *m = f->model;
+    float *w = dt_model_params(m, NULL), *g = dt_model_grads(m, NULL);
+    int64_t off = d->part->offsets[k], cnt = d->part->offsets[k + 1] - off, j, e;
+    dt_optim *o = NULL;
+    dt_loader *l = NULL;
+    dt_optim_desc od = d->optim;
+    dt_loader_desc ld;
+    dt_result r;
+    int flip = f->behaviour[k] == DT_FED_LABELFLIP && d->flip_set;
+    st[0] = (double)cnt;
+    st[1] = 0.0;
+    for (j = 0; j < f->n; j++) delta[j] = 0.0f;
+    if (cnt == 0) return DT_OK;
+    memcpy(w, f->global, sizeof(float) * (size_t)f->n);
+    od.lr = lr;
+    memset(&ld, 0, sizeof ld);
+    ld.dataset = d->data; ld.indices = d->part->indices + off; ld.count = cnt; ld.batch = d->batch;
+    ld.shuffle = 1; ld.transform = d->transform; ld.seed = d->seed; ld.rank = (uint64_t)k;
+    if ((r = dt_optim_create(&o, m, &od)) != DT_OK || (r = dt_loader_create(&l, &ld)) != DT_OK) goto done;
+    for (e = 0; e < d->local_epochs && r == DT_OK; e++) {
+        const float *x;
+        const int32_t *y;
+        int64_t nb;
+        int got;
+        float loss = 0.0f;
+        if ((r = dt_loader_start_epoch(l, round * d->local_epochs + e)) != DT_OK) break;
+        while (r == DT_OK && (got = dt_loader_next(l, &x, &y, &nb)) == 1) {
+            if (flip) {
+                for (j = 0; j < nb; j++)
+                    f->ybuf[j] = y[j] >= 0 && y[j] < DT_FED_MAX_CLASSES ? d->flip[y[j]] : y[j];
+                y = f->ybuf;
+            }
+            dt_model_zero_grad(m);
+            if ((r = dt_model_forward(m, x, nb)) != DT_OK || (r = dt_model_loss_labels(m, y, &loss)) != DT_OK ||
+                (r = dt_model_backward(m, NULL)) != DT_OK) break;
+            if (d->prox_mu > 0.0f)   /* FedProx: the gradient of (mu / 2) ||w - w_global||^2 */
+                for (j = 0; j < f->n; j++) g[j] += d->prox_mu * (w[j] - f->global[j]);
+            if ((r = dt_optim_step(o)) != DT_OK) break;
+            st[1] += (double)loss * (double)nb;
+        }
+        if (r == DT_OK && got < 0) r = DT_ERR_STATE;
+    }
+    if (r != DT_OK) goto done;
+    if (f->behaviour[k] == DT_FED_NOISE) {
+        dt_rng nr;
+        dt__fed_rng(&nr, f, round, 3, (uint64_t)k);
+        for (j = 0; j < f->n; j++) delta[j] = d->noise_std * dt_rng_normal(&nr);
+    } else {
+        float s = f->behaviour[k] == DT_FED_SIGNFLIP ? -1.0f : 1.0f;
+        for (j = 0; j < f->n; j++) delta[j] = s * (w[j] - f->global[j]);
+    }
+done:
+    dt_loader_destroy(l);
+    dt_optim_destroy(o);
+    if (r != DT_OK)
+        return dt_set_error(r, "dt_fed_round: rank %d: client %d failed in round %lld: %s", f->comm->rank, k, (long long)round,
+                            dt_last_error());
+    return DT_OK;
+}
+
+dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
+    dt_comm *c;
+    int me, p, nsel, i, nrep = 0, nreq = 0, nagg = 0;
+    float lr, *w;
+    double loss = 0.0, samples = 0.0;
+    dt_result r = DT_OK;
+    if (!f) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_round: fed is NULL");
+    c = f->comm; me = c->rank; p = c->size;
+    w = dt_model_params(f->model, NULL);
+    lr = (f->desc.sched.kind != DT_SCHED_CONSTANT || f->desc.sched.base_lr > 0.0f) ? dt_sched_lr(&f->desc.sched, round)
+                                                                                     : f->desc.optim.lr;
+    if (info) memset(info, 0, sizeof *info);
+    nsel = dt_fed_draw(f, round, f->sel, f->drop);
+    if (me == 0) memcpy(f->global, w, sizeof(float) * (size_t)f->n);
+    if ((r = dt_comm_broadcast(c, f->global, (size_t)f->n, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    /* the server posts a receive for every remote client that reports, in client order */
+    for (i = 0; i < nsel && me == 0; i++) {
+        int k = f->sel[i], host = p == 1 ? 0 : 1 + k % (p - 1);
+        if (f->drop[i]) continue;
+        f->who[nrep] = k;
+        if (host != 0) {
+            if ((r = dt_comm_irecv(c, f->stats + 2 * nrep, 2, DT_F64, host, DT_FED_TAG, &f->reqs[nreq++])) != DT_OK ||
+                (r = dt_comm_irecv(c, f->updates + (int64_t)nrep * f->n, (size_t)f->n, DT_F32, host, DT_FED_TAG,
+                                   &f->reqs[nreq++])) != DT_OK) return r;
+        }
+        nrep++;
+    }
+    for (i = 0; i < nsel && r == DT_OK; i++) {   /* hosts train their clients */
+        int k = f->sel[i], host = p == 1 ? 0 : 1 + k % (p - 1);
+        double st[2];
+        if (f->drop[i] || host != me) continue;
+        if (p == 1) {
+            int slot, s;
+            for (slot = 0, s = 0; s < i; s++) slot += !f->drop[s];
+            r = dt__fed_train_client(f, k, round, lr, f->updates + (int64_t)slot * f->n, f->stats + 2 * slot);
+            continue;
+        }
+        if ((r = dt__fed_train_client(f, k, round, lr, f->delta, st)) != DT_OK) break;
+        if ((r = dt_comm_send(c, st, 2, DT_F64, 0, DT_FED_TAG)) != DT_OK) break;
+        r = dt_comm_send(c, f->delta, (size_t)f->n, DT_F32, 0, DT_FED_TAG);
+    }
+    if (r != DT_OK || me != 0) return r;
+    if (nreq && (r = dt_comm_waitall(c, f->reqs, nreq)) != DT_OK) return r;
+    for (i = 0; i < f->desc.clients; i++) f->last_kept[i] = 0;
+    for (i = 0; i < nrep; i++) {   /* clients with no samples report nothing useful */
+        loss += f->stats[2 * i + 1];
+        samples += f->stats[2 * i];
+        if (f->stats[2 * i] <= 0.0) continue;
+        f->ptrs[nagg] = f->updates + (int64_t)i * f->n;
+        f->weights[nagg] = f->stats[2 * i];
+        f->who[nagg++] = f->who[i];
+    }
+    if (info) {
+        info->selected = nsel;
+        info->dropped = nsel - nrep;
+        info->samples = (int64_t)samples;
+        info->train_loss = samples > 0.0 ? loss / (samples * f->desc.local_epochs) : 0.0;
+        info->lr = lr;
+    }
+    memcpy(w, f->global, sizeof(float) * (size_t)f->n);
+    if (nagg < dt__fed_min_clients(f->desc.agg, &f->desc.agg_desc)) {   /* too many dropped: the global model stays */
+        if (nagg > 0)
+            dt_log(DT_LOG_WARN, "dt_fed_round: round %lld: %d clients reported, fewer than %s needs; the global model is kept",
+                   (long long)round, nagg, dt_fed_agg_name(f->desc.agg));
+        return DT_OK;
+    }
+    f->desc.agg_desc.kept = f->kept;
+    r = dt_fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->n, f->delta, &f->desc.agg_desc);
+    f->desc.agg_desc.kept = NULL;
+    if (r != DT_OK) return r;
+    for (i = 0; i < f->n; i++) w[i] = f->global[i] + f->delta[i];
+    for (i = 0; i < nagg; i++) {
+        f->last_kept[f->who[i]] = f->kept[i];
+        if (info) info->kept += f->kept[i];
+    }
+    return DT_OK;
 }
 
 #ifdef __cplusplus

@@ -1,0 +1,213 @@
+/* fedavg.c - federated averaging: rank 0 is the server, the clients are simulated on ranks 1..p-1 (client k
+   on rank 1 + k mod (p - 1)); each round the server samples a fraction C of the clients, they train E local
+   epochs of batch B from the global model on their own partition, and the server aggregates their updates.
+
+   usage: fedavg [--ranks 4] [--clients 10] [--rounds 10] [--frac 1] [--local-epochs 1] [--batch 10]
+                 [--model fedavg_cnn|fedavg_2nn|simplecnn|...] [--dataset fashion-mnist|mnist] [--data DIR]
+                 [--partition iid|shards|dirichlet] [--alpha 0.5] [--optim sgd|adam] [--lr 0.05] [--cosine]
+                 [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim 0.1] [--krum-f 1]
+                 [--attack none|labelflip|signflip|noise] [--attackers 0] [--flip 1:4] [--noise-std 1]
+                 [--prox-mu 0] [--dropout-prob 0] [--class-acc C] [--seed 0] [--limit N] [--csv PATH]
+   e.g.   ./build/examples/fedavg --ranks 4 --clients 10 --rounds 10 --model fedavg_2nn
+          ./build/examples/fedavg --clients 5 --attack labelflip --attackers 1 --flip 1:4 --agg median
+
+   Clients 0 .. attackers-1 are the attackers. --flip a:b maps label a to b (repeat --flip for a
+   permutation). The per-class accuracy of --class-acc (default: the first flipped label) is logged. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#define EX_PROG "fedavg"
+#include "common.h"
+
+typedef struct args {
+    const char *model, *dataset, *data, *csv, *partition, *attack;
+    long clients, rounds, local_epochs, batch, seed, limit, attackers, krum_f, class_acc;
+    double frac, alpha, lr, prox_mu, dropout_prob, trim, noise_std;
+    int adam, cosine;
+    dt_fed_agg agg;
+    int32_t flip[DT_FED_MAX_CLASSES];
+    int flip_set;
+    dt_dataset train, test;
+    dt_transform tt, te;
+} args;
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: fedavg [--ranks N] [--clients N] [--rounds N] [--frac C] [--local-epochs E] [--batch B] [--model NAME]\n"
+               "              [--dataset fashion-mnist|mnist] [--data DIR] [--partition iid|shards|dirichlet] [--alpha A]\n"
+               "              [--optim sgd|adam] [--lr X] [--cosine] [--agg mean|median|trimmed|krum|multikrum|classmean]\n"
+               "              [--trim F] [--krum-f F] [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
+               "              [--noise-std S] [--prox-mu MU] [--dropout-prob P] [--class-acc C] [--seed N] [--limit N] [--csv PATH]\n");
+}
+
+static int parse_args(int argc, char **argv, args *a) {
+    int i, k;
+    a->model = "fedavg_2nn"; a->dataset = "fashion-mnist"; a->partition = "iid"; a->attack = "none";
+    a->clients = 10; a->rounds = 10; a->frac = 1.0; a->local_epochs = 1; a->batch = 10; a->lr = 0.05;
+    a->alpha = 0.5; a->class_acc = -1;
+    for (k = 0; k < DT_FED_MAX_CLASSES; k++) a->flip[k] = k;
+    for (i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if (!strcmp(f, "--cosine")) { a->cosine = 1; continue; }
+        if (!v) { fprintf(stderr, "fedavg: %s needs a value\n", f); return -1; }
+        if (!strcmp(f, "--model")) a->model = v;
+        else if (!strcmp(f, "--dataset")) a->dataset = v;
+        else if (!strcmp(f, "--data")) a->data = v;
+        else if (!strcmp(f, "--csv")) a->csv = v;
+        else if (!strcmp(f, "--partition")) a->partition = v;
+        else if (!strcmp(f, "--attack")) a->attack = v;
+        else if (!strcmp(f, "--optim")) { a->adam = !strcmp(v, "adam"); bad = !a->adam && strcmp(v, "sgd") != 0; }
+        else if (!strcmp(f, "--agg")) {
+            if (dt_fed_agg_parse(v, &a->agg) != DT_OK) { fprintf(stderr, "fedavg: %s\n", dt_last_error()); return -1; }
+        }
+        else if (!strcmp(f, "--flip")) {
+            int from, to;
+            bad = sscanf(v, "%d:%d", &from, &to) != 2 || from < 0 || to < 0 || from >= DT_FED_MAX_CLASSES;
+            if (!bad) { a->flip[from] = to; if (!a->flip_set && a->class_acc < 0) a->class_acc = from; a->flip_set = 1; }
+        }
+        else if (!strcmp(f, "--clients")) bad = parse_long(f, v, 1, &a->clients);
+        else if (!strcmp(f, "--rounds")) bad = parse_long(f, v, 1, &a->rounds);
+        else if (!strcmp(f, "--local-epochs")) bad = parse_long(f, v, 1, &a->local_epochs);
+        else if (!strcmp(f, "--batch")) bad = parse_long(f, v, 1, &a->batch);
+        else if (!strcmp(f, "--seed")) bad = parse_long(f, v, 0, &a->seed);
+        else if (!strcmp(f, "--limit")) bad = parse_long(f, v, 1, &a->limit);
+        else if (!strcmp(f, "--attackers")) bad = parse_long(f, v, 0, &a->attackers);
+        else if (!strcmp(f, "--krum-f")) bad = parse_long(f, v, 0, &a->krum_f);
+        else if (!strcmp(f, "--class-acc")) bad = parse_long(f, v, 0, &a->class_acc);
+        else if (!strcmp(f, "--frac")) bad = parse_double(f, v, &a->frac) || !(a->frac > 0.0 && a->frac <= 1.0);
+        else if (!strcmp(f, "--alpha")) bad = parse_double(f, v, &a->alpha);
+        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr);
+        else if (!strcmp(f, "--prox-mu")) bad = parse_double(f, v, &a->prox_mu);
+        else if (!strcmp(f, "--dropout-prob")) bad = parse_double(f, v, &a->dropout_prob) || a->dropout_prob >= 1.0;
+        else if (!strcmp(f, "--trim")) bad = parse_double(f, v, &a->trim);
+        else if (!strcmp(f, "--noise-std")) bad = parse_double(f, v, &a->noise_std);
+        else { fprintf(stderr, "fedavg: unknown flag '%s'\n", f); usage(stderr); return -1; }
+        if (bad) { fprintf(stderr, "fedavg: bad value '%s' for %s\n", v, f); return -1; }
+        i++;
+    }
+    if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "fedavg: unknown model '%s'\n", a->model); return -1; }
+    if (strcmp(a->attack, "none") && strcmp(a->attack, "labelflip") && strcmp(a->attack, "signflip") && strcmp(a->attack, "noise")) {
+        fprintf(stderr, "fedavg: unknown --attack '%s': use none, labelflip, signflip or noise\n", a->attack);
+        return -1;
+    }
+    if (a->attackers > a->clients) { fprintf(stderr, "fedavg: --attackers %ld > --clients %ld\n", a->attackers, a->clients); return -1; }
+    return 0;
+}
+
+#define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
+
+/* Accuracy on the test samples of one class. */
+static dt_result class_accuracy(dt_model *m, const args *a, int64_t cls, double *acc) {
+    int64_t i, n = 0, *idx = (int64_t *)malloc(sizeof(int64_t) * (size_t)a->test.count);
+    dt_eval_result ev;
+    dt_result r = DT_OK;
+    *acc = 0.0;
+    if (!idx) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
+    for (i = 0; i < a->test.count; i++) if (a->test.labels[i] == cls) idx[n++] = i;
+    if (n > 0 && (r = dt_evaluate(m, &a->test, idx, n, &a->te, 1000, 1, &ev)) == DT_OK) *acc = ev.top1;
+    free(idx);
+    return r;
+}
+
+static dt_result rank_main(dt_comm *c, void *arg) {
+    args *a = (args *)arg;
+    int me = dt_comm_rank(c), *behaviour = NULL, beh = DT_FED_HONEST;
+    int64_t ntrain = a->limit && a->limit < a->train.count ? a->limit : a->train.count, t;
+    dt_model *m = NULL;
+    dt_fed *f = NULL;
+    dt_partition part;
+    dt_model_desc md;
+    dt_fed_desc fd;
+    FILE *csv = NULL;
+    dt_result r = DT_OK;
+    long k;
+
+    memset(&part, 0, sizeof part);
+    memset(&md, 0, sizeof md);
+    md.in_c = a->train.c; md.in_h = a->train.h; md.in_w = a->train.w; md.seed = (uint64_t)a->seed;
+    TRY(dt_zoo_create(&m, (dt_zoo_model)dt_zoo_from_name(a->model), a->train.num_classes, &md));
+    if (!strcmp(a->partition, "iid")) TRY(dt_partition_iid(&part, ntrain, (int)a->clients, (uint64_t)a->seed));
+    else if (!strcmp(a->partition, "shards")) TRY(dt_partition_shards(&part, a->train.labels, ntrain, (int)a->clients, 2, (uint64_t)a->seed));
+    else if (!strcmp(a->partition, "dirichlet"))
+        TRY(dt_partition_dirichlet(&part, a->train.labels, ntrain, a->train.num_classes, (int)a->clients, (float)a->alpha, (uint64_t)a->seed));
+    else { r = dt_set_error(DT_ERR_INVALID_ARG, "unknown --partition '%s': use iid, shards or dirichlet", a->partition); goto done; }
+    if (!strcmp(a->attack, "labelflip")) beh = DT_FED_LABELFLIP;
+    else if (!strcmp(a->attack, "signflip")) beh = DT_FED_SIGNFLIP;
+    else if (!strcmp(a->attack, "noise")) beh = DT_FED_NOISE;
+    if (!(behaviour = (int *)calloc((size_t)a->clients, sizeof(int)))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory"); goto done; }
+    for (k = 0; k < a->attackers; k++) behaviour[k] = beh;
+
+    memset(&fd, 0, sizeof fd);
+    fd.clients = (int)a->clients; fd.frac = (float)a->frac; fd.local_epochs = (int)a->local_epochs; fd.batch = a->batch;
+    fd.optim.kind = a->adam ? DT_OPTIM_ADAM : DT_OPTIM_SGD; fd.optim.lr = (float)a->lr;
+    if (a->cosine) { fd.sched.kind = DT_SCHED_COSINE; fd.sched.base_lr = (float)a->lr; fd.sched.t_max = a->rounds; }
+    fd.prox_mu = (float)a->prox_mu; fd.dropout_prob = (float)a->dropout_prob;
+    fd.agg = a->agg; fd.agg_desc.trim = (float)a->trim; fd.agg_desc.f = (int)a->krum_f;
+    fd.data = &a->train; fd.part = &part; fd.transform = &a->tt; fd.behaviour = behaviour;
+    memcpy(fd.flip, a->flip, sizeof fd.flip); fd.flip_set = a->flip_set;
+    fd.noise_std = (float)a->noise_std; fd.seed = (uint64_t)a->seed;
+    TRY(dt_fed_create(&f, c, m, &fd));
+    if (me == 0) {
+        if (a->csv && !(csv = fopen(a->csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a->csv); goto done; }
+        if (csv) fprintf(csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc\n");
+        printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s lr %g%s; "
+               "aggregator %s; attack %s by %ld clients; %d ranks (%s)\n", a->model, a->dataset, (long long)ntrain,
+               a->clients, a->partition, (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
+               a->adam ? "adam" : "sgd", a->lr, a->cosine ? " cosine" : "", dt_fed_agg_name(a->agg), a->attack, a->attackers,
+               dt_comm_size(c), dt_comm_backend_name(c));
+        fflush(stdout);
+    }
+    for (t = 0; t < a->rounds; t++) {
+        dt_fed_round_info info;
+        dt_eval_result ev;
+        double t0 = dt_time_now(), secs, cacc = 0.0;
+        TRY(dt_fed_round(f, t, &info));
+        secs = dt_time_now() - t0;
+        if (me != 0) continue;
+        TRY(dt_evaluate(m, &a->test, NULL, 0, &a->te, 1000, 1, &ev));
+        if (a->class_acc >= 0) TRY(class_accuracy(m, a, a->class_acc, &cacc));
+        printf("round %3lld/%ld  %6.2fs  lr %.4g  clients %d (dropped %d, kept %d)  train loss %.4f  test loss %.4f  "
+               "test acc %6.2f%%", (long long)t + 1, a->rounds, secs, (double)info.lr, info.selected, info.dropped, info.kept,
+               info.train_loss, ev.loss, 100.0 * ev.top1);
+        if (a->class_acc >= 0) printf("  class %ld acc %6.2f%%", a->class_acc, 100.0 * cacc);
+        printf("\n");
+        fflush(stdout);
+        if (csv) {
+            fprintf(csv, "%lld,%.3f,%g,%d,%d,%d,%.6f,%.6f,%.6f,%.6f\n", (long long)t + 1, secs, (double)info.lr, info.selected,
+                    info.dropped, info.kept, info.train_loss, ev.loss, ev.top1, cacc);
+            fflush(csv);
+        }
+    }
+done:
+    if (csv) fclose(csv);
+    dt_fed_destroy(f);
+    dt_model_destroy(m);
+    dt_partition_free(&part);
+    free(behaviour);
+    return r;
+}
+
+int main(int argc, char **argv) {
+    args a;
+    dt_launch_desc ld;
+    dt_partition none;
+    int rc;
+    memset(&a, 0, sizeof a);
+    memset(&ld, 0, sizeof ld);
+    memset(&none, 0, sizeof none);
+    ld.ranks = 4;
+    if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "fedavg: %s\n", dt_last_error()); usage(stderr); return 2; }
+    if (parse_args(argc, argv, &a)) return 2;
+    if (load_data(a.dataset, a.data, 32, a.seed, &a.train, &a.test, &a.tt, &a.te, &none) != DT_OK) {
+        fprintf(stderr, "fedavg: %s\n", dt_last_error());
+        return 1;
+    }
+    rc = dt_launch(&ld, rank_main, &a);
+    dt_dataset_free(&a.test);
+    dt_dataset_free(&a.train);
+    return rc;
+}

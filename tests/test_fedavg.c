@@ -1,0 +1,290 @@
+/* test_fedavg.c - FedAvg: each aggregator against a hand computation, the minimum-client refusals, one client
+   with C = 1 and E = 1 equal to plain training on its data, label flipping touching only the flipped labels,
+   sign flipping, dropouts that leave clients out without hanging, and 100 clients over 4 local ranks. */
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#include "dt_test.h"
+
+#define IN 12      /* features */
+#define K 4        /* classes */
+#define NS 200     /* samples */
+
+static uint8_t PIX[NS * IN];
+static int32_t LAB[NS];
+static dt_dataset DS;
+
+static void make_data(void) {
+    dt_rng r;
+    int i;
+    dt_rng_init(&r, 11, 0);
+    for (i = 0; i < NS * IN; i++) PIX[i] = (uint8_t)dt_rng_below(&r, 256);
+    for (i = 0; i < NS; i++) LAB[i] = (int32_t)dt_rng_below(&r, K);
+    memset(&DS, 0, sizeof DS);
+    DS.count = NS; DS.c = IN; DS.h = 1; DS.w = 1; DS.num_classes = K; DS.pixels = PIX; DS.labels = LAB;
+}
+
+static dt_result make_model(dt_model **m) {
+    dt_model_desc d;
+    int x;
+    memset(&d, 0, sizeof d);
+    d.in_c = IN; d.seed = 3;
+    if (dt_model_create(m, &d) != DT_OK) return DT_ERR_OUT_OF_MEMORY;
+    x = dt_model_input(*m);
+    x = dt_linear(*m, x, 8, 1);
+    x = dt_relu(*m, x);
+    x = dt_linear(*m, x, K, 1);
+    return dt_model_finalize(*m);
+}
+
+/* 5 clients, 2 coordinates, client 4 the outlier. */
+static const float U[5][2] = {{1, 1}, {2, 2}, {3, 3}, {4, 4}, {100, -100}};
+static const float *UP[5] = {U[0], U[1], U[2], U[3], U[4]};
+
+static void test_aggregators(void) {
+    float out[2] = {0, 0};
+    int kept[5], i;
+    double w[2] = {1.0, 3.0};
+    const float a[2] = {0, 4}, b[2] = {4, 0}, *ab[2] = {a, b};
+    dt_fed_agg_desc d;
+    memset(&d, 0, sizeof d);
+    d.kept = kept;
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEAN, ab, w, 2, 2, out, &d));            /* (1 * a + 3 * b) / 4 */
+    CHECK(out[0] == 3.0f && out[1] == 1.0f && kept[0] && kept[1]);
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 5, 2, out, &d));       /* sorted columns: 1 2 [3] 4 100, -100 1 [2] 3 4 */
+    CHECK(out[0] == 3.0f && out[1] == 2.0f);
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 4, 2, out, &d));       /* even n: mean of the middle two */
+    CHECK(out[0] == 2.5f && out[1] == 2.5f);
+    d.trim = 0.2f;                                                            /* 1 cut at each end */
+    CHECK_OK(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 5, 2, out, &d));     /* mean(2,3,4), mean(1,2,3) */
+    CHECK(fabsf(out[0] - 3.0f) < 1e-6f && fabsf(out[1] - 2.0f) < 1e-6f);
+    /* Krum, f = 1: scores over the 2 nearest: 10, 4, 4, 10, huge; the tie goes to client 1 */
+    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, &d));
+    CHECK(out[0] == 2.0f && out[1] == 2.0f);
+    CHECK(!kept[0] && kept[1] && !kept[2] && !kept[3] && !kept[4]);
+    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, &d));   /* the n - f = 4 best: all but client 4 */
+    CHECK(out[0] == 2.5f && out[1] == 2.5f && !kept[4]);
+    for (i = 0; i < 4; i++) CHECK(kept[i]);
+    d.m = 2;                                                                  /* clients 1 and 2 */
+    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, &d));
+    CHECK(out[0] == 2.5f && out[1] == 2.5f && kept[1] && kept[2] && !kept[0] && !kept[3]);
+}
+
+static void test_classmean(void) {
+    /* last layer [2 classes, 2], then one bias-like coordinate; client 3 moved class 1's row */
+    float u[5][5] = {{1, 1, 0, 0, 9}, {1.1f, 1, 0.1f, 0, 9}, {0.9f, 1, 0, 0.1f, 9}, {1, 1, 5, -5, 9}, {1, 0.9f, 0, 0, 9}};
+    const float *p[5] = {u[0], u[1], u[2], u[3], u[4]};
+    double w[5] = {1, 1, 1, 1, 1};
+    float out[5] = {0, 0, 0, 0, 0};
+    int kept[5];
+    dt_fed_agg_desc d;
+    memset(&d, 0, sizeof d);
+    d.kept = kept; d.cm_offset = 0; d.cm_rows = 2; d.cm_cols = 2;
+    CHECK_OK(dt_fed_aggregate(DT_FED_CLASSMEAN, p, w, 5, 5, out, &d));
+    CHECK(kept[0] && kept[1] && kept[2] && !kept[3] && kept[4]);
+    CHECK(fabsf(out[2] - 0.025f) < 1e-6f && fabsf(out[4] - 9.0f) < 1e-6f);
+}
+
+static void test_refusals(void) {
+    float out[2] = {0, 0};
+    double bad[2] = {1.0, 0.0};
+    dt_fed_agg_desc d;
+    memset(&d, 0, sizeof d);
+    CHECK_ERR(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 4, 2, out, &d), DT_ERR_INVALID_ARG);       /* 4 < 2f + 3 = 5 */
+    d.f = 2;
+    CHECK_ERR(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, &d), DT_ERR_INVALID_ARG);  /* 5 < 7 */
+    d.trim = 0.5f;
+    CHECK_ERR(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 4, 2, out, &d), DT_ERR_INVALID_ARG);    /* cuts 2 + 2 of 4 */
+    d.cm_rows = 1; d.cm_cols = 2;
+    CHECK_ERR(dt_fed_aggregate(DT_FED_CLASSMEAN, UP, NULL, 2, 2, out, &d), DT_ERR_INVALID_ARG);  /* needs 3 clients */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_MEAN, UP, bad, 2, 2, out, NULL), DT_ERR_INVALID_ARG);      /* zero weight */
+}
+
+/* One round of FedAvg on the self communicator; params [n] receives the new global model. */
+static void fed_once(const dt_partition *part, int nclients, const int *behaviour, int flip_from, int flip_to,
+                     float prox_mu, float *params, int64_t n) {
+    dt_comm *c = NULL;
+    dt_model *m = NULL;
+    dt_fed *f = NULL;
+    dt_fed_desc fd;
+    dt_fed_round_info info;
+    memset(&fd, 0, sizeof fd);
+    fd.clients = nclients; fd.batch = 7; fd.optim.lr = 0.1f; fd.data = &DS; fd.part = part; fd.seed = 5;
+    fd.behaviour = behaviour; fd.prox_mu = prox_mu;
+    if (flip_from >= 0) {
+        int i;
+        for (i = 0; i < K; i++) fd.flip[i] = i;
+        fd.flip[flip_from] = flip_to;
+        fd.flip_set = 1;
+    }
+    CHECK_OK(dt_comm_create_self(&c, NULL));
+    CHECK_OK(make_model(&m));
+    CHECK_OK(dt_fed_create(&f, c, m, &fd));
+    if (f) {
+        CHECK_OK(dt_fed_round(f, 0, &info));
+        CHECK(info.selected == nclients && info.dropped == 0 && info.kept == nclients);
+    }
+    CHECK_OK(dt_model_get_params(m, params, n));
+    dt_fed_destroy(f);
+    dt_model_destroy(m);
+    dt_comm_destroy(c);
+}
+
+/* FedAvg with one client, C = 1, E = 1: the same parameters as plain training on that client's data. */
+static void test_one_client_equals_plain(void) {
+    dt_partition part;
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_loader *l = NULL;
+    dt_optim_desc od;
+    dt_loader_desc ld;
+    const float *x;
+    const int32_t *y;
+    int64_t nb, n;
+    float loss, *a, *b;
+    CHECK_OK(dt_partition_iid(&part, NS, 1, 9));
+    CHECK_OK(make_model(&m));
+    n = dt_model_param_count(m);
+    a = (float *)malloc(sizeof(float) * (size_t)n);
+    b = (float *)malloc(sizeof(float) * (size_t)n);
+    memset(&od, 0, sizeof od);
+    od.lr = 0.1f;
+    memset(&ld, 0, sizeof ld);
+    ld.dataset = &DS; ld.indices = part.indices; ld.count = NS; ld.batch = 7; ld.shuffle = 1; ld.seed = 5; ld.rank = 0;
+    CHECK_OK(dt_optim_create(&o, m, &od));
+    CHECK_OK(dt_loader_create(&l, &ld));
+    CHECK_OK(dt_loader_start_epoch(l, 0));
+    while (dt_loader_next(l, &x, &y, &nb) == 1) {
+        dt_model_zero_grad(m);
+        CHECK_OK(dt_model_forward(m, x, nb));
+        CHECK_OK(dt_model_loss_labels(m, y, &loss));
+        CHECK_OK(dt_model_backward(m, NULL));
+        CHECK_OK(dt_optim_step(o));
+    }
+    CHECK_OK(dt_model_get_params(m, a, n));
+    fed_once(&part, 1, NULL, -1, 0, 0.0f, b, n);
+    CHECK_CLOSE(b, a, n, 1e-6, "one client vs plain training");
+    {   /* sign flipping: the global model moves the other way, w0 - delta */
+        int sf = DT_FED_SIGNFLIP;
+        float *w0 = (float *)malloc(sizeof(float) * (size_t)n), *c = (float *)malloc(sizeof(float) * (size_t)n);
+        int64_t j;
+        dt_model *m0 = NULL;
+        CHECK_OK(make_model(&m0));
+        CHECK_OK(dt_model_get_params(m0, w0, n));
+        fed_once(&part, 1, &sf, -1, 0, 0.0f, c, n);
+        for (j = 0; j < n; j++) c[j] = 2.0f * w0[j] - c[j];   /* w0 + delta */
+        CHECK_CLOSE(c, a, n, 1e-5, "sign flipping negates the update");
+        fed_once(&part, 1, NULL, -1, 0, 0.5f, c, n);           /* FedProx pulls towards w0: a different model */
+        CHECK(dt_t_relerr(c, a, n) > 1e-4);
+        dt_model_destroy(m0);
+        free(w0); free(c);
+    }
+    free(a); free(b);
+    dt_loader_destroy(l);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    dt_partition_free(&part);
+}
+
+/* Label flipping 1 -> 3 changes nothing on data without label 1, and changes the model on data with it. */
+static void test_label_flip(void) {
+    dt_partition part;
+    int64_t n, i, cnt = 0, *ids = (int64_t *)malloc(sizeof(int64_t) * NS);
+    int lf = DT_FED_LABELFLIP;
+    float *a, *b;
+    dt_model *m = NULL;
+    CHECK_OK(make_model(&m));
+    n = dt_model_param_count(m);
+    dt_model_destroy(m);
+    a = (float *)malloc(sizeof(float) * (size_t)n);
+    b = (float *)malloc(sizeof(float) * (size_t)n);
+    for (i = 0; i < NS; i++) if (LAB[i] != 1) ids[cnt++] = i;
+    {   /* one client holding only the samples whose label is not 1 */
+        int64_t off[2];
+        off[0] = 0; off[1] = cnt;
+        part.parts = 1; part.offsets = off; part.indices = ids;
+        fed_once(&part, 1, NULL, -1, 0, 0.0f, a, n);
+        fed_once(&part, 1, &lf, 1, 3, 0.0f, b, n);
+        CHECK(memcmp(a, b, sizeof(float) * (size_t)n) == 0);
+        fed_once(&part, 1, &lf, 2, 3, 0.0f, b, n);             /* flipping a label it has */
+        CHECK(memcmp(a, b, sizeof(float) * (size_t)n) != 0);
+    }
+    free(ids); free(a); free(b);
+}
+
+typedef struct run_arg { int clients; float frac, dropout; int rounds; int dropped, kept, selected; } run_arg;
+
+static dt_result run_rank(dt_comm *c, void *arg) {
+    run_arg *ra = (run_arg *)arg;
+    dt_model *m = NULL;
+    dt_fed *f = NULL;
+    dt_partition part;
+    dt_fed_desc fd;
+    dt_fed_round_info info;
+    dt_result r;
+    int64_t t;
+    memset(&part, 0, sizeof part);
+    if ((r = make_model(&m)) != DT_OK || (r = dt_partition_iid(&part, NS, ra->clients, 1)) != DT_OK) goto done;
+    memset(&fd, 0, sizeof fd);
+    fd.clients = ra->clients; fd.frac = ra->frac; fd.dropout_prob = ra->dropout; fd.batch = 4; fd.optim.lr = 0.05f;
+    fd.data = &DS; fd.part = &part; fd.seed = 2;
+    if ((r = dt_fed_create(&f, c, m, &fd)) != DT_OK) goto done;
+    for (t = 0; t < ra->rounds && r == DT_OK; t++) {
+        r = dt_fed_round(f, t, &info);
+        if (r == DT_OK && dt_comm_rank(c) == 0) {
+            int *kept = (int *)malloc(sizeof(int) * (size_t)ra->clients), *sel = (int *)malloc(sizeof(int) * (size_t)ra->clients),
+                *drop = (int *)malloc(sizeof(int) * (size_t)ra->clients), i, ns, bad = 0;
+            dt_fed_last_kept(f, kept);
+            ns = dt_fed_draw(f, t, sel, drop);
+            for (i = 0; i < ns; i++) bad += kept[sel[i]] == drop[i];   /* dropped ones are out, the others in */
+            if (bad) r = dt_set_error(DT_ERR_STATE, "round %lld: %d clients kept or left out wrongly", (long long)t, bad);
+            ra->dropped += info.dropped; ra->kept += info.kept; ra->selected += info.selected;
+            free(kept); free(sel); free(drop);
+        }
+    }
+done:
+    dt_fed_destroy(f);
+    dt_model_destroy(m);
+    dt_partition_free(&part);
+    return r;
+}
+
+static dt_result launch(int ranks, run_arg *ra) {
+    dt_launch_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.ranks = ranks; ld.threads_per_rank = 1; ld.comm.timeout = 20.0;
+    return dt_launch_local(&ld, run_rank, ra, NULL);
+}
+
+static void test_dropout(void) {
+    run_arg ra;
+    memset(&ra, 0, sizeof ra);
+    ra.clients = 10; ra.frac = 0.5f; ra.dropout = 0.4f; ra.rounds = 4;
+    CHECK_OK(launch(3, &ra));
+    CHECK(ra.selected == 20 && ra.dropped > 0 && ra.kept == ra.selected - ra.dropped);
+}
+
+static void test_hundred_clients(void) {
+    run_arg ra;
+    memset(&ra, 0, sizeof ra);
+    ra.clients = 100; ra.frac = 1.0f; ra.rounds = 2;
+    CHECK_OK(launch(4, &ra));
+    CHECK(ra.selected == 200 && ra.kept == 200);
+    memset(&ra, 0, sizeof ra);
+    ra.clients = 100; ra.frac = 0.1f; ra.rounds = 3;
+    CHECK_OK(launch(1, &ra));                                  /* one rank: everything on rank 0 */
+    CHECK(ra.selected == 30 && ra.kept == 30);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) dt_t_only = argv[1];
+    dt_log_configure(NULL, NULL, DT_LOG_ERROR);
+    make_data();
+    RUN(test_aggregators);
+    RUN(test_classmean);
+    RUN(test_refusals);
+    RUN(test_one_client_equals_plain);
+    RUN(test_label_flip);
+    RUN(test_dropout);
+    RUN(test_hundred_clients);
+    return dt_t_summary();
+}
