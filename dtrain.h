@@ -7137,6 +7137,27 @@ dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_chec
     return r;
 }
 
+/* ---- shared by the trainers -------------------------------------------------------------------- */
+
+/* Collective, for every trainer's create: checks that all ranks built a model of the same size (one
+   all-reduce of {n, -n} with MAX: both come back unchanged only when every n is equal), then, with
+   broadcast set, gives every rank rank 0's parameters and buffers so the replicas start equal. */
+static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast) {
+    int64_t nb = 0, n, v[2];
+    float *b = dt_model_buffers(m, &nb);
+    dt_result r;
+    n = m->nparams + nb;
+    v[0] = n;
+    v[1] = -n;
+    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
+    if (v[0] != n || -v[1] != n)
+        return dt_set_error(DT_ERR_MISMATCH, "%s: rank %d: its model has %lld parameters and buffers but another rank's has %lld: "
+                            "every rank must build the same model", fn, c->rank, (long long)n, (long long)(v[0] != n ? v[0] : -v[1]));
+    if (!broadcast) return DT_OK;
+    if ((r = dt_comm_broadcast(c, m->params, (size_t)m->nparams, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    return nb > 0 ? dt_comm_broadcast(c, b, (size_t)nb, DT_F32, 0, DT_ALGO_AUTO) : DT_OK;
+}
+
 /* ---- local SGD and Hogwild ---------------------------------------------------------------------- */
 
 struct dt_localsgd {
@@ -7151,8 +7172,6 @@ dt_result dt_localsgd_create(dt_localsgd **out, dt_comm *c, dt_model *m, const d
     dt_localsgd_desc dd;
     dt_localsgd *d;
     dt_result r;
-    int64_t v[2], nb = 0;
-    float *b;
     int me = c ? c->rank : -1;
     if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: out is NULL");
     *out = NULL;
@@ -7165,17 +7184,7 @@ dt_result dt_localsgd_create(dt_localsgd **out, dt_comm *c, dt_model *m, const d
     if (dd.period < 0 || dd.algo < 0 || dd.algo >= DT_ALGO_COUNT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: rank %d: bad desc (period %d, algo %d): period is >= 0 "
                             "(0 = only at dt_localsgd_average), algo a dt_algo", me, dd.period, (int)dd.algo);
-    /* every rank the same model (max of n and of -n), then rank 0's values everywhere */
-    v[0] = m->nparams;
-    v[1] = -m->nparams;
-    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
-    if (v[0] != m->nparams || -v[1] != m->nparams)
-        return dt_set_error(DT_ERR_MISMATCH, "dt_localsgd_create: rank %d: its model has %lld parameters but another rank's "
-                            "has %lld: every rank must build the same model", me, (long long)m->nparams,
-                            (long long)(v[0] != m->nparams ? v[0] : -v[1]));
-    if ((r = dt_comm_broadcast(c, m->params, (size_t)m->nparams, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
-    b = dt_model_buffers(m, &nb);
-    if (nb > 0 && (r = dt_comm_broadcast(c, b, (size_t)nb, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    if ((r = dt__same_model(c, m, "dt_localsgd_create", 1)) != DT_OK) return r;
     if (!(d = (dt_localsgd *)DT_MALLOC(sizeof *d))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_localsgd_create: rank %d: no memory", me);
     memset(d, 0, sizeof *d);
     d->comm = c;
@@ -7499,20 +7508,14 @@ static dt_result dt__ddp_plan(dt_ddp *d) {
 }
 
 dt_result dt_ddp_broadcast_params(dt_ddp *d) {
-    int64_t nb = 0;
-    float *b;
-    dt_result r;
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_broadcast_params: ddp is NULL");
-    if ((r = dt_comm_broadcast(d->comm, d->model->params, (size_t)d->n, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
-    b = dt_model_buffers(d->model, &nb);
-    return nb > 0 ? dt_comm_broadcast(d->comm, b, (size_t)nb, DT_F32, 0, DT_ALGO_AUTO) : DT_OK;
+    return dt__same_model(d->comm, d->model, "dt_ddp_broadcast_params", 1);
 }
 
 dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc) {
     dt_ddp_desc dd;
     dt_ddp *d;
     dt_result r;
-    int64_t v[2];
     int me = c ? c->rank : -1;
     if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: out is NULL");
     *out = NULL;
@@ -7547,13 +7550,7 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
                                 "(the parameter server's buffer); use --sync flat or buckets", c->size, (long long)m->nparams);
         }
     }
-    v[0] = d->n;   /* the same model everywhere: max of n and of -n */
-    v[1] = -d->n;
-    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) == DT_OK && (v[0] != d->n || -v[1] != d->n))
-        r = dt_set_error(DT_ERR_MISMATCH, "dt_ddp_create: rank %d: its model has %lld parameters but another rank's has %lld: "
-                         "every rank must build the same model", me, (long long)d->n, (long long)(v[0] != d->n ? v[0] : -v[1]));
-    if (r == DT_OK) r = dt_ddp_broadcast_params(d);
-    if (r != DT_OK) { dt__ddp_free(d); return r; }
+    if ((r = dt__same_model(c, m, "dt_ddp_create", 1)) != DT_OK) { dt__ddp_free(d); return r; }
     /* the helper thread calls the communicator: local ranks only (MPI is initialised FUNNELED) */
 #if DT__HAVE_THREADS
     if (dd.method == DT_DDP_BUCKETS && !dd.no_overlap && c->size > 1 && strcmp(dt_comm_backend_name(c), "local") == 0) {
@@ -7782,7 +7779,7 @@ dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topo
     dt_dpsgd_desc dd;
     dt_dpsgd *d;
     dt_result r;
-    int64_t v[2], big;
+    int64_t big;
     int me = c ? c->rank : -1, q;
     if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: out is NULL");
     *out = NULL;
@@ -7829,15 +7826,7 @@ dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topo
         int j = q == d->self_at ? me : d->nbrs[q - (q > d->self_at)];
         d->w[q] = t->weights[(int64_t)me * t->world + j];
     }
-    v[0] = d->n + d->nb;   /* the same model everywhere: max of n and of -n */
-    v[1] = -v[0];
-    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) == DT_OK && (v[0] != d->n + d->nb || -v[1] != d->n + d->nb))
-        r = dt_set_error(DT_ERR_MISMATCH, "dt_dpsgd_create: rank %d: its model has %lld parameters and buffers but another rank's "
-                         "has %lld: every rank must build the same model", me, (long long)(d->n + d->nb),
-                         (long long)(v[0] != d->n + d->nb ? v[0] : -v[1]));
-    if (r == DT_OK) r = dt_comm_broadcast(c, m->params, (size_t)d->n, DT_F32, 0, DT_ALGO_AUTO);
-    if (r == DT_OK && d->nb) r = dt_comm_broadcast(c, dt_model_buffers(m, NULL), (size_t)d->nb, DT_F32, 0, DT_ALGO_AUTO);
-    if (r != DT_OK) { dt__dpsgd_free(d); return r; }
+    if ((r = dt__same_model(c, m, "dt_dpsgd_create", 1)) != DT_OK) { dt__dpsgd_free(d); return r; }
     *out = d;
     return DT_OK;
 }
@@ -8188,7 +8177,6 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     dt_fed_desc d;
     int me = c ? c->rank : -1, i, nc;
     size_t n;
-    int64_t v[2];
     dt_result r;
     if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: out is NULL");
     *out = NULL;
@@ -8258,11 +8246,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
         f->behaviour[i] = desc->behaviour ? desc->behaviour[i] : DT_FED_HONEST;
         f->last_kept[i] = 0;
     }
-    v[0] = f->n; v[1] = -f->n;   /* the same model everywhere */
-    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) == DT_OK && (v[0] != f->n || -v[1] != f->n))
-        r = dt_set_error(DT_ERR_MISMATCH, "dt_fed_create: rank %d: its model has %lld parameters but another rank's differs: "
-                         "every rank must build the same model", me, (long long)f->n);
-    if (r != DT_OK) { dt_fed_destroy(f); return r; }
+    if ((r = dt__same_model(c, m, "dt_fed_create", 0)) != DT_OK) { dt_fed_destroy(f); return r; }
     *out = f;
     return DT_OK;
 }
