@@ -129,8 +129,9 @@
      5. data     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, the loader
      6. comm     gossip topologies; the communicator: point-to-point, collectives and their algorithms,
                  the self and local backends, faults and counters; the launcher
-     7. train    evaluation, checkpoints, DDP (data-parallel SGD: gradient averaging by five methods,
-                 buckets overlapped with backward, accumulation, uneven data, BatchNorm statistics)
+     7. train    evaluation, checkpoints, and the trainers: local SGD and Hogwild, DDP (gradient averaging
+                 by five methods, buckets overlapped with backward, accumulation, uneven data), D-PSGD
+                 (gossip through a mixing matrix), FedAvg (server and clients, robust aggregation, attacks)
 */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -962,7 +963,7 @@ dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, 
 int dt_current_rank(void);
 
 /* ============================================================================================== */
-/* 7. train: evaluation, checkpoints, DDP                                                         */
+/* 7. train: evaluation, checkpoints, the trainers (local SGD, Hogwild, DDP, D-PSGD, FedAvg)      */
 /* ============================================================================================== */
 
 /* Loss and accuracy of a classifier over samples idx[0..count) of ds (idx NULL = all), in eval mode
