@@ -963,7 +963,7 @@ dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, 
 int dt_current_rank(void);
 
 /* ============================================================================================== */
-/* 7. train: evaluation, checkpoints, the trainers (local SGD, Hogwild, DDP, D-PSGD, FedAvg)       */
+/* 7. train: evaluation, checkpoints, the trainers (local SGD, Hogwild, DDP, D-PSGD, FedAvg)      */
 /* ============================================================================================== */
 
 /* Loss and accuracy of a classifier over samples idx[0..count) of ds (idx NULL = all), in eval mode
