@@ -6,6 +6,7 @@
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
 #   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch by DDP on 4 local ranks
+#   make scaling      DDP time per epoch on 1..4 local ranks, with a chart (build/bench/scaling.png)
 #   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
@@ -57,6 +58,9 @@ test: all
 demo: $(B)/examples/ddp
 	$(B)/examples/ddp --ranks 4 --model simplecnn --epochs 1
 
+scaling: $(B)/examples/ddp
+	sh bench/scaling.sh $(B)
+
 bench-comm: $(B)/bench/bench_comm
 	sh bench/comm.sh $(B)
 
@@ -67,4 +71,4 @@ fixtures:
 clean:
 	rm -rf build build-mpi
 
-.PHONY: all test demo bench-comm fixtures clean
+.PHONY: all test demo scaling bench-comm fixtures clean
