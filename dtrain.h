@@ -5394,15 +5394,30 @@ const char *dt_dtype_name(dt_dtype t) {
     static const char *n[] = {"f32", "f64", "i32", "i64", "u8"};
     return (t >= DT_F32 && t < DT_DTYPE_COUNT) ? n[t] : "unknown";
 }
-const char *dt_algo_name(dt_algo a) {
-    static const char *n[] = {"auto", "naive", "ring", "tree", "native"};
-    return (a >= DT_ALGO_AUTO && a < DT_ALGO_COUNT) ? n[a] : "unknown";
+/* The names of an enum's values, shared by the dt_*_name / dt_*_parse pairs: the name of k ("unknown"
+   outside 0..n-1), and the value named s (or DT_ERR_INVALID_ARG listing the choices; what names the kind). */
+static const char *dt__enum_name(const char *const *names, int n, int k) { return k >= 0 && k < n ? names[k] : "unknown"; }
+static dt_result dt__enum_parse(const char *const *names, int n, const char *s, int *out, const char *what) {
+    char list[256];
+    size_t len = 0;
+    int k;
+    for (k = 0; s && k < n; k++)
+        if (strcmp(s, names[k]) == 0) { *out = k; return DT_OK; }
+    list[0] = 0;
+    for (k = 0; k < n && len < sizeof list; k++) {
+        int w = snprintf(list + len, sizeof list - len, "%s%s", k == 0 ? "" : k == n - 1 ? " or " : ", ", names[k]);
+        if (w > 0) len += (size_t)w;
+    }
+    return dt_set_error(DT_ERR_INVALID_ARG, "unknown %s '%s': use %s", what, s ? s : "(null)", list);
 }
+
+static const char *const dt__algo_names[DT_ALGO_COUNT] = {"auto", "naive", "ring", "tree", "native"};
+const char *dt_algo_name(dt_algo a) { return dt__enum_name(dt__algo_names, DT_ALGO_COUNT, (int)a); }
 dt_result dt_algo_parse(const char *s, dt_algo *out) {
-    int a;
-    for (a = 0; s && a < DT_ALGO_COUNT; a++)
-        if (strcmp(s, dt_algo_name((dt_algo)a)) == 0) { *out = (dt_algo)a; return DT_OK; }
-    return dt_set_error(DT_ERR_INVALID_ARG, "unknown collective algorithm '%s': use auto, naive, ring, tree or native", s ? s : "(null)");
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__algo_names, DT_ALGO_COUNT, s, &k, "collective algorithm");
+    if (r == DT_OK && out) *out = (dt_algo)k;
+    return r;
 }
 static const char *dt__reduce_name(int op) {
     static const char *n[] = {"sum", "mean", "max", "min"};
@@ -7321,20 +7336,14 @@ dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr) {
    from the agreement to the end of backward: the backward hook moves `ready` down the buffer and the
    helper reduces each bucket as soon as `ready` has passed its start. */
 
-const char *dt_ddp_method_name(dt_ddp_method k) {
-    static const char *names[DT_DDP_METHOD_COUNT] = {"buckets", "flat", "per-layer", "ps", "p2p"};
-    return (k >= 0 && k < DT_DDP_METHOD_COUNT) ? names[k] : "unknown";
-}
+static const char *const dt__ddp_method_names[DT_DDP_METHOD_COUNT] = {"buckets", "flat", "per-layer", "ps", "p2p"};
+const char *dt_ddp_method_name(dt_ddp_method k) { return dt__enum_name(dt__ddp_method_names, DT_DDP_METHOD_COUNT, (int)k); }
 
 dt_result dt_ddp_method_parse(const char *s, dt_ddp_method *out) {
-    int k;
-    for (k = 0; s && k < DT_DDP_METHOD_COUNT; k++)
-        if (strcmp(s, dt_ddp_method_name((dt_ddp_method)k)) == 0) {
-            if (out) *out = (dt_ddp_method)k;
-            return DT_OK;
-        }
-    return dt_set_error(DT_ERR_INVALID_ARG, "unknown DDP sync method '%s': use buckets, flat, per-layer, ps or p2p",
-                        s ? s : "(null)");
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__ddp_method_names, DT_DDP_METHOD_COUNT, s, &k, "DDP sync method");
+    if (r == DT_OK && out) *out = (dt_ddp_method)k;
+    return r;
 }
 
 struct dt_ddp {
@@ -7700,20 +7709,14 @@ int dt_ddp_overlapped(const dt_ddp *d) { return d ? d->overlap : 0; }
    itself in its place), in double, then adds the local update x_i' - x_i (zero when nothing stepped in
    between), so with the fully connected topology every rank computes the same average bit for bit. */
 
-const char *dt_dpsgd_order_name(dt_dpsgd_order k) {
-    static const char *names[DT_DPSGD_ORDER_COUNT] = {"cta", "atc"};
-    return (k >= 0 && k < DT_DPSGD_ORDER_COUNT) ? names[k] : "unknown";
-}
+static const char *const dt__dpsgd_order_names[DT_DPSGD_ORDER_COUNT] = {"cta", "atc"};
+const char *dt_dpsgd_order_name(dt_dpsgd_order k) { return dt__enum_name(dt__dpsgd_order_names, DT_DPSGD_ORDER_COUNT, (int)k); }
 
 dt_result dt_dpsgd_order_parse(const char *s, dt_dpsgd_order *out) {
-    int k;
-    for (k = 0; s && k < DT_DPSGD_ORDER_COUNT; k++)
-        if (strcmp(s, dt_dpsgd_order_name((dt_dpsgd_order)k)) == 0) {
-            if (out) *out = (dt_dpsgd_order)k;
-            return DT_OK;
-        }
-    return dt_set_error(DT_ERR_INVALID_ARG, "unknown D-PSGD order '%s': use cta (combine then adapt) or atc (adapt then combine)",
-                        s ? s : "(null)");
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__dpsgd_order_names, DT_DPSGD_ORDER_COUNT, s, &k, "D-PSGD order (cta: combine then adapt, atc: adapt then combine)");
+    if (r == DT_OK && out) *out = (dt_dpsgd_order)k;
+    return r;
 }
 
 struct dt_dpsgd {
@@ -7918,20 +7921,14 @@ dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d) {
    train and the server knows which updates to expect; it posts one receive per reporting client, in client
    order, which matches the order each host sends in (same tag, same source: messages keep their order). */
 
-const char *dt_fed_agg_name(dt_fed_agg k) {
-    static const char *names[DT_FED_AGG_COUNT] = {"mean", "median", "trimmed", "krum", "multikrum", "classmean"};
-    return (k >= 0 && k < DT_FED_AGG_COUNT) ? names[k] : "unknown";
-}
+static const char *const dt__fed_agg_names[DT_FED_AGG_COUNT] = {"mean", "median", "trimmed", "krum", "multikrum", "classmean"};
+const char *dt_fed_agg_name(dt_fed_agg k) { return dt__enum_name(dt__fed_agg_names, DT_FED_AGG_COUNT, (int)k); }
 
 dt_result dt_fed_agg_parse(const char *s, dt_fed_agg *out) {
-    int k;
-    for (k = 0; s && k < DT_FED_AGG_COUNT; k++)
-        if (strcmp(s, dt_fed_agg_name((dt_fed_agg)k)) == 0) {
-            if (out) *out = (dt_fed_agg)k;
-            return DT_OK;
-        }
-    return dt_set_error(DT_ERR_INVALID_ARG, "unknown aggregator '%s': use mean, median, trimmed, krum, multikrum or classmean",
-                        s ? s : "(null)");
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__fed_agg_names, DT_FED_AGG_COUNT, s, &k, "aggregator");
+    if (r == DT_OK && out) *out = (dt_fed_agg)k;
+    return r;
 }
 
 /* Insertion sort: the columns are as short as the number of clients, and it is stable. */
