@@ -246,7 +246,7 @@ static void test_bad_args(void) {
     dt_dpsgd_desc dd;
     dt_model_desc md;
     dt_optim_desc od;
-    dt_dpsgd_order ord;
+    dt_dpsgd_order ord = DT_DPSGD_COMBINE_THEN_ADAPT;
     float before[NP], after[NP], g[NP];
     double dist;
     int k;
