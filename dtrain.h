@@ -6098,7 +6098,6 @@ typedef struct dt__lworld {
     char      *small;                   /* [2][n][DT__LOCAL_SMALL] slots for small native all-reduces */
     dt__lrank *r;
     dt_comm  **comms;
-    int        fail_count;              /* ranks that failed, in order */
     char       cause[400];              /* the first failure that was not DT_ERR_PEER: the root cause */
 } dt__lworld;
 
@@ -6548,7 +6547,6 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
         dt__mutex_unlock(&o->mu);
     }
     dt__mutex_lock(&W->mu);
-    if (res != DT_OK) W->fail_count++;
     dt__cond_broadcast(&W->cv);
     dt__mutex_unlock(&W->mu);
 }
