@@ -112,7 +112,9 @@
      DT_ERR_PEER or DT_ERR_TIMEOUT naming the operation, its sequence number and the missing ranks, and
      ranks that call different collectives get DT_ERR_MISMATCH. A communicator that failed stays failed.
      Logging: rank 0's lines are the log; other ranks' warnings and errors are shown prefixed "[rank r]"
-     (all their lines with --log-all-ranks).
+     (all their lines with --log-all-ranks). Timeline: with --trace PATH (dt_launch_desc.trace_path) every
+     rank records spans of its compute and communication, written to PATH as a Chrome trace (JSON) for
+     https://ui.perfetto.dev when the ranks finish; dt_trace_begin/dt_trace_end add the program's own.
 
    BACKENDS
      Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
@@ -227,6 +229,20 @@ void dt_progress_update(dt_progress *p, int64_t done, const char *fmt, ...)
 #endif
     ;
 void dt_progress_end(dt_progress *p);  /* erases the bar, so the next log line starts clean */
+
+/* Timeline. With dt_launch_desc.trace_path set (the --trace PATH flag), dt_launch records spans of each
+   rank's compute and communication (forward, loss, backward, optimizer steps, loader waits, every
+   collective and point-to-point wait, DDP's buckets, gossip, FedAvg's clients and aggregation) and writes
+   them to PATH in the Chrome trace event format (JSON; open it in https://ui.perfetto.dev or
+   chrome://tracing): one process per rank, one thread per lane (the rank's thread; DDP's helper thread).
+   These calls add the program's own spans on the calling thread. Spans nest: dt_trace_end closes the
+   latest span begun. name and category are stored, not copied: they must stay valid until dt_launch
+   returns (string literals do). Outside dt_launch, on threads of its own, or with tracing off, every
+   call is one branch and records nothing. */
+void dt_trace_begin(const char *name, const char *category);
+void dt_trace_end(void);
+void dt_trace_instant(const char *name, const char *category);   /* a point in time */
+int  dt_trace_enabled(void);   /* 1 when the calling thread records */
 
 /* ============================================================================================== */
 /* 2. tensor and backend ops                                                                      */
@@ -938,7 +954,12 @@ typedef struct dt_launch_desc {
     int          threads_per_rank; /* OpenMP threads of each rank: 0 = cores / ranks, at least 1 */
     int          log_all_ranks;    /* show ranks > 0's info lines too (always shown: warnings, errors) */
     dt_comm_desc comm;
+    const char  *trace_path;       /* write a timeline of every rank here (Chrome trace JSON); NULL = off */
+    int64_t      trace_max_events; /* events kept per rank and lane; later ones are dropped and counted
+                                      (0 = DT_TRACE_MAX_EVENTS) */
 } dt_launch_desc;
+
+#define DT_TRACE_MAX_EVENTS (1 << 19)   /* about 60 MB per lane at most, allocated as events come */
 
 /* Takes the launcher's flags out of argv (argc updated), leaving the program's own:
      --ranks N            local ranks (threads in this process)
@@ -948,13 +969,19 @@ typedef struct dt_launch_desc {
      --link-bandwidth B   link model: bytes per second per link, with suffix K, M or G (local ranks)
      --threads-per-rank T OpenMP threads per rank
      --log-all-ranks      show every rank's log lines, prefixed "[rank r]"
+     --trace PATH         write a timeline of every rank's compute and communication to PATH (Chrome
+                          trace JSON, for https://ui.perfetto.dev or chrome://tracing)
+     --trace-max-events N events kept per rank and thread (default DT_TRACE_MAX_EVENTS)
    Returns DT_ERR_INVALID_ARG naming a bad value. */
 dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d);
 
 /* Runs fn on every rank and returns 0 when every rank returned DT_OK, else 1 after logging each failed
    rank's error. Under mpiexec (built with DT_USE_MPI) each process is one rank on MPI_COMM_WORLD;
    otherwise desc->ranks threads on the local backend (1 rank: the self backend). Log lines of rank r > 0
-   are prefixed "[rank r]" and, unless log_all_ranks, only warnings and errors are shown. */
+   are prefixed "[rank r]" and, unless log_all_ranks, only warnings and errors are shown. With trace_path,
+   the timeline is written after the ranks have finished, also when one failed; a trace that cannot be
+   written makes the run fail (1) with a message naming the path. Under MPI rank 0 gathers every rank's
+   events and writes the file; when that fails (a rank has died) each rank writes PATH.rank<r>. */
 int dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
 /* The same on local ranks, returning each rank's result in results[ranks] (may be NULL) and the first
    failure (the lowest failed rank's) as the return value, with its message in dt_last_error(). */
@@ -1514,6 +1541,95 @@ void dt_progress_end(dt_progress *p) {
     fprintf((FILE *)p->out, "\r\033[K");
     fflush((FILE *)p->out);
     p->drawn = 0;
+}
+
+/* ---- the timeline recorder ----------------------------------------------------------------------
+   Every rank has DT__TRACE_LANES lanes (0: the rank's thread, 1: DDP's helper thread), and a thread
+   records into the lane its thread-local pointer names: each lane has one writer, nothing is locked, and
+   the launcher reads the lanes after the threads have been joined. NULL (tracing off, or a thread of no
+   rank) costs one branch. Events are kept in begin order; a span's end fills in t1 of the event its
+   begin appended, found through a stack of open spans. */
+#define DT__TRACE_LANES 2
+#define DT__TRACE_DEPTH 32     /* open spans per lane; deeper ones are dropped */
+#define DT__TRACE_ARGS 3
+typedef struct dt__trace_kv { const char *key, *s; int64_t v; } dt__trace_kv;   /* s NULL: the number v */
+typedef struct dt__trace_ev {
+    const char   *name, *cat;
+    double        t0, t1;      /* seconds since the origin; t1 < 0: not ended yet */
+    char          ph;          /* 'X' a span, 'i' an instant */
+    char          nargs;
+    dt__trace_kv  arg[DT__TRACE_ARGS];
+} dt__trace_ev;
+typedef struct dt__trace_lane {
+    dt__trace_ev *ev;
+    int64_t       n, cap, max, dropped;
+    int64_t       open[DT__TRACE_DEPTH];   /* the open spans' events (-1: dropped) */
+    int           depth, lane;
+    double        origin;                  /* dt_time_now() of time 0 */
+} dt__trace_lane;
+static DT__THREAD_LOCAL dt__trace_lane *dt__tls_trace = NULL;
+
+/* Appends an event; -1 when the lane is full (counted) or out of memory. */
+static int64_t dt__trace_add(dt__trace_lane *L, const char *name, const char *cat, char ph) {
+    dt__trace_ev *e;
+    if (L->n == L->cap) {
+        int64_t cap = L->cap ? 2 * L->cap : 1024;
+        dt__trace_ev *p;
+        if (cap > L->max) cap = L->max;
+        if (cap <= L->n || !(p = (dt__trace_ev *)DT_REALLOC(L->ev, sizeof *p * (size_t)cap))) { L->dropped++; return -1; }
+        L->ev = p;
+        L->cap = cap;
+    }
+    e = &L->ev[L->n];
+    e->name = name ? name : "?";
+    e->cat = cat ? cat : "user";
+    e->t0 = dt_time_now() - L->origin;
+    e->t1 = ph == 'X' ? -1.0 : e->t0;
+    e->ph = ph;
+    e->nargs = 0;
+    return L->n++;
+}
+void dt_trace_begin(const char *name, const char *category) {
+    dt__trace_lane *L = dt__tls_trace;
+    if (!L) return;
+    if (L->depth < DT__TRACE_DEPTH) L->open[L->depth] = dt__trace_add(L, name, category, 'X');
+    else L->dropped++;
+    L->depth++;
+}
+void dt_trace_end(void) {
+    dt__trace_lane *L = dt__tls_trace;
+    if (!L || L->depth == 0) return;
+    if (--L->depth < DT__TRACE_DEPTH && L->open[L->depth] >= 0) L->ev[L->open[L->depth]].t1 = dt_time_now() - L->origin;
+}
+void dt_trace_instant(const char *name, const char *category) {
+    if (dt__tls_trace) (void)dt__trace_add(dt__tls_trace, name, category, 'i');
+}
+int dt_trace_enabled(void) { return dt__tls_trace != NULL; }
+
+/* An argument of the innermost open span (shown by Perfetto when the span is selected): the number v, or
+   the string s when s is not NULL. key and s are stored, like names. */
+static void dt__trace_arg(const char *key, const char *s, int64_t v) {
+    dt__trace_lane *L = dt__tls_trace;
+    dt__trace_ev *e;
+    if (!L || L->depth == 0 || L->depth > DT__TRACE_DEPTH || L->open[L->depth - 1] < 0) return;
+    e = &L->ev[L->open[L->depth - 1]];
+    if (e->nargs >= DT__TRACE_ARGS) return;
+    e->arg[(int)e->nargs].key = key;
+    e->arg[(int)e->nargs].s = s;
+    e->arg[(int)e->nargs].v = v;
+    e->nargs++;
+}
+/* Lane `lane` of the calling thread's rank (a rank's lanes are consecutive), for a thread it starts; or NULL. */
+static dt__trace_lane *dt__trace_lane_of(int lane) {
+    dt__trace_lane *L = dt__tls_trace;
+    return L && lane < DT__TRACE_LANES ? L - L->lane + lane : NULL;
+}
+/* For a function whose span is opened deeper down (a collective's, by dt__coll_start): the depth before
+   the call, and closing every span opened since, which passes the call's result through. */
+static int dt__trace_mark(void) { return dt__tls_trace ? dt__tls_trace->depth : 0; }
+static dt_result dt__trace_close(int mark, dt_result r) {
+    while (dt__tls_trace && dt__tls_trace->depth > mark) dt_trace_end();
+    return r;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -2993,8 +3109,11 @@ dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch) {
     if (!x) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_forward: input x is NULL");
     if (batch <= 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_forward: batch is %lld; it must be > 0", (long long)batch);
     if ((r = dt__reserve(m, batch)) != DT_OK) return r;
+    dt_trace_begin("forward", "compute");
+    dt__trace_arg("batch", NULL, batch);
     m->ops->upload(m->ctx, m->nodes[0].out, x, (int64_t)sizeof(float) * batch * m->nodes[0].size);
     for (i = 1; i < m->nnodes; i++) dt__node_fwd(m, &m->nodes[i], batch);
+    dt_trace_end();
     if (m->training) m->step++;
     m->batch = batch;
     m->seed_ready = 0;
@@ -3039,7 +3158,9 @@ static dt_result dt__class_loss(dt_model *m, dt__class_loss_fn fn, const int32_t
     float l = 0.0f;
     if (r != DT_OK) return r;
     out = &m->nodes[m->nnodes - 1];
+    dt_trace_begin("loss", "compute");
     fn(m->ctx, out->out, m->labels, m->batch, out->c, m->seed_grad, &l);
+    dt_trace_end();
     if (loss) *loss = l;
     return dt__loss_done(m, l, what);
 }
@@ -3061,8 +3182,10 @@ dt_result dt_model_loss_mse(dt_model *m, const float *target, float *loss) {
     if ((r = dt__loss_prep(m, NULL, target, "dt_model_loss_mse")) != DT_OK) return r;
     cnt = m->batch * m->nodes[m->nnodes - 1].size;
     /* the target goes through the gradient buffer, which the kernel then overwrites with d loss/d x */
+    dt_trace_begin("loss", "compute");
     m->ops->upload(m->ctx, m->seed_grad, target, (int64_t)sizeof(float) * cnt);
     m->ops->mse(m->ctx, m->nodes[m->nnodes - 1].out, m->seed_grad, cnt, m->seed_grad, &l);
+    dt_trace_end();
     if (loss) *loss = l;
     return dt__loss_done(m, l, "dt_model_loss_mse");
 }
@@ -3076,16 +3199,19 @@ dt_result dt_model_backward(dt_model *m, const float *dy) {
     if (!dy && !m->seed_ready)
         return dt_set_error(DT_ERR_STATE, "dt_model_backward: no loss gradient; call a dt_model_loss_* function after the "
                             "forward pass, or pass the upstream gradient dy");
-    for (i = 0; i < m->nnodes; i++)
-        if (!m->nodes[i].alias && m->nodes[i].grad) m->ops->fill(m->ctx, m->nodes[i].grad, m->batch * m->nodes[i].size, 0.0f);
     out = &m->nodes[m->nnodes - 1];
     if (!out->grad) return dt_set_error(DT_ERR_STATE, "dt_model_backward: the output is the input itself; add a layer");
+    dt_trace_begin("backward", "compute");
+    dt__trace_arg("batch", NULL, m->batch);
+    for (i = 0; i < m->nnodes; i++)
+        if (!m->nodes[i].alias && m->nodes[i].grad) m->ops->fill(m->ctx, m->nodes[i].grad, m->batch * m->nodes[i].size, 0.0f);
     if (dy) m->ops->upload(m->ctx, out->grad, dy, (int64_t)sizeof(float) * m->batch * out->size);
     else m->ops->copy(m->ctx, out->grad, m->seed_grad, m->batch * out->size);
     for (i = m->nnodes - 1; i >= 1; i--) {
         dt__node_bwd(m, &m->nodes[i], m->batch);
         if (m->hook) m->hook(m->hook_user, m, i);
     }
+    dt_trace_end();
     return DT_OK;
 }
 
@@ -3464,8 +3590,10 @@ static void dt__optim_apply(dt_optim *o, int64_t off, int64_t n, int64_t step, v
 dt_result dt_optim_step(dt_optim *o) {
     int i;
     if (!o) return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_step: optimizer is NULL");
+    dt_trace_begin("optimizer step", "optim");
     dt__optim_stretches(o, dt__optim_apply, NULL);
     for (i = 0; i < o->ntensors; i++) o->steps[i] += !o->frozen[i];
+    dt_trace_end();
     return DT_OK;
 }
 
@@ -5129,6 +5257,7 @@ int dt_loader_next(dt_loader *l, const float **x, const int32_t **y, int64_t *n)
     }
     k = l->next;
     if (k >= dt_loader_batches(l)) return 0;
+    dt_trace_begin("next batch", "data");   /* the wait for the prefetched batch, or its conversion */
     if (l->thread_ok) {
         slot = (int)(k & 1);
         dt__mutex_lock(&l->mu);
@@ -5136,12 +5265,14 @@ int dt_loader_next(dt_loader *l, const float **x, const int32_t **y, int64_t *n)
         r = l->done_r;
         if (r != DT_OK) snprintf(msg, sizeof msg, "%s", l->done_msg);
         dt__mutex_unlock(&l->mu);
-        if (r != DT_OK) { dt_set_error(r, "%s", msg); return -1; }
-        if (k + 1 < dt_loader_batches(l)) dt__loader_request(l, k + 1);   /* into the slot of batch k - 1 */
+        if (r == DT_OK && k + 1 < dt_loader_batches(l)) dt__loader_request(l, k + 1);   /* into the slot of batch k - 1 */
+        if (r != DT_OK) dt_set_error(r, "%s", msg);
     } else {
         slot = 0;
-        if (dt__loader_convert(l, k, 0) != DT_OK) return -1;
+        r = dt__loader_convert(l, k, 0);
     }
+    dt_trace_end();
+    if (r != DT_OK) return -1;
     left = l->count - k * l->batch;
     l->next = k + 1;
     *x = l->x[slot];
@@ -5775,6 +5906,12 @@ static void dt__coll_start(dt_comm *c, int kind, size_t count, dt_dtype t, int o
     DT__ATOMIC_STORE(&c->coll_sig[2], c->sig[2]);
     DT__ATOMIC_STORE(&c->coll_sig[0], c->sig[0]);
     c->stats.collectives++;
+    if (dt__tls_trace) {   /* closed by the public call's wrapper (dt__trace_close) */
+        dt_trace_begin(dt__op_names[kind], "comm");
+        dt__trace_arg("bytes", NULL, (int64_t)(count * dt_dtype_size(t)));
+        dt__trace_arg("algo", dt_algo_name(algo), 0);
+        dt__trace_arg("seq", NULL, (int64_t)c->seq);
+    }
 }
 static dt_result dt__algo_check(const char *fn, dt_algo a) {
     if (a < DT_ALGO_AUTO || a >= DT_ALGO_COUNT)
@@ -5818,7 +5955,13 @@ dt_result dt_comm_wait(dt_comm *c, dt_request *req) {
     if (c->broken) { if (c->backend->cancel) c->backend->cancel(c, req); return dt__comm_broken(c); }
     dt__comm_begin(c, DT__OP_P2P, req->bytes, DT_U8, 0, req->peer, 0);
     {
-        dt_result r = dt__wait(c, req, 0);
+        dt_result r;
+        dt_trace_begin(req->kind == DT__REQ_SEND ? "wait send" : "wait recv", "comm");
+        dt__trace_arg("peer", NULL, req->peer);
+        dt__trace_arg("bytes", NULL, (int64_t)req->bytes);
+        dt__trace_arg("tag", NULL, req->tag);
+        r = dt__wait(c, req, 0);
+        dt_trace_end();
         if (r == DT_OK) req->kind = DT__REQ_NONE;
         return r;
     }
@@ -5860,7 +6003,7 @@ dt_result dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src,
     return r;
 }
 
-dt_result dt_comm_barrier(dt_comm *c) {
+static dt_result dt__coll_barrier(dt_comm *c) {
     int k;
     dt_result r = dt__comm_check(c, "dt_comm_barrier", NULL, 0, DT_U8, 0, NULL);
     dt_algo a;
@@ -5875,7 +6018,7 @@ dt_result dt_comm_barrier(dt_comm *c) {
     return r;
 }
 
-dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_algo algo) {
+static dt_result dt__coll_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_algo algo) {
     dt_result r = dt__comm_check(c, "dt_comm_broadcast", buf, count, t, root, "root");
     size_t bytes;
     if (r == DT_OK) r = dt__algo_check("dt_comm_broadcast", algo);
@@ -5902,7 +6045,7 @@ static dt_result dt__reduce_args(dt_comm *c, const char *fn, dt_dtype t, dt_redu
     return DT_OK;
 }
 
-dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, dt_algo algo) {
+static dt_result dt__coll_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, dt_algo algo) {
     dt_result r = dt__comm_check(c, "dt_comm_allreduce", buf, count, t, 0, NULL);
     size_t es, bytes;
     void *s = NULL;
@@ -5935,7 +6078,7 @@ dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_
     return r;
 }
 
-dt_result dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, int root, dt_algo algo) {
+static dt_result dt__coll_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, int root, dt_algo algo) {
     dt_result r = dt__comm_check(c, "dt_comm_reduce", buf, count, t, root, "root");
     size_t es, bytes;
     char *s = NULL;
@@ -5970,7 +6113,7 @@ dt_result dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_red
     return r;
 }
 
-dt_result dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
+static dt_result dt__coll_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
     dt_result r = dt__comm_check(c, "dt_comm_scatter", recv, count, t, root, "root");
     size_t bytes;
     int k;
@@ -5987,7 +6130,7 @@ dt_result dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count
     return r;
 }
 
-dt_result dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
+static dt_result dt__coll_gather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
     dt_result r = dt__comm_check(c, "dt_comm_gather", send, count, t, root, "root");
     size_t bytes;
     int k;
@@ -6004,7 +6147,7 @@ dt_result dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count,
     return r;
 }
 
-dt_result dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
+static dt_result dt__coll_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
     dt_result r = dt__comm_check(c, "dt_comm_allgather", send, count, t, 0, NULL);
     size_t bytes;
     if (r == DT_OK && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_allgather: receive buffer is NULL");
@@ -6017,7 +6160,7 @@ dt_result dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t cou
     return dt__ring_allgather(c, recv, count * (size_t)c->size, t);   /* p equal chunks of count */
 }
 
-dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_reduce_op op) {
+static dt_result dt__coll_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_reduce_op op) {
     dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", send, count, t, 0, NULL);
     size_t bytes, es;
     char *s = NULL;
@@ -6036,8 +6179,8 @@ dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_
     return r;
 }
 
-dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
-                                    const int *to, int nto, const int *from, int nfrom) {
+static dt_result dt__coll_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
+                                            const int *to, int nto, const int *from, int nfrom) {
     dt_result r = dt__comm_check(c, "dt_comm_neighbor_exchange", send, count, t, 0, NULL);
     size_t bytes;
     dt_request *q = NULL;
@@ -6061,6 +6204,45 @@ dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, si
     for (i = 0; i < nto + nfrom && r == DT_OK; i++) r = dt__wait(c, &q[i], 1);
     if (r != DT_OK) dt__cancel_all(c, q, nto + nfrom);
     return r;
+}
+
+/* The public collectives: the bodies above inside the span that dt__coll_start opens. */
+dt_result dt_comm_barrier(dt_comm *c) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_barrier(c));
+}
+dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_algo algo) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_broadcast(c, buf, count, t, root, algo));
+}
+dt_result dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, int root, dt_algo algo) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_reduce(c, buf, count, t, op, root, algo));
+}
+dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, dt_algo algo) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_allreduce(c, buf, count, t, op, algo));
+}
+dt_result dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_scatter(c, send, recv, count, t, root));
+}
+dt_result dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_gather(c, send, recv, count, t, root));
+}
+dt_result dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_allgather(c, send, recv, count, t));
+}
+dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_reduce_op op) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_reduce_scatter(c, send, recv, count, t, op));
+}
+dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
+                                    const int *to, int nto, const int *from, int nfrom) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_neighbor_exchange(c, send, recv, count, t, to, nto, from, nfrom));
 }
 
 /* ---- the local backend: ranks as threads of this process ----------------------------------------
@@ -6715,6 +6897,13 @@ dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d) {
             i++;
         } else if (strcmp(a, "--log-all-ranks") == 0) {
             d->log_all_ranks = 1;
+        } else if (strcmp(a, "--trace") == 0) {
+            if (!v || !*v) r = dt_set_error(DT_ERR_INVALID_ARG, "--trace needs a file name, e.g. --trace run.json");
+            d->trace_path = v; i++;
+        } else if (strcmp(a, "--trace-max-events") == 0) {
+            if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK && (x > 1e12 || x != (double)(int64_t)x))
+                r = dt_set_error(DT_ERR_INVALID_ARG, "--trace-max-events '%s': use a whole number from 1 to 1e12", v);
+            d->trace_max_events = (int64_t)x; i++;
         } else {
             argv[o++] = argv[i];
             continue;
@@ -6726,6 +6915,171 @@ dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d) {
     return DT_OK;
 }
 
+/* ---- the timeline file ------------------------------------------------------------------------ */
+
+/* Lanes for n ranks (rank r's are lanes[r * DT__TRACE_LANES ...]), with time 0 now; NULL without memory. */
+static dt__trace_lane *dt__trace_lanes(int n, int64_t max) {
+    dt__trace_lane *L = (dt__trace_lane *)DT_MALLOC(sizeof *L * (size_t)n * DT__TRACE_LANES);
+    double t0 = dt_time_now();
+    int i;
+    if (!L) return NULL;
+    memset(L, 0, sizeof *L * (size_t)n * DT__TRACE_LANES);
+    for (i = 0; i < n * DT__TRACE_LANES; i++) {
+        L[i].lane = i % DT__TRACE_LANES;
+        L[i].max = max > 0 ? max : DT_TRACE_MAX_EVENTS;
+        L[i].origin = t0;
+    }
+    return L;
+}
+static void dt__trace_lanes_free(dt__trace_lane *L, int n) {
+    int i;
+    for (i = 0; L && i < n * DT__TRACE_LANES; i++) DT_FREE(L[i].ev);
+    DT_FREE(L);
+}
+
+/* Text that grows; oom is set, and nothing more added, once an allocation fails. */
+typedef struct dt__text { char *p; size_t n, cap; int oom; } dt__text;
+static int dt__text_reserve(dt__text *t, size_t more) {
+    size_t cap = t->cap ? t->cap : 4096;
+    char *p;
+    if (t->oom) return -1;
+    if (t->n + more < t->cap) return 0;
+    while (cap <= t->n + more) cap *= 2;
+    if (!(p = (char *)DT_REALLOC(t->p, cap))) { t->oom = 1; return -1; }
+    t->p = p;
+    t->cap = cap;
+    return 0;
+}
+static void dt__text_add(dt__text *t, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void dt__text_add(dt__text *t, const char *fmt, ...) {
+    va_list ap;
+    int k;
+    if (dt__text_reserve(t, 256) != 0) return;
+    va_start(ap, fmt);
+    k = vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap);
+    va_end(ap);
+    if (k >= 0 && (size_t)k >= t->cap - t->n && dt__text_reserve(t, (size_t)k + 1) == 0) {   /* did not fit: again */
+        va_start(ap, fmt);
+        k = vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap);
+        va_end(ap);
+    }
+    if (k < 0) t->oom = 1;
+    if (!t->oom) t->n += (size_t)k;
+}
+/* s as a JSON string: quotes, backslashes and control characters escaped (other bytes as they are: UTF-8). */
+static void dt__text_json(dt__text *t, const char *s) {
+    static const char hex[] = "0123456789abcdef";
+    char *o;
+    if (dt__text_reserve(t, 6 * strlen(s) + 3) != 0) return;
+    o = t->p + t->n;
+    *o++ = '"';
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') { *o++ = '\\'; *o++ = (char)ch; }
+        else if (ch < 0x20) { memcpy(o, "\\u00", 4); o[4] = hex[ch >> 4]; o[5] = hex[ch & 15]; o += 6; }
+        else *o++ = (char)ch;
+    }
+    *o++ = '"';
+    *o = 0;
+    t->n = (size_t)(o - t->p);
+}
+
+/* Appends rank's lanes as trace events (pid = rank, tid = lane), each preceded by ",\n": metadata naming
+   the process and its threads, then the events in begin order; spans still open end at `end` (seconds
+   since time 0) and say "unfinished". Adds the events to *events and the dropped ones to *dropped. */
+static void dt__trace_format(dt__text *t, const dt__trace_lane *lanes, int rank, double end, int64_t *events, int64_t *dropped) {
+    static const char *const lane_names[DT__TRACE_LANES] = {"main", "ddp buckets"};
+    int64_t i, lost = 0;
+    int l, a;
+    dt__text_add(t, ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}}", rank, rank);
+    dt__text_add(t, ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}", rank, rank);
+    for (l = 0; l < DT__TRACE_LANES; l++) {
+        const dt__trace_lane *L = &lanes[l];
+        lost += L->dropped;
+        if (l > 0 && L->n == 0) continue;
+        dt__text_add(t, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", rank, l,
+                     lane_names[l]);
+        for (i = 0; i < L->n; i++) {
+            const dt__trace_ev *e = &L->ev[i];
+            int open = e->ph == 'X' && e->t1 < 0;
+            dt__text_add(t, ",\n{\"name\":");
+            dt__text_json(t, e->name);
+            dt__text_add(t, ",\"cat\":");
+            dt__text_json(t, e->cat);
+            dt__text_add(t, ",\"ph\":\"%c\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", e->ph, rank, l, 1e6 * e->t0);
+            if (e->ph == 'X') dt__text_add(t, ",\"dur\":%.3f", 1e6 * ((open ? end : e->t1) - e->t0));
+            else dt__text_add(t, ",\"s\":\"t\"");
+            if (e->nargs || open) {
+                dt__text_add(t, ",\"args\":{");
+                for (a = 0; a < e->nargs; a++) {
+                    dt__text_add(t, "%s", a ? "," : "");
+                    dt__text_json(t, e->arg[a].key ? e->arg[a].key : "?");
+                    if (e->arg[a].s) { dt__text_add(t, ":"); dt__text_json(t, e->arg[a].s); }
+                    else dt__text_add(t, ":%lld", (long long)e->arg[a].v);
+                }
+                if (open) dt__text_add(t, "%s\"unfinished\":1", e->nargs ? "," : "");
+                dt__text_add(t, "}");
+            }
+            dt__text_add(t, "}");
+        }
+        *events += L->n;
+    }
+    if (lost)
+        dt__text_add(t, ",\n{\"name\":\"process_labels\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"labels\":\"%lld events "
+                     "dropped\"}}", rank, (long long)lost);
+    *dropped += lost;
+}
+
+/* Writes the trace file: the events of body (as dt__trace_format made them) in one JSON object, into
+   path.tmp, renamed over path once complete, so a reader never sees half a file. Logs where it went. */
+static dt_result dt__trace_write(const char *path, const dt__text *body, int ranks, int64_t events, int64_t dropped, int64_t max) {
+    char tmp[1024];
+    FILE *f;
+    int ok, err;
+    if (body->oom) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "trace %s: no memory for the text of %lld events", path, (long long)events);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return dt_set_error(DT_ERR_INVALID_ARG, "trace %s: the path is too long", path);
+    if (!(f = fopen(tmp, "wb")))
+        return dt_set_error(DT_ERR_IO, "cannot write the trace %s: creating %s failed: %s", path, tmp, strerror(errno));
+    ok = fputs("{\"traceEvents\":[", f) >= 0 && (body->n < 1 || fwrite(body->p + 1, 1, body->n - 1, f) == body->n - 1) &&
+         fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"generator\":\"dtrain %s\",\"ranks\":%d,\"events\":%lld,"
+                 "\"dropped_events\":%lld}}\n", DT_VERSION_STRING, ranks, (long long)events, (long long)dropped) > 0;
+    err = errno;
+    if (fclose(f) != 0 && ok) { ok = 0; err = errno; }
+    if (!ok) {
+        remove(tmp);
+        return dt_set_error(DT_ERR_IO, "cannot write the trace %s: writing %s failed: %s", path, tmp, strerror(err));
+    }
+    if (rename(tmp, path) != 0) {
+        err = errno;
+        remove(tmp);
+        return dt_set_error(DT_ERR_IO, "cannot write the trace %s: renaming %s to it failed: %s", path, tmp, strerror(err));
+    }
+    dt_log(DT_LOG_INFO, "trace: %s (%lld events, open in https://ui.perfetto.dev or chrome://tracing)", path, (long long)events);
+    if (dropped)
+        dt_log(DT_LOG_WARN, "trace %s: %lld events were dropped, past %lld per rank and thread; raise the cap with "
+               "--trace-max-events N (dt_launch_desc.trace_max_events)", path, (long long)dropped, (long long)max);
+    return DT_OK;
+}
+
+/* After the local ranks have been joined: every rank's lanes into one file. */
+static dt_result dt__trace_finish_local(const char *path, dt__trace_lane *lanes, int n) {
+    dt__text t;
+    int64_t events = 0, dropped = 0;
+    double end = dt_time_now() - lanes[0].origin;
+    dt_result r;
+    int i;
+    memset(&t, 0, sizeof t);
+    for (i = 0; i < n; i++) dt__trace_format(&t, lanes + i * DT__TRACE_LANES, i, end, &events, &dropped);
+    r = dt__trace_write(path, &t, n, events, dropped, lanes[0].max);
+    DT_FREE(t.p);
+    return r;
+}
+
 typedef struct dt__rank_ctx {
     dt_comm    *comm;
     dt_rank_fn  fn;
@@ -6734,6 +7088,7 @@ typedef struct dt__rank_ctx {
     dt_result   result;
     char        msg[512];
     dt__thread  thread;
+    dt__trace_lane *trace;   /* the rank's lanes when tracing, else NULL */
 } dt__rank_ctx;
 
 #if DT__HAVE_THREADS
@@ -6762,6 +7117,7 @@ static void dt__rank_body(dt__rank_ctx *x) {
 static void dt__rank_main(void *p) {
     dt__rank_ctx *x = (dt__rank_ctx *)p;
     dt__tls_rank = x->comm->rank;
+    dt__tls_trace = x->trace;
 #if DT__HAVE_OMP
     omp_set_num_threads(x->threads);
 #endif
@@ -6773,6 +7129,7 @@ static void dt__rank_main(void *p) {
     dt__rank_body(x);
 #endif
     dt__tls_rank = -1;
+    dt__tls_trace = NULL;
 }
 
 static int dt__default_threads(int ranks) {
@@ -6789,6 +7146,7 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
     dt_launch_desc d;
     dt__rank_ctx *x;
     dt_comm **comms;
+    dt__trace_lane *lanes = NULL;
     int n, i, cause = -1;
     dt_result r;
     if (!fn) return dt_set_error(DT_ERR_INVALID_ARG, "dt_launch: the rank function is NULL");
@@ -6796,8 +7154,12 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
     n = d.ranks > 0 ? d.ranks : 1;
     x = (dt__rank_ctx *)DT_MALLOC((size_t)n * sizeof *x);
     comms = (dt_comm **)DT_MALLOC((size_t)n * sizeof *comms);
-    if (!x || !comms) { DT_FREE(x); DT_FREE(comms); return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: no memory for %d ranks", n); }
-    if ((r = dt_comm_create_local(comms, n, &d.comm)) != DT_OK) { DT_FREE(x); DT_FREE(comms); return r; }
+    if (d.trace_path) lanes = dt__trace_lanes(n, d.trace_max_events);
+    if (!x || !comms || (d.trace_path && !lanes)) {
+        DT_FREE(x); DT_FREE(comms); DT_FREE(lanes);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: no memory for %d ranks", n);
+    }
+    if ((r = dt_comm_create_local(comms, n, &d.comm)) != DT_OK) { DT_FREE(x); DT_FREE(comms); DT_FREE(lanes); return r; }
     memset(x, 0, (size_t)n * sizeof *x);
     dt__log_all_ranks = d.log_all_ranks;
     for (i = 0; i < n; i++) {
@@ -6805,6 +7167,7 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
         x[i].fn = fn;
         x[i].arg = arg;
         x[i].threads = d.threads_per_rank > 0 ? d.threads_per_rank : dt__default_threads(n);
+        x[i].trace = lanes ? lanes + i * DT__TRACE_LANES : NULL;
     }
     if (n == 1) dt__rank_main(&x[0]);   /* one rank runs on the calling thread */
     else {
@@ -6835,6 +7198,16 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
             if (strncmp(m, pre, lp) == 0 && m[lp] == ':') m += lp + 1 + (m[lp + 1] == ' ');
             dt_set_error(r, "%s", m);
         }
+    }
+    if (lanes) {   /* also after a failure: the trace of a failed run shows where each rank was */
+        char cause_msg[512];
+        dt_result rt;
+        snprintf(cause_msg, sizeof cause_msg, "%s", dt_last_error());
+        rt = dt__trace_finish_local(d.trace_path, lanes, n);
+        if (rt != DT_OK && log) dt_log(DT_LOG_ERROR, "%s", dt_last_error());
+        if (rt != DT_OK && r == DT_OK) r = rt;
+        else if (rt != DT_OK) snprintf(dt__errmsg, sizeof dt__errmsg, "%s", cause_msg);   /* the run's failure comes first */
+        dt__trace_lanes_free(lanes, n);
     }
     for (i = 0; i < n; i++) dt_comm_destroy(comms[i]);
     DT_FREE(comms);
@@ -6912,6 +7285,8 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
     }
     was_training = m->training;
     m->training = 0;
+    dt_trace_begin("evaluate", "compute");
+    dt__trace_arg("samples", NULL, count);
     for (start = 0; start < count && r == DT_OK; start += batch) {
         int64_t n = count - start < batch ? count - start : batch;
         float loss = 0.0f;
@@ -6932,6 +7307,7 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
             topk_hits += above < topk;
         }
     }
+    dt_trace_end();
     m->training = was_training;
     if (r == DT_OK) {
         out->count = count;
@@ -7218,10 +7594,12 @@ dt_result dt_localsgd_average(dt_localsgd *d) {
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_average: localsgd is NULL");
     d->since = 0;
     if (d->comm->size > 1) {
+        dt_trace_begin("local sgd average", "comm");
         r = dt_comm_allreduce(d->comm, d->model->params, (size_t)d->model->nparams, DT_F32, DT_MEAN, d->desc.algo);
         b = dt_model_buffers(d->model, &nb);
         if (r == DT_OK && d->desc.sync_buffers && nb > 0)
             r = dt_comm_allreduce(d->comm, b, (size_t)nb, DT_F32, DT_MEAN, d->desc.algo);
+        dt_trace_end();
     }
     d->stats.comm_seconds += dt_time_now() - t0;
     d->stats.averages += r == DT_OK;
@@ -7360,6 +7738,7 @@ struct dt_ddp {
     float        scale;             /* this rank's weight in the sum of the current sync */
     dt_ddp_stats stats;
     int          tls_rank;          /* the creator's rank for log prefixes, given to the helper thread */
+    dt__trace_lane *trace;          /* the creator's rank's lane for the helper thread, or NULL */
     /* overlap (BUCKETS on local ranks) */
     int          overlap, in_sync;  /* in_sync: the caller's thread is in an overlapped backward */
     int64_t      ready_seen;        /* caller's copy of `ready` */
@@ -7442,6 +7821,7 @@ static dt_result dt__ddp_agree(dt_ddp *d, int active, int64_t *nactive) {
 static void dt__ddp_helper(void *arg) {
     dt_ddp *d = (dt_ddp *)arg;
     dt__tls_rank = d->tls_rank;
+    dt__tls_trace = d->trace;
     dt__mutex_lock(&d->mu);
     for (;;) {
         int b;
@@ -7451,7 +7831,11 @@ static void dt__ddp_helper(void *arg) {
             dt_result r;
             while (d->ready > d->boff[b]) dt__cond_wait(&d->cv, &d->mu);
             dt__mutex_unlock(&d->mu);
+            dt_trace_begin("bucket", "comm");
+            dt__trace_arg("bucket", NULL, b);
+            dt__trace_arg("bytes", NULL, d->bcnt[b] * (int64_t)sizeof(float));
             r = dt__ddp_reduce(d, d->boff[b], d->bcnt[b]);
+            dt_trace_end();
             dt__mutex_lock(&d->mu);
             if (r != DT_OK) {
                 d->herr = r;
@@ -7545,6 +7929,7 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
     d->desc = dd;
     d->n = m->nparams;
     d->tls_rank = dt__tls_rank;
+    d->trace = dt__trace_lane_of(1);
     if (dt__ddp_plan(d) != DT_OK) {
         dt__ddp_free(d);
         return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for the plan", me);
@@ -7614,7 +7999,9 @@ dt_result dt_ddp_sync(dt_ddp *d, int64_t samples) {
     double t0 = dt_time_now();
     if ((r = dt__ddp_bad(d, samples, "dt_ddp_sync")) != DT_OK) return r;
     d->acc_samples = d->last_samples = samples;
+    dt_trace_begin("ddp sync", "comm");
     if ((r = dt__ddp_agree(d, 1, &nactive)) == DT_OK) r = dt__ddp_reduce_all(d, 0);
+    dt_trace_end();
     return dt__ddp_done(d, r, t0);
 }
 
@@ -7637,7 +8024,10 @@ dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync)
         rb = dt_model_backward(d->model, dy);
         t0 += dt_time_now();
         if (rb != DT_OK) return rb;
-        return dt__ddp_done(d, dt__ddp_reduce_all(d, 0), t0);
+        dt_trace_begin("ddp sync", "comm");
+        r = dt__ddp_reduce_all(d, 0);
+        dt_trace_end();
+        return dt__ddp_done(d, r, t0);
     }
     /* hand the communicator to the helper, run backward, then wait for the buckets backward did not hide */
     dt__mutex_lock(&d->mu);
@@ -7651,24 +8041,23 @@ dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync)
     rb = dt_model_backward(d->model, dy);
     t0 += dt_time_now();
     d->in_sync = 0;
+    dt_trace_begin("wait for buckets", "comm");   /* the communication backward did not hide */
     dt__mutex_lock(&d->mu);
     d->ready = 0;
     dt__cond_broadcast(&d->cv);
     while (d->job) dt__cond_wait(&d->cv, &d->mu);
     r = d->herr;
     dt__mutex_unlock(&d->mu);
+    dt_trace_end();
     if (rb != DT_OK) return rb;
     if (r != DT_OK) snprintf(dt__errmsg, sizeof dt__errmsg, "%s", d->hmsg);
     return dt__ddp_done(d, r, t0);
 }
 
-dt_result dt_ddp_join(dt_ddp *d, dt_optim *o) {
+/* dt_ddp_join's rounds: until no rank has data, the others' syncs with a zero gradient. */
+static dt_result dt__ddp_join_rounds(dt_ddp *d, dt_optim *o) {
     dt_result r;
     int64_t nactive;
-    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_join: ddp is NULL");
-    if (d->acc_samples)
-        return dt_set_error(DT_ERR_STATE, "dt_ddp_join: rank %d has %lld samples accumulated but not synced: pass sync = 1 "
-                            "to dt_ddp_backward on the last batch", d->comm->rank, (long long)d->acc_samples);
     for (;;) {
         double t0 = dt_time_now();
         if ((r = dt__ddp_agree(d, 0, &nactive)) != DT_OK) return r;
@@ -7681,6 +8070,15 @@ dt_result dt_ddp_join(dt_ddp *d, dt_optim *o) {
         if (o && (r = dt_optim_step(o)) != DT_OK) return r;
         dt_model_zero_grad(d->model);
     }
+}
+dt_result dt_ddp_join(dt_ddp *d, dt_optim *o) {
+    int mark = dt__trace_mark();
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_join: ddp is NULL");
+    if (d->acc_samples)
+        return dt_set_error(DT_ERR_STATE, "dt_ddp_join: rank %d has %lld samples accumulated but not synced: pass sync = 1 "
+                            "to dt_ddp_backward on the last batch", d->comm->rank, (long long)d->acc_samples);
+    dt_trace_begin("ddp join", "comm");
+    return dt__trace_close(mark, dt__ddp_join_rounds(d, o));
 }
 
 dt_result dt_ddp_sync_buffers(dt_ddp *d) {
@@ -7757,6 +8155,7 @@ static dt_result dt__dpsgd_gossip(dt_dpsgd *d, float *x, const float *own, int64
     d->stats.bytes_sent += d->comm->stats.bytes_sent - b0;
     if (r != DT_OK) return r;
     for (q = 0; q < m; q++) d->src[q] = q == d->self_at ? own : d->recv + (int64_t)(q - (q > d->self_at)) * cnt;
+    dt_trace_begin("gossip mix", "optim");
     DT__OMP(parallel for if (cnt * m > DT__PAR_MIN))
     for (k = 0; k < cnt; k++) {
         double acc = 0.0;
@@ -7764,6 +8163,7 @@ static dt_result dt__dpsgd_gossip(dt_dpsgd *d, float *x, const float *own, int64
         for (j = 0; j < m; j++) acc += d->w[j] * (double)d->src[j][k];
         x[k] = (float)(acc + ((double)x[k] - (double)own[k]));
     }
+    dt_trace_end();
     return DT_OK;
 }
 
@@ -8264,6 +8664,10 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
     st[1] = 0.0;
     for (j = 0; j < f->n; j++) delta[j] = 0.0f;
     if (cnt == 0) return DT_OK;
+    dt_trace_begin("client training", "compute");
+    dt__trace_arg("client", NULL, k);
+    dt__trace_arg("round", NULL, round);
+    dt__trace_arg("samples", NULL, cnt);
     memcpy(w, f->global, sizeof(float) * (size_t)f->n);
     od.lr = lr;
     memset(&ld, 0, sizeof ld);
@@ -8303,6 +8707,7 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
         for (j = 0; j < f->n; j++) delta[j] = s * (w[j] - f->global[j]);
     }
 done:
+    dt_trace_end();
     dt_loader_destroy(l);
     dt_optim_destroy(o);
     if (r != DT_OK)
@@ -8378,7 +8783,11 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         return DT_OK;
     }
     f->desc.agg_desc.kept = f->kept;
+    dt_trace_begin("aggregate", "optim");
+    dt__trace_arg("clients", NULL, nagg);
+    dt__trace_arg("aggregator", dt_fed_agg_name(f->desc.agg), 0);
     r = dt_fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->n, f->delta, &f->desc.agg_desc);
+    dt_trace_end();
     f->desc.agg_desc.kept = NULL;
     if (r != DT_OK) return r;
     for (i = 0; i < f->n; i++) w[i] = f->global[i] + f->delta[i];

@@ -529,13 +529,86 @@ dt_result dt_comm_create_mpi(dt_comm **out, MPI_Comm comm, const dt_comm_desc *d
 
 /* ---- the launcher under mpiexec ---------------------------------------------------------------- */
 
+/* The timeline under MPI. A barrier aligns the clocks: time 0 is the moment just after it on every rank.
+   At the end every rank formats its own events; rank 0 gathers the sizes, receives each rank's text in
+   rank order, and broadcasts that it has them all; then it writes the one file. A rank that failed, or
+   whose part of the exchange failed (a rank has died), writes its own events to PATH.rank<r> instead. */
+#define DT__TRACE_TAG 32200            /* the user tag of the texts sent to rank 0 */
+#define DT__TRACE_CHUNK (1 << 26)      /* bytes per message, well below MPI's INT_MAX */
+
+static dt_result dt__mpi_trace_start(dt_comm *c, const dt_launch_desc *desc, dt__trace_lane **lanes) {
+    dt_result r;
+    int i;
+    if (!(*lanes = dt__trace_lanes(1, desc->trace_max_events)))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: rank %d: no memory for the trace", c->rank);
+    if ((r = dt_comm_barrier(c)) != DT_OK) return r;
+    for (i = 0; i < DT__TRACE_LANES; i++) (*lanes)[i].origin = dt_time_now();
+    dt_comm_reset_stats(c);   /* the barrier is not the program's */
+    return DT_OK;
+}
+
+/* Rank 0 appends rank k's text of len bytes to t; the others send theirs. */
+static dt_result dt__mpi_trace_move(dt_comm *c, dt__text *t, int k, int64_t len) {
+    int64_t off, part;
+    size_t got = 0;
+    dt_result r = DT_OK;
+    if (c->rank == 0 && dt__text_reserve(t, (size_t)len + 1) != 0)
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "trace: rank 0: no memory for rank %d's %lld bytes of events", k, (long long)len);
+    for (off = 0; off < len && r == DT_OK; off += part) {
+        part = len - off < DT__TRACE_CHUNK ? len - off : DT__TRACE_CHUNK;
+        if (c->rank != 0) r = dt_comm_send(c, t->p + off, (size_t)part, DT_U8, 0, DT__TRACE_TAG);
+        else if ((r = dt_comm_recv(c, t->p + t->n + off, (size_t)part, DT_U8, k, DT__TRACE_TAG, &got)) == DT_OK && got != (size_t)part)
+            r = dt_set_error(DT_ERR_MISMATCH, "trace: rank %d sent %zu bytes of events where %lld were due", k, got, (long long)part);
+    }
+    if (r == DT_OK && c->rank == 0) t->n += (size_t)len;
+    return r;
+}
+
+static dt_result dt__mpi_trace_finish(dt_comm *c, const char *path, dt__trace_lane *lanes, int failed) {
+    dt__text t;
+    int64_t mine[3] = {0, 0, 0}, *all = NULL, events, dropped;   /* bytes of text, events, dropped events */
+    int me = c->rank, k, ok = 0, done = 1;
+    char own[1024];
+    dt_result r = DT_OK;
+    memset(&t, 0, sizeof t);
+    dt__trace_format(&t, lanes, me, dt_time_now() - lanes[0].origin, &mine[1], &mine[2]);
+    mine[0] = (int64_t)t.n;
+    events = mine[1];
+    dropped = mine[2];
+    if (!failed && !t.oom && (me != 0 || (all = (int64_t *)DT_MALLOC(sizeof(int64_t) * 3 * (size_t)c->size)))) {
+        r = dt_comm_gather(c, mine, all, 3, DT_I64, 0);
+        if (me != 0 && r == DT_OK) r = dt__mpi_trace_move(c, &t, 0, mine[0]);
+        for (k = 1; me == 0 && k < c->size && r == DT_OK; k++) {
+            r = dt__mpi_trace_move(c, &t, k, all[3 * k]);
+            events += all[3 * k + 1];
+            dropped += all[3 * k + 2];
+        }
+        if (r == DT_OK) r = dt_comm_broadcast(c, &done, 1, DT_I32, 0, DT_ALGO_AUTO);   /* rank 0 has every text */
+        ok = r == DT_OK;
+    }
+    DT_FREE(all);
+    if (ok && me == 0) r = dt__trace_write(path, &t, c->size, events, dropped, lanes[0].max);
+    else if (!ok) {
+        t.n = (size_t)mine[0];   /* this rank's own events */
+        if (snprintf(own, sizeof own, "%s.rank%d", path, me) >= (int)sizeof own) r = dt_set_error(DT_ERR_INVALID_ARG, "trace %s: the path is too long", path);
+        else {
+            dt_log(DT_LOG_WARN, "trace: rank %d's events could not be gathered on rank 0 (%s); it writes them to %s", me,
+                   failed ? "this rank failed" : dt_last_error(), own);
+            r = dt__trace_write(own, &t, 1, mine[1], mine[2], lanes[0].max);
+        }
+    }
+    DT_FREE(t.p);
+    return r;
+}
+
 /* Each process is one rank of MPI_COMM_WORLD: MPI_Init_thread (FUNNELED) unless the program did, the
    communicator, OpenMP threads (threads_per_rank, or this node's cores over its ranks), fn; a failure is
    logged and announced to the other ranks. MPI_Finalize only when this call initialised MPI. */
 int dt__mpi_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
     int had = 0, provided = 0, rc, local = 1;
     dt_comm *c = NULL;
-    dt_result r = DT_OK;
+    dt__trace_lane *lanes = NULL;
+    dt_result r = DT_OK, rt = DT_OK;
     if (MPI_Initialized(&had) != MPI_SUCCESS) had = 0;
     if (!had && (rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided)) != MPI_SUCCESS) {
         dt__mpi_error(rc, "MPI_Init_thread");
@@ -556,7 +629,10 @@ int dt__mpi_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
 #if DT__HAVE_OMP
         omp_set_num_threads(desc->threads_per_rank > 0 ? desc->threads_per_rank : dt__default_threads(local));
 #endif
-        r = fn(c, arg);
+        if (desc->trace_path) r = dt__mpi_trace_start(c, desc, &lanes);
+        dt__tls_trace = lanes;
+        if (r == DT_OK) r = fn(c, arg);
+        dt__tls_trace = NULL;
     }
     if (r != DT_OK) {
         const char *m = dt_last_error(), *pre = dt_result_str(r);
@@ -566,10 +642,13 @@ int dt__mpi_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
         if (strncmp(m, pre, lp) == 0 && m[lp] == ':') m += lp + 1 + (m[lp + 1] == ' ');
         if (c) dt_comm_leave(c, r, m);
     }
+    if (lanes && (rt = dt__mpi_trace_finish(c, desc->trace_path, lanes, r != DT_OK)) != DT_OK)
+        dt_log(DT_LOG_ERROR, "%s", dt_last_error());
+    dt__trace_lanes_free(lanes, 1);
     dt_comm_destroy(c);
     dt__tls_rank = -1;
     if (!had) MPI_Finalize();
-    return r == DT_OK ? 0 : 1;
+    return r == DT_OK && rt == DT_OK ? 0 : 1;
 }
 
 #ifdef __cplusplus
