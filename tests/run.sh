@@ -9,9 +9,11 @@
 #       ThreadSanitizer
 # Sections 3, 4 and 4b set DT_TEST_QUICK=1: test_comm leaves out its million-element cases there, test_ddp
 # most all-reduce algorithms.
-#   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one
+#   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one; --trace
+#      writes a timeline
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
+#      tests/mpi/test_trace_mpi.c (the timeline gathered on rank 0) under mpiexec -n 2;
 #      a program built without MPI and started by mpiexec fails, saying to rebuild it (needs mpich)
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # Each test program ends with "N passed, N failed"; each compile check counts as one test.
@@ -82,8 +84,9 @@ for t in "$@"; do
 done
 
 # the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
-# rank's thread runs backward) under ThreadSanitizer (no OpenMP, whose runtime TSan cannot see into)
-for t in test_partition test_comm test_ddp test_dpsgd; do
+# rank's thread runs backward, recording into its own trace lane) under ThreadSanitizer (no OpenMP, whose
+# runtime TSan cannot see into)
+for t in test_partition test_comm test_ddp test_dpsgd test_trace; do
     if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/$t.c" -o "$B/asan/${t}_tsan" $LDLIBS; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan $t" env DT_TEST_QUICK=1 "$B/asan/${t}_tsan"
     else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi
@@ -120,6 +123,9 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         '$B/examples/ddp' --ranks 4 --limit 1024 --csv '$T/d2.csv' >/dev/null
         cut -d, -f1,3-6 '$T/d1.csv' > '$T/d1.cut'; cut -d, -f1,3-6 '$T/d2.csv' > '$T/d2.cut'
         [ \$(wc -l < '$T/d1.cut') -eq 2 ] && cmp '$T/d1.cut' '$T/d2.cut'"
+    check "ddp --trace: one Chrome-trace file with every rank" sh -c "
+        '$B/examples/ddp' --ranks 2 --limit 256 --trace '$T/t.json' >/dev/null 2>&1 &&
+        head -c 16 '$T/t.json' | grep -q '^{\"traceEvents\":\[' && grep -q '\"rank 1\"' '$T/t.json'"
     check "ddp --batch 2 on 4 ranks: exit 1 naming the cause" sh -c "'$B/examples/ddp' --ranks 4 --batch 2 --limit 64 2>&1 >/dev/null | grep -q 'smaller than the 4 ranks'"
 else
     echo "skipped train resume check: dataset-fashion-mnist is not installed"
@@ -143,6 +149,10 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_comm_mpi.c" -o "$B/mpi/test_comm_mpi" $LDLIBS; then
         for n in 2 3 4; do run "mpi -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_comm_mpi"; done
     else echo "FAIL build of tests/mpi/test_comm_mpi.c with mpicc"; failed=$((failed + 1)); fi
+    # --trace under MPI: rank 0 gathers every rank's events into one file; after a failure, a file per rank
+    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_trace_mpi.c" -o "$B/mpi/test_trace_mpi" $LDLIBS; then
+        run "mpi trace -n 2" timeout 300 mpiexec -n 2 "$B/mpi/test_trace_mpi"
+    else echo "FAIL build of tests/mpi/test_trace_mpi.c with mpicc"; failed=$((failed + 1)); fi
     check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl.o' &&
         mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl-cxx.o'"
     printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL); }\n' > "$B/mpi/nompi.c"
