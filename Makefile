@@ -40,6 +40,7 @@ $(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h dtrain.h dtrain_mpi.h
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 $(MPITESTS): tests/mpi/mpi_test.h tests/comm_checks.h
+$(B)/tests/test_ddp $(B)/tests/test_localsgd: tests/train_checks.h
 
 $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h tests/comm_checks.h dtrain.h dtrain_mpi.h
 	@mkdir -p $(dir $@)
