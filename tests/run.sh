@@ -12,7 +12,9 @@
 #   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
-#      a program built without MPI and started by mpiexec fails, saying to rebuild it (needs mpich)
+#      a program built without MPI and started by mpiexec fails, saying to rebuild it (needs mpich);
+#      tests/mpi/test_train_mpi.c under mpiexec -n 2, 3 and 4: DDP, local SGD, D-PSGD and FedAvg end with
+#      the bits of the same run on local ranks (within a tolerance where MPI_Allreduce does the sums)
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # Each test program ends with "N passed, N failed"; each compile check counts as one test.
 # The last line is the sum, "N passed, N failed"; the exit status is non-zero when anything failed.
@@ -143,6 +145,9 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_comm_mpi.c" -o "$B/mpi/test_comm_mpi" $LDLIBS; then
         for n in 2 3 4; do run "mpi -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_comm_mpi"; done
     else echo "FAIL build of tests/mpi/test_comm_mpi.c with mpicc"; failed=$((failed + 1)); fi
+    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_train_mpi.c" -o "$B/mpi/test_train_mpi" $LDLIBS; then
+        for n in 2 3 4; do run "mpi train -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_train_mpi"; done
+    else echo "FAIL build of tests/mpi/test_train_mpi.c with mpicc"; failed=$((failed + 1)); fi
     check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl.o' &&
         mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl-cxx.o'"
     printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL); }\n' > "$B/mpi/nompi.c"
