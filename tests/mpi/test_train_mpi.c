@@ -313,6 +313,17 @@ static void compare(const job *j, const char *what, const rec *mpi, const rec *l
         dt_t_checks_failed++;
         printf("    %s: training left the parameters where they were\n", what);
     }
+    if (j->trainer == TR_FED) {   /* clients dropped out, and multi-Krum left one out */
+        int64_t dropped = 0, left_out = 0;
+        int t, k;
+        for (t = 0; t < ROUNDS; t++) {
+            const int64_t *q = mpi[0].count + 4 + t * (5 + CLIENTS);
+            dropped += q[1];
+            for (k = 0; k < CLIENTS; k++) left_out += q[5 + k] == 2;   /* sampled, reported, not kept */
+        }
+        CHECK(j->dropout == 0.0f || dropped > 0);
+        CHECK(j->agg != DT_FED_MULTIKRUM || left_out > 0);
+    }
     for (r = 1; r < np; r++) {
         CHECK(memcmp(mpi[r].first, mpi[0].first, sizeof mpi[0].first) == 0 || j->trainer == TR_FED);
         if ((j->trainer == TR_DDP || j->trainer == TR_LOCALSGD) && j->exact) CHECK(memcmp(mpi[r].params, mpi[0].params, sizeof mpi[0].params) == 0);
