@@ -344,7 +344,7 @@ static void run_case(job *j, const char *what) {
         CHECK_OK(train_rank(c, j));
         dt_comm_destroy(c);
     }
-    CHECK_OK(dt_comm_gather(W, mine, mpi, sizeof(rec), DT_U8, 0));
+    CHECK_OK(dt_comm_gather(W, mine, me == 0 ? mpi : NULL, sizeof(rec), DT_U8, 0));
     if (me == 0) {
         dt_launch_desc d;
         memset(&d, 0, sizeof d);
