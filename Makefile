@@ -1,7 +1,7 @@
 # dtrain - build the examples and tests, run the tests.
 #   make              build examples and tests (build/)
-#   make MPI=1        the same with mpicc and -DDT_USE_MPI (build-mpi/), plus the MPI test
-#                     (build-mpi/tests/mpi/test_comm_mpi: run it with mpiexec -n 2, 3 or 4)
+#   make MPI=1        the same with mpicc and -DDT_USE_MPI (build-mpi/), plus the MPI tests
+#                     (build-mpi/tests/mpi/test_comm_mpi, test_train_mpi: run them with mpiexec -n 2, 3 or 4)
 #   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
@@ -33,6 +33,7 @@ DEFS     += -DDT_USE_MPI
 B        := build-mpi
 MPITESTS := $(B)/tests/mpi/test_comm_mpi
 MPITESTS += $(B)/tests/mpi/test_trace_mpi
+MPITESTS += $(B)/tests/mpi/test_train_mpi
 endif
 
 all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS)
@@ -40,6 +41,9 @@ all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $
 $(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h tests/dt_test_trace.h dtrain.h dtrain_mpi.h
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
+$(MPITESTS): tests/mpi/mpi_test.h tests/comm_checks.h
+$(B)/tests/test_ddp $(B)/tests/test_localsgd: tests/train_checks.h
+$(B)/tests/mpi/test_train_mpi: tests/train_checks.h
 
 $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h tests/comm_checks.h tests/dt_test_trace.h \
              dtrain.h dtrain_mpi.h

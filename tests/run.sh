@@ -14,7 +14,11 @@
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
 #      tests/mpi/test_trace_mpi.c (the timeline gathered on rank 0) under mpiexec -n 2;
-#      a program built without MPI and started by mpiexec fails, saying to rebuild it (needs mpich)
+#      a program built without MPI and started by mpiexec fails, saying to rebuild it (needs mpich);
+#      tests/mpi/test_train_mpi.c under mpiexec -n 2, 3 and 4: DDP, local SGD, D-PSGD and FedAvg end with
+#      the bits of the same run on local ranks (within a tolerance where MPI_Allreduce does the sums);
+#      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
+#      they log on as many local ranks (with the Fashion-MNIST dataset)
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # Each test program ends with "N passed, N failed"; each compile check counts as one test.
 # The last line is the sum, "N passed, N failed"; the exit status is non-zero when anything failed.
@@ -153,6 +157,9 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_trace_mpi.c" -o "$B/mpi/test_trace_mpi" $LDLIBS; then
         run "mpi trace -n 2" timeout 300 mpiexec -n 2 "$B/mpi/test_trace_mpi"
     else echo "FAIL build of tests/mpi/test_trace_mpi.c with mpicc"; failed=$((failed + 1)); fi
+    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_train_mpi.c" -o "$B/mpi/test_train_mpi" $LDLIBS; then
+        for n in 2 3 4; do run "mpi train -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_train_mpi"; done
+    else echo "FAIL build of tests/mpi/test_train_mpi.c with mpicc"; failed=$((failed + 1)); fi
     check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl.o' &&
         mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl-cxx.o'"
     printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL); }\n' > "$B/mpi/nompi.c"
@@ -160,6 +167,32 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         $CC $WARN -pthread '$B/mpi/nompi.c' -o '$B/mpi/nompi' -lm || exit 1
         timeout 60 mpiexec -n 2 '$B/mpi/nompi' > '$B/mpi/nompi.out' 2>&1; rc=\$?
         cat '$B/mpi/nompi.out'; [ \$rc -eq 1 ] && grep -q 'built without MPI: rebuild it with MPI' '$B/mpi/nompi.out'"
+    # the examples built with mpicc, under mpiexec, log what they log on as many local ranks: the same bits
+    # with the library's algorithms (--algo ring) and messages (gossip, FedAvg's reports)
+    if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+        MT=$(mktemp -d)
+        mpi_example() {   # mpi_example NAME COLUMNS N ARGS...: the CSV's COLUMNS agree, mpiexec -n N and --ranks N
+            name=$1; cols=$2; n=$3; shift 3
+            mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "examples/$name.c" -o "$B/mpi/$name" $LDLIBS || return 1
+            timeout 300 mpiexec -n "$n" "$B/mpi/$name" "$@" --csv "$MT/$name-mpi.csv" >/dev/null || return 1
+            timeout 300 "$B/examples/$name" --ranks "$n" "$@" --csv "$MT/$name-local.csv" >/dev/null || return 1
+            cut -d, -f"$cols" "$MT/$name-mpi.csv" > "$MT/$name-mpi.cut"; cut -d, -f"$cols" "$MT/$name-local.csv" > "$MT/$name-local.cut"
+            [ "$(wc -l < "$MT/$name-mpi.cut")" -ge 2 ] && cmp "$MT/$name-mpi.cut" "$MT/$name-local.cut" ||
+                { echo "mpiexec:"; cat "$MT/$name-mpi.cut"; echo "local ranks:"; cat "$MT/$name-local.cut"; return 1; }
+        }
+        check "ddp: mpiexec -n 2 logs the losses, accuracy and traffic of 2 local ranks" \
+            mpi_example ddp 1,3-6,9 2 --limit 512 --algo ring
+        check "localsgd: mpiexec -n 2 logs the losses, accuracy and traffic of 2 local ranks" \
+            mpi_example localsgd 1,3-6,9,10 2 --limit 512 --period 4 --algo ring --model fedavg_2nn
+        check "dpsgd: mpiexec -n 3 logs the losses, accuracy and consensus of 3 local ranks" \
+            mpi_example dpsgd 1,3-8 3 --limit 256 --model simplecnn --algo ring
+        check "fedavg: mpiexec -n 3 logs the rounds, losses and accuracy of 3 local ranks" \
+            mpi_example fedavg 1,3-10 3 --clients 7 --rounds 2 --frac 0.9 --dropout-prob 0.3 --agg median --attack signflip \
+            --attackers 1 --model fedavg_2nn --limit 700
+        rm -rf "$MT"
+    else
+        echo "skipped the examples under mpiexec: dataset-fashion-mnist is not installed"
+    fi
 else
     echo "FAIL mpicc or mpiexec is not installed (run tools/deps.sh: mpich, libmpich-dev)"; failed=$((failed + 1))
 fi

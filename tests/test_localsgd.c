@@ -7,6 +7,7 @@
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
+#include "train_checks.h"
 
 #define IN 12        /* features */
 #define K 4          /* classes */
@@ -28,19 +29,7 @@ static void make_data(void) {
 }
 
 /* A small MLP (no dropout), optionally with batchnorm; the seed differs per rank to test the broadcast. */
-static dt_result make_model(dt_model **m, uint64_t seed, int bn, int hidden) {
-    dt_model_desc d;
-    int x;
-    memset(&d, 0, sizeof d);
-    d.in_c = IN; d.seed = seed;
-    if (dt_model_create(m, &d) != DT_OK) return DT_ERR_OUT_OF_MEMORY;
-    x = dt_model_input(*m);
-    x = dt_linear(*m, x, hidden, 1);
-    if (bn) x = dt_batchnorm(*m, x);
-    x = dt_relu(*m, x);
-    x = dt_linear(*m, x, K, 1);
-    return dt_model_finalize(*m);
-}
+static dt_result make_model(dt_model **m, uint64_t seed, int bn, int hidden) { return tc_mlp(m, IN, K, seed, bn, hidden, 0); }
 
 static dt_result make_optim(dt_optim **o, dt_model *m, float momentum) {
     dt_optim_desc od;

@@ -10,7 +10,7 @@
 #include "../../dtrain.h"
 #include "../dt_test.h"
 #include "../comm_checks.h"
-#include <time.h>
+#include "mpi_test.h"
 #ifndef DT_USE_MPI
 #error "build this test with MPI: mpicc -DDT_USE_MPI (make MPI=1)"
 #endif
@@ -23,35 +23,8 @@ static const dt_reduce_op ops[] = {DT_SUM, DT_MEAN, DT_MAX, DT_MIN};
 #define N_OF(a) (sizeof(a) / sizeof(a[0]))
 
 static dt_comm *W;                      /* the communicator dt_launch made */
-static MPI_Comm H;                      /* the harness's own, for its sums */
-static int me, np, n_passed, n_failed;
+static int me, np;
 static dt_comm_desc Wdesc;
-
-static void nap(double s) {
-    struct timespec ts;
-    ts.tv_sec = (time_t)s;
-    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
-    nanosleep(&ts, NULL);
-}
-/* Sum over the ranks, polling politely (a blocking MPI call would spin and starve oversubscribed ranks). */
-static int sum_ranks(int x) {
-    int all = 0, done = 0;
-    MPI_Request rq;
-    if (MPI_Iallreduce(&x, &all, 1, MPI_INT, MPI_SUM, H, &rq) != MPI_SUCCESS) return x + 1000;
-    while (MPI_Test(&rq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) nap(1e-4);
-    return all;
-}
-static void run(const char *name, void (*fn)(void)) {
-    int all;
-    if (dt_t_only && !strstr(name, dt_t_only)) return;
-    dt_t_checks_failed = 0;
-    fn();
-    if (dt_t_checks_failed) printf("    rank %d: %d checks failed in %s\n", me, dt_t_checks_failed, name);
-    fflush(stdout);
-    all = sum_ranks(dt_t_checks_failed);
-    if (all) n_failed++; else n_passed++;
-    if (me == 0) { printf("%s %s\n", all ? "FAIL" : "ok  ", name); fflush(stdout); }
-}
 
 /* ---- data: element i of rank k's input ---- */
 static uint64_t mix(uint64_t z) {
@@ -134,7 +107,7 @@ static void test_sendrecv(void) {
         while ((!done_s || !done_r) && dt_time_now() < until) {
             if (!done_r) CHECK_OK(dt_comm_test(W, &qr, &done_r));
             if (!done_s) CHECK_OK(dt_comm_test(W, &qs, &done_s));
-            nap(1e-5);
+            mt_nap(1e-5);
         }
         CHECK(done_s && done_r);
         CHECK(n == 0 || memcmp(r, ref, n * 4) == 0);
@@ -251,7 +224,7 @@ static void test_barrier(void) {
             double t0;
             CHECK_OK(dt_comm_barrier(c));
             t0 = dt_time_now();
-            if (me == late) nap(0.3);   /* a late rank: nobody may leave before it arrives */
+            if (me == late) mt_nap(0.3);   /* a late rank: nobody may leave before it arrives */
             CHECK_OK(dt_comm_barrier(c));
             CHECK(dt_time_now() - t0 > 0.25);
         }
@@ -389,7 +362,7 @@ static void mismatch_case(dt_algo a, int order) {
     CHECK(strstr(dt_last_error(), "#1 (") != NULL || strstr(dt_last_error(), "#2 (") != NULL);
     if (a == DT_ALGO_NATIVE && !order) CHECK(r == DT_ERR_MISMATCH);   /* the signature check: every rank sees it */
     CHECK(el < 9.0);
-    CHECK(sum_ranks(r == DT_ERR_MISMATCH) >= 1);
+    CHECK(mt_sum_ranks(r == DT_ERR_MISMATCH) >= 1);
     CHECK(dt_comm_barrier(c) == r);   /* broken: every later call returns the same */
     dt_comm_destroy(c);
 }
@@ -409,7 +382,7 @@ static void test_fault_stall(void) {
         double t0, el;
         dt_result r;
         if (!c) return;
-        if (me == np - 1) nap(3.0);
+        if (me == np - 1) mt_nap(3.0);
         t0 = dt_time_now();
         r = dt_comm_allreduce(c, buf, 1000, DT_F32, DT_SUM, DT_ALGO_AUTO);
         el = dt_time_now() - t0;
@@ -419,7 +392,7 @@ static void test_fault_stall(void) {
         } else CHECK(r == DT_ERR_PEER && el < 1.0);   /* the others' notices were waiting for it */
         CHECK(strstr(dt_last_error(), "all-reduce #1 (1000 x f32") != NULL);
         if (r == DT_ERR_TIMEOUT) CHECK(strstr(dt_last_error(), "within 1 s") != NULL);
-        CHECK(sum_ranks(r == DT_ERR_TIMEOUT) >= 1);
+        CHECK(mt_sum_ranks(r == DT_ERR_TIMEOUT) >= 1);
         if (me == 0 && dt_t_checks_failed) printf("    rank 0: %s\n", dt_last_error());
         dt_comm_destroy(c);
     }
@@ -476,35 +449,25 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     np = dt_comm_size(c);
     if (strcmp(dt_comm_backend_name(c), "mpi") != 0 || np < 2 || np > 64)
         return dt_set_error(DT_ERR_STATE, "start this test with mpiexec -n 2 (up to 64), not alone");
-    if (MPI_Comm_dup(MPI_COMM_WORLD, &H) != MPI_SUCCESS) return dt_set_error(DT_ERR_COMM, "MPI_Comm_dup failed");
+    if (mt_begin(me) != DT_OK) return DT_ERR_COMM;
     if (me == 0) printf("%d MPI ranks, segments of %zu bytes\n", np, Wdesc.segment_bytes);
-    run("sendrecv", test_sendrecv);
-    run("barrier", test_barrier);
-    run("allreduce", test_allreduce);
-    run("allreduce_big", test_allreduce_big);
-    run("reduce", test_reduce);
-    run("broadcast", test_broadcast);
-    run("data_movement", test_data_movement);
-    run("neighbors", test_neighbors);
-    run("bits", test_bits);
-    run("errors", test_errors);
-    run("shared_checks", test_shared_checks);
-    run("fault_mismatch", test_fault_mismatch);
-    run("fault_stall", test_fault_stall);
-    run("fault_leave", test_fault_leave);
-    if (me == 0) printf("%d passed, %d failed\n", n_passed, n_failed);
-    fflush(stdout);
-    MPI_Comm_free(&H);
-    return n_failed ? dt_set_error(DT_ERR_STATE, "%d of the MPI tests failed", n_failed) : DT_OK;
+    mt_run("sendrecv", test_sendrecv);
+    mt_run("barrier", test_barrier);
+    mt_run("allreduce", test_allreduce);
+    mt_run("allreduce_big", test_allreduce_big);
+    mt_run("reduce", test_reduce);
+    mt_run("broadcast", test_broadcast);
+    mt_run("data_movement", test_data_movement);
+    mt_run("neighbors", test_neighbors);
+    mt_run("bits", test_bits);
+    mt_run("errors", test_errors);
+    mt_run("shared_checks", test_shared_checks);
+    mt_run("fault_mismatch", test_fault_mismatch);
+    mt_run("fault_stall", test_fault_stall);
+    mt_run("fault_leave", test_fault_leave);
+    return mt_end();
 }
 
 int main(int argc, char **argv) {
-    dt_launch_desc d;
-    memset(&d, 0, sizeof d);
-    if (dt_launch_parse(&argc, argv, &d) != DT_OK) { printf("%s\n", dt_last_error()); return 2; }
-    if (argc > 1) dt_t_only = argv[1];
-    d.comm.segment_bytes = 4096;   /* many segments: the ring's pipeline at work */
-    if (d.comm.timeout <= 0) d.comm.timeout = 120;
-    Wdesc = d.comm;
-    return dt_launch(&d, rank_main, NULL);
+    return mt_main(argc, argv, 4096, 120, &Wdesc, rank_main);   /* many segments: the ring's pipeline at work */
 }

@@ -1,0 +1,540 @@
+/* test_train_mpi.c - the trainers under mpiexec end with the bits they end with on local ranks (tests/run.sh
+   runs it with -n 2, 3, 4):
+     mpicc -DDT_USE_MPI (make MPI=1), then mpiexec -n 4 build-mpi/tests/mpi/test_train_mpi [name-filter]
+   Each case trains a small MLP on synthetic data for a few steps with one trainer configuration (DDP, local
+   SGD, D-PSGD, FedAvg): first every MPI process as its rank of a fresh MPI communicator, then rank 0 alone
+   on as many local ranks (threads) with the same communicator options, while the others wait. Each rank
+   records what it ends with: its parameters right after the trainer's create and at the end, its buffers,
+   the loss of each of its steps, D-PSGD's consensus distances and average, FedAvg's round reports and kept
+   clients, the trainer's counters. Rank 0 gathers the MPI records and compares them with the local ones,
+   rank by rank. With the library's own algorithms (NAIVE, RING, TREE, and the methods written on messages:
+   DDP's parameter server and point-to-point, D-PSGD's gossip, FedAvg's reports) every bit must match. Where
+   a float depends on a NATIVE all-reduce (MPI_Allreduce against the local shared-memory sum, which may
+   add in another order) it must match within a relative TOL, and every counter exactly. Hogwild is
+   threads sharing one process's memory and has no MPI form. Rank 0 prints one line per test (failed
+   checks summed over the ranks) and "N passed, N failed". */
+#define _POSIX_C_SOURCE 200809L
+#define DTRAIN_IMPLEMENTATION
+#include "../../dtrain.h"
+#include "../dt_test.h"
+#include "../train_checks.h"
+#include "mpi_test.h"
+#ifndef DT_USE_MPI
+#error "build this test with MPI: mpicc -DDT_USE_MPI (make MPI=1)"
+#endif
+
+#define IN 12                   /* features */
+#define K 4                     /* classes */
+#define B 24                    /* global batch of a step, split over the ranks (each gets B / world) */
+#define STEPS 4
+#define NS (B * (STEPS + 1))    /* samples: local SGD takes one step more */
+#define MAXR 8                  /* world sizes 2 .. MAXR */
+#define MAXP 512                /* parameters of the test models, at most */
+#define MAXB 64                 /* buffers */
+#define CLIENTS 7               /* FedAvg: more clients than ranks, several on one rank */
+#define ROUNDS 3
+#define TOL 1e-5                /* NATIVE all-reduces: relative difference allowed */
+
+static dt_comm *W;              /* the communicator dt_launch made */
+static int me, np;
+static dt_comm_desc Wdesc;
+
+/* ---- data and model ---- */
+static uint8_t PIX[NS * IN];
+static int32_t LAB[NS];
+static float X[NS * IN];        /* PIX as floats in [-1, 1] */
+static dt_dataset DS;           /* PIX and LAB, for FedAvg's loaders */
+
+static void make_data(void) {
+    dt_rng r;
+    int i;
+    dt_rng_init(&r, 5, 0);
+    for (i = 0; i < NS * IN; i++) {
+        PIX[i] = (uint8_t)dt_rng_below(&r, 256);
+        X[i] = (float)PIX[i] / 127.5f - 1.0f;
+    }
+    for (i = 0; i < NS; i++) LAB[i] = (int32_t)dt_rng_below(&r, K);
+    memset(&DS, 0, sizeof DS);
+    DS.count = NS; DS.c = IN; DS.h = 1; DS.w = 1; DS.num_classes = K; DS.pixels = PIX; DS.labels = LAB;
+}
+
+/* forward and loss on samples [first, first + n) */
+static dt_result fwd(dt_model *m, int64_t first, int64_t n, float *loss) {
+    dt_result r = dt_model_forward(m, X + first * IN, n);
+    return r != DT_OK ? r : dt_model_loss_labels(m, LAB + first, loss);
+}
+/* the same, then the gradient of that loss alone */
+static dt_result grad(dt_model *m, int64_t first, int64_t n, float *loss) {
+    dt_result r = fwd(m, first, n, loss);
+    if (r != DT_OK) return r;
+    dt_model_zero_grad(m);
+    return dt_model_backward(m, NULL);
+}
+
+/* ---- a case: one trainer configuration, and what each rank ends with ---- */
+enum { TR_DDP, TR_LOCALSGD, TR_DPSGD, TR_FED };
+
+typedef struct rec {
+    float   first[MAXP];             /* parameters right after the trainer's create */
+    float   params[MAXP];            /* at the end */
+    float   bufs[MAXB];              /* buffers at the end */
+    float   avg[MAXP];               /* D-PSGD: dt_dpsgd_average */
+    float   loss[2 * (STEPS + 1)];   /* the loss of each forward of this rank */
+    double  metric[STEPS + ROUNDS];  /* D-PSGD: consensus after each step; FedAvg: each round's train loss */
+    int64_t count[4 + ROUNDS * (5 + CLIENTS)];   /* the trainer's counters; FedAvg: each round's report */
+} rec;
+
+typedef struct job {
+    int              trainer, bn;
+    dt_algo          comm_algo;    /* the communicators' default: what DT_ALGO_AUTO means */
+    int              exact;        /* 1: parameters, buffers and losses bit for bit */
+    int              exact_mean;   /* 1: D-PSGD's consensus and average (an AUTO all-reduce) bit for bit */
+    int              mode;         /* DDP: 0 a batch a step, 1 two micro-batches, 2 odd ranks one batch less
+                                      (dt_ddp_join), 3 dt_model_backward + dt_ddp_sync */
+    dt_ddp_desc      ddp;
+    dt_localsgd_desc lsgd;
+    dt_dpsgd_desc    dpsgd;
+    dt_topology_desc topo;         /* its world is the communicator's */
+    float            momentum;
+    dt_fed_agg       agg;
+    float            frac, dropout, trim;
+    int              attacker;     /* FedAvg: client attacker - 1 flips the sign of its update (0: none) */
+    int              local;        /* 1: out[rank] (local ranks), 0: out[0] (this process's rank) */
+    rec             *out;
+} job;
+
+#define T(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
+
+/* DDP: STEPS steps of B / world samples per rank, the step's batch split over the ranks in rank order */
+static dt_result ddp_rank(dt_comm *c, const job *j, dt_model *m, dt_optim *o, rec *out) {
+    int me_ = dt_comm_rank(c), s, nb = j->mode == 2 && me_ % 2 ? STEPS - 1 : STEPS, nl = 0;
+    int64_t share = B / dt_comm_size(c);
+    dt_ddp *d = NULL;
+    dt_ddp_stats st;
+    dt_result r;
+    T(dt_ddp_create(&d, c, m, &j->ddp));
+    T(dt_model_get_params(m, out->first, dt_model_param_count(m)));
+    for (s = 0; s < nb; s++) {
+        int64_t first = (int64_t)s * B + me_ * share;
+        if (j->mode == 1) {   /* two micro-batches of unequal size, synced on the second */
+            int64_t a = share / 2 + 1;
+            T(fwd(m, first, a, &out->loss[nl++]));
+            T(dt_ddp_backward(d, NULL, a, 0));
+            T(fwd(m, first + a, share - a, &out->loss[nl++]));
+            T(dt_ddp_backward(d, NULL, share - a, 1));
+        } else if (j->mode == 3) {
+            T(fwd(m, first, share, &out->loss[nl++]));
+            T(dt_model_backward(m, NULL));
+            T(dt_ddp_sync(d, share));
+        } else {
+            T(fwd(m, first, share, &out->loss[nl++]));
+            T(dt_ddp_backward(d, NULL, share, 1));
+        }
+        T(dt_optim_step(o));
+        dt_model_zero_grad(m);
+    }
+    T(dt_ddp_join(d, o));
+    if (j->bn && !j->ddp.sync_buffers) T(dt_ddp_sync_buffers(d));
+    st = dt_ddp_get_stats(d);
+    out->count[0] = st.syncs;
+    out->count[1] = st.joined_rounds;
+    out->count[2] = dt_ddp_buckets(d);
+    out->count[3] = dt_ddp_overlapped(d);   /* BUCKETS: 1 on local ranks, 0 on MPI (run_case checks, then clears it) */
+done:
+    dt_ddp_destroy(d);
+    return r;
+}
+
+/* local SGD: STEPS + 1 steps of B / world samples per rank, averages every lsgd.period steps and at the end */
+static dt_result localsgd_rank(dt_comm *c, const job *j, dt_model *m, dt_optim *o, rec *out) {
+    int me_ = dt_comm_rank(c), s;
+    int64_t share = B / dt_comm_size(c);
+    dt_localsgd *d = NULL;
+    dt_result r;
+    T(dt_localsgd_create(&d, c, m, &j->lsgd));
+    T(dt_model_get_params(m, out->first, dt_model_param_count(m)));
+    for (s = 0; s < STEPS + 1; s++) {
+        T(grad(m, (int64_t)s * B + me_ * share, share, &out->loss[s]));
+        T(dt_optim_step(o));
+        T(dt_localsgd_step(d));
+    }
+    T(dt_localsgd_average(d));
+    out->count[0] = dt_localsgd_get_stats(d).steps;
+    out->count[1] = dt_localsgd_get_stats(d).averages;
+done:
+    dt_localsgd_destroy(d);
+    return r;
+}
+
+/* D-PSGD: STEPS steps of B / world samples per rank, the consensus distance after each, then the average */
+static dt_result dpsgd_rank(dt_comm *c, const job *j, dt_model *m, dt_optim *o, rec *out) {
+    int me_ = dt_comm_rank(c), s;
+    int64_t share = B / dt_comm_size(c);
+    dt_dpsgd *d = NULL;
+    dt_topology t;
+    dt_topology_desc td = j->topo;
+    dt_result r;
+    memset(&t, 0, sizeof t);
+    td.world = dt_comm_size(c);
+    T(dt_topology_create(&t, &td));
+    T(dt_dpsgd_create(&d, c, m, &t, &j->dpsgd));
+    T(dt_model_get_params(m, out->first, dt_model_param_count(m)));
+    for (s = 0; s < STEPS; s++) {
+        T(grad(m, (int64_t)s * B + me_ * share, share, &out->loss[s]));
+        T(dt_dpsgd_step(d, o));
+        T(dt_dpsgd_consensus(d, &out->metric[s]));
+    }
+    T(dt_dpsgd_average(d, out->avg));
+    out->count[0] = dt_dpsgd_get_stats(d).steps;
+    out->count[1] = (int64_t)dt_dpsgd_get_stats(d).bytes_sent;
+done:
+    dt_dpsgd_destroy(d);
+    dt_topology_free(&t);
+    return r;
+}
+
+/* FedAvg: CLIENTS clients (an IID partition of the samples) over the ranks, ROUNDS rounds; every rank
+   records each round's report and rank 0 the clients kept in the aggregate. The clients' optimizers are
+   FedAvg's own (o is not used). */
+static dt_result fed_rank(dt_comm *c, const job *j, dt_model *m, rec *out) {
+    int behaviour[CLIENTS], i;
+    dt_fed *f = NULL;
+    dt_partition part;
+    dt_fed_desc fd;
+    dt_result r;
+    int64_t t;
+    memset(&part, 0, sizeof part);
+    for (i = 0; i < CLIENTS; i++) behaviour[i] = i == j->attacker - 1 ? DT_FED_SIGNFLIP : DT_FED_HONEST;
+    T(dt_partition_iid(&part, NS, CLIENTS, 1));
+    memset(&fd, 0, sizeof fd);
+    fd.clients = CLIENTS; fd.frac = j->frac; fd.dropout_prob = j->dropout; fd.local_epochs = 2; fd.batch = 5;
+    fd.optim.lr = 0.05f; fd.optim.momentum = j->momentum; fd.agg = j->agg; fd.data = &DS; fd.part = &part;
+    fd.behaviour = behaviour; fd.seed = 2; fd.agg_desc.trim = j->trim;
+    T(dt_fed_create(&f, c, m, &fd));
+    T(dt_model_get_params(m, out->first, dt_model_param_count(m)));
+    for (t = 0; t < ROUNDS; t++) {
+        dt_fed_round_info info;
+        int64_t *q = out->count + 4 + t * (5 + CLIENTS);
+        int kept[CLIENTS], sel[CLIENTS], drop[CLIENTS], ns;
+        T(dt_fed_round(f, t, &info));
+        out->metric[t] = info.train_loss;
+        q[0] = info.selected; q[1] = info.dropped; q[2] = info.kept; q[3] = info.samples;
+        dt_fed_last_kept(f, kept);
+        for (i = 0; i < CLIENTS; i++) q[5 + i] = kept[i];   /* + 2 sampled, + 4 dropped out */
+        q[4] = ns = dt_fed_draw(f, t, sel, drop);
+        for (i = 0; i < ns; i++) q[5 + sel[i]] += 2 + 4 * drop[i];
+    }
+done:
+    dt_fed_destroy(f);
+    dt_partition_free(&part);
+    return r;
+}
+#undef T
+
+/* One rank of a case: its model (an MLP 12 -> 16 (-> batchnorm) -> 10 -> 4, seeded by rank) and optimizer
+   (SGD with weight decay), the trainer, then the parameters and buffers it ends with. */
+static dt_result train_rank(dt_comm *c, void *arg) {
+    const job *j = (const job *)arg;
+    rec *out = j->local ? &j->out[dt_comm_rank(c)] : j->out;
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_optim_desc od;
+    dt_result r;
+    int64_t nb = 0;
+    memset(&od, 0, sizeof od);
+    od.lr = 0.1f; od.momentum = j->momentum; od.weight_decay = 1e-4f;
+    if ((r = tc_mlp(&m, IN, K, 1 + 77 * (uint64_t)dt_comm_rank(c), j->bn, 16, 10)) == DT_OK && (r = dt_optim_create(&o, m, &od)) == DT_OK) {
+        switch (j->trainer) {
+        case TR_DDP: r = ddp_rank(c, j, m, o, out); break;
+        case TR_LOCALSGD: r = localsgd_rank(c, j, m, o, out); break;
+        case TR_DPSGD: r = dpsgd_rank(c, j, m, o, out); break;
+        default: r = fed_rank(c, j, m, out); break;
+        }
+    }
+    if (r == DT_OK) dt_model_buffers(m, &nb);
+    if (r == DT_OK && nb > MAXB) r = dt_set_error(DT_ERR_STATE, "%lld buffers: raise MAXB", (long long)nb);
+    if (r == DT_OK) r = dt_model_get_params(m, out->params, dt_model_param_count(m));
+    if (r == DT_OK && nb > 0) r = dt_model_get_buffers(m, out->bufs, nb);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    return r;
+}
+
+/* ---- MPI against local ranks ---- */
+
+static double native_diff;   /* the largest relative difference of the fields compared within TOL */
+
+/* compares one field of rank r's records: bit for bit, or within TOL relative to the field's largest value */
+static void same_floats(const char *what, const char *field, int r, const float *mpi, const float *loc, int64_t n, int exact) {
+    double e = dt_t_relerr(mpi, loc, n);
+    if (!exact && e > native_diff) native_diff = e;
+    if (exact ? memcmp(mpi, loc, sizeof(float) * (size_t)n) == 0 : e <= TOL) return;
+    dt_t_checks_failed++;
+    printf("    %s: rank %d's %s differ between MPI and local ranks (relative %.3g%s)\n", what, r, field, e,
+           exact ? ", bits expected" : "");
+}
+static void same_doubles(const char *what, const char *field, int r, const double *mpi, const double *loc, int n, int exact) {
+    int i;
+    for (i = 0; i < n; i++) {
+        double e = fabs(mpi[i] - loc[i]) / (fabs(loc[i]) > 1e-30 ? fabs(loc[i]) : 1.0);
+        if (!exact && e > native_diff) native_diff = e;
+        if (exact ? memcmp(&mpi[i], &loc[i], sizeof(double)) == 0 : e <= TOL) continue;
+        dt_t_checks_failed++;
+        printf("    %s: rank %d's %s[%d] differs between MPI and local ranks: %.17g against %.17g\n", what, r, field, i, mpi[i], loc[i]);
+    }
+}
+static void compare(const job *j, const char *what, const rec *mpi, const rec *loc) {
+    int r;
+    native_diff = 0.0;
+    for (r = 0; r < np; r++) {
+        const rec *a = &mpi[r], *b = &loc[r];
+        same_floats(what, "initial parameters", r, a->first, b->first, MAXP, 1);   /* a broadcast: a byte copy */
+        same_floats(what, "parameters", r, a->params, b->params, MAXP, j->exact);
+        same_floats(what, "buffers", r, a->bufs, b->bufs, MAXB, j->exact);
+        same_floats(what, "losses", r, a->loss, b->loss, 2 * (STEPS + 1), j->exact);
+        same_floats(what, "D-PSGD average", r, a->avg, b->avg, MAXP, j->exact && j->exact_mean);
+        same_doubles(what, j->trainer == TR_FED ? "train loss" : "consensus", r, a->metric, b->metric, STEPS + ROUNDS,
+                     j->exact && j->exact_mean);
+        if (memcmp(a->count, b->count, sizeof a->count) != 0) {
+            dt_t_checks_failed++;
+            printf("    %s: rank %d's counters differ between MPI and local ranks\n", what, r);
+        }
+        if (j->exact && j->exact_mean && memcmp(a, b, sizeof *a) != 0) {   /* nothing left out above */
+            dt_t_checks_failed++;
+            printf("    %s: rank %d's records differ\n", what, r);
+        }
+    }
+    if ((!j->exact || !j->exact_mean) && native_diff > 0.0)
+        printf("    %s: the floats NATIVE touches differ by a relative %.2g at most\n", what, native_diff);
+    else if (!j->exact || !j->exact_mean)
+        printf("    %s: the floats NATIVE touches are the same bits here too\n", what);
+    /* not vacuous: the parameters moved, and the replicas that must agree do */
+    if (memcmp(mpi[0].params, mpi[0].first, sizeof mpi[0].params) == 0) {
+        dt_t_checks_failed++;
+        printf("    %s: training left the parameters where they were\n", what);
+    }
+    if (j->trainer == TR_FED) {   /* clients dropped out, and multi-Krum left one out */
+        int64_t dropped = 0, left_out = 0;
+        int t, k;
+        for (t = 0; t < ROUNDS; t++) {
+            const int64_t *q = mpi[0].count + 4 + t * (5 + CLIENTS);
+            dropped += q[1];
+            for (k = 0; k < CLIENTS; k++) left_out += q[5 + k] == 2;   /* sampled, reported, not kept */
+        }
+        CHECK(j->dropout == 0.0f || dropped > 0);
+        CHECK(j->agg != DT_FED_MULTIKRUM || left_out > 0);
+    }
+    for (r = 1; r < np; r++) {
+        CHECK(memcmp(mpi[r].first, mpi[0].first, sizeof mpi[0].first) == 0 || j->trainer == TR_FED);
+        if ((j->trainer == TR_DDP || j->trainer == TR_LOCALSGD) && j->exact) CHECK(memcmp(mpi[r].params, mpi[0].params, sizeof mpi[0].params) == 0);
+    }
+}
+
+/* Runs the case on MPI (every rank), then on np local ranks (rank 0), and compares on rank 0. */
+static void run_case(job *j, const char *what) {
+    rec *mine = (rec *)calloc(1, sizeof(rec)), *mpi = (rec *)calloc((size_t)np, sizeof(rec)), *loc = (rec *)calloc((size_t)np, sizeof(rec));
+    dt_comm_desc cd = Wdesc;
+    dt_comm *c = NULL;
+    if (!mine || !mpi || !loc) { printf("out of memory\n"); exit(2); }
+    cd.algo = j->comm_algo;
+    CHECK_OK(dt_comm_create_mpi(&c, MPI_COMM_WORLD, &cd));
+    if (c) {
+        j->local = 0;
+        j->out = mine;
+        CHECK_OK(train_rank(c, j));
+        dt_comm_destroy(c);
+    }
+    CHECK_OK(dt_comm_gather(W, mine, me == 0 ? mpi : NULL, sizeof(rec), DT_U8, 0));
+    if (me == 0) {
+        dt_launch_desc d;
+        memset(&d, 0, sizeof d);
+        d.ranks = np;
+        d.comm = cd;
+        j->local = 1;
+        j->out = loc;
+        CHECK_OK(dt_launch_local(&d, train_rank, j, NULL));
+        if (j->trainer == TR_DDP) {   /* the one thing that differs: who reduces the buckets, and when */
+            int r, over = j->ddp.method == DT_DDP_BUCKETS && !j->ddp.no_overlap;
+            for (r = 0; r < np; r++) {
+                CHECK(mpi[r].count[3] == 0 && loc[r].count[3] == over);
+                mpi[r].count[3] = loc[r].count[3] = 0;
+            }
+            if (j->ddp.method == DT_DDP_BUCKETS && j->ddp.bucket_bytes == 200) CHECK(mpi[0].count[2] == 3);
+        }
+        compare(j, what, mpi, loc);
+    }
+    free(mine); free(mpi); free(loc);
+}
+
+static job base(int trainer, dt_algo comm_algo) {
+    job j;
+    memset(&j, 0, sizeof j);
+    j.trainer = trainer;
+    j.comm_algo = comm_algo;
+    j.exact = j.exact_mean = 1;
+    j.momentum = 0.9f;
+    return j;
+}
+
+/* ---- the tests ---- */
+static const dt_algo algos[] = {DT_ALGO_NAIVE, DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NATIVE};
+#define N_OF(a) (sizeof(a) / sizeof(a[0]))
+
+/* every averaging method; the all-reduce methods with every algorithm. BUCKETS: 200 bytes a bucket
+   (three buckets), overlapped with backward on local ranks only, and once without overlap */
+static void test_ddp_methods(void) {
+    int meth;
+    size_t a;
+    char what[128];
+    for (meth = 0; meth < DT_DDP_METHOD_COUNT; meth++)
+        for (a = 0; a < N_OF(algos); a++) {
+            int allreduce = meth == DT_DDP_BUCKETS || meth == DT_DDP_FLAT || meth == DT_DDP_PER_LAYER;
+            job j = base(TR_DDP, DT_ALGO_RING);
+            if (!allreduce && a) break;
+            j.ddp.method = (dt_ddp_method)meth;
+            j.ddp.algo = allreduce ? algos[a] : DT_ALGO_AUTO;
+            j.ddp.bucket_bytes = 200;
+            j.exact = j.ddp.algo != DT_ALGO_NATIVE;
+            snprintf(what, sizeof what, "ddp %s%s%s", dt_ddp_method_name(j.ddp.method), allreduce ? " " : "",
+                     allreduce ? dt_algo_name(j.ddp.algo) : "");
+            run_case(&j, what);
+        }
+    {
+        job j = base(TR_DDP, DT_ALGO_RING);
+        j.ddp.bucket_bytes = 200;
+        j.ddp.no_overlap = 1;
+        run_case(&j, "ddp buckets ring, no overlap");
+    }
+}
+
+/* accumulation, unequal batch counts (join), backward + dt_ddp_sync, BatchNorm statistics at every sync;
+   and a communicator whose default is NATIVE */
+static void test_ddp_modes(void) {
+    static const char *names[] = {"", "two micro-batches", "odd ranks one batch less", "backward + dt_ddp_sync"};
+    int mode, meth;
+    char what[128];
+    for (mode = 1; mode <= 3; mode++) {
+        job j = base(TR_DDP, DT_ALGO_RING);
+        j.mode = mode;
+        j.ddp.bucket_bytes = 200;
+        snprintf(what, sizeof what, "ddp buckets ring, %s", names[mode]);
+        run_case(&j, what);
+    }
+    for (meth = 1; meth < DT_DDP_METHOD_COUNT; meth++) {   /* FLAT and PER_LAYER on the communicator's TREE */
+        job j = base(TR_DDP, DT_ALGO_TREE);
+        j.mode = 2;
+        j.ddp.method = (dt_ddp_method)meth;
+        snprintf(what, sizeof what, "ddp %s%s, odd ranks one batch less", dt_ddp_method_name(j.ddp.method),
+                 meth <= DT_DDP_PER_LAYER ? " tree" : "");
+        run_case(&j, what);
+    }
+    {
+        job j = base(TR_DDP, DT_ALGO_RING);
+        j.bn = 1;
+        j.ddp.sync_buffers = 1;
+        j.ddp.bucket_bytes = 200;
+        run_case(&j, "ddp buckets ring, batchnorm statistics at every sync");
+    }
+    {
+        job j = base(TR_DDP, DT_ALGO_NATIVE);
+        j.bn = 1;
+        j.ddp.algo = DT_ALGO_RING;   /* the AUTO collectives (the samples' agreement, the initial broadcast)
+                                        are NATIVE's, but they carry integers and copies: the same bits */
+        run_case(&j, "ddp buckets ring on a native communicator, batchnorm");
+    }
+}
+
+/* period 2 over 5 steps and a final average, every algorithm; BatchNorm buffers averaged too */
+static void test_localsgd(void) {
+    size_t a;
+    char what[128];
+    for (a = 0; a < N_OF(algos); a++) {
+        job j = base(TR_LOCALSGD, DT_ALGO_RING);
+        j.lsgd.period = 2;
+        j.lsgd.algo = algos[a];
+        j.exact = algos[a] != DT_ALGO_NATIVE;
+        snprintf(what, sizeof what, "local SGD period 2, %s", dt_algo_name(algos[a]));
+        run_case(&j, what);
+    }
+    {
+        job j = base(TR_LOCALSGD, DT_ALGO_RING);
+        j.bn = 1;
+        j.lsgd.sync_buffers = 1;
+        run_case(&j, "local SGD period 0, batchnorm buffers");
+    }
+}
+
+/* both orders on a ring; an exponential graph with Metropolis weights gossiping BatchNorm buffers too;
+   the full graph; and on a NATIVE communicator, where only the consensus and the average are NATIVE's */
+static void test_dpsgd(void) {
+    int order;
+    char what[128];
+    for (order = 0; order < DT_DPSGD_ORDER_COUNT; order++) {
+        job j = base(TR_DPSGD, DT_ALGO_RING);
+        j.dpsgd.order = (dt_dpsgd_order)order;
+        j.topo.kind = DT_TOPO_RING;
+        snprintf(what, sizeof what, "d-psgd %s, ring", dt_dpsgd_order_name(j.dpsgd.order));
+        run_case(&j, what);
+    }
+    {
+        job j = base(TR_DPSGD, DT_ALGO_TREE);
+        j.topo.kind = DT_TOPO_EXPONENTIAL;
+        j.topo.mixing = DT_MIXING_METROPOLIS;
+        j.bn = 1;
+        j.dpsgd.mix_buffers = 1;
+        run_case(&j, "d-psgd cta, exponential graph, metropolis, batchnorm buffers");
+    }
+    {
+        job j = base(TR_DPSGD, DT_ALGO_NAIVE);
+        j.topo.kind = DT_TOPO_FULL;
+        j.dpsgd.order = DT_DPSGD_ADAPT_THEN_COMBINE;
+        j.momentum = 0.0f;
+        run_case(&j, "d-psgd atc, full graph");
+    }
+    {
+        job j = base(TR_DPSGD, DT_ALGO_NATIVE);
+        j.topo.kind = DT_TOPO_RING;
+        j.exact_mean = 0;
+        run_case(&j, "d-psgd cta, ring, native communicator");
+    }
+}
+
+/* CLIENTS clients over the ranks (on 2 ranks all on rank 1): the mean with seeded dropouts and a fraction;
+   multi-Krum against a sign-flipping client; the trimmed mean with dropouts; on RING and NATIVE
+   communicators alike (FedAvg broadcasts and sends; nothing it does is reduced) */
+static void test_fedavg(void) {
+    job j = base(TR_FED, DT_ALGO_RING);
+    j.agg = DT_FED_MEAN; j.frac = 6.0f / 7.0f; j.dropout = 0.3f;
+    run_case(&j, "fedavg mean, C = 6/7, dropout 0.3");
+    j = base(TR_FED, DT_ALGO_NATIVE);
+    j.agg = DT_FED_MULTIKRUM; j.frac = 1.0f; j.attacker = 3; j.momentum = 0.0f;
+    run_case(&j, "fedavg multi-krum, client 2 flips signs, native communicator");
+    j = base(TR_FED, DT_ALGO_TREE);
+    j.agg = DT_FED_TRIMMED; j.trim = 0.2f; j.frac = 1.0f; j.dropout = 0.25f;
+    run_case(&j, "fedavg trimmed mean 0.2, dropout 0.25");
+}
+
+static dt_result rank_main(dt_comm *c, void *arg) {
+    dt_result r;
+    (void)arg;
+    W = c;
+    me = dt_comm_rank(c);
+    np = dt_comm_size(c);
+    if (strcmp(dt_comm_backend_name(c), "mpi") != 0 || np < 2 || np > MAXR)
+        return dt_set_error(DT_ERR_STATE, "start this test with mpiexec -n 2 (up to %d), not alone", MAXR);
+    if ((r = mt_begin(me)) != DT_OK) return r;
+    if (me == 0) printf("%d MPI ranks against %d local ranks\n", np, np);
+    mt_run("ddp_methods", test_ddp_methods);
+    mt_run("ddp_modes", test_ddp_modes);
+    mt_run("localsgd", test_localsgd);
+    mt_run("dpsgd", test_dpsgd);
+    mt_run("fedavg", test_fedavg);
+    return mt_end();
+}
+
+int main(int argc, char **argv) {
+    dt_log_configure(NULL, NULL, DT_LOG_ERROR);   /* FedAvg warns when dropouts leave too few reports */
+    make_data();
+    return mt_main(argc, argv, 256, 60, &Wdesc, rank_main);   /* segments of 256 bytes: the ring's pipeline
+                                                                  even on these small buffers */
+}

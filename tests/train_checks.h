@@ -1,0 +1,27 @@
+/* train_checks.h - what the trainer tests share (test_ddp, test_localsgd, mpi/test_train_mpi): the small
+   classifier they train on synthetic data. Include after dtrain.h (with its implementation). */
+#ifndef TRAIN_CHECKS_H
+#define TRAIN_CHECKS_H
+#include <string.h>
+
+/* An MLP in -> hidden (-> batchnorm) -> relu (-> hidden2 -> relu) -> classes, no dropout; hidden2 = 0
+   leaves out the second hidden layer. The tests give every rank another seed, so that the trainers'
+   initial broadcast matters. */
+static dt_result tc_mlp(dt_model **m, int64_t in, int64_t classes, uint64_t seed, int bn, int hidden, int hidden2) {
+    dt_model_desc d;
+    int x;
+    memset(&d, 0, sizeof d);
+    d.in_c = in; d.seed = seed;
+    if (dt_model_create(m, &d) != DT_OK) return DT_ERR_OUT_OF_MEMORY;
+    x = dt_model_input(*m);
+    x = dt_linear(*m, x, hidden, 1);
+    if (bn) x = dt_batchnorm(*m, x);
+    x = dt_relu(*m, x);
+    if (hidden2 > 0) {
+        x = dt_linear(*m, x, hidden2, 1);
+        x = dt_relu(*m, x);
+    }
+    x = dt_linear(*m, x, classes, 1);
+    return dt_model_finalize(*m);
+}
+#endif
