@@ -30,10 +30,12 @@ column_of() { head -n 1 "$1" | tr -d '\r' | awk -F, -v c="$2" '{ for (i = 1; i <
 # a gnuplot single-quoted string ('' is a quote inside one)
 quote() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/''/g")"; }
 is_percent() { case $1 in *_acc|*_top5|*_rate) return 0 ;; esac; return 1; }
+# an argument is FILE or FILE=TITLE (a file whose own name holds '=' is taken whole): sets f and name
+split_arg() { f=$1; name=""; [ -f "$f" ] || { f=${1%%=*}; name=${1#*=}; }; [ -n "$name" ] || name=$(basename "$f" .csv); }
 
 # every file must exist, have rows and every asked column: checked before anything is drawn
 for arg in "$@"; do
-    f=$arg; [ -f "$f" ] || f=${arg%%=*}
+    split_arg "$arg"
     [ -f "$f" ] || { echo "tools/plot.sh: no such file: $f" >&2; exit 2; }
     [ "$(wc -l < "$f")" -ge 2 ] || { echo "tools/plot.sh: $f has no rows below its header" >&2; exit 2; }
     for c in $x $ys; do
@@ -47,17 +49,15 @@ command -v gnuplot >/dev/null 2>&1 || { echo "tools/plot.sh: gnuplot is not inst
 # the line titles, and the widest, for the key right of the last panel
 widest=0
 for arg in "$@"; do
-    name=""; [ -f "$arg" ] || name=${arg#*=}
-    [ -n "$name" ] || name=$(basename "${arg%%=*}" .csv)
+    split_arg "$arg"
     [ ${#name} -gt $widest ] && widest=${#name}
 done
 n=0; for c in $ys; do n=$((n + 1)); done
-term=png; gnuplot -e "set terminal pngcairo" >/dev/null 2>&1 && term=pngcairo
-first=$1; [ -f "$first" ] || first=${first%%=*}
-xlabel=${x:-$(head -n 1 "$first" | tr -d '\r' | cut -d, -f1)}
-pw=460; kw=$((widest * 7 + 60)); width=$((n * pw + kw))   # panels of pw pixels, the key kw wide
+split_arg "$1"
+xlabel=${x:-$(head -n 1 "$f" | tr -d '\r' | cut -d, -f1)}
+pw=460; kw=$((widest * 6 + 70)); width=$((n * pw + kw))   # panels of pw pixels, the key kw wide
 {
-    echo "set terminal $term noenhanced size $width,420"
+    echo "set terminal png noenhanced size $width,420"
     echo "set output $(quote "$out")"
     echo "set datafile separator ','"
     echo "set grid"
@@ -75,9 +75,7 @@ pw=460; kw=$((widest * 7 + 60)); width=$((n * pw + kw))   # panels of pw pixels,
         printf 'plot'
         sep=""
         for arg in "$@"; do
-            f=$arg; name=""
-            if [ ! -f "$f" ]; then f=${arg%%=*}; name=${arg#*=}; fi
-            [ -n "$name" ] || name=$(basename "$f" .csv)
+            split_arg "$arg"
             xi=1; [ -n "$x" ] && xi=$(column_of "$f" "$x")
             printf '%s %s skip 1 using %s:($%s*%s) with linespoints lw 2 pt 7 ps 0.6 title %s' \
                 "$sep" "$(quote "$f")" "$xi" "$(column_of "$f" "$c")" "$scale" "$(quote "$name")"
