@@ -7,6 +7,8 @@
 #                     "N passed, N failed", non-zero exit on failure
 #   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch by DDP on 4 local ranks
 #   make scaling      DDP time per epoch on 1..4 local ranks, with a chart (build/bench/scaling.png)
+#   make plots        the charts and the table in docs/fedavg-attack/ redrawn from the CSVs and logs there
+#   make fedavg-attack  the label-flipping study of docs/accuracy.md run again (build/fedavg-attack/, ~30 min)
 #   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
@@ -69,6 +71,15 @@ scaling: $(B)/examples/ddp
 
 bench-comm: $(B)/bench/bench_comm
 	sh bench/comm.sh $(B)
+
+# learning curves: tools/plot.sh draws any of the examples' CSVs (needs gnuplot)
+plots:
+	PLOT_ONLY=1 sh tools/fedavg_attack.sh $(B) docs/fedavg-attack
+
+fedavg-attack: $(B)/examples/fedavg
+	sh tools/fedavg_attack.sh $(B) $(B)/fedavg-attack
+
+.PHONY: plots fedavg-attack
 
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures

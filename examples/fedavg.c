@@ -7,12 +7,14 @@
                  [--partition iid|shards|dirichlet] [--alpha 0.5] [--optim sgd|adam] [--lr 0.05] [--cosine]
                  [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim 0.1] [--krum-f 1]
                  [--attack none|labelflip|signflip|noise] [--attackers 0] [--flip 1:4] [--noise-std 1]
-                 [--prox-mu 0] [--dropout-prob 0] [--class-acc C] [--seed 0] [--limit N] [--csv PATH]
+                 [--prox-mu 0] [--dropout-prob 0] [--class-acc C] [--per-class] [--seed 0] [--limit N] [--csv PATH]
    e.g.   ./build/examples/fedavg --ranks 4 --clients 10 --rounds 10 --model fedavg_2nn
           ./build/examples/fedavg --clients 5 --attack labelflip --attackers 1 --flip 1:4 --agg median
 
    Clients 0 .. attackers-1 are the attackers. --flip a:b maps label a to b (repeat --flip for a
-   permutation). The per-class accuracy of --class-acc (default: the first flipped label) is logged. */
+   permutation). The accuracy on class --class-acc (default: the first flipped label) is logged each round,
+   with the share of its test images predicted as its flipped label, and the clients the aggregator left out;
+   --per-class prints the final accuracy of every class and how many rounds each client was left out. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +28,7 @@ typedef struct args {
     const char *model, *dataset, *data, *csv, *partition, *attack;
     long clients, rounds, local_epochs, batch, seed, limit, attackers, krum_f, class_acc;
     double frac, alpha, lr, prox_mu, dropout_prob, trim, noise_std;
-    int adam, cosine;
+    int adam, cosine, per_class;
     dt_fed_agg agg;
     int32_t flip[DT_FED_MAX_CLASSES];
     int flip_set;
@@ -39,7 +41,8 @@ static void usage(FILE *f) {
                "              [--dataset fashion-mnist|mnist] [--data DIR] [--partition iid|shards|dirichlet] [--alpha A]\n"
                "              [--optim sgd|adam] [--lr X] [--cosine] [--agg mean|median|trimmed|krum|multikrum|classmean]\n"
                "              [--trim F] [--krum-f F] [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
-               "              [--noise-std S] [--prox-mu MU] [--dropout-prob P] [--class-acc C] [--seed N] [--limit N] [--csv PATH]\n");
+               "              [--noise-std S] [--prox-mu MU] [--dropout-prob P] [--class-acc C] [--per-class]\n"
+               "              [--seed N] [--limit N] [--csv PATH]\n");
 }
 
 static int parse_args(int argc, char **argv, args *a) {
@@ -53,6 +56,7 @@ static int parse_args(int argc, char **argv, args *a) {
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--cosine")) { a->cosine = 1; continue; }
+        if (!strcmp(f, "--per-class")) { a->per_class = 1; continue; }
         if (!v) { fprintf(stderr, "fedavg: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--dataset")) a->dataset = v;
@@ -100,23 +104,46 @@ static int parse_args(int argc, char **argv, args *a) {
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
 
-/* Accuracy on the test samples of one class. */
-static dt_result class_accuracy(dt_model *m, const args *a, int64_t cls, double *acc) {
-    int64_t i, n = 0, *idx = (int64_t *)malloc(sizeof(int64_t) * (size_t)a->test.count);
-    dt_eval_result ev;
-    dt_result r = DT_OK;
-    *acc = 0.0;
-    if (!idx) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
-    for (i = 0; i < a->test.count; i++) if (a->test.labels[i] == cls) idx[n++] = i;
-    if (n > 0 && (r = dt_evaluate(m, &a->test, idx, n, &a->te, 1000, 1, &ev)) == DT_OK) *acc = ev.top1;
-    free(idx);
+/* conf[y * K + p]: the test images of class y that the model predicts as p (K classes). */
+static dt_result confusion(dt_model *m, const args *a, int64_t *conf) {
+    int64_t K = a->test.num_classes, i, j, s, n, ids[1000];
+    int32_t y[1000];
+    float *x = (float *)malloc(sizeof(float) * 1000 * (size_t)(a->test.c * a->test.h * a->test.w));
+    float *out = (float *)malloc(sizeof(float) * 1000 * (size_t)K);
+    dt_result r = x && out ? DT_OK : dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
+    int training = dt_model_is_training(m);
+    memset(conf, 0, sizeof(int64_t) * (size_t)(K * K));
+    dt_model_train(m, 0);
+    for (s = 0; r == DT_OK && s < a->test.count; s += n) {
+        n = a->test.count - s < 1000 ? a->test.count - s : 1000;
+        for (i = 0; i < n; i++) ids[i] = s + i;
+        if ((r = dt_dataset_batch(&a->test, ids, n, &a->te, 0, 0, x, y)) != DT_OK || (r = dt_model_forward(m, x, n)) != DT_OK ||
+            (r = dt_model_output(m, out, n * K)) != DT_OK) break;
+        for (i = 0; i < n; i++) {
+            int64_t best = 0;
+            for (j = 1; j < K; j++) if (out[i * K + j] > out[i * K + best]) best = j;
+            conf[y[i] * K + best]++;
+        }
+    }
+    dt_model_train(m, training);
+    free(x);
+    free(out);
     return r;
+}
+
+/* Share of class c's test images predicted as p. */
+static double conf_rate(const int64_t *conf, int64_t K, int64_t c, int64_t p) {
+    int64_t j, n = 0;
+    for (j = 0; j < K; j++) n += conf[c * K + j];
+    return n ? (double)conf[c * K + p] / (double)n : 0.0;
 }
 
 static dt_result rank_main(dt_comm *c, void *arg) {
     args *a = (args *)arg;
-    int me = dt_comm_rank(c), *behaviour = NULL, beh = DT_FED_HONEST;
-    int64_t ntrain = a->limit && a->limit < a->train.count ? a->limit : a->train.count, t;
+    int me = dt_comm_rank(c), *behaviour = NULL, beh = DT_FED_HONEST, *sel = NULL, *dropped = NULL, *kept = NULL, i, nsel;
+    int64_t ntrain = a->limit && a->limit < a->train.count ? a->limit : a->train.count, t, K = a->test.num_classes;
+    int64_t *conf = NULL;
+    long *left = NULL;   /* rounds each client's report was left out of the aggregate */
     dt_model *m = NULL;
     dt_fed *f = NULL;
     dt_partition part;
@@ -138,7 +165,10 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     if (!strcmp(a->attack, "labelflip")) beh = DT_FED_LABELFLIP;
     else if (!strcmp(a->attack, "signflip")) beh = DT_FED_SIGNFLIP;
     else if (!strcmp(a->attack, "noise")) beh = DT_FED_NOISE;
-    if (!(behaviour = (int *)calloc((size_t)a->clients, sizeof(int)))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory"); goto done; }
+    behaviour = (int *)calloc((size_t)a->clients, sizeof(int)); sel = (int *)calloc((size_t)a->clients, sizeof(int));
+    dropped = (int *)calloc((size_t)a->clients, sizeof(int)); kept = (int *)calloc((size_t)a->clients, sizeof(int));
+    left = (long *)calloc((size_t)a->clients, sizeof(long)); conf = (int64_t *)calloc((size_t)(K * K), sizeof(int64_t));
+    if (!behaviour || !sel || !dropped || !kept || !left || !conf) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory"); goto done; }
     for (k = 0; k < a->attackers; k++) behaviour[k] = beh;
 
     memset(&fd, 0, sizeof fd);
@@ -153,7 +183,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     TRY(dt_fed_create(&f, c, m, &fd));
     if (me == 0) {
         if (a->csv && !(csv = fopen(a->csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a->csv); goto done; }
-        if (csv) fprintf(csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc\n");
+        if (csv) fprintf(csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n");
         printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s lr %g%s; "
                "aggregator %s; attack %s by %ld clients; %d ranks (%s)\n", a->model, a->dataset, (long long)ntrain,
                a->clients, a->partition, (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
@@ -164,30 +194,52 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     for (t = 0; t < a->rounds; t++) {
         dt_fed_round_info info;
         dt_eval_result ev;
-        double t0 = dt_time_now(), secs, cacc = 0.0;
+        double t0 = dt_time_now(), secs, cacc = 0.0, frate = 0.0;
+        char out[512] = "";   /* the clients whose reports the aggregator left out, e.g. "0 3" */
         TRY(dt_fed_round(f, t, &info));
         secs = dt_time_now() - t0;
         if (me != 0) continue;
         TRY(dt_evaluate(m, &a->test, NULL, 0, &a->te, 1000, 1, &ev));
-        if (a->class_acc >= 0) TRY(class_accuracy(m, a, a->class_acc, &cacc));
+        if (a->class_acc >= 0) {
+            TRY(confusion(m, a, conf));
+            cacc = conf_rate(conf, K, a->class_acc, a->class_acc);
+            frate = a->flip[a->class_acc] != a->class_acc ? conf_rate(conf, K, a->class_acc, a->flip[a->class_acc]) : 0.0;
+        }
+        nsel = dt_fed_draw(f, t, sel, dropped);
+        dt_fed_last_kept(f, kept);
+        for (i = 0; i < nsel; i++) {
+            if (dropped[i] || kept[sel[i]] || info.kept == 0) continue;
+            left[sel[i]]++;
+            if (strlen(out) + 12 < sizeof out) sprintf(out + strlen(out), "%s%d", *out ? " " : "", sel[i]);
+        }
         printf("round %3lld/%ld  %6.2fs  lr %.4g  clients %d (dropped %d, kept %d)  train loss %.4f  test loss %.4f  "
                "test acc %6.2f%%", (long long)t + 1, a->rounds, secs, (double)info.lr, info.selected, info.dropped, info.kept,
                info.train_loss, ev.loss, 100.0 * ev.top1);
         if (a->class_acc >= 0) printf("  class %ld acc %6.2f%%", a->class_acc, 100.0 * cacc);
+        if (a->class_acc >= 0 && a->flip[a->class_acc] != a->class_acc) printf(" (as %d: %.2f%%)", (int)a->flip[a->class_acc], 100.0 * frate);
+        if (*out) printf("  left out %s", out);
         printf("\n");
         fflush(stdout);
         if (csv) {
-            fprintf(csv, "%lld,%.3f,%g,%d,%d,%d,%.6f,%.6f,%.6f,%.6f\n", (long long)t + 1, secs, (double)info.lr, info.selected,
-                    info.dropped, info.kept, info.train_loss, ev.loss, ev.top1, cacc);
+            fprintf(csv, "%lld,%.3f,%g,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%s\n", (long long)t + 1, secs, (double)info.lr,
+                    info.selected, info.dropped, info.kept, info.train_loss, ev.loss, ev.top1, cacc, frate, out);
             fflush(csv);
         }
+    }
+    if (me == 0 && a->per_class) {   /* the final model's accuracy on each class, and the rounds each client was left out */
+        TRY(confusion(m, a, conf));
+        printf("per-class test accuracy:");
+        for (t = 0; t < K; t++) printf(" %lld:%.2f%%", (long long)t, 100.0 * conf_rate(conf, K, t, t));
+        printf("\nrounds left out of the aggregate, per client:");
+        for (k = 0; k < a->clients; k++) printf(" %ld", left[k]);
+        printf("\n");
     }
 done:
     if (csv) fclose(csv);
     dt_fed_destroy(f);
     dt_model_destroy(m);
     dt_partition_free(&part);
-    free(behaviour);
+    free(behaviour); free(sel); free(dropped); free(kept); free(left); free(conf);
     return r;
 }
 
@@ -206,7 +258,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fedavg: %s\n", dt_last_error());
         return 1;
     }
-    rc = dt_launch(&ld, rank_main, &a);
+    if (a.class_acc >= a.test.num_classes) {
+        fprintf(stderr, "fedavg: --class-acc %ld: %s has classes 0..%lld\n", a.class_acc, a.dataset, (long long)a.test.num_classes - 1);
+        rc = 2;
+    } else rc = dt_launch(&ld, rank_main, &a);
     dt_dataset_free(&a.test);
     dt_dataset_free(&a.train);
     return rc;

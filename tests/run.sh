@@ -134,6 +134,18 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 else
     echo "skipped train resume check: dataset-fashion-mnist is not installed"
 fi
+# tools/plot.sh: a chart from a small CSV, and a CSV without the asked column refused before drawing
+printf 'round,train_loss,test_loss,test_acc\n1,0.9,0.8,0.70\n2,0.6,0.5,0.80\n' > "$T/p.csv"
+check "tools/plot.sh -y class_acc on a CSV without it: exit 2 naming the column" sh -c "
+    sh tools/plot.sh -o '$T/none.png' -y class_acc '$T/p.csv' 2> '$T/p.err'
+    [ \$? -eq 2 ] && grep -q \"no column 'class_acc'\" '$T/p.err' && [ ! -e '$T/none.png' ]"
+if command -v gnuplot >/dev/null 2>&1; then
+    check "tools/plot.sh: a PNG from a small CSV" sh -c "
+        sh tools/plot.sh -o '$T/p.png' -t 'two rounds' '$T/p.csv=one run' >/dev/null && [ -s '$T/p.png' ] &&
+        [ \"\$(head -c 4 '$T/p.png' | tail -c 3)\" = PNG ]"
+else
+    echo "skipped tools/plot.sh chart check: gnuplot is not installed (tools/deps.sh gnuplot-nox)"
+fi
 rm -rf "$T"
 
 echo "== 6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
