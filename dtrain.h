@@ -67,6 +67,9 @@
      | DT_IMAGE_MAX_PIXELS      | 1 << 26          | largest image (w * h) an image folder may hold   |
      | DT_USE_MPI               | undefined        | include dtrain_mpi.h (the MPI backend) and let   |
      |                          |                  | dt_launch use MPI under mpiexec; build with mpicc|
+     | DT_USE_CUDA              | undefined        | include dtrain_cuda.h (the GPU backend): models  |
+     |                          |                  | whose desc.ops is NULL run on the GPU; link      |
+     |                          |                  | dtrain_cuda.cu's object (nvcc), -lcublas -lcudart|
    The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s).
 
    OPTIONAL FEATURES AND POSIX
@@ -118,7 +121,8 @@
 
    BACKENDS
      Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
-     table, dt_cpu_ops(), is in this file; another backend supplies another table in dt_model_desc.
+     table, dt_cpu_ops(), is in this file; another backend supplies another table in dt_model_desc: the GPU's
+     is dt_cuda_ops() (dtrain_cuda.h: CUDA kernels and cuBLAS), the default in builds with DT_USE_CUDA.
      Communication has its own table (dt_comm_backend): self (one rank), local (threads, here) and mpi
      (dtrain_mpi.h). The collective algorithms (naive, ring, tree) are written once over its point-to-point
      calls, so they behave and round the same on every backend; NATIVE uses the backend's own.
@@ -395,8 +399,9 @@ typedef struct dt_model_desc {
     int64_t       in_c, in_h, in_w;   /* per-sample input shape; in_h = in_w = 0 for a vector of in_c */
     uint64_t      seed;               /* weight initialisation and dropout masks (default 0) */
     uint64_t      stream;             /* RNG stream, e.g. the rank (default 0) */
-    const dt_ops *ops;                /* backend (default dt_cpu_ops()) */
-    void         *ops_ctx;            /* backend state passed to every op */
+    const dt_ops *ops;                /* backend (default dt_cpu_ops(); dt_cuda_ops() in a DT_USE_CUDA build) */
+    void         *ops_ctx;            /* backend state passed to every op (the GPU's: a dt_cuda, or NULL for one
+                                         the model creates and destroys) */
     int           input_grad;         /* 1: also compute the gradient w.r.t. the input (dt_model_node_grad(m, 0)) */
 } dt_model_desc;
 
@@ -1478,6 +1483,9 @@ static inline DT__HD void dt__adam_update(float *p, const float *g, float *m, fl
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DT_NO_SIMD)
 #include <immintrin.h>
+#endif
+#ifdef DT_USE_CUDA
+#include "dtrain_cuda.h"   /* dt_cuda_ops(): a model's default backend in a CUDA build */
 #endif
 
 #if defined(_OPENMP) && !defined(DT_NO_OPENMP)
@@ -2589,6 +2597,7 @@ struct dt_model {
     dt_backward_hook hook;          /* called after each node's backward (dt_ddp's buckets) */
     void *hook_user;
     dt__cpu_state cpu;              /* the CPU backend's state (ctx) when no other is given */
+    void *own_ctx;                  /* a backend context the model created (the CUDA build's default), or NULL */
 };
 
 /* Waits for the backend's ops (dt_ops.sync) and returns their first failure, named after the call. */
@@ -2703,6 +2712,18 @@ dt_result dt_model_create(dt_model **out, const dt_model_desc *desc) {
     memset(m, 0, sizeof *m);
     m->ops = desc->ops ? desc->ops : dt_cpu_ops();
     m->ctx = desc->ops_ctx;
+#ifdef DT_USE_CUDA
+    if (!desc->ops || desc->ops == dt_cuda_ops()) {   /* a CUDA build: the GPU is the default, on the given
+                                                          dt_cuda or on one the model creates */
+        m->ops = dt_cuda_ops();
+        if (!m->ctx) {
+            dt_cuda *cu = NULL;
+            dt_result r = dt_cuda_create(&cu, NULL);
+            if (r != DT_OK) { DT_FREE(m); return r; }
+            m->ctx = m->own_ctx = cu;
+        }
+    }
+#endif
     if (m->ops == dt_cpu_ops() && !m->ctx) m->ctx = &m->cpu;   /* workspace placed by dt__reserve */
     m->seed = desc->seed;
     m->stream = desc->stream;
@@ -2734,6 +2755,9 @@ void dt_model_destroy(dt_model *m) {
     if (m->params) m->ops->free(m->ctx, m->params);
     if (m->grads) m->ops->free(m->ctx, m->grads);
     if (m->buffers) m->ops->free(m->ctx, m->buffers);
+#ifdef DT_USE_CUDA
+    if (m->own_ctx) dt_cuda_destroy((dt_cuda *)m->own_ctx);   /* after everything allocated on it */
+#endif
     DT_FREE(m->nodes);
     DT_FREE(m->pinfo);
     DT_FREE(m->binfo);
@@ -8901,6 +8925,10 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
 /* The MPI backend, declarations and (with DTRAIN_IMPLEMENTATION) implementation, for builds with MPI. */
 #ifdef DT_USE_MPI
 #include "dtrain_mpi.h"
+#endif
+/* The GPU backend's declarations, for CUDA builds (its implementation is dtrain_cuda.cu, built by nvcc). */
+#ifdef DT_USE_CUDA
+#include "dtrain_cuda.h"
 #endif
 
 /*
