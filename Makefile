@@ -56,10 +56,12 @@ endif
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 # -fmad=false: no fused multiply-adds in the kernels, so they round as the CPU ops do (cuBLAS is unaffected)
 NVFLAGS   ?= -O3 -fmad=false
-DEFS      += -DDT_USE_CUDA
+# override: also when DEFS or LDLIBS come from the command line (e.g. DEFS=-pthread LDLIBS=-lm where zlib or
+# libstb-dev is missing)
+override DEFS   += -DDT_USE_CUDA
 B         := $(B)-cuda
 CUDA_OBJ  := $(B)/dtrain_cuda.o
-LDLIBS    := $(CUDA_OBJ) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ $(LDLIBS)
+override LDLIBS := $(CUDA_OBJ) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ $(LDLIBS)
 CUDATESTS := $(B)/tests/cuda/test_cuda
 MPITESTS  := $(MPITESTS:build-mpi/%=$(B)/%)
 endif

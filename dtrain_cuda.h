@@ -545,11 +545,25 @@ static void dt__cu_sum(dt_cuda *cu, const float *xf, const double *xd, int64_t n
         DT__CU(cu, cudaStreamSynchronize(cu->stream));
 }
 
+/* Managed memory is never asked for beyond what the GPU has free (less a reserve for cuBLAS and the
+   other contexts' scratch): oversubscribed managed memory pages in and out, and can stall the GPU. */
+#define DT__CU_RESERVE ((size_t)256 << 20)
 static void *dt__cu_alloc(void *ctx, int64_t bytes) {
     dt_cuda *cu = dt__cu_enter(ctx);
     void *p = NULL;
+    size_t avail = 0, total = 0;
     cudaError_t e;
     if (bytes <= 0) bytes = 1;
+    if (cu->managed) {
+        if (DT__CU(cu, cudaMemGetInfo(&avail, &total))) return NULL;
+        if ((size_t)bytes + DT__CU_RESERVE > avail) {
+            dt_set_error(DT_ERR_OUT_OF_MEMORY, "GPU %d has %lld of its %lld MiB free; %lld MiB more (and a reserve of %lld) "
+                         "would oversubscribe its managed memory: use a smaller batch or model", cu->device,
+                         (long long)(avail >> 20), (long long)(total >> 20), (long long)(bytes >> 20),
+                         (long long)(DT__CU_RESERVE >> 20));
+            return NULL;
+        }
+    }
     e = cu->managed ? cudaMallocManaged(&p, (size_t)bytes, cudaMemAttachGlobal) : cudaMalloc(&p, (size_t)bytes);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();   /* not sticky: the caller reports the failed allocation */
