@@ -1327,6 +1327,12 @@ void      dt_fed_last_kept(const dt_fed *f, int *kept);
 #ifdef __cplusplus
 }
 #endif
+
+/* The GPU backend's declarations in CUDA builds: dt_cuda_ops() is then a model's default backend (its
+   implementation is dtrain_cuda.cu, compiled by nvcc). */
+#ifdef DT_USE_CUDA
+#include "dtrain_cuda.h"
+#endif
 #endif /* DTRAIN_H */
 
 /* ============================================================================================== */
@@ -1483,9 +1489,6 @@ static inline DT__HD void dt__adam_update(float *p, const float *g, float *m, fl
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DT_NO_SIMD)
 #include <immintrin.h>
-#endif
-#ifdef DT_USE_CUDA
-#include "dtrain_cuda.h"   /* dt_cuda_ops(): a model's default backend in a CUDA build */
 #endif
 
 #if defined(_OPENMP) && !defined(DT_NO_OPENMP)
@@ -8925,10 +8928,6 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
 /* The MPI backend, declarations and (with DTRAIN_IMPLEMENTATION) implementation, for builds with MPI. */
 #ifdef DT_USE_MPI
 #include "dtrain_mpi.h"
-#endif
-/* The GPU backend's declarations, for CUDA builds (its implementation is dtrain_cuda.cu, built by nvcc). */
-#ifdef DT_USE_CUDA
-#include "dtrain_cuda.h"
 #endif
 
 /*

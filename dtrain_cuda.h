@@ -58,10 +58,13 @@
      pinned host staging and a side stream that copies the next batch while this one trains; NCCL for
      several GPUs; explicit staged copies for the local and MPI communicators (managed memory stands in).
 */
+/* dtrain.h first (with DT_USE_CUDA it includes this file again at the end of its declarations: the
+   guards DTRAIN_CUDA_H, DTRAIN_CUDA_DECLARED and DTRAIN_SHARED_DONE order the parts) */
+#ifndef DTRAIN_H
+#include "dtrain.h"
+#endif
 #ifndef DTRAIN_CUDA_H
 #define DTRAIN_CUDA_H
-
-#include "dtrain.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -95,12 +98,14 @@ const char *dt_cuda_device_name(const dt_cuda *cu);
 #ifdef __cplusplus
 }
 #endif
+#define DTRAIN_CUDA_DECLARED
 #endif /* DTRAIN_CUDA_H */
 
 /* ============================================================================================== */
 /* Implementation: CUDA C++, compiled by nvcc in one translation unit (dtrain_cuda.cu).            */
 /* ============================================================================================== */
-#if defined(DTRAIN_CUDA_IMPLEMENTATION) && !defined(DTRAIN_CUDA_IMPLEMENTATION_DONE)
+#if defined(DTRAIN_CUDA_IMPLEMENTATION) && defined(DTRAIN_CUDA_DECLARED) && defined(DTRAIN_SHARED_DONE) && \
+    !defined(DTRAIN_CUDA_IMPLEMENTATION_DONE)
 #define DTRAIN_CUDA_IMPLEMENTATION_DONE
 
 /* DT_CUDA_EMULATE: whoever defines it provides the few CUDA and cuBLAS calls below and runs each kernel
@@ -929,4 +934,4 @@ dt_result dt_cuda_sync(dt_cuda *cu) {
 int dt_cuda_device(const dt_cuda *cu) { return cu ? cu->device : -1; }
 const char *dt_cuda_device_name(const dt_cuda *cu) { return cu ? cu->name : ""; }
 
-#endif /* DTRAIN_CUDA_IMPLEMENTATION */
+#endif /* the implementation */
