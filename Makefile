@@ -2,6 +2,12 @@
 #   make              build examples and tests (build/)
 #   make MPI=1        the same with mpicc and -DDT_USE_MPI (build-mpi/), plus the MPI tests
 #                     (build-mpi/tests/mpi/test_comm_mpi, test_train_mpi: run them with mpiexec -n 2, 3 or 4)
+#   make CUDA=1       the same with the GPU backend (build-cuda/): dtrain_cuda.cu compiled once by nvcc, linked
+#                     into every program, which gcc builds with -DDT_USE_CUDA; models then run on the GPU.
+#                     With MPI=1 too: build-mpi-cuda/. CUDA_HOME (default /usr/local/cuda), CUDA_ARCH
+#   make test-cuda    builds (CUDA=1) and runs tests/cuda/test_cuda.c: every GPU op against the CPU's, training
+#                     steps of SimpleCNN and ResNet-20, DDP on one GPU; on a machine without a GPU it reports
+#                     its tests skipped. Then, with a GPU, the examples train briefly on it
 #   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
@@ -36,6 +42,30 @@ B        := build-mpi
 MPITESTS := $(B)/tests/mpi/test_comm_mpi
 MPITESTS += $(B)/tests/mpi/test_trace_mpi
 MPITESTS += $(B)/tests/mpi/test_train_mpi
+endif
+
+# make CUDA=1 (and make test-cuda): the GPU backend (dtrain_cuda.h) in every program
+ifneq ($(filter test-cuda,$(MAKECMDGOALS)),)
+CUDA      := 1
+endif
+ifdef CUDA
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+ifeq ($(wildcard $(NVCC)),)
+$(error make CUDA=1 needs nvcc, which is not at $(NVCC): set CUDA_HOME or NVCC)
+endif
+# machine code for sm_80 (A100) and sm_90 (H100, H200), and compute_90 PTX that newer GPUs compile at load
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+# -fmad=false: no fused multiply-adds in the kernels, so they round as the CPU ops do (cuBLAS is unaffected)
+NVFLAGS   ?= -O3 -fmad=false
+# override: also when DEFS or LDLIBS come from the command line (e.g. DEFS=-pthread LDLIBS=-lm where zlib or
+# libstb-dev is missing)
+override DEFS   += -DDT_USE_CUDA
+B         := $(B)-cuda
+CUDA_OBJ  := $(B)/dtrain_cuda.o
+override LDLIBS := $(CUDA_OBJ) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ $(LDLIBS)
+CUDATESTS := $(B)/tests/cuda/test_cuda
+MPITESTS  := $(MPITESTS:build-mpi/%=$(B)/%)
 endif
 
 all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS)
@@ -89,3 +119,30 @@ clean:
 	rm -rf build build-mpi
 
 .PHONY: all test demo scaling bench-comm fixtures clean
+
+# the GPU backend: one object from nvcc, a prerequisite of every program (the rules above link it: LDLIBS)
+ifdef CUDA
+all: $(CUDATESTS)
+$(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) \
+    $(MPITESTS) $(CUDATESTS): $(CUDA_OBJ) dtrain_cuda.h
+$(CUDA_OBJ): dtrain_cuda.cu dtrain_cuda.h dtrain.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $(CUDA_ARCH) -Xcompiler -Wall,-Wextra --Werror all-warnings -c $< -o $@
+endif
+
+# the op and model tests, then (with a GPU) every zoo model's training step, and a short run of train and of
+# DDP on 2 ranks sharing the GPU when Fashion-MNIST is installed
+test-cuda: $(CUDATESTS) $(B)/examples/zoo $(B)/examples/train $(B)/examples/ddp
+	$(CUDATESTS)
+	@if $(CUDATESTS) --probe; then \
+	    set -e; $(B)/examples/zoo --model all --batch 64 --steps 3; \
+	    if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then \
+	        $(B)/examples/train --epochs 1 --limit 4096; $(B)/examples/ddp --ranks 2 --epochs 1 --limit 4096; \
+	    else echo "test-cuda: dataset-fashion-mnist is not installed: train and ddp were not run"; fi; \
+	else echo "test-cuda: no GPU: the examples were not run on one"; fi
+
+clean: clean-cuda
+clean-cuda:
+	rm -rf build-cuda build-mpi-cuda
+
+.PHONY: test-cuda clean-cuda

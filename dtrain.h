@@ -67,6 +67,9 @@
      | DT_IMAGE_MAX_PIXELS      | 1 << 26          | largest image (w * h) an image folder may hold   |
      | DT_USE_MPI               | undefined        | include dtrain_mpi.h (the MPI backend) and let   |
      |                          |                  | dt_launch use MPI under mpiexec; build with mpicc|
+     | DT_USE_CUDA              | undefined        | include dtrain_cuda.h (the GPU backend): models  |
+     |                          |                  | whose desc.ops is NULL run on the GPU; link      |
+     |                          |                  | dtrain_cuda.cu's object (nvcc), -lcublas -lcudart|
    The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s).
 
    OPTIONAL FEATURES AND POSIX
@@ -118,7 +121,8 @@
 
    BACKENDS
      Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
-     table, dt_cpu_ops(), is in this file; another backend supplies another table in dt_model_desc.
+     table, dt_cpu_ops(), is in this file; another backend supplies another table in dt_model_desc: the GPU's
+     is dt_cuda_ops() (dtrain_cuda.h: CUDA kernels and cuBLAS), the default in builds with DT_USE_CUDA.
      Communication has its own table (dt_comm_backend): self (one rank), local (threads, here) and mpi
      (dtrain_mpi.h). The collective algorithms (naive, ring, tree) are written once over its point-to-point
      calls, so they behave and round the same on every backend; NATIVE uses the backend's own.
@@ -170,6 +174,7 @@ typedef enum dt_result {
     DT_ERR_PEER,          /* another rank failed or left, so this operation cannot complete */
     DT_ERR_MISMATCH,      /* ranks made different collective calls (kind, order, count, type, op, root) */
     DT_ERR_COMM,          /* the transport failed (e.g. an MPI error, with MPI's message) */
+    DT_ERR_DEVICE,        /* the GPU or its libraries failed (a CUDA or cuBLAS error, with their message) */
     DT_RESULT_COUNT
 } dt_result;
 
@@ -354,6 +359,13 @@ typedef struct dt_ops {
                       float dampening, float wd, int nesterov, int first);
     void  (*adam_step)(void *ctx, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
                        float beta2, float eps, float wd, int decoupled, float step_size, float bc2_sqrt);
+    /* Waits until every op issued so far has finished, then returns DT_OK or the first failure of any op
+       on this ctx (ops return nothing, so an asynchronous backend keeps its failure, with its message, for
+       sync to return; dt_last_error() then holds the message). The model calls it at the end of every
+       public call that issued ops, so host code may read backend memory the host can address (the CUDA
+       backend's managed memory) once the call has returned. NULL: the ops finish before they return and
+       never fail (the CPU). */
+    dt_result (*sync)(void *ctx);
 } dt_ops;
 
 /* The CPU backend (OpenMP when compiled with it). */
@@ -387,8 +399,9 @@ typedef struct dt_model_desc {
     int64_t       in_c, in_h, in_w;   /* per-sample input shape; in_h = in_w = 0 for a vector of in_c */
     uint64_t      seed;               /* weight initialisation and dropout masks (default 0) */
     uint64_t      stream;             /* RNG stream, e.g. the rank (default 0) */
-    const dt_ops *ops;                /* backend (default dt_cpu_ops()) */
-    void         *ops_ctx;            /* backend state passed to every op */
+    const dt_ops *ops;                /* backend (default dt_cpu_ops(); dt_cuda_ops() in a DT_USE_CUDA build) */
+    void         *ops_ctx;            /* backend state passed to every op (the GPU's: a dt_cuda, or NULL for one
+                                         the model creates and destroys) */
     int           input_grad;         /* 1: also compute the gradient w.r.t. the input (dt_model_node_grad(m, 0)) */
 } dt_model_desc;
 
@@ -1314,7 +1327,139 @@ void      dt_fed_last_kept(const dt_fed *f, int *kept);
 #ifdef __cplusplus
 }
 #endif
+
+/* The GPU backend's declarations in CUDA builds: dt_cuda_ops() is then a model's default backend (its
+   implementation is dtrain_cuda.cu, compiled by nvcc). */
+#ifdef DT_USE_CUDA
+#include "dtrain_cuda.h"
+#endif
 #endif /* DTRAIN_H */
+
+/* ============================================================================================== */
+/* Loop bodies shared by the two backends: the CPU ops below and the CUDA kernels of dtrain_cuda.h  */
+/* (compiled by nvcc, where DT__HD makes them device functions too), so both compute the same      */
+/* numbers from one definition. Part of either implementation, never of the declarations.          */
+/* ============================================================================================== */
+#if (defined(DTRAIN_IMPLEMENTATION) || defined(DTRAIN_CUDA_IMPLEMENTATION)) && !defined(DTRAIN_SHARED_DONE)
+#define DTRAIN_SHARED_DONE
+#include <math.h>
+#if defined(__CUDACC__)
+#define DT__HD __host__ __device__
+#else
+#define DT__HD
+#endif
+
+/* splitmix64's finaliser: a good 64-bit mix, cheap on any backend */
+static inline DT__HD uint64_t dt__mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+/* dt_hash_uniform: the dropout masks are a pure function of (key, element), the same on every backend */
+static inline DT__HD float dt__hash_uniform(uint64_t key, uint64_t counter) {
+    uint64_t z = dt__mix64(key + 0x9e3779b97f4a7c15ULL * (counter + 1));
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+/* Max pooling of window (oy, ox) of the plane xp [h, w], checking every tap against the borders: the
+   maximum, and its offset in *at (-1 when the window holds no pixel). The first maximum wins and NaN
+   propagates, as in PyTorch. */
+static inline DT__HD float dt__maxpool_window(const dt_conv_geom *g, const float *xp, int64_t oy, int64_t ox, int64_t *at) {
+    float best = -INFINITY;
+    int64_t bi = -1, ky, kx;
+    for (ky = 0; ky < g->kh; ky++) {
+        int64_t iy = oy * g->sh - g->ph + ky;
+        if (iy < 0 || iy >= g->h) continue;
+        for (kx = 0; kx < g->kw; kx++) {
+            int64_t ix = ox * g->sw - g->pw + kx;
+            float v;
+            if (ix < 0 || ix >= g->w) continue;
+            v = xp[iy * g->w + ix];
+            if (bi < 0 || v > best || v != v) { best = v; bi = iy * g->w + ix; }
+            if (v != v) { *at = bi; return best; }
+        }
+    }
+    *at = bi;
+    return best;
+}
+/* Average pooling of window (oy, ox) of the plane xp [h, w]; zero padding counts in the mean. */
+static inline DT__HD float dt__avgpool_window(const dt_conv_geom *g, const float *xp, int64_t oy, int64_t ox) {
+    float acc = 0.0f;
+    int64_t ky, kx;
+    for (ky = 0; ky < g->kh; ky++) {
+        int64_t iy = oy * g->sh - g->ph + ky;
+        if (iy < 0 || iy >= g->h) continue;
+        for (kx = 0; kx < g->kw; kx++) {
+            int64_t ix = ox * g->sw - g->pw + kx;
+            if (ix >= 0 && ix < g->w) acc += xp[iy * g->w + ix];
+        }
+    }
+    return acc * (1.0f / (float)(g->kh * g->kw));
+}
+
+/* sum_j exp(x_j - max) of a row x [k], in double, with the row's maximum in *mx */
+static inline DT__HD double dt__exp_sum(const float *x, int64_t k, float *mx) {
+    float m = -INFINITY;
+    double sum = 0.0;
+    int64_t j;
+    for (j = 0; j < k; j++) m = x[j] > m ? x[j] : m;
+    for (j = 0; j < k; j++) sum += exp((double)(x[j] - m));
+    *mx = m;
+    return sum;
+}
+/* y [k] = x - log(sum exp(x)) */
+static inline DT__HD void dt__log_softmax_row(const float *x, float *y, int64_t k) {
+    float mx;
+    double sum = dt__exp_sum(x, k, &mx);
+    float lse = mx + (float)log(sum);
+    int64_t j;
+    for (j = 0; j < k; j++) y[j] = x[j] - lse;
+}
+/* dx [k] += dy - exp(y) sum(dy), for y = log_softmax(x) */
+static inline DT__HD void dt__log_softmax_row_bwd(const float *y, const float *dy, float *dx, int64_t k) {
+    float sum = 0.0f;
+    int64_t j;
+    for (j = 0; j < k; j++) sum += dy[j];
+    for (j = 0; j < k; j++) dx[j] += dy[j] - expf(y[j]) * sum;
+}
+/* Softmax cross-entropy of one row x [k] with its label, for a batch of n: dx [k] = (softmax(x) -
+   onehot(label)) / n; returns the row's loss (NaN for a label outside [0, k)). */
+static inline DT__HD double dt__softmax_xent_row(const float *x, int64_t label, int64_t k, int64_t n, float *dx) {
+    float mx;
+    double sum = dt__exp_sum(x, k, &mx), lse = (double)mx + log(sum);
+    int64_t j;
+    for (j = 0; j < k; j++) dx[j] = (float)((exp((double)x[j] - lse) - (j == label ? 1.0 : 0.0)) / (double)n);
+    return label >= 0 && label < k ? lse - (double)x[label] : (double)NAN;
+}
+/* index of the first maximum of a row x [k] */
+static inline DT__HD int64_t dt__argmax_row(const float *x, int64_t k) {
+    int64_t best = 0, j;
+    for (j = 1; j < k; j++)
+        if (x[j] > x[best]) best = j;
+    return best;
+}
+
+/* One element of the optimizers' updates (dt_ops.sgd_step, adam_step), in torch.optim's order. */
+static inline DT__HD void dt__sgd_update(float *p, const float *g, float *buf, int64_t i, float lr, float momentum,
+                                         float dampening, float wd, int nesterov, int first) {
+    float d = wd != 0.0f ? g[i] + wd * p[i] : g[i];
+    if (momentum != 0.0f) {
+        float b = first ? d : buf[i] * momentum + (1.0f - dampening) * d;
+        buf[i] = b;
+        d = nesterov ? d + momentum * b : b;
+    }
+    p[i] -= lr * d;
+}
+static inline DT__HD void dt__adam_update(float *p, const float *g, float *m, float *v, int64_t i, float lr, float beta1,
+                                          float beta2, float eps, float wd, int decoupled, float step_size, float bc2_sqrt) {
+    float gi = g[i], pi = p[i];
+    if (decoupled) pi *= 1.0f - lr * wd;
+    else if (wd != 0.0f) gi += wd * pi;
+    m[i] = m[i] * beta1 + (1.0f - beta1) * gi;
+    v[i] = v[i] * beta2 + (1.0f - beta2) * gi * gi;
+    p[i] = pi - step_size * (m[i] / (sqrtf(v[i]) / bc2_sqrt + eps));
+}
+#endif /* the shared loop bodies */
 
 /* ============================================================================================== */
 /* ============================================================================================== */
@@ -1403,6 +1548,7 @@ const char *dt_result_str(dt_result r) {
     case DT_ERR_PEER: return "DT_ERR_PEER";
     case DT_ERR_MISMATCH: return "DT_ERR_MISMATCH";
     case DT_ERR_COMM: return "DT_ERR_COMM";
+    case DT_ERR_DEVICE: return "DT_ERR_DEVICE";
     default: return "DT_ERR_UNKNOWN";
     }
 }
@@ -1483,16 +1629,7 @@ float dt_rng_normal(dt_rng *r) {
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
 
-/* splitmix64 finaliser over (key, counter): a good 64-bit mix, cheap on any backend. */
-static uint64_t dt__mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-float dt_hash_uniform(uint64_t key, uint64_t counter) {
-    uint64_t z = dt__mix64(key + 0x9e3779b97f4a7c15ULL * (counter + 1));
-    return (float)(z >> 40) * (1.0f / 16777216.0f);
-}
+float dt_hash_uniform(uint64_t key, uint64_t counter) { return dt__hash_uniform(key, counter); }
 
 double dt_time_now(void) {
     struct timespec ts;
@@ -2097,8 +2234,8 @@ static void dt__cpu_maxpool_fwd(void *ctx, const dt_conv_geom *g, const float *x
         int64_t oy, ox, ky, kx;
         for (oy = 0; oy < g->oh; oy++)
             for (ox = 0; ox < g->ow; ox++) {
-                float best = -INFINITY;
-                int64_t bi = -1, y0 = oy * g->sh - g->ph, x0 = ox * g->sw - g->pw;
+                float best;
+                int64_t bi, y0 = oy * g->sh - g->ph, x0 = ox * g->sw - g->pw;
                 if (y0 >= 0 && x0 >= 0 && y0 + g->kh <= g->h && x0 + g->kw <= g->w) {
                     /* inside: no bounds checks; first maximum wins, NaN propagates */
                     bi = y0 * g->w + x0;
@@ -2108,23 +2245,9 @@ static void dt__cpu_maxpool_fwd(void *ctx, const dt_conv_geom *g, const float *x
                             float v = xp[(y0 + ky) * g->w + x0 + kx];
                             if (v > best || v != v) { best = v; bi = (y0 + ky) * g->w + x0 + kx; if (v != v) break; }
                         }
-                    y[(nc * g->oh + oy) * g->ow + ox] = best;
-                    idx[(nc * g->oh + oy) * g->ow + ox] = (int32_t)bi;
-                    continue;
+                } else {
+                    best = dt__maxpool_window(g, xp, oy, ox, &bi);   /* at the border: checked taps */
                 }
-                for (ky = 0; ky < g->kh; ky++) {
-                    int64_t iy = oy * g->sh - g->ph + ky;
-                    if (iy < 0 || iy >= g->h) continue;
-                    for (kx = 0; kx < g->kw; kx++) {
-                        int64_t ix = ox * g->sw - g->pw + kx;
-                        float v;
-                        if (ix < 0 || ix >= g->w) continue;
-                        v = xp[iy * g->w + ix];
-                        /* first maximum wins; NaN propagates as PyTorch does */
-                        if (bi < 0 || v > best || v != v) { best = v; bi = iy * g->w + ix; if (v != v) goto done; }
-                    }
-                }
-            done:
                 y[(nc * g->oh + oy) * g->ow + ox] = best;
                 idx[(nc * g->oh + oy) * g->ow + ox] = (int32_t)bi;
             }
@@ -2143,25 +2266,13 @@ static void dt__cpu_maxpool_bwd(void *ctx, const dt_conv_geom *g, const float *d
 }
 static void dt__cpu_avgpool_fwd(void *ctx, const dt_conv_geom *g, const float *x, float *y) {
     int64_t nc;
-    float inv = 1.0f / (float)(g->kh * g->kw);
     (void)ctx;
     DT__OMP(parallel for if (g->n * g->c * g->oh * g->ow * g->kh * g->kw > DT__PAR_MIN))
     for (nc = 0; nc < g->n * g->c; nc++) {
         const float *xp = x + nc * g->h * g->w;
-        int64_t oy, ox, ky, kx;
+        int64_t oy, ox;
         for (oy = 0; oy < g->oh; oy++)
-            for (ox = 0; ox < g->ow; ox++) {
-                float acc = 0.0f;
-                for (ky = 0; ky < g->kh; ky++) {
-                    int64_t iy = oy * g->sh - g->ph + ky;
-                    if (iy < 0 || iy >= g->h) continue;
-                    for (kx = 0; kx < g->kw; kx++) {
-                        int64_t ix = ox * g->sw - g->pw + kx;
-                        if (ix >= 0 && ix < g->w) acc += xp[iy * g->w + ix];
-                    }
-                }
-                y[(nc * g->oh + oy) * g->ow + ox] = acc * inv;
-            }
+            for (ox = 0; ox < g->ow; ox++) y[(nc * g->oh + oy) * g->ow + ox] = dt__avgpool_window(g, xp, oy, ox);
     }
 }
 static void dt__cpu_avgpool_bwd(void *ctx, const dt_conv_geom *g, const float *dy, float *dx) {
@@ -2225,7 +2336,7 @@ static void dt__cpu_dropout_fwd(void *ctx, const float *x, float *y, float *mask
     (void)ctx;
     DT__OMP(parallel for if (n > DT__PAR_MIN))
     for (i = 0; i < n; i++) {
-        mask[i] = dt_hash_uniform(key, (uint64_t)i) >= p ? keep : 0.0f;
+        mask[i] = dt__hash_uniform(key, (uint64_t)i) >= p ? keep : 0.0f;
         y[i] = x[i] * mask[i];
     }
 }
@@ -2337,46 +2448,22 @@ static void dt__cpu_log_softmax_fwd(void *ctx, const float *x, float *y, int64_t
     int64_t r;
     (void)ctx;
     DT__OMP(parallel for if (n * k > DT__PAR_MIN))
-    for (r = 0; r < n; r++) {
-        const float *xr = x + r * k;
-        float mx = -INFINITY, lse;
-        double sum = 0.0;
-        int64_t j;
-        for (j = 0; j < k; j++) mx = xr[j] > mx ? xr[j] : mx;
-        for (j = 0; j < k; j++) sum += exp((double)(xr[j] - mx));
-        lse = mx + (float)log(sum);
-        for (j = 0; j < k; j++) y[r * k + j] = xr[j] - lse;
-    }
+    for (r = 0; r < n; r++) dt__log_softmax_row(x + r * k, y + r * k, k);
 }
 static void dt__cpu_log_softmax_bwd(void *ctx, const float *y, const float *dy, float *dx, int64_t n, int64_t k) {
     int64_t r;
     (void)ctx;
     DT__OMP(parallel for if (n * k > DT__PAR_MIN))
-    for (r = 0; r < n; r++) {
-        float sum = 0.0f;
-        int64_t j;
-        for (j = 0; j < k; j++) sum += dy[r * k + j];
-        for (j = 0; j < k; j++) dx[r * k + j] += dy[r * k + j] - expf(y[r * k + j]) * sum;
-    }
+    for (r = 0; r < n; r++) dt__log_softmax_row_bwd(y + r * k, dy + r * k, dx + r * k, k);
 }
 /* Losses run on one thread: their cost is O(n k), tiny next to any layer, and a fixed order keeps the
    loss bit-reproducible. Labels were checked by the caller. */
 static void dt__cpu_softmax_xent(void *ctx, const float *x, const int32_t *labels, int64_t n, int64_t k, float *dx,
                                  float *loss) {
-    int64_t r, j;
+    int64_t r;
     double total = 0.0;
     (void)ctx;
-    for (r = 0; r < n; r++) {
-        const float *xr = x + r * k;
-        float mx = -INFINITY;
-        double sum = 0.0, lse;
-        for (j = 0; j < k; j++) mx = xr[j] > mx ? xr[j] : mx;
-        for (j = 0; j < k; j++) sum += exp((double)(xr[j] - mx));
-        lse = (double)mx + log(sum);
-        total += lse - (double)xr[labels[r]];
-        for (j = 0; j < k; j++)
-            dx[r * k + j] = (float)((exp((double)xr[j] - lse) - (j == labels[r] ? 1.0 : 0.0)) / (double)n);
-    }
+    for (r = 0; r < n; r++) total += dt__softmax_xent_row(x + r * k, labels[r], k, n, dx + r * k);
     *loss = (float)(total / (double)n);
 }
 static void dt__cpu_nll(void *ctx, const float *logp, const int32_t *labels, int64_t n, int64_t k, float *dx,
@@ -2404,14 +2491,9 @@ static void dt__cpu_mse(void *ctx, const float *x, const float *target, int64_t 
 }
 static void dt__cpu_count_correct(void *ctx, const float *x, const int32_t *labels, int64_t n, int64_t k,
                                   int64_t *correct) {
-    int64_t r, j, c = 0;
+    int64_t r, c = 0;
     (void)ctx;
-    for (r = 0; r < n; r++) {
-        int64_t best = 0;
-        for (j = 1; j < k; j++)
-            if (x[r * k + j] > x[r * k + best]) best = j;
-        c += best == labels[r];
-    }
+    for (r = 0; r < n; r++) c += dt__argmax_row(x + r * k, k) == labels[r];
     *correct = c;
 }
 
@@ -2429,29 +2511,14 @@ static void dt__cpu_sgd_step(void *ctx, float *p, const float *g, float *buf, in
     int64_t i;
     (void)ctx;
     DT__OMP(parallel for if (n > DT__PAR_MIN))
-    for (i = 0; i < n; i++) {
-        float d = wd != 0.0f ? g[i] + wd * p[i] : g[i];
-        if (momentum != 0.0f) {
-            float b = first ? d : buf[i] * momentum + (1.0f - dampening) * d;
-            buf[i] = b;
-            d = nesterov ? d + momentum * b : b;
-        }
-        p[i] -= lr * d;
-    }
+    for (i = 0; i < n; i++) dt__sgd_update(p, g, buf, i, lr, momentum, dampening, wd, nesterov, first);
 }
 static void dt__cpu_adam_step(void *ctx, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
                               float beta2, float eps, float wd, int decoupled, float step_size, float bc2_sqrt) {
     int64_t i;
     (void)ctx;
     DT__OMP(parallel for if (n > DT__PAR_MIN))
-    for (i = 0; i < n; i++) {
-        float gi = g[i], pi = p[i];
-        if (decoupled) pi *= 1.0f - lr * wd;
-        else if (wd != 0.0f) gi += wd * pi;
-        m[i] = m[i] * beta1 + (1.0f - beta1) * gi;
-        v[i] = v[i] * beta2 + (1.0f - beta2) * gi * gi;
-        p[i] = pi - step_size * (m[i] / (sqrtf(v[i]) / bc2_sqrt + eps));
-    }
+    for (i = 0; i < n; i++) dt__adam_update(p, g, m, v, i, lr, beta1, beta2, eps, wd, decoupled, step_size, bc2_sqrt);
 }
 
 static const dt_ops dt__cpu_ops_table = {
@@ -2468,7 +2535,8 @@ static const dt_ops dt__cpu_ops_table = {
     dt__cpu_pad_shortcut_fwd, dt__cpu_pad_shortcut_bwd,
     dt__cpu_log_softmax_fwd, dt__cpu_log_softmax_bwd,
     dt__cpu_softmax_xent, dt__cpu_nll, dt__cpu_mse, dt__cpu_count_correct,
-    dt__cpu_sum_squares, dt__cpu_sgd_step, dt__cpu_adam_step
+    dt__cpu_sum_squares, dt__cpu_sgd_step, dt__cpu_adam_step,
+    NULL   /* sync: the CPU ops finish before they return */
 };
 
 const dt_ops *dt_cpu_ops(void) { return &dt__cpu_ops_table; }
@@ -2532,7 +2600,23 @@ struct dt_model {
     dt_backward_hook hook;          /* called after each node's backward (dt_ddp's buckets) */
     void *hook_user;
     dt__cpu_state cpu;              /* the CPU backend's state (ctx) when no other is given */
+    void *own_ctx;                  /* a backend context the model created (the CUDA build's default), or NULL */
 };
+
+/* Waits for the backend's ops (dt_ops.sync) and returns their first failure, named after the call. */
+static dt_result dt__sync(const dt_model *m, const char *what) {
+    char msg[sizeof dt__errmsg];
+    const char *prev, *name;
+    size_t k;
+    dt_result r;
+    if (!m->ops->sync || (r = m->ops->sync(m->ctx)) == DT_OK) return DT_OK;
+    prev = dt_last_error();
+    name = dt_result_str(r);
+    k = strlen(name);
+    if (strncmp(prev, name, k) == 0 && prev[k] == ':' && prev[k + 1] == ' ') prev += k + 2;   /* one "DT_ERR_...: " */
+    snprintf(msg, sizeof msg, "%s", prev);
+    return dt_set_error(r, "%s: %s", what, msg);
+}
 
 /* ---- builder ---------------------------------------------------------------------------------- */
 
@@ -2631,6 +2715,18 @@ dt_result dt_model_create(dt_model **out, const dt_model_desc *desc) {
     memset(m, 0, sizeof *m);
     m->ops = desc->ops ? desc->ops : dt_cpu_ops();
     m->ctx = desc->ops_ctx;
+#ifdef DT_USE_CUDA
+    if (!desc->ops || desc->ops == dt_cuda_ops()) {   /* a CUDA build: the GPU is the default, on the given
+                                                          dt_cuda or on one the model creates */
+        m->ops = dt_cuda_ops();
+        if (!m->ctx) {
+            dt_cuda *cu = NULL;
+            dt_result r = dt_cuda_create(&cu, NULL);
+            if (r != DT_OK) { DT_FREE(m); return r; }
+            m->ctx = m->own_ctx = cu;
+        }
+    }
+#endif
     if (m->ops == dt_cpu_ops() && !m->ctx) m->ctx = &m->cpu;   /* workspace placed by dt__reserve */
     m->seed = desc->seed;
     m->stream = desc->stream;
@@ -2662,6 +2758,9 @@ void dt_model_destroy(dt_model *m) {
     if (m->params) m->ops->free(m->ctx, m->params);
     if (m->grads) m->ops->free(m->ctx, m->grads);
     if (m->buffers) m->ops->free(m->ctx, m->buffers);
+#ifdef DT_USE_CUDA
+    if (m->own_ctx) dt_cuda_destroy((dt_cuda *)m->own_ctx);   /* after everything allocated on it */
+#endif
     DT_FREE(m->nodes);
     DT_FREE(m->pinfo);
     DT_FREE(m->binfo);
@@ -2861,6 +2960,7 @@ static void dt__full_names(dt_model *m, dt__pinfo *arr, int count) {
 dt_result dt_model_finalize(dt_model *m) {
     float *hp = NULL, *hb = NULL;
     dt_rng rng;
+    dt_result r;
     int i;
     if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_finalize: model is NULL");
     if (m->error != DT_OK) { snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg); return m->error; }
@@ -2907,6 +3007,7 @@ dt_result dt_model_finalize(dt_model *m) {
     m->ops->fill(m->ctx, m->grads, m->nparams, 0.0f);
     DT_FREE(hp);
     DT_FREE(hb);
+    if ((r = dt__sync(m, "dt_model_finalize")) != DT_OK) return r;
     m->finalized = 1;
     return DT_OK;
 }
@@ -3113,11 +3214,12 @@ dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch) {
     dt__trace_arg("batch", NULL, batch);
     m->ops->upload(m->ctx, m->nodes[0].out, x, (int64_t)sizeof(float) * batch * m->nodes[0].size);
     for (i = 1; i < m->nnodes; i++) dt__node_fwd(m, &m->nodes[i], batch);
+    r = dt__sync(m, "dt_model_forward");
     dt_trace_end();
     if (m->training) m->step++;
     m->batch = batch;
     m->seed_ready = 0;
-    return DT_OK;
+    return r;
 }
 
 /* Checks that a loss may run on the output and uploads the labels (when given). */
@@ -3160,7 +3262,9 @@ static dt_result dt__class_loss(dt_model *m, dt__class_loss_fn fn, const int32_t
     out = &m->nodes[m->nnodes - 1];
     dt_trace_begin("loss", "compute");
     fn(m->ctx, out->out, m->labels, m->batch, out->c, m->seed_grad, &l);
+    r = dt__sync(m, what);   /* inside the span: the span is the backend's time */
     dt_trace_end();
+    if (r != DT_OK) return r;
     if (loss) *loss = l;
     return dt__loss_done(m, l, what);
 }
@@ -3185,7 +3289,9 @@ dt_result dt_model_loss_mse(dt_model *m, const float *target, float *loss) {
     dt_trace_begin("loss", "compute");
     m->ops->upload(m->ctx, m->seed_grad, target, (int64_t)sizeof(float) * cnt);
     m->ops->mse(m->ctx, m->nodes[m->nnodes - 1].out, m->seed_grad, cnt, m->seed_grad, &l);
+    r = dt__sync(m, "dt_model_loss_mse");
     dt_trace_end();
+    if (r != DT_OK) return r;
     if (loss) *loss = l;
     return dt__loss_done(m, l, "dt_model_loss_mse");
 }
@@ -3209,10 +3315,14 @@ dt_result dt_model_backward(dt_model *m, const float *dy) {
     else m->ops->copy(m->ctx, out->grad, m->seed_grad, m->batch * out->size);
     for (i = m->nnodes - 1; i >= 1; i--) {
         dt__node_bwd(m, &m->nodes[i], m->batch);
-        if (m->hook) m->hook(m->hook_user, m, i);
+        if (m->hook) {   /* the hook reads the gradients: they must be written */
+            if ((r = dt__sync(m, "dt_model_backward")) != DT_OK) break;
+            m->hook(m->hook_user, m, i);
+        }
     }
+    if (r == DT_OK) r = dt__sync(m, "dt_model_backward");
     dt_trace_end();
-    return DT_OK;
+    return r;
 }
 
 void dt_model_set_backward_hook(dt_model *m, dt_backward_hook fn, void *user) {
@@ -3222,7 +3332,9 @@ void dt_model_set_backward_hook(dt_model *m, dt_backward_hook fn, void *user) {
 }
 
 void dt_model_zero_grad(dt_model *m) {
-    if (m && m->finalized) m->ops->fill(m->ctx, m->grads, m->nparams, 0.0f);
+    if (!m || !m->finalized) return;
+    m->ops->fill(m->ctx, m->grads, m->nparams, 0.0f);
+    (void)dt__sync(m, "dt_model_zero_grad");   /* a failure stays with the backend: the next call returns it */
 }
 
 dt_result dt_model_output(dt_model *m, float *host, int64_t count) {
@@ -3236,7 +3348,7 @@ dt_result dt_model_output(dt_model *m, float *host, int64_t count) {
         return dt_set_error(DT_ERR_SHAPE, "dt_model_output: count is %lld but the output has %lld elements (batch %lld x %lld)",
                             (long long)count, (long long)want, (long long)m->batch, (long long)m->nodes[m->nnodes - 1].size);
     m->ops->download(m->ctx, host, m->nodes[m->nnodes - 1].out, (int64_t)sizeof(float) * want);
-    return DT_OK;
+    return dt__sync(m, "dt_model_output");
 }
 
 dt_result dt_model_count_correct(dt_model *m, const int32_t *labels, int64_t *correct) {
@@ -3244,7 +3356,7 @@ dt_result dt_model_count_correct(dt_model *m, const int32_t *labels, int64_t *co
     if (r != DT_OK) return r;
     if (!correct) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_count_correct: correct is NULL");
     m->ops->count_correct(m->ctx, m->nodes[m->nnodes - 1].out, m->labels, m->batch, m->nodes[m->nnodes - 1].c, correct);
-    return DT_OK;
+    return dt__sync(m, "dt_model_count_correct");
 }
 
 /* ---- flat buffers and listing --------------------------------------------------------------------- */
@@ -3273,7 +3385,7 @@ static dt_result dt__xfer(dt_model *m, float *dev, float *host_dst, const float 
                             what, (long long)count, (long long)have);
     if (host_src) m->ops->upload(m->ctx, dev, host_src, (int64_t)sizeof(float) * count);
     else m->ops->download(m->ctx, host_dst, dev, (int64_t)sizeof(float) * count);
-    return DT_OK;
+    return dt__sync(m, what);
 }
 dt_result dt_model_set_params(dt_model *m, const float *host, int64_t count) {
     return dt__xfer(m, m ? m->params : NULL, NULL, host, m ? m->nparams : 0, count, "dt_model_set_params");
@@ -3532,6 +3644,10 @@ dt_result dt_optim_create(dt_optim **out, dt_model *m, const dt_optim_desc *desc
     memset(o->steps, 0, sizeof(int64_t) * (size_t)o->ntensors);
     memset(o->frozen, 0, (size_t)o->ntensors);
     if (o->nstate) m->ops->fill(m->ctx, o->state, o->nstate * m->nparams, 0.0f);
+    {
+        dt_result r = dt__sync(m, "dt_optim_create");
+        if (r != DT_OK) { dt_optim_destroy(o); return r; }
+    }
     *out = o;
     return DT_OK;
 }
@@ -3593,8 +3709,11 @@ dt_result dt_optim_step(dt_optim *o) {
     dt_trace_begin("optimizer step", "optim");
     dt__optim_stretches(o, dt__optim_apply, NULL);
     for (i = 0; i < o->ntensors; i++) o->steps[i] += !o->frozen[i];
-    dt_trace_end();
-    return DT_OK;
+    {
+        dt_result r = dt__sync(o->m, "dt_optim_step");
+        dt_trace_end();
+        return r;
+    }
 }
 
 static void dt__optim_sumsq(dt_optim *o, int64_t off, int64_t n, int64_t step, void *arg) {
@@ -3611,9 +3730,11 @@ static void dt__optim_scale(dt_optim *o, int64_t off, int64_t n, int64_t step, v
 dt_result dt_optim_clip_grad_norm(dt_optim *o, float max_norm, float *total_norm) {
     double sq = 0.0;
     float norm, coef;
+    dt_result r;
     if (!o) return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_clip_grad_norm: optimizer is NULL");
     if (!(max_norm > 0.0f)) return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_clip_grad_norm: max_norm %g must be > 0", (double)max_norm);
     dt__optim_stretches(o, dt__optim_sumsq, &sq);
+    if ((r = dt__sync(o->m, "dt_optim_clip_grad_norm")) != DT_OK) return r;
     norm = (float)sqrt(sq);
     if (total_norm) *total_norm = norm;
     if (!(norm == norm) || norm == INFINITY)
@@ -3621,7 +3742,7 @@ dt_result dt_optim_clip_grad_norm(dt_optim *o, float max_norm, float *total_norm
                             "data holds NaN/inf", (double)norm);
     coef = max_norm / (norm + 1e-6f);
     if (coef < 1.0f) dt__optim_stretches(o, dt__optim_scale, &coef);
-    return DT_OK;
+    return dt__sync(o->m, "dt_optim_clip_grad_norm");
 }
 
 float *dt_optim_state(dt_optim *o, int64_t *count) {

@@ -44,11 +44,13 @@ static DT_T_UNUSED double dt_t_relerr(const float *a, const float *b, int64_t n)
     dt_t_checks_failed++; printf("    %s:%d: %s: relative error %.3g > %.1g\n", __FILE__, __LINE__, (what), e_, (double)(tol)); } } while (0)
 
 typedef void (*dt_t_fn)(void);
-static DT_T_UNUSED int dt_t_passed, dt_t_failed;
+static DT_T_UNUSED int dt_t_passed, dt_t_failed, dt_t_skipped;
 static const char *dt_t_only;    /* run only tests whose name contains this (argv[1]) */
+static const char *dt_t_skip_why; /* when set, every test is skipped (counted apart), e.g. "no GPU" */
 
 static DT_T_UNUSED void dt_t_run(const char *name, dt_t_fn fn) {
     if (dt_t_only && !strstr(name, dt_t_only)) return;
+    if (dt_t_skip_why) { dt_t_skipped++; printf("skip %s: %s\n", name, dt_t_skip_why); fflush(stdout); return; }
     dt_t_checks_failed = 0;
     fn();
     if (dt_t_checks_failed) { dt_t_failed++; printf("FAIL %s\n", name); }
@@ -56,7 +58,9 @@ static DT_T_UNUSED void dt_t_run(const char *name, dt_t_fn fn) {
     fflush(stdout);
 }
 #define RUN(fn) dt_t_run(#fn, fn)
+/* "N passed, N failed" (what tests/run.sh adds up), after "N skipped" when tests were skipped */
 static DT_T_UNUSED int dt_t_summary(void) {
+    if (dt_t_skipped) printf("%d skipped\n", dt_t_skipped);
     printf("%d passed, %d failed\n", dt_t_passed, dt_t_failed);
     return dt_t_failed ? 1 : 0;
 }

@@ -2,6 +2,11 @@
 # tests/run.sh CC BUILD TEST... - runs the test suite in its configurations and prints the total.
 #   1. the optimised build (from make): every test program
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++
+#   2b. the GPU backend (dtrain_cuda.h): its kernels emulated on the host (tests/cuda/cuda_emu.h, any C++
+#       compiler) and run by tests/cuda/test_cuda.c against the CPU ops, under ASan and UBSan; its public
+#       declarations as C11 and C++; and, where nvcc is installed, dtrain_cuda.cu compiled for the GPU and
+#       linked into examples/train.c and test_cuda, which without a GPU must report its tests skipped
+#       (they count neither as passed nor as failed; make test-cuda runs them on a GPU)
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
@@ -65,6 +70,40 @@ done
 check "gcc C11 without threads (DT_NO_THREADS)" gcc $WARN -DDT_NO_THREADS -c "$B/check/impl.c" -o "$B/check/nothreads.o"
 check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
+
+echo "== 2b. the GPU backend (dtrain_cuda.h)"
+mkdir -p "$B/cuda"
+if clang++ -x c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
+        -c tests/cuda/emulate.cc -o "$B/cuda/emulate.o" &&
+   clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -DDT_USE_CUDA $DEFS \
+        tests/cuda/test_cuda.c "$B/cuda/emulate.o" -o "$B/cuda/test_cuda_emulated" -lstdc++ $LDLIBS; then
+    run "cuda kernels emulated on the host" env DT_TEST_QUICK=1 "$B/cuda/test_cuda_emulated"
+else echo "FAIL build of tests/cuda/test_cuda.c on the host emulation of the kernels"; failed=$((failed + 1)); fi
+printf '#include "dtrain_cuda.h"\nint f(void){ return dt_cuda_device_count(); }\n' > "$B/cuda/decl.c"
+check "dtrain_cuda.h's declarations: C11 (gcc) and C++ (g++)" sh -c "gcc $WARN -I. -c '$B/cuda/decl.c' -o '$B/cuda/decl.o' &&
+    g++ -x c++ -Wall -Wextra -Wpedantic -Werror -I. -c '$B/cuda/decl.c' -o '$B/cuda/decl-cxx.o'"
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if [ -x "$CUDA_HOME/bin/nvcc" ]; then
+    # once: nvcc is slow; the flags are the Makefile's (make CUDA=1)
+    check "nvcc: dtrain_cuda.cu for sm_80 and sm_90, warning-free" "$CUDA_HOME/bin/nvcc" -O3 -fmad=false \
+        -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+        -Xcompiler -Wall,-Wextra --Werror all-warnings -c dtrain_cuda.cu -o "$B/cuda/dtrain_cuda.o"
+    CUDA_LIBS="$B/cuda/dtrain_cuda.o -L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublas -lcudart -lstdc++"
+    check "examples/train.c with DT_USE_CUDA, linked with the GPU backend" $CC $WARN -O2 -fopenmp -DDT_USE_CUDA $DEFS \
+        examples/train.c -o "$B/cuda/train" $CUDA_LIBS $LDLIBS
+    if $CC $WARN -O2 -fopenmp -DDT_USE_CUDA $DEFS tests/cuda/test_cuda.c -o "$B/cuda/test_cuda" $CUDA_LIBS $LDLIBS; then
+        if "$B/cuda/test_cuda" --probe >/dev/null 2>&1; then run "cuda on the GPU" "$B/cuda/test_cuda"
+        else   # no GPU: every test must say it was skipped, and nothing passed or failed
+            out=$("$B/cuda/test_cuda" 2>&1); rc=$?
+            n=$(printf '%s\n' "$out" | sed -n 's/^\([0-9][0-9]*\) skipped$/\1/p')
+            if [ "$rc" -eq 0 ] && [ -n "$n" ] && [ "$n" -gt 0 ] && printf '%s\n' "$out" | grep -q '^0 passed, 0 failed$'; then
+                echo "skipped: $n GPU tests of tests/cuda/test_cuda.c (no GPU here; make test-cuda on a GPU runs them)"
+            else printf '%s\n' "$out"; echo "FAIL tests/cuda/test_cuda without a GPU: it must report its tests skipped"; failed=$((failed + 1)); fi
+        fi
+    else echo "FAIL build of tests/cuda/test_cuda.c with the GPU backend"; failed=$((failed + 1)); fi
+else
+    echo "skipped: nvcc not installed (at $CUDA_HOME/bin/nvcc): the GPU backend was not compiled for the GPU"
+fi
 
 echo "== 3. without OpenMP, portable kernels"
 mkdir -p "$B/noomp"

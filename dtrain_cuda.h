@@ -1,0 +1,937 @@
+/* dtrain_cuda.h - the GPU backend of dtrain: the dt_ops table in CUDA kernels and cuBLAS.   v0.1.0
+   MIT license (see the end of dtrain.h).
+
+   WHAT IT IS
+     A second implementation of dtrain.h's backend ops table (dt_ops), for NVIDIA GPUs. Layers, losses,
+     optimizers and trainers are the header's own: they call the table and never know which one it is.
+     GEMM is cuBLAS's; every other op is a small kernel, one GPU thread per output element (or per row,
+     per (image, channel) plane, per channel, per chunk), whose body is the CPU op's loop body, often the
+     very function (dtrain.h's shared loop bodies: pooling windows, softmax rows, optimizer updates, the
+     dropout hash). So the two backends give the same numbers up to the order of long sums, and the same
+     dropout masks bit for bit. There are no atomics: every result is the same from run to run.
+
+   HOW TO BUILD
+     The declarations below are plain C; the implementation is CUDA C++ and is compiled once, by nvcc,
+     from dtrain_cuda.cu (which defines DTRAIN_CUDA_IMPLEMENTATION and includes this file):
+         nvcc -O3 -fmad=false -gencode arch=compute_90,code=sm_90 -c dtrain_cuda.cu -o dtrain_cuda.o
+         cc -std=c11 -O3 -fopenmp -DDT_USE_CUDA prog.c dtrain_cuda.o \
+            -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcublas -lcudart -lstdc++ -lm
+     make CUDA=1 does this for every example and test (build-cuda/). The program itself is unchanged:
+     built with DT_USE_CUDA, dtrain.h includes this file and a model whose desc.ops is NULL runs on the
+     GPU (on desc.ops_ctx when it is a dt_cuda, else on a dt_cuda the model creates and destroys).
+     desc.ops = dt_cpu_ops() still gives a CPU model in the same program.
+
+   API
+     dt_cuda_device_count()          GPUs usable here; 0 (not an error) without a GPU or a driver
+     dt_cuda_create(&cu, &desc)      a context on one GPU: stream, cuBLAS handle, scratch memory
+     dt_cuda_ops()                   the ops table; pass the context as dt_model_desc.ops_ctx
+     dt_cuda_sync(cu)                waits for the context's work; its first failure, if any
+     dt_cuda_destroy(cu)
+
+   MEMORY
+     The ops allocate managed (unified) memory by default: the model's flat parameter, gradient and
+     buffer arrays, the optimizer state and the activation arena live on the GPU, and host code may still
+     read and write them (the trainers' collectives, Hogwild, D-PSGD's mixing) once the model call that
+     issued the work has returned: the model calls dt_ops.sync at the end of each. The GPU must support
+     concurrent managed access (every Linux GPU since Pascal; not Windows); dt_cuda_create refuses others.
+     desc.device_memory = 1 allocates plain device memory instead, for programs in which only the ops
+     touch the buffers (one process, no trainer): then dt_model_get_params etc. are the only way in.
+     Uploads and downloads are synchronous (a copy on the context's stream, then a wait).
+
+   ERRORS
+     Every CUDA and cuBLAS call is checked. The ops return nothing, so a failure is kept in the context
+     (the first one, with the call, CUDA's or cuBLAS's error name and string, and the file and line) and
+     returned by the next dt_ops.sync: by the model call that issued the op, as DT_ERR_DEVICE (or
+     DT_ERR_OUT_OF_MEMORY). Failures are sticky: a context that failed keeps returning its first error
+     (after a kernel fault the CUDA context is unusable anyway). Allocation failures are not sticky:
+     alloc returns NULL and the model reports DT_ERR_OUT_OF_MEMORY.
+
+   THREADS
+     A context belongs to one thread at a time, like a model. Local ranks (threads) each create their
+     own models, so each rank has its own context and stream, and several ranks share one GPU.
+
+   OPTIONS (dt_cuda_desc; a NULL desc reads the environment)
+     device         the GPU's index; with desc NULL, $DT_CUDA_DEVICE or 0
+     device_memory  1: cudaMalloc rather than cudaMallocManaged (see MEMORY)
+
+   NOT YET (docs/design.md, "GPU backend")
+     pinned host staging and a side stream that copies the next batch while this one trains; NCCL for
+     several GPUs; explicit staged copies for the local and MPI communicators (managed memory stands in).
+*/
+/* dtrain.h first (with DT_USE_CUDA it includes this file again at the end of its declarations: the
+   guards DTRAIN_CUDA_H, DTRAIN_CUDA_DECLARED and DTRAIN_SHARED_DONE order the parts) */
+#ifndef DTRAIN_H
+#include "dtrain.h"
+#endif
+#ifndef DTRAIN_CUDA_H
+#define DTRAIN_CUDA_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A GPU context: the device, a stream, a cuBLAS handle, scratch memory and the first failure. */
+typedef struct dt_cuda dt_cuda;
+
+/* Context settings; zero means the default. */
+typedef struct dt_cuda_desc {
+    int device;          /* GPU index (0 = the first) */
+    int device_memory;   /* 1: plain device memory, which host code must not touch; 0: managed memory */
+} dt_cuda_desc;
+
+/* Number of CUDA GPUs this process can use; 0 when there is none or no driver (never an error). */
+int       dt_cuda_device_count(void);
+/* Creates a context on a GPU (desc NULL: $DT_CUDA_DEVICE or 0, managed memory). DT_ERR_UNSUPPORTED when
+   no GPU is usable, naming the cause. *out is NULL on failure. */
+dt_result dt_cuda_create(dt_cuda **out, const dt_cuda_desc *desc);
+/* Waits for the context's work and frees it. Everything allocated through it must be freed first (a
+   model or optimizer on it is destroyed before it). NULL is allowed. */
+void      dt_cuda_destroy(dt_cuda *cu);
+/* The GPU ops table; its ctx argument is a dt_cuda. */
+const dt_ops *dt_cuda_ops(void);
+/* Waits until the context's work is done; DT_OK or the context's first failure (the table's sync). */
+dt_result dt_cuda_sync(dt_cuda *cu);
+/* The context's GPU: its index and its name (e.g. "NVIDIA H100 80GB HBM3"). */
+int         dt_cuda_device(const dt_cuda *cu);
+const char *dt_cuda_device_name(const dt_cuda *cu);
+
+#ifdef __cplusplus
+}
+#endif
+#define DTRAIN_CUDA_DECLARED
+#endif /* DTRAIN_CUDA_H */
+
+/* ============================================================================================== */
+/* Implementation: CUDA C++, compiled by nvcc in one translation unit (dtrain_cuda.cu).            */
+/* ============================================================================================== */
+#if defined(DTRAIN_CUDA_IMPLEMENTATION) && defined(DTRAIN_CUDA_DECLARED) && defined(DTRAIN_SHARED_DONE) && \
+    !defined(DTRAIN_CUDA_IMPLEMENTATION_DONE)
+#define DTRAIN_CUDA_IMPLEMENTATION_DONE
+
+/* DT_CUDA_EMULATE: whoever defines it provides the few CUDA and cuBLAS calls below and runs each kernel
+   as one host loop (tests/cuda/cuda_emu.h does, so the kernels' index arithmetic is tested on machines
+   without a GPU, under AddressSanitizer too). */
+#ifndef DT_CUDA_EMULATE
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdarg.h>
+#include <math.h>
+#include <limits.h>
+
+/* dtrain.h's allocator hooks (for the context struct), when the build gives them to nvcc too */
+#ifndef DT_MALLOC
+#define DT_MALLOC(n) malloc(n)
+#define DT_FREE(p) free(p)
+#endif
+
+struct dt_cuda {
+    int            device;
+    int            managed;         /* allocations are managed memory */
+    char           name[256];
+    cudaStream_t   stream;          /* every op of this context runs on it, in order */
+    cublasHandle_t blas;            /* bound to stream */
+    void          *scratch;         /* device memory for reductions, grown on demand, never held across ops */
+    int64_t        scratch_bytes;
+    dt_result      err;             /* the first failure (sticky), with its message */
+    char           msg[480];
+};
+
+/* ---- errors ----------------------------------------------------------------------------------- */
+
+static void dt__cu_fail(dt_cuda *cu, dt_result r, const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    int n;
+    if (cu->err != DT_OK) return;   /* the first failure is the cause; later ones follow from it */
+    cu->err = r;
+    va_start(ap, fmt);
+    n = vsnprintf(cu->msg, sizeof cu->msg, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof cu->msg) snprintf(cu->msg + n, sizeof cu->msg - (size_t)n, " (%s:%d)", file, line);
+}
+
+/* Keeps a failed CUDA call; returns nonzero when it failed. */
+static int dt__cu_check(dt_cuda *cu, cudaError_t e, const char *call, const char *file, int line) {
+    if (e == cudaSuccess) return 0;
+    dt__cu_fail(cu, e == cudaErrorMemoryAllocation ? DT_ERR_OUT_OF_MEMORY : DT_ERR_DEVICE, file, line,
+                "%s failed: %s: %s", call, cudaGetErrorName(e), cudaGetErrorString(e));
+    return 1;
+}
+static int dt__cublas_check(dt_cuda *cu, cublasStatus_t s, const char *call, const char *file, int line) {
+    if (s == CUBLAS_STATUS_SUCCESS) return 0;
+    dt__cu_fail(cu, s == CUBLAS_STATUS_ALLOC_FAILED ? DT_ERR_OUT_OF_MEMORY : DT_ERR_DEVICE, file, line,
+                "%s failed: %s: %s", call, cublasGetStatusName(s), cublasGetStatusString(s));
+    return 1;
+}
+#define DT__CU(cu, call) dt__cu_check((cu), (call), #call, __FILE__, __LINE__)
+#define DT__CUBLAS(cu, call) dt__cublas_check((cu), (call), #call, __FILE__, __LINE__)
+
+/* ---- kernels ------------------------------------------------------------------------------------
+   Every kernel is a grid-stride loop over independent work items (DT__CU_FOR): item i writes only its own
+   outputs, so there are no atomics, no shared memory and no races, and the results do not depend on the
+   launch shape. Launches are checked (cudaGetLastError) and skipped for zero items. */
+
+#define DT__CU_THREADS 256
+#define DT__CU_MAX_BLOCKS 65536
+
+#ifdef DT_CUDA_EMULATE
+#define DT__CU_FOR(i, n) for (int64_t i = 0; i < (n); i++)
+#define DT__CU_LAUNCH(cu, n, kernel, args) do { (void)(cu); if ((n) > 0) kernel args; } while (0)
+#else
+#define DT__CU_FOR(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+#define DT__CU_LAUNCH(cu, n, kernel, args) do { if ((n) > 0) {                                              \
+        kernel<<<dt__cu_blocks(n), DT__CU_THREADS, 0, (cu)->stream>>> args;                              \
+        dt__cu_check((cu), cudaGetLastError(), "launch of " #kernel, __FILE__, __LINE__); } } while (0)
+static unsigned dt__cu_blocks(int64_t n) {
+    int64_t b = (n + DT__CU_THREADS - 1) / DT__CU_THREADS;
+    return (unsigned)(b < DT__CU_MAX_BLOCKS ? b : DT__CU_MAX_BLOCKS);
+}
+#endif
+
+/* vectors */
+static __global__ void dt__k_fill(float *x, int64_t n, float v) { DT__CU_FOR(i, n) x[i] = v; }
+static __global__ void dt__k_scale(float *x, int64_t n, float a) { DT__CU_FOR(i, n) x[i] *= a; }
+static __global__ void dt__k_axpy(float *y, const float *x, int64_t n, float a) { DT__CU_FOR(i, n) y[i] += a * x[i]; }
+static __global__ void dt__k_add(float *y, const float *a, const float *b, int64_t n) { DT__CU_FOR(i, n) y[i] = a[i] + b[i]; }
+
+/* C[M, N] = beta C (beta 0: zeros, C not read): GEMM with K = 0 */
+static __global__ void dt__k_gemm_beta(float *C, int64_t M, int64_t N, int64_t ldc, float beta) {
+    DT__CU_FOR(i, M * N) {
+        float *c = C + (i / N) * ldc + i % N;
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+/* y [rows, cols] += b [cols] */
+static __global__ void dt__k_add_row_bias(float *y, const float *b, int64_t rows, int64_t cols) {
+    DT__CU_FOR(i, rows * cols) y[i] += b[i % cols];
+}
+/* one thread per column i: db[i] += sum over rows, in row order (the CPU's order) */
+static __global__ void dt__k_sum_rows(float *db, const float *dy, int64_t rows, int64_t cols) {
+    DT__CU_FOR(i, cols) {
+        float acc = 0.0f;
+        for (int64_t r = 0; r < rows; r++) acc += dy[r * cols + i];
+        db[i] += acc;
+    }
+}
+
+/* col [c*kh*kw, n*oh*ow]: one thread per element of col; zero where the window reads padding */
+static __global__ void dt__k_im2col(dt_conv_geom g, const float *x, float *col) {
+    int64_t S = g.oh * g.ow, NS = g.n * S, total = g.c * g.kh * g.kw * NS;
+    DT__CU_FOR(idx, total) {
+        int64_t r = idx / NS, q = idx % NS, ni = q / S, s = q % S, oy = s / g.ow, ox = s % g.ow;
+        int64_t c = r / (g.kh * g.kw), ky = (r / g.kw) % g.kh, kx = r % g.kw;
+        int64_t iy = oy * g.sh - g.ph + ky, ix = ox * g.sw - g.pw + kx;
+        col[idx] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) ? x[((ni * g.c + c) * g.h + iy) * g.w + ix] : 0.0f;
+    }
+}
+/* dx [n, c, h, w] += col2im(col): one thread per input element gathers the entries of col that read it,
+   kernel offsets (ky, kx) in the order the CPU scatters them */
+static __global__ void dt__k_col2im(dt_conv_geom g, const float *col, float *dx) {
+    int64_t S = g.oh * g.ow, NS = g.n * S, total = g.n * g.c * g.h * g.w;
+    DT__CU_FOR(idx, total) {
+        int64_t ix = idx % g.w, iy = (idx / g.w) % g.h, c = (idx / (g.w * g.h)) % g.c, ni = idx / (g.w * g.h * g.c);
+        float v = dx[idx];
+        for (int64_t ky = 0; ky < g.kh; ky++) {
+            int64_t ty = iy + g.ph - ky, oy = ty / g.sh;          /* oy * sh - ph + ky == iy */
+            if (ty < 0 || ty % g.sh != 0 || oy >= g.oh) continue;
+            for (int64_t kx = 0; kx < g.kw; kx++) {
+                int64_t tx = ix + g.pw - kx, ox = tx / g.sw;
+                if (tx < 0 || tx % g.sw != 0 || ox >= g.ow) continue;
+                v += col[((c * g.kh + ky) * g.kw + kx) * NS + ni * S + oy * g.ow + ox];
+            }
+        }
+        dx[idx] = v;
+    }
+}
+/* y [n, c, s] = t [c, n*s] (+ b[c]) */
+static __global__ void dt__k_cs_to_ncs(float *y, const float *t, const float *b, int64_t n, int64_t c, int64_t s) {
+    DT__CU_FOR(idx, n * c * s) {
+        int64_t k = idx % s, ch = (idx / s) % c, i = idx / (s * c);
+        y[idx] = t[ch * n * s + i * s + k] + (b ? b[ch] : 0.0f);
+    }
+}
+/* t [c, n*s] = y [n, c, s] */
+static __global__ void dt__k_ncs_to_cs(float *t, const float *y, int64_t n, int64_t c, int64_t s) {
+    DT__CU_FOR(idx, n * c * s) {
+        int64_t k = idx % s, ch = (idx / s) % c, i = idx / (s * c);
+        t[ch * n * s + i * s + k] = y[idx];
+    }
+}
+
+/* Per (image, channel) sums over s of x [n, c, s], in double: part[i*c + ch]. mode 0: x; mode 1:
+   (x - center[ch])^2; mode 2: x as a float sum (the CPU's channel_sum_bwd), stored exactly. */
+static __global__ void dt__k_plane_sums(const float *x, const float *center, int mode, int64_t n, int64_t c, int64_t s,
+                                        double *part) {
+    DT__CU_FOR(ic, n * c) {
+        const float *p = x + ic * s;
+        double acc = 0.0;
+        if (mode == 1) {
+            double mu = (double)center[ic % c];
+            for (int64_t k = 0; k < s; k++) { double d = (double)p[k] - mu; acc += d * d; }
+        } else if (mode == 2) {
+            float f = 0.0f;
+            for (int64_t k = 0; k < s; k++) f += p[k];
+            acc = (double)f;
+        } else {
+            for (int64_t k = 0; k < s; k++) acc += (double)p[k];
+        }
+        part[ic] = acc;
+    }
+}
+/* db[ch] += sum over images of part[i*c + ch], in image order */
+static __global__ void dt__k_channel_total(float *db, const double *part, int64_t n, int64_t c) {
+    DT__CU_FOR(ch, c) {
+        double acc = 0.0;
+        for (int64_t i = 0; i < n; i++) acc += part[i * c + ch];
+        db[ch] += (float)acc;
+    }
+}
+
+/* pooling: one thread per output; first maximum wins, NaN propagates (as the CPU and PyTorch) */
+static __global__ void dt__k_maxpool_fwd(dt_conv_geom g, const float *x, float *y, int32_t *idx) {
+    int64_t total = g.n * g.c * g.oh * g.ow;
+    DT__CU_FOR(o, total) {
+        int64_t ox = o % g.ow, oy = (o / g.ow) % g.oh, nc = o / (g.ow * g.oh), bi;
+        y[o] = dt__maxpool_window(&g, x + nc * g.h * g.w, oy, ox, &bi);
+        idx[o] = (int32_t)bi;
+    }
+}
+/* dx += dy routed by idx: one thread per input element gathers the outputs whose window holds it, in
+   output order (kernel offsets from the last to the first); mode 0 max (where idx names it), 1 average */
+static __global__ void dt__k_pool_bwd(int avg, dt_conv_geom g, const float *dy, const int32_t *idx, float *dx) {
+    int64_t total = g.n * g.c * g.h * g.w;
+    float inv = 1.0f / (float)(g.kh * g.kw);
+    DT__CU_FOR(i, total) {
+        int64_t ix = i % g.w, iy = (i / g.w) % g.h, nc = i / (g.w * g.h);
+        float v = dx[i];
+        for (int64_t ky = g.kh - 1; ky >= 0; ky--) {
+            int64_t ty = iy + g.ph - ky, oy = ty / g.sh;
+            if (ty < 0 || ty % g.sh != 0 || oy >= g.oh) continue;
+            for (int64_t kx = g.kw - 1; kx >= 0; kx--) {
+                int64_t tx = ix + g.pw - kx, ox = tx / g.sw, o;
+                if (tx < 0 || tx % g.sw != 0 || ox >= g.ow) continue;
+                o = (nc * g.oh + oy) * g.ow + ox;
+                if (avg) v += dy[o] * inv;
+                else if (idx[o] == (int32_t)(iy * g.w + ix)) v += dy[o];
+            }
+        }
+        dx[i] = v;
+    }
+}
+static __global__ void dt__k_avgpool_fwd(dt_conv_geom g, const float *x, float *y) {
+    int64_t total = g.n * g.c * g.oh * g.ow;
+    DT__CU_FOR(o, total) {
+        int64_t ox = o % g.ow, oy = (o / g.ow) % g.oh, nc = o / (g.ow * g.oh);
+        y[o] = dt__avgpool_window(&g, x + nc * g.h * g.w, oy, ox);
+    }
+}
+/* y [n, c] = mean over s of x [n, c, s] */
+static __global__ void dt__k_gap_fwd(const float *x, float *y, int64_t nc, int64_t s) {
+    DT__CU_FOR(i, nc) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < s; k++) acc += x[i * s + k];
+        y[i] = acc / (float)s;
+    }
+}
+static __global__ void dt__k_gap_bwd(const float *dy, float *dx, int64_t nc, int64_t s) {
+    DT__CU_FOR(i, nc * s) dx[i] += dy[i / s] / (float)s;
+}
+
+/* activations and dropout */
+static __global__ void dt__k_relu_fwd(const float *x, float *y, int64_t n) { DT__CU_FOR(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f; }
+static __global__ void dt__k_relu_bwd(const float *y, const float *dy, float *dx, int64_t n) {
+    DT__CU_FOR(i, n) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+}
+static __global__ void dt__k_dropout(const float *x, float *y, float *mask, int64_t n, float p, float keep, uint64_t key) {
+    DT__CU_FOR(i, n) {
+        mask[i] = dt__hash_uniform(key, (uint64_t)i) >= p ? keep : 0.0f;
+        y[i] = x[i] * mask[i];
+    }
+}
+static __global__ void dt__k_mul_bwd(const float *dy, const float *mask, float *dx, int64_t n) {
+    DT__CU_FOR(i, n) dx[i] += dy[i] * mask[i];
+}
+
+/* batchnorm, per channel, from the plane sums of dt__k_plane_sums (cnt = n*s) */
+static __global__ void dt__k_bn_mean(const double *part, int64_t n, int64_t c, int64_t cnt, float *save_mean) {
+    DT__CU_FOR(ch, c) {
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++) sum += part[i * c + ch];
+        save_mean[ch] = (float)(sum / (double)cnt);
+    }
+}
+static __global__ void dt__k_bn_var(const double *part, int64_t n, int64_t c, int64_t cnt, float eps, float momentum,
+                                    float *rm, float *rv, const float *save_mean, float *save_invstd) {
+    DT__CU_FOR(ch, c) {
+        double sq = 0.0, var;
+        float mean = save_mean[ch];
+        for (int64_t i = 0; i < n; i++) sq += part[i * c + ch];
+        var = sq / (double)cnt;
+        save_invstd[ch] = (float)(1.0 / sqrt(var + (double)eps));
+        rm[ch] = (1.0f - momentum) * rm[ch] + momentum * mean;
+        rv[ch] = (1.0f - momentum) * rv[ch] + momentum * (float)(cnt > 1 ? sq / (double)(cnt - 1) : var);
+    }
+}
+static __global__ void dt__k_bn_eval_stats(const float *rm, const float *rv, int64_t c, float eps, float *save_mean,
+                                           float *save_invstd) {
+    DT__CU_FOR(ch, c) {
+        save_mean[ch] = rm[ch];
+        save_invstd[ch] = 1.0f / sqrtf(rv[ch] + eps);
+    }
+}
+static __global__ void dt__k_bn_apply(const float *x, float *y, int64_t n, int64_t c, int64_t s, const float *gamma,
+                                      const float *beta, const float *save_mean, const float *save_invstd) {
+    DT__CU_FOR(i, n * c * s) {
+        int64_t ch = (i / s) % c;
+        float g = gamma[ch] * save_invstd[ch], b = beta[ch] - save_mean[ch] * g;
+        y[i] = x[i] * g + b;
+    }
+}
+/* per (image, channel): sums of dy and of dy * xhat, in double */
+static __global__ void dt__k_bn_bwd_sums(const float *x, const float *dy, int64_t n, int64_t c, int64_t s,
+                                         const float *save_mean, const float *save_invstd, double *pdy, double *pdyx) {
+    DT__CU_FOR(ic, n * c) {
+        int64_t ch = ic % c;
+        float mean = save_mean[ch], invstd = save_invstd[ch];
+        double a = 0.0, b = 0.0;
+        for (int64_t k = 0; k < s; k++) {
+            float d = dy[ic * s + k];
+            a += d;
+            b += (double)d * (double)((x[ic * s + k] - mean) * invstd);
+        }
+        pdy[ic] = a;
+        pdyx[ic] = b;
+    }
+}
+/* per channel: dgamma, dbeta += the sums; coef[ch], coef[c + ch] = their means (training) or 0 */
+static __global__ void dt__k_bn_bwd_channel(int training, const double *pdy, const double *pdyx, int64_t n, int64_t c,
+                                            int64_t cnt, float *dgamma, float *dbeta, float *coef) {
+    DT__CU_FOR(ch, c) {
+        double sdy = 0.0, sdyx = 0.0;
+        for (int64_t i = 0; i < n; i++) { sdy += pdy[i * c + ch]; sdyx += pdyx[i * c + ch]; }
+        dgamma[ch] += (float)sdyx;
+        dbeta[ch] += (float)sdy;
+        coef[ch] = training ? (float)(sdy / (double)cnt) : 0.0f;
+        coef[c + ch] = training ? (float)(sdyx / (double)cnt) : 0.0f;
+    }
+}
+static __global__ void dt__k_bn_bwd_dx(const float *x, const float *dy, float *dx, int64_t n, int64_t c, int64_t s,
+                                       const float *gamma, const float *save_mean, const float *save_invstd,
+                                       const float *coef) {
+    DT__CU_FOR(i, n * c * s) {
+        int64_t ch = (i / s) % c;
+        float invstd = save_invstd[ch], gi = gamma[ch] * invstd, xhat = (x[i] - save_mean[ch]) * invstd;
+        dx[i] += gi * (dy[i] - coef[ch] - xhat * coef[c + ch]);
+    }
+}
+
+/* option-A shortcut: y [n, oc, oh, ow] from x [n, c, h, w], (oc - c)/2 zero channels on each side */
+static __global__ void dt__k_pad_fwd(const float *x, float *y, int64_t n, int64_t c, int64_t h, int64_t w, int64_t oc,
+                                     int64_t stride, int64_t oh, int64_t ow) {
+    int64_t lo = (oc - c) / 2;
+    DT__CU_FOR(i, n * oc * oh * ow) {
+        int64_t xx = i % ow, yy = (i / ow) % oh, o = (i / (ow * oh)) % oc, ni = i / (ow * oh * oc), ci = o - lo;
+        y[i] = (ci >= 0 && ci < c) ? x[((ni * c + ci) * h + yy * stride) * w + xx * stride] : 0.0f;
+    }
+}
+/* one thread per element of dy's unpadded channels; each writes its own element of dx */
+static __global__ void dt__k_pad_bwd(const float *dy, float *dx, int64_t n, int64_t c, int64_t h, int64_t w, int64_t oc,
+                                     int64_t stride, int64_t oh, int64_t ow) {
+    int64_t lo = (oc - c) / 2;
+    DT__CU_FOR(i, n * c * oh * ow) {
+        int64_t xx = i % ow, yy = (i / ow) % oh, ci = (i / (ow * oh)) % c, ni = i / (ow * oh * c);
+        dx[((ni * c + ci) * h + yy * stride) * w + xx * stride] += dy[((ni * oc + ci + lo) * oh + yy) * ow + xx];
+    }
+}
+
+/* rows of x [n, k], one thread per row */
+static __global__ void dt__k_log_softmax_fwd(const float *x, float *y, int64_t n, int64_t k) {
+    DT__CU_FOR(r, n) dt__log_softmax_row(x + r * k, y + r * k, k);
+}
+static __global__ void dt__k_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t n, int64_t k) {
+    DT__CU_FOR(r, n) dt__log_softmax_row_bwd(y + r * k, dy + r * k, dx + r * k, k);
+}
+/* losses: one thread per row (per element for mse) writes its gradient and its term of the sum, which
+   dt__cu_sum then adds up in a fixed order. A label outside [0, k) (the model checks them) gives NaN. */
+static __global__ void dt__k_softmax_xent(const float *x, const int32_t *labels, int64_t n, int64_t k, float *dx,
+                                          double *term) {
+    DT__CU_FOR(r, n) term[r] = dt__softmax_xent_row(x + r * k, labels[r], k, n, dx + r * k);
+}
+static __global__ void dt__k_nll(const float *logp, const int32_t *labels, int64_t n, int64_t k, float *dx, double *term) {
+    DT__CU_FOR(r, n) {
+        int64_t lab = labels[r];
+        for (int64_t j = 0; j < k; j++) dx[r * k + j] = j == lab ? -1.0f / (float)n : 0.0f;
+        term[r] = (lab >= 0 && lab < k) ? -(double)logp[r * k + lab] : (double)NAN;
+    }
+}
+/* target may be dx (the model passes the target in the gradient buffer): element i reads it, then writes */
+static __global__ void dt__k_mse(const float *x, const float *target, int64_t n, float *dx, double *term) {
+    DT__CU_FOR(i, n) {
+        float d = x[i] - target[i];
+        term[i] = (double)d * (double)d;
+        dx[i] = 2.0f * d / (float)n;
+    }
+}
+static __global__ void dt__k_correct(const float *x, const int32_t *labels, int64_t n, int64_t k, double *term) {
+    DT__CU_FOR(r, n) term[r] = dt__argmax_row(x + r * k, k) == (int64_t)labels[r] ? 1.0 : 0.0;
+}
+
+/* Sums in a fixed order: part[j] = the sum of chunk j (DT__CU_CHUNK consecutive terms, in order), then
+   one thread adds the chunk sums in order. term = xd[i], or xf[i], or xf[i]^2 (square). */
+#define DT__CU_CHUNK 4096
+static __global__ void dt__k_chunk_sums(const float *xf, const double *xd, int square, int64_t n, double *part) {
+    DT__CU_FOR(j, (n + DT__CU_CHUNK - 1) / DT__CU_CHUNK) {
+        int64_t lo = j * DT__CU_CHUNK, hi = lo + DT__CU_CHUNK < n ? lo + DT__CU_CHUNK : n;
+        double acc = 0.0;
+        for (int64_t i = lo; i < hi; i++) {
+            double t = xd ? xd[i] : (double)xf[i];
+            acc += square ? t * t : t;
+        }
+        part[j] = acc;
+    }
+}
+static __global__ void dt__k_sum_parts(const double *part, int64_t np, double *out) {
+    DT__CU_FOR(t, 1) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < np; j++) acc += part[j];
+        out[t] = acc;
+    }
+}
+
+/* optimizers: one thread per element */
+static __global__ void dt__k_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float dampening,
+                                 float wd, int nesterov, int first) {
+    DT__CU_FOR(i, n) dt__sgd_update(p, g, buf, i, lr, momentum, dampening, wd, nesterov, first);
+}
+static __global__ void dt__k_adam(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
+                                  float eps, float wd, int decoupled, float step_size, float bc2_sqrt) {
+    DT__CU_FOR(i, n) dt__adam_update(p, g, m, v, i, lr, beta1, beta2, eps, wd, decoupled, step_size, bc2_sqrt);
+}
+
+/* ---- the ops ---------------------------------------------------------------------------------- */
+
+/* Each op starts here: the calling thread's current device becomes the context's. */
+static dt_cuda *dt__cu_enter(void *ctx) {
+    dt_cuda *cu = (dt_cuda *)ctx;
+    DT__CU(cu, cudaSetDevice(cu->device));
+    return cu;
+}
+
+/* The scratch memory, at least `bytes` (never held across ops); NULL after a failure (kept). */
+static void *dt__cu_scratch(dt_cuda *cu, int64_t bytes) {
+    void *p = NULL;
+    if (bytes <= cu->scratch_bytes) return cu->scratch;
+    if (cu->scratch) {   /* earlier ops on the stream may still read it */
+        if (DT__CU(cu, cudaStreamSynchronize(cu->stream)) || DT__CU(cu, cudaFree(cu->scratch))) return NULL;
+        cu->scratch = NULL;
+        cu->scratch_bytes = 0;
+    }
+    if (DT__CU(cu, cudaMalloc(&p, (size_t)bytes))) return NULL;
+    cu->scratch = p;
+    cu->scratch_bytes = bytes;
+    return p;
+}
+
+/* Doubles of workspace dt__cu_sum needs for n terms. */
+static int64_t dt__cu_sum_ws(int64_t n) { return (n + DT__CU_CHUNK - 1) / DT__CU_CHUNK + 1; }
+
+/* The sum of n terms (see dt__k_chunk_sums) into *host, on the workspace ws [dt__cu_sum_ws(n)] doubles. */
+static void dt__cu_sum(dt_cuda *cu, const float *xf, const double *xd, int64_t n, int square, double *ws, double *host) {
+    int64_t np = (n + DT__CU_CHUNK - 1) / DT__CU_CHUNK;
+    *host = 0.0;
+    if (n <= 0) return;
+    DT__CU_LAUNCH(cu, np, dt__k_chunk_sums, (xf, xd, square, n, ws));
+    DT__CU_LAUNCH(cu, 1, dt__k_sum_parts, (ws, np, ws + np));
+    if (!DT__CU(cu, cudaMemcpyAsync(host, ws + np, sizeof(double), cudaMemcpyDefault, cu->stream)))
+        DT__CU(cu, cudaStreamSynchronize(cu->stream));
+}
+
+/* Managed memory is never asked for beyond what the GPU has free (less a reserve for cuBLAS and the
+   other contexts' scratch): oversubscribed managed memory pages in and out, and can stall the GPU. */
+#define DT__CU_RESERVE ((size_t)256 << 20)
+static void *dt__cu_alloc(void *ctx, int64_t bytes) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    void *p = NULL;
+    size_t avail = 0, total = 0;
+    cudaError_t e;
+    if (bytes <= 0) bytes = 1;
+    if (cu->managed) {
+        if (DT__CU(cu, cudaMemGetInfo(&avail, &total))) return NULL;
+        if ((size_t)bytes + DT__CU_RESERVE > avail) {
+            dt_set_error(DT_ERR_OUT_OF_MEMORY, "GPU %d has %lld of its %lld MiB free; %lld MiB more (and a reserve of %lld) "
+                         "would oversubscribe its managed memory: use a smaller batch or model", cu->device,
+                         (long long)(avail >> 20), (long long)(total >> 20), (long long)(bytes >> 20),
+                         (long long)(DT__CU_RESERVE >> 20));
+            return NULL;
+        }
+    }
+    e = cu->managed ? cudaMallocManaged(&p, (size_t)bytes, cudaMemAttachGlobal) : cudaMalloc(&p, (size_t)bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();   /* not sticky: the caller reports the failed allocation */
+        dt_set_error(DT_ERR_OUT_OF_MEMORY, "the GPU has no memory for %lld bytes (%s): %s", (long long)bytes,
+                     cu->managed ? "cudaMallocManaged" : "cudaMalloc", cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+static void dt__cu_free(void *ctx, void *p) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    if (!p) return;
+    DT__CU(cu, cudaStreamSynchronize(cu->stream));   /* queued ops may still use it */
+    DT__CU(cu, cudaFree(p));
+}
+/* host <-> backend copies, finished when they return (the host buffer may be reused at once) */
+static void dt__cu_memcpy(void *ctx, void *dst, const void *src, int64_t bytes) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    if (bytes <= 0 || dst == src) return;
+    if (!DT__CU(cu, cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDefault, cu->stream)))
+        DT__CU(cu, cudaStreamSynchronize(cu->stream));
+}
+static void dt__cu_copy(void *ctx, float *dst, const float *src, int64_t n) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    if (n <= 0 || dst == src) return;
+    if (dst < src + n && src < dst + n) {   /* cudaMemcpy does not allow overlap; no layer asks for it */
+        dt__cu_fail(cu, DT_ERR_INVALID_ARG, __FILE__, __LINE__, "copy: the %lld floats at %p and %p overlap", (long long)n,
+                    (const void *)src, (void *)dst);
+        return;
+    }
+    DT__CU(cu, cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)n, cudaMemcpyDefault, cu->stream));
+}
+static void dt__cu_fill(void *ctx, float *x, int64_t n, float v) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_fill, (x, n, v));
+}
+static void dt__cu_scale(void *ctx, float *x, int64_t n, float a) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_scale, (x, n, a));
+}
+static void dt__cu_axpy(void *ctx, float *y, const float *x, int64_t n, float a) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_axpy, (y, x, n, a));
+}
+static void dt__cu_add(void *ctx, float *y, const float *a, const float *b, int64_t n) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_add, (y, a, b, n));
+}
+
+/* Row-major C = alpha op(A) op(B) + beta C on column-major cuBLAS: a row-major matrix with row stride ld
+   is, read column-major with leading dimension ld, its transpose. So C^T [N, M] = op(B)^T op(A)^T is one
+   column-major GEMM with the operands swapped: A' = B (transposed iff tb), B' = A (transposed iff ta),
+   m' = N, n' = M, k' = K, and the row strides as leading dimensions. */
+static void dt__cu_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                        int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) { DT__CU_LAUNCH(cu, M * N, dt__k_gemm_beta, (C, M, N, ldc, beta)); return; }
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX) {
+        dt__cu_fail(cu, DT_ERR_UNSUPPORTED, __FILE__, __LINE__, "gemm: M %lld, N %lld, K %lld or a row stride exceeds "
+                    "cuBLAS's 32-bit sizes", (long long)M, (long long)N, (long long)K);
+        return;
+    }
+    DT__CUBLAS(cu, cublasSgemm(cu->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M,
+                               (int)K, &alpha, B, (int)ldb, A, (int)lda, &beta, C, (int)ldc));
+}
+static void dt__cu_add_row_bias(void *ctx, float *y, const float *b, int64_t rows, int64_t cols) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, rows * cols, dt__k_add_row_bias, (y, b, rows, cols));
+}
+static void dt__cu_sum_rows_bwd(void *ctx, float *db, const float *dy, int64_t rows, int64_t cols) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, cols, dt__k_sum_rows, (db, dy, rows, cols));
+}
+static void dt__cu_im2col(void *ctx, const dt_conv_geom *g, const float *x, float *col) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, g->c * g->kh * g->kw * g->n * g->oh * g->ow, dt__k_im2col, (*g, x, col));
+}
+static void dt__cu_col2im_bwd(void *ctx, const dt_conv_geom *g, const float *col, float *dx) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, g->n * g->c * g->h * g->w, dt__k_col2im, (*g, col, dx));
+}
+static void dt__cu_cs_to_ncs(void *ctx, float *y, const float *t, const float *b, int64_t n, int64_t c, int64_t s) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n * c * s, dt__k_cs_to_ncs, (y, t, b, n, c, s));
+}
+static void dt__cu_ncs_to_cs(void *ctx, float *t, const float *y, int64_t n, int64_t c, int64_t s) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n * c * s, dt__k_ncs_to_cs, (t, y, n, c, s));
+}
+static void dt__cu_channel_sum_bwd(void *ctx, float *db, const float *dy, int64_t n, int64_t c, int64_t s) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    double *part = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * n * c);
+    if (!part || n * c <= 0) return;
+    DT__CU_LAUNCH(cu, n * c, dt__k_plane_sums, (dy, (const float *)NULL, 2, n, c, s, part));
+    DT__CU_LAUNCH(cu, c, dt__k_channel_total, (db, part, n, c));
+}
+static void dt__cu_maxpool_fwd(void *ctx, const dt_conv_geom *g, const float *x, float *y, int32_t *idx) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, g->n * g->c * g->oh * g->ow, dt__k_maxpool_fwd, (*g, x, y, idx));
+}
+static void dt__cu_maxpool_bwd(void *ctx, const dt_conv_geom *g, const float *dy, const int32_t *idx, float *dx) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, g->n * g->c * g->h * g->w, dt__k_pool_bwd, (0, *g, dy, idx, dx));
+}
+static void dt__cu_avgpool_fwd(void *ctx, const dt_conv_geom *g, const float *x, float *y) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, g->n * g->c * g->oh * g->ow, dt__k_avgpool_fwd, (*g, x, y));
+}
+static void dt__cu_avgpool_bwd(void *ctx, const dt_conv_geom *g, const float *dy, float *dx) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, g->n * g->c * g->h * g->w, dt__k_pool_bwd, (1, *g, dy, (const int32_t *)NULL, dx));
+}
+static void dt__cu_gap_fwd(void *ctx, const float *x, float *y, int64_t n, int64_t c, int64_t s) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n * c, dt__k_gap_fwd, (x, y, n * c, s));
+}
+static void dt__cu_gap_bwd(void *ctx, const float *dy, float *dx, int64_t n, int64_t c, int64_t s) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n * c * s, dt__k_gap_bwd, (dy, dx, n * c, s));
+}
+static void dt__cu_relu_fwd(void *ctx, const float *x, float *y, int64_t n) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_relu_fwd, (x, y, n));
+}
+static void dt__cu_relu_bwd(void *ctx, const float *y, const float *dy, float *dx, int64_t n) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_relu_bwd, (y, dy, dx, n));
+}
+static void dt__cu_dropout_fwd(void *ctx, const float *x, float *y, float *mask, int64_t n, float p, uint64_t key) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    float keep = 1.0f / (1.0f - p);   /* computed as the CPU computes it */
+    DT__CU_LAUNCH(cu, n, dt__k_dropout, (x, y, mask, n, p, keep, key));
+}
+static void dt__cu_mul_bwd(void *ctx, const float *dy, const float *mask, float *dx, int64_t n) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_mul_bwd, (dy, mask, dx, n));
+}
+
+/* Training: mean and biased variance from per-plane sums in double (two passes, as the CPU), running
+   statistics with the unbiased variance; eval: the running statistics. Then y = x g + b per channel. */
+static void dt__cu_bn_fwd(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
+                          const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
+                          float *save_mean, float *save_invstd) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    if (n * c * s <= 0) return;
+    if (training) {
+        double *part = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * n * c);
+        if (!part) return;
+        DT__CU_LAUNCH(cu, n * c, dt__k_plane_sums, (x, (const float *)NULL, 0, n, c, s, part));
+        DT__CU_LAUNCH(cu, c, dt__k_bn_mean, (part, n, c, n * s, save_mean));
+        DT__CU_LAUNCH(cu, n * c, dt__k_plane_sums, (x, save_mean, 1, n, c, s, part));
+        DT__CU_LAUNCH(cu, c, dt__k_bn_var, (part, n, c, n * s, eps, momentum, rm, rv, save_mean, save_invstd));
+    } else {
+        DT__CU_LAUNCH(cu, c, dt__k_bn_eval_stats, (rm, rv, c, eps, save_mean, save_invstd));
+    }
+    DT__CU_LAUNCH(cu, n * c * s, dt__k_bn_apply, (x, y, n, c, s, gamma, beta, save_mean, save_invstd));
+}
+static void dt__cu_bn_bwd(void *ctx, int training, const float *x, const float *dy, float *dx, int64_t n, int64_t c,
+                          int64_t s, const float *gamma, const float *save_mean, const float *save_invstd, float *dgamma,
+                          float *dbeta) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    double *pdy;
+    float *coef;
+    if (n * c * s <= 0) return;
+    /* scratch: per-plane sums of dy and dy * xhat [n c] doubles each, then the two means [2 c] floats */
+    pdy = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * 2 * n * c + (int64_t)sizeof(float) * 2 * c);
+    if (!pdy) return;
+    coef = (float *)(pdy + 2 * n * c);
+    DT__CU_LAUNCH(cu, n * c, dt__k_bn_bwd_sums, (x, dy, n, c, s, save_mean, save_invstd, pdy, pdy + n * c));
+    DT__CU_LAUNCH(cu, c, dt__k_bn_bwd_channel, (training, pdy, pdy + n * c, n, c, n * s, dgamma, dbeta, coef));
+    if (dx) DT__CU_LAUNCH(cu, n * c * s, dt__k_bn_bwd_dx, (x, dy, dx, n, c, s, gamma, save_mean, save_invstd, coef));
+}
+static void dt__cu_pad_shortcut_fwd(void *ctx, const float *x, float *y, int64_t n, int64_t c, int64_t h, int64_t w,
+                                    int64_t oc, int64_t stride) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride;
+    DT__CU_LAUNCH(cu, n * oc * oh * ow, dt__k_pad_fwd, (x, y, n, c, h, w, oc, stride, oh, ow));
+}
+static void dt__cu_pad_shortcut_bwd(void *ctx, const float *dy, float *dx, int64_t n, int64_t c, int64_t h, int64_t w,
+                                    int64_t oc, int64_t stride) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride;
+    DT__CU_LAUNCH(cu, n * c * oh * ow, dt__k_pad_bwd, (dy, dx, n, c, h, w, oc, stride, oh, ow));
+}
+static void dt__cu_log_softmax_fwd(void *ctx, const float *x, float *y, int64_t n, int64_t k) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_log_softmax_fwd, (x, y, n, k));
+}
+static void dt__cu_log_softmax_bwd(void *ctx, const float *y, const float *dy, float *dx, int64_t n, int64_t k) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_log_softmax_bwd, (y, dy, dx, n, k));
+}
+
+/* Scratch for `terms` per-row (or per-element) terms and their sum's workspace: the terms come first. */
+static double *dt__cu_terms(dt_cuda *cu, int64_t terms) {
+    return (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * (terms + dt__cu_sum_ws(terms)));
+}
+static void dt__cu_softmax_xent(void *ctx, const float *x, const int32_t *labels, int64_t n, int64_t k, float *dx,
+                                float *loss) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    double *term = dt__cu_terms(cu, n), total = 0.0;
+    *loss = NAN;
+    if (!term || n <= 0) return;
+    DT__CU_LAUNCH(cu, n, dt__k_softmax_xent, (x, labels, n, k, dx, term));
+    dt__cu_sum(cu, NULL, term, n, 0, term + n, &total);
+    *loss = (float)(total / (double)n);
+}
+static void dt__cu_nll(void *ctx, const float *logp, const int32_t *labels, int64_t n, int64_t k, float *dx, float *loss) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    double *term = dt__cu_terms(cu, n), total = 0.0;
+    *loss = NAN;
+    if (!term || n <= 0) return;
+    DT__CU_LAUNCH(cu, n, dt__k_nll, (logp, labels, n, k, dx, term));
+    dt__cu_sum(cu, NULL, term, n, 0, term + n, &total);
+    *loss = (float)(total / (double)n);
+}
+static void dt__cu_mse(void *ctx, const float *x, const float *target, int64_t n, float *dx, float *loss) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    double *term = dt__cu_terms(cu, n), total = 0.0;
+    *loss = NAN;
+    if (!term || n <= 0) return;
+    DT__CU_LAUNCH(cu, n, dt__k_mse, (x, target, n, dx, term));
+    dt__cu_sum(cu, NULL, term, n, 0, term + n, &total);
+    *loss = (float)(total / (double)n);
+}
+static void dt__cu_count_correct(void *ctx, const float *x, const int32_t *labels, int64_t n, int64_t k, int64_t *correct) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    double *term = dt__cu_terms(cu, n), total = 0.0;
+    *correct = 0;
+    if (!term || n <= 0) return;
+    DT__CU_LAUNCH(cu, n, dt__k_correct, (x, labels, n, k, term));
+    dt__cu_sum(cu, NULL, term, n, 0, term + n, &total);
+    *correct = (int64_t)(total + 0.5);   /* a sum of ones and zeros, exact in double */
+}
+static void dt__cu_sum_squares(void *ctx, const float *x, int64_t n, double *out) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    double *ws = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * dt__cu_sum_ws(n));
+    *out = 0.0;
+    if (ws) dt__cu_sum(cu, x, NULL, n, 1, ws, out);
+}
+static void dt__cu_sgd_step(void *ctx, float *p, const float *g, float *buf, int64_t n, float lr, float momentum,
+                            float dampening, float wd, int nesterov, int first) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_sgd, (p, g, buf, n, lr, momentum, dampening, wd, nesterov, first));
+}
+static void dt__cu_adam_step(void *ctx, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
+                             float beta2, float eps, float wd, int decoupled, float step_size, float bc2_sqrt) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU_LAUNCH(cu, n, dt__k_adam, (p, g, m, v, n, lr, beta1, beta2, eps, wd, decoupled, step_size, bc2_sqrt));
+}
+static dt_result dt__cu_sync(void *ctx) {
+    dt_cuda *cu = dt__cu_enter(ctx);
+    DT__CU(cu, cudaStreamSynchronize(cu->stream));
+    if (cu->err != DT_OK) return dt_set_error(cu->err, "%s", cu->msg);
+    return DT_OK;
+}
+
+static const dt_ops dt__cuda_ops_table = {
+    "cuda",
+    dt__cu_alloc, dt__cu_free, dt__cu_memcpy, dt__cu_memcpy, dt__cu_copy,
+    dt__cu_fill, dt__cu_scale, dt__cu_axpy, dt__cu_add,
+    dt__cu_gemm, dt__cu_add_row_bias, dt__cu_sum_rows_bwd,
+    dt__cu_im2col, dt__cu_col2im_bwd, dt__cu_cs_to_ncs, dt__cu_ncs_to_cs, dt__cu_channel_sum_bwd,
+    dt__cu_maxpool_fwd, dt__cu_maxpool_bwd, dt__cu_avgpool_fwd, dt__cu_avgpool_bwd,
+    dt__cu_gap_fwd, dt__cu_gap_bwd,
+    dt__cu_relu_fwd, dt__cu_relu_bwd,
+    dt__cu_dropout_fwd, dt__cu_mul_bwd,
+    dt__cu_bn_fwd, dt__cu_bn_bwd,
+    dt__cu_pad_shortcut_fwd, dt__cu_pad_shortcut_bwd,
+    dt__cu_log_softmax_fwd, dt__cu_log_softmax_bwd,
+    dt__cu_softmax_xent, dt__cu_nll, dt__cu_mse, dt__cu_count_correct,
+    dt__cu_sum_squares, dt__cu_sgd_step, dt__cu_adam_step,
+    dt__cu_sync
+};
+
+/* ---- contexts --------------------------------------------------------------------------------- */
+
+/* GPUs usable, and CUDA's reason when there are none. */
+static int dt__cu_count(const char **why) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    *why = "the driver reports none";
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();   /* no driver or no device: an answer, not a failure */
+        *why = cudaGetErrorString(e);
+        return 0;
+    }
+    return n;
+}
+
+int dt_cuda_device_count(void) {
+    const char *why;
+    return dt__cu_count(&why);
+}
+
+const dt_ops *dt_cuda_ops(void) { return &dt__cuda_ops_table; }
+
+void dt_cuda_destroy(dt_cuda *cu) {
+    if (!cu) return;
+    (void)cudaSetDevice(cu->device);
+    if (cu->stream) (void)cudaStreamSynchronize(cu->stream);
+    if (cu->scratch) (void)cudaFree(cu->scratch);
+    if (cu->blas) (void)cublasDestroy(cu->blas);
+    if (cu->stream) (void)cudaStreamDestroy(cu->stream);
+    (void)cudaGetLastError();
+    DT_FREE(cu);
+}
+
+dt_result dt_cuda_create(dt_cuda **out, const dt_cuda_desc *desc) {
+    dt_cuda *cu;
+    struct cudaDeviceProp prop;
+    const char *why, *env;
+    int count, device = 0, concurrent = 0;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_cuda_create: out is NULL");
+    *out = NULL;
+    if (desc) device = desc->device;
+    else if ((env = getenv("DT_CUDA_DEVICE")) != NULL && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end || v < 0 || v > INT_MAX)
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_cuda_create: DT_CUDA_DEVICE is '%s'; it must be a GPU index (0, 1, ...)", env);
+        device = (int)v;
+    }
+    count = dt__cu_count(&why);
+    if (count == 0)
+        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_cuda_create: no CUDA GPU is usable (%s); this program was built for the "
+                            "GPU (DT_USE_CUDA): run it on a machine with an NVIDIA GPU and its driver, or build it without "
+                            "CUDA=1", why);
+    if (device < 0 || device >= count)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_cuda_create: there is no GPU %d; this machine has %d (0 to %d)", device,
+                            count, count - 1);
+    cu = (dt_cuda *)DT_MALLOC(sizeof *cu);
+    if (!cu) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_cuda_create: no memory");
+    memset(cu, 0, sizeof *cu);
+    cu->device = device;
+    cu->managed = !(desc && desc->device_memory);
+    memset(&prop, 0, sizeof prop);
+    if (!DT__CU(cu, cudaSetDevice(device)) && !DT__CU(cu, cudaGetDeviceProperties(&prop, device)) &&
+        !DT__CU(cu, cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, device))) {
+        snprintf(cu->name, sizeof cu->name, "%s", prop.name);
+        if (cu->managed && !concurrent)
+            dt__cu_fail(cu, DT_ERR_UNSUPPORTED, __FILE__, __LINE__, "GPU %d (%s) cannot share managed memory with the CPU "
+                        "while it computes (cudaDevAttrConcurrentManagedAccess is 0, e.g. on Windows); set "
+                        "dt_cuda_desc.device_memory = 1 for a program that uses no trainer", device, cu->name);
+        else if (!DT__CU(cu, cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking)) &&
+                 !DT__CUBLAS(cu, cublasCreate(&cu->blas)) && !DT__CUBLAS(cu, cublasSetStream(cu->blas, cu->stream)))
+            DT__CUBLAS(cu, cublasSetMathMode(cu->blas, CUBLAS_DEFAULT_MATH));   /* full FP32: no TF32 */
+    }
+    if (cu->err != DT_OK) {
+        dt_result r = dt_set_error(cu->err, "dt_cuda_create on GPU %d: %s", device, cu->msg);
+        dt_cuda_destroy(cu);
+        return r;
+    }
+    *out = cu;
+    return DT_OK;
+}
+
+dt_result dt_cuda_sync(dt_cuda *cu) {
+    if (!cu) return dt_set_error(DT_ERR_INVALID_ARG, "dt_cuda_sync: context is NULL");
+    return dt__cu_sync(cu);
+}
+int dt_cuda_device(const dt_cuda *cu) { return cu ? cu->device : -1; }
+const char *dt_cuda_device_name(const dt_cuda *cu) { return cu ? cu->name : ""; }
+
+#endif /* the implementation */
