@@ -7,6 +7,7 @@
 #                     "N passed, N failed", non-zero exit on failure
 #   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch by DDP on 4 local ranks
 #   make scaling      DDP time per epoch on 1..4 local ranks, with a chart (build/bench/scaling.png)
+#   make bench        dtrain next to PyTorch (training step), OpenBLAS (GEMM) and the machine's limits (minutes)
 #   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
@@ -61,6 +62,9 @@ demo: $(B)/examples/ddp
 scaling: $(B)/examples/ddp
 	sh bench/scaling.sh $(B)
 
+bench: $(B)/bench/bench_models $(B)/bench/bench_gemm $(B)/bench/bench_machine $(B)/bench/bench_comm
+	sh bench/bench.sh $(B)
+
 bench-comm: $(B)/bench/bench_comm
 	sh bench/comm.sh $(B)
 
@@ -71,4 +75,4 @@ fixtures:
 clean:
 	rm -rf build build-mpi
 
-.PHONY: all test demo scaling bench-comm fixtures clean
+.PHONY: all test demo scaling bench bench-comm fixtures clean
