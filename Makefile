@@ -15,6 +15,7 @@
 #   make scaling      DDP time per epoch on 1..4 local ranks, with a chart (build/bench/scaling.png)
 #   make plots        the charts and the table in docs/fedavg-attack/ redrawn from the CSVs and logs there
 #   make fedavg-attack  the label-flipping study of docs/accuracy.md run again (build/fedavg-attack/, ~30 min)
+#   make bench        dtrain next to PyTorch (training step), OpenBLAS (GEMM) and the machine's limits (minutes)
 #   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
@@ -99,6 +100,9 @@ demo: $(B)/examples/ddp
 scaling: $(B)/examples/ddp
 	sh bench/scaling.sh $(B)
 
+bench: $(B)/bench/bench_models $(B)/bench/bench_gemm $(B)/bench/bench_machine $(B)/bench/bench_comm
+	sh bench/bench.sh $(B)
+
 bench-comm: $(B)/bench/bench_comm
 	sh bench/comm.sh $(B)
 
@@ -118,7 +122,7 @@ fixtures:
 clean:
 	rm -rf build build-mpi
 
-.PHONY: all test demo scaling bench-comm fixtures clean
+.PHONY: all test demo scaling bench bench-comm fixtures clean
 
 # the GPU backend: one object from nvcc, a prerequisite of every program (the rules above link it: LDLIBS)
 ifdef CUDA

@@ -366,6 +366,10 @@ typedef struct dt_ops {
        backend's managed memory) once the call has returned. NULL: the ops finish before they return and
        never fail (the CPU). */
     dt_result (*sync)(void *ctx);
+    /* optional (NULL: im2col into a workspace, then gemm): the convolution's GEMMs without materialising
+       col = im2col(x) [c*kh*kw, n*oh*ow]:  t [oc, n*oh*ow] = W [oc, c*kh*kw] col;  dW += t col^T */
+    void  (*conv_gemm_fwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, float *t);
+    void  (*conv_gemm_wgrad)(void *ctx, const dt_conv_geom *g, const float *x, const float *t, float *dW);
 } dt_ops;
 
 /* The CPU backend (OpenMP when compiled with it). */
@@ -1821,112 +1825,198 @@ int dt_cpu_threads(void) {
 
 /* ---- GEMM ------------------------------------------------------------------------------------ */
 
-void dt_gemm_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* One stretch of a row of im2col(x) for geometry g, never materialised whole: row (c, ky, kx) of col
+   [c*kh*kw, n*oh*ow], the `len` columns from output position (n, oy, ox) on, written to dst[i * stride].
+   Reads zero outside the image (the padding). im2col and the convolution GEMMs' packing share it. */
+static void dt__col_span(const dt_conv_geom *g, const float *x, int64_t c, int64_t ky, int64_t kx, int64_t n, int64_t oy,
+                         int64_t ox, int64_t len, float *DT__RESTRICT dst, int64_t stride) {
+    /* output columns [lo, hi) of any row read inside the image */
+    int64_t lo = kx >= g->pw ? 0 : (g->pw - kx + g->sw - 1) / g->sw;
+    int64_t hi = g->w + g->pw - kx > 0 ? (g->w + g->pw - kx - 1) / g->sw + 1 : 0;
+    if (hi > g->ow) hi = g->ow;
+    if (lo > hi) lo = hi;
+    while (len > 0) {
+        int64_t end = ox + len < g->ow ? ox + len : g->ow, iy = oy * g->sh - g->ph + ky, a = end, b = end, i;
+        if (iy >= 0 && iy < g->h) {   /* [a, b): inside the image */
+            a = lo < ox ? ox : lo > end ? end : lo;
+            b = hi < a ? a : hi > end ? end : hi;
+        }
+        for (i = ox; i < a; i++, dst += stride) *dst = 0.0f;
+        if (a < b) {
+            const float *xr = x + ((n * g->c + c) * g->h + iy) * g->w + kx - g->pw;   /* + ox * sw: output column ox */
+            if (g->sw == 1 && stride == 1) { memcpy(dst, xr + a, sizeof(float) * (size_t)(b - a)); dst += b - a; }
+            else for (i = a; i < b; i++, dst += stride) *dst = xr[i * g->sw];
+        }
+        for (i = b; i < end; i++, dst += stride) *dst = 0.0f;
+        len -= end - ox;
+        ox = 0;
+        if (++oy == g->oh) { oy = 0; n++; }
+    }
+}
+
+/* Where a GEMM's op(B) comes from: a matrix B with row stride ldb (transposed when tb), or, when g is set,
+   im2col(B) of the images B with geometry g, packed straight from the images and never materialised:
+   op(B) = col [c*kh*kw, n*oh*ow] (tb = 0) or its transpose (tb = 1). */
+typedef struct dt__bsrc { const float *B; int64_t ldb; int tb; const dt_conv_geom *g; } dt__bsrc;
+
+/* op(B)[p][j] of a B source */
+static float dt__bval(const dt__bsrc *bs, int64_t p, int64_t j) {
+    const dt_conv_geom *g = bs->g;
+    float v;
+    if (!g) return bs->tb ? bs->B[j * bs->ldb + p] : bs->B[p * bs->ldb + j];
+    {
+        int64_t k = bs->tb ? j : p, pos = bs->tb ? p : j, S = g->oh * g->ow;
+        dt__col_span(g, bs->B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, pos / S, pos % S / g->ow, pos % g->ow, 1, &v, 1);
+    }
+    return v;
+}
+
+/* The unblocked GEMM: a double accumulator per element, in order of p. */
+static void dt__gemm_ref_src(int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                             const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
     int64_t i, j, p;
     for (i = 0; i < M; i++)
         for (j = 0; j < N; j++) {
             double acc = 0.0;
-            for (p = 0; p < K; p++) {
-                float a = ta ? A[p * lda + i] : A[i * lda + p];
-                float b = tb ? B[j * ldb + p] : B[p * ldb + j];
-                acc += (double)a * (double)b;
-            }
+            for (p = 0; p < K; p++) acc += (double)(ta ? A[p * lda + i] : A[i * lda + p]) * (double)dt__bval(bs, p, j);
             C[i * ldc + j] = (float)(alpha * acc) + (beta == 0.0f ? 0.0f : beta * C[i * ldc + j]);
         }
+}
+
+void dt_gemm_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    dt__bsrc bs;
+    bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
+    dt__gemm_ref_src(ta, M, N, K, alpha, A, lda, &bs, beta, C, ldc);
 }
 
 /* Blocked GEMM after Goto & van de Geijn: for each (NC x KC) block of op(B), packed into NR-wide
    panels, and each (MC x KC) block of op(A), packed into MR-tall panels, an MR x NR micro-kernel
    accumulates in registers. Transposes are absorbed by the packing, so the micro-kernel sees one
-   layout. Edges are zero-padded in the packed panels and clipped when written back. */
-#define DT__MR 6
-#define DT__NR 16
+   layout. Edges are zero-padded in the packed panels and clipped when written back. MR and NR are the
+   micro-kernel's (chosen at run time for the CPU); KC, MC and NC are shared. */
+#ifndef DT__KC
 #define DT__KC 256
 #define DT__MC 96
-#define DT__NC 2048
+#define DT__NC 2304
+#endif
+#define DT__MR_MAX 16
+#define DT__NR_MAX 48
 
-static void dt__pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float *Ap) {
+/* Ap: the mc x kc block of op(A) at (i0, p0) as MR-tall panels, each kc x MR (row p holds MR rows' values) */
+static void dt__pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float *Ap, int MR) {
     int64_t ir, p, i;
-    for (ir = 0; ir < mc; ir += DT__MR) {
-        int64_t mr = mc - ir < DT__MR ? mc - ir : DT__MR;
+    for (ir = 0; ir < mc; ir += MR) {
+        int64_t mr = mc - ir < MR ? mc - ir : MR;
         float *dst = Ap + ir * kc;
-        for (p = 0; p < kc; p++) {
+        if (ta) {   /* op(A) = A^T: the MR values of a row p are contiguous in A */
+            for (p = 0; p < kc; p++) {
+                const float *src = A + (p0 + p) * lda + i0 + ir;
+                for (i = 0; i < mr; i++) dst[p * MR + i] = src[i];
+                for (; i < MR; i++) dst[p * MR + i] = 0.0f;
+            }
+        } else {    /* row by row of A, each read along k */
             for (i = 0; i < mr; i++) {
-                int64_t r = i0 + ir + i, k = p0 + p;
-                dst[p * DT__MR + i] = ta ? A[k * lda + r] : A[r * lda + k];
+                const float *src = A + (i0 + ir + i) * lda + p0;
+                for (p = 0; p < kc; p++) dst[p * MR + i] = src[p];
             }
-            for (; i < DT__MR; i++) dst[p * DT__MR + i] = 0.0f;
+            for (; i < MR; i++)
+                for (p = 0; p < kc; p++) dst[p * MR + i] = 0.0f;
         }
     }
 }
 
-static void dt__pack_b(int tb, const float *B, int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *Bp) {
-    int64_t jr;
+/* Bp: the kc x nc block of op(B) at (p0, j0) as NR-wide panels, each kc x NR */
+static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *Bp, int NR) {
+    const float *B = bs->B;
+    const dt_conv_geom *g = bs->g;
+    int64_t jr, ldb = bs->ldb;
     DT__OMP(parallel for schedule(static) if (kc * nc > DT__PAR_MIN))
-    for (jr = 0; jr < nc; jr += DT__NR) {
-        int64_t nr = nc - jr < DT__NR ? nc - jr : DT__NR, p, j;
+    for (jr = 0; jr < nc; jr += NR) {
+        int64_t nr = nc - jr < NR ? nc - jr : NR, p, j;
         float *dst = Bp + jr * kc;
-        for (p = 0; p < kc; p++) {
-            int64_t k = p0 + p;
-            if (!tb) {
-                const float *src = B + k * ldb + j0 + jr;
-                for (j = 0; j < nr; j++) dst[p * DT__NR + j] = src[j];
-            } else {
-                for (j = 0; j < nr; j++) dst[p * DT__NR + j] = B[(j0 + jr + j) * ldb + k];
+        if (g && !bs->tb) {         /* rows p: col rows p0 + p, each read from output position j0 + jr on */
+            int64_t S = g->oh * g->ow, pos = j0 + jr, n = pos / S, oy = pos % S / g->ow, ox = pos % g->ow;
+            int64_t c = p0 / (g->kh * g->kw), ky = p0 / g->kw % g->kh, kx = p0 % g->kw;
+            for (p = 0; p < kc; p++) {
+                dt__col_span(g, B, c, ky, kx, n, oy, ox, nr, dst + p * NR, 1);
+                for (j = nr; j < NR; j++) dst[p * NR + j] = 0.0f;
+                if (++kx == g->kw) { kx = 0; if (++ky == g->kh) { ky = 0; c++; } }
             }
-            for (j = nr; j < DT__NR; j++) dst[p * DT__NR + j] = 0.0f;
+        } else if (g) {             /* columns j: col rows j0 + jr + j, each read from output position p0 on */
+            int64_t S = g->oh * g->ow, n = p0 / S, oy = p0 % S / g->ow, ox = p0 % g->ow;
+            for (j = 0; j < nr; j++) {
+                int64_t k = j0 + jr + j;
+                dt__col_span(g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc, dst + j, NR);
+            }
+            for (; j < NR; j++)
+                for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
+        } else if (!bs->tb) {       /* rows of B are contiguous along n */
+            for (p = 0; p < kc; p++) {
+                const float *src = B + (p0 + p) * ldb + j0 + jr;
+                for (j = 0; j < nr; j++) dst[p * NR + j] = src[j];
+                for (; j < NR; j++) dst[p * NR + j] = 0.0f;
+            }
+        } else {                    /* op(B) = B^T: read each row of B along k */
+            for (j = 0; j < nr; j++) {
+                const float *src = B + (j0 + jr + j) * ldb + p0;
+                for (p = 0; p < kc; p++) dst[p * NR + j] = src[p];
+            }
+            for (; j < NR; j++)
+                for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
         }
     }
 }
 
-/* C[mr, nr] = alpha c + beta C, the clipped write-back of a micro-tile (beta == 0 never reads C) */
-static void dt__micro_store(float c[DT__MR][DT__NR], float *C, int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta) {
+/* C[mr, nr] = alpha c + beta C, the clipped write-back of a micro-tile c (row stride ldt; beta == 0
+   never reads C) */
+static void dt__micro_store(const float *c, int64_t ldt, float *C, int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta) {
     int64_t i, j;
     for (i = 0; i < mr; i++) {
         float *crow = C + i * ldc;
+        const float *t = c + i * ldt;
         if (beta == 0.0f)
-            for (j = 0; j < nr; j++) crow[j] = alpha * c[i][j];
+            for (j = 0; j < nr; j++) crow[j] = alpha * t[j];
         else if (beta == 1.0f)
-            for (j = 0; j < nr; j++) crow[j] += alpha * c[i][j];
+            for (j = 0; j < nr; j++) crow[j] += alpha * t[j];
         else
-            for (j = 0; j < nr; j++) crow[j] = alpha * c[i][j] + beta * crow[j];
+            for (j = 0; j < nr; j++) crow[j] = alpha * t[j] + beta * crow[j];
     }
 }
 
-/* c[MR][NR] = sum_p a[p][:] x b[p][:]; then C = alpha c + (first ? beta C : C). Written so that the
-   inner loop over NR contiguous floats vectorises. */
+/* The portable micro-kernel, 6 x 16: c[MR][NR] = sum_p a[p][:] x b[p][:]; then C = alpha c + beta C.
+   Written so that the inner loop over NR contiguous floats vectorises. */
 static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
                       int64_t mr, int64_t nr, float alpha, float beta) {
-    float c[DT__MR][DT__NR];
+    float c[6][16];
     int64_t p, i, j;
     memset(c, 0, sizeof c);
     for (p = 0; p < kc; p++) {
-        const float *bp = b + p * DT__NR;
-        const float *ap = a + p * DT__MR;
-        for (i = 0; i < DT__MR; i++) {
+        const float *bp = b + p * 16;
+        const float *ap = a + p * 6;
+        for (i = 0; i < 6; i++) {
             float av = ap[i];
-            for (j = 0; j < DT__NR; j++) c[i][j] += av * bp[j];
+            for (j = 0; j < 16; j++) c[i][j] += av * bp[j];
         }
     }
-    dt__micro_store(c, C, ldc, mr, nr, alpha, beta);
+    dt__micro_store(&c[0][0], 16, C, ldc, mr, nr, alpha, beta);
 }
 
-/* The same micro-kernel for x86 CPUs with AVX2 and FMA, chosen at run time: 6 rows x 2 vectors of 8 =
-   12 accumulator registers, the shape that keeps both FMA units of a core busy. */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DT_NO_SIMD)
 #define DT__X86 1
+/* x86 micro-kernels, chosen at run time. AVX2 + FMA: 6 rows x 2 vectors of 8 = 12 accumulator
+   registers of 16, the shape that keeps both FMA units of a core busy. */
 __attribute__((target("avx2,fma")))
 static void dt__micro_avx2(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
                            int64_t mr, int64_t nr, float alpha, float beta) {
     __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
     __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(), c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
     __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-    float c[DT__MR][DT__NR];
+    float c[6][16];
     int64_t p;
     for (p = 0; p < kc; p++) {
-        __m256 b0 = _mm256_loadu_ps(b + p * DT__NR), b1 = _mm256_loadu_ps(b + p * DT__NR + 8), av;
-        const float *ap = a + p * DT__MR;
+        __m256 b0 = _mm256_loadu_ps(b + p * 16), b1 = _mm256_loadu_ps(b + p * 16 + 8), av;
+        const float *ap = a + p * 6;
         av = _mm256_broadcast_ss(ap + 0); c00 = _mm256_fmadd_ps(av, b0, c00); c01 = _mm256_fmadd_ps(av, b1, c01);
         av = _mm256_broadcast_ss(ap + 1); c10 = _mm256_fmadd_ps(av, b0, c10); c11 = _mm256_fmadd_ps(av, b1, c11);
         av = _mm256_broadcast_ss(ap + 2); c20 = _mm256_fmadd_ps(av, b0, c20); c21 = _mm256_fmadd_ps(av, b1, c21);
@@ -1934,13 +2024,13 @@ static void dt__micro_avx2(int64_t kc, const float *DT__RESTRICT a, const float 
         av = _mm256_broadcast_ss(ap + 4); c40 = _mm256_fmadd_ps(av, b0, c40); c41 = _mm256_fmadd_ps(av, b1, c41);
         av = _mm256_broadcast_ss(ap + 5); c50 = _mm256_fmadd_ps(av, b0, c50); c51 = _mm256_fmadd_ps(av, b1, c51);
     }
-    if (mr == DT__MR && nr == DT__NR && alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
+    if (mr == 6 && nr == 16 && alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
         /* a whole tile with the common scalars: straight from the registers to C */
-        __m256 *acc[DT__MR][2];
+        __m256 *acc[6][2];
         int64_t i;
         acc[0][0] = &c00; acc[0][1] = &c01; acc[1][0] = &c10; acc[1][1] = &c11; acc[2][0] = &c20; acc[2][1] = &c21;
         acc[3][0] = &c30; acc[3][1] = &c31; acc[4][0] = &c40; acc[4][1] = &c41; acc[5][0] = &c50; acc[5][1] = &c51;
-        for (i = 0; i < DT__MR; i++) {
+        for (i = 0; i < 6; i++) {
             float *crow = C + i * ldc;
             if (beta == 0.0f) {
                 _mm256_storeu_ps(crow, *acc[i][0]);
@@ -1958,30 +2048,92 @@ static void dt__micro_avx2(int64_t kc, const float *DT__RESTRICT a, const float 
     _mm256_storeu_ps(c[3], c30); _mm256_storeu_ps(c[3] + 8, c31);
     _mm256_storeu_ps(c[4], c40); _mm256_storeu_ps(c[4] + 8, c41);
     _mm256_storeu_ps(c[5], c50); _mm256_storeu_ps(c[5] + 8, c51);
-    dt__micro_store(c, C, ldc, mr, nr, alpha, beta);
+    dt__micro_store(&c[0][0], 16, C, ldc, mr, nr, alpha, beta);
+}
+
+/* AVX-512: DT__MR512 rows x DT__NV512 vectors of 16, the accumulators in zmm registers (32 of them);
+   edges are written with masked loads and stores, so every tile leaves from the registers. */
+#ifndef DT__MR512
+#define DT__MR512 8
+#define DT__NV512 3
+#endif
+__attribute__((target("avx512f")))
+static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
+                             int64_t mr, int64_t nr, float alpha, float beta) {
+    __m512 c[DT__MR512][DT__NV512], va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[DT__NV512];
+    int64_t p;
+    int i, v;
+    for (i = 0; i < DT__MR512; i++)
+        for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_setzero_ps();
+    for (p = 0; p < kc; p++) {
+        const float *bp = b + p * (16 * DT__NV512), *ap = a + p * DT__MR512;
+        __m512 bv[DT__NV512];
+        for (v = 0; v < DT__NV512; v++) bv[v] = _mm512_loadu_ps(bp + 16 * v);
+        for (i = 0; i < DT__MR512; i++) {
+            __m512 av = _mm512_set1_ps(ap[i]);
+            for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
+        }
+    }
+    for (v = 0; v < DT__NV512; v++) {
+        int64_t left = nr - 16 * v;
+        mask[v] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
+    }
+    for (i = 0; i < DT__MR512 && i < mr; i++) {
+        float *crow = C + i * ldc;
+        for (v = 0; v < DT__NV512; v++) {
+            __m512 r = alpha == 1.0f ? c[i][v] : _mm512_mul_ps(va, c[i][v]);
+            if (!mask[v]) continue;
+            if (beta == 1.0f) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask[v], crow + 16 * v));
+            else if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], crow + 16 * v), r);
+            _mm512_mask_storeu_ps(crow + 16 * v, mask[v], r);
+        }
+    }
 }
 #endif
 
+/* A micro-kernel and its tile: the packing follows mr and nr. */
 typedef void (*dt__micro_fn)(int64_t, const float *, const float *, float *, int64_t, int64_t, int64_t, float, float);
-static dt__micro_fn dt__pick_micro(void) {
+typedef struct dt__kernel { const char *name; dt__micro_fn fn; int mr, nr; } dt__kernel;
+static const dt__kernel dt__kernels[] = {
 #ifdef DT__X86
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return dt__micro_avx2;
+    {"avx512", dt__micro_avx512, DT__MR512, 16 * DT__NV512},
+    {"avx2", dt__micro_avx2, 6, 16},
 #endif
-    return dt__micro;
+    {"portable", dt__micro, 6, 16},
+};
+/* 1 when this CPU can run kernels[k] */
+static int dt__kernel_ok(int k) {
+#ifdef DT__X86
+    if (dt__kernels[k].fn == dt__micro_avx512) return __builtin_cpu_supports("avx512f");
+    if (dt__kernels[k].fn == dt__micro_avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    return k >= 0;
+}
+/* the fastest kernel this CPU runs: the first of the table it can */
+static const dt__kernel *dt__pick_kernel(void) {
+    int k = 0;
+    while (!dt__kernel_ok(k)) k++;
+    return &dt__kernels[k];
 }
 
-/* Floats of packing workspace dt__gemm_packed needs with `threads` threads: one packed B block shared
-   by all, one packed A block per thread. */
+/* Floats of packing workspace the blocked GEMM needs with `threads` threads: one packed B block shared
+   by all, one packed A block per thread; and how many threads `count` floats serve. */
 static int64_t dt__gemm_ws_count(int threads) {
-    return (int64_t)DT__KC * (DT__NC + DT__NR) + (int64_t)threads * DT__KC * (DT__MC + DT__MR);
+    return (int64_t)DT__KC * (DT__NC + DT__NR_MAX) + (int64_t)threads * DT__KC * (DT__MC + DT__MR_MAX);
+}
+static int dt__gemm_ws_threads(int64_t count) {
+    return (int)((count - (int64_t)DT__KC * (DT__NC + DT__NR_MAX)) / ((int64_t)DT__KC * (DT__MC + DT__MR_MAX)));
 }
 
-/* The blocked GEMM on a caller's workspace of dt__gemm_ws_count(dt_cpu_threads()) floats. */
-static void dt__gemm_packed(float *ws, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                            int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    dt__micro_fn micro = dt__pick_micro();
+/* The blocked GEMM with micro-kernel kern on at most `threads` threads, on a caller's workspace of
+   dt__gemm_ws_count(threads) floats. */
+static void dt__gemm_with(const dt__kernel *kern, float *ws, int threads, int ta, int64_t M, int64_t N, int64_t K, float alpha,
+                          const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
+    const int MR = kern->mr, NR = kern->nr;
     int64_t jc, pc;
-    float *Bp = ws, *Ap = ws + (int64_t)DT__KC * (DT__NC + DT__NR);
+    float *Bp = ws, *Ap = ws + (int64_t)DT__KC * (DT__NC + DT__NR_MAX);
+    (void)threads;   /* without OpenMP */
     if (M <= 0 || N <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         int64_t i, j;
@@ -1994,11 +2146,11 @@ static void dt__gemm_packed(float *ws, int ta, int tb, int64_t M, int64_t N, int
         for (pc = 0; pc < K; pc += DT__KC) {
             int64_t kc = K - pc < DT__KC ? K - pc : DT__KC;
             float bet = pc == 0 ? beta : 1.0f;
-            int64_t mblocks = (M + DT__MC - 1) / DT__MC, nrp = (nc + DT__NR - 1) / DT__NR;
+            int64_t mblocks = (M + DT__MC - 1) / DT__MC, nrp = (nc + NR - 1) / NR;
             int64_t work = mblocks * nrp;
-            dt__pack_b(tb, B, ldb, pc, kc, jc, nc, Bp);
+            dt__pack_b(bs, pc, kc, jc, nc, Bp, NR);
             /* threads share the packed B block; each packs the A blocks it needs into its own slice */
-            DT__OMP(parallel if (M * nc * kc > 4 * DT__PAR_MIN))
+            DT__OMP(parallel num_threads(threads) if (M * nc * kc > 4 * DT__PAR_MIN))
             {
                 int tid = 0, nt = 1;
                 int64_t last_ic = -1, t;
@@ -2010,16 +2162,15 @@ static void dt__gemm_packed(float *ws, int ta, int tb, int64_t M, int64_t N, int
                    usually packs each A block once */
                 {
                     int64_t lo = work * tid / nt, hi = work * (tid + 1) / nt;
-                    float *myA = Ap + (int64_t)tid * DT__KC * (DT__MC + DT__MR);
+                    float *myA = Ap + (int64_t)tid * DT__KC * (DT__MC + DT__MR_MAX);
                     for (t = lo; t < hi; t++) {
-                        int64_t mb = t / nrp, jr = (t % nrp) * DT__NR, ir;
+                        int64_t mb = t / nrp, jr = (t % nrp) * NR, ir;
                         int64_t i0 = mb * DT__MC, mc = M - i0 < DT__MC ? M - i0 : DT__MC;
-                        int64_t nr = nc - jr < DT__NR ? nc - jr : DT__NR;
-                        if (mb != last_ic) { dt__pack_a(ta, A, lda, i0, mc, pc, kc, myA); last_ic = mb; }
-                        for (ir = 0; ir < mc; ir += DT__MR) {
-                            int64_t mr = mc - ir < DT__MR ? mc - ir : DT__MR;
-                            micro(kc, myA + ir * kc, Bp + jr * kc, C + (i0 + ir) * ldc + jc + jr, ldc, mr, nr,
-                                      alpha, bet);
+                        int64_t nr = nc - jr < NR ? nc - jr : NR;
+                        if (mb != last_ic) { dt__pack_a(ta, A, lda, i0, mc, pc, kc, myA, MR); last_ic = mb; }
+                        for (ir = 0; ir < mc; ir += MR) {
+                            int64_t mr = mc - ir < MR ? mc - ir : MR;
+                            kern->fn(kc, myA + ir * kc, Bp + jr * kc, C + (i0 + ir) * ldc + jc + jr, ldc, mr, nr, alpha, bet);
                         }
                     }
                 }
@@ -2028,17 +2179,30 @@ static void dt__gemm_packed(float *ws, int ta, int tb, int64_t M, int64_t N, int
     }
 }
 
+/* op(A) op(B) by the blocked GEMM with this CPU's fastest micro-kernel, on workspace ws of `count` floats,
+   or on a fresh one when ws is NULL; by the unblocked one when there is no memory for that. */
+static void dt__gemm_src(float *ws, int64_t count, int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                         int64_t lda, const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
+    int threads = dt_cpu_threads();
+    float *own = NULL;
+    if (M <= 0 || N <= 0) return;
+    if (ws && dt__gemm_ws_threads(count) < threads) threads = dt__gemm_ws_threads(count);
+    if (!ws || threads < 1) {
+        threads = dt_cpu_threads();
+        if (!(ws = own = (float *)DT_MALLOC(sizeof(float) * (size_t)dt__gemm_ws_count(threads)))) {
+            dt__gemm_ref_src(ta, M, N, K, alpha, A, lda, bs, beta, C, ldc);
+            return;
+        }
+    }
+    dt__gemm_with(dt__pick_kernel(), ws, threads, ta, M, N, K, alpha, A, lda, bs, beta, C, ldc);
+    if (own) DT_FREE(own);
+}
+
 void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    float *ws;
-    if (M <= 0 || N <= 0) return;
-    ws = (float *)DT_MALLOC(sizeof(float) * (size_t)dt__gemm_ws_count(dt_cpu_threads()));
-    if (!ws) {   /* no memory for packing: the unblocked twin rather than a failure */
-        dt_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    dt__gemm_packed(ws, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    DT_FREE(ws);
+    dt__bsrc bs;
+    bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
+    dt__gemm_src(NULL, 0, ta, M, N, K, alpha, A, lda, &bs, beta, C, ldc);
 }
 
 void dt_conv2d_ref(const dt_conv_geom *g, const float *x, const float *w, const float *b, float *y) {
@@ -2104,13 +2268,30 @@ static void dt__cpu_add(void *ctx, float *y, const float *a, const float *b, int
    step allocates nothing. */
 typedef struct dt__cpu_state { float *gemm_ws; int64_t gemm_ws_count; } dt__cpu_state;
 
+/* GEMM on the state's workspace (without state, on a fresh one) */
+static void dt__cpu_gemm_src(void *ctx, int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                             const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
+    dt__cpu_state *st = (dt__cpu_state *)ctx;
+    dt__gemm_src(st ? st->gemm_ws : NULL, st ? st->gemm_ws_count : 0, ta, M, N, K, alpha, A, lda, bs, beta, C, ldc);
+}
 static void dt__cpu_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    dt__cpu_state *st = (dt__cpu_state *)ctx;
-    if (st && st->gemm_ws && st->gemm_ws_count >= dt__gemm_ws_count(dt_cpu_threads()))
-        dt__gemm_packed(st->gemm_ws, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    else   /* no state, or more threads than it was sized for */
-        dt_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    dt__bsrc bs;
+    bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
+    dt__cpu_gemm_src(ctx, ta, M, N, K, alpha, A, lda, &bs, beta, C, ldc);
+}
+/* The convolution's GEMMs with im2col(x) packed straight from the images: t = W col and dW += t col^T */
+static void dt__cpu_conv_gemm_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, float *t) {
+    int64_t ckk = g->c * g->kh * g->kw, ns = g->n * g->oh * g->ow;
+    dt__bsrc bs;
+    bs.B = x; bs.ldb = 0; bs.tb = 0; bs.g = g;
+    dt__cpu_gemm_src(ctx, 0, g->oc, ns, ckk, 1.0f, W, ckk, &bs, 0.0f, t, ns);
+}
+static void dt__cpu_conv_gemm_wgrad(void *ctx, const dt_conv_geom *g, const float *x, const float *t, float *dW) {
+    int64_t ckk = g->c * g->kh * g->kw, ns = g->n * g->oh * g->ow;
+    dt__bsrc bs;
+    bs.B = x; bs.ldb = 0; bs.tb = 1; bs.g = g;
+    dt__cpu_gemm_src(ctx, 0, g->oc, ckk, ns, 1.0f, t, ns, &bs, 1.0f, dW, ckk);
 }
 static void dt__cpu_add_row_bias(void *ctx, float *y, const float *b, int64_t rows, int64_t cols) {
     int64_t r, i;
@@ -2134,31 +2315,8 @@ static void dt__cpu_im2col(void *ctx, const dt_conv_geom *g, const float *x, flo
     int64_t rows = g->c * g->kh * g->kw, S = g->oh * g->ow, r;
     (void)ctx;
     DT__OMP(parallel for schedule(static) if (rows * g->n * S > DT__PAR_MIN))
-    for (r = 0; r < rows; r++) {
-        int64_t c = r / (g->kh * g->kw), ky = (r / g->kw) % g->kh, kx = r % g->kw, n, oy, ox;
-        for (n = 0; n < g->n; n++) {
-            const float *xc = x + (n * g->c + c) * g->h * g->w;
-            float *dst = col + r * g->n * S + n * S;
-            /* output columns [lo, hi) read inside the image; the rest read zero padding */
-            int64_t lo = kx >= g->pw ? 0 : (g->pw - kx + g->sw - 1) / g->sw;
-            int64_t hi = g->w + g->pw - kx > 0 ? (g->w + g->pw - kx - 1) / g->sw + 1 : 0;
-            if (hi > g->ow) hi = g->ow;
-            if (lo > hi) lo = hi;
-            for (oy = 0; oy < g->oh; oy++) {
-                int64_t iy = oy * g->sh - g->ph + ky;
-                float *d = dst + oy * g->ow;
-                int64_t base = iy * g->w - g->pw + kx;    /* input offset of output column 0 */
-                if (iy < 0 || iy >= g->h) {
-                    for (ox = 0; ox < g->ow; ox++) d[ox] = 0.0f;
-                    continue;
-                }
-                for (ox = 0; ox < lo; ox++) d[ox] = 0.0f;
-                if (g->sw == 1) for (ox = lo; ox < hi; ox++) d[ox] = xc[base + ox];
-                else for (ox = lo; ox < hi; ox++) d[ox] = xc[base + ox * g->sw];
-                for (ox = hi; ox < g->ow; ox++) d[ox] = 0.0f;
-            }
-        }
-    }
+    for (r = 0; r < rows; r++)
+        dt__col_span(g, x, r / (g->kh * g->kw), (r / g->kw) % g->kh, r % g->kw, 0, 0, 0, g->n * S, col + r * g->n * S, 1);
 }
 
 static void dt__cpu_col2im_bwd(void *ctx, const dt_conv_geom *g, const float *col, float *dx) {
@@ -2536,7 +2694,8 @@ static const dt_ops dt__cpu_ops_table = {
     dt__cpu_log_softmax_fwd, dt__cpu_log_softmax_bwd,
     dt__cpu_softmax_xent, dt__cpu_nll, dt__cpu_mse, dt__cpu_count_correct,
     dt__cpu_sum_squares, dt__cpu_sgd_step, dt__cpu_adam_step,
-    NULL   /* sync: the CPU ops finish before they return */
+    NULL,  /* sync: the CPU ops finish before they return */
+    dt__cpu_conv_gemm_fwd, dt__cpu_conv_gemm_wgrad
 };
 
 const dt_ops *dt_cpu_ops(void) { return &dt__cpu_ops_table; }
@@ -3094,8 +3253,11 @@ static void dt__conv_fwd(dt_model *m, const dt__node *n, int64_t batch) {
         float *col = m->ws, *t;
         gc.n = batch - i0 < nb ? batch - i0 : nb;
         t = col + ckk * gc.n * S;
-        O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
-        O->gemm(m->ctx, 0, 0, g.oc, gc.n * S, ckk, 1.0f, W, ckk, col, gc.n * S, 0.0f, t, gc.n * S);
+        if (O->conv_gemm_fwd) O->conv_gemm_fwd(m->ctx, &gc, x + i0 * g.c * g.h * g.w, W, t);
+        else {
+            O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
+            O->gemm(m->ctx, 0, 0, g.oc, gc.n * S, ckk, 1.0f, W, ckk, col, gc.n * S, 0.0f, t, gc.n * S);
+        }
         O->cs_to_ncs(m->ctx, n->out + i0 * g.oc * S, t, b, gc.n, g.oc, S);
     }
 }
@@ -3114,8 +3276,11 @@ static void dt__conv_bwd(dt_model *m, const dt__node *n, int64_t batch, float *d
         gc.n = batch - i0 < nb ? batch - i0 : nb;
         t = col + ckk * gc.n * S;
         O->ncs_to_cs(m->ctx, t, n->grad + i0 * g.oc * S, gc.n, g.oc, S);
-        O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
-        O->gemm(m->ctx, 0, 1, g.oc, ckk, gc.n * S, 1.0f, t, gc.n * S, col, gc.n * S, 1.0f, dW, ckk);
+        if (O->conv_gemm_wgrad) O->conv_gemm_wgrad(m->ctx, &gc, x + i0 * g.c * g.h * g.w, t, dW);
+        else {
+            O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
+            O->gemm(m->ctx, 0, 1, g.oc, ckk, gc.n * S, 1.0f, t, gc.n * S, col, gc.n * S, 1.0f, dW, ckk);
+        }
         if (dx) {
             O->gemm(m->ctx, 1, 0, ckk, gc.n * S, g.oc, 1.0f, W, ckk, t, gc.n * S, 0.0f, col, gc.n * S);
             O->col2im_bwd(m->ctx, &gc, col, dx + i0 * g.c * g.h * g.w);

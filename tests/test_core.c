@@ -113,11 +113,16 @@ static void test_tensor(void) {
     CHECK(u.ndim == 4 && dt_tensor_count(&u) == 24);
 }
 
-/* GEMM: the blocked kernel against the naive one on shapes around and across the block sizes. */
+/* GEMM: the blocked GEMM with each micro-kernel this CPU runs against the naive one, on shapes around and
+   across the tile and block sizes. */
 static void test_gemm_vs_naive(void) {
-    static const int64_t dims[] = {1, 2, 5, 6, 7, 15, 16, 17, 33, 95, 97, 130, 257};
-    int nd = (int)(sizeof dims / sizeof dims[0]), cases = 0, ta, tb;
+    static const int64_t dims[] = {1, 2, 5, 6, 7, 15, 16, 17, 33, 49, 95, 97, 130, 257};
+    int nd = (int)(sizeof dims / sizeof dims[0]), cases = 0, ta, tb, k, kernels = 0;
     int64_t im, in_, ik;
+    float *ws = (float *)malloc(sizeof(float) * (size_t)dt__gemm_ws_count(dt_cpu_threads()));
+    for (k = 0; k < (int)(sizeof dt__kernels / sizeof dt__kernels[0]); k++) {
+    if (!dt__kernel_ok(k)) continue;
+    kernels++;
     for (im = 0; im < nd; im += 2)
         for (in_ = 0; in_ < nd; in_ += 3)
             for (ik = 0; ik < nd; ik += 2)
@@ -135,15 +140,20 @@ static void test_gemm_vs_naive(void) {
                         dt_t_fill(B, (tb ? N : K) * ldb, -1, 1);
                         dt_t_fill(C1, M * ldc, -1, 1);
                         memcpy(C2, C1, sizeof(float) * (size_t)(M * ldc));
-                        dt_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C1, ldc);
+                        dt__bsrc bs;
+                        bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
+                        dt__gemm_with(&dt__kernels[k], ws, dt_cpu_threads(), ta, M, N, K, alpha, A, lda, &bs, beta, C1, ldc);
                         dt_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C2, ldc);
-                        snprintf(what, sizeof what, "gemm ta=%d tb=%d M=%lld N=%lld K=%lld", ta, tb, (long long)M,
-                                 (long long)N, (long long)K);
+                        snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld", dt__kernels[k].name, ta, tb,
+                                 (long long)M, (long long)N, (long long)K);
                         CHECK_CLOSE(C1, C2, M * ldc, 2e-6, what);
                         free(A); free(B); free(C1); free(C2);
                         cases++;
                     }
-    CHECK(cases > 300);
+    }
+    free(ws);
+    printf("    %d cases on %d micro-kernels (%s first)\n", cases, kernels, dt__pick_kernel()->name);
+    CHECK(kernels >= 1 && cases > 300 * kernels);
 }
 
 /* beta = 0 must not read C: garbage (NaN) there must not leak into the result */
@@ -185,7 +195,9 @@ static void test_conv_vs_direct(void) {
     /* n, c, h, w, oc, k, stride, pad */
     static const int64_t cases[][8] = {{1, 1, 5, 5, 1, 3, 1, 0}, {3, 2, 7, 6, 4, 3, 1, 1}, {2, 3, 9, 9, 5, 3, 2, 1},
                                        {4, 5, 8, 11, 3, 1, 1, 0}, {2, 4, 6, 6, 6, 1, 2, 0}, {3, 3, 10, 7, 2, 5, 1, 2},
-                                       {5, 16, 8, 8, 17, 3, 1, 1}, {2, 3, 13, 13, 7, 4, 3, 2}, {9, 2, 6, 6, 3, 3, 1, 1}};
+                                       {5, 16, 8, 8, 17, 3, 1, 1}, {2, 3, 13, 13, 7, 4, 3, 2}, {9, 2, 6, 6, 3, 3, 1, 1},
+                                       /* the GEMMs' k and n across their blocks (256 and 2304): 360 x 2700 */
+                                       {3, 40, 30, 30, 9, 3, 1, 1}, {7, 29, 25, 23, 5, 3, 2, 1}};
     int i;
     for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         const int64_t *cs = cases[i];

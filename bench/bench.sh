@@ -1,0 +1,85 @@
+#!/bin/sh
+# bench/bench.sh BUILD - dtrain next to PyTorch and the machine's limits, measured side by side in this one run:
+#   1. the machine: FP32 FMA peak and memory copy bandwidth (bench_machine);
+#   2. training step (forward, loss, backward, SGD) of SimpleCNN, ResNet-20 and VGG-11 at batch 128, dtrain
+#      (bench_models) and PyTorch (bench/torch_models.py, when python3-torch is installed) taking turns model by
+#      model, each in its own process; median img/s of 7 windows after warm-up, and the memory a step takes;
+#   3. GEMM at the models' shapes, dtrain against OpenBLAS (when libopenblas-dev is installed), window by window;
+#   4. all-reduce: bench/comm.sh up to 1 MiB (local backend, MPICH, gloo).
+# Every program runs on THREADS threads (default: the number of cores). MODELS (default
+# "simplecnn resnet20 vgg11"), WINDOWS (default 7) and COMM=0 (no all-reduce part) shorten it.
+# Writes BUILD/bench/bench.csv (section,name,dtrain,peer,ratio,unit) and, with gnuplot, BUILD/bench/bench.png.
+B=${1:-build}
+THREADS=${THREADS:-$(nproc)}
+MODELS=${MODELS:-simplecnn resnet20 vgg11}
+WINDOWS=${WINDOWS:-7}
+OUT="$B/bench"
+CSV="$OUT/bench.csv"
+mkdir -p "$OUT"
+export OMP_NUM_THREADS=$THREADS
+torch=0; /usr/bin/python3 -c "import torch" 2>/dev/null && torch=1
+echo "section,name,dtrain,peer,ratio,unit" > "$CSV"
+
+echo "== the machine ($THREADS threads)"
+"$B/bench/bench_machine" > "$OUT/machine.csv" || exit 1
+grep '^#' "$OUT/machine.csv" | sed 's/^# //'
+grep -v '^#' "$OUT/machine.csv" | awk -F, '{ printf "  %-10s %8.1f %s\n", $1, $2, $3; printf "machine,%s,%s,,,%s\n", $1, $2, $3 >> "'"$CSV"'" }'
+peak=$(awk -F, '$1 == "peak_fma" { print $2 }' "$OUT/machine.csv")
+
+echo "== training step, batch 128, $THREADS threads: images per second (median of $WINDOWS windows)"
+[ $torch = 1 ] || echo "  note: python3-torch is not installed: dtrain's figures alone (apt-get install python3-torch)"
+printf "  %-10s %12s %12s %7s %6s %12s %12s\n" model dtrain PyTorch ratio goal "dtrain MB" "PyTorch MB"
+for m in $MODELS; do
+    d=$("$B/bench/bench_models" --model $m --windows $WINDOWS) || exit 1
+    p=""
+    [ $torch = 1 ] && { p=$(/usr/bin/python3 bench/torch_models.py --model $m --threads $THREADS --windows $WINDOWS) || exit 1; }
+    echo "$d|$p" | awk -F'[,|]' -v csv="$CSV" '{
+        goal = $1 == "simplecnn" ? 1.5 : 1.2
+        dm = $9 - $8; pm = $18 - $17
+        if ($10 == "") { printf "  %-10s %12.1f %12s %7s %6s %12.1f %12s\n", $1, $5, "-", "-", goal "x", dm, "-"
+                         printf "train_step,%s,%s,,,img/s\ntrain_step_memory,%s,%.1f,,,MB\n", $1, $5, $1, dm >> csv }
+        else { printf "  %-10s %12.1f %12.1f %6.2fx %6s %12.1f %12.1f\n", $1, $5, $14, $5 / $14, goal "x", dm, pm
+               printf "train_step,%s,%s,%s,%.3f,img/s\ntrain_step_memory,%s,%.1f,%.1f,%.3f,MB\n", $1, $5, $14, $5 / $14, $1, dm, pm, dm / pm >> csv }
+    }'
+done
+echo "  memory: peak resident memory of the process minus what it held before the model was built"
+
+echo "== GEMM GFLOP/s (median of $WINDOWS windows)"
+gemm="$B/bench/bench_gemm"
+if pkg-config --exists openblas 2>/dev/null; then
+    ${CC:-cc} -std=c11 -O3 -fopenmp -DBENCH_OPENBLAS $(pkg-config --cflags openblas) bench/bench_gemm.c -o "$OUT/bench_gemm_openblas" \
+        $(pkg-config --libs openblas) -lm || exit 1
+    gemm="$OUT/bench_gemm_openblas"
+else
+    echo "  note: libopenblas-dev is not installed: dtrain's figures alone (apt-get install libopenblas-dev)"
+fi
+printf "  %-20s %6s %7s %6s %9s %9s %7s %8s\n" shape M N K dtrain OpenBLAS ratio "of peak"
+"$gemm" --windows $WINDOWS | awk -F, -v csv="$CSV" -v peak="$peak" '{
+    printf "  %-20s %6d %7d %6d %9.1f %9s %7s %7.0f%%\n", $1, $2, $3, $4, $6, $7 == "" ? "-" : $7, $8 == "" ? "-" : sprintf("%.2fx", $8), 100 * $6 / peak
+    printf "gemm,%s,%s,%s,%s,GFLOP/s\n", $1, $6, $7, $8 >> csv
+}' || exit 1
+
+if [ "${COMM:-1}" != 0 ]; then
+    echo "== all-reduce (bench/comm.sh, up to 1 MiB)"
+    BENCH_MAX_BYTES=1048576 sh bench/comm.sh "$B" 2>/dev/null | sed 's/^/  /'
+    awk -F, 'NR > 1 && $1 == "local" && $3 == "native" { printf "allreduce,local native %s ranks %s B,%s,,,us\n", $2, $4, $6 }' \
+        "$OUT/comm.csv" >> "$CSV"
+fi
+echo "results: $CSV"
+
+if command -v gnuplot >/dev/null 2>&1 && [ $torch = 1 ]; then
+    grep -E '^(train_step|gemm),' "$CSV" | awk -F, '$5 != "" { print $1 == "train_step" ? $2 " (step)" : $2, $5 }' > "$OUT/ratios.dat"
+    gnuplot <<GP
+set terminal png size 900,420
+set output "$OUT/bench.png"
+set title "dtrain / peer, same machine, same run, $THREADS threads (training step: PyTorch; GEMM: OpenBLAS)"
+set style fill solid 0.6
+set boxwidth 0.7
+set yrange [0:*]
+set ylabel "ratio (> 1: dtrain is faster)"
+set xtics rotate by -40 font ",8"
+set grid ytics
+plot "$OUT/ratios.dat" using 0:2:xtic(1) with boxes notitle, 1 with lines dt 2 lw 2 title "parity"
+GP
+    echo "chart: $OUT/bench.png"
+fi
