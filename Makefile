@@ -8,6 +8,9 @@
 #   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch by DDP on 4 local ranks
 #   make scaling      DDP time per epoch on 1..4 local ranks, with a chart (build/bench/scaling.png)
 #   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
+#   make bench-slownet D-PSGD against DDP on 8 local ranks behind an emulated slow network, with a chart
+#                     (build/bench/slownet.png; about 5 minutes)
+#   make bench-buckets DDP time per epoch over bucket sizes, ranks and emulated networks (about 20 minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
 
@@ -64,6 +67,12 @@ scaling: $(B)/examples/ddp
 bench-comm: $(B)/bench/bench_comm
 	sh bench/comm.sh $(B)
 
+bench-slownet: $(B)/examples/ddp $(B)/examples/dpsgd
+	sh bench/slownet.sh $(B)
+
+bench-buckets: $(B)/examples/ddp
+	sh bench/buckets.sh $(B)
+
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures
 	/usr/bin/python3 tests/gen_optim_fixtures.py tests/fixtures
@@ -71,4 +80,4 @@ fixtures:
 clean:
 	rm -rf build build-mpi
 
-.PHONY: all test demo scaling bench-comm fixtures clean
+.PHONY: all test demo scaling bench-comm bench-slownet bench-buckets fixtures clean
