@@ -47,31 +47,40 @@ medians 5 < "$OUT/slownet-runs.csv" > "$OUT/slownet.csv"
 column -s, -t "$OUT/slownet.csv" 2>/dev/null || cat "$OUT/slownet.csv"
 
 if command -v gnuplot >/dev/null 2>&1; then
-    # one row per setting, one column per trainer: gnuplot's clustered histograms
-    awk -F, -v tr="$TRAINERS" -v ft="$OUT/slownet-time.dat" -v fm="$OUT/slownet-mb.dat" 'BEGIN { n = split(tr, T, " ") }
-        NR > 1 { if (!($1 in seen)) { seen[$1] = 1; S[++ns] = $1 } v[$1, $4] = $6; mb[$4] = $7 }
-        END { for (i = 1; i <= ns; i++) { l = S[i]; for (j = 1; j <= n; j++) l = l " " v[S[i], T[j]]; print l > ft }
+    # one row per setting (labelled "100 Mbit/s, 1 ms"), one column per trainer: gnuplot's clustered histograms
+    awk -F, -v tr="$TRAINERS" -v ft="$OUT/slownet-time.dat" -v fm="$OUT/slownet-mb.dat" '
+        function num(x) { return x ~ /[kK]$/ ? x * 1e3 : x ~ /[mM]$/ ? x * 1e6 : x ~ /[gG]$/ ? x * 1e9 : x + 0 }
+        function net(lat, bw) {
+            if (num(lat) == 0 && num(bw) == 0) return "none"
+            bw = num(bw) * 8
+            return (bw == 0 ? "unlimited" : bw >= 1e9 ? bw / 1e9 " Gbit/s" : bw / 1e6 " Mbit/s") " " num(lat) * 1e3 " ms"
+        }
+        BEGIN { n = split(tr, T, " ") }
+        NR > 1 { if (!($1 in seen)) { seen[$1] = 1; S[++ns] = $1; L[$1] = net($2, $3) } v[$1, $4] = $6; mb[$4] = $7 }
+        END { for (i = 1; i <= ns; i++) { l = "\"" L[S[i]] "\""; for (j = 1; j <= n; j++) l = l " " v[S[i], T[j]]; print l > ft }
               for (j = 1; j <= n; j++) print T[j], mb[T[j]] > fm }' "$OUT/slownet.csv"
+    ymax=$(awk '{ for (i = NF - 2; i <= NF; i++) if ($i > m) m = $i } END { print m * 1.35 }' "$OUT/slownet-time.dat")
     gnuplot <<GP
-set terminal png size 960,420
+set terminal png size 1040,440
 set output "$OUT/slownet.png"
 set multiplot layout 1,2 title "SimpleCNN, Fashion-MNIST, $RANKS local ranks, one epoch of $LIMIT samples at batch $BATCH"
-set style data histograms
-set style histogram clustered gap 1
 set style fill solid 0.8 border -1
-set yrange [0:*]
+set yrange [0:$ymax]
 set grid ytics
 set key top left
 set title "seconds per epoch (median of $REPEAT)"
-set xlabel "network: link bandwidth and latency per rank"
-plot "$OUT/slownet-time.dat" using 2:xtic(1) title "D-PSGD, ring", "" using 3 title "DDP, flat ring all-reduce", \
-     "" using 4 title "DDP, ring buckets overlapped"
+set xlabel "network: bandwidth and latency of each rank's link"
+set style data histograms
+set style histogram clustered gap 1
+plot "$OUT/slownet-time.dat" using 2:xtic(1) title "dpsgd (ring)", "" using 3 title "ddp-flat (ring)", \
+     "" using 4 title "ddp-buckets (ring, overlapped)"
 set title "MB sent by the busiest rank per epoch"
 set xlabel "trainer"
-set style histogram rowstacked
 set boxwidth 0.6
+set xrange [-0.6:2.6]
+set yrange [0:*]
 unset key
-plot "$OUT/slownet-mb.dat" using 2:xtic(1) lc rgb "#4477aa"
+plot "$OUT/slownet-mb.dat" using 0:2:(\$0 + 1):xtic(1) with boxes lc variable, "" using 0:2:(sprintf("%.1f", \$2)) with labels offset 0,0.8
 unset multiplot
 GP
     echo "chart: $OUT/slownet.png"
