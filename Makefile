@@ -10,7 +10,7 @@
 #   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
 #   make bench-slownet D-PSGD against DDP on 8 local ranks behind an emulated slow network, with a chart
 #                     (build/bench/slownet.png; about 5 minutes)
-#   make bench-buckets DDP time per epoch over bucket sizes, ranks and emulated networks (about 20 minutes)
+#   make bench-buckets DDP time per epoch over bucket sizes, ranks and emulated networks (about 25 minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
 
