@@ -17,6 +17,9 @@
 #   make fedavg-attack  the label-flipping study of docs/accuracy.md run again (build/fedavg-attack/, ~30 min)
 #   make bench        dtrain next to PyTorch (training step), OpenBLAS (GEMM) and the machine's limits (minutes)
 #   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
+#   make bench-slownet D-PSGD against DDP on 8 local ranks behind an emulated slow network, with a chart
+#                     (build/bench/slownet.png; about 5 minutes)
+#   make bench-buckets DDP time per epoch over bucket sizes, ranks and emulated networks (about 25 minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make clean
 
@@ -115,6 +118,12 @@ fedavg-attack: $(B)/examples/fedavg
 
 .PHONY: plots fedavg-attack
 
+bench-slownet: $(B)/examples/ddp $(B)/examples/dpsgd
+	sh bench/slownet.sh $(B)
+
+bench-buckets: $(B)/examples/ddp
+	sh bench/buckets.sh $(B)
+
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures
 	/usr/bin/python3 tests/gen_optim_fixtures.py tests/fixtures
@@ -122,7 +131,7 @@ fixtures:
 clean:
 	rm -rf build build-mpi
 
-.PHONY: all test demo scaling bench bench-comm fixtures clean
+.PHONY: all test demo scaling bench bench-comm bench-slownet bench-buckets fixtures clean
 
 # the GPU backend: one object from nvcc, a prerequisite of every program (the rules above link it: LDLIBS)
 ifdef CUDA

@@ -1117,7 +1117,9 @@ typedef enum dt_ddp_method {
 const char *dt_ddp_method_name(dt_ddp_method k);             /* "buckets", "flat", "per-layer", "ps", "p2p" */
 dt_result   dt_ddp_method_parse(const char *s, dt_ddp_method *out);
 
-#define DT_DDP_BUCKET_BYTES (256 * 1024)   /* default bucket size; docs/design.md has the measurements */
+/* Default bucket size: SimpleCNN's gradient in 2 buckets, ResNet-20's in 4, so backward has something to
+   overlap; docs/performance.md ("DDP bucket size", make bench-buckets) has the measurements from 16 KiB to 4 MiB. */
+#define DT_DDP_BUCKET_BYTES (256 * 1024)
 #define DT_DDP_TAG 32000                   /* the point-to-point tag of DT_DDP_P2P */
 
 /* DDP settings; zero means the default. */

@@ -5,14 +5,15 @@
 
    usage: dpsgd [--ranks 4] [--model resnet20] [--data DIR] [--topology ring|torus|exponential|full]
                 [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--lr 0.1]
-                [--momentum 0.9] [--wd 1e-4] [--milestones 50,75] [--seed 0] [--limit N] [--csv PATH]
+                [--momentum 0.9] [--wd 1e-4] [--milestones 50,75] [--seed 0] [--limit N] [--no-pad] [--csv PATH]
                 (and the launcher's flags: --timeout, --link-latency, --link-bandwidth, ...)
    e.g.   ./build/examples/dpsgd --ranks 4 --limit 2000                        (Fashion-MNIST padded to 32x32)
           ./build/examples/dpsgd --ranks 4 --data cifar-10-batches-bin --epochs 100 --milestones 50,75
           ./build/examples/dpsgd --ranks 8 --link-latency 0.001 --link-bandwidth 100M
 
    With --data DIR (CIFAR-10's cifar-10-batches-bin) it trains on CIFAR-10 with random crops and flips;
-   without, on Fashion-MNIST from its default directory, zero-padded to 32x32 as ResNet-20 expects.
+   without, on Fashion-MNIST from its default directory, zero-padded to 32x32 as ResNet-20 expects
+   (--no-pad keeps its 28x28, the input of SimpleCNN as ddp.c trains it, for comparisons with DDP).
    --batch is per rank; every rank takes a disjoint share of a seeded permutation each epoch. The learning
    rate is multiplied by 0.1 at each epoch of --milestones. --limit N keeps the first N samples of the
    training and of the test set. Rank 0 logs the epochs and writes the CSV. */
@@ -29,6 +30,7 @@
 typedef struct args {
     const char *model, *data, *csv, *dataset;
     long epochs, batch, seed, limit;
+    int no_pad;
     double lr, momentum, wd;
     dt_sched_desc sched;
     dt_topology_desc topo;
@@ -42,7 +44,7 @@ typedef struct args {
 static void usage(FILE *f) {
     fprintf(f, "usage: dpsgd [--ranks N] [--model NAME] [--data DIR] [--topology ring|torus|exponential|full]\n"
                "             [--mixing uniform|metropolis] [--order cta|atc] [--epochs N] [--batch N] [--lr X]\n"
-               "             [--momentum X] [--wd X] [--milestones E1,E2,...] [--seed N] [--limit N] [--csv PATH]\n"
+               "             [--momentum X] [--wd X] [--milestones E1,E2,...] [--seed N] [--limit N] [--no-pad] [--csv PATH]\n"
                "             [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
 }
 
@@ -70,6 +72,7 @@ static int parse_args(int argc, char **argv, args *a) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if (!strcmp(f, "--no-pad")) { a->no_pad = 1; continue; }
         if (!v) { fprintf(stderr, "dpsgd: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--data")) a->data = v;
@@ -246,7 +249,7 @@ int main(int argc, char **argv) {
     if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "dpsgd: %s\n", dt_last_error()); usage(stderr); return 2; }
     if (parse_args(argc, argv, &a)) return 2;
     if (load_data(a.dataset, a.data, 32, a.seed, &a.train, &a.test, &a.tt, &a.te, &none) != DT_OK ||
-        (a.train.h < 32 && (pad_dataset(&a.train, (32 - a.train.h) / 2) != DT_OK || pad_dataset(&a.test, (32 - a.test.h) / 2) != DT_OK))) {
+        (!a.no_pad && a.train.h < 32 && (pad_dataset(&a.train, (32 - a.train.h) / 2) != DT_OK || pad_dataset(&a.test, (32 - a.test.h) / 2) != DT_OK))) {
         fprintf(stderr, "dpsgd: %s\n", dt_last_error());
         dt_dataset_free(&a.train);
         dt_dataset_free(&a.test);
