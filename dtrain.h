@@ -370,6 +370,10 @@ typedef struct dt_ops {
        col = im2col(x) [c*kh*kw, n*oh*ow]:  t [oc, n*oh*ow] = W [oc, c*kh*kw] col;  dW += t col^T */
     void  (*conv_gemm_fwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, float *t);
     void  (*conv_gemm_wgrad)(void *ctx, const dt_conv_geom *g, const float *x, const float *t, float *dW);
+    /* optional (NULL or 0 returned: gemm, then col2im_bwd): dx [n, c, h, w] += the input gradient of the
+       convolution for dy [n, oc, oh, ow], using ws (ws_count floats) as scratch; returns 1 when done */
+    int   (*conv_gemm_dgrad)(void *ctx, const dt_conv_geom *g, const float *W, const float *dy, float *dx, float *ws,
+                             int64_t ws_count);
 } dt_ops;
 
 /* The CPU backend (OpenMP when compiled with it). */
@@ -2295,6 +2299,34 @@ static void dt__cpu_conv_gemm_wgrad(void *ctx, const dt_conv_geom *g, const floa
     bs.B = x; bs.ldb = 0; bs.tb = 1; bs.g = g;
     dt__cpu_gemm_src(ctx, 0, g->oc, ckk, ns, 1.0f, t, ns, &bs, 1.0f, dW, ckk);
 }
+/* The input gradient of a stride-1 convolution is itself a convolution, of dy with the flipped and
+   transposed kernel W'[c][o][kh-1-ky][kw-1-kx] = W[o][c][ky][kx] and padding k-1-p: t [c, n*h*w] = W' im2col(dy),
+   then dx += t as [n, c, h, w]. The GEMM packs from dy, so nothing im2col-sized is written or scattered. */
+static int dt__cpu_conv_gemm_dgrad(void *ctx, const dt_conv_geom *g, const float *W, const float *dy, float *dx, float *ws,
+                                   int64_t ws_count) {
+    int64_t kk = g->kh * g->kw, hw = g->h * g->w, wn = g->c * g->oc * kk, i;
+    dt_conv_geom gt = *g;
+    dt__bsrc bs;
+    float *Wt = ws, *t = ws + wn;
+    if (g->sh != 1 || g->sw != 1 || g->ph > g->kh - 1 || g->pw > g->kw - 1 || wn + g->c * g->n * hw > ws_count) return 0;
+    gt.c = g->oc; gt.h = g->oh; gt.w = g->ow; gt.oc = g->c; gt.ph = g->kh - 1 - g->ph; gt.pw = g->kw - 1 - g->pw;
+    gt.oh = g->h; gt.ow = g->w;
+    DT__OMP(parallel for if (wn > DT__PAR_MIN))
+    for (i = 0; i < wn; i++) {   /* i = ((c * oc + o) * kh + ky) * kw + kx */
+        int64_t kx = i % g->kw, ky = i / g->kw % g->kh, o = i / kk % g->oc, c = i / (kk * g->oc);
+        Wt[i] = W[((o * g->c + c) * g->kh + g->kh - 1 - ky) * g->kw + g->kw - 1 - kx];
+    }
+    bs.B = dy; bs.ldb = 0; bs.tb = 0; bs.g = &gt;
+    dt__cpu_gemm_src(ctx, 0, g->c, g->n * hw, g->oc * kk, 1.0f, Wt, g->oc * kk, &bs, 0.0f, t, g->n * hw);
+    DT__OMP(parallel for if (g->n * g->c * hw > DT__PAR_MIN))
+    for (i = 0; i < g->n * g->c; i++) {   /* i = n * c + ch */
+        int64_t n = i / g->c, ch = i % g->c, s;
+        float *d = dx + i * hw;
+        const float *src = t + (ch * g->n + n) * hw;
+        for (s = 0; s < hw; s++) d[s] += src[s];
+    }
+    return 1;
+}
 static void dt__cpu_add_row_bias(void *ctx, float *y, const float *b, int64_t rows, int64_t cols) {
     int64_t r, i;
     (void)ctx;
@@ -2697,7 +2729,7 @@ static const dt_ops dt__cpu_ops_table = {
     dt__cpu_softmax_xent, dt__cpu_nll, dt__cpu_mse, dt__cpu_count_correct,
     dt__cpu_sum_squares, dt__cpu_sgd_step, dt__cpu_adam_step,
     NULL,  /* sync: the CPU ops finish before they return */
-    dt__cpu_conv_gemm_fwd, dt__cpu_conv_gemm_wgrad
+    dt__cpu_conv_gemm_fwd, dt__cpu_conv_gemm_wgrad, dt__cpu_conv_gemm_dgrad
 };
 
 const dt_ops *dt_cpu_ops(void) { return &dt__cpu_ops_table; }
@@ -3283,7 +3315,8 @@ static void dt__conv_bwd(dt_model *m, const dt__node *n, int64_t batch, float *d
             O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
             O->gemm(m->ctx, 0, 1, g.oc, ckk, gc.n * S, 1.0f, t, gc.n * S, col, gc.n * S, 1.0f, dW, ckk);
         }
-        if (dx) {
+        if (dx && !(O->conv_gemm_dgrad && O->conv_gemm_dgrad(m->ctx, &gc, W, n->grad + i0 * g.oc * S, dx + i0 * g.c * g.h * g.w,
+                                                            col, ckk * gc.n * S))) {
             O->gemm(m->ctx, 1, 0, ckk, gc.n * S, g.oc, 1.0f, W, ckk, t, gc.n * S, 0.0f, col, gc.n * S);
             O->col2im_bwd(m->ctx, &gc, col, dx + i0 * g.c * g.h * g.w);
         }

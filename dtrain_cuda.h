@@ -843,7 +843,7 @@ static const dt_ops dt__cuda_ops_table = {
     dt__cu_softmax_xent, dt__cu_nll, dt__cu_mse, dt__cu_count_correct,
     dt__cu_sum_squares, dt__cu_sgd_step, dt__cu_adam_step,
     dt__cu_sync,
-    NULL, NULL   /* conv_gemm_fwd, conv_gemm_wgrad: im2col, then cuBLAS */
+    NULL, NULL, NULL   /* conv_gemm_fwd, conv_gemm_wgrad, conv_gemm_dgrad: im2col or col2im, and cuBLAS */
 };
 
 /* ---- contexts --------------------------------------------------------------------------------- */
