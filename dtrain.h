@@ -1932,12 +1932,49 @@ static void dt__pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t 
     }
 }
 
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DT_NO_SIMD)
+/* A panel of op(B) = B^T with AVX-512: dst[p * NR + j] = B[j * ldb + p] for p < kc, j < nr (NR a multiple
+   of 16; zero for j >= nr), transposing 16 x 16 tiles in registers. */
+__attribute__((target("avx512f")))
+static void dt__pack_bt_avx512(const float *B, int64_t ldb, int64_t kc, int64_t nr, float *dst, int NR) {
+    const __mmask16 all = 0xFFFF;   /* the zero-masking forms: no undefined inputs for gcc to warn about */
+    int64_t q, p0;
+    for (q = 0; q < NR; q += 16)
+        for (p0 = 0; p0 < kc; p0 += 16) {
+            __m512 r[16], t[16], u[16];
+            __mmask16 pm = kc - p0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (kc - p0)) - 1u);
+            int i, k;
+            for (i = 0; i < 16; i++)
+                r[i] = q + i < nr ? _mm512_maskz_loadu_ps(pm, B + (q + i) * ldb + p0) : _mm512_setzero_ps();
+            for (i = 0; i < 8; i++) {
+                t[2 * i] = _mm512_maskz_unpacklo_ps(all, r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm512_maskz_unpackhi_ps(all, r[2 * i], r[2 * i + 1]);
+            }
+            for (i = 0; i < 4; i++) {   /* u[4i + k], lane L: column 4L + k of rows 4i..4i+3 */
+                u[4 * i] = _mm512_maskz_shuffle_ps(all, t[4 * i], t[4 * i + 2], 0x44);
+                u[4 * i + 1] = _mm512_maskz_shuffle_ps(all, t[4 * i], t[4 * i + 2], 0xEE);
+                u[4 * i + 2] = _mm512_maskz_shuffle_ps(all, t[4 * i + 1], t[4 * i + 3], 0x44);
+                u[4 * i + 3] = _mm512_maskz_shuffle_ps(all, t[4 * i + 1], t[4 * i + 3], 0xEE);
+            }
+            for (k = 0; k < 4; k++) {   /* column 4L + k of all 16 rows */
+                __m512 x0 = _mm512_maskz_shuffle_f32x4(all, u[k], u[4 + k], 0x44), x1 = _mm512_maskz_shuffle_f32x4(all, u[k], u[4 + k], 0xEE);
+                __m512 y0 = _mm512_maskz_shuffle_f32x4(all, u[8 + k], u[12 + k], 0x44), y1 = _mm512_maskz_shuffle_f32x4(all, u[8 + k], u[12 + k], 0xEE);
+                r[k] = _mm512_maskz_shuffle_f32x4(all, x0, y0, 0x88);
+                r[4 + k] = _mm512_maskz_shuffle_f32x4(all, x0, y0, 0xDD);
+                r[8 + k] = _mm512_maskz_shuffle_f32x4(all, x1, y1, 0x88);
+                r[12 + k] = _mm512_maskz_shuffle_f32x4(all, x1, y1, 0xDD);
+            }
+            for (i = 0; i < 16 && p0 + i < kc; i++) _mm512_storeu_ps(dst + (p0 + i) * NR + q, r[i]);
+        }
+}
+#define DT__PACK_BT_AVX512 1
+#endif
+
 /* Bp: the kc x nc block of op(B) at (p0, j0) as NR-wide panels, each kc x NR */
 static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *Bp, int NR) {
     const float *B = bs->B;
     const dt_conv_geom *g = bs->g;
     int64_t jr, ldb = bs->ldb;
-    DT__OMP(parallel for schedule(static) if (kc * nc > DT__PAR_MIN))
     for (jr = 0; jr < nc; jr += NR) {
         int64_t nr = nc - jr < NR ? nc - jr : NR, p, j;
         float *dst = Bp + jr * kc;
@@ -1964,6 +2001,12 @@ static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, i
                 for (; j < NR; j++) dst[p * NR + j] = 0.0f;
             }
         } else {                    /* op(B) = B^T: read each row of B along k */
+#ifdef DT__PACK_BT_AVX512
+            if (NR % 16 == 0 && __builtin_cpu_supports("avx512f")) {
+                dt__pack_bt_avx512(B + (j0 + jr) * ldb + p0, ldb, kc, nr, dst, NR);
+                continue;
+            }
+#endif
             for (j = 0; j < nr; j++) {
                 const float *src = B + (j0 + jr + j) * ldb + p0;
                 for (p = 0; p < kc; p++) dst[p * NR + j] = src[p];
@@ -2123,23 +2166,47 @@ static const dt__kernel *dt__pick_kernel(void) {
     return &dt__kernels[k];
 }
 
-/* Floats of packing workspace the blocked GEMM needs with `threads` threads: one packed B block shared
-   by all, one packed A block per thread; and how many threads `count` floats serve. */
-static int64_t dt__gemm_ws_count(int threads) {
-    return (int64_t)DT__KC * (DT__NC + DT__NR_MAX) + (int64_t)threads * DT__KC * (DT__MC + DT__MR_MAX);
-}
-static int dt__gemm_ws_threads(int64_t count) {
-    return (int)((count - (int64_t)DT__KC * (DT__NC + DT__NR_MAX)) / ((int64_t)DT__KC * (DT__MC + DT__MR_MAX)));
+/* Floats of packing workspace the blocked GEMM needs with `threads` threads: a packed B block and a packed
+   A block per thread; and how many threads `count` floats serve. */
+#define DT__GEMM_WS_THREAD ((int64_t)DT__KC * (DT__NC + DT__NR_MAX + DT__MC + DT__MR_MAX))
+static int64_t dt__gemm_ws_count(int threads) { return (int64_t)threads * DT__GEMM_WS_THREAD; }
+static int dt__gemm_ws_threads(int64_t count) { return (int)(count / DT__GEMM_WS_THREAD); }
+
+/* One thread's share of the blocked GEMM: C[m0:m1, n0:n1], with its own packing space Bp and Ap. */
+static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, int ta, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+                          int64_t K, float alpha, const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C,
+                          int64_t ldc) {
+    const int MR = kern->mr, NR = kern->nr;
+    int64_t jc, pc, ic, jr, ir;
+    for (jc = n0; jc < n1; jc += DT__NC) {
+        int64_t nc = n1 - jc < DT__NC ? n1 - jc : DT__NC;
+        for (pc = 0; pc < K; pc += DT__KC) {
+            int64_t kc = K - pc < DT__KC ? K - pc : DT__KC;
+            float bet = pc == 0 ? beta : 1.0f;
+            dt__pack_b(bs, pc, kc, jc, nc, Bp, NR);
+            for (ic = m0; ic < m1; ic += DT__MC) {
+                int64_t mc = m1 - ic < DT__MC ? m1 - ic : DT__MC;
+                dt__pack_a(ta, A, lda, ic, mc, pc, kc, Ap, MR);
+                for (jr = 0; jr < nc; jr += NR) {
+                    int64_t nr = nc - jr < NR ? nc - jr : NR;
+                    for (ir = 0; ir < mc; ir += MR) {
+                        int64_t mr = mc - ir < MR ? mc - ir : MR;
+                        kern->fn(kc, Ap + ir * kc, Bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, bet);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /* The blocked GEMM with micro-kernel kern on at most `threads` threads, on a caller's workspace of
-   dt__gemm_ws_count(threads) floats. */
+   dt__gemm_ws_count(threads) floats. The threads share nothing: each takes a stretch of C's columns (of
+   its rows when C is narrow) and packs what it reads, so no thread ever waits for another inside the GEMM
+   (on a busy machine, a barrier waits for the slowest thread's time slice). */
 static void dt__gemm_with(const dt__kernel *kern, float *ws, int threads, int ta, int64_t M, int64_t N, int64_t K, float alpha,
                           const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
     const int MR = kern->mr, NR = kern->nr;
-    int64_t jc, pc;
-    float *Bp = ws, *Ap = ws + (int64_t)DT__KC * (DT__NC + DT__NR_MAX);
-    (void)threads;   /* without OpenMP */
+    int64_t npanels = (N + NR - 1) / NR, mpanels = (M + MR - 1) / MR;
     if (M <= 0 || N <= 0) return;
     if (K <= 0 || alpha == 0.0f) {
         int64_t i, j;
@@ -2147,41 +2214,29 @@ static void dt__gemm_with(const dt__kernel *kern, float *ws, int threads, int ta
             for (j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
-    for (jc = 0; jc < N; jc += DT__NC) {
-        int64_t nc = N - jc < DT__NC ? N - jc : DT__NC;
-        for (pc = 0; pc < K; pc += DT__KC) {
-            int64_t kc = K - pc < DT__KC ? K - pc : DT__KC;
-            float bet = pc == 0 ? beta : 1.0f;
-            int64_t mblocks = (M + DT__MC - 1) / DT__MC, nrp = (nc + NR - 1) / NR;
-            int64_t work = mblocks * nrp;
-            dt__pack_b(bs, pc, kc, jc, nc, Bp, NR);
-            /* threads share the packed B block; each packs the A blocks it needs into its own slice */
-            DT__OMP(parallel num_threads(threads) if (M * nc * kc > 4 * DT__PAR_MIN))
-            {
-                int tid = 0, nt = 1;
-                int64_t last_ic = -1, t;
+    if ((double)M * (double)N * (double)K < 4.0 * DT__PAR_MIN * 64) threads = 1;   /* too small to share */
+    (void)threads;   /* without OpenMP */
+    DT__OMP(parallel num_threads(threads) if (threads > 1))
+    {
+        int tid = 0, nt = 1;
+        int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
+        float *Bp;
 #if DT__HAVE_OMP
-                tid = omp_get_thread_num();
-                nt = omp_get_num_threads();
+        tid = omp_get_thread_num();
+        nt = omp_get_num_threads();
 #endif
-                /* split the (mblock, panel) grid into contiguous ranges, m-major, so a thread
-                   usually packs each A block once */
-                {
-                    int64_t lo = work * tid / nt, hi = work * (tid + 1) / nt;
-                    float *myA = Ap + (int64_t)tid * DT__KC * (DT__MC + DT__MR_MAX);
-                    for (t = lo; t < hi; t++) {
-                        int64_t mb = t / nrp, jr = (t % nrp) * NR, ir;
-                        int64_t i0 = mb * DT__MC, mc = M - i0 < DT__MC ? M - i0 : DT__MC;
-                        int64_t nr = nc - jr < NR ? nc - jr : NR;
-                        if (mb != last_ic) { dt__pack_a(ta, A, lda, i0, mc, pc, kc, myA, MR); last_ic = mb; }
-                        for (ir = 0; ir < mc; ir += MR) {
-                            int64_t mr = mc - ir < MR ? mc - ir : MR;
-                            kern->fn(kc, myA + ir * kc, Bp + jr * kc, C + (i0 + ir) * ldc + jc + jr, ldc, mr, nr, alpha, bet);
-                        }
-                    }
-                }
-            }
+        Bp = ws + (int64_t)tid * DT__GEMM_WS_THREAD;
+        if (npanels >= 4 * (int64_t)nt || (mpanels < 4 * (int64_t)nt && npanels >= mpanels)) {   /* columns: own B each */
+            n0 = npanels * tid / nt * NR;
+            n1 = npanels * (tid + 1) / nt * NR;
+            if (n1 > N) n1 = N;
+        } else {                                                   /* rows: each packs all of B */
+            m0 = mpanels * tid / nt * MR;
+            m1 = mpanels * (tid + 1) / nt * MR;
+            if (m1 > M) m1 = M;
         }
+        if (m0 < m1 && n0 < n1)
+            dt__gemm_part(kern, Bp, Bp + (int64_t)DT__KC * (DT__NC + DT__NR_MAX), ta, m0, m1, n0, n1, K, alpha, A, lda, bs, beta, C, ldc);
     }
 }
 
