@@ -1970,8 +1970,8 @@ static void dt__pack_bt_avx512(const float *B, int64_t ldb, int64_t kc, int64_t 
 #define DT__PACK_BT_AVX512 1
 #endif
 
-/* Bp: the kc x nc block of op(B) at (p0, j0) as NR-wide panels, each kc x NR */
-static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *Bp, int NR) {
+/* Bp: the kc x nc block of op(B) at (p0, j0) as NR-wide panels, each kc x NR; tmp: KC x NR floats of scratch */
+static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *Bp, int NR, float *tmp) {
     const float *B = bs->B;
     const dt_conv_geom *g = bs->g;
     int64_t jr, ldb = bs->ldb;
@@ -1988,6 +1988,17 @@ static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, i
             }
         } else if (g) {             /* columns j: col rows j0 + jr + j, each read from output position p0 on */
             int64_t S = g->oh * g->ow, n = p0 / S, oy = p0 % S / g->ow, ox = p0 % g->ow;
+#ifdef DT__PACK_BT_AVX512
+            if (NR % 16 == 0 && __builtin_cpu_supports("avx512f")) {   /* the rows into tmp, then transposed */
+                for (j = 0; j < nr; j++) {
+                    int64_t k = j0 + jr + j;
+                    dt__col_span(g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc, tmp + j * kc, 1);
+                }
+                dt__pack_bt_avx512(tmp, kc, kc, nr, dst, NR);
+                continue;
+            }
+#endif
+            (void)tmp;
             for (j = 0; j < nr; j++) {
                 int64_t k = j0 + jr + j;
                 dt__col_span(g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc, dst + j, NR);
@@ -2166,14 +2177,14 @@ static const dt__kernel *dt__pick_kernel(void) {
     return &dt__kernels[k];
 }
 
-/* Floats of packing workspace the blocked GEMM needs with `threads` threads: a packed B block and a packed
-   A block per thread; and how many threads `count` floats serve. */
-#define DT__GEMM_WS_THREAD ((int64_t)DT__KC * (DT__NC + DT__NR_MAX + DT__MC + DT__MR_MAX))
+/* Floats of packing workspace the blocked GEMM needs with `threads` threads: a packed B block, a packed
+   A block and a B panel of scratch per thread; and how many threads `count` floats serve. */
+#define DT__GEMM_WS_THREAD ((int64_t)DT__KC * (DT__NC + 2 * DT__NR_MAX + DT__MC + DT__MR_MAX))
 static int64_t dt__gemm_ws_count(int threads) { return (int64_t)threads * DT__GEMM_WS_THREAD; }
 static int dt__gemm_ws_threads(int64_t count) { return (int)(count / DT__GEMM_WS_THREAD); }
 
-/* One thread's share of the blocked GEMM: C[m0:m1, n0:n1], with its own packing space Bp and Ap. */
-static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, int ta, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+/* One thread's share of the blocked GEMM: C[m0:m1, n0:n1], with its own packing space Bp, Ap and tmp. */
+static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, float *tmp, int ta, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
                           int64_t K, float alpha, const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C,
                           int64_t ldc) {
     const int MR = kern->mr, NR = kern->nr;
@@ -2183,7 +2194,7 @@ static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, int ta, 
         for (pc = 0; pc < K; pc += DT__KC) {
             int64_t kc = K - pc < DT__KC ? K - pc : DT__KC;
             float bet = pc == 0 ? beta : 1.0f;
-            dt__pack_b(bs, pc, kc, jc, nc, Bp, NR);
+            dt__pack_b(bs, pc, kc, jc, nc, Bp, NR, tmp);
             for (ic = m0; ic < m1; ic += DT__MC) {
                 int64_t mc = m1 - ic < DT__MC ? m1 - ic : DT__MC;
                 dt__pack_a(ta, A, lda, ic, mc, pc, kc, Ap, MR);
@@ -2236,7 +2247,8 @@ static void dt__gemm_with(const dt__kernel *kern, float *ws, int threads, int ta
             if (m1 > M) m1 = M;
         }
         if (m0 < m1 && n0 < n1)
-            dt__gemm_part(kern, Bp, Bp + (int64_t)DT__KC * (DT__NC + DT__NR_MAX), ta, m0, m1, n0, n1, K, alpha, A, lda, bs, beta, C, ldc);
+            dt__gemm_part(kern, Bp, Bp + (int64_t)DT__KC * (DT__NC + DT__NR_MAX), Bp + (int64_t)DT__KC * (DT__NC + DT__NR_MAX + DT__MC + DT__MR_MAX),
+                          ta, m0, m1, n0, n1, K, alpha, A, lda, bs, beta, C, ldc);
     }
 }
 
@@ -2367,9 +2379,10 @@ static int dt__cpu_conv_gemm_dgrad(void *ctx, const dt_conv_geom *g, const float
     gt.c = g->oc; gt.h = g->oh; gt.w = g->ow; gt.oc = g->c; gt.ph = g->kh - 1 - g->ph; gt.pw = g->kw - 1 - g->pw;
     gt.oh = g->h; gt.ow = g->w;
     DT__OMP(parallel for if (wn > DT__PAR_MIN))
-    for (i = 0; i < wn; i++) {   /* i = ((c * oc + o) * kh + ky) * kw + kx */
-        int64_t kx = i % g->kw, ky = i / g->kw % g->kh, o = i / kk % g->oc, c = i / (kk * g->oc);
-        Wt[i] = W[((o * g->c + c) * g->kh + g->kh - 1 - ky) * g->kw + g->kw - 1 - kx];
+    for (i = 0; i < g->c * g->oc; i++) {   /* i = c * oc + o: Wt[c][o] is W[o][c] turned by 180 degrees */
+        const float *src = W + ((i % g->oc) * g->c + i / g->oc) * kk;
+        int64_t k;
+        for (k = 0; k < kk; k++) Wt[i * kk + k] = src[kk - 1 - k];
     }
     bs.B = dy; bs.ldb = 0; bs.tb = 0; bs.g = &gt;
     dt__cpu_gemm_src(ctx, 0, g->c, g->n * hw, g->oc * kk, 1.0f, Wt, g->oc * kk, &bs, 0.0f, t, g->n * hw);
