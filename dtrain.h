@@ -2588,7 +2588,10 @@ static void dt__cpu_relu_bwd(void *ctx, const float *y, const float *dy, float *
     int64_t i;
     (void)ctx;
     DT__OMP(parallel for if (n > DT__PAR_MIN))
-    for (i = 0; i < n; i++) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+    for (i = 0; i < n; i++) {   /* dy read unconditionally, so the select vectorises */
+        float d = dy[i];
+        dx[i] += y[i] > 0.0f ? d : 0.0f;
+    }
 }
 static void dt__cpu_dropout_fwd(void *ctx, const float *x, float *y, float *mask, int64_t n, float p, uint64_t key) {
     int64_t i;
