@@ -5,6 +5,7 @@
    without warnings. */
 #ifndef EX_COMMON_H
 #define EX_COMMON_H
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,31 @@ static inline dt_result ex_epoch_end(dt_comm *c, double sums[2], double *mb, dt_
     if ((r = dt_comm_allreduce(c, sums, 2, DT_F64, DT_SUM, DT_ALGO_AUTO)) != DT_OK) return r;
     if ((r = dt_comm_allreduce(c, mb, 1, DT_F64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
     return dt_comm_rank(c) == 0 ? dt_evaluate(m, &d->test, NULL, 0, &d->te, 1000, topk, ev) : DT_OK;
+}
+
+/* Opens path for the CSV rows and writes their header (with its newline); without a path *csv is NULL. */
+static inline dt_result ex_csv_open(FILE **csv, const char *path, const char *header) {
+    *csv = NULL;
+    if (!path) return DT_OK;
+    if (!(*csv = fopen(path, "w"))) return dt_set_error(DT_ERR_IO, "cannot write %s", path);
+    fputs(header, *csv);
+    return DT_OK;
+}
+
+/* Writes one row (printf format) to the CSV file, if there is one, and flushes it: a stopped run keeps
+   the rows of the epochs it finished. */
+static inline void ex_csv_row(FILE *csv, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static inline void ex_csv_row(FILE *csv, const char *fmt, ...) {
+    va_list ap;
+    if (!csv) return;
+    va_start(ap, fmt);
+    vfprintf(csv, fmt, ap);
+    va_end(ap);
+    fflush(csv);
 }
 
 #endif

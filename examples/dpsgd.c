@@ -150,8 +150,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
     if (me == 0) {
-        if (a->csv && !(csv = fopen(a->csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a->csv); goto done; }
-        if (csv) fprintf(csv, "epoch,time_s,lr,train_loss,test_loss,test_acc,consensus,busiest_rank_mb\n");
+        TRY(ex_csv_open(&csv, a->csv, "epoch,time_s,lr,train_loss,test_loss,test_acc,consensus,busiest_rank_mb\n"));
         printf("%s on %s (%lldx%lld): %lld training and %lld test samples, %lld parameters, sgd lr %g momentum %g wd %g, "
                "batch %ld per rank\nD-PSGD (%s) on %d ranks, %s topology (%s mixing, spectral gap %.4f), %s backend\n",
                a->model, a->data.dataset, (long long)a->data.train.h, (long long)a->data.train.w, (long long)a->data.ntrain,
@@ -202,11 +201,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                    "consensus %.4g  %.1f MB sent by the busiest rank\n", (long long)epoch + 1, a->epochs, secs, (double)lr,
                    sums[0] / sums[1], ev.loss, 100.0 * ev.top1, dist, mb);
             fflush(stdout);
-            if (csv) {
-                fprintf(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6g,%.3f\n", (long long)epoch + 1, secs, (double)lr, sums[0] / sums[1],
-                        ev.loss, ev.top1, dist, mb);
-                fflush(csv);
-            }
+            ex_csv_row(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6g,%.3f\n", (long long)epoch + 1, secs, (double)lr, sums[0] / sums[1],
+                       ev.loss, ev.top1, dist, mb);
         }
     }
     /* the end: every replica becomes the average, which is the trained model */

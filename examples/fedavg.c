@@ -175,8 +175,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     fd.noise_std = (float)a->noise_std; fd.seed = (uint64_t)a->data.seed;
     TRY(dt_fed_create(&f, c, m, &fd));
     if (me == 0) {
-        if (a->csv && !(csv = fopen(a->csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a->csv); goto done; }
-        if (csv) fprintf(csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n");
+        TRY(ex_csv_open(&csv, a->csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n"));
         printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s lr %g%s; "
                "aggregator %s; attack %s by %ld clients; %d ranks (%s)\n", a->model, a->data.dataset, (long long)ntrain,
                a->clients, a->partition, (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
@@ -213,11 +212,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (*out) printf("  left out %s", out);
         printf("\n");
         fflush(stdout);
-        if (csv) {
-            fprintf(csv, "%lld,%.3f,%g,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%s\n", (long long)t + 1, secs, (double)info.lr,
-                    info.selected, info.dropped, info.kept, info.train_loss, ev.loss, ev.top1, cacc, frate, out);
-            fflush(csv);
-        }
+        ex_csv_row(csv, "%lld,%.3f,%g,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%s\n", (long long)t + 1, secs, (double)info.lr,
+                   info.selected, info.dropped, info.kept, info.train_loss, ev.loss, ev.top1, cacc, frate, out);
     }
     if (me == 0 && a->per_class) {   /* the final model's accuracy on each class, and the rounds each client was left out */
         TRY(confusion(m, a, conf));

@@ -114,8 +114,7 @@ int main(int argc, char **argv) {
     TRY(ex_model_create(&shared, a.model, &a.data, 0));
     for (i = 0; i < a.threads; i++)   /* replicas: only their activations and gradients are used */
         TRY(ex_model_create(&a.replica[i], a.model, &a.data, (uint64_t)i + 1));
-    if (a.csv && !(csv = fopen(a.csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a.csv); goto done; }
-    if (csv) fprintf(csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s\n");
+    TRY(ex_csv_open(&csv, a.csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s\n"));
     printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g, batch %ld\n"
            "hogwild: %ld threads update one shared parameter buffer without locks\n", a.model, a.data.dataset, (long long)a.data.ntrain,
            (long long)a.data.test.count, (long long)dt_model_param_count(shared), a.lr, a.batch, a.threads);
@@ -135,11 +134,8 @@ int main(int argc, char **argv) {
         printf("epoch %3lld/%ld  %7.2fs  train loss %.4f  test loss %.4f  test acc %6.2f%%  top-5 %6.2f%%  %.0f img/s\n",
                (long long)a.epoch + 1, a.epochs, secs, loss / seen, ev.loss, 100.0 * ev.top1, 100.0 * ev.topk, seen / secs);
         fflush(stdout);
-        if (csv) {
-            fprintf(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)a.epoch + 1, secs, loss / seen, ev.loss, ev.top1,
-                    ev.topk, seen / secs);
-            fflush(csv);
-        }
+        ex_csv_row(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)a.epoch + 1, secs, loss / seen, ev.loss, ev.top1,
+                   ev.topk, seen / secs);
     }
 done:
     if (r != DT_OK) fprintf(stderr, "hogwild: %s\n", dt_last_error());

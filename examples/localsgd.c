@@ -94,8 +94,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
     if (me == 0) {
-        if (a->csv && !(csv = fopen(a->csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a->csv); goto done; }
-        if (csv) fprintf(csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s,comm_s,averages,busiest_rank_mb\n");
+        TRY(ex_csv_open(&csv, a->csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s,comm_s,averages,busiest_rank_mb\n"));
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g momentum %g, %d ranks x batch %ld\n"
                "%s backend, local SGD: parameters averaged ", a->model, a->data.dataset, (long long)a->data.ntrain, (long long)a->data.test.count,
                (long long)dt_model_param_count(m), a->lr, a->momentum, p, a->batch, dt_comm_backend_name(c));
@@ -145,11 +144,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                    "comm %.2fs  %lld averages  %.1f MB sent by the busiest rank\n", (long long)epoch + 1, a->epochs, secs,
                    sums[0] / sums[1], ev.loss, 100.0 * ev.top1, 100.0 * ev.topk, sums[1] / secs, comm, avgs, mb);
             fflush(stdout);
-            if (csv) {
-                fprintf(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%lld,%.3f\n", (long long)epoch + 1, secs, sums[0] / sums[1],
-                        ev.loss, ev.top1, ev.topk, sums[1] / secs, comm, avgs, mb);
-                fflush(csv);
-            }
+            ex_csv_row(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%lld,%.3f\n", (long long)epoch + 1, secs, sums[0] / sums[1],
+                       ev.loss, ev.top1, ev.topk, sums[1] / secs, comm, avgs, mb);
         }
     }
 done:

@@ -180,11 +180,8 @@ int main(int argc, char **argv) {
                (long long)epoch + 1, a.epochs, secs, (double)lr, loss_sum / (double)seen, ev.loss, 100.0 * ev.top1,
                100.0 * ev.topk, (double)seen / secs);
         fflush(stdout);
-        if (csv) {
-            fprintf(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)epoch + 1, secs, (double)lr,
-                    loss_sum / (double)seen, ev.loss, ev.top1, ev.topk, (double)seen / secs);
-            fflush(csv);
-        }
+        ex_csv_row(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)epoch + 1, secs, (double)lr,
+                   loss_sum / (double)seen, ev.loss, ev.top1, ev.topk, (double)seen / secs);
         if (a.checkpoint) {
             meta.epoch = epoch + 1;
             TRY(dt_checkpoint_save(a.checkpoint, m, o, &meta));
