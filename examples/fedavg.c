@@ -233,10 +233,9 @@ done:
 }
 
 int main(int argc, char **argv) {
-    args a;
+    static args a;   /* zeroed; parse_args sets the defaults */
     dt_launch_desc ld;
     int rc;
-    memset(&a, 0, sizeof a);
     memset(&ld, 0, sizeof ld);
     ld.ranks = 4;
     if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "fedavg: %s\n", dt_last_error()); usage(stderr); return 2; }
