@@ -1,19 +1,23 @@
-/* common.h - what the examples share: number flags and the datasets with their usual transforms.
-   Define EX_PROG (the program's name, for messages) before including it, after dtrain.h. */
+/* common.h - what the training examples share: their data flags, the datasets with their usual transforms,
+   and the end of an epoch (the loss and traffic over the ranks, the test set on rank 0). What an example
+   teaches stays in the example. Define EX_PROG (the program's name, for messages) before including it,
+   after dtrain.h. The functions are static inline, so an example that uses only some of them compiles
+   without warnings. */
 #ifndef EX_COMMON_H
 #define EX_COMMON_H
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int parse_long(const char *flag, const char *v, long lo, long *out) {
+static inline int parse_long(const char *flag, const char *v, long lo, long *out) {
     char *end;
     long x = v ? strtol(v, &end, 10) : 0;
     if (!v || !*v || *end || x < lo) { fprintf(stderr, "%s: %s needs an integer >= %ld, got '%s'\n", EX_PROG, flag, lo, v ? v : ""); return -1; }
     *out = x;
     return 0;
 }
-static int parse_double(const char *flag, const char *v, double *out) {
+static inline int parse_double(const char *flag, const char *v, double *out) {
     char *end;
     double x = v ? strtod(v, &end) : 0;
     if (!v || !*v || *end || !(x >= 0.0)) { fprintf(stderr, "%s: %s needs a number >= 0, got '%s'\n", EX_PROG, flag, v ? v : ""); return -1; }
@@ -22,8 +26,8 @@ static int parse_double(const char *flag, const char *v, double *out) {
 }
 
 /* Loads train and test sets; transforms as torchvision's usual recipes for each dataset. */
-static dt_result load_data(const char *dataset, const char *data, long size, long seed, dt_dataset *train, dt_dataset *test, dt_transform *tt, dt_transform *te,
-                           dt_partition *split) {
+static inline dt_result load_data(const char *dataset, const char *data, long size, long seed, dt_dataset *train, dt_dataset *test,
+                                  dt_transform *tt, dt_transform *te, dt_partition *split) {
     dt_result r;
     memset(tt, 0, sizeof *tt);
     if (!strcmp(dataset, "fashion-mnist") || !strcmp(dataset, "mnist")) {
@@ -57,6 +61,97 @@ static dt_result load_data(const char *dataset, const char *data, long size, lon
     te->crop_pad = 0;
     te->flip = 0;
     return DT_OK;
+}
+
+/* The data a training example reads: the flags that choose it and, after ex_load, the two sets. Each
+   example's args embeds one, zeroed, with the default dataset set before the flags are read. */
+typedef struct ex_data {
+    const char *dataset, *dir;    /* --dataset (NULL where the example has no such flag), --data DIR */
+    long limit, seed;             /* --limit N: the first N training samples; --seed */
+    dt_dataset train, test;       /* loaded once by main, read by every local rank */
+    dt_transform tt, te;          /* the training transform (with its augmentation) and the test one */
+    int64_t ntrain;               /* the training samples used: --limit or all */
+} ex_data;
+
+/* The flags every training example takes: --dataset, --data, --limit, --seed, --batch, and --epochs and
+   --lr (> 0) where the example gives them a place. Returns 1 when f is one of them (*bad is then nonzero
+   when its value v is wrong; parse_long and parse_double say why), 0 when it is not. */
+static inline int ex_flag(const char *f, const char *v, ex_data *d, long *epochs, long *batch, double *lr, int *bad) {
+    if (!strcmp(f, "--dataset") && d->dataset) d->dataset = v;
+    else if (!strcmp(f, "--data")) d->dir = v;
+    else if (!strcmp(f, "--limit")) *bad = parse_long(f, v, 1, &d->limit);
+    else if (!strcmp(f, "--seed")) *bad = parse_long(f, v, 0, &d->seed);
+    else if (!strcmp(f, "--batch")) *bad = parse_long(f, v, 1, batch);
+    else if (!strcmp(f, "--epochs") && epochs) *bad = parse_long(f, v, 1, epochs);
+    else if (!strcmp(f, "--lr") && lr) *bad = parse_double(f, v, lr) || !(*lr > 0.0);
+    else return 0;
+    return 1;
+}
+
+/* Frees what ex_load loaded. An image folder's test set is its training set, freed once. */
+static inline void ex_free(ex_data *d) {
+    if (d->test.pixels != d->train.pixels) dt_dataset_free(&d->test);
+    dt_dataset_free(&d->train);
+}
+
+/* Loads d->dataset (an image folder's images at 32x32) and sets d->ntrain. Returns the exit status: 0, or 1 after
+   saying why on stderr, with nothing left loaded. */
+static inline int ex_load(ex_data *d) {
+    dt_partition none;   /* an image folder's 90/10 split, which only train.c uses */
+    memset(&none, 0, sizeof none);
+    if (load_data(d->dataset, d->dir, 32, d->seed, &d->train, &d->test, &d->tt, &d->te, &none) != DT_OK) {
+        fprintf(stderr, "%s: %s\n", EX_PROG, dt_last_error());
+        ex_free(d);
+        return 1;
+    }
+    dt_partition_free(&none);
+    d->ntrain = d->limit && d->limit < d->train.count ? d->limit : d->train.count;   /* --limit: the first N samples */
+    return 0;
+}
+
+/* Creates the zoo model `name` for d's images and classes; its weights come from --seed, and stream (e.g.
+   the rank) picks its random stream. */
+static inline dt_result ex_model_create(dt_model **m, const char *name, const ex_data *d, uint64_t stream) {
+    dt_model_desc md;
+    memset(&md, 0, sizeof md);
+    md.in_c = d->train.c; md.in_h = d->train.h; md.in_w = d->train.w; md.seed = (uint64_t)d->seed; md.stream = stream;
+    return dt_zoo_create(m, (dt_zoo_model)dt_zoo_from_name(name), d->train.num_classes, &md);
+}
+
+/* The end of an epoch, on every rank (collective): sums (loss x samples, samples) are summed over the
+   ranks, *mb (the MB this rank sent) becomes the busiest rank's, and rank 0 evaluates m on the test set
+   (top-1 and top-k accuracy into *ev). */
+static inline dt_result ex_epoch_end(dt_comm *c, double sums[2], double *mb, dt_model *m, const ex_data *d, int topk,
+                                     dt_eval_result *ev) {
+    dt_result r;
+    if ((r = dt_comm_allreduce(c, sums, 2, DT_F64, DT_SUM, DT_ALGO_AUTO)) != DT_OK) return r;
+    if ((r = dt_comm_allreduce(c, mb, 1, DT_F64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
+    return dt_comm_rank(c) == 0 ? dt_evaluate(m, &d->test, NULL, 0, &d->te, 1000, topk, ev) : DT_OK;
+}
+
+/* Opens path for the CSV rows and writes their header (with its newline); without a path *csv is NULL. */
+static inline dt_result ex_csv_open(FILE **csv, const char *path, const char *header) {
+    *csv = NULL;
+    if (!path) return DT_OK;
+    if (!(*csv = fopen(path, "w"))) return dt_set_error(DT_ERR_IO, "cannot write %s", path);
+    fputs(header, *csv);
+    return DT_OK;
+}
+
+/* Writes one row (printf format) to the CSV file, if there is one, and flushes it: a stopped run keeps
+   the rows of the epochs it finished. */
+static inline void ex_csv_row(FILE *csv, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static inline void ex_csv_row(FILE *csv, const char *fmt, ...) {
+    va_list ap;
+    if (!csv) return;
+    va_start(ap, fmt);
+    vfprintf(csv, fmt, ap);
+    va_end(ap);
+    fflush(csv);
 }
 
 #endif

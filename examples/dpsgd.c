@@ -28,17 +28,14 @@
 #include "common.h"
 
 typedef struct args {
-    const char *model, *data, *csv, *dataset;
-    long epochs, batch, seed, limit;
+    const char *model, *csv;
+    long epochs, batch;
     int no_pad;
     double lr, momentum, wd;
     dt_sched_desc sched;
     dt_topology_desc topo;
     dt_dpsgd_desc dpsgd;
-    /* loaded once by main, read by every local rank */
-    dt_dataset train, test;
-    dt_transform tt, te;
-    int64_t ntrain;
+    ex_data data;   /* --data, --limit, --seed and the sets main loads (no --dataset: --data DIR is CIFAR-10) */
 } args;
 
 static void usage(FILE *f) {
@@ -75,7 +72,6 @@ static int parse_args(int argc, char **argv, args *a) {
         if (!strcmp(f, "--no-pad")) { a->no_pad = 1; continue; }
         if (!v) { fprintf(stderr, "dpsgd: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
-        else if (!strcmp(f, "--data")) a->data = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--topology")) {
             for (k = 0; k < DT_TOPO_CUSTOM && strcmp(v, dt_topology_name((dt_topology_kind)k)); k++) {}
@@ -90,20 +86,17 @@ static int parse_args(int argc, char **argv, args *a) {
             if (dt_dpsgd_order_parse(v, &a->dpsgd.order) != DT_OK) { fprintf(stderr, "dpsgd: %s\n", dt_last_error()); return -1; }
         }
         else if (!strcmp(f, "--milestones")) bad = parse_milestones(v, &a->sched);
-        else if (!strcmp(f, "--epochs")) bad = parse_long(f, v, 1, &a->epochs);
-        else if (!strcmp(f, "--batch")) bad = parse_long(f, v, 1, &a->batch);
-        else if (!strcmp(f, "--seed")) bad = parse_long(f, v, 0, &a->seed);
-        else if (!strcmp(f, "--limit")) bad = parse_long(f, v, 1, &a->limit);
-        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr) || !(a->lr > 0.0);
         else if (!strcmp(f, "--momentum")) bad = parse_double(f, v, &a->momentum);
         else if (!strcmp(f, "--wd")) bad = parse_double(f, v, &a->wd);
-        else { fprintf(stderr, "dpsgd: unknown flag '%s'\n", f); usage(stderr); return -1; }
+        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &a->lr, &bad)) {   /* not one of the common flags */
+            fprintf(stderr, "dpsgd: unknown flag '%s'\n", f); usage(stderr); return -1;
+        }
         if (bad) return -1;
         i++;
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "dpsgd: unknown model '%s'\n", a->model); return -1; }
     a->sched.base_lr = (float)a->lr;
-    a->dataset = a->data ? "cifar10" : "fashion-mnist";
+    a->data.dataset = a->data.dir ? "cifar10" : "fashion-mnist";
     return 0;
 }
 
@@ -129,14 +122,13 @@ static dt_result pad_dataset(dt_dataset *ds, int64_t pad) {
 static dt_result rank_main(dt_comm *c, void *arg) {
     args *a = (args *)arg;
     int me = dt_comm_rank(c), p = dt_comm_size(c), tty = me == 0 && isatty(fileno(stderr));
-    int64_t nshare = dt_sampler_size(a->ntrain, p, 0), *ids = NULL, epoch;
+    int64_t nshare = dt_sampler_size(a->data.ntrain, p, 0), *ids = NULL, epoch;
     dt_model *m = NULL;
     dt_optim *o = NULL;
     dt_dpsgd *d = NULL;
     dt_loader *loader = NULL;
     dt_topology topo;
     dt_topology_desc td = a->topo;
-    dt_model_desc md;
     dt_optim_desc od;
     dt_loader_desc ld;
     dt_eval_result ev;
@@ -146,26 +138,23 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     memset(&topo, 0, sizeof topo);
     td.world = p;
     TRY(dt_topology_create(&topo, &td));
-    memset(&md, 0, sizeof md);
-    md.in_c = a->train.c; md.in_h = a->train.h; md.in_w = a->train.w; md.seed = (uint64_t)a->seed; md.stream = (uint64_t)me;
-    TRY(dt_zoo_create(&m, (dt_zoo_model)dt_zoo_from_name(a->model), a->train.num_classes, &md));
+    TRY(ex_model_create(&m, a->model, &a->data, (uint64_t)me));
     memset(&od, 0, sizeof od);
     od.lr = (float)a->lr; od.momentum = (float)a->momentum; od.weight_decay = (float)a->wd;
     TRY(dt_optim_create(&o, m, &od));
     TRY(dt_dpsgd_create(&d, c, m, &topo, &a->dpsgd));      /* rank 0's initial weights everywhere */
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "rank %d: no memory", me); goto done; }
-    TRY(dt_sampler_indices(a->ntrain, me, p, (uint64_t)a->seed, 0, 1, 0, ids, &nshare));
+    TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, 0, 1, 0, ids, &nshare));
     memset(&ld, 0, sizeof ld);
-    ld.dataset = &a->train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
-    ld.transform = &a->tt; ld.seed = (uint64_t)a->seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
+    ld.dataset = &a->data.train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
+    ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
     if (me == 0) {
-        if (a->csv && !(csv = fopen(a->csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a->csv); goto done; }
-        if (csv) fprintf(csv, "epoch,time_s,lr,train_loss,test_loss,test_acc,consensus,busiest_rank_mb\n");
+        TRY(ex_csv_open(&csv, a->csv, "epoch,time_s,lr,train_loss,test_loss,test_acc,consensus,busiest_rank_mb\n"));
         printf("%s on %s (%lldx%lld): %lld training and %lld test samples, %lld parameters, sgd lr %g momentum %g wd %g, "
                "batch %ld per rank\nD-PSGD (%s) on %d ranks, %s topology (%s mixing, spectral gap %.4f), %s backend\n",
-               a->model, a->dataset, (long long)a->train.h, (long long)a->train.w, (long long)a->ntrain,
-               (long long)a->test.count, (long long)dt_model_param_count(m), a->lr, a->momentum, a->wd, a->batch,
+               a->model, a->data.dataset, (long long)a->data.train.h, (long long)a->data.train.w, (long long)a->data.ntrain,
+               (long long)a->data.test.count, (long long)dt_model_param_count(m), a->lr, a->momentum, a->wd, a->batch,
                dt_dpsgd_order_name(a->dpsgd.order), p, dt_topology_name(td.kind),
                td.mixing == DT_MIXING_METROPOLIS ? "metropolis" : "uniform", topo.spectral_gap, dt_comm_backend_name(c));
         fflush(stdout);
@@ -178,11 +167,12 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         double t0 = dt_time_now(), sums[2] = {0.0, 0.0}, secs, mb, dist;
         float loss = 0.0f, lr = dt_sched_lr(&a->sched, epoch);
         uint64_t sent0 = dt_dpsgd_get_stats(d).bytes_sent;
+        dt_result e;
         dt_progress bar;
         int got;
         dt_optim_set_lr(o, lr);
         dt_model_train(m, 1);
-        TRY(dt_sampler_indices(a->ntrain, me, p, (uint64_t)a->seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
+        TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
         TRY(dt_loader_set_indices(loader, ids, nshare));
         TRY(dt_loader_start_epoch(loader, epoch));
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
@@ -200,30 +190,25 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (got < 0) { r = DT_ERR_STATE; goto done; }
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
-        mb = (double)(dt_dpsgd_get_stats(d).bytes_sent - sent0) / 1e6;
-        TRY(dt_comm_allreduce(c, sums, 2, DT_F64, DT_SUM, DT_ALGO_AUTO));   /* the mean loss over every sample */
-        TRY(dt_comm_allreduce(c, &mb, 1, DT_F64, DT_MAX, DT_ALGO_AUTO));    /* the busiest rank's gossip traffic */
+        mb = (double)(dt_dpsgd_get_stats(d).bytes_sent - sent0) / 1e6;   /* this rank's gossip traffic */
         TRY(dt_dpsgd_consensus(d, &dist));
         TRY(dt_dpsgd_use_average(d, 1));     /* the average of the replicas, evaluated on rank 0 */
-        if (me == 0) r = dt_evaluate(m, &a->test, NULL, 0, &a->te, 1000, 1, &ev);
-        TRY(dt_dpsgd_use_average(d, 0));
-        if (r != DT_OK) goto done;
+        e = ex_epoch_end(c, sums, &mb, m, &a->data, 1, &ev);   /* and the mean loss over every sample */
+        TRY(dt_dpsgd_use_average(d, 0));     /* each rank's own replica again */
+        TRY(e);
         if (me == 0) {
             printf("epoch %3lld/%ld  %7.2fs  lr %.4g  train loss %.4f  averaged model: test loss %.4f  test acc %6.2f%%  "
                    "consensus %.4g  %.1f MB sent by the busiest rank\n", (long long)epoch + 1, a->epochs, secs, (double)lr,
                    sums[0] / sums[1], ev.loss, 100.0 * ev.top1, dist, mb);
             fflush(stdout);
-            if (csv) {
-                fprintf(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6g,%.3f\n", (long long)epoch + 1, secs, (double)lr, sums[0] / sums[1],
-                        ev.loss, ev.top1, dist, mb);
-                fflush(csv);
-            }
+            ex_csv_row(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6g,%.3f\n", (long long)epoch + 1, secs, (double)lr, sums[0] / sums[1],
+                       ev.loss, ev.top1, dist, mb);
         }
     }
     /* the end: every replica becomes the average, which is the trained model */
     TRY(dt_dpsgd_average(d, NULL));
     if (me == 0) {
-        TRY(dt_evaluate(m, &a->test, NULL, 0, &a->te, 1000, 1, &ev));
+        TRY(dt_evaluate(m, &a->data.test, NULL, 0, &a->data.te, 1000, 1, &ev));
         printf("average of the %d replicas: test loss %.4f  test acc %.2f%%\n", p, ev.loss, 100.0 * ev.top1);
     }
 done:
@@ -238,27 +223,22 @@ done:
 }
 
 int main(int argc, char **argv) {
-    args a;
+    static args a;   /* zeroed; parse_args sets the defaults */
     dt_launch_desc ld;
-    dt_partition none;
     int rc;
-    memset(&a, 0, sizeof a);
     memset(&ld, 0, sizeof ld);
-    memset(&none, 0, sizeof none);
     ld.ranks = 4;
     if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "dpsgd: %s\n", dt_last_error()); usage(stderr); return 2; }
     if (parse_args(argc, argv, &a)) return 2;
-    if (load_data(a.dataset, a.data, 32, a.seed, &a.train, &a.test, &a.tt, &a.te, &none) != DT_OK ||
-        (!a.no_pad && a.train.h < 32 && (pad_dataset(&a.train, (32 - a.train.h) / 2) != DT_OK || pad_dataset(&a.test, (32 - a.test.h) / 2) != DT_OK))) {
+    if ((rc = ex_load(&a.data)) != 0) return rc;
+    if (!a.no_pad && a.data.train.h < 32 &&
+        (pad_dataset(&a.data.train, (32 - a.data.train.h) / 2) != DT_OK || pad_dataset(&a.data.test, (32 - a.data.test.h) / 2) != DT_OK)) {
         fprintf(stderr, "dpsgd: %s\n", dt_last_error());
-        dt_dataset_free(&a.train);
-        dt_dataset_free(&a.test);
+        ex_free(&a.data);
         return 1;
     }
-    a.ntrain = a.limit && a.limit < a.train.count ? a.limit : a.train.count;   /* --limit: the first N samples */
-    if (a.limit && a.limit < a.test.count) a.test.count = a.limit;                /* of both sets */
+    if (a.data.limit && a.data.limit < a.data.test.count) a.data.test.count = a.data.limit;   /* --limit: of the test set too */
     rc = dt_launch(&ld, rank_main, &a);
-    dt_dataset_free(&a.test);
-    dt_dataset_free(&a.train);
+    ex_free(&a.data);
     return rc;
 }

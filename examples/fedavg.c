@@ -25,15 +25,14 @@
 #include "common.h"
 
 typedef struct args {
-    const char *model, *dataset, *data, *csv, *partition, *attack;
-    long clients, rounds, local_epochs, batch, seed, limit, attackers, krum_f, class_acc;
+    const char *model, *csv, *partition, *attack;
+    long clients, rounds, local_epochs, batch, attackers, krum_f, class_acc;
     double frac, alpha, lr, prox_mu, dropout_prob, trim, noise_std;
     int adam, cosine, per_class;
     dt_fed_agg agg;
     int32_t flip[DT_FED_MAX_CLASSES];
     int flip_set;
-    dt_dataset train, test;
-    dt_transform tt, te;
+    ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
 } args;
 
 static void usage(FILE *f) {
@@ -47,7 +46,7 @@ static void usage(FILE *f) {
 
 static int parse_args(int argc, char **argv, args *a) {
     int i, k;
-    a->model = "fedavg_2nn"; a->dataset = "fashion-mnist"; a->partition = "iid"; a->attack = "none";
+    a->model = "fedavg_2nn"; a->data.dataset = "fashion-mnist"; a->partition = "iid"; a->attack = "none";
     a->clients = 10; a->rounds = 10; a->frac = 1.0; a->local_epochs = 1; a->batch = 10; a->lr = 0.05;
     a->alpha = 0.5; a->class_acc = -1;
     for (k = 0; k < DT_FED_MAX_CLASSES; k++) a->flip[k] = k;
@@ -59,8 +58,6 @@ static int parse_args(int argc, char **argv, args *a) {
         if (!strcmp(f, "--per-class")) { a->per_class = 1; continue; }
         if (!v) { fprintf(stderr, "fedavg: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
-        else if (!strcmp(f, "--dataset")) a->dataset = v;
-        else if (!strcmp(f, "--data")) a->data = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--partition")) a->partition = v;
         else if (!strcmp(f, "--attack")) a->attack = v;
@@ -76,20 +73,19 @@ static int parse_args(int argc, char **argv, args *a) {
         else if (!strcmp(f, "--clients")) bad = parse_long(f, v, 1, &a->clients);
         else if (!strcmp(f, "--rounds")) bad = parse_long(f, v, 1, &a->rounds);
         else if (!strcmp(f, "--local-epochs")) bad = parse_long(f, v, 1, &a->local_epochs);
-        else if (!strcmp(f, "--batch")) bad = parse_long(f, v, 1, &a->batch);
-        else if (!strcmp(f, "--seed")) bad = parse_long(f, v, 0, &a->seed);
-        else if (!strcmp(f, "--limit")) bad = parse_long(f, v, 1, &a->limit);
         else if (!strcmp(f, "--attackers")) bad = parse_long(f, v, 0, &a->attackers);
         else if (!strcmp(f, "--krum-f")) bad = parse_long(f, v, 0, &a->krum_f);
         else if (!strcmp(f, "--class-acc")) bad = parse_long(f, v, 0, &a->class_acc);
         else if (!strcmp(f, "--frac")) bad = parse_double(f, v, &a->frac) || !(a->frac > 0.0 && a->frac <= 1.0);
         else if (!strcmp(f, "--alpha")) bad = parse_double(f, v, &a->alpha);
-        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr);
+        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr);   /* its own: 0 is allowed here */
         else if (!strcmp(f, "--prox-mu")) bad = parse_double(f, v, &a->prox_mu);
         else if (!strcmp(f, "--dropout-prob")) bad = parse_double(f, v, &a->dropout_prob) || a->dropout_prob >= 1.0;
         else if (!strcmp(f, "--trim")) bad = parse_double(f, v, &a->trim);
         else if (!strcmp(f, "--noise-std")) bad = parse_double(f, v, &a->noise_std);
-        else { fprintf(stderr, "fedavg: unknown flag '%s'\n", f); usage(stderr); return -1; }
+        else if (!ex_flag(f, v, &a->data, NULL, &a->batch, NULL, &bad)) {   /* not one of the common flags */
+            fprintf(stderr, "fedavg: unknown flag '%s'\n", f); usage(stderr); return -1;
+        }
         if (bad) { fprintf(stderr, "fedavg: bad value '%s' for %s\n", v, f); return -1; }
         i++;
     }
@@ -106,18 +102,18 @@ static int parse_args(int argc, char **argv, args *a) {
 
 /* conf[y * K + p]: the test images of class y that the model predicts as p (K classes). */
 static dt_result confusion(dt_model *m, const args *a, int64_t *conf) {
-    int64_t K = a->test.num_classes, i, j, s, n, ids[1000];
+    int64_t K = a->data.test.num_classes, i, j, s, n, ids[1000];
     int32_t y[1000];
-    float *x = (float *)malloc(sizeof(float) * 1000 * (size_t)(a->test.c * a->test.h * a->test.w));
+    float *x = (float *)malloc(sizeof(float) * 1000 * (size_t)(a->data.test.c * a->data.test.h * a->data.test.w));
     float *out = (float *)malloc(sizeof(float) * 1000 * (size_t)K);
     dt_result r = x && out ? DT_OK : dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
     int training = dt_model_is_training(m);
     memset(conf, 0, sizeof(int64_t) * (size_t)(K * K));
     dt_model_train(m, 0);
-    for (s = 0; r == DT_OK && s < a->test.count; s += n) {
-        n = a->test.count - s < 1000 ? a->test.count - s : 1000;
+    for (s = 0; r == DT_OK && s < a->data.test.count; s += n) {
+        n = a->data.test.count - s < 1000 ? a->data.test.count - s : 1000;
         for (i = 0; i < n; i++) ids[i] = s + i;
-        if ((r = dt_dataset_batch(&a->test, ids, n, &a->te, 0, 0, x, y)) != DT_OK || (r = dt_model_forward(m, x, n)) != DT_OK ||
+        if ((r = dt_dataset_batch(&a->data.test, ids, n, &a->data.te, 0, 0, x, y)) != DT_OK || (r = dt_model_forward(m, x, n)) != DT_OK ||
             (r = dt_model_output(m, out, n * K)) != DT_OK) break;
         for (i = 0; i < n; i++) {
             int64_t best = 0;
@@ -141,26 +137,23 @@ static double conf_rate(const int64_t *conf, int64_t K, int64_t c, int64_t p) {
 static dt_result rank_main(dt_comm *c, void *arg) {
     args *a = (args *)arg;
     int me = dt_comm_rank(c), *behaviour = NULL, beh = DT_FED_HONEST, *sel = NULL, *dropped = NULL, *kept = NULL, i, nsel;
-    int64_t ntrain = a->limit && a->limit < a->train.count ? a->limit : a->train.count, t, K = a->test.num_classes;
+    int64_t ntrain = a->data.ntrain, t, K = a->data.test.num_classes;
     int64_t *conf = NULL;
     long *left = NULL;   /* rounds each client's report was left out of the aggregate */
     dt_model *m = NULL;
     dt_fed *f = NULL;
     dt_partition part;
-    dt_model_desc md;
     dt_fed_desc fd;
     FILE *csv = NULL;
     dt_result r = DT_OK;
     long k;
 
     memset(&part, 0, sizeof part);
-    memset(&md, 0, sizeof md);
-    md.in_c = a->train.c; md.in_h = a->train.h; md.in_w = a->train.w; md.seed = (uint64_t)a->seed;
-    TRY(dt_zoo_create(&m, (dt_zoo_model)dt_zoo_from_name(a->model), a->train.num_classes, &md));
-    if (!strcmp(a->partition, "iid")) TRY(dt_partition_iid(&part, ntrain, (int)a->clients, (uint64_t)a->seed));
-    else if (!strcmp(a->partition, "shards")) TRY(dt_partition_shards(&part, a->train.labels, ntrain, (int)a->clients, 2, (uint64_t)a->seed));
+    TRY(ex_model_create(&m, a->model, &a->data, 0));
+    if (!strcmp(a->partition, "iid")) TRY(dt_partition_iid(&part, ntrain, (int)a->clients, (uint64_t)a->data.seed));
+    else if (!strcmp(a->partition, "shards")) TRY(dt_partition_shards(&part, a->data.train.labels, ntrain, (int)a->clients, 2, (uint64_t)a->data.seed));
     else if (!strcmp(a->partition, "dirichlet"))
-        TRY(dt_partition_dirichlet(&part, a->train.labels, ntrain, a->train.num_classes, (int)a->clients, (float)a->alpha, (uint64_t)a->seed));
+        TRY(dt_partition_dirichlet(&part, a->data.train.labels, ntrain, a->data.train.num_classes, (int)a->clients, (float)a->alpha, (uint64_t)a->data.seed));
     else { r = dt_set_error(DT_ERR_INVALID_ARG, "unknown --partition '%s': use iid, shards or dirichlet", a->partition); goto done; }
     if (!strcmp(a->attack, "labelflip")) beh = DT_FED_LABELFLIP;
     else if (!strcmp(a->attack, "signflip")) beh = DT_FED_SIGNFLIP;
@@ -177,15 +170,14 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     if (a->cosine) { fd.sched.kind = DT_SCHED_COSINE; fd.sched.base_lr = (float)a->lr; fd.sched.t_max = a->rounds; }
     fd.prox_mu = (float)a->prox_mu; fd.dropout_prob = (float)a->dropout_prob;
     fd.agg = a->agg; fd.agg_desc.trim = (float)a->trim; fd.agg_desc.f = (int)a->krum_f;
-    fd.data = &a->train; fd.part = &part; fd.transform = &a->tt; fd.behaviour = behaviour;
+    fd.data = &a->data.train; fd.part = &part; fd.transform = &a->data.tt; fd.behaviour = behaviour;
     memcpy(fd.flip, a->flip, sizeof fd.flip); fd.flip_set = a->flip_set;
-    fd.noise_std = (float)a->noise_std; fd.seed = (uint64_t)a->seed;
+    fd.noise_std = (float)a->noise_std; fd.seed = (uint64_t)a->data.seed;
     TRY(dt_fed_create(&f, c, m, &fd));
     if (me == 0) {
-        if (a->csv && !(csv = fopen(a->csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a->csv); goto done; }
-        if (csv) fprintf(csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n");
+        TRY(ex_csv_open(&csv, a->csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n"));
         printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s lr %g%s; "
-               "aggregator %s; attack %s by %ld clients; %d ranks (%s)\n", a->model, a->dataset, (long long)ntrain,
+               "aggregator %s; attack %s by %ld clients; %d ranks (%s)\n", a->model, a->data.dataset, (long long)ntrain,
                a->clients, a->partition, (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
                a->adam ? "adam" : "sgd", a->lr, a->cosine ? " cosine" : "", dt_fed_agg_name(a->agg), a->attack, a->attackers,
                dt_comm_size(c), dt_comm_backend_name(c));
@@ -199,7 +191,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         TRY(dt_fed_round(f, t, &info));
         secs = dt_time_now() - t0;
         if (me != 0) continue;
-        TRY(dt_evaluate(m, &a->test, NULL, 0, &a->te, 1000, 1, &ev));
+        TRY(dt_evaluate(m, &a->data.test, NULL, 0, &a->data.te, 1000, 1, &ev));
         if (a->class_acc >= 0) {
             TRY(confusion(m, a, conf));
             cacc = conf_rate(conf, K, a->class_acc, a->class_acc);
@@ -220,11 +212,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (*out) printf("  left out %s", out);
         printf("\n");
         fflush(stdout);
-        if (csv) {
-            fprintf(csv, "%lld,%.3f,%g,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%s\n", (long long)t + 1, secs, (double)info.lr,
-                    info.selected, info.dropped, info.kept, info.train_loss, ev.loss, ev.top1, cacc, frate, out);
-            fflush(csv);
-        }
+        ex_csv_row(csv, "%lld,%.3f,%g,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%s\n", (long long)t + 1, secs, (double)info.lr,
+                   info.selected, info.dropped, info.kept, info.train_loss, ev.loss, ev.top1, cacc, frate, out);
     }
     if (me == 0 && a->per_class) {   /* the final model's accuracy on each class, and the rounds each client was left out */
         TRY(confusion(m, a, conf));
@@ -244,25 +233,18 @@ done:
 }
 
 int main(int argc, char **argv) {
-    args a;
+    static args a;   /* zeroed; parse_args sets the defaults */
     dt_launch_desc ld;
-    dt_partition none;
     int rc;
-    memset(&a, 0, sizeof a);
     memset(&ld, 0, sizeof ld);
-    memset(&none, 0, sizeof none);
     ld.ranks = 4;
     if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "fedavg: %s\n", dt_last_error()); usage(stderr); return 2; }
     if (parse_args(argc, argv, &a)) return 2;
-    if (load_data(a.dataset, a.data, 32, a.seed, &a.train, &a.test, &a.tt, &a.te, &none) != DT_OK) {
-        fprintf(stderr, "fedavg: %s\n", dt_last_error());
-        return 1;
-    }
-    if (a.class_acc >= a.test.num_classes) {
-        fprintf(stderr, "fedavg: --class-acc %ld: %s has classes 0..%lld\n", a.class_acc, a.dataset, (long long)a.test.num_classes - 1);
+    if ((rc = ex_load(&a.data)) != 0) return rc;
+    if (a.class_acc >= a.data.test.num_classes) {
+        fprintf(stderr, "fedavg: --class-acc %ld: %s has classes 0..%lld\n", a.class_acc, a.data.dataset, (long long)a.data.test.num_classes - 1);
         rc = 2;
     } else rc = dt_launch(&ld, rank_main, &a);
-    dt_dataset_free(&a.test);
-    dt_dataset_free(&a.train);
+    ex_free(&a.data);
     return rc;
 }

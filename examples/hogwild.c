@@ -25,12 +25,11 @@
 #define MAX_THREADS 256
 
 typedef struct args {
-    const char *model, *dataset, *data, *csv;
-    long threads, epochs, batch, seed, limit;
+    const char *model, *csv;
+    long threads, epochs, batch;
     double lr;
-    dt_dataset train, test;
-    dt_transform tt, te;
-    int64_t ntrain, epoch;
+    ex_data data;                     /* --dataset, --data, --limit, --seed and the sets main loads */
+    int64_t epoch;
     dt_model *replica[MAX_THREADS];   /* one per worker, made by main */
     double sums[MAX_THREADS][2];      /* each worker's loss sum and samples this epoch */
     dt_progress bar;                  /* drawn by worker 0, from its own batches */
@@ -43,7 +42,7 @@ static void usage(FILE *f) {
 
 static int parse_args(int argc, char **argv, args *a) {
     int i;
-    a->model = "simplecnn"; a->dataset = "fashion-mnist";
+    a->model = "simplecnn"; a->data.dataset = "fashion-mnist";
     a->threads = 4; a->epochs = 1; a->batch = 32; a->lr = 0.01;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -51,21 +50,16 @@ static int parse_args(int argc, char **argv, args *a) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!v) { fprintf(stderr, "hogwild: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
-        else if (!strcmp(f, "--dataset")) a->dataset = v;
-        else if (!strcmp(f, "--data")) a->data = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--threads")) bad = parse_long(f, v, 1, &a->threads) || (a->threads > MAX_THREADS && fprintf(stderr, "hogwild: at most %d threads\n", MAX_THREADS));
-        else if (!strcmp(f, "--epochs")) bad = parse_long(f, v, 1, &a->epochs);
-        else if (!strcmp(f, "--batch")) bad = parse_long(f, v, 1, &a->batch);
-        else if (!strcmp(f, "--seed")) bad = parse_long(f, v, 0, &a->seed);
-        else if (!strcmp(f, "--limit")) bad = parse_long(f, v, 1, &a->limit);
-        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr) || !(a->lr > 0.0);
-        else { fprintf(stderr, "hogwild: unknown flag '%s'\n", f); usage(stderr); return -1; }
+        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &a->lr, &bad)) {   /* not one of the common flags */
+            fprintf(stderr, "hogwild: unknown flag '%s'\n", f); usage(stderr); return -1;
+        }
         if (bad) return -1;
         i++;
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "hogwild: unknown model '%s'\n", a->model); return -1; }
-    if (!strcmp(a->dataset, "folder")) { fprintf(stderr, "hogwild: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
+    if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "hogwild: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     return 0;
 }
 
@@ -75,7 +69,7 @@ static int parse_args(int argc, char **argv, args *a) {
 static dt_result worker(dt_hogwild_worker *w, void *arg) {
     args *a = (args *)arg;
     dt_model *rep = a->replica[w->index];
-    int64_t nshare = dt_sampler_size(a->ntrain, w->threads, 0), *ids, n, b = 0;
+    int64_t nshare = dt_sampler_size(a->data.ntrain, w->threads, 0), *ids, n, b = 0;
     dt_loader *loader = NULL;
     dt_loader_desc ld;
     const float *x;
@@ -84,10 +78,10 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {
     dt_result r = DT_OK;
     int got;
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
-    TRY(dt_sampler_indices(a->ntrain, w->index, w->threads, (uint64_t)a->seed, a->epoch, 1, 0, ids, &nshare));
+    TRY(dt_sampler_indices(a->data.ntrain, w->index, w->threads, (uint64_t)a->data.seed, a->epoch, 1, 0, ids, &nshare));
     memset(&ld, 0, sizeof ld);
-    ld.dataset = &a->train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
-    ld.transform = &a->tt; ld.seed = (uint64_t)a->seed; ld.rank = (uint64_t)w->index;
+    ld.dataset = &a->data.train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
+    ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)w->index;
     TRY(dt_loader_create(&loader, &ld));
     TRY(dt_loader_start_epoch(loader, a->epoch));
     dt_model_zero_grad(rep);
@@ -110,36 +104,24 @@ done:
 
 int main(int argc, char **argv) {
     static args a;
-    dt_partition none;
     dt_model *shared = NULL;
-    dt_model_desc md;
     FILE *csv = NULL;
     dt_result r = DT_OK;
     long i;
-    int tty = isatty(fileno(stderr));
-    memset(&none, 0, sizeof none);
+    int rc, tty = isatty(fileno(stderr));
     if (parse_args(argc, argv, &a)) return 2;
-    if (load_data(a.dataset, a.data, 32, a.seed, &a.train, &a.test, &a.tt, &a.te, &none) != DT_OK) {
-        fprintf(stderr, "hogwild: %s\n", dt_last_error());
-        return 1;
-    }
-    a.ntrain = a.limit && a.limit < a.train.count ? a.limit : a.train.count;   /* --limit: the first N samples */
-    memset(&md, 0, sizeof md);
-    md.in_c = a.train.c; md.in_h = a.train.h; md.in_w = a.train.w; md.seed = (uint64_t)a.seed;
-    TRY(dt_zoo_create(&shared, (dt_zoo_model)dt_zoo_from_name(a.model), a.train.num_classes, &md));
-    for (i = 0; i < a.threads; i++) {   /* replicas: only their activations and gradients are used */
-        md.stream = (uint64_t)i + 1;
-        TRY(dt_zoo_create(&a.replica[i], (dt_zoo_model)dt_zoo_from_name(a.model), a.train.num_classes, &md));
-    }
-    if (a.csv && !(csv = fopen(a.csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a.csv); goto done; }
-    if (csv) fprintf(csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s\n");
+    if ((rc = ex_load(&a.data)) != 0) return rc;
+    TRY(ex_model_create(&shared, a.model, &a.data, 0));
+    for (i = 0; i < a.threads; i++)   /* replicas: only their activations and gradients are used */
+        TRY(ex_model_create(&a.replica[i], a.model, &a.data, (uint64_t)i + 1));
+    TRY(ex_csv_open(&csv, a.csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s\n"));
     printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g, batch %ld\n"
-           "hogwild: %ld threads update one shared parameter buffer without locks\n", a.model, a.dataset, (long long)a.ntrain,
-           (long long)a.test.count, (long long)dt_model_param_count(shared), a.lr, a.batch, a.threads);
+           "hogwild: %ld threads update one shared parameter buffer without locks\n", a.model, a.data.dataset, (long long)a.data.ntrain,
+           (long long)a.data.test.count, (long long)dt_model_param_count(shared), a.lr, a.batch, a.threads);
     fflush(stdout);
     for (a.epoch = 0; a.epoch < a.epochs; a.epoch++) {
         double t0 = dt_time_now(), loss = 0.0, seen = 0.0, secs;
-        int64_t nb = (dt_sampler_size(a.ntrain, (int)a.threads, 0) + a.batch - 1) / a.batch;
+        int64_t nb = (dt_sampler_size(a.data.ntrain, (int)a.threads, 0) + a.batch - 1) / a.batch;
         dt_eval_result ev;
         memset(a.sums, 0, sizeof a.sums);
         for (i = 0; i < a.threads; i++) dt_model_train(a.replica[i], 1);
@@ -148,22 +130,18 @@ int main(int argc, char **argv) {
         dt_progress_end(&a.bar);
         secs = dt_time_now() - t0;
         for (i = 0; i < a.threads; i++) { loss += a.sums[i][0]; seen += a.sums[i][1]; }
-        TRY(dt_evaluate(shared, &a.test, NULL, 0, &a.te, 1000, 5, &ev));
+        TRY(dt_evaluate(shared, &a.data.test, NULL, 0, &a.data.te, 1000, 5, &ev));
         printf("epoch %3lld/%ld  %7.2fs  train loss %.4f  test loss %.4f  test acc %6.2f%%  top-5 %6.2f%%  %.0f img/s\n",
                (long long)a.epoch + 1, a.epochs, secs, loss / seen, ev.loss, 100.0 * ev.top1, 100.0 * ev.topk, seen / secs);
         fflush(stdout);
-        if (csv) {
-            fprintf(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)a.epoch + 1, secs, loss / seen, ev.loss, ev.top1,
-                    ev.topk, seen / secs);
-            fflush(csv);
-        }
+        ex_csv_row(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)a.epoch + 1, secs, loss / seen, ev.loss, ev.top1,
+                   ev.topk, seen / secs);
     }
 done:
     if (r != DT_OK) fprintf(stderr, "hogwild: %s\n", dt_last_error());
     if (csv) fclose(csv);
     for (i = 0; i < a.threads; i++) dt_model_destroy(a.replica[i]);
     dt_model_destroy(shared);
-    dt_dataset_free(&a.test);
-    dt_dataset_free(&a.train);
+    ex_free(&a.data);
     return r == DT_OK ? 0 : 1;
 }

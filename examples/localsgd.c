@@ -24,13 +24,10 @@
 #include "common.h"
 
 typedef struct args {
-    const char *model, *dataset, *data, *csv;
-    long epochs, batch, seed, limit, period;
+    const char *model, *csv;
+    long epochs, batch, period;
     double lr, momentum;
-    /* loaded once by main, read by every local rank */
-    dt_dataset train, test;
-    dt_transform tt, te;
-    int64_t ntrain;
+    ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
 } args;
 
 static void usage(FILE *f) {
@@ -41,7 +38,7 @@ static void usage(FILE *f) {
 
 static int parse_args(int argc, char **argv, args *a) {
     int i;
-    a->model = "simplecnn"; a->dataset = "fashion-mnist";
+    a->model = "simplecnn"; a->data.dataset = "fashion-mnist";
     a->epochs = 1; a->batch = 32; a->lr = 0.01; a->momentum = 0.5;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -49,22 +46,17 @@ static int parse_args(int argc, char **argv, args *a) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!v) { fprintf(stderr, "localsgd: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
-        else if (!strcmp(f, "--dataset")) a->dataset = v;
-        else if (!strcmp(f, "--data")) a->data = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
-        else if (!strcmp(f, "--epochs")) bad = parse_long(f, v, 1, &a->epochs);
-        else if (!strcmp(f, "--batch")) bad = parse_long(f, v, 1, &a->batch);
         else if (!strcmp(f, "--period")) bad = parse_long(f, v, 0, &a->period);
-        else if (!strcmp(f, "--seed")) bad = parse_long(f, v, 0, &a->seed);
-        else if (!strcmp(f, "--limit")) bad = parse_long(f, v, 1, &a->limit);
-        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr) || !(a->lr > 0.0);
         else if (!strcmp(f, "--momentum")) bad = parse_double(f, v, &a->momentum);
-        else { fprintf(stderr, "localsgd: unknown flag '%s'\n", f); usage(stderr); return -1; }
+        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &a->lr, &bad)) {   /* not one of the common flags */
+            fprintf(stderr, "localsgd: unknown flag '%s'\n", f); usage(stderr); return -1;
+        }
         if (bad) return -1;
         i++;
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "localsgd: unknown model '%s'\n", a->model); return -1; }
-    if (!strcmp(a->dataset, "folder")) { fprintf(stderr, "localsgd: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
+    if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "localsgd: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     if (a->period > 1000000) { fprintf(stderr, "localsgd: --period %ld is too large\n", a->period); return -1; }
     return 0;
 }
@@ -76,21 +68,18 @@ static int parse_args(int argc, char **argv, args *a) {
 static dt_result rank_main(dt_comm *c, void *arg) {
     args *a = (args *)arg;
     int me = dt_comm_rank(c), p = dt_comm_size(c), tty = me == 0 && isatty(fileno(stderr));
-    int64_t nshare = dt_sampler_size(a->ntrain, p, 0), *ids = NULL, epoch;
+    int64_t nshare = dt_sampler_size(a->data.ntrain, p, 0), *ids = NULL, epoch;
     dt_model *m = NULL;
     dt_optim *o = NULL;
     dt_localsgd *d = NULL;
     dt_loader *loader = NULL;
-    dt_model_desc md;
     dt_optim_desc od;
     dt_loader_desc ld;
     dt_localsgd_desc sd;
     FILE *csv = NULL;
     dt_result r = DT_OK;
 
-    memset(&md, 0, sizeof md);
-    md.in_c = a->train.c; md.in_h = a->train.h; md.in_w = a->train.w; md.seed = (uint64_t)a->seed; md.stream = (uint64_t)me;
-    TRY(dt_zoo_create(&m, (dt_zoo_model)dt_zoo_from_name(a->model), a->train.num_classes, &md));
+    TRY(ex_model_create(&m, a->model, &a->data, (uint64_t)me));
     memset(&od, 0, sizeof od);
     od.lr = (float)a->lr; od.momentum = (float)a->momentum;
     TRY(dt_optim_create(&o, m, &od));
@@ -99,16 +88,15 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     sd.sync_buffers = 1;                          /* BatchNorm statistics too, if the model has any */
     TRY(dt_localsgd_create(&d, c, m, &sd));       /* rank 0's initial weights everywhere */
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "rank %d: no memory", me); goto done; }
-    TRY(dt_sampler_indices(a->ntrain, me, p, (uint64_t)a->seed, 0, 1, 0, ids, &nshare));
+    TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, 0, 1, 0, ids, &nshare));
     memset(&ld, 0, sizeof ld);
-    ld.dataset = &a->train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
-    ld.transform = &a->tt; ld.seed = (uint64_t)a->seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
+    ld.dataset = &a->data.train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
+    ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
     if (me == 0) {
-        if (a->csv && !(csv = fopen(a->csv, "w"))) { r = dt_set_error(DT_ERR_IO, "cannot write %s", a->csv); goto done; }
-        if (csv) fprintf(csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s,comm_s,averages,busiest_rank_mb\n");
+        TRY(ex_csv_open(&csv, a->csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s,comm_s,averages,busiest_rank_mb\n"));
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g momentum %g, %d ranks x batch %ld\n"
-               "%s backend, local SGD: parameters averaged ", a->model, a->dataset, (long long)a->ntrain, (long long)a->test.count,
+               "%s backend, local SGD: parameters averaged ", a->model, a->data.dataset, (long long)a->data.ntrain, (long long)a->data.test.count,
                (long long)dt_model_param_count(m), a->lr, a->momentum, p, a->batch, dt_comm_backend_name(c));
         if (a->period) printf("every %ld steps and ", a->period);
         printf("at the end of each epoch, %d threads per rank\n", dt_cpu_threads());
@@ -127,7 +115,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_progress bar;
         int got;
         dt_model_train(m, 1);
-        TRY(dt_sampler_indices(a->ntrain, me, p, (uint64_t)a->seed, epoch, 1, 0, ids, &nshare));   /* this epoch's shard */
+        TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's shard */
         TRY(dt_loader_set_indices(loader, ids, nshare));
         TRY(dt_loader_start_epoch(loader, epoch));
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
@@ -147,22 +135,17 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
         mb = (double)(dt_comm_get_stats(c).bytes_sent - cs0.bytes_sent) / 1e6;
-        TRY(dt_comm_allreduce(c, sums, 2, DT_F64, DT_SUM, DT_ALGO_AUTO));   /* the mean loss over every sample */
-        TRY(dt_comm_allreduce(c, &mb, 1, DT_F64, DT_MAX, DT_ALGO_AUTO));    /* the busiest rank's traffic */
+        TRY(ex_epoch_end(c, sums, &mb, m, &a->data, 5, &ev));   /* the mean loss over every sample, the test set on rank 0 */
         st = dt_localsgd_get_stats(d);
         if (me == 0) {
             double comm = st.comm_seconds - st0.comm_seconds;
             long long avgs = (long long)(st.averages - st0.averages);
-            TRY(dt_evaluate(m, &a->test, NULL, 0, &a->te, 1000, 5, &ev));
             printf("epoch %3lld/%ld  %7.2fs  train loss %.4f  test loss %.4f  test acc %6.2f%%  top-5 %6.2f%%  %.0f img/s  "
                    "comm %.2fs  %lld averages  %.1f MB sent by the busiest rank\n", (long long)epoch + 1, a->epochs, secs,
                    sums[0] / sums[1], ev.loss, 100.0 * ev.top1, 100.0 * ev.topk, sums[1] / secs, comm, avgs, mb);
             fflush(stdout);
-            if (csv) {
-                fprintf(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%lld,%.3f\n", (long long)epoch + 1, secs, sums[0] / sums[1],
-                        ev.loss, ev.top1, ev.topk, sums[1] / secs, comm, avgs, mb);
-                fflush(csv);
-            }
+            ex_csv_row(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%lld,%.3f\n", (long long)epoch + 1, secs, sums[0] / sums[1],
+                       ev.loss, ev.top1, ev.topk, sums[1] / secs, comm, avgs, mb);
         }
     }
 done:
@@ -176,23 +159,15 @@ done:
 }
 
 int main(int argc, char **argv) {
-    args a;
+    static args a;   /* zeroed; parse_args sets the defaults */
     dt_launch_desc ld;
-    dt_partition none;
     int rc;
-    memset(&a, 0, sizeof a);
     memset(&ld, 0, sizeof ld);
-    memset(&none, 0, sizeof none);
     ld.ranks = 4;
     if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "localsgd: %s\n", dt_last_error()); usage(stderr); return 2; }
     if (parse_args(argc, argv, &a)) return 2;
-    if (load_data(a.dataset, a.data, 32, a.seed, &a.train, &a.test, &a.tt, &a.te, &none) != DT_OK) {
-        fprintf(stderr, "localsgd: %s\n", dt_last_error());
-        return 1;
-    }
-    a.ntrain = a.limit && a.limit < a.train.count ? a.limit : a.train.count;   /* --limit: the first N samples */
+    if ((rc = ex_load(&a.data)) != 0) return rc;
     rc = dt_launch(&ld, rank_main, &a);
-    dt_dataset_free(&a.test);
-    dt_dataset_free(&a.train);
+    ex_free(&a.data);
     return rc;
 }

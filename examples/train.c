@@ -26,10 +26,11 @@
     fprintf(stderr, "train: %s\n", dt_last_error()); goto fail; } } while (0)
 
 typedef struct args {
-    const char *model, *dataset, *data, *optim, *sched, *checkpoint, *resume, *csv;
-    long epochs, batch, seed, limit, size, warmup;
+    const char *model, *optim, *sched, *checkpoint, *resume, *csv;
+    long epochs, batch, size, warmup;
     double lr, momentum, wd, min_lr;
     int64_t milestones[DT_SCHED_MAX_MILESTONES];
+    ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
 } args;
 
 static void usage(FILE *f) {
@@ -42,7 +43,7 @@ static void usage(FILE *f) {
 static int parse_args(int argc, char **argv, args *a) {
     int i;
     memset(a, 0, sizeof *a);
-    a->model = "simplecnn"; a->dataset = "fashion-mnist"; a->optim = "sgd"; a->sched = "none";
+    a->model = "simplecnn"; a->data.dataset = "fashion-mnist"; a->optim = "sgd"; a->sched = "none";
     a->epochs = 3; a->batch = 128; a->size = 32; a->lr = 0.01; a->momentum = 0.5;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -50,20 +51,13 @@ static int parse_args(int argc, char **argv, args *a) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!v) { fprintf(stderr, "train: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
-        else if (!strcmp(f, "--dataset")) a->dataset = v;
-        else if (!strcmp(f, "--data")) a->data = v;
         else if (!strcmp(f, "--optim")) a->optim = v;
         else if (!strcmp(f, "--sched")) a->sched = v;
         else if (!strcmp(f, "--checkpoint")) a->checkpoint = v;
         else if (!strcmp(f, "--resume")) a->resume = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
-        else if (!strcmp(f, "--epochs")) bad = parse_long(f, v, 1, &a->epochs);
-        else if (!strcmp(f, "--batch")) bad = parse_long(f, v, 1, &a->batch);
-        else if (!strcmp(f, "--seed")) bad = parse_long(f, v, 0, &a->seed);
-        else if (!strcmp(f, "--limit")) bad = parse_long(f, v, 1, &a->limit);
         else if (!strcmp(f, "--size")) bad = parse_long(f, v, 1, &a->size);
         else if (!strcmp(f, "--warmup")) bad = parse_long(f, v, 0, &a->warmup);
-        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr) || !(a->lr > 0.0);
         else if (!strcmp(f, "--momentum")) bad = parse_double(f, v, &a->momentum);
         else if (!strcmp(f, "--wd")) bad = parse_double(f, v, &a->wd);
         else if (!strcmp(f, "--min-lr")) bad = parse_double(f, v, &a->min_lr);
@@ -79,7 +73,9 @@ static int parse_args(int argc, char **argv, args *a) {
                 if (*end && *end != ',') { bad = 1; break; }
             }
             if (bad || *p) { fprintf(stderr, "train: --milestones needs positive integers separated by commas, got '%s'\n", v); return -1; }
-        } else { fprintf(stderr, "train: unknown flag '%s'\n", f); usage(stderr); return -1; }
+        } else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &a->lr, &bad)) {   /* not one of the common flags */
+            fprintf(stderr, "train: unknown flag '%s'\n", f); usage(stderr); return -1;
+        }
         if (bad) return -1;
         i++;
     }
@@ -97,13 +93,10 @@ static int parse_args(int argc, char **argv, args *a) {
 
 int main(int argc, char **argv) {
     args a;
-    dt_dataset train, test;
-    dt_transform tt, te;
     dt_partition split;
     dt_model *m = NULL;
     dt_optim *o = NULL;
     dt_loader *loader = NULL;
-    dt_model_desc md;
     dt_optim_desc od;
     dt_sched_desc sd;
     dt_loader_desc ld;
@@ -114,23 +107,21 @@ int main(int argc, char **argv) {
     int64_t ntrain, ntest, epoch, first_epoch = 0;
     int rc = 1, tty = isatty(fileno(stderr));
 
-    memset(&train, 0, sizeof train); memset(&test, 0, sizeof test); memset(&split, 0, sizeof split);
+    memset(&split, 0, sizeof split);
     if (parse_args(argc, argv, &a)) return 2;
-    TRY(load_data(a.dataset, a.data, a.size, a.seed, &train, &test, &tt, &te, &split));
-    ntrain = split.parts ? split.offsets[1] : train.count;
-    ntest = split.parts ? split.offsets[2] - split.offsets[1] : test.count;
+    TRY(load_data(a.data.dataset, a.data.dir, a.size, a.data.seed, &a.data.train, &a.data.test, &a.data.tt, &a.data.te, &split));
+    ntrain = split.parts ? split.offsets[1] : a.data.train.count;
+    ntest = split.parts ? split.offsets[2] - split.offsets[1] : a.data.test.count;
     if (split.parts) { train_idx = split.indices; test_idx = split.indices + split.offsets[1]; }
-    if (a.limit && a.limit < ntrain) {          /* the first --limit training samples (a quick run) */
+    if (a.data.limit && a.data.limit < ntrain) {   /* the first --limit training samples (a quick run) */
         int64_t i;
-        if (!(limit_idx = (int64_t *)malloc(sizeof(int64_t) * (size_t)a.limit))) { fprintf(stderr, "train: out of memory\n"); goto fail; }
-        for (i = 0; i < a.limit; i++) limit_idx[i] = train_idx ? train_idx[i] : i;
+        if (!(limit_idx = (int64_t *)malloc(sizeof(int64_t) * (size_t)a.data.limit))) { fprintf(stderr, "train: out of memory\n"); goto fail; }
+        for (i = 0; i < a.data.limit; i++) limit_idx[i] = train_idx ? train_idx[i] : i;
         train_idx = limit_idx;
-        ntrain = a.limit;
+        ntrain = a.data.limit;
     }
 
-    memset(&md, 0, sizeof md);
-    md.in_c = train.c; md.in_h = train.h; md.in_w = train.w; md.seed = (uint64_t)a.seed;
-    TRY(dt_zoo_create(&m, (dt_zoo_model)dt_zoo_from_name(a.model), train.num_classes, &md));
+    TRY(ex_model_create(&m, a.model, &a.data, 0));
     memset(&od, 0, sizeof od);
     od.kind = !strcmp(a.optim, "sgd") ? DT_OPTIM_SGD : !strcmp(a.optim, "adam") ? DT_OPTIM_ADAM : DT_OPTIM_ADAMW;
     od.lr = (float)a.lr; od.momentum = od.kind == DT_OPTIM_SGD ? (float)a.momentum : 0.0f; od.weight_decay = (float)a.wd;
@@ -146,8 +137,8 @@ int main(int argc, char **argv) {
         printf("resumed from %s after epoch %lld\n", a.resume, (long long)first_epoch);
     }
     memset(&ld, 0, sizeof ld);
-    ld.dataset = &train; ld.indices = train_idx; ld.count = train_idx ? ntrain : 0; ld.batch = a.batch; ld.shuffle = 1;
-    ld.transform = &tt; ld.seed = (uint64_t)a.seed; ld.prefetch = 1;
+    ld.dataset = &a.data.train; ld.indices = train_idx; ld.count = train_idx ? ntrain : 0; ld.batch = a.batch; ld.shuffle = 1;
+    ld.transform = &a.data.tt; ld.seed = (uint64_t)a.data.seed; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
     if (a.csv) {
         int fresh = !a.resume;
@@ -155,7 +146,7 @@ int main(int argc, char **argv) {
         if (fresh) fprintf(csv, "epoch,time_s,lr,train_loss,test_loss,test_acc,test_top5,img_per_s\n");
     }
     printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s lr %g, batch %ld, %d threads\n",
-           a.model, a.dataset, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m), a.optim, a.lr,
+           a.model, a.data.dataset, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m), a.optim, a.lr,
            a.batch, dt_cpu_threads());
 
     for (epoch = first_epoch; epoch < a.epochs; epoch++) {
@@ -184,16 +175,13 @@ int main(int argc, char **argv) {
         if (got < 0) { fprintf(stderr, "train: %s\n", dt_last_error()); goto fail; }
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
-        TRY(dt_evaluate(m, &test, test_idx, test_idx ? ntest : 0, &te, 1000, 5, &ev));
+        TRY(dt_evaluate(m, &a.data.test, test_idx, test_idx ? ntest : 0, &a.data.te, 1000, 5, &ev));
         printf("epoch %3lld/%ld  %7.2fs  lr %.5f  train loss %.4f  test loss %.4f  test acc %6.2f%%  top-5 %6.2f%%  %.0f img/s\n",
                (long long)epoch + 1, a.epochs, secs, (double)lr, loss_sum / (double)seen, ev.loss, 100.0 * ev.top1,
                100.0 * ev.topk, (double)seen / secs);
         fflush(stdout);
-        if (csv) {
-            fprintf(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)epoch + 1, secs, (double)lr,
-                    loss_sum / (double)seen, ev.loss, ev.top1, ev.topk, (double)seen / secs);
-            fflush(csv);
-        }
+        ex_csv_row(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)epoch + 1, secs, (double)lr,
+                   loss_sum / (double)seen, ev.loss, ev.top1, ev.topk, (double)seen / secs);
         if (a.checkpoint) {
             meta.epoch = epoch + 1;
             TRY(dt_checkpoint_save(a.checkpoint, m, o, &meta));
@@ -205,8 +193,7 @@ fail:
     dt_loader_destroy(loader);
     dt_optim_destroy(o);
     dt_model_destroy(m);
-    if (!split.parts) dt_dataset_free(&test);
-    dt_dataset_free(&train);
+    ex_free(&a.data);
     dt_partition_free(&split);
     free(limit_idx);
     return rc;
