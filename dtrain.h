@@ -1850,7 +1850,11 @@ static void dt__col_span(const dt_conv_geom *g, const float *x, int64_t c, int64
         for (i = ox; i < a; i++, dst += stride) *dst = 0.0f;
         if (a < b) {
             const float *xr = x + ((n * g->c + c) * g->h + iy) * g->w + kx - g->pw;   /* + ox * sw: output column ox */
-            if (g->sw == 1 && stride == 1) { memcpy(dst, xr + a, sizeof(float) * (size_t)(b - a)); dst += b - a; }
+            if (g->sw == 1 && stride == 1) {   /* short stretches: a loop, not a call to memcpy */
+                const float *src = xr + a;
+                for (i = 0; i < b - a; i++) dst[i] = src[i];
+                dst += b - a;
+            }
             else for (i = a; i < b; i++, dst += stride) *dst = xr[i * g->sw];
         }
         for (i = b; i < end; i++, dst += stride) *dst = 0.0f;
