@@ -68,14 +68,15 @@ fi
 echo "results: $CSV"
 
 if command -v gnuplot >/dev/null 2>&1 && [ $torch = 1 ]; then
-    grep -E '^(train_step|gemm),' "$CSV" | awk -F, '$5 != "" { print $1 == "train_step" ? $2 " (step)" : $2, $5 }' > "$OUT/ratios.dat"
+    grep -E '^(train_step|gemm),' "$CSV" | awk -F, '$5 != "" { print $1 == "train_step" ? $2 ".train-step" : "gemm." $2, $5 }' > "$OUT/ratios.dat"
     gnuplot <<GP
-set terminal png size 900,420
+set terminal png size 1000,460
+set rmargin 6
 set output "$OUT/bench.png"
 set title "dtrain / peer, same machine, same run, $THREADS threads (training step: PyTorch; GEMM: OpenBLAS)"
 set style fill solid 0.6
 set boxwidth 0.7
-set yrange [0:*]
+set yrange [0:1.6]
 set ylabel "ratio (> 1: dtrain is faster)"
 set xtics rotate by -40 font ",8"
 set grid ytics
