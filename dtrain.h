@@ -905,7 +905,8 @@ typedef struct dt_comm_desc {
     /* link model (local backend only; both 0 = off): each rank has one full-duplex link to a switch that
        sends and receives at most bandwidth bytes/s (messages queue behind each other on both ends), and
        every message arrives latency seconds after it has left. Under it the native all-reduce and
-       broadcast run over messages too (as RING and TREE), so a NATIVE float sum rounds as the ring's */
+       broadcast run over messages too (as TREE for the broadcast; for the all-reduce as RING, or as TREE
+       where the model makes that faster: short messages), so a NATIVE float sum rounds as that one's */
     double  link_latency;
     double  link_bandwidth;
 } dt_comm_desc;
@@ -7042,8 +7043,18 @@ static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t
     size_t es = dt_dtype_size(t), bytes = n * es;
     int p = W->n, me = c->rank, k;
     dt_result r;
-    if (W->latency > 0 || W->bandwidth > 0) {   /* messages feel the link model: the ring instead */
+    if (W->latency > 0 || W->bandwidth > 0) {
+        /* messages feel the link model: the ring, or the binomial tree where the model makes it faster
+           (2 ceil(log2 p) messages of the whole buffer against the ring's 2 (p - 1) of a p-th: short ones) */
         void *s = NULL;
+        double per = W->bandwidth > 0 ? (double)bytes / W->bandwidth : 0.0;
+        int lg = 0;
+        while ((1 << lg) < p) lg++;
+        if (2.0 * lg * (W->latency + per) < 2.0 * (p - 1) * (W->latency + per / p)) {
+            if ((r = dt__comm_scratch(c, bytes + 1, &s)) != DT_OK) return r;
+            if ((r = dt__tree_reduce(c, buf, bytes, t, op, 0, s)) != DT_OK) return r;
+            return dt__tree_broadcast(c, buf, bytes, 0);
+        }
         if ((r = dt__comm_scratch(c, (n / (size_t)p + 1) * es, &s)) != DT_OK) return r;
         return dt__allreduce_ring(c, buf, n, t, op, s);
     }
