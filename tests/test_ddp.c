@@ -126,15 +126,7 @@ done:
     return r;
 }
 
-/* fn on `ranks` local ranks, with a timeout that keeps a broken test from hanging */
-static dt_result launch(dt_rank_fn fn, void *arg, int ranks) {
-    dt_launch_desc ld;
-    memset(&ld, 0, sizeof ld);
-    ld.ranks = ranks;
-    ld.comm.timeout = 20;
-    return dt_launch_local(&ld, fn, arg, NULL);
-}
-static void run_job(job *j, int ranks) { CHECK_OK(launch(ddp_rank, j, ranks)); }
+static void run_job(job *j, int ranks) { CHECK_OK(tc_launch(ddp_rank, j, ranks)); }
 
 static int64_t model_params(void) {
     dt_model *m = NULL;
@@ -292,7 +284,7 @@ static void test_batchnorm_stats(void) {
     CHECK(j.nb >= 16 && j.nb <= 64);
     for (every = 0; every < 2; every++) {
         j.every = every;
-        CHECK_OK(launch(bn_rank, &j, 3));
+        CHECK_OK(tc_launch(bn_rank, &j, 3));
         CHECK(memcmp(j.before[0], j.before[1], sizeof(float) * (size_t)j.nb) != 0);   /* the ranks saw different data */
         for (i = 0; i < j.nb; i++) {
             float want = (j.before[0][i] + j.before[1][i] + j.before[2][i]) / 3.0f;
@@ -379,12 +371,12 @@ static void test_bad_args(void) {
        the other's overlapped backward fails with DT_ERR_PEER instead of waiting */
     memset(&j, 0, sizeof j);
     j.case_ = 0;
-    CHECK(launch(bad_rank, &j, 2) != DT_OK);
+    CHECK(tc_launch(bad_rank, &j, 2) != DT_OK);
     CHECK(j.got[0] == DT_ERR_MISMATCH && j.got[1] == DT_ERR_MISMATCH);
     CHECK(strstr(j.msg[0], "rank 0") && strstr(j.msg[0], "same model") && strstr(j.msg[1], "rank 1"));
     memset(&j, 0, sizeof j);
     j.case_ = 1;
-    CHECK(launch(bad_rank, &j, 2) != DT_OK);
+    CHECK(tc_launch(bad_rank, &j, 2) != DT_OK);
     CHECK(j.got[0] == DT_ERR_PEER && strstr(j.msg[0], "rank 1") && j.got[1] == DT_ERR_IO);
 }
 

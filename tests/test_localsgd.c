@@ -119,14 +119,6 @@ done:
     return r;
 }
 
-/* fn on `ranks` local ranks, with a timeout that keeps a broken test from hanging */
-static dt_result launch(dt_rank_fn fn, void *arg, int ranks) {
-    dt_launch_desc ld;
-    memset(&ld, 0, sizeof ld);
-    ld.ranks = ranks;
-    ld.comm.timeout = 20;
-    return dt_launch_local(&ld, fn, arg, NULL);
-}
 
 static int64_t model_params(int bn, int64_t *nbuf) {
     dt_model *m = NULL;
@@ -154,7 +146,7 @@ static void test_period1(void) {
             j.nparams = n;
             j.desc.period = 1;
             j.desc.algo = (dt_algo)a;
-            CHECK_OK(launch(localsgd_rank, &j, p));
+            CHECK_OK(tc_launch(localsgd_rank, &j, p));
             for (r = 0; r < p; r++) {
                 snprintf(what, sizeof what, "period 1, %d ranks, algo %s: rank %d", p, dt_algo_name(j.desc.algo), r);
                 CHECK_CLOSE(j.params[r], ref, n, 1e-5, what);
@@ -173,7 +165,7 @@ static void test_period3(void) {
     memset(&j, 0, sizeof j);
     j.nparams = n;
     j.desc.period = 3;
-    CHECK_OK(launch(localsgd_rank, &j, p));
+    CHECK_OK(tc_launch(localsgd_rank, &j, p));
     for (s = 0; s < STEPS; s++)
         for (r = 1; r < p; r++) {
             if ((s + 1) % 3) CHECK(!same(j.after[s][r], j.after[s][0], n));
@@ -191,7 +183,7 @@ static void test_broadcast(void) {
     int r;
     memset(&j, 0, sizeof j);
     j.nparams = model_params(0, NULL);
-    CHECK_OK(launch(localsgd_rank, &j, 3));
+    CHECK_OK(tc_launch(localsgd_rank, &j, 3));
     CHECK_OK(make_model(&m, 1, 0, 16));   /* rank 0's seed */
     for (r = 0; r < 3 && m; r++) CHECK(same(j.first[r], dt_model_params(m, NULL), j.nparams));
     dt_model_destroy(m);
@@ -207,7 +199,7 @@ static void test_explicit_and_buffers(void) {
         memset(&j, 0, sizeof j);
         j.nparams = n; j.nbuf = nbuf; j.bn = 1; j.explicit_average = 1;
         j.desc.sync_buffers = sb;
-        CHECK_OK(launch(localsgd_rank, &j, 2));
+        CHECK_OK(tc_launch(localsgd_rank, &j, 2));
         CHECK(!same(j.after[STEPS - 1][1], j.after[STEPS - 1][0], n));   /* no average during the steps */
         CHECK(same(j.params[1], j.params[0], n));                        /* but after the explicit one */
         CHECK(sb ? same(j.bufs[1], j.bufs[0], nbuf) : !same(j.bufs[1], j.bufs[0], nbuf));
@@ -370,7 +362,7 @@ static void test_bad_args(void) {
     CHECK_ERR(dt_localsgd_average(NULL), DT_ERR_INVALID_ARG);
     CHECK(dt_localsgd_get_stats(NULL).steps == 0);
     dt_localsgd_destroy(NULL);
-    CHECK_ERR(launch(mismatch_rank, NULL, 2), DT_ERR_MISMATCH);
+    CHECK_ERR(tc_launch(mismatch_rank, NULL, 2), DT_ERR_MISMATCH);
     CHECK(strstr(dt_last_error(), "17") || strstr(dt_last_error(), "parameters"));
     /* Hogwild */
     memset(&h, 0, sizeof h);

@@ -1,5 +1,6 @@
 /* train_checks.h - what the trainer tests share (test_ddp, test_localsgd, mpi/test_train_mpi): the small
-   classifier they train on synthetic data. Include after dtrain.h (with its implementation). */
+   classifier they train on synthetic data, and a launcher of local ranks with a timeout. Include after dtrain.h
+   (with its implementation). */
 #ifndef TRAIN_CHECKS_H
 #define TRAIN_CHECKS_H
 #include <string.h>
@@ -24,4 +25,13 @@ static dt_result tc_mlp(dt_model **m, int64_t in, int64_t classes, uint64_t seed
     x = dt_linear(*m, x, classes, 1);
     return dt_model_finalize(*m);
 }
+/* fn on `ranks` local ranks, with a timeout that keeps a broken test from hanging (test_ddp, test_localsgd) */
+static inline dt_result tc_launch(dt_rank_fn fn, void *arg, int ranks) {
+    dt_launch_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.ranks = ranks;
+    ld.comm.timeout = 20;
+    return dt_launch_local(&ld, fn, arg, NULL);
+}
+
 #endif
