@@ -18,13 +18,7 @@ static int quick;
 static float X[NSAMP * IN];
 static int32_t Y[NSAMP];
 
-static void make_data(void) {
-    dt_rng r;
-    int i;
-    dt_rng_init(&r, 5, 0);
-    for (i = 0; i < NSAMP * IN; i++) X[i] = (float)dt_rng_u32(&r) / 4294967296.0f * 2.0f - 1.0f;
-    for (i = 0; i < NSAMP; i++) Y[i] = (int32_t)(dt_rng_u32(&r) % K);
-}
+static void make_data(void) { tc_data(X, Y, NSAMP, IN, K); }
 
 /* A small MLP (no dropout, no batchnorm), or with batchnorm; seed differs per rank to test the broadcast. */
 static dt_result make_model(dt_model **m, uint64_t seed, int bn, int hidden) { return tc_mlp(m, IN, K, seed, bn, hidden, 10); }

@@ -1,5 +1,5 @@
 /* train_checks.h - what the trainer tests share (test_ddp, test_localsgd, mpi/test_train_mpi): the small
-   classifier they train on synthetic data, and a launcher of local ranks with a timeout. Include after dtrain.h
+   classifier they train, its synthetic data, and a launcher of local ranks with a timeout. Include after dtrain.h
    (with its implementation). */
 #ifndef TRAIN_CHECKS_H
 #define TRAIN_CHECKS_H
@@ -32,6 +32,15 @@ static inline dt_result tc_launch(dt_rank_fn fn, void *arg, int ranks) {
     ld.ranks = ranks;
     ld.comm.timeout = 20;
     return dt_launch_local(&ld, fn, arg, NULL);
+}
+
+/* n samples of `in` features uniform in [-1, 1) and labels below k, the same for every test that asks */
+static inline void tc_data(float *x, int32_t *y, int64_t n, int64_t in, int64_t k) {
+    dt_rng r;
+    int64_t i;
+    dt_rng_init(&r, 5, 0);
+    for (i = 0; i < n * in; i++) x[i] = (float)dt_rng_u32(&r) / 4294967296.0f * 2.0f - 1.0f;
+    for (i = 0; i < n; i++) y[i] = (int32_t)(dt_rng_u32(&r) % (uint64_t)k);
 }
 
 #endif
