@@ -1993,21 +1993,18 @@ static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, i
             }
         } else if (g) {             /* columns j: col rows j0 + jr + j, each read from output position p0 on */
             int64_t S = g->oh * g->ow, n = p0 / S, oy = p0 % S / g->ow, ox = p0 % g->ow;
+            int simd = 0;           /* 1: the rows go into tmp, then a 16 x 16 transpose packs them */
 #ifdef DT__PACK_BT_AVX512
-            if (NR % 16 == 0 && __builtin_cpu_supports("avx512f")) {   /* the rows into tmp, then transposed */
-                for (j = 0; j < nr; j++) {
-                    int64_t k = j0 + jr + j;
-                    dt__col_span(g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc, tmp + j * kc, 1);
-                }
-                dt__pack_bt_avx512(tmp, kc, kc, nr, dst, NR);
-                continue;
-            }
+            simd = NR % 16 == 0 && __builtin_cpu_supports("avx512f");
 #endif
-            (void)tmp;
             for (j = 0; j < nr; j++) {
                 int64_t k = j0 + jr + j;
-                dt__col_span(g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc, dst + j, NR);
+                dt__col_span(g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc,
+                             simd ? tmp + j * kc : dst + j, simd ? 1 : NR);
             }
+#ifdef DT__PACK_BT_AVX512
+            if (simd) { dt__pack_bt_avx512(tmp, kc, kc, nr, dst, NR); continue; }
+#endif
             for (; j < NR; j++)
                 for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
         } else if (!bs->tb) {       /* rows of B are contiguous along n */
