@@ -32,7 +32,7 @@ it_files() {   # it_files DIR: the files under DIR, relative, sorted, one a line
     (cd "$1" && find . ! -type d | sed 's|^\./||' | LC_ALL=C sort)
 }
 it_install() {
-    make -s install PREFIX="$IT/p" >/dev/null || return 1
+    MAKEFLAGS= make -s install PREFIX="$IT/p" >/dev/null || return 1
     want=$(printf '%s\n' $IT_FILES | LC_ALL=C sort); got=$(it_files "$IT/p")
     [ "$got" = "$want" ] || { printf 'installed:\n%s\nexpected:\n%s\n' "$got" "$want"; return 1; }
     cmp dtrain.h "$IT/p/include/dtrain.h" && [ -n "$IT_VERSION" ] &&
@@ -69,14 +69,14 @@ it_consumer() {   # it_consumer NAME CMAKE-ARGS...: configure, build and run tes
     "$IT/$name/consumer"
 }
 it_cmake_install() {   # cmake --install and make install: the same files under DESTDIR
-    make -s install DESTDIR="$IT/stage-make" PREFIX=/usr/local >/dev/null || return 1
+    MAKEFLAGS= make -s install DESTDIR="$IT/stage-make" PREFIX=/usr/local >/dev/null || return 1
     cmake -S . -B "$IT/top" -DCMAKE_INSTALL_PREFIX=/usr/local > "$IT/top.log" 2>&1 || { cat "$IT/top.log"; return 1; }
     DESTDIR="$IT/stage-cmake" cmake --install "$IT/top" > "$IT/top-install.log" 2>&1 || { cat "$IT/top-install.log"; return 1; }
     [ "$(it_files "$IT/stage-make")" = "$(printf '%s\n' $IT_FILES | sed 's|^|usr/local/|' | LC_ALL=C sort)" ] &&
         diff -r "$IT/stage-make" "$IT/stage-cmake"
 }
 it_uninstall() {
-    make -s uninstall PREFIX="$IT/p" >/dev/null || return 1
+    MAKEFLAGS= make -s uninstall PREFIX="$IT/p" >/dev/null || return 1
     left=$(it_files "$IT/p")
     [ -z "$left" ] && [ ! -d "$IT/p/lib/cmake/dtrain" ] && [ ! -d "$IT/p/share/dtrain" ] ||
         { echo "left under the prefix: $left"; find "$IT/p"; return 1; }
