@@ -144,11 +144,12 @@
      this release's version, which the first line of each of the three headers repeats: take dtrain.h,
      dtrain_mpi.h and dtrain_cuda.h from the same release. The library is compiled into the program, so
      the version matters at compile time only: #if DT_VERSION_MAJOR > 0 || DT_VERSION_MINOR >= 2 keeps
-     code that needs release 0.2 from older ones. Versioning is semantic: a patch release changes no declaration; a
-     minor release adds functions, constants and *_desc fields (zero keeps the old behaviour) and changes
-     or removes nothing; a major release may change or remove declarations. While MAJOR is 0 (now), a minor
-     release may change declarations too. Files have versions of their own: a checkpoint records its
-     format version, and one of another format version is refused, naming both (DT_ERR_FORMAT).
+     code that needs release 0.2 from older ones. Versioning is semantic: a patch release changes no
+     declaration; a minor release adds functions, constants and *_desc fields (zero keeps the old
+     behaviour) and changes or removes nothing; a major release may change or remove declarations. While
+     MAJOR is 0 (now), a minor release may change declarations too. Files have versions of their own: a
+     checkpoint records its format version, and one of another format version is refused, naming both
+     (DT_ERR_FORMAT).
 
    TABLE OF CONTENTS (declarations and implementation follow the same order)
      1. base     results and errors, allocator hooks, logging, RNG, timers
