@@ -171,7 +171,8 @@ while read -r id src line kind run; do
                 if ! (cd "$OUT" && timeout 120 "./$id" $args > "$id.out" 2>&1); then
                     cp "$OUT/$id.out" "$OUT/$id.err"; fail "ran ./$id $args: exit status not 0"; continue
                 fi
-                echo "ok   $where ($kind, ran: $(tail -n 1 "$OUT/$id.out"))"; passed=$((passed + 1)); continue
+                last=$(tail -n 1 "$OUT/$id.out")
+                echo "ok   $where ($kind, ran${args:+ with $args}${last:+: $last})"; passed=$((passed + 1)); continue
             fi ;;
         file|body)
             if ! $cc $flags $PART -c "$s" -o "$OUT/$id.o" 2> "$OUT/$id.err"; then fail "does not compile"; continue; fi ;;
