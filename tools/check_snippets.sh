@@ -21,7 +21,8 @@
 # Warnings are errors: $CC -std=c11 -Wall -Wextra -Wpedantic -Werror, with OpenMP when $CC has it, and
 # $DEFS / $LDLIBS (the Makefile's optional features; defaults -pthread / -lm). In file and body blocks,
 # which are parts of a larger program, unused variables, parameters and static functions are allowed.
-# Blocks from dtrain_mpi.h are compiled with mpicc and -DDT_USE_MPI, and skipped without mpicc.
+# Blocks from dtrain_mpi.h, and blocks that name it (e.g. in a preamble that includes it), are compiled
+# with mpicc and -DDT_USE_MPI, and skipped where mpicc is not installed.
 #
 # Directives: HTML comments (invisible on the rendered page) in the text between the previous fenced
 # block and a ```c block apply to that block, one per line:
@@ -135,7 +136,7 @@ while read -r id src line kind run; do
     header=dtrain.h
     case "$src" in *.h) header=$src ;; esac
     cc=$CC; flags=$FLAGS
-    if [ "$src" = dtrain_mpi.h ]; then
+    if [ "$src" = dtrain_mpi.h ] || cat "$block" "$OUT/$id.pre" 2>/dev/null | grep -q 'dtrain_mpi\.h'; then
         if ! command -v mpicc >/dev/null 2>&1; then echo "skip $where: mpicc is not installed"; skipped=$((skipped + 1)); continue; fi
         cc=mpicc; flags="$FLAGS -DDT_USE_MPI"
     fi
