@@ -77,7 +77,7 @@ if [ -n "$DOCS" ]; then
                         k = kind == "" ? "auto" : kind
                         if (k ~ /^skip/) { r = k; sub(/^skip[ \t]*/, "", r); print r > (out "/" id ".skip"); close(out "/" id ".skip"); k = "skip" }
                         else if (k !~ /^(auto|program|file|body)$/) k = "bad:" k
-                        printf "%s %s %d %s %d\n", id, src, start, k, run >> (out "/blocks")
+                        pending = sprintf("%s %s %d %s %d", id, src, start, k, run)   # listed when it closes
                     }
                     reset(); next
                 }
@@ -86,7 +86,10 @@ if [ -n "$DOCS" ]; then
                 if (line ~ /<!--[ \t]*snippet-run:/) { run = 1; runargs = directive(line, "snippet-run") }
                 next
             }
-            if (line ~ /^ ? ? ?```[ \t]*$/) { if (isc) close(file); infence = 0; next }
+            if (line ~ /^ ? ? ?```[ \t]*$/) {
+                if (isc) { close(file); print pending >> (out "/blocks") }
+                infence = 0; next
+            }
             if (isc) {
                 for (i = 0; i < indent && substr(line, 1, 1) == " "; i++) line = substr(line, 2)
                 print line > file
@@ -170,7 +173,7 @@ while read -r id src line kind run; do
             if [ "$run" = 1 ]; then
                 args=$(cat "$OUT/$id.run")
                 if ! (cd "$OUT" && timeout 120 "./$id" $args > "$id.out" 2>&1); then
-                    cp "$OUT/$id.out" "$OUT/$id.err"; fail "ran ./$id $args: exit status not 0"; continue
+                    cp "$OUT/$id.out" "$OUT/$id.err"; fail "ran ./$id${args:+ $args}: exit status not 0"; continue
                 fi
                 last=$(tail -n 1 "$OUT/$id.out")
                 echo "ok   $where ($kind, ran${args:+ with $args}${last:+: $last})"; passed=$((passed + 1)); continue
