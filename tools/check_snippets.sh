@@ -3,7 +3,7 @@
 #
 # Blocks: every fenced block whose info string is "c" (```c ... ```) in README.md and in every docs/**/*.md,
 # and the code of each "QUICK START" section in the top comments of dtrain.h, dtrain_mpi.h and dtrain_cuda.h
-# (the lines indented by 9 spaces right after the heading). Each block is one test, written to DIR (default
+# (the first run of lines indented by 9 spaces after the heading). Each block is one test, written to DIR (default
 # build/snippets) as NNN.c with a #line directive, so the compiler's messages name the .md file and line.
 #
 # A block is compiled in one of three ways, its KIND:
