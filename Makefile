@@ -24,6 +24,8 @@
 #                     (build/bench/slownet.png; about 5 minutes)
 #   make bench-buckets DDP time per epoch over bucket sizes, ranks and emulated networks (about 25 minutes)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
+#   make install      the headers, dtrain.pc / dtrain-full.pc (pkg-config) and the CMake package (find_package:
+#                     dtrain::dtrain) into PREFIX (default /usr/local), under DESTDIR if set; make uninstall
 #   make clean
 
 CC      ?= cc
@@ -162,6 +164,41 @@ clean-cuda:
 	rm -rf build-cuda build-mpi-cuda
 
 .PHONY: test-cuda clean-cuda
+
+# make install PREFIX=/usr/local [DESTDIR=/staging]: the headers into PREFIX/include, dtrain_cuda.cu (the GPU
+# backend's nvcc translation unit) into PREFIX/share/dtrain, dtrain.pc and dtrain-full.pc (pkg-config) into
+# PREFIX/lib/pkgconfig, and the CMake package (find_package(dtrain): dtrain::dtrain) into PREFIX/lib/cmake/dtrain.
+# The templates are cmake/*.in, which CMakeLists.txt (cmake --install) fills the same way. make uninstall
+# removes those files. The version is dtrain.h's DT_VERSION_STRING.
+PREFIX      ?= /usr/local
+DT_VERSION  := $(shell sed -n 's/^\#define DT_VERSION_STRING "\([0-9.]*\)"$$/\1/p' dtrain.h)
+DT_INSTALLED := include/dtrain.h include/dtrain_mpi.h include/dtrain_cuda.h share/dtrain/dtrain_cuda.cu \
+               lib/pkgconfig/dtrain.pc lib/pkgconfig/dtrain-full.pc lib/cmake/dtrain/dtrainConfig.cmake \
+               lib/cmake/dtrain/dtrainConfigVersion.cmake lib/cmake/dtrain/dtrainFeatures.cmake
+DT_FILL     = sed -e 's|@DTRAIN_VERSION@|$(DT_VERSION)|g' -e 's|@DTRAIN_PREFIX@|$(PREFIX)|g' \
+                  -e 's|@DTRAIN_PC_INCLUDEDIR@|$${prefix}/include|g' \
+                  -e 's|@DTRAIN_PC_CUDA_SOURCE@|$${prefix}/share/dtrain/dtrain_cuda.cu|g' \
+                  -e 's|@DTRAIN_CONFIG_TO_INCLUDE@|../../../include|g' \
+                  -e 's|@DTRAIN_CONFIG_TO_CUDA_SOURCE@|../../../share/dtrain/dtrain_cuda.cu|g'
+
+install:
+	@test -n "$(DT_VERSION)" || { echo "make install: dtrain.h has no #define DT_VERSION_STRING \"X.Y.Z\"" >&2; exit 1; }
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/share/dtrain $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	    $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
+	install -m 644 dtrain.h dtrain_mpi.h dtrain_cuda.h $(DESTDIR)$(PREFIX)/include
+	install -m 644 dtrain_cuda.cu $(DESTDIR)$(PREFIX)/share/dtrain
+	install -m 644 cmake/dtrainFeatures.cmake $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
+	$(DT_FILL) cmake/dtrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc
+	$(DT_FILL) cmake/dtrain-full.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain-full.pc
+	$(DT_FILL) cmake/dtrainConfig.cmake.in > $(DESTDIR)$(PREFIX)/lib/cmake/dtrain/dtrainConfig.cmake
+	$(DT_FILL) cmake/dtrainConfigVersion.cmake.in > $(DESTDIR)$(PREFIX)/lib/cmake/dtrain/dtrainConfigVersion.cmake
+	cd $(DESTDIR)$(PREFIX) && chmod 644 $(DT_INSTALLED) && ! grep -n '@DTRAIN_[A-Z_]*@' $(DT_INSTALLED)
+
+uninstall:
+	cd $(DESTDIR)$(PREFIX) && rm -f $(DT_INSTALLED)
+	-rmdir $(DESTDIR)$(PREFIX)/share/dtrain $(DESTDIR)$(PREFIX)/lib/cmake/dtrain 2>/dev/null
+
+.PHONY: install uninstall
 
 # the API reference covers the headers, and every C code block of the docs compiles (also part of make test)
 check-docs:

@@ -33,7 +33,7 @@
          dt_model_zero_grad(m);
          dt_model_backward(m, NULL);                   // gradients accumulate into dt_model_grads(m, NULL)
          dt_model_destroy(m);
-     A whole program that trains it (an optimizer, dt_optim_step) is the quick start of README.md.
+     README.md's quick start is a whole program: a model trained by an optimizer and DDP on N ranks.
 
    DISTRIBUTED QUICK START
          static dt_result rank_main(dt_comm *c, void *arg) {    // runs once per rank
@@ -2379,16 +2379,307 @@ static void dt__cpu_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_
     bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
     dt__cpu_gemm_src(ctx, ta, M, N, K, alpha, A, lda, &bs, beta, C, ldc);
 }
+/* ---- stride-1 convolutions by shifted rows ------------------------------------------------------ */
+/* With an image zero-padded to hp x wp (hp = h + 2 ph, wp = w + 2 pw), output pixel (oy, ox) of a stride-1
+   convolution reads padded pixel (oy + ky, ox + kx). Over s = oy * wp + ox, row k = (c, ky, kx) of im2col
+   is the padded image itself from offset c * hp * wp + ky * wp + kx on, so the GEMM reads its B operand
+   straight from the padded image through a table of K offsets and packs nothing: the output is computed
+   over oh rows of wp columns and the last wp - ow columns of each row are dropped. Each thread takes whole
+   images (forward, input gradient) or a block of the weight gradient over every image, so each output is
+   summed in one order whatever the thread count. AVX-512 only; other CPUs, other strides and kernels too
+   large for the caches take the packed GEMM. */
+static int dt__shift_off;                  /* 1: never take the shifted path (the tests compare both paths) */
+static DT__THREAD_LOCAL int64_t dt__shift_taken;   /* calls that took it on this thread (for the tests) */
+#ifdef DT__X86
+#define DT__SHIFT_MAX_W (1 << 17)   /* most weights (oc * c * kh * kw) a shifted convolution takes */
+#define DT__SHIFT_SLACK 128         /* zeros after a padded image: the dropped columns read past its end */
+
+/* the padded geometry of one image of c channels h x w, padded by ph, pw, for a kh x kw window */
+typedef struct dt__shift_geom {
+    int64_t c, h, w, ph, pw, kh, kw, hp, wp, oh, ow;
+    int64_t ns;      /* outputs computed per channel: oh * wp */
+    int64_t plane;   /* floats of one padded image: c * hp * wp + DT__SHIFT_SLACK */
+} dt__shift_geom;
+static dt__shift_geom dt__shift_make(int64_t c, int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw) {
+    dt__shift_geom s;
+    s.c = c; s.h = h; s.w = w; s.ph = ph; s.pw = pw; s.kh = kh; s.kw = kw;
+    s.hp = h + 2 * ph; s.wp = w + 2 * pw; s.oh = s.hp - kh + 1; s.ow = s.wp - kw + 1;
+    s.ns = s.oh * s.wp;
+    s.plane = c * s.hp * s.wp + DT__SHIFT_SLACK;
+    return s;
+}
+/* offsets of im2col's rows (c, ky, kx), c from c0 to c1, into a padded image */
+static void dt__shift_offsets(const dt__shift_geom *s, int64_t c0, int64_t c1, int32_t *off) {
+    int64_t c, ky, kx, k = 0;
+    for (c = c0; c < c1; c++)
+        for (ky = 0; ky < s->kh; ky++)
+            for (kx = 0; kx < s->kw; kx++) off[k++] = (int32_t)((c - c0) * s->hp * s->wp + ky * s->wp + kx);
+}
+/* rows x len floats from src (rows lds apart) to dst (rows ldd apart), or added to dst (add 1) */
+__attribute__((target("avx512f")))
+static void dt__shift_copy(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t len, int add) {
+    __mmask16 tail = (__mmask16)((1u << (len % 16)) - 1u);
+    int64_t r, j, full = len / 16 * 16;
+    for (r = 0; r < rows; r++, dst += ldd, src += lds) {
+        for (j = 0; j < full; j += 16) {
+            __m512 v = _mm512_loadu_ps(src + j);
+            _mm512_storeu_ps(dst + j, add ? _mm512_add_ps(v, _mm512_loadu_ps(dst + j)) : v);
+        }
+        if (tail) {
+            __m512 v = _mm512_maskz_loadu_ps(tail, src + j);
+            if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(tail, dst + j));
+            _mm512_mask_storeu_ps(dst + j, tail, v);
+        }
+    }
+}
+/* channels c0..c1 of image x [c, h, w] into the padded image xp (whose borders and slack are zero) */
+static void dt__shift_pad(const dt__shift_geom *s, const float *x, int64_t c0, int64_t c1, float *xp) {
+    int64_t c;
+    for (c = c0; c < c1; c++)
+        dt__shift_copy(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w, 0);
+}
+
+/* one tile of the shifted GEMM: out[i][j] = sum_k a[k][i] xp[off[k] + j], 8 rows (rows kept) x 48 columns */
+__attribute__((target("avx512f")))
+static void dt__shift_tile(int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off, float *out, int64_t ldo,
+                           int rows) {
+    __m512 c[8][3];
+    int64_t k;
+    int i, v;
+    for (i = 0; i < 8; i++)
+        for (v = 0; v < 3; v++) c[i][v] = _mm512_setzero_ps();
+    for (k = 0; k < K; k++) {
+        const float *b = xp + off[k], *ak = a + 8 * k;
+        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32);
+        for (i = 0; i < 8; i++) {
+            __m512 av = _mm512_set1_ps(ak[i]);
+            c[i][0] = _mm512_fmadd_ps(av, b0, c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(av, b1, c[i][1]);
+            c[i][2] = _mm512_fmadd_ps(av, b2, c[i][2]);
+        }
+    }
+    for (i = 0; i < rows; i++)
+        for (v = 0; v < 3; v++) _mm512_storeu_ps(out + i * ldo + 16 * v, c[i][v]);
+}
+/* the sum of a vector's 16 floats (pairwise; through memory, which GCC 12's C++ front end warns less about) */
+__attribute__((target("avx512f")))
+static float dt__hsum512(__m512 v) {
+    float t[16];
+    int w, i;
+    _mm512_storeu_ps(t, v);
+    for (w = 8; w > 0; w /= 2)
+        for (i = 0; i < w; i++) t[i] += t[i + w];
+    return t[0];
+}
+/* dW[i][k] += sum over nimg images and s of d[img][i][s] xp[img][off[k] + s], for 4 rows i and 4 k
+   (ni, nk of them kept); d's rows are ldd apart and ld long (a multiple of 16), images dstride and
+   xstride apart */
+__attribute__((target("avx512f")))
+static void dt__shift_wtile(int64_t nimg, int64_t ld, const float *d, int64_t ldd, int64_t dstride, const float *xp,
+                            int64_t xstride, const int32_t *off, float *dW, int64_t ldw, int ni, int nk) {
+    __m512 acc[4][4];
+    const float *dr[4];
+    int32_t o[4];
+    int64_t img, s;
+    int i, j;
+    for (i = 0; i < 4; i++) {
+        dr[i] = d + (i < ni ? i : ni - 1) * ldd;
+        o[i] = off[i < nk ? i : nk - 1];
+        for (j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+    }
+    for (img = 0; img < nimg; img++) {
+        const float *x = xp + img * xstride, *d0 = dr[0] + img * dstride, *d1 = dr[1] + img * dstride,
+                    *d2 = dr[2] + img * dstride, *d3 = dr[3] + img * dstride;
+        const float *x0 = x + o[0], *x1 = x + o[1], *x2 = x + o[2], *x3 = x + o[3];
+        for (s = 0; s < ld; s += 16) {
+            __m512 a0 = _mm512_loadu_ps(d0 + s), a1 = _mm512_loadu_ps(d1 + s), a2 = _mm512_loadu_ps(d2 + s),
+                   a3 = _mm512_loadu_ps(d3 + s);
+            __m512 b0 = _mm512_loadu_ps(x0 + s), b1 = _mm512_loadu_ps(x1 + s), b2 = _mm512_loadu_ps(x2 + s),
+                   b3 = _mm512_loadu_ps(x3 + s);
+            acc[0][0] = _mm512_fmadd_ps(a0, b0, acc[0][0]); acc[0][1] = _mm512_fmadd_ps(a0, b1, acc[0][1]);
+            acc[0][2] = _mm512_fmadd_ps(a0, b2, acc[0][2]); acc[0][3] = _mm512_fmadd_ps(a0, b3, acc[0][3]);
+            acc[1][0] = _mm512_fmadd_ps(a1, b0, acc[1][0]); acc[1][1] = _mm512_fmadd_ps(a1, b1, acc[1][1]);
+            acc[1][2] = _mm512_fmadd_ps(a1, b2, acc[1][2]); acc[1][3] = _mm512_fmadd_ps(a1, b3, acc[1][3]);
+            acc[2][0] = _mm512_fmadd_ps(a2, b0, acc[2][0]); acc[2][1] = _mm512_fmadd_ps(a2, b1, acc[2][1]);
+            acc[2][2] = _mm512_fmadd_ps(a2, b2, acc[2][2]); acc[2][3] = _mm512_fmadd_ps(a2, b3, acc[2][3]);
+            acc[3][0] = _mm512_fmadd_ps(a3, b0, acc[3][0]); acc[3][1] = _mm512_fmadd_ps(a3, b1, acc[3][1]);
+            acc[3][2] = _mm512_fmadd_ps(a3, b2, acc[3][2]); acc[3][3] = _mm512_fmadd_ps(a3, b3, acc[3][3]);
+        }
+    }
+    for (i = 0; i < ni; i++)
+        for (j = 0; j < nk; j++) dW[i * ldw + j] += dt__hsum512(acc[i][j]);
+}
+/* One image of the shifted convolution: pads src [s->c, h, w] into xp, runs the tiles of Ap [rows, K] into
+   out (rows ld apart), then writes the kept columns to dst (rows dld apart), or adds them (add 1) */
+static void dt__shift_image(const dt__shift_geom *s, const float *src, const float *Ap, int64_t rows, const int32_t *off,
+                            float *xp, float *out, int64_t ld, float *dst, int64_t dld, int add) {
+    int64_t K = s->c * s->kh * s->kw, t, j, r;
+    dt__shift_pad(s, src, 0, s->c, xp);
+    for (t = 0; t < rows; t += 8)
+        for (j = 0; j < s->ns; j += 48)
+            dt__shift_tile(K, Ap + t * K, xp + j, off, out + t * ld + j, ld, rows - t < 8 ? (int)(rows - t) : 8);
+    for (r = 0; r < rows; r++) dt__shift_copy(dst + r * dld, s->ow, out + r * ld, s->wp, s->oh, s->ow, add);
+}
+
+/* A [rows, K] packed for dt__shift_tile: per tile of 8 rows, K groups of 8 (rows past the end are zero).
+   flip: row r, column (o, ky, kx) is W[o][r][kh-1-ky][kw-1-kx] of W [oc = K / kk, rows, kh, kw] (the input
+   gradient's kernel), else A is W [rows, K] itself. */
+static void dt__shift_pack_a(const float *W, int64_t rows, int64_t K, int flip, int64_t kk, float *Ap) {
+    int64_t t, k, i, nt = (rows + 7) / 8;
+    DT__OMP(parallel for if (nt * K * 8 > DT__PAR_MIN))
+    for (t = 0; t < nt; t++)
+        for (k = 0; k < K; k++)
+            for (i = 0; i < 8; i++) {
+                int64_t r = t * 8 + i;
+                float v = 0.0f;
+                if (r < rows) v = flip ? W[((k / kk) * rows + r) * kk + (kk - 1 - k % kk)] : W[r * K + k];
+                Ap[(t * K + k) * 8 + i] = v;
+            }
+}
+
+/* The shifted convolution of n images src [n, s->c, h, w] with the packed kernel Ap [rows, c*kh*kw] on
+   `threads` threads, each image's output [rows, oh, ow] written (add 0) to dst as t [rows, n*S]
+   (S = oh * ow), or added (add 1) to dst as [n, rows, oh, ow]. ws: threads * need floats, need from
+   dt__shift_run_need. */
+static int64_t dt__shift_run_need(const dt__shift_geom *s, int64_t rows) {
+    return s->plane + rows * ((s->ns + 47) / 48 * 48) + s->c * s->kh * s->kw + 16;
+}
+static void dt__shift_run(const dt__shift_geom *s, int64_t n, const float *src, const float *Ap, int64_t rows, float *dst, int add,
+                          float *ws, int64_t need, int threads) {
+    int64_t ld = (s->ns + 47) / 48 * 48, S = s->oh * s->ow;
+    DT__OMP(parallel num_threads(threads) if (threads > 1))
+    {
+        int tid = 0;
+        int64_t img;
+        float *xp, *out;
+        int32_t *off;
+#if DT__HAVE_OMP
+        tid = omp_get_thread_num();
+#endif
+        xp = ws + tid * need;
+        out = xp + s->plane;
+        off = (int32_t *)(out + rows * ld);
+        memset(xp, 0, sizeof(float) * (size_t)s->plane);
+        dt__shift_offsets(s, 0, s->c, off);
+        DT__OMP(for schedule(static))
+        for (img = 0; img < n; img++)
+            dt__shift_image(s, src + img * s->c * s->h * s->w, Ap, rows, off, xp, out, ld,
+                            add ? dst + img * rows * S : dst + img * S, add ? S : n * S, add);
+    }
+    (void)threads;
+}
+
+/* The shifted weight gradient dW [oc, c*kh*kw] += t col^T of geometry g, t = dy as [oc, n*S], on ws
+   (ws_count floats for `threads` threads); 0 when that is too small. The threads split dW into a grid of
+   row ranges x channel ranges; each pads its channels of a block of images and sums over every image. */
+static int dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *t, float *dW, float *ws, int64_t ws_count,
+                           int threads) {
+    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
+    int64_t kk = g->kh * g->kw, K = g->c * kk, S = g->oh * g->ow, ld = (s.ns + 15) / 16 * 16, per = ws_count / threads;
+    int64_t ot = (g->oc + 3) / 4;
+    if (per < s.plane + 4 * ot * ld + K + 16) return 0;   /* one image of every channel and row */
+    DT__OMP(parallel num_threads(threads) if (threads > 1))
+    {
+        int tid = 0, nt = 1;
+        int64_t gco, gci, o0, o1, c0, c1, nco, K0, xstride, per_img, nb, b0, img, o, k;
+        float *xb, *db;
+        int32_t *off;
+#if DT__HAVE_OMP
+        tid = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        gco = nt < ot ? nt : ot;
+        gci = nt / gco < g->c ? nt / gco : g->c;
+        if (tid < gco * gci) {
+            o0 = ot * (tid / gci) / gco * 4; o1 = ot * (tid / gci + 1) / gco * 4;
+            if (o1 > g->oc) o1 = g->oc;
+            c0 = g->c * (tid % gci) / gci; c1 = g->c * (tid % gci + 1) / gci;
+            nco = o1 - o0; K0 = (c1 - c0) * kk;
+            xstride = (c1 - c0) * s.hp * s.wp + DT__SHIFT_SLACK;
+            per_img = xstride + nco * ld;
+            nb = ((per - K0 - 16) < (1 << 18) ? (per - K0 - 16) : (1 << 18)) / per_img;   /* about 1 MB of images */
+            if (nb < 1) nb = 1;
+            if (nb > g->n) nb = g->n;
+            off = (int32_t *)(ws + tid * per);
+            xb = ws + tid * per + K0 + 16;
+            db = xb + nb * xstride;
+            dt__shift_offsets(&s, c0, c1, off);
+            memset(xb, 0, sizeof(float) * (size_t)(nb * per_img));
+            for (b0 = 0; b0 < g->n; b0 += nb) {
+                int64_t m = g->n - b0 < nb ? g->n - b0 : nb;
+                for (img = 0; img < m; img++) {
+                    dt__shift_pad(&s, x + (b0 + img) * g->c * g->h * g->w, c0, c1, xb + img * xstride);
+                    for (o = o0; o < o1; o++)
+                        dt__shift_copy(db + (img * nco + o - o0) * ld, s.wp, t + (o * g->n + b0 + img) * S, g->ow, g->oh, g->ow, 0);
+                }
+                for (o = o0; o < o1; o += 4)
+                    for (k = 0; k < K0; k += 4)
+                        dt__shift_wtile(m, ld, db + (o - o0) * ld, ld, nco * ld, xb, xstride, off + k, dW + o * K + c0 * kk + k, K,
+                                        o1 - o < 4 ? (int)(o1 - o) : 4, K0 - k < 4 ? (int)(K0 - k) : 4);
+            }
+        }
+    }
+    return 1;
+}
+
+/* 1 when this CPU and geometry take the shifted path */
+static int dt__shift_usable(const dt_conv_geom *g) {
+    return !dt__shift_off && g->sh == 1 && g->sw == 1 && g->kw + 64 <= DT__SHIFT_SLACK &&
+           g->oc * g->c * g->kh * g->kw <= DT__SHIFT_MAX_W && __builtin_cpu_supports("avx512f");
+}
+
+/* The forward pass (grad 0: t [oc, n*S] = W col(x)) or the input gradient (grad 1: dx += the convolution of
+   dy with the flipped kernel) by shifted rows on the model's workspace; 0 when not taken. Each thread
+   takes whole images: with fewer images than threads the packed GEMM shares better. */
+static int dt__shift_conv(void *ctx, const dt_conv_geom *g, const float *W, const float *src, float *dst, int grad) {
+    dt__cpu_state *st = (dt__cpu_state *)ctx;
+    int threads = dt_cpu_threads();
+    int64_t kk = g->kh * g->kw, rows = grad ? g->c : g->oc, K = (grad ? g->oc : g->c) * kk, ap = (rows + 7) / 8 * 8 * K, need;
+    dt__shift_geom s;
+    if (!st || !st->gemm_ws || !dt__shift_usable(g) || g->n < threads) return 0;
+    if (grad && (g->ph > g->kh - 1 || g->pw > g->kw - 1)) return 0;
+    s = grad ? dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw)
+             : dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
+    need = dt__shift_run_need(&s, rows);
+    if (ap + threads * need > st->gemm_ws_count) return 0;
+    dt__shift_pack_a(W, rows, K, grad, kk, st->gemm_ws);
+    dt__shift_run(&s, g->n, src, st->gemm_ws, rows, dst, grad, st->gemm_ws + ap, need, threads);
+    dt__shift_taken++;
+    return 1;
+}
+/* dW += t col^T by shifted rows on the model's workspace; 0 when not taken */
+static int dt__shift_wgrad_op(void *ctx, const dt_conv_geom *g, const float *x, const float *t, float *dW) {
+    dt__cpu_state *st = (dt__cpu_state *)ctx;
+    int threads = dt_cpu_threads();
+    if (!st || !st->gemm_ws || !dt__shift_usable(g)) return 0;
+    if (dt__gemm_ws_threads(st->gemm_ws_count) < threads) threads = dt__gemm_ws_threads(st->gemm_ws_count);
+    if (threads < 1 || !dt__shift_wgrad(g, x, t, dW, st->gemm_ws, st->gemm_ws_count, threads)) return 0;
+    dt__shift_taken++;
+    return 1;
+}
+#else
+static int dt__shift_conv(void *ctx, const dt_conv_geom *g, const float *W, const float *src, float *dst, int grad) {
+    (void)ctx; (void)g; (void)W; (void)src; (void)dst; (void)grad; (void)dt__shift_off; (void)dt__shift_taken;
+    return 0;
+}
+static int dt__shift_wgrad_op(void *ctx, const dt_conv_geom *g, const float *x, const float *t, float *dW) {
+    (void)ctx; (void)g; (void)x; (void)t; (void)dW;
+    return 0;
+}
+#endif
+
 /* The convolution's GEMMs with im2col(x) packed straight from the images: t = W col and dW += t col^T */
 static void dt__cpu_conv_gemm_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, float *t) {
     int64_t ckk = g->c * g->kh * g->kw, ns = g->n * g->oh * g->ow;
     dt__bsrc bs;
+    if (dt__shift_conv(ctx, g, W, x, t, 0)) return;
     bs.B = x; bs.ldb = 0; bs.tb = 0; bs.g = g;
     dt__cpu_gemm_src(ctx, 0, g->oc, ns, ckk, 1.0f, W, ckk, &bs, 0.0f, t, ns);
 }
 static void dt__cpu_conv_gemm_wgrad(void *ctx, const dt_conv_geom *g, const float *x, const float *t, float *dW) {
     int64_t ckk = g->c * g->kh * g->kw, ns = g->n * g->oh * g->ow;
     dt__bsrc bs;
+    if (dt__shift_wgrad_op(ctx, g, x, t, dW)) return;
     bs.B = x; bs.ldb = 0; bs.tb = 1; bs.g = g;
     dt__cpu_gemm_src(ctx, 0, g->oc, ckk, ns, 1.0f, t, ns, &bs, 1.0f, dW, ckk);
 }
@@ -2401,6 +2692,7 @@ static int dt__cpu_conv_gemm_dgrad(void *ctx, const dt_conv_geom *g, const float
     dt_conv_geom gt = *g;
     dt__bsrc bs;
     float *Wt = ws, *t = ws + wn;
+    if (dt__shift_conv(ctx, g, W, dy, dx, 1)) return 1;
     if (g->sh != 1 || g->sw != 1 || g->ph > g->kh - 1 || g->pw > g->kw - 1 || wn + g->c * g->n * hw > ws_count) return 0;
     gt.c = g->oc; gt.h = g->oh; gt.w = g->ow; gt.oc = g->c; gt.ph = g->kh - 1 - g->ph; gt.pw = g->kw - 1 - g->pw;
     gt.oh = g->h; gt.ow = g->w;
@@ -2636,6 +2928,30 @@ static void dt__cpu_mul_bwd(void *ctx, const float *dy, const float *mask, float
     for (i = 0; i < n; i++) dx[i] += dy[i] * mask[i];
 }
 
+/* Sums over the n rows of s floats, rows cs apart, of x and of x*x (y NULL) or of x and x*y, in double on 8
+   independent lanes (which the compiler turns into vector adds; one chain of double adds would wait on
+   each add's latency), added pairwise at the end */
+static void dt__bn_sums(const float *x, const float *y, int64_t n, int64_t cs, int64_t s, double *sx, double *sxy) {
+    double a[8] = {0}, b[8] = {0};
+    int64_t i, k;
+    int j, w;
+    for (i = 0; i < n; i++) {
+        const float *p = x + i * cs, *q = (y ? y : x) + i * cs;
+        for (k = 0; k + 8 <= s; k += 8)
+            for (j = 0; j < 8; j++) {
+                a[j] += (double)p[k + j];
+                b[j] += (double)p[k + j] * (double)q[k + j];
+            }
+        for (; k < s; k++) {
+            a[k % 8] += (double)p[k];
+            b[k % 8] += (double)p[k] * (double)q[k];
+        }
+    }
+    for (w = 4; w > 0; w /= 2)
+        for (j = 0; j < w; j++) { a[j] += a[j + w]; b[j] += b[j + w]; }
+    *sx = a[0];
+    *sxy = b[0];
+}
 static void dt__cpu_bn_fwd(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
                            const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
                            float *save_mean, float *save_invstd) {
@@ -2646,16 +2962,14 @@ static void dt__cpu_bn_fwd(void *ctx, int training, const float *x, float *y, in
         int64_t i, k, cnt = n * s;
         float mean, invstd, g, b;
         if (training) {
-            /* two passes in double: exact enough to match PyTorch to 1e-6 relative at any batch */
-            double sum = 0.0, sq = 0.0, var;
-            for (i = 0; i < n; i++)
-                for (k = 0; k < s; k++) sum += x[(i * c + ch) * s + k];
-            mean = (float)(sum / (double)cnt);
-            for (i = 0; i < n; i++)
-                for (k = 0; k < s; k++) {
-                    double d = (double)x[(i * c + ch) * s + k] - (double)mean;
-                    sq += d * d;
-                }
+            /* sums in double: the variance as E[x^2] - mean^2 keeps 1e-6 relative to PyTorch at any batch
+               (float data has 24 bits; double leaves 29 for the cancellation) */
+            double sum, sq, dm, var;
+            dt__bn_sums(x + ch * s, NULL, n, c * s, s, &sum, &sq);
+            dm = sum / (double)cnt;
+            sq -= dm * sum;   /* sum of (x - mean)^2 */
+            if (sq < 0.0) sq = 0.0;
+            mean = (float)dm;
             var = sq / (double)cnt;
             invstd = (float)(1.0 / sqrt(var + (double)eps));
             rm[ch] = (1.0f - momentum) * rm[ch] + momentum * mean;
@@ -2683,26 +2997,23 @@ static void dt__cpu_bn_bwd(void *ctx, int training, const float *x, const float 
     DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
     for (ch = 0; ch < c; ch++) {
         int64_t i, k, cnt = n * s;
-        double sdy = 0.0, sdyx = 0.0;
+        double sdy, sdyx;
         float mean = save_mean[ch], invstd = save_invstd[ch];
-        for (i = 0; i < n; i++)
-            for (k = 0; k < s; k++) {
-                float d = dy[(i * c + ch) * s + k];
-                sdy += d;
-                sdyx += (double)d * (double)((x[(i * c + ch) * s + k] - mean) * invstd);
-            }
+        dt__bn_sums(dy + ch * s, x + ch * s, n, c * s, s, &sdy, &sdyx);
+        sdyx = (sdyx - (double)mean * sdy) * (double)invstd;   /* sum of dy * xhat */
         dgamma[ch] += (float)sdyx;
         dbeta[ch] += (float)sdy;
         if (dx) {
             float gi = gamma[ch] * invstd;
             float mdy = training ? (float)(sdy / (double)cnt) : 0.0f;
             float mdyx = training ? (float)(sdyx / (double)cnt) : 0.0f;
-            for (i = 0; i < n; i++)
-                for (k = 0; k < s; k++) {
-                    int64_t o = (i * c + ch) * s + k;
-                    float xhat = (x[o] - mean) * invstd;
-                    dx[o] += gi * (dy[o] - mdy - xhat * mdyx);
-                }
+            /* dx += gi (dy - mdy - xhat mdyx) with xhat = (x - mean) invstd */
+            float cx = -gi * invstd * mdyx, c0 = -gi * mdy;
+            for (i = 0; i < n; i++) {
+                const float *dyp = dy + (i * c + ch) * s, *xp = x + (i * c + ch) * s;
+                float *dxp = dx + (i * c + ch) * s;
+                for (k = 0; k < s; k++) dxp[k] += gi * dyp[k] + cx * (xp[k] - mean) + c0;
+            }
         }
     }
 }

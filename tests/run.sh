@@ -27,6 +27,8 @@
 #      the bits of the same run on local ranks (within a tolerance where MPI_Allreduce does the sums);
 #      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
 #      they log on as many local ranks (with the Fashion-MNIST dataset)
+#   8. tests/install.sh: make install PREFIX, pkg-config, CMake find_package and add_subdirectory, cmake --install,
+#      make uninstall
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # Each test program ends with "N passed, N failed"; each compile check counts as one test.
 # The last line is the sum, "N passed, N failed"; the exit status is non-zero when anything failed.
@@ -254,6 +256,9 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
 else
     echo "FAIL mpicc or mpiexec is not installed (run tools/deps.sh: mpich, libmpich-dev)"; failed=$((failed + 1))
 fi
+
+echo "== 8. install: make install and uninstall, pkg-config, CMake (tests/install.sh)"
+. tests/install.sh
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -197,10 +197,18 @@ static void test_conv_vs_direct(void) {
                                        {4, 5, 8, 11, 3, 1, 1, 0}, {2, 4, 6, 6, 6, 1, 2, 0}, {3, 3, 10, 7, 2, 5, 1, 2},
                                        {5, 16, 8, 8, 17, 3, 1, 1}, {2, 3, 13, 13, 7, 4, 3, 2}, {9, 2, 6, 6, 3, 3, 1, 1},
                                        /* the GEMMs' k and n across their blocks (256 and 2304): 360 x 2700 */
-                                       {3, 40, 30, 30, 9, 3, 1, 1}, {7, 29, 25, 23, 5, 3, 2, 1}};
+                                       {3, 40, 30, 30, 9, 3, 1, 1}, {7, 29, 25, 23, 5, 3, 2, 1},
+                                       /* stride 1 by shifted rows (AVX-512): ResNet-20's first stage, rows and
+                                          channels not multiples of the tiles, padding past k - 1 (the input
+                                          gradient then by GEMM), a 5 x 5 window, the weight gradient over
+                                          several blocks of images */
+                                       {6, 16, 32, 32, 16, 3, 1, 1}, {4, 3, 9, 9, 13, 3, 1, 1}, {3, 2, 8, 8, 5, 3, 1, 3},
+                                       {5, 7, 5, 6, 9, 5, 1, 2}, {8, 64, 32, 32, 6, 3, 1, 1}, {4, 1, 28, 28, 32, 3, 1, 1}};
     int i;
-    for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
-        const int64_t *cs = cases[i];
+    for (i = 0; i < 2 * (int)(sizeof cases / sizeof cases[0]); i++) {
+        const int64_t *cs = cases[i / 2];
+        int64_t taken = dt__shift_taken;
+        const char *path = i % 2 ? "packed GEMM" : "shifted rows where taken";
         dt_model *m;
         dt_model_desc d;
         dt_conv_geom g;
@@ -208,7 +216,8 @@ static void test_conv_vs_direct(void) {
         float *x, *y, *dy, *yref, *dxr, *dwr, *dbr, *gr;
         char what[64];
         memset(&d, 0, sizeof d);
-        d.in_c = cs[1]; d.in_h = cs[2]; d.in_w = cs[3]; d.seed = (uint64_t)i; d.input_grad = 1;
+        d.in_c = cs[1]; d.in_h = cs[2]; d.in_w = cs[3]; d.seed = (uint64_t)(i / 2); d.input_grad = 1;
+        dt__shift_off = i % 2;   /* each case by both paths */
         CHECK_OK(dt_model_create(&m, &d));
         dt_conv2d(m, dt_model_input(m), cs[4], cs[5], cs[6], cs[7]);
         CHECK_OK(dt_model_finalize(m));
@@ -233,17 +242,23 @@ static void test_conv_vs_direct(void) {
         }
         CHECK_OK(dt_model_forward(m, x, g.n));
         CHECK_OK(dt_model_output(m, y, ys));
-        snprintf(what, sizeof what, "conv case %d forward", i);
+        snprintf(what, sizeof what, "conv case %d forward, %s", i / 2, path);
         CHECK_CLOSE(y, yref, ys, 1e-5, what);
         CHECK_OK(dt_model_backward(m, dy));
         CHECK_OK(dt_model_get_grads(m, gr, np));
-        snprintf(what, sizeof what, "conv case %d dW,db", i);
+        snprintf(what, sizeof what, "conv case %d dW,db, %s", i / 2, path);
         CHECK_CLOSE(gr, dwr, np, 1e-5, what);
-        snprintf(what, sizeof what, "conv case %d dx", i);
+        snprintf(what, sizeof what, "conv case %d dx, %s", i / 2, path);
         CHECK_CLOSE(dt_model_node_grad(m, 0), dxr, xs, 1e-5, what);
+        /* the shifted path runs where it applies (stride 1, at least an image per thread, AVX-512), never when
+           switched off */
+        if (i % 2) CHECK(dt__shift_taken == taken);
+        else if (g.sh == 1 && g.n >= dt_cpu_threads() && dt__kernel_ok(0) && dt__kernels[0].mr == 8)
+            CHECK(dt__shift_taken > taken);
         free(x); free(y); free(yref); free(dy); free(dxr); free(dwr); free(gr);
         dt_model_destroy(m);
     }
+    dt__shift_off = 0;
 }
 
 static void test_geom_errors(void) {
