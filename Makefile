@@ -11,6 +11,9 @@
 #   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
+#   make check-docs   the docs' part of make test alone (under a minute): docs/api.md names every public
+#                     declaration (tools/check_api.sh); every C block of README.md and docs/ compiles
+#                     (tools/check_snippets.sh, into build/snippets)
 #   make demo         the main job: SimpleCNN trained on Fashion-MNIST for one epoch by DDP on 4 local ranks
 #   make scaling      DDP time per epoch on 1..4 local ranks, with a chart (build/bench/scaling.png)
 #   make plots        the charts and the table in docs/fedavg-attack/ redrawn from the CSVs and logs there
@@ -196,3 +199,10 @@ uninstall:
 	-rmdir $(DESTDIR)$(PREFIX)/share/dtrain $(DESTDIR)$(PREFIX)/lib/cmake/dtrain 2>/dev/null
 
 .PHONY: install uninstall
+
+# the API reference covers the headers, and every C code block of the docs compiles (also part of make test)
+check-docs:
+	sh tools/check_api.sh
+	CC="$(CC)" sh tools/check_snippets.sh $(B)/snippets
+
+.PHONY: check-docs

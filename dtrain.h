@@ -25,18 +25,22 @@
          x = dt_maxpool2d(m, x, 2, 2, 0);
          x = dt_flatten(m, x);
          x = dt_linear(m, x, 10, 1);
-         if (dt_model_finalize(m) != DT_OK) { ... }     // plans the flat buffers, initialises weights
+         if (dt_model_finalize(m) != DT_OK) { puts(dt_last_error()); dt_model_destroy(m); return 1; }
+                                                       // ^ plans the flat buffers, initialises weights
          float loss;
          dt_model_forward(m, images, batch);           // images: [batch, 1, 28, 28] floats
          dt_model_loss_cross_entropy(m, labels, &loss); // labels: [batch] int32
-         dt_model_backward(m, NULL);                   // gradients accumulate into dt_model_grads(m)
+         dt_model_zero_grad(m);
+         dt_model_backward(m, NULL);                   // gradients accumulate into dt_model_grads(m, NULL)
          dt_model_destroy(m);
+     README.md's quick start is a whole program: a model trained by an optimizer and DDP on N ranks.
 
    DISTRIBUTED QUICK START
          static dt_result rank_main(dt_comm *c, void *arg) {    // runs once per rank
-             float g[1000];                                     // e.g. this rank's gradient
-             ...
-             return dt_comm_allreduce(c, g, 1000, DT_F32, DT_MEAN, DT_ALGO_AUTO);
+             float g[1000] = {0};                               // e.g. this rank's gradient
+             g[0] = (float)dt_comm_rank(c);
+             (void)arg;                                         // dt_launch's last argument
+             return dt_comm_allreduce(c, g, 1000, DT_F32, DT_MEAN, DT_ALGO_AUTO);   // collective
          }
          int main(int argc, char **argv) {
              dt_launch_desc ld = {0};
@@ -46,7 +50,8 @@
      ./prog --ranks 4 runs four ranks as threads of one process (the local backend). Built with mpicc
      -DDT_USE_MPI, mpiexec -n 4 ./prog runs the same source on MPI (dtrain_mpi.h).
 
-   CONFIGURATION MACROS (define before the implementation include)
+   CONFIGURATION MACROS (define before the implementation include; DT_USE_MPI and DT_USE_CUDA for every
+   file, e.g. with -D on the command line)
      | macro                    | default          | meaning                                          |
      |--------------------------|------------------|--------------------------------------------------|
      | DTRAIN_IMPLEMENTATION    | undefined        | emit the implementation in this file             |
@@ -56,8 +61,10 @@
      | DT_CONV_WORKSPACE        | 1 << 24          | elements of im2col workspace per convolution     |
      |                          |                  | chunk; larger = fewer, bigger GEMMs              |
      | DT_NO_OPENMP             | undefined        | ignore OpenMP even when compiling with -fopenmp  |
-     | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0      |
-     | DT_NO_SIMD               | undefined        | no AVX2 kernel: the portable C kernels only      |
+     | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0, one |
+     |                          |                  | local rank only, DDP does not overlap, Hogwild's |
+     |                          |                  | workers run one after another                    |
+     | DT_NO_SIMD               | undefined        | no AVX2 or AVX-512 kernels: the portable C ones  |
      | DT_USE_ZLIB              | undefined        | gzip-compressed IDX files (zlib); link -lz       |
      | DT_USE_STB_IMAGE         | undefined        | image folders: stb_image decodes, stb_image_     |
      |                          |                  | resize resizes; link -lstb (Debian libstb-dev)   |
@@ -71,6 +78,7 @@
      |                          |                  | whose desc.ops is NULL run on the GPU; link      |
      |                          |                  | dtrain_cuda.cu's object (nvcc), -lcublas -lcudart|
    The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s).
+   dtrain_cuda.h's DTRAIN_CUDA_IMPLEMENTATION, DT_CUDA_EMULATE and DT_CUDA_DEVICE are in its own manual.
 
    OPTIONAL FEATURES AND POSIX
      Without DT_USE_ZLIB and DT_USE_STB_IMAGE the header needs nothing but the C library; a .gz file or an
@@ -88,7 +96,11 @@
      (parameters, gradients, non-trainable buffers) planned once by dt_model_finalize, and an activation
      arena sized for the largest batch seen (grown outside the steady state, never inside it). Pointers
      returned by dt_model_params() and friends stay valid until dt_model_destroy. Nothing is freed by a
-     function that did not allocate it.
+     function that did not allocate it. The same holds for every object: dt_X_create allocates and
+     dt_X_destroy frees (optim, loader, comm, ddp, dpsgd, localsgd, fed; destroy accepts NULL); dataset
+     loaders fill a dt_dataset that dt_dataset_free empties, partitioners a dt_partition for
+     dt_partition_free, dt_topology_create a dt_topology for dt_topology_free. Pointers in a *_desc are
+     borrowed (they must outlive the object) or copied at create, as each field's comment says.
 
    ERRORS
      Fallible functions return dt_result (DT_OK == 0). dt_result_str(r) names the code; dt_last_error()
@@ -126,6 +138,18 @@
      Communication has its own table (dt_comm_backend): self (one rank), local (threads, here) and mpi
      (dtrain_mpi.h). The collective algorithms (naive, ring, tree) are written once over its point-to-point
      calls, so they behave and round the same on every backend; NATIVE uses the backend's own.
+
+   VERSION
+     DT_VERSION_MAJOR, DT_VERSION_MINOR, DT_VERSION_PATCH (integers) and DT_VERSION_STRING ("0.1.0") are
+     this release's version, which the first line of each of the three headers repeats: take dtrain.h,
+     dtrain_mpi.h and dtrain_cuda.h from the same release. The library is compiled into the program, so
+     the version matters at compile time only: #if DT_VERSION_MAJOR > 0 || DT_VERSION_MINOR >= 2 keeps
+     code that needs release 0.2 from older ones. Versioning is semantic: a patch release changes no
+     declaration; a minor release adds functions, constants and *_desc fields (zero keeps the old
+     behaviour) and changes or removes nothing; a major release may change or remove declarations. While
+     MAJOR is 0 (now), a minor release may change declarations too. Files have versions of their own: a
+     checkpoint records its format version, and one of another format version is refused, naming both
+     (DT_ERR_FORMAT).
 
    TABLE OF CONTENTS (declarations and implementation follow the same order)
      1. base     results and errors, allocator hooks, logging, RNG, timers

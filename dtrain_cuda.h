@@ -27,6 +27,25 @@
      dt_cuda_ops()                   the ops table; pass the context as dt_model_desc.ops_ctx
      dt_cuda_sync(cu)                waits for the context's work; its first failure, if any
      dt_cuda_destroy(cu)
+     dt_cuda_device(cu), dt_cuda_device_name(cu)   the context's GPU: index and name
+
+   QUICK START
+     A model on a context of the program's own (in a DT_USE_CUDA build, desc.ops NULL does the same with a
+     context the model creates); training is then the CPU's code, images and labels in host memory:
+         dt_cuda *cu;
+         if (dt_cuda_create(&cu, NULL) != DT_OK) { puts(dt_last_error()); return 1; }   // e.g. no GPU
+         printf("GPU %d: %s\n", dt_cuda_device(cu), dt_cuda_device_name(cu));
+         dt_model_desc d = {0};
+         d.ops = dt_cuda_ops();
+         d.ops_ctx = cu;
+         dt_model *m;
+         dt_result r = dt_zoo_create(&m, DT_ZOO_SIMPLE_CNN, 10, &d);
+         if (r != DT_OK) { puts(dt_last_error()); dt_cuda_destroy(cu); return 1; }
+         float loss;
+         dt_model_forward(m, images, batch);                   // images: host [batch, 1, 28, 28]
+         dt_model_loss_labels(m, labels, &loss);               // the loss: a host float
+         dt_model_destroy(m);                                  // everything on the context first,
+         dt_cuda_destroy(cu);                                  // then the context
 
    MEMORY
      The ops allocate managed (unified) memory by default: the model's flat parameter, gradient and
@@ -54,9 +73,19 @@
      device         the GPU's index; with desc NULL, $DT_CUDA_DEVICE or 0
      device_memory  1: cudaMalloc rather than cudaMallocManaged (see MEMORY)
 
+   MACROS
+     DT_USE_CUDA                  (dtrain.h's) in every file of a program that uses this backend
+     DTRAIN_CUDA_IMPLEMENTATION   defined by dtrain_cuda.cu, the one translation unit of the implementation
+     DT_MALLOC(n), DT_FREE(p)     dtrain.h's allocator hooks, when nvcc is given them too (-D)
+     DT_CUDA_EMULATE              for tests only: the kernels run as host loops over CUDA calls the test
+                                  supplies (tests/cuda/cuda_emu.h), so no GPU or CUDA toolkit is needed
+
    NOT YET (docs/design.md, "GPU backend")
      pinned host staging and a side stream that copies the next batch while this one trains; NCCL for
      several GPUs; explicit staged copies for the local and MPI communicators (managed memory stands in).
+
+   VERSION
+     dtrain.h's (DT_VERSION_*; see its VERSION section): take the three headers from the same release.
 */
 /* dtrain.h first (with DT_USE_CUDA it includes this file again at the end of its declarations: the
    guards DTRAIN_CUDA_H, DTRAIN_CUDA_DECLARED and DTRAIN_SHARED_DONE order the parts) */

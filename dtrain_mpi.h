@@ -18,6 +18,19 @@
      dt_comm_mpi_handle(c)                 that duplicate, for the program's own MPI calls
      dt_comm_destroy(c)                    frees it
 
+   QUICK START
+     dt_launch does all of this for a rank function; a program that runs MPI itself:
+         int provided;
+         MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+         dt_comm *c;
+         if (dt_comm_create_mpi(&c, MPI_COMM_WORLD, NULL) != DT_OK) { puts(dt_last_error()); return 1; }
+         float g[1000] = {0};                                  // e.g. this rank's gradient
+         if (dt_comm_allreduce(c, g, 1000, DT_F32, DT_MEAN, DT_ALGO_RING) != DT_OK)   // collective
+             puts(dt_last_error());
+         MPI_Barrier(dt_comm_mpi_handle(c));                   // the program's own calls, on the duplicate
+         dt_comm_destroy(c);
+         MPI_Finalize();
+
    ERRORS
      The duplicate communicator has MPI_ERRORS_RETURN: an MPI failure becomes DT_ERR_COMM with the name of
      the MPI call and MPI's own message, never an abort. Every wait has the communicator's deadline
@@ -38,6 +51,9 @@
      1 ms), so ranks oversubscribing the cores leave them to the ranks that work. MPI makes progress on a
      non-blocking collective only inside MPI calls, so the yield phase is long enough for a large one
      to run at full speed (naps from the start slowed a 16 MiB all-reduce of 2 ranks from 3 to 17 ms).
+
+   VERSION
+     dtrain.h's (DT_VERSION_*; see its VERSION section): take the three headers from the same release.
 */
 #ifndef DTRAIN_MPI_H
 #define DTRAIN_MPI_H

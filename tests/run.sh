@@ -2,6 +2,9 @@
 # tests/run.sh CC BUILD TEST... - runs the test suite in its configurations and prints the total.
 #   1. the optimised build (from make): every test program
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++
+#   2a. the docs: every public name of the three headers is in docs/api.md (tools/check_api.sh, one
+#       test); every C code block of README.md, docs/**/*.md and the headers' quick starts compiles, and
+#       the ones marked snippet-run run (tools/check_snippets.sh, one test per block)
 #   2b. the GPU backend (dtrain_cuda.h): its kernels emulated on the host (tests/cuda/cuda_emu.h, any C++
 #       compiler) and run by tests/cuda/test_cuda.c against the CPU ops, under ASan and UBSan; its public
 #       declarations as C11 and C++; and, where nvcc is installed, dtrain_cuda.cu compiled for the GPU and
@@ -72,6 +75,10 @@ done
 check "gcc C11 without threads (DT_NO_THREADS)" gcc $WARN -DDT_NO_THREADS -c "$B/check/impl.c" -o "$B/check/nothreads.o"
 check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
+
+echo "== 2a. the docs: API reference and code blocks"
+check "docs/api.md documents every public name of the headers (tools/check_api.sh)" sh tools/check_api.sh
+run "snippets" env CC="$CC" sh tools/check_snippets.sh "$B/snippets"
 
 echo "== 2b. the GPU backend (dtrain_cuda.h)"
 mkdir -p "$B/cuda"
