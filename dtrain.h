@@ -7656,11 +7656,13 @@ dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d) {
         if (strcmp(a, "--ranks") == 0) {
             if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK && (x > 4096 || x != (double)(int)x))
                 r = dt_set_error(DT_ERR_INVALID_ARG, "--ranks '%s': use a whole number from 1 to 4096", v);
-            d->ranks = (int)x; i++;
+            if (r == DT_OK) d->ranks = (int)x;   /* only a checked value: (int) of 5e9 is undefined */
+            i++;
         } else if (strcmp(a, "--threads-per-rank") == 0) {
             if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK && (x > 1024 || x != (double)(int)x))
                 r = dt_set_error(DT_ERR_INVALID_ARG, "--threads-per-rank '%s': use a whole number from 1 to 1024", v);
-            d->threads_per_rank = (int)x; i++;
+            if (r == DT_OK) d->threads_per_rank = (int)x;
+            i++;
         } else if (strcmp(a, "--algo") == 0) {
             if (!v) r = dt_set_error(DT_ERR_INVALID_ARG, "--algo needs a value: naive, ring, tree or native");
             else r = dt_algo_parse(v, &d->comm.algo);
@@ -7682,7 +7684,8 @@ dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d) {
         } else if (strcmp(a, "--trace-max-events") == 0) {
             if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK && (x > 1e12 || x != (double)(int64_t)x))
                 r = dt_set_error(DT_ERR_INVALID_ARG, "--trace-max-events '%s': use a whole number from 1 to 1e12", v);
-            d->trace_max_events = (int64_t)x; i++;
+            if (r == DT_OK) d->trace_max_events = (int64_t)x;
+            i++;
         } else {
             argv[o++] = argv[i];
             continue;

@@ -426,7 +426,8 @@ static void test_launch_parse(void) {
     {
         static const char *bad[][2] = {{"--ranks", "0"}, {"--ranks", "x"}, {"--ranks", "2.5"}, {"--ranks", "100000"},
                                        {"--algo", "foo"}, {"--timeout", "-1"}, {"--timeout", "0"}, {"--link-latency", "-0.1"},
-                                       {"--link-bandwidth", "10Q"}, {"--threads-per-rank", "0"}, {"--ranks", NULL}, {"--algo", NULL}};
+                                       {"--link-bandwidth", "10Q"}, {"--threads-per-rank", "0"}, {"--ranks", NULL}, {"--algo", NULL},
+                                       {"--ranks", "5e9"}, {"--threads-per-rank", "5e9"}, {"--trace-max-events", "1e15"}};
         for (i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
             char b0[] = "prog", b1[32], b2[32];
             char *bv[4] = {b0, b1, b2, NULL};
@@ -437,6 +438,7 @@ static void test_launch_parse(void) {
             memset(&d, 0, sizeof d);
             CHECK_ERR(dt_launch_parse(&bc, bv, &d), DT_ERR_INVALID_ARG);
             if (bad[i][1]) CHECK(strstr(dt_last_error(), bad[i][1]) != NULL);
+            CHECK(d.ranks == 0 && d.threads_per_rank == 0 && d.trace_max_events == 0);   /* a refused value is not kept */
         }
     }
     CHECK_ERR(dt_launch_parse(NULL, argv, &d), DT_ERR_INVALID_ARG);
