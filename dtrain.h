@@ -398,6 +398,12 @@ typedef struct dt_ops {
        convolution for dy [n, oc, oh, ow], using ws (ws_count floats) as scratch; returns 1 when done */
     int   (*conv_gemm_dgrad)(void *ctx, const dt_conv_geom *g, const float *W, const float *dy, float *dx, float *ws,
                              int64_t ws_count);
+    /* optional (NULL or 0 returned: the entries above): the whole convolution on [n, c, h, w] tensors, where
+       the backend has a faster way for this geometry. conv_fwd: y [n, oc, oh, ow] = conv(x, W) + b (b NULL:
+       none); conv_bwd: dW += and (dx not NULL) dx += the gradients for dy [n, oc, oh, ow] (not the bias's).
+       Both return 1 when done, 0 (having written nothing) when the caller is to take the entries above. */
+    int   (*conv_fwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y);
+    int   (*conv_bwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx);
 } dt_ops;
 
 /* The CPU backend (OpenMP when compiled with it). */
@@ -2421,20 +2427,21 @@ static void dt__shift_offsets(const dt__shift_geom *s, int64_t c0, int64_t c1, i
         for (ky = 0; ky < s->kh; ky++)
             for (kx = 0; kx < s->kw; kx++) off[k++] = (int32_t)((c - c0) * s->hp * s->wp + ky * s->wp + kx);
 }
-/* rows x len floats from src (rows lds apart) to dst (rows ldd apart), or added to dst (add 1) */
+/* rows x len floats from src (rows lds apart) to dst (rows ldd apart) plus bias, or added to dst (add 1) */
 __attribute__((target("avx512f")))
-static void dt__shift_copy(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t len, int add) {
+static void dt__shift_copy(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t len, int add,
+                           float bias) {
     __mmask16 tail = (__mmask16)((1u << (len % 16)) - 1u);
+    __m512 b = _mm512_set1_ps(bias);
     int64_t r, j, full = len / 16 * 16;
     for (r = 0; r < rows; r++, dst += ldd, src += lds) {
         for (j = 0; j < full; j += 16) {
             __m512 v = _mm512_loadu_ps(src + j);
-            _mm512_storeu_ps(dst + j, add ? _mm512_add_ps(v, _mm512_loadu_ps(dst + j)) : v);
+            _mm512_storeu_ps(dst + j, _mm512_add_ps(v, add ? _mm512_loadu_ps(dst + j) : b));
         }
         if (tail) {
             __m512 v = _mm512_maskz_loadu_ps(tail, src + j);
-            if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(tail, dst + j));
-            _mm512_mask_storeu_ps(dst + j, tail, v);
+            _mm512_mask_storeu_ps(dst + j, tail, _mm512_add_ps(v, add ? _mm512_maskz_loadu_ps(tail, dst + j) : b));
         }
     }
 }
@@ -2442,7 +2449,7 @@ static void dt__shift_copy(float *dst, int64_t ldd, const float *src, int64_t ld
 static void dt__shift_pad(const dt__shift_geom *s, const float *x, int64_t c0, int64_t c1, float *xp) {
     int64_t c;
     for (c = c0; c < c1; c++)
-        dt__shift_copy(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w, 0);
+        dt__shift_copy(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w, 0, 0.0f);
 }
 
 /* one tile of the shifted GEMM: out[i][j] = sum_k a[k][i] xp[off[k] + j], 8 rows (rows kept) x 48 columns */
@@ -2516,15 +2523,17 @@ static void dt__shift_wtile(int64_t nimg, int64_t ld, const float *d, int64_t ld
         for (j = 0; j < nk; j++) dW[i * ldw + j] += dt__hsum512(acc[i][j]);
 }
 /* One image of the shifted convolution: pads src [s->c, h, w] into xp, runs the tiles of Ap [rows, K] into
-   out (rows ld apart), then writes the kept columns to dst (rows dld apart), or adds them (add 1) */
+   out (rows ld apart), then writes the kept columns to dst [rows, oh, ow] plus bias[row] (bias NULL: none),
+   or adds them (add 1) */
 static void dt__shift_image(const dt__shift_geom *s, const float *src, const float *Ap, int64_t rows, const int32_t *off,
-                            float *xp, float *out, int64_t ld, float *dst, int64_t dld, int add) {
+                            float *xp, float *out, int64_t ld, float *dst, const float *bias, int add) {
     int64_t K = s->c * s->kh * s->kw, t, j, r;
     dt__shift_pad(s, src, 0, s->c, xp);
     for (j = 0; j < s->ns; j += 48)   /* a strip of the image, in L1, for every tile of rows */
         for (t = 0; t < rows; t += 8)
             dt__shift_tile(K, Ap + t * K, xp + j, off, out + t * ld + j, ld, rows - t < 8 ? (int)(rows - t) : 8);
-    for (r = 0; r < rows; r++) dt__shift_copy(dst + r * dld, s->ow, out + r * ld, s->wp, s->oh, s->ow, add);
+    for (r = 0; r < rows; r++)
+        dt__shift_copy(dst + r * s->oh * s->ow, s->ow, out + r * ld, s->wp, s->oh, s->ow, add, bias ? bias[r] : 0.0f);
 }
 
 /* A [rows, K] packed for dt__shift_tile: per tile of 8 rows, K groups of 8 (rows past the end are zero).
@@ -2544,14 +2553,13 @@ static void dt__shift_pack_a(const float *W, int64_t rows, int64_t K, int flip, 
 }
 
 /* The shifted convolution of n images src [n, s->c, h, w] with the packed kernel Ap [rows, c*kh*kw] on
-   `threads` threads, each image's output [rows, oh, ow] written (add 0) to dst as t [rows, n*S]
-   (S = oh * ow), or added (add 1) to dst as [n, rows, oh, ow]. ws: threads * need floats, need from
-   dt__shift_run_need. */
+   `threads` threads: dst [n, rows, oh, ow] = it + bias (add 0; bias NULL: none), or += it (add 1).
+   ws: threads * need floats, need from dt__shift_run_need. */
 static int64_t dt__shift_run_need(const dt__shift_geom *s, int64_t rows) {
     return s->plane + rows * ((s->ns + 47) / 48 * 48) + s->c * s->kh * s->kw + 16;
 }
-static void dt__shift_run(const dt__shift_geom *s, int64_t n, const float *src, const float *Ap, int64_t rows, float *dst, int add,
-                          float *ws, int64_t need, int threads) {
+static void dt__shift_run(const dt__shift_geom *s, int64_t n, const float *src, const float *Ap, int64_t rows, float *dst,
+                          const float *bias, int add, float *ws, int64_t need, int threads) {
     int64_t ld = (s->ns + 47) / 48 * 48, S = s->oh * s->ow;
     DT__OMP(parallel num_threads(threads) if (threads > 1))
     {
@@ -2569,16 +2577,15 @@ static void dt__shift_run(const dt__shift_geom *s, int64_t n, const float *src, 
         dt__shift_offsets(s, 0, s->c, off);
         DT__OMP(for schedule(static))
         for (img = 0; img < n; img++)
-            dt__shift_image(s, src + img * s->c * s->h * s->w, Ap, rows, off, xp, out, ld,
-                            add ? dst + img * rows * S : dst + img * S, add ? S : n * S, add);
+            dt__shift_image(s, src + img * s->c * s->h * s->w, Ap, rows, off, xp, out, ld, dst + img * rows * S, bias, add);
     }
     (void)threads;
 }
 
-/* The shifted weight gradient dW [oc, c*kh*kw] += t col^T of geometry g, t = dy as [oc, n*S], on ws
+/* The shifted weight gradient dW [oc, c*kh*kw] += dy col^T of geometry g, dy [n, oc, oh, ow], on ws
    (ws_count floats for `threads` threads); 0 when that is too small. The threads split dW into a grid of
    row ranges x channel ranges; each pads its channels of a block of images and sums over every image. */
-static int dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *t, float *dW, float *ws, int64_t ws_count,
+static int dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *dy, float *dW, float *ws, int64_t ws_count,
                            int threads) {
     dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
     int64_t kk = g->kh * g->kw, K = g->c * kk, S = g->oh * g->ow, ld = (s.ns + 15) / 16 * 16, per = ws_count / threads;
@@ -2616,7 +2623,8 @@ static int dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *t
                 for (img = 0; img < m; img++) {
                     dt__shift_pad(&s, x + (b0 + img) * g->c * g->h * g->w, c0, c1, xb + img * xstride);
                     for (o = o0; o < o1; o++)
-                        dt__shift_copy(db + (img * nco + o - o0) * ld, s.wp, t + (o * g->n + b0 + img) * S, g->ow, g->oh, g->ow, 0);
+                        dt__shift_copy(db + (img * nco + o - o0) * ld, s.wp, dy + ((b0 + img) * g->oc + o) * S, g->ow, g->oh, g->ow, 0,
+                                       0.0f);
                 }
                 for (o = o0; o < o1; o += 4)
                     for (k = 0; k < K0; k += 4)
@@ -2628,48 +2636,60 @@ static int dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *t
     return 1;
 }
 
-/* 1 when this CPU and geometry take the shifted path */
-static int dt__shift_usable(const dt_conv_geom *g) {
-    return !dt__shift_off && g->sh == 1 && g->sw == 1 && g->kw + 64 <= DT__SHIFT_SLACK &&
-           g->oc * g->c * g->kh * g->kw <= DT__SHIFT_MAX_W && __builtin_cpu_supports("avx512f");
+/* The forward pass (grad 0: y = conv(x, W) + b) or the input gradient (grad 1: dx += the convolution of dy
+   with the flipped kernel) by shifted rows on the model's workspace. Each thread takes whole images. */
+static void dt__shift_conv(dt__cpu_state *st, const dt_conv_geom *g, const float *W, const float *src, const float *b, float *dst,
+                           int grad, int threads) {
+    int64_t kk = g->kh * g->kw, rows = grad ? g->c : g->oc, K = (grad ? g->oc : g->c) * kk, ap = (rows + 7) / 8 * 8 * K;
+    dt__shift_geom s = grad ? dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw)
+                            : dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
+    dt__shift_pack_a(W, rows, K, grad, kk, st->gemm_ws);
+    dt__shift_run(&s, g->n, src, st->gemm_ws, rows, dst, b, grad, st->gemm_ws + ap, dt__shift_run_need(&s, rows), threads);
 }
-
-/* The forward pass (grad 0: t [oc, n*S] = W col(x)) or the input gradient (grad 1: dx += the convolution of
-   dy with the flipped kernel) by shifted rows on the model's workspace; 0 when not taken. Each thread
-   takes whole images: with fewer images than threads the packed GEMM shares better. */
-static int dt__shift_conv(void *ctx, const dt_conv_geom *g, const float *W, const float *src, float *dst, int grad) {
+/* 1 when the shifted path takes this convolution (forward, or grad: both gradients) on the model's
+   workspace with `threads` threads: stride 1, AVX-512, a kernel small enough for the caches, at least an
+   image per thread (with fewer, the packed GEMM shares better), the input gradient's padding k - 1 - p
+   not negative, and the workspace large enough */
+static int dt__shift_fits(const dt__cpu_state *st, const dt_conv_geom *g, int grad, int threads) {
+    int64_t kk = g->kh * g->kw;
+    dt__shift_geom s;
+    if (!st || !st->gemm_ws || dt__shift_off || g->sh != 1 || g->sw != 1 || g->kw + 64 > DT__SHIFT_SLACK ||
+        g->oc * g->c * kk > DT__SHIFT_MAX_W || g->n < threads || !__builtin_cpu_supports("avx512f"))
+        return 0;
+    s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
+    if (!grad) return (g->oc + 7) / 8 * 8 * g->c * kk + threads * dt__shift_run_need(&s, g->oc) <= st->gemm_ws_count;
+    /* the weight gradient: one image of every channel and row per thread */
+    if (st->gemm_ws_count / threads < s.plane + (g->oc + 3) / 4 * 4 * ((s.ns + 15) / 16 * 16) + g->c * kk + 16) return 0;
+    if (g->ph > g->kh - 1 || g->pw > g->kw - 1) return 0;
+    s = dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw);
+    return (g->c + 7) / 8 * 8 * g->oc * kk + threads * dt__shift_run_need(&s, g->c) <= st->gemm_ws_count;
+}
+static int dt__cpu_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
     dt__cpu_state *st = (dt__cpu_state *)ctx;
     int threads = dt_cpu_threads();
-    int64_t kk = g->kh * g->kw, rows = grad ? g->c : g->oc, K = (grad ? g->oc : g->c) * kk, ap = (rows + 7) / 8 * 8 * K, need;
-    dt__shift_geom s;
-    if (!st || !st->gemm_ws || !dt__shift_usable(g) || g->n < threads) return 0;
-    if (grad && (g->ph > g->kh - 1 || g->pw > g->kw - 1)) return 0;
-    s = grad ? dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw)
-             : dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
-    need = dt__shift_run_need(&s, rows);
-    if (ap + threads * need > st->gemm_ws_count) return 0;
-    dt__shift_pack_a(W, rows, K, grad, kk, st->gemm_ws);
-    dt__shift_run(&s, g->n, src, st->gemm_ws, rows, dst, grad, st->gemm_ws + ap, need, threads);
+    if (!dt__shift_fits(st, g, 0, threads)) return 0;
+    dt__shift_conv(st, g, W, x, b, y, 0, threads);
     dt__shift_taken++;
     return 1;
 }
-/* dW += t col^T by shifted rows on the model's workspace; 0 when not taken */
-static int dt__shift_wgrad_op(void *ctx, const dt_conv_geom *g, const float *x, const float *t, float *dW) {
+static int dt__cpu_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW,
+                            float *dx) {
     dt__cpu_state *st = (dt__cpu_state *)ctx;
     int threads = dt_cpu_threads();
-    if (!st || !st->gemm_ws || !dt__shift_usable(g)) return 0;
-    if (dt__gemm_ws_threads(st->gemm_ws_count) < threads) threads = dt__gemm_ws_threads(st->gemm_ws_count);
-    if (threads < 1 || !dt__shift_wgrad(g, x, t, dW, st->gemm_ws, st->gemm_ws_count, threads)) return 0;
+    if (!dt__shift_fits(st, g, 1, threads)) return 0;
+    dt__shift_wgrad(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
+    if (dx) dt__shift_conv(st, g, W, dy, NULL, dx, 1, threads);
     dt__shift_taken++;
     return 1;
 }
 #else
-static int dt__shift_conv(void *ctx, const dt_conv_geom *g, const float *W, const float *src, float *dst, int grad) {
-    (void)ctx; (void)g; (void)W; (void)src; (void)dst; (void)grad; (void)dt__shift_off; (void)dt__shift_taken;
+static int dt__cpu_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
+    (void)ctx; (void)g; (void)x; (void)W; (void)b; (void)y; (void)dt__shift_off; (void)dt__shift_taken;
     return 0;
 }
-static int dt__shift_wgrad_op(void *ctx, const dt_conv_geom *g, const float *x, const float *t, float *dW) {
-    (void)ctx; (void)g; (void)x; (void)t; (void)dW;
+static int dt__cpu_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW,
+                            float *dx) {
+    (void)ctx; (void)g; (void)x; (void)W; (void)dy; (void)dW; (void)dx;
     return 0;
 }
 #endif
@@ -2678,14 +2698,12 @@ static int dt__shift_wgrad_op(void *ctx, const dt_conv_geom *g, const float *x, 
 static void dt__cpu_conv_gemm_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, float *t) {
     int64_t ckk = g->c * g->kh * g->kw, ns = g->n * g->oh * g->ow;
     dt__bsrc bs;
-    if (dt__shift_conv(ctx, g, W, x, t, 0)) return;
     bs.B = x; bs.ldb = 0; bs.tb = 0; bs.g = g;
     dt__cpu_gemm_src(ctx, 0, g->oc, ns, ckk, 1.0f, W, ckk, &bs, 0.0f, t, ns);
 }
 static void dt__cpu_conv_gemm_wgrad(void *ctx, const dt_conv_geom *g, const float *x, const float *t, float *dW) {
     int64_t ckk = g->c * g->kh * g->kw, ns = g->n * g->oh * g->ow;
     dt__bsrc bs;
-    if (dt__shift_wgrad_op(ctx, g, x, t, dW)) return;
     bs.B = x; bs.ldb = 0; bs.tb = 1; bs.g = g;
     dt__cpu_gemm_src(ctx, 0, g->oc, ckk, ns, 1.0f, t, ns, &bs, 1.0f, dW, ckk);
 }
@@ -2698,7 +2716,6 @@ static int dt__cpu_conv_gemm_dgrad(void *ctx, const dt_conv_geom *g, const float
     dt_conv_geom gt = *g;
     dt__bsrc bs;
     float *Wt = ws, *t = ws + wn;
-    if (dt__shift_conv(ctx, g, W, dy, dx, 1)) return 1;
     if (g->sh != 1 || g->sw != 1 || g->ph > g->kh - 1 || g->pw > g->kw - 1 || wn + g->c * g->n * hw > ws_count) return 0;
     gt.c = g->oc; gt.h = g->oh; gt.w = g->ow; gt.oc = g->c; gt.ph = g->kh - 1 - g->ph; gt.pw = g->kw - 1 - g->pw;
     gt.oh = g->h; gt.ow = g->w;
@@ -3177,7 +3194,7 @@ static const dt_ops dt__cpu_ops_table = {
     dt__cpu_softmax_xent, dt__cpu_nll, dt__cpu_mse, dt__cpu_count_correct,
     dt__cpu_sum_squares, dt__cpu_sgd_step, dt__cpu_adam_step,
     NULL,  /* sync: the CPU ops finish before they return */
-    dt__cpu_conv_gemm_fwd, dt__cpu_conv_gemm_wgrad, dt__cpu_conv_gemm_dgrad
+    dt__cpu_conv_gemm_fwd, dt__cpu_conv_gemm_wgrad, dt__cpu_conv_gemm_dgrad, dt__cpu_conv_fwd, dt__cpu_conv_bwd
 };
 
 const dt_ops *dt_cpu_ops(void) { return &dt__cpu_ops_table; }
@@ -3729,6 +3746,7 @@ static void dt__conv_fwd(dt_model *m, const dt__node *n, int64_t batch) {
     dt_conv_geom g = dt__geom(m, n, batch);
     int64_t ckk = g.c * g.kh * g.kw, S = g.oh * g.ow, per = (ckk + g.oc) * S, nb = m->ws_count / per, i0;
     const float *x = m->nodes[n->in0].out, *W = dt__pv(m, n, 0), *b = n->has_bias ? dt__pv(m, n, 1) : NULL;
+    if (O->conv_fwd && O->conv_fwd(m->ctx, &g, x, W, b, n->out)) return;
     if (nb < 1) nb = 1;
     for (i0 = 0; i0 < batch; i0 += nb) {
         dt_conv_geom gc = g;
@@ -3752,6 +3770,7 @@ static void dt__conv_bwd(dt_model *m, const dt__node *n, int64_t batch, float *d
     float *dW = dt__gv(m, n, 0);
     if (nb < 1) nb = 1;
     if (n->has_bias) O->channel_sum_bwd(m->ctx, dt__gv(m, n, 1), n->grad, batch, g.oc, S);
+    if (O->conv_bwd && O->conv_bwd(m->ctx, &g, x, W, n->grad, dW, dx)) return;
     for (i0 = 0; i0 < batch; i0 += nb) {
         dt_conv_geom gc = g;
         float *col = m->ws, *t;

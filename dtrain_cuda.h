@@ -872,7 +872,8 @@ static const dt_ops dt__cuda_ops_table = {
     dt__cu_softmax_xent, dt__cu_nll, dt__cu_mse, dt__cu_count_correct,
     dt__cu_sum_squares, dt__cu_sgd_step, dt__cu_adam_step,
     dt__cu_sync,
-    NULL, NULL, NULL   /* conv_gemm_fwd, conv_gemm_wgrad, conv_gemm_dgrad: im2col or col2im, and cuBLAS */
+    NULL, NULL, NULL,  /* conv_gemm_fwd, conv_gemm_wgrad, conv_gemm_dgrad: im2col or col2im, and cuBLAS */
+    NULL, NULL         /* conv_fwd, conv_bwd: the same */
 };
 
 /* ---- contexts --------------------------------------------------------------------------------- */
