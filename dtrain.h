@@ -2526,9 +2526,14 @@ static void dt__shift_image(const dt__shift_geom *s, const float *src, const flo
                             float *xp, float *out, int64_t ld, float *dst, const float *bias, int add) {
     int64_t K = s->c * s->kh * s->kw, t, j, r;
     dt__shift_pad(s, src, 0, s->c, xp);
-    for (j = 0; j < s->ns; j += 48)   /* a strip of the image, in L1, for every tile of rows */
+    if (K * 48 <= 8192)   /* a strip of the image fits in L1: it serves every tile of rows */
+        for (j = 0; j < s->ns; j += 48)
+            for (t = 0; t < rows; t += 8)
+                dt__shift_tile(K, Ap + t * K, xp + j, off, out + t * ld + j, ld, rows - t < 8 ? (int)(rows - t) : 8);
+    else                  /* a tile of rows of the kernel stays in L1 while the image streams from L2 */
         for (t = 0; t < rows; t += 8)
-            dt__shift_tile(K, Ap + t * K, xp + j, off, out + t * ld + j, ld, rows - t < 8 ? (int)(rows - t) : 8);
+            for (j = 0; j < s->ns; j += 48)
+                dt__shift_tile(K, Ap + t * K, xp + j, off, out + t * ld + j, ld, rows - t < 8 ? (int)(rows - t) : 8);
     for (r = 0; r < rows; r++)
         dt__shift_copy(dst + r * s->oh * s->ow, s->ow, out + r * ld, s->wp, s->oh, s->ow, add, bias ? bias[r] : 0.0f);
 }
