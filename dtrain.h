@@ -2831,6 +2831,30 @@ static void dt__cpu_channel_sum_bwd(void *ctx, float *db, const float *dy, int64
 static void dt__cpu_maxpool_fwd(void *ctx, const dt_conv_geom *g, const float *x, float *y, int32_t *idx) {
     int64_t nc;
     (void)ctx;
+    if (g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0) {
+        /* 2 x 2, stride 2: every window inside; selects instead of branches (which the data mispredicts).
+           A tap replaces the best unless the best is NaN or the tap is <= it: first maximum, first NaN. */
+        DT__OMP(parallel for if (g->n * g->c * g->oh * g->ow * 4 > DT__PAR_MIN))
+        for (nc = 0; nc < g->n * g->c; nc++) {
+            int64_t oy, ox, w = g->w;
+            for (oy = 0; oy < g->oh; oy++) {
+                const float *r0 = x + nc * g->h * w + 2 * oy * w, *r1 = r0 + w;
+                float *yo = y + (nc * g->oh + oy) * g->ow;
+                int32_t *io = idx + (nc * g->oh + oy) * g->ow, i0 = (int32_t)(2 * oy * w);
+                for (ox = 0; ox < g->ow; ox++) {
+                    float best = r0[2 * ox], v;
+                    int32_t bi = i0 + 2 * (int32_t)ox, t;
+                    v = r0[2 * ox + 1]; t = best == best && !(v <= best); best = t ? v : best; bi = t ? i0 + 2 * (int32_t)ox + 1 : bi;
+                    v = r1[2 * ox];     t = best == best && !(v <= best); best = t ? v : best; bi = t ? i0 + (int32_t)w + 2 * (int32_t)ox : bi;
+                    v = r1[2 * ox + 1]; t = best == best && !(v <= best); best = t ? v : best;
+                    bi = t ? i0 + (int32_t)w + 2 * (int32_t)ox + 1 : bi;
+                    yo[ox] = best;
+                    io[ox] = bi;
+                }
+            }
+        }
+        return;
+    }
     DT__OMP(parallel for if (g->n * g->c * g->oh * g->ow * g->kh * g->kw > DT__PAR_MIN))
     for (nc = 0; nc < g->n * g->c; nc++) {
         const float *xp = x + nc * g->h * g->w;

@@ -130,6 +130,39 @@ static void test_torch_maxpool(void) {
     const char *cases[] = {"maxpool_a", "maxpool_b", "maxpool_c"};
     pool_cases(cases, 3, 1);
 }
+/* Max pooling's ties and NaN, by the 2 x 2 stride-2 path and the general one (a 2 x 2 window at stride 1 on
+   the same rows): the first maximum in scan order wins, a NaN wins over numbers and the first NaN over
+   later ones; the gradient goes to the winner only. */
+static void test_maxpool_ties_nan(void) {
+    const float nan = (float)NAN;
+    /* one 2 x 8 image: windows (cols 0-1) tie 3,3 / 3,1 -> first; (2-3) 1 NaN / 5 NaN -> first NaN (row 0);
+       (4-5) -1 -1 / -1 -1 -> first; (6-7) 0 2 / 7 7 -> row 1's first 7 */
+    static const float img[16] = {3, 3, 1, 0, -1, -1, 0, 2, 3, 1, 5, 0, -1, -1, 7, 7};
+    float x[16], y[4], dy[4] = {1, 2, 3, 4}, dx[16], want_dx[16] = {1, 0, 0, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0};
+    int stride, i;
+    memcpy(x, img, sizeof x);
+    x[3] = nan; x[11] = nan;
+    for (stride = 2; stride >= 1; stride--) {
+        dt_model *m = new_model(1, 2, 8);
+        int node = dt_maxpool2d(m, 0, 2, stride, 0);
+        CHECK_OK(dt_model_finalize(m));
+        CHECK_OK(dt_model_forward(m, x, 1));
+        if (stride == 2) {
+            CHECK(dt_model_node_size(m, node) == 4);
+            CHECK_OK(dt_model_output(m, y, 4));
+            CHECK(y[0] == 3 && y[1] != y[1] && y[2] == -1 && y[3] == 7);
+            CHECK_OK(dt_model_backward(m, dy));
+            memcpy(dx, dt_model_node_grad(m, 0), sizeof dx);
+            for (i = 0; i < 16; i++) CHECK(dx[i] == want_dx[i]);
+        } else {   /* windows at columns 0, 2, 4, 6 of the stride-1 output are the same windows */
+            float y1[7];
+            CHECK(dt_model_node_size(m, node) == 7);
+            CHECK_OK(dt_model_output(m, y1, 7));
+            CHECK(y1[0] == 3 && y1[2] != y1[2] && y1[4] == -1 && y1[6] == 7);
+        }
+        dt_model_destroy(m);
+    }
+}
 static void test_torch_avgpool(void) {
     const char *cases[] = {"avgpool_a", "avgpool_b"};
     pool_cases(cases, 2, 0);
@@ -441,6 +474,7 @@ int main(int argc, char **argv) {
     RUN(test_torch_linear);
     RUN(test_torch_conv2d);
     RUN(test_torch_maxpool);
+    RUN(test_maxpool_ties_nan);
     RUN(test_torch_avgpool);
     RUN(test_torch_gap_relu_logsoftmax_shortcut);
     RUN(test_torch_batchnorm);
