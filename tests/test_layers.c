@@ -162,6 +162,35 @@ static void test_maxpool_ties_nan(void) {
         }
         dt_model_destroy(m);
     }
+    {   /* rows long enough for the vector path (32 columns a step) and its scalar tail: 2 x 2 images of 2 x 70
+           from {-1, 0, 1, NaN}, so ties and NaN are everywhere; each window against the rule */
+        float xs[2 * 140], ys[2 * 35], dys[2 * 35], dxs[2 * 140];
+        dt_model *m = new_model(2, 2, 70);
+        uint64_t st = 7;
+        int k;
+        for (i = 0; i < 2 * 140; i++) {
+            st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+            k = (int)(st >> 60) % 4;
+            xs[i] = k == 3 ? nan : (float)(k - 1);
+        }
+        for (i = 0; i < 2 * 35; i++) dys[i] = (float)(i + 1);
+        dt_maxpool2d(m, 0, 2, 2, 0);
+        CHECK_OK(dt_model_finalize(m));
+        CHECK_OK(dt_model_forward(m, xs, 1));
+        CHECK_OK(dt_model_output(m, ys, 2 * 35));
+        CHECK_OK(dt_model_backward(m, dys));
+        memcpy(dxs, dt_model_node_grad(m, 0), sizeof dxs);
+        for (i = 0; i < 2 * 35; i++) {
+            const float *w0 = xs + (i / 35) * 140 + 2 * (i % 35);
+            const int taps[4] = {0, 1, 70, 71};
+            int t, win = 0;
+            for (t = 1; t < 4; t++)
+                if (w0[taps[win]] == w0[taps[win]] && !(w0[taps[t]] <= w0[taps[win]])) win = t;
+            CHECK(ys[i] == w0[taps[win]] || (ys[i] != ys[i] && w0[taps[win]] != w0[taps[win]]));
+            for (t = 0; t < 4; t++) CHECK(dxs[w0 + taps[t] - xs] == (t == win ? dys[i] : 0.0f));
+        }
+        dt_model_destroy(m);
+    }
 }
 static void test_torch_avgpool(void) {
     const char *cases[] = {"avgpool_a", "avgpool_b"};
