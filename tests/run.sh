@@ -16,6 +16,8 @@
 # most all-reduce algorithms.
 #   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one; --trace
 #      writes a timeline
+#   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
+#       (tools/docs_check.sh, as make docs-check)
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
 #      tests/mpi/test_trace_mpi.c (the timeline gathered on rank 0) under mpiexec -n 2;
@@ -186,6 +188,11 @@ else
     echo "skipped tools/plot.sh chart check: gnuplot is not installed (tools/deps.sh gnuplot-nox)"
 fi
 rm -rf "$T"
+
+echo "== 5b. the tutorial: its experiments, shortened, and its quotations of the examples"
+for md in docs/tutorial/*.md; do
+    check "$md: its commands run and its quotations are current" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
+done
 
 echo "== 6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
 mkdir -p "$B/fuzz"

@@ -18,6 +18,7 @@
 # Commands that draw with tools/plot.sh are skipped when gnuplot is missing; the examples' training runs (and
 # the charts drawn from them) when Fashion-MNIST is. Each command, file and quotation is one check; the last
 # line is "N passed, N failed", and the exit status is non-zero when anything failed.
+# DOCS_CHECK_QUIET=1 prints only what failed or was skipped, and the total.
 # DOCS_CHECK_FULL=1 runs the commands as the chapters show them, from the repository root: the experiments
 # at full length, which redraws the committed charts in docs/tutorial/img (BUILD must then be build).
 B=${1:-build}
@@ -31,7 +32,7 @@ DATA=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 have_data=1; [ -f "$DATA" ] || have_data=0
 have_gnuplot=1; command -v gnuplot >/dev/null 2>&1 || have_gnuplot=0
 TIMEOUT=${DOCS_CHECK_TIMEOUT:-600}
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
+ok() { [ -n "$DOCS_CHECK_QUIET" ] || echo "ok   $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1"; [ -n "$2" ] && printf '%s\n' "$2" | sed 's/^/     /'; failed=$((failed + 1)); }
 skip() { echo "skip $1"; skipped=$((skipped + 1)); }
 US=$(printf '\037')   # the field separator of items: not whitespace, so empty fields stay
@@ -116,7 +117,7 @@ for md in "$@"; do
     R=$S
     if [ -n "$DOCS_CHECK_FULL" ]; then R=$ROOT; mkdir -p "$ROOT/build/tutorial" "$ROOT/docs/tutorial/img"; fi
     mkdir -p "$S/build/tutorial"
-    echo "== $md (in $R)"
+    [ -n "$DOCS_CHECK_QUIET" ] || echo "== $md (in $R)"
     training_skipped=0
     items "$md" "$R" "$S" > "$S/.items" || { fail "$md: cannot be read"; continue; }
     while IFS="$US" read -r kind line a b c d; do
