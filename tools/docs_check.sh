@@ -54,10 +54,10 @@ items() {   # items CHAPTER RUNDIR SCRATCH
     fence == 0 && /^<!-- docs-check: / {
         m = $0; sub(/^<!-- docs-check: */, "", m); sub(/ *-->.*$/, "", m)
         kind = m; sub(/ .*/, "", kind); rest = m; if (rest ~ / /) sub(/^[^ ]* */, "", rest); else rest = ""
-        pending = kind; pending_arg = rest; pending_line = NR; next
+        pending = kind; pending_arg = rest; next
     }
     fence == 0 && /^```/ {
-        fence = 1; info = substr($0, 4); body = ""; nb = 0; start = NR
+        fence = 1; info = substr($0, 4); start = NR
         mode = "none"
         if (pending == "run") mode = "run"
         else if (pending == "file") { mode = "file"; out = dir "/" pending_arg; printf "" > out }
@@ -98,7 +98,7 @@ shorten() {   # shorten FLAGS COMMAND
     c=$2
     set -- $1
     while [ $# -ge 2 ]; do
-        c=$(printf '%s\n' "$c" | sed "s/\\(^\\| \\)$1 [^ ]*/\\1$1 $2/g")
+        c=$(printf '%s\n' "$c" | sed "s#\\(^\\| \\)$1 [^ ]*#\\1$1 $2#g")
         shift 2
     done
     printf '%s\n' "$c"
@@ -134,7 +134,7 @@ for md in "$@"; do
             lines=$b; [ "$c" != "$b" ] && lines=$b-$c
             if sed -n "${b},${c}p" "$a" | cmp -s - "$d"; then ok "$where: quotes $a:$lines"; continue; fi
             first=$(head -n 1 "$d")
-            now=$(grep -nxF -- "$first" "$a" | head -n 3 | cut -d: -f1 | tr '\n' ' ')
+            now=$(grep -nxF -- "$first" "$a" | head -n 3 | cut -d: -f1 | tr '\n' ' ' | sed 's/ $//')
             fail "$where: the quotation of $a:$lines differs from the file" \
                 "$(printf 'its first line is now at line(s) %s of %s; the quoted lines are:\n%s\nthe file has:\n%s' \
                     "${now:-none}" "$a" "$(cat "$d")" "$(sed -n "${b},${c}p" "$a")")"
@@ -150,6 +150,7 @@ for md in "$@"; do
             *build/examples/*)
                 if [ $have_data -eq 0 ]; then skip "$where: $cmd (Fashion-MNIST is not installed)"; training_skipped=1; continue; fi ;;
             esac
+            for f in $(outputs "$cmd"); do rm -f "$R/$f"; done   # a file left by an earlier run proves nothing
             t0=$(date +%s)
             (cd "$R" && timeout "$TIMEOUT" sh -c "$cmd" < /dev/null) > "$S/.out" 2>&1; rc=$?
             secs=$(( $(date +%s) - t0 ))
