@@ -150,6 +150,9 @@ done
 for args in "--sync allgather" "--bucket-kb 0" "--accum" "--dataset folder" "--ranks 0"; do
     check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
+for args in "--partition shardz" "--alpha 0"; do
+    check "fedavg $args: exit 2 with a message" expect_status 2 "$B/examples/fedavg" $args
+done
 check "train on a missing directory: exit 1 naming it" sh -c "'$B/examples/train' --data '$T/none' 2>&1 >/dev/null | grep -q '$T/none'"
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     # stopped after epoch 1 and resumed = never stopped: the CSV rows agree to the last digit
