@@ -23,6 +23,8 @@
 #   make bench-slownet D-PSGD against DDP on 8 local ranks behind an emulated slow network, with a chart
 #                     (build/bench/slownet.png; about 5 minutes)
 #   make bench-buckets DDP time per epoch over bucket sizes, ranks and emulated networks (about 25 minutes)
+#   make docs-check   the tutorial's experiments (docs/tutorial), shortened, and its quotations of the examples
+#                     (tools/docs_check.sh; DOCS_CHECK_FULL=1: at full length, redrawing docs/tutorial/img)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make install      the headers, dtrain.pc / dtrain-full.pc (pkg-config) and the CMake package (find_package:
 #                     dtrain::dtrain) into PREFIX (default /usr/local), under DESTDIR if set; make uninstall
@@ -122,6 +124,12 @@ fedavg-attack: $(B)/examples/fedavg
 	sh tools/fedavg_attack.sh $(B) $(B)/fedavg-attack
 
 .PHONY: plots fedavg-attack
+
+# the tutorial's commands, shortened, and its quotations of the examples
+docs-check: $(addprefix $(B)/examples/,$(EXAMPLES))
+	DOCS_CHECK_FULL=$(DOCS_CHECK_FULL) sh tools/docs_check.sh $(B)
+
+.PHONY: docs-check
 
 bench-slownet: $(B)/examples/ddp $(B)/examples/dpsgd
 	sh bench/slownet.sh $(B)

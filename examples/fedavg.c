@@ -94,6 +94,11 @@ static int parse_args(int argc, char **argv, args *a) {
         fprintf(stderr, "fedavg: unknown --attack '%s': use none, labelflip, signflip or noise\n", a->attack);
         return -1;
     }
+    if (strcmp(a->partition, "iid") && strcmp(a->partition, "shards") && strcmp(a->partition, "dirichlet")) {
+        fprintf(stderr, "fedavg: unknown --partition '%s': use iid, shards or dirichlet\n", a->partition);
+        return -1;
+    }
+    if (!(a->alpha > 0.0)) { fprintf(stderr, "fedavg: --alpha must be > 0 (0.1 = strong label skew, 100 = near IID)\n"); return -1; }
     if (a->attackers > a->clients) { fprintf(stderr, "fedavg: --attackers %ld > --clients %ld\n", a->attackers, a->clients); return -1; }
     return 0;
 }

@@ -19,6 +19,8 @@
 # most all-reduce algorithms.
 #   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one; --trace
 #      writes a timeline
+#   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
+#       (tools/docs_check.sh, as make docs-check)
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
 #      tests/mpi/test_trace_mpi.c (the timeline gathered on rank 0) under mpiexec -n 2;
@@ -157,6 +159,9 @@ done
 for args in "--sync allgather" "--bucket-kb 0" "--accum" "--dataset folder" "--ranks 0"; do
     check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
+for args in "--partition shardz" "--alpha 0"; do
+    check "fedavg $args: exit 2 with a message" expect_status 2 "$B/examples/fedavg" $args
+done
 check "train on a missing directory: exit 1 naming it" sh -c "'$B/examples/train' --data '$T/none' 2>&1 >/dev/null | grep -q '$T/none'"
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     # stopped after epoch 1 and resumed = never stopped: the CSV rows agree to the last digit
@@ -195,6 +200,11 @@ else
     echo "skipped tools/plot.sh chart check: gnuplot is not installed (tools/deps.sh gnuplot-nox)"
 fi
 rm -rf "$T"
+
+echo "== 5b. the tutorial: its experiments, shortened, and its quotations of the examples"
+for md in docs/tutorial/*.md; do
+    check "$md: its commands run and its quotations are current" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
+done
 
 echo "== 6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
 mkdir -p "$B/fuzz"

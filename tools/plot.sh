@@ -8,7 +8,8 @@
 #   *_acc, *_top5 or *_rate hold fractions and are drawn in percent. OUT defaults to curves.png.
 #   e.g. tools/plot.sh -o ranks.png -t "DDP, SimpleCNN" ddp1.csv="1 rank" ddp4.csv="4 ranks"
 #        tools/plot.sh -y test_acc -y class_acc clean.csv=clean flip.csv="1 label flipper"
-# Exit status 2 (with a message) for a bad flag, a missing file or a file without an asked column;
+# Exit status 2 (with a message) for a bad flag, a missing file, a file without an asked column or an OUT whose
+# directory does not exist;
 # 1 when gnuplot is missing (tools/deps.sh gnuplot-nox) or fails.
 out=curves.png; title=""; x=""; ys=""
 usage() { echo "usage: tools/plot.sh [-o OUT.png] [-t TITLE] [-x COLUMN] [-y COLUMN]... CSV[=LINE_TITLE]..." >&2; exit 2; }
@@ -44,6 +45,8 @@ for arg in "$@"; do
         exit 2
     done
 done
+# gnuplot writes the PNG to standard output when it cannot open OUT, so a missing directory is refused first
+[ -d "$(dirname "$out")" ] || { echo "tools/plot.sh: cannot write $out: no directory $(dirname "$out")" >&2; exit 2; }
 command -v gnuplot >/dev/null 2>&1 || { echo "tools/plot.sh: gnuplot is not installed (tools/deps.sh gnuplot-nox)" >&2; exit 1; }
 
 # the line titles, and the widest, for the key right of the last panel

@@ -1,0 +1,172 @@
+#!/bin/sh
+# tools/docs_check.sh [BUILD] [CHAPTER.md]... - runs the tutorial's experiments, shortened, and checks its
+# quotations of the examples (make docs-check; tests/run.sh runs it too). Without CHAPTERs: every
+# docs/tutorial/*.md. In a chapter:
+#   <!-- docs-check: run [--FLAG VALUE]... -->   before a ```sh block: every command of the block (lines
+#       ending in a backslash joined) runs, in order, from a scratch directory laid out like the repository
+#       root (build/examples, tools, examples and dtrain.h linked from the repository and BUILD; build/tutorial
+#       and docs/tutorial/img empty, so the committed charts are not touched). Each --FLAG VALUE of the marker
+#       replaces the value of that flag in every command that has the flag (--epochs 1, --limit 512, ...):
+#       the commands run are the ones the chapter shows, shorter. A command passes when it exits 0 within
+#       $DOCS_CHECK_TIMEOUT seconds (default 600) and every file it names after --csv or -o exists and is not
+#       empty (a .png must be a PNG).
+#   <!-- docs-check: file NAME -->   before a fenced block: the block is written to NAME (under build/tutorial/)
+#       for the commands after it (a program they compile).
+#   A ```text block right after a line that ends with a citation `FILE:A-B` (or `FILE:A`) quotes the
+#       repository's FILE: it must be lines A to B of FILE, exactly. Every other citation FILE:A-B in the
+#       chapters must lie within FILE.
+# Commands that draw with tools/plot.sh are skipped when gnuplot is missing; the examples' training runs (and
+# the charts drawn from them) when Fashion-MNIST is. Each command, file and quotation is one check; the last
+# line is "N passed, N failed", and the exit status is non-zero when anything failed.
+# DOCS_CHECK_QUIET=1 prints only what failed or was skipped, and the total.
+# DOCS_CHECK_FULL=1 runs the commands as the chapters show them, from the repository root: the experiments
+# at full length, which redraws the committed charts in docs/tutorial/img (BUILD must then be build).
+B=${1:-build}
+[ $# -gt 0 ] && shift
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 1
+[ $# -gt 0 ] || set -- docs/tutorial/*.md
+case $B in /*) BABS=$B ;; *) BABS=$ROOT/$B ;; esac
+passed=0; failed=0; skipped=0
+DATA=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+have_data=1; [ -f "$DATA" ] || have_data=0
+have_gnuplot=1; command -v gnuplot >/dev/null 2>&1 || have_gnuplot=0
+TIMEOUT=${DOCS_CHECK_TIMEOUT:-600}
+ok() { [ -n "$DOCS_CHECK_QUIET" ] || echo "ok   $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1"; [ -n "$2" ] && printf '%s\n' "$2" | sed 's/^/     /'; failed=$((failed + 1)); }
+skip() { echo "skip $1"; skipped=$((skipped + 1)); }
+US=$(printf '\037')   # the field separator of items: not whitespace, so empty fields stay
+
+# One chapter's items in document order, one per line, fields separated by $US: RUN LINE FLAGS COMMAND;
+# FILE LINE NAME (the block written to SCRATCH/NAME); QUOTE LINE FILE A B BLOCKFILE (the quoted lines written to
+# BLOCKFILE); CITE LINE FILE A B.
+items() {   # items CHAPTER RUNDIR SCRATCH
+    awk -v dir="$2" -v qdir="$3" -v US="$US" '
+    function cites(s, line,   t, f, a, b) {   # every FILE:A or FILE:A-B in s
+        while (match(s, /[A-Za-z0-9_.\/-]+\.(c|h|sh|md):[0-9]+(-[0-9]+)?/)) {
+            t = substr(s, RSTART, RLENGTH); s = substr(s, RSTART + RLENGTH)
+            f = t; sub(/:.*/, "", f); a = t; sub(/^[^:]*:/, "", a); b = a
+            if (a ~ /-/) { sub(/-.*/, "", a); sub(/^[^-]*-/, "", b) }
+            if (f !~ /^(http|www)/) printf "CITE%s%d%s%s%s%d%s%d\n", US, line, US, f, US, a, US, b
+        }
+    }
+    BEGIN { fence = 0; nq = 0 }
+    fence == 0 && /^<!-- docs-check: / {
+        m = $0; sub(/^<!-- docs-check: */, "", m); sub(/ *-->.*$/, "", m)
+        kind = m; sub(/ .*/, "", kind); rest = m; if (rest ~ / /) sub(/^[^ ]* */, "", rest); else rest = ""
+        pending = kind; pending_arg = rest; next
+    }
+    fence == 0 && /^```/ {
+        fence = 1; info = substr($0, 4); start = NR
+        mode = "none"
+        if (pending == "run") mode = "run"
+        else if (pending == "file") { mode = "file"; out = dir "/" pending_arg; printf "" > out }
+        else if (info == "text" && prev ~ /`[A-Za-z0-9_.\/-]+\.(c|h|sh):[0-9]+(-[0-9]+)?`:?[ \t]*$/) {
+            mode = "quote"; q = prev; sub(/`:?[ \t]*$/, "", q); sub(/.*`/, "", q)
+            qf = q; sub(/:.*/, "", qf); qa = q; sub(/^[^:]*:/, "", qa); qb = qa
+            if (qa ~ /-/) { sub(/-.*/, "", qa); sub(/^[^-]*-/, "", qb) }
+            out = qdir "/.quote" (++nq); printf "" > out
+        }
+        pending = ""; cmd = ""; cmdline = 0; next
+    }
+    fence == 1 && /^```/ {
+        fence = 0
+        if (mode == "file" || mode == "quote") close(out)
+        if (mode == "quote") printf "QUOTE%s%d%s%s%s%d%s%d%s%s\n", US, start - 1, US, qf, US, qa, US, qb, US, out
+        if (mode == "file") printf "FILE%s%d%s%s\n", US, start, US, pending_arg
+        prev = $0; next
+    }
+    fence == 1 {
+        if (mode == "file" || mode == "quote") print > out
+        else if (mode == "run") {
+            line = $0
+            if (cmd == "") cmdline = NR
+            if (line ~ /\\$/) { sub(/\\$/, "", line); cmd = cmd line; next }
+            cmd = cmd line
+            sub(/^[ \t]+/, "", cmd)
+            if (cmd != "" && cmd !~ /^#/) printf "RUN%s%d%s%s%s%s\n", US, cmdline, US, pending_arg, US, cmd
+            cmd = ""
+        }
+        next
+    }
+    { if (!($0 ~ /^[ \t]*$/)) prev = $0; cites($0, NR) }
+    ' "$1"
+}
+
+# the command with each "--FLAG VALUE" of flags put in place of that flag's value where it has the flag
+shorten() {   # shorten FLAGS COMMAND
+    c=$2
+    set -- $1
+    while [ $# -ge 2 ]; do
+        c=$(printf '%s\n' "$c" | sed "s#\\(^\\| \\)$1 [^ ]*#\\1$1 $2#g")
+        shift 2
+    done
+    printf '%s\n' "$c"
+}
+
+# the files a command writes: the word after --csv, and after -o
+outputs() { printf '%s\n' "$1" | awk '{ for (i = 1; i < NF; i++) if ($i == "--csv" || $i == "-o") print $(i + 1) }' | tr -d "'\""; }
+
+for md in "$@"; do
+    [ -f "$md" ] || { fail "$md: no such chapter"; continue; }
+    name=$(basename "$md" .md)
+    S=$BABS/docs-check/$name
+    rm -rf "$S" && mkdir -p "$S/build" "$S/docs/tutorial/img" || { fail "$md: cannot make $S"; continue; }
+    ln -s "$BABS/examples" "$S/build/examples"
+    ln -s "$ROOT/tools" "$S/tools"; ln -s "$ROOT/examples" "$S/examples"; ln -s "$ROOT/dtrain.h" "$S/dtrain.h"
+    R=$S
+    if [ -n "$DOCS_CHECK_FULL" ]; then R=$ROOT; mkdir -p "$ROOT/build/tutorial" "$ROOT/docs/tutorial/img"; fi
+    mkdir -p "$S/build/tutorial"
+    [ -n "$DOCS_CHECK_QUIET" ] || echo "== $md (in $R)"
+    training_skipped=0
+    items "$md" "$R" "$S" > "$S/.items" || { fail "$md: cannot be read"; continue; }
+    while IFS="$US" read -r kind line a b c d; do
+        where="$md:$line"
+        case $kind in
+        FILE) ok "$where: $a written" ;;
+        CITE)
+            n=$(wc -l < "$a" 2>/dev/null)
+            if [ ! -f "$a" ]; then fail "$where: cites $a, which does not exist"
+            elif [ "$b" -lt 1 ] || [ "$c" -lt "$b" ] || [ "$c" -gt "$n" ]; then fail "$where: cites $a:$b-$c, but $a has $n lines"
+            fi ;;
+        QUOTE)
+            if [ ! -f "$a" ]; then fail "$where: quotes $a, which does not exist"; continue; fi
+            lines=$b; [ "$c" != "$b" ] && lines=$b-$c
+            if sed -n "${b},${c}p" "$a" | cmp -s - "$d"; then ok "$where: quotes $a:$lines"; continue; fi
+            first=$(head -n 1 "$d")
+            now=$(grep -nxF -- "$first" "$a" | head -n 3 | cut -d: -f1 | tr '\n' ' ' | sed 's/ $//')
+            fail "$where: the quotation of $a:$lines differs from the file" \
+                "$(printf 'its first line is now at line(s) %s of %s; the quoted lines are:\n%s\nthe file has:\n%s' \
+                    "${now:-none}" "$a" "$(cat "$d")" "$(sed -n "${b},${c}p" "$a")")"
+            ;;
+        RUN)
+            cmd=$b
+            [ -n "$DOCS_CHECK_FULL" ] || cmd=$(shorten "$a" "$b")
+            case $cmd in
+            *tools/plot.sh*)
+                if [ $have_gnuplot -eq 0 ]; then skip "$where: $cmd (gnuplot is not installed)"; continue; fi
+                if [ $training_skipped -eq 1 ]; then skip "$where: $cmd (its runs were skipped)"; continue; fi ;;
+            *build/examples/allreduce*) ;;
+            *build/examples/*)
+                if [ $have_data -eq 0 ]; then skip "$where: $cmd (Fashion-MNIST is not installed)"; training_skipped=1; continue; fi ;;
+            esac
+            for f in $(outputs "$cmd"); do rm -f "$R/$f"; done   # a file left by an earlier run proves nothing
+            t0=$(date +%s)
+            (cd "$R" && timeout "$TIMEOUT" sh -c "$cmd" < /dev/null) > "$S/.out" 2>&1; rc=$?
+            secs=$(( $(date +%s) - t0 ))
+            [ -n "$DOCS_CHECK_FULL" ] && sed 's/^/     | /' "$S/.out"
+            if [ $rc -ne 0 ]; then fail "$where: $cmd (exit $rc after ${secs}s)" "$(tail -n 15 "$S/.out")"; continue; fi
+            bad=""
+            for f in $(outputs "$cmd"); do
+                if [ ! -s "$R/$f" ]; then bad="$bad $f (missing or empty)"
+                else case $f in *.png) [ "$(head -c 4 "$R/$f" | tail -c 3)" = PNG ] || bad="$bad $f (not a PNG)" ;; esac
+                fi
+            done
+            if [ -n "$bad" ]; then fail "$where: $cmd: no output:$bad"; else ok "$where: $cmd (${secs}s)"; fi
+            ;;
+        esac
+    done < "$S/.items"
+done
+[ $skipped -gt 0 ] && echo "skipped $skipped commands (see above)"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
