@@ -2811,19 +2811,14 @@ static void dt__cpu_ncs_to_cs(void *ctx, float *t, const float *y, int64_t n, in
         memcpy(t + ch * n * s + i * s, y + nc * s, sizeof(float) * (size_t)s);
     }
 }
+static void dt__bn_sums(const float *x, const float *y, int64_t n, int64_t cs, int64_t s, double *sx, double *sxy);
 static void dt__cpu_channel_sum_bwd(void *ctx, float *db, const float *dy, int64_t n, int64_t c, int64_t s) {
     int64_t ch;
     (void)ctx;
     DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
-    for (ch = 0; ch < c; ch++) {
-        double acc = 0.0;
-        int64_t i, k;
-        for (i = 0; i < n; i++) {
-            const float *p = dy + (i * c + ch) * s;
-            float part = 0.0f;
-            for (k = 0; k < s; k++) part += p[k];
-            acc += part;
-        }
+    for (ch = 0; ch < c; ch++) {   /* in double on independent lanes, as batch norm's sums */
+        double acc, sq;
+        dt__bn_sums(dy + ch * s, NULL, n, c * s, s, &acc, &sq);
         db[ch] += (float)acc;
     }
 }
