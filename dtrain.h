@@ -2612,7 +2612,9 @@ static int dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *d
             nco = o1 - o0; K0 = (c1 - c0) * kk;
             xstride = (c1 - c0) * s.hp * s.wp + DT__SHIFT_SLACK;
             per_img = xstride + nco * ld;
-            nb = ((per - K0 - 16) < (1 << 18) ? (per - K0 - 16) : (1 << 18)) / per_img;   /* about 1 MB of images */
+            /* about 1 MB of images, counted for all channels and rows, so the blocks (and with them the order
+               of the sums) are the same for every thread count */
+            nb = ((per - K - 16) < (1 << 18) ? (per - K - 16) : (1 << 18)) / (s.plane + 4 * ot * ld);
             if (nb < 1) nb = 1;
             if (nb > g->n) nb = g->n;
             off = (int32_t *)(ws + tid * per);

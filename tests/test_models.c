@@ -4,6 +4,9 @@
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static void test_zoo_param_counts(void) {
     /* the numbers PyTorch prints for the same architectures (tests/fixtures/param_counts.txt) */
@@ -223,6 +226,43 @@ static void test_accumulate_and_batches(void) {
     dt_model_destroy(m);
 }
 
+/* The thread count changes no bit: every sum (GEMM, shifted convolutions, batch norm, reductions) is taken
+   in one order by one thread, whichever threads there are. One step of SimpleCNN, ResNet-20 and VGG-11 on 1,
+   2 and 3 threads: loss, output and every gradient equal to the last bit. */
+static void test_threads_same_bits(void) {
+#ifdef _OPENMP
+    static const dt_zoo_model zs[] = {DT_ZOO_SIMPLE_CNN, DT_ZOO_RESNET20, DT_ZOO_VGG11};
+    int zi, t, saved = omp_get_max_threads();
+    for (zi = 0; zi < 3; zi++) {
+        float *x, *g[3], loss[3];
+        int32_t y[6] = {0, 1, 2, 3, 4, 5};
+        int64_t np = 0, in = zs[zi] == DT_ZOO_SIMPLE_CNN ? 784 : 3 * 32 * 32;
+        x = (float *)malloc(sizeof(float) * (size_t)(6 * in));
+        dt_t_fill(x, 6 * in, -1, 1);
+        for (t = 0; t < 3; t++) {
+            dt_model *m = NULL;
+            omp_set_num_threads(t + 1);
+            CHECK_OK(dt_zoo_create(&m, zs[zi], 0, NULL));   /* the workspace is sized for the threads */
+            if (!m) break;
+            dt_model_params(m, &np);
+            g[t] = (float *)malloc(sizeof(float) * (size_t)np);
+            CHECK_OK(dt_model_forward(m, x, 6));
+            CHECK_OK(dt_model_loss_labels(m, y, &loss[t]));
+            CHECK_OK(dt_model_backward(m, NULL));
+            CHECK_OK(dt_model_get_grads(m, g[t], np));
+            if (t > 0) {
+                CHECK(loss[t] == loss[0]);
+                CHECK(memcmp(g[t], g[0], sizeof(float) * (size_t)np) == 0);
+            }
+            dt_model_destroy(m);
+        }
+        omp_set_num_threads(saved);
+        for (t = 0; t < 3; t++) free(g[t]);
+        free(x);
+    }
+#endif
+}
+
 /* Train mode uses batch statistics and updates running ones; eval uses running ones; correct counts. */
 static void test_train_eval(void) {
     dt_model *m;
@@ -300,6 +340,7 @@ int main(int argc, char **argv) {
     RUN(test_torch_resnet20);
     RUN(test_init);
     RUN(test_accumulate_and_batches);
+    RUN(test_threads_same_bits);
     RUN(test_train_eval);
     RUN(test_builder);
     return dt_t_summary();
