@@ -2542,9 +2542,10 @@ static void dt__shift_image(const dt__shift_geom *s, const float *src, const flo
    flip: row r, column (o, ky, kx) is W[o][r][kh-1-ky][kw-1-kx] of W [oc = K / kk, rows, kh, kw] (the input
    gradient's kernel), else A is W [rows, K] itself. */
 static void dt__shift_pack_a(const float *W, int64_t rows, int64_t K, int flip, int64_t kk, float *Ap) {
-    int64_t t, k, i, nt = (rows + 7) / 8;
+    int64_t t, nt = (rows + 7) / 8;
     DT__OMP(parallel for if (nt * K * 8 > DT__PAR_MIN))
-    for (t = 0; t < nt; t++)
+    for (t = 0; t < nt; t++) {
+        int64_t k, i;   /* declared here: private to each thread */
         for (k = 0; k < K; k++)
             for (i = 0; i < 8; i++) {
                 int64_t r = t * 8 + i;
@@ -2552,6 +2553,7 @@ static void dt__shift_pack_a(const float *W, int64_t rows, int64_t K, int flip, 
                 if (r < rows) v = flip ? W[((k / kk) * rows + r) * kk + (kk - 1 - k % kk)] : W[r * K + k];
                 Ap[(t * K + k) * 8 + i] = v;
             }
+    }
 }
 
 /* The shifted convolution of n images src [n, s->c, h, w] with the packed kernel Ap [rows, c*kh*kw] on
@@ -2740,19 +2742,23 @@ static int dt__cpu_conv_gemm_dgrad(void *ctx, const dt_conv_geom *g, const float
     }
     return 1;
 }
+/* (In C, OpenMP makes only the parallel loop's own variable private: inner loops declare theirs inside.) */
 static void dt__cpu_add_row_bias(void *ctx, float *y, const float *b, int64_t rows, int64_t cols) {
-    int64_t r, i;
+    int64_t r;
     (void)ctx;
     DT__OMP(parallel for if (rows * cols > DT__PAR_MIN))
-    for (r = 0; r < rows; r++)
+    for (r = 0; r < rows; r++) {
+        int64_t i;
         for (i = 0; i < cols; i++) y[r * cols + i] += b[i];
+    }
 }
 static void dt__cpu_sum_rows_bwd(void *ctx, float *db, const float *dy, int64_t rows, int64_t cols) {
-    int64_t r, i;
+    int64_t i;
     (void)ctx;
     DT__OMP(parallel for if (rows * cols > DT__PAR_MIN))
     for (i = 0; i < cols; i++) {
         float acc = 0.0f;
+        int64_t r;
         for (r = 0; r < rows; r++) acc += dy[r * cols + i];
         db[i] += acc;
     }

@@ -203,7 +203,9 @@ static void test_conv_vs_direct(void) {
                                           gradient then by GEMM), a 5 x 5 window, the weight gradient over
                                           several blocks of images */
                                        {6, 16, 32, 32, 16, 3, 1, 1}, {4, 3, 9, 9, 13, 3, 1, 1}, {3, 2, 8, 8, 5, 3, 1, 3},
-                                       {5, 7, 5, 6, 9, 5, 1, 2}, {8, 64, 32, 32, 6, 3, 1, 1}, {4, 1, 28, 28, 32, 3, 1, 1}};
+                                       {5, 7, 5, 6, 9, 5, 1, 2}, {8, 64, 32, 32, 6, 3, 1, 1}, {4, 1, 28, 28, 32, 3, 1, 1},
+                                       /* SimpleCNN's conv2 at 16 images: the packing shared by the threads */
+                                       {16, 32, 14, 14, 64, 3, 1, 1}};
     int i;
     for (i = 0; i < 2 * (int)(sizeof cases / sizeof cases[0]); i++) {
         const int64_t *cs = cases[i / 2];
