@@ -2832,13 +2832,18 @@ static void dt__cpu_channel_sum_bwd(void *ctx, float *db, const float *dy, int64
 }
 
 #ifdef DT__X86
-/* 16 outputs of a 2 x 2 stride-2 max pooling row with AVX-512: rows r0, r1 from column 2 * ox0 on, the
-   indices from i0 (the window's first tap) on; the same selects as the scalar loop */
+/* cnt (at most 16) outputs of a 2 x 2 stride-2 max pooling row with AVX-512: rows r0, r1 from column
+   2 * ox0 on, the indices from i0 (the window's first tap) on; the same selects as the scalar loop. Masked
+   loads and stores: nothing past the 2 * cnt columns is touched. */
 __attribute__((target("avx512f")))
-static void dt__maxpool2_avx512(const float *r0, const float *r1, int64_t w, int32_t i0, float *yo, int32_t *io) {
+static void dt__maxpool2_avx512(const float *r0, const float *r1, int64_t w, int32_t i0, float *yo, int32_t *io, int cnt) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    __m512 a0 = _mm512_loadu_ps(r0), a1 = _mm512_loadu_ps(r0 + 16), b0 = _mm512_loadu_ps(r1), b1 = _mm512_loadu_ps(r1 + 16);
+    __mmask16 lo = (__mmask16)(cnt >= 8 ? 0xFFFF : (1u << (2 * cnt)) - 1u),
+              hi = (__mmask16)(cnt <= 8 ? 0 : cnt >= 16 ? 0xFFFF : (1u << (2 * cnt - 16)) - 1u),
+              out = (__mmask16)(cnt >= 16 ? 0xFFFF : (1u << cnt) - 1u);
+    __m512 a0 = _mm512_maskz_loadu_ps(lo, r0), a1 = _mm512_maskz_loadu_ps(hi, r0 + 16), b0 = _mm512_maskz_loadu_ps(lo, r1),
+           b1 = _mm512_maskz_loadu_ps(hi, r1 + 16);
     __m512 tap[4], best;
     __m512i first = _mm512_add_epi32(_mm512_set1_epi32(i0), _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                                                               11, 12, 13, 14, 15), 1));
@@ -2853,8 +2858,8 @@ static void dt__maxpool2_avx512(const float *r0, const float *r1, int64_t w, int
         best = _mm512_mask_blend_ps(t, best, tap[k]);
         bi = _mm512_mask_blend_epi32(t, bi, _mm512_add_epi32(first, off[k]));
     }
-    _mm512_storeu_ps(yo, best);
-    _mm512_storeu_si512((void *)io, bi);
+    _mm512_mask_storeu_ps(yo, out, best);
+    _mm512_mask_storeu_epi32((void *)io, out, bi);
 }
 #endif
 static void dt__cpu_maxpool_fwd(void *ctx, const dt_conv_geom *g, const float *x, float *y, int32_t *idx) {
@@ -2877,8 +2882,10 @@ static void dt__cpu_maxpool_fwd(void *ctx, const dt_conv_geom *g, const float *x
                 int32_t *io = idx + (nc * g->oh + oy) * g->ow, i0 = (int32_t)(2 * oy * w);
                 ox = 0;
 #ifdef DT__X86
-                if (simd)   /* 32 columns a step, while they are inside the row */
-                    for (; 2 * ox + 32 <= w; ox += 16) dt__maxpool2_avx512(r0 + 2 * ox, r1 + 2 * ox, w, i0 + 2 * (int32_t)ox, yo + ox, io + ox);
+                if (simd)   /* 16 outputs a step, the last step masked */
+                    for (; ox < g->ow; ox += 16)
+                        dt__maxpool2_avx512(r0 + 2 * ox, r1 + 2 * ox, w, i0 + 2 * (int32_t)ox, yo + ox, io + ox,
+                                            g->ow - ox < 16 ? (int)(g->ow - ox) : 16);
 #endif
                 for (; ox < g->ow; ox++) {
                     float best = r0[2 * ox], v;
