@@ -2586,15 +2586,20 @@ static void dt__shift_run(const dt__shift_geom *s, int64_t n, const float *src, 
     (void)threads;
 }
 
+/* Floats the weight gradient takes per image of s's geometry when one thread has all oc rows: the padded
+   image and dy's rows in s's layout (a multiple of 16 long). A thread needs one image's worth plus an offset
+   table of c * kh * kw + 16. */
+static int64_t dt__shift_wgrad_image(const dt__shift_geom *s, int64_t oc) {
+    return s->plane + (oc + 3) / 4 * 4 * ((s->ns + 15) / 16 * 16);
+}
 /* The shifted weight gradient dW [oc, c*kh*kw] += dy col^T of geometry g, dy [n, oc, oh, ow], on ws
-   (ws_count floats for `threads` threads); 0 when that is too small. The threads split dW into a grid of
+   (ws_count floats for `threads` threads, as dt__shift_fits checked). The threads split dW into a grid of
    row ranges x channel ranges; each pads its channels of a block of images and sums over every image. */
-static int dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *dy, float *dW, float *ws, int64_t ws_count,
-                           int threads) {
+static void dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *dy, float *dW, float *ws, int64_t ws_count,
+                            int threads) {
     dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
     int64_t kk = g->kh * g->kw, K = g->c * kk, S = g->oh * g->ow, ld = (s.ns + 15) / 16 * 16, per = ws_count / threads;
     int64_t ot = (g->oc + 3) / 4;
-    if (per < s.plane + 4 * ot * ld + K + 16) return 0;   /* one image of every channel and row */
     DT__OMP(parallel num_threads(threads) if (threads > 1))
     {
         int tid = 0, nt = 1;
@@ -2616,7 +2621,7 @@ static int dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *d
             per_img = xstride + nco * ld;
             /* about 1 MB of images, counted for all channels and rows, so the blocks (and with them the order
                of the sums) are the same for every thread count */
-            nb = ((per - K - 16) < (1 << 18) ? (per - K - 16) : (1 << 18)) / (s.plane + 4 * ot * ld);
+            nb = ((per - K - 16) < (1 << 18) ? (per - K - 16) : (1 << 18)) / dt__shift_wgrad_image(&s, g->oc);
             if (nb < 1) nb = 1;
             if (nb > g->n) nb = g->n;
             off = (int32_t *)(ws + tid * per);
@@ -2639,7 +2644,6 @@ static int dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *d
             }
         }
     }
-    return 1;
 }
 
 /* The forward pass (grad 0: y = conv(x, W) + b) or the input gradient (grad 1: dx += the convolution of dy
@@ -2665,7 +2669,7 @@ static int dt__shift_fits(const dt__cpu_state *st, const dt_conv_geom *g, int gr
     s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
     if (!grad) return (g->oc + 7) / 8 * 8 * g->c * kk + threads * dt__shift_run_need(&s, g->oc) <= st->gemm_ws_count;
     /* the weight gradient: one image of every channel and row per thread */
-    if (st->gemm_ws_count / threads < s.plane + (g->oc + 3) / 4 * 4 * ((s.ns + 15) / 16 * 16) + g->c * kk + 16) return 0;
+    if (st->gemm_ws_count / threads < dt__shift_wgrad_image(&s, g->oc) + g->c * kk + 16) return 0;
     if (g->ph > g->kh - 1 || g->pw > g->kw - 1) return 0;
     s = dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw);
     return (g->c + 7) / 8 * 8 * g->oc * kk + threads * dt__shift_run_need(&s, g->c) <= st->gemm_ws_count;
