@@ -400,10 +400,25 @@ typedef struct dt_ops {
                              int64_t ws_count);
     /* optional (NULL or 0 returned: the entries above): the whole convolution on [n, c, h, w] tensors, where
        the backend has a faster way for this geometry. conv_fwd: y [n, oc, oh, ow] = conv(x, W) + b (b NULL:
-       none); conv_bwd: dW += and (dx not NULL) dx += the gradients for dy [n, oc, oh, ow] (not the bias's).
-       Both return 1 when done, 0 (having written nothing) when the caller is to take the entries above. */
+       none); conv_bwd: dW += and (dx not NULL) dx += (accumulate 1) or = (accumulate 0) the gradients for
+       dy [n, oc, oh, ow] (not the bias's). Both return 1 when done, 0 (having written nothing) when the caller
+       is to take the entries above. */
     int   (*conv_fwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y);
-    int   (*conv_bwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx);
+    int   (*conv_bwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
+                      int accumulate);
+    /* optional pairs (NULL: the layers one by one): a ReLU fused into the layer before it, when the ReLU is
+       that layer's only reader. bn_relu_fwd: y = max(0, bn(x)), arguments as bn_fwd's; bn_relu_bwd: bn_bwd's
+       gradients for the ReLU's output y and its gradient dy, with dx += (accumulate 1) or = (0); dx may be
+       NULL. add_relu_fwd: y = max(0, a + b); add_relu_bwd: da and db (each may be NULL) += or = (acc_a,
+       acc_b) dy where y > 0, else 0. Both members of a pair are given, or neither. */
+    void  (*bn_relu_fwd)(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
+                         const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
+                         float *save_mean, float *save_invstd);
+    void  (*bn_relu_bwd)(void *ctx, int training, const float *x, const float *y, const float *dy, float *dx, int accumulate,
+                         int64_t n, int64_t c, int64_t s, const float *gamma, const float *save_mean,
+                         const float *save_invstd, float *dgamma, float *dbeta);
+    void  (*add_relu_fwd)(void *ctx, float *y, const float *a, const float *b, int64_t n);
+    void  (*add_relu_bwd)(void *ctx, const float *y, const float *dy, float *da, int acc_a, float *db, int acc_b, int64_t n);
 } dt_ops;
 
 /* The CPU backend (OpenMP when compiled with it). */
@@ -543,7 +558,9 @@ dt_layer_kind dt_model_node_kind(const dt_model *m, int node);
 const char *dt_model_node_name(const dt_model *m, int node);
 int64_t     dt_model_node_size(const dt_model *m, int node);          /* per-sample element count */
 int         dt_model_node_shape(const dt_model *m, int node, int64_t shape[3]); /* returns ndim (1 or 3) */
-/* Read access to a node's activation or gradient of the last pass ([batch, size], backend memory). */
+/* Read access to a node's activation or gradient of the last pass ([batch, size], backend memory). NULL
+   for a batch norm or add whose only reader is a ReLU, when the backend runs the ReLU inside it (the CPU
+   does): that output is never stored; the ReLU's is. */
 const float *dt_model_node_output(const dt_model *m, int node);
 const float *dt_model_node_grad(const dt_model *m, int node);
 /* Writes a table of the layers, shapes and parameter counts (like torchsummary) with dt_log(INFO). */
@@ -2646,15 +2663,16 @@ static void dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *
     }
 }
 
-/* The forward pass (grad 0: y = conv(x, W) + b) or the input gradient (grad 1: dx += the convolution of dy
-   with the flipped kernel) by shifted rows on the model's workspace. Each thread takes whole images. */
+/* The forward pass (grad 0: y = conv(x, W) + b) or the input gradient (grad 1: dx = the convolution of dy
+   with the flipped kernel, or dx += it with add 1) by shifted rows on the model's workspace. Each thread
+   takes whole images. */
 static void dt__shift_conv(dt__cpu_state *st, const dt_conv_geom *g, const float *W, const float *src, const float *b, float *dst,
-                           int grad, int threads) {
+                           int grad, int add, int threads) {
     int64_t kk = g->kh * g->kw, rows = grad ? g->c : g->oc, K = (grad ? g->oc : g->c) * kk, ap = (rows + 7) / 8 * 8 * K;
     dt__shift_geom s = grad ? dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw)
                             : dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
     dt__shift_pack_a(W, rows, K, grad, kk, st->gemm_ws);
-    dt__shift_run(&s, g->n, src, st->gemm_ws, rows, dst, b, grad, st->gemm_ws + ap, dt__shift_run_need(&s, rows), threads);
+    dt__shift_run(&s, g->n, src, st->gemm_ws, rows, dst, b, add, st->gemm_ws + ap, dt__shift_run_need(&s, rows), threads);
 }
 /* 1 when the shifted path takes this convolution (forward, or grad: both gradients) on the model's
    workspace with `threads` threads: stride 1, AVX-512, a kernel small enough for the caches, at least an
@@ -2678,17 +2696,17 @@ static int dt__cpu_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, co
     dt__cpu_state *st = (dt__cpu_state *)ctx;
     int threads = dt_cpu_threads();
     if (!dt__shift_fits(st, g, 0, threads)) return 0;
-    dt__shift_conv(st, g, W, x, b, y, 0, threads);
+    dt__shift_conv(st, g, W, x, b, y, 0, 0, threads);
     dt__shift_taken++;
     return 1;
 }
 static int dt__cpu_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW,
-                            float *dx) {
+                            float *dx, int accumulate) {
     dt__cpu_state *st = (dt__cpu_state *)ctx;
     int threads = dt_cpu_threads();
     if (!dt__shift_fits(st, g, 1, threads)) return 0;
     dt__shift_wgrad(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
-    if (dx) dt__shift_conv(st, g, W, dy, NULL, dx, 1, threads);
+    if (dx) dt__shift_conv(st, g, W, dy, NULL, dx, 1, accumulate != 0, threads);
     dt__shift_taken++;
     return 1;
 }
@@ -2698,8 +2716,8 @@ static int dt__cpu_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, co
     return 0;
 }
 static int dt__cpu_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW,
-                            float *dx) {
-    (void)ctx; (void)g; (void)x; (void)W; (void)dy; (void)dW; (void)dx;
+                            float *dx, int accumulate) {
+    (void)ctx; (void)g; (void)x; (void)W; (void)dy; (void)dW; (void)dx; (void)accumulate;
     return 0;
 }
 #endif
@@ -2823,14 +2841,15 @@ static void dt__cpu_ncs_to_cs(void *ctx, float *t, const float *y, int64_t n, in
         memcpy(t + ch * n * s + i * s, y + nc * s, sizeof(float) * (size_t)s);
     }
 }
-static void dt__bn_sums(const float *x, const float *y, int64_t n, int64_t cs, int64_t s, double *sx, double *sxy);
+static void dt__bn_sums(const float *x, const float *y, const float *mk, int64_t n, int64_t cs, int64_t s, double *sx,
+                        double *sxy);
 static void dt__cpu_channel_sum_bwd(void *ctx, float *db, const float *dy, int64_t n, int64_t c, int64_t s) {
     int64_t ch;
     (void)ctx;
     DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
     for (ch = 0; ch < c; ch++) {   /* in double on independent lanes, as batch norm's sums */
         double acc, sq;
-        dt__bn_sums(dy + ch * s, NULL, n, c * s, s, &acc, &sq);
+        dt__bn_sums(dy + ch * s, NULL, NULL, n, c * s, s, &acc, &sq);
         db[ch] += (float)acc;
     }
 }
@@ -3029,55 +3048,62 @@ static void dt__cpu_mul_bwd(void *ctx, const float *dy, const float *mask, float
 
 /* Sums over the n rows of s floats, rows cs apart, of x and of x*x (y NULL) or of x and x*y, in double on 8
    independent lanes (which the compiler turns into vector adds; one chain of double adds would wait on
-   each add's latency), added pairwise at the end */
+   each add's latency), added pairwise at the end. mk not NULL: x counts as 0 where mk (laid out as x) is
+   not > 0 (the gradient through a ReLU whose output is mk). */
 #ifdef DT__X86
 /* the same sums with AVX-512: 16 floats a step into four vectors of 8 doubles; the lanes then added as
    dt__bn_sums adds its 8 */
 __attribute__((target("avx512f")))
-static void dt__bn_sums512(const float *x, const float *y, int64_t n, int64_t cs, int64_t s, double *a, double *b) {
+static void dt__bn_sums512(const float *x, const float *y, const float *mk, int64_t n, int64_t cs, int64_t s, double *a,
+                           double *b) {
     __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd(), b0 = _mm512_setzero_pd(), b1 = _mm512_setzero_pd();
     int64_t i, k;
     for (i = 0; i < n; i++) {
-        const float *p = x + i * cs, *q = (y ? y : x) + i * cs;
+        const float *p = x + i * cs, *q = (y ? y : x) + i * cs, *r = mk ? mk + i * cs : NULL;
         for (k = 0; k + 16 <= s; k += 16) {
             /* maskz: the plain conversion trips GCC 12's C++ -Wmaybe-uninitialized inside its own header */
-            __m512d p0 = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(p + k)),
-                    p1 = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(p + k + 8));
+            __mmask16 keep = r ? _mm512_cmp_ps_mask(_mm512_loadu_ps(r + k), _mm512_setzero_ps(), _CMP_GT_OQ) : 0xFFFF;
+            __m512d p0 = _mm512_maskz_cvtps_pd((__mmask8)keep, _mm256_loadu_ps(p + k)),
+                    p1 = _mm512_maskz_cvtps_pd((__mmask8)(keep >> 8), _mm256_loadu_ps(p + k + 8));
             __m512d q0 = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(q + k)),
                     q1 = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(q + k + 8));
             a0 = _mm512_add_pd(a0, p0); a1 = _mm512_add_pd(a1, p1);
             b0 = _mm512_fmadd_pd(p0, q0, b0); b1 = _mm512_fmadd_pd(p1, q1, b1);
         }
         for (; k < s; k++) {
-            a[k % 8] += (double)p[k];
-            b[k % 8] += (double)p[k] * (double)q[k];
+            double pv = r && !(r[k] > 0.0f) ? 0.0 : (double)p[k];
+            a[k % 8] += pv;
+            b[k % 8] += pv * (double)q[k];
         }
     }
     _mm512_storeu_pd(a + 8, _mm512_add_pd(a0, a1));
     _mm512_storeu_pd(b + 8, _mm512_add_pd(b0, b1));
 }
 #endif
-static void dt__bn_sums(const float *x, const float *y, int64_t n, int64_t cs, int64_t s, double *sx, double *sxy) {
+static void dt__bn_sums(const float *x, const float *y, const float *mk, int64_t n, int64_t cs, int64_t s, double *sx,
+                        double *sxy) {
     double a[16] = {0}, b[16] = {0};
     int64_t i, k;
     int j, w;
 #ifdef DT__X86
     if (__builtin_cpu_supports("avx512f")) {
-        dt__bn_sums512(x, y, n, cs, s, a, b);
+        dt__bn_sums512(x, y, mk, n, cs, s, a, b);
         for (j = 0; j < 8; j++) { a[j] += a[j + 8]; b[j] += b[j + 8]; }
         n = 0;
     }
 #endif
     for (i = 0; i < n; i++) {
-        const float *p = x + i * cs, *q = (y ? y : x) + i * cs;
+        const float *p = x + i * cs, *q = (y ? y : x) + i * cs, *r = mk ? mk + i * cs : NULL;
         for (k = 0; k + 8 <= s; k += 8)
             for (j = 0; j < 8; j++) {
-                a[j] += (double)p[k + j];
-                b[j] += (double)p[k + j] * (double)q[k + j];
+                double pv = r && !(r[k + j] > 0.0f) ? 0.0 : (double)p[k + j];
+                a[j] += pv;
+                b[j] += pv * (double)q[k + j];
             }
         for (; k < s; k++) {
-            a[k % 8] += (double)p[k];
-            b[k % 8] += (double)p[k] * (double)q[k];
+            double pv = r && !(r[k] > 0.0f) ? 0.0 : (double)p[k];
+            a[k % 8] += pv;
+            b[k % 8] += pv * (double)q[k];
         }
     }
     for (w = 4; w > 0; w /= 2)
@@ -3085,11 +3111,11 @@ static void dt__bn_sums(const float *x, const float *y, int64_t n, int64_t cs, i
     *sx = a[0];
     *sxy = b[0];
 }
-static void dt__cpu_bn_fwd(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
-                           const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
-                           float *save_mean, float *save_invstd) {
+/* batch norm's forward pass, then ReLU when relu is 1 */
+static void dt__bn_fwd(int training, int relu, const float *x, float *y, int64_t n, int64_t c, int64_t s, const float *gamma,
+                       const float *beta, float *rm, float *rv, float eps, float momentum, float *save_mean,
+                       float *save_invstd) {
     int64_t ch;
-    (void)ctx;
     DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
     for (ch = 0; ch < c; ch++) {
         int64_t i, k, cnt = n * s;
@@ -3098,7 +3124,7 @@ static void dt__cpu_bn_fwd(void *ctx, int training, const float *x, float *y, in
             /* sums in double: the variance as E[x^2] - mean^2 keeps 1e-6 relative to PyTorch at any batch
                (float data has 24 bits; double leaves 29 for the cancellation) */
             double sum, sq, dm, var;
-            dt__bn_sums(x + ch * s, NULL, n, c * s, s, &sum, &sq);
+            dt__bn_sums(x + ch * s, NULL, NULL, n, c * s, s, &sum, &sq);
             dm = sum / (double)cnt;
             sq -= dm * sum;   /* sum of (x - mean)^2 */
             if (sq < 0.0) sq = 0.0;
@@ -3118,21 +3144,40 @@ static void dt__cpu_bn_fwd(void *ctx, int training, const float *x, float *y, in
         for (i = 0; i < n; i++) {
             const float *xp = x + (i * c + ch) * s;
             float *yp = y + (i * c + ch) * s;
-            for (k = 0; k < s; k++) yp[k] = xp[k] * g + b;
+            if (relu)
+                for (k = 0; k < s; k++) {
+                    float v = xp[k] * g + b;
+                    yp[k] = v > 0.0f ? v : 0.0f;
+                }
+            else
+                for (k = 0; k < s; k++) yp[k] = xp[k] * g + b;
         }
     }
 }
-static void dt__cpu_bn_bwd(void *ctx, int training, const float *x, const float *dy, float *dx, int64_t n, int64_t c,
-                           int64_t s, const float *gamma, const float *save_mean, const float *save_invstd,
-                           float *dgamma, float *dbeta) {
-    int64_t ch;
+static void dt__cpu_bn_fwd(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
+                           const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
+                           float *save_mean, float *save_invstd) {
     (void)ctx;
+    dt__bn_fwd(training, 0, x, y, n, c, s, gamma, beta, rm, rv, eps, momentum, save_mean, save_invstd);
+}
+static void dt__cpu_bn_relu_fwd(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
+                                const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
+                                float *save_mean, float *save_invstd) {
+    (void)ctx;
+    dt__bn_fwd(training, 1, x, y, n, c, s, gamma, beta, rm, rv, eps, momentum, save_mean, save_invstd);
+}
+/* batch norm's backward pass for the gradient dy of its output, or (y not NULL) of max(0, its output) = y;
+   dx += (acc 1) or = (acc 0) */
+static void dt__bn_bwd(int training, const float *x, const float *y, const float *dy, float *dx, int acc, int64_t n, int64_t c,
+                       int64_t s, const float *gamma, const float *save_mean, const float *save_invstd, float *dgamma,
+                       float *dbeta) {
+    int64_t ch;
     DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
     for (ch = 0; ch < c; ch++) {
         int64_t i, k, cnt = n * s;
         double sdy, sdyx;
         float mean = save_mean[ch], invstd = save_invstd[ch];
-        dt__bn_sums(dy + ch * s, x + ch * s, n, c * s, s, &sdy, &sdyx);
+        dt__bn_sums(dy + ch * s, x + ch * s, y ? y + ch * s : NULL, n, c * s, s, &sdy, &sdyx);
         sdyx = (sdyx - (double)mean * sdy) * (double)invstd;   /* sum of dy * xhat */
         dgamma[ch] += (float)sdyx;
         dbeta[ch] += (float)sdy;
@@ -3143,11 +3188,57 @@ static void dt__cpu_bn_bwd(void *ctx, int training, const float *x, const float 
             /* dx += gi (dy - mdy - xhat mdyx) with xhat = (x - mean) invstd */
             float cx = -gi * invstd * mdyx, c0 = -gi * mdy;
             for (i = 0; i < n; i++) {
-                const float *dyp = dy + (i * c + ch) * s, *xp = x + (i * c + ch) * s;
+                const float *dyp = dy + (i * c + ch) * s, *xp = x + (i * c + ch) * s, *yp = y ? y + (i * c + ch) * s : NULL;
                 float *dxp = dx + (i * c + ch) * s;
-                for (k = 0; k < s; k++) dxp[k] += gi * dyp[k] + cx * (xp[k] - mean) + c0;
+                if (!yp && acc) for (k = 0; k < s; k++) dxp[k] += gi * dyp[k] + cx * (xp[k] - mean) + c0;
+                else if (!yp) for (k = 0; k < s; k++) dxp[k] = gi * dyp[k] + cx * (xp[k] - mean) + c0;
+                else if (acc)
+                    for (k = 0; k < s; k++) {
+                        float d = dyp[k];   /* read unconditionally, so the select vectorises */
+                        dxp[k] += gi * (yp[k] > 0.0f ? d : 0.0f) + cx * (xp[k] - mean) + c0;
+                    }
+                else
+                    for (k = 0; k < s; k++) {
+                        float d = dyp[k];
+                        dxp[k] = gi * (yp[k] > 0.0f ? d : 0.0f) + cx * (xp[k] - mean) + c0;
+                    }
             }
         }
+    }
+}
+static void dt__cpu_bn_bwd(void *ctx, int training, const float *x, const float *dy, float *dx, int64_t n, int64_t c,
+                           int64_t s, const float *gamma, const float *save_mean, const float *save_invstd,
+                           float *dgamma, float *dbeta) {
+    (void)ctx;
+    dt__bn_bwd(training, x, NULL, dy, dx, 1, n, c, s, gamma, save_mean, save_invstd, dgamma, dbeta);
+}
+static void dt__cpu_bn_relu_bwd(void *ctx, int training, const float *x, const float *y, const float *dy, float *dx,
+                                int accumulate, int64_t n, int64_t c, int64_t s, const float *gamma, const float *save_mean,
+                                const float *save_invstd, float *dgamma, float *dbeta) {
+    (void)ctx;
+    dt__bn_bwd(training, x, y, dy, dx, accumulate, n, c, s, gamma, save_mean, save_invstd, dgamma, dbeta);
+}
+static void dt__cpu_add_relu_fwd(void *ctx, float *y, const float *a, const float *b, int64_t n) {
+    int64_t i;
+    (void)ctx;
+    DT__OMP(parallel for if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i++) {
+        float v = a[i] + b[i];
+        y[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+/* d = dy where y > 0, else 0, written (acc 0) or added (acc 1) to each of da, db that is not NULL */
+static void dt__cpu_add_relu_bwd(void *ctx, const float *y, const float *dy, float *da, int acc_a, float *db, int acc_b,
+                                 int64_t n) {
+    int64_t i;
+    (void)ctx;
+    DT__OMP(parallel for if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i += 4096) {   /* a block at a time, so each loop below is a plain vector loop */
+        int64_t k, e = n - i < 4096 ? n : i + 4096;
+        if (da && acc_a) for (k = i; k < e; k++) { float d = dy[k]; da[k] += y[k] > 0.0f ? d : 0.0f; }
+        else if (da) for (k = i; k < e; k++) { float d = dy[k]; da[k] = y[k] > 0.0f ? d : 0.0f; }
+        if (db && acc_b) for (k = i; k < e; k++) { float d = dy[k]; db[k] += y[k] > 0.0f ? d : 0.0f; }
+        else if (db) for (k = i; k < e; k++) { float d = dy[k]; db[k] = y[k] > 0.0f ? d : 0.0f; }
     }
 }
 
@@ -3270,7 +3361,8 @@ static const dt_ops dt__cpu_ops_table = {
     dt__cpu_softmax_xent, dt__cpu_nll, dt__cpu_mse, dt__cpu_count_correct,
     dt__cpu_sum_squares, dt__cpu_sgd_step, dt__cpu_adam_step,
     NULL,  /* sync: the CPU ops finish before they return */
-    dt__cpu_conv_gemm_fwd, dt__cpu_conv_gemm_wgrad, dt__cpu_conv_gemm_dgrad, dt__cpu_conv_fwd, dt__cpu_conv_bwd
+    dt__cpu_conv_gemm_fwd, dt__cpu_conv_gemm_wgrad, dt__cpu_conv_gemm_dgrad, dt__cpu_conv_fwd, dt__cpu_conv_bwd,
+    dt__cpu_bn_relu_fwd, dt__cpu_bn_relu_bwd, dt__cpu_add_relu_fwd, dt__cpu_add_relu_bwd
 };
 
 const dt_ops *dt_cpu_ops(void) { return &dt__cpu_ops_table; }
@@ -3295,6 +3387,11 @@ typedef struct dt__node {
     float p, eps, momentum;         /* dropout, batchnorm */
     int param0, nparams, buf0, nbufs;
     int alias;                      /* 1: output and gradient are the input's (flatten) */
+    /* set by dt__plan: */
+    int relu;                       /* batchnorm or add: the ReLU node it runs inside itself (0: none) */
+    unsigned char folded;           /* relu: run by the node before it */
+    unsigned char zero;             /* the gradient is zeroed before backward (its first writer adds to it) */
+    unsigned char ow[2];            /* the backward pass writes (not adds) the gradient of input 0 / 1 */
     char name[64];
     /* arena pointers, set by dt__reserve */
     float *out, *grad, *aux;        /* aux: dropout mask [batch*size] or batchnorm mean, invstd [2c] */
@@ -3746,6 +3843,53 @@ dt_result dt_model_finalize(dt_model *m) {
     return DT_OK;
 }
 
+static int dt__fuse_off;   /* 1: never fuse (the tests compare both ways) */
+
+/* the node whose gradient buffer node i's is (flatten shares its input's) */
+static int dt__owner(const dt_model *m, int i) {
+    while (m->nodes[i].alias) i = m->nodes[i].in0;
+    return i;
+}
+/* Plans the passes from the graph and the backend's ops. A ReLU whose input only it reads runs inside the
+   batch norm or add before it (that node's output and gradient are then never stored). An activation
+   gradient's first writer in the backward pass (its reader with the highest index) writes it rather than
+   adding to it when its op can; the others are zeroed before the pass. */
+static void dt__plan(dt_model *m) {
+    const dt_ops *O = m->ops;
+    int i, j, slot, last = m->nnodes - 1;
+    for (i = 0; i < m->nnodes; i++) {
+        dt__node *n = &m->nodes[i];
+        n->relu = 0; n->folded = 0; n->zero = 2; n->ow[0] = n->ow[1] = 0;   /* zero 2: no writer seen yet */
+    }
+    for (i = 1; i < last && !dt__fuse_off; i++) {
+        dt__node *n = &m->nodes[i];
+        int readers = 0, r = 0;
+        if (!(n->kind == DT_LAYER_BATCHNORM && O->bn_relu_fwd && O->bn_relu_bwd) &&
+            !(n->kind == DT_LAYER_ADD && n->in0 != n->in1 && O->add_relu_fwd && O->add_relu_bwd))
+            continue;
+        for (j = i + 1; j < m->nnodes; j++) {
+            if (m->nodes[j].in0 == i) { readers++; r = j; }
+            if (m->nodes[j].in1 == i) { readers++; r = j; }
+        }
+        if (readers == 1 && m->nodes[r].kind == DT_LAYER_RELU) { n->relu = r; m->nodes[r].folded = 1; }
+    }
+    m->nodes[dt__owner(m, last)].zero = 0;   /* the loss gradient is copied in */
+    for (j = last; j >= 1; j--) {
+        dt__node *n = &m->nodes[j];
+        if (n->alias || n->folded) continue;   /* writes no gradient */
+        for (slot = 0; slot < 2; slot++) {
+            int in = slot ? n->in1 : n->in0;
+            dt__node *o;
+            if (in < 0 || (o = &m->nodes[dt__owner(m, in)])->zero != 2) continue;
+            n->ow[slot] = n->kind == DT_LAYER_ADD || n->kind == DT_LAYER_LINEAR || (n->kind == DT_LAYER_BATCHNORM && n->relu) ||
+                          (n->kind == DT_LAYER_CONV2D && O->conv_bwd);
+            o->zero = !n->ow[slot];
+        }
+    }
+    for (i = 0; i < m->nnodes; i++)
+        if (m->nodes[i].zero == 2) m->nodes[i].zero = 1;
+}
+
 /* Sizes and places the activation arena for `batch` samples. Allocation happens only when the batch
    grows past the largest one seen, so a steady training loop never allocates. */
 static dt_result dt__reserve(dt_model *m, int64_t batch) {
@@ -3754,10 +3898,11 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
     float *a;
     int32_t *ia;
     if (batch <= m->cap_batch) return DT_OK;
+    if (!m->cap_batch) dt__plan(m);
     outsz = m->nodes[m->nnodes - 1].size;
     for (i = 0; i < m->nnodes; i++) {
         const dt__node *n = &m->nodes[i];
-        if (!n->alias) total += 2 * batch * n->size;
+        if (!n->alias && !n->relu) total += 2 * batch * n->size;
         if (n->kind == DT_LAYER_DROPOUT) total += batch * n->size;
         if (n->kind == DT_LAYER_BATCHNORM) total += 2 * n->c;
         if (n->kind == DT_LAYER_MAXPOOL2D) itotal += batch * n->size;
@@ -3789,6 +3934,7 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
     for (i = 0; i < m->nnodes; i++) {
         dt__node *n = &m->nodes[i];
         if (n->alias) { n->out = m->nodes[n->in0].out; n->grad = m->nodes[n->in0].grad; }
+        else if (n->relu) n->out = n->grad = NULL;
         else { n->out = a; a += batch * n->size; n->grad = a; a += batch * n->size; }
         if (i == 0 && !m->input_grad) n->grad = NULL;
         n->aux = NULL; n->idx = NULL;
@@ -3846,7 +3992,8 @@ static void dt__conv_bwd(dt_model *m, const dt__node *n, int64_t batch, float *d
     float *dW = dt__gv(m, n, 0);
     if (nb < 1) nb = 1;
     if (n->has_bias) O->channel_sum_bwd(m->ctx, dt__gv(m, n, 1), n->grad, batch, g.oc, S);
-    if (O->conv_bwd && O->conv_bwd(m->ctx, &g, x, W, n->grad, dW, dx)) return;
+    if (O->conv_bwd && O->conv_bwd(m->ctx, &g, x, W, n->grad, dW, dx, !n->ow[0])) return;
+    if (dx && n->ow[0]) O->fill(m->ctx, dx, batch * g.c * g.h * g.w, 0.0f);   /* the steps below add to it */
     for (i0 = 0; i0 < batch; i0 += nb) {
         dt_conv_geom gc = g;
         float *col = m->ws, *t;
@@ -3882,7 +4029,7 @@ static void dt__node_fwd(dt_model *m, dt__node *n, int64_t batch) {
     case DT_LAYER_MAXPOOL2D: { dt_conv_geom g = dt__geom(m, n, batch); O->maxpool_fwd(C, &g, x, n->out, n->idx); } break;
     case DT_LAYER_AVGPOOL2D: { dt_conv_geom g = dt__geom(m, n, batch); O->avgpool_fwd(C, &g, x, n->out); } break;
     case DT_LAYER_GLOBAL_AVGPOOL: O->gap_fwd(C, x, n->out, batch, in->c, in->h * in->w); break;
-    case DT_LAYER_RELU: O->relu_fwd(C, x, n->out, cnt); break;
+    case DT_LAYER_RELU: if (!n->folded) O->relu_fwd(C, x, n->out, cnt); break;
     case DT_LAYER_DROPOUT:
         if (m->training && n->p > 0.0f) {
             uint64_t key = dt__mix64(m->seed ^ dt__mix64(m->stream * 0x100000001b3ULL + (uint64_t)(n - m->nodes)) ^
@@ -3894,10 +4041,14 @@ static void dt__node_fwd(dt_model *m, dt__node *n, int64_t batch) {
         }
         break;
     case DT_LAYER_BATCHNORM:
-        O->bn_fwd(C, m->training, x, n->out, batch, n->c, n->h * n->w, dt__pv(m, n, 0), dt__pv(m, n, 1), dt__bv(m, n, 0),
-                  dt__bv(m, n, 1), n->eps, n->momentum, n->aux, n->aux + n->c);
+        (n->relu ? O->bn_relu_fwd : O->bn_fwd)(C, m->training, x, n->relu ? m->nodes[n->relu].out : n->out, batch, n->c,
+                                               n->h * n->w, dt__pv(m, n, 0), dt__pv(m, n, 1), dt__bv(m, n, 0), dt__bv(m, n, 1),
+                                               n->eps, n->momentum, n->aux, n->aux + n->c);
         break;
-    case DT_LAYER_ADD: O->add(C, n->out, x, m->nodes[n->in1].out, cnt); break;
+    case DT_LAYER_ADD:
+        if (n->relu) O->add_relu_fwd(C, m->nodes[n->relu].out, x, m->nodes[n->in1].out, cnt);
+        else O->add(C, n->out, x, m->nodes[n->in1].out, cnt);
+        break;
     case DT_LAYER_PAD_SHORTCUT: O->pad_shortcut_fwd(C, x, n->out, batch, in->c, in->h, in->w, n->c, n->stride); break;
     case DT_LAYER_LOG_SOFTMAX: O->log_softmax_fwd(C, x, n->out, batch, n->c); break;
     default: break;
@@ -3910,28 +4061,38 @@ static void dt__node_bwd(dt_model *m, dt__node *n, int64_t batch) {
     dt__node *in = &m->nodes[n->in0 < 0 ? 0 : n->in0];
     float *dx = in->grad;      /* NULL when nobody needs the input's gradient */
     const float *x = in->out, *dy = n->grad;
+    const dt__node *r = &m->nodes[n->relu];   /* the ReLU run inside this node, when n->relu */
     int64_t cnt = batch * n->size;
     switch (n->kind) {
     case DT_LAYER_INPUT: case DT_LAYER_FLATTEN: break;
     case DT_LAYER_LINEAR:      /* dW [out, in] += dy^T x;  db += sum_b dy;  dx [b, in] += dy W */
         O->gemm(C, 1, 0, n->c, in->size, batch, 1.0f, dy, n->c, x, in->size, 1.0f, dt__gv(m, n, 0), in->size);
         if (n->has_bias) O->sum_rows_bwd(C, dt__gv(m, n, 1), dy, batch, n->c);
-        if (dx) O->gemm(C, 0, 0, batch, in->size, n->c, 1.0f, dy, n->c, dt__pv(m, n, 0), in->size, 1.0f, dx, in->size);
+        if (dx) O->gemm(C, 0, 0, batch, in->size, n->c, 1.0f, dy, n->c, dt__pv(m, n, 0), in->size, n->ow[0] ? 0.0f : 1.0f, dx,
+                        in->size);
         break;
     case DT_LAYER_CONV2D: dt__conv_bwd(m, n, batch, dx); break;
     case DT_LAYER_MAXPOOL2D: if (dx) { dt_conv_geom g = dt__geom(m, n, batch); O->maxpool_bwd(C, &g, dy, n->idx, dx); } break;
     case DT_LAYER_AVGPOOL2D: if (dx) { dt_conv_geom g = dt__geom(m, n, batch); O->avgpool_bwd(C, &g, dy, dx); } break;
     case DT_LAYER_GLOBAL_AVGPOOL: if (dx) O->gap_bwd(C, dy, dx, batch, in->c, in->h * in->w); break;
-    case DT_LAYER_RELU: if (dx) O->relu_bwd(C, n->out, dy, dx, cnt); break;
+    case DT_LAYER_RELU: if (dx && !n->folded) O->relu_bwd(C, n->out, dy, dx, cnt); break;
     case DT_LAYER_DROPOUT: if (dx) O->mul_bwd(C, dy, n->aux, dx, cnt); break;
     case DT_LAYER_BATCHNORM:
-        O->bn_bwd(C, m->training, x, dy, dx, batch, n->c, n->h * n->w, dt__pv(m, n, 0), n->aux, n->aux + n->c,
-                  dt__gv(m, n, 0), dt__gv(m, n, 1));
+        if (n->relu)
+            O->bn_relu_bwd(C, m->training, x, r->out, r->grad, dx, !n->ow[0], batch, n->c, n->h * n->w, dt__pv(m, n, 0), n->aux,
+                           n->aux + n->c, dt__gv(m, n, 0), dt__gv(m, n, 1));
+        else
+            O->bn_bwd(C, m->training, x, dy, dx, batch, n->c, n->h * n->w, dt__pv(m, n, 0), n->aux, n->aux + n->c,
+                      dt__gv(m, n, 0), dt__gv(m, n, 1));
         break;
-    case DT_LAYER_ADD:
-        if (dx) O->axpy(C, dx, dy, cnt, 1.0f);
-        if (m->nodes[n->in1].grad) O->axpy(C, m->nodes[n->in1].grad, dy, cnt, 1.0f);
-        break;
+    case DT_LAYER_ADD: {
+        float *dx1 = m->nodes[n->in1].grad;
+        if (n->relu) { O->add_relu_bwd(C, r->out, r->grad, dx, !n->ow[0], dx1, !n->ow[1], cnt); break; }
+        if (dx && n->ow[0]) O->copy(C, dx, dy, cnt);
+        else if (dx) O->axpy(C, dx, dy, cnt, 1.0f);
+        if (dx1 && n->ow[1]) O->copy(C, dx1, dy, cnt);
+        else if (dx1) O->axpy(C, dx1, dy, cnt, 1.0f);
+    } break;
     case DT_LAYER_PAD_SHORTCUT: if (dx) O->pad_shortcut_bwd(C, dy, dx, batch, in->c, in->h, in->w, n->c, n->stride); break;
     case DT_LAYER_LOG_SOFTMAX: if (dx) O->log_softmax_bwd(C, n->out, dy, dx, batch, n->c); break;
     default: break;
@@ -4052,8 +4213,9 @@ dt_result dt_model_backward(dt_model *m, const float *dy) {
     if (!out->grad) return dt_set_error(DT_ERR_STATE, "dt_model_backward: the output is the input itself; add a layer");
     dt_trace_begin("backward", "compute");
     dt__trace_arg("batch", NULL, m->batch);
-    for (i = 0; i < m->nnodes; i++)
-        if (!m->nodes[i].alias && m->nodes[i].grad) m->ops->fill(m->ctx, m->nodes[i].grad, m->batch * m->nodes[i].size, 0.0f);
+    for (i = 0; i < m->nnodes; i++)   /* the gradients whose first writer adds to them (dt__plan) */
+        if (!m->nodes[i].alias && m->nodes[i].grad && m->nodes[i].zero)
+            m->ops->fill(m->ctx, m->nodes[i].grad, m->batch * m->nodes[i].size, 0.0f);
     if (dy) m->ops->upload(m->ctx, out->grad, dy, (int64_t)sizeof(float) * m->batch * out->size);
     else m->ops->copy(m->ctx, out->grad, m->seed_grad, m->batch * out->size);
     for (i = m->nnodes - 1; i >= 1; i--) {

@@ -873,7 +873,8 @@ static const dt_ops dt__cuda_ops_table = {
     dt__cu_sum_squares, dt__cu_sgd_step, dt__cu_adam_step,
     dt__cu_sync,
     NULL, NULL, NULL,  /* conv_gemm_fwd, conv_gemm_wgrad, conv_gemm_dgrad: im2col or col2im, and cuBLAS */
-    NULL, NULL         /* conv_fwd, conv_bwd: the same */
+    NULL, NULL,        /* conv_fwd, conv_bwd: the same */
+    NULL, NULL, NULL, NULL   /* bn_relu_*, add_relu_*: the layers one by one */
 };
 
 /* ---- contexts --------------------------------------------------------------------------------- */

@@ -263,6 +263,98 @@ static void test_threads_same_bits(void) {
 }
 #endif
 
+/* The planned passes (ReLUs run inside the batch norm or add before them; first writers of a gradient
+   write it rather than add to it) give the same numbers as the layers one by one on zeroed gradients:
+   outputs, loss, every parameter and input gradient, running statistics, and eval outputs. Graphs: the zoo
+   and small ones with the cases the plan must refuse (a batch norm with two readers, x + x, a ReLU as the
+   output, a stride-2 convolution whose input gradient takes the packed path). */
+static int build_fuse_graph(dt_model *m, int which) {
+    int x = 0, a, b;
+    switch (which) {
+    case 0:   /* residual block with option-B shortcut: add + ReLU fused, the block's first BN + ReLU fused */
+        a = dt_relu(m, dt_batchnorm(m, dt_conv2d(m, x, 4, 3, 1, 1)));
+        b = dt_batchnorm(m, dt_conv2d(m, a, 4, 3, 1, 1));
+        x = dt_relu(m, dt_add(m, b, a));
+        x = dt_conv2d(m, x, 6, 3, 2, 1);   /* stride 2: the packed path, told to write its input gradient */
+        return dt_linear(m, dt_flatten(m, dt_relu(m, dt_batchnorm(m, x))), 5, 1);
+    case 1:   /* a batch norm read twice, x + x, a flatten between a ReLU and its reader */
+        a = dt_batchnorm(m, dt_conv2d(m, x, 3, 3, 1, 1));
+        b = dt_relu(m, dt_add(m, a, dt_relu(m, a)));
+        x = dt_relu(m, dt_add(m, b, b));
+        return dt_linear(m, dt_flatten(m, x), 5, 0);
+    default:  /* a ReLU as the output, after a 1-D batch norm */
+        x = dt_linear(m, dt_flatten(m, dt_relu(m, dt_conv2d(m, x, 4, 3, 1, 1))), 7, 1);
+        return dt_relu(m, dt_batchnorm(m, x));
+    }
+}
+static void test_planned_passes_same_numbers(void) {
+    enum { B = 4 };
+    int ci, way, i;
+    for (ci = 0; ci < 6; ci++) {
+        float *x, *out[2], *g[2], *dx[2], *buf[2], *ev[2], loss[2];
+        int32_t y[B] = {0, 1, 2, 3};
+        int64_t np = 0, nb = 0, in = 0, k = 0, folded[2] = {0, 0};
+        for (way = 0; way < 2; way++) {
+            dt_model *m = NULL;
+            dt_model_desc d = {0};
+            d.seed = 7; d.input_grad = 1;
+            dt__fuse_off = way;
+            if (ci < 3) {
+                static const dt_zoo_model zs[] = {DT_ZOO_SIMPLE_CNN, DT_ZOO_RESNET20, DT_ZOO_VGG11};
+                d.in_c = ci ? 3 : 1; d.in_h = d.in_w = ci ? 32 : 28;
+                CHECK_OK(dt_zoo_create(&m, zs[ci], 0, &d));
+            } else {
+                d.in_c = 2; d.in_h = d.in_w = 6;
+                CHECK_OK(dt_model_create(&m, &d));
+                if (m) build_fuse_graph(m, ci - 3);
+                if (m) CHECK_OK(dt_model_finalize(m));
+            }
+            if (!m) break;
+            dt_model_params(m, &np);
+            dt_model_buffers(m, &nb);
+            in = d.in_c * d.in_h * d.in_w;
+            k = dt_model_node_size(m, dt_model_output_node(m));
+            if (way == 0) { x = (float *)malloc(sizeof(float) * (size_t)(B * in)); dt_t_fill(x, B * in, -1, 1); }
+            out[way] = (float *)malloc(sizeof(float) * (size_t)(B * k));
+            ev[way] = (float *)malloc(sizeof(float) * (size_t)(B * k));
+            g[way] = (float *)malloc(sizeof(float) * (size_t)np);
+            buf[way] = (float *)malloc(sizeof(float) * (size_t)(nb + 1));
+            dx[way] = (float *)malloc(sizeof(float) * (size_t)(B * in));
+            CHECK_OK(dt_model_forward(m, x, B));
+            CHECK_OK(dt_model_output(m, out[way], B * k));
+            CHECK_OK(dt_model_loss_labels(m, y, &loss[way]));
+            CHECK_OK(dt_model_backward(m, NULL));
+            CHECK_OK(dt_model_get_grads(m, g[way], np));
+            CHECK_OK(dt_model_get_buffers(m, buf[way], nb));
+            memcpy(dx[way], dt_model_node_grad(m, 0), sizeof(float) * (size_t)(B * in));
+            for (i = 0; i < dt_model_nodes(m); i++)   /* a fused node keeps no output */
+                if (dt_model_node_kind(m, i) == DT_LAYER_BATCHNORM || dt_model_node_kind(m, i) == DT_LAYER_ADD)
+                    folded[way] += dt_model_node_output(m, i) == NULL;
+            dt_model_train(m, 0);
+            CHECK_OK(dt_model_forward(m, x, B));
+            CHECK_OK(dt_model_output(m, ev[way], B * k));
+            dt_model_destroy(m);
+        }
+        dt__fuse_off = 0;
+        if (way < 2) break;
+        {
+            static const int64_t want[6] = {0, 19, 8, 3, 1, 1};   /* ReLUs fused per graph */
+            int64_t bad = 0;
+            CHECK(folded[0] == want[ci] && folded[1] == 0);
+            CHECK(loss[0] == loss[1]);
+            for (i = 0; i < B * k; i++) bad += out[0][i] != out[1][i] || ev[0][i] != ev[1][i];
+            for (i = 0; i < np; i++) bad += g[0][i] != g[1][i];
+            for (i = 0; i < nb; i++) bad += buf[0][i] != buf[1][i];
+            for (i = 0; i < B * in; i++) bad += dx[0][i] != dx[1][i];
+            if (bad || folded[0] != want[ci])
+                printf("    graph %d: %lld values differ, %lld ReLUs fused\n", ci, (long long)bad, (long long)folded[0]);
+            CHECK(bad == 0);
+        }
+        for (way = 0; way < 2; way++) { free(out[way]); free(ev[way]); free(g[way]); free(buf[way]); free(dx[way]); }
+        free(x);
+    }
+}
+
 /* Train mode uses batch statistics and updates running ones; eval uses running ones; correct counts. */
 static void test_train_eval(void) {
     dt_model *m;
@@ -343,6 +435,7 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
     RUN(test_threads_same_bits);
 #endif
+    RUN(test_planned_passes_same_numbers);
     RUN(test_train_eval);
     RUN(test_builder);
     return dt_t_summary();
