@@ -2663,6 +2663,138 @@ static void dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *
     }
 }
 
+/* The weight gradient of a 3 x 3 convolution with dy transposed: dbT [S][ocp] holds each output position's
+   dy for every output channel (ocp: oc rounded up to 16, the rest zero), so one tile keeps dW^T's 9 taps of
+   one input channel for 16 or 32 output channels in registers and sums over the positions there: each tap
+   broadcasts its padded x, which a vector of dbT multiplies. No horizontal sums, and 10 or 11 loads feed 9
+   or 18 multiply-adds from data small enough for L1 and L2 (the dot-product tile above streams 4 rows of dy
+   and 6 of x per 24 from L2). dWT [9][ocp] += the image's sums for tap (ky, kx) at row ky * 3 + kx. */
+/* named accumulators (not an array), so that every compiler and level keeps them in registers */
+#define DT__WT3_TAP(t, row, kx) do {                                          \
+        __m512 b_ = _mm512_set1_ps(row[ox + kx]);                               \
+        a##t##0 = _mm512_fmadd_ps(b_, d0, a##t##0);                             \
+        if (ov > 1) a##t##1 = _mm512_fmadd_ps(b_, d1, a##t##1);                 \
+    } while (0)
+#define DT__WT3_OUT(t) do {                                                   \
+        float *p_ = dWT + t * ocp;                                              \
+        _mm512_storeu_ps(p_, _mm512_add_ps(_mm512_loadu_ps(p_), a##t##0));      \
+        if (ov > 1) _mm512_storeu_ps(p_ + 16, _mm512_add_ps(_mm512_loadu_ps(p_ + 16), a##t##1)); \
+    } while (0)
+__attribute__((always_inline, target("avx512f")))
+static inline void dt__wt3_tile(const int ov, const float *x, int64_t wp, int64_t oh, int64_t ow, const float *dbT, int64_t ocp,
+                                float *dWT) {
+    __m512 z = _mm512_setzero_ps();
+    __m512 a00 = z, a10 = z, a20 = z, a30 = z, a40 = z, a50 = z, a60 = z, a70 = z, a80 = z;
+    __m512 a01 = z, a11 = z, a21 = z, a31 = z, a41 = z, a51 = z, a61 = z, a71 = z, a81 = z;
+    int64_t oy, ox;
+    for (oy = 0; oy < oh; oy++) {
+        const float *r0 = x + oy * wp, *r1 = r0 + wp, *r2 = r1 + wp, *dr = dbT + oy * ow * ocp;
+        for (ox = 0; ox < ow; ox++, dr += ocp) {
+            __m512 d0 = _mm512_loadu_ps(dr), d1 = ov > 1 ? _mm512_loadu_ps(dr + 16) : z;
+            DT__WT3_TAP(0, r0, 0); DT__WT3_TAP(1, r0, 1); DT__WT3_TAP(2, r0, 2);
+            DT__WT3_TAP(3, r1, 0); DT__WT3_TAP(4, r1, 1); DT__WT3_TAP(5, r1, 2);
+            DT__WT3_TAP(6, r2, 0); DT__WT3_TAP(7, r2, 1); DT__WT3_TAP(8, r2, 2);
+        }
+    }
+    DT__WT3_OUT(0); DT__WT3_OUT(1); DT__WT3_OUT(2); DT__WT3_OUT(3); DT__WT3_OUT(4);
+    DT__WT3_OUT(5); DT__WT3_OUT(6); DT__WT3_OUT(7); DT__WT3_OUT(8);
+}
+#undef DT__WT3_TAP
+#undef DT__WT3_OUT
+__attribute__((target("avx512f")))
+static void dt__wt3_tile16(const float *x, int64_t wp, int64_t oh, int64_t ow, const float *dbT, int64_t ocp, float *dWT) {
+    dt__wt3_tile(1, x, wp, oh, ow, dbT, ocp, dWT);
+}
+__attribute__((target("avx512f")))
+static void dt__wt3_tile32(const float *x, int64_t wp, int64_t oh, int64_t ow, const float *dbT, int64_t ocp, float *dWT) {
+    dt__wt3_tile(2, x, wp, oh, ow, dbT, ocp, dWT);
+}
+/* r[i] <- column i of the 16 x 16 block whose rows are r[0..15] (maskz forms: the plain ones trip GCC 12's
+   C++ -Wmaybe-uninitialized inside its own header) */
+__attribute__((target("avx512f")))
+static void dt__tr16(__m512 *r) {
+    __m512 u[16], t[16];
+    int i, j;
+    for (i = 0; i < 8; i++) {
+        u[2 * i] = _mm512_maskz_unpacklo_ps(0xFFFF, r[2 * i], r[2 * i + 1]);
+        u[2 * i + 1] = _mm512_maskz_unpackhi_ps(0xFFFF, r[2 * i], r[2 * i + 1]);
+    }
+    for (i = 0; i < 4; i++)
+        for (j = 0; j < 2; j++) {
+            __m512d a = _mm512_castps_pd(u[4 * i + j]), b = _mm512_castps_pd(u[4 * i + j + 2]);
+            t[4 * i + 2 * j] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xFF, a, b));
+            t[4 * i + 2 * j + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xFF, a, b));
+        }
+    for (i = 0; i < 2; i++)
+        for (j = 0; j < 4; j++) {
+            u[8 * i + j] = _mm512_maskz_shuffle_f32x4(0xFFFF, t[8 * i + j], t[8 * i + j + 4], 0x88);
+            u[8 * i + j + 4] = _mm512_maskz_shuffle_f32x4(0xFFFF, t[8 * i + j], t[8 * i + j + 4], 0xdd);
+        }
+    for (j = 0; j < 8; j++) {
+        r[j] = _mm512_maskz_shuffle_f32x4(0xFFFF, u[j], u[j + 8], 0x88);
+        r[j + 8] = _mm512_maskz_shuffle_f32x4(0xFFFF, u[j], u[j + 8], 0xdd);
+    }
+}
+/* dbT [S][ocp] <- dy [oc][S] transposed, columns oc..ocp zero */
+__attribute__((target("avx512f")))
+static void dt__transpose_dy(const float *dy, int64_t oc, int64_t S, float *dbT, int64_t ocp) {
+    int64_t o0, s0;
+    int i;
+    for (o0 = 0; o0 < ocp; o0 += 16)
+        for (s0 = 0; s0 < S; s0 += 16) {
+            __m512 r[16];
+            int ns = S - s0 < 16 ? (int)(S - s0) : 16;
+            __mmask16 m = (__mmask16)((1u << ns) - 1u);
+            for (i = 0; i < 16; i++) r[i] = o0 + i < oc ? _mm512_maskz_loadu_ps(m, dy + (o0 + i) * S + s0) : _mm512_setzero_ps();
+            dt__tr16(r);
+            for (i = 0; i < ns; i++) _mm512_storeu_ps(dbT + (s0 + i) * ocp + o0, r[i]);
+        }
+}
+/* Floats of workspace the shifted weight gradient of g takes per thread, whatever the thread count (counted
+   for every channel, so the path taken does not depend on it): for 3 x 3, the padded image, dy transposed
+   and dW^T; otherwise one image's worth of padded image and dy rows plus an offset table. */
+static int64_t dt__shift_wgrad_need(const dt_conv_geom *g) {
+    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
+    if (g->kh == 3 && g->kw == 3) return s.plane + (g->oh * g->ow + g->c * 9) * ((g->oc + 15) / 16 * 16);
+    return dt__shift_wgrad_image(&s, g->oc) + g->c * g->kh * g->kw + 16;
+}
+/* The 3 x 3 weight gradient dW [oc, c*9] += by the transposed tiles: each thread takes a range of input
+   channels and every image in order, so each sum runs in one order whatever the thread count. */
+static void dt__shift_wgrad3(const dt_conv_geom *g, const float *x, const float *dy, float *dW, float *ws, int64_t ws_count,
+                             int threads) {
+    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, 3, 3);
+    int64_t S = g->oh * g->ow, ocp = (g->oc + 15) / 16 * 16, hw = s.hp * s.wp, per = ws_count / threads;
+    DT__OMP(parallel num_threads(threads) if (threads > 1))
+    {
+        int tid = 0, nt = 1;
+        int64_t c0, c1, img, c, o, t;
+        float *xp, *dbT, *dWT;
+#if DT__HAVE_OMP
+        tid = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        c0 = g->c * tid / nt; c1 = g->c * (tid + 1) / nt;
+        xp = ws + tid * per;
+        dbT = xp + (c1 - c0) * hw;
+        dWT = dbT + S * ocp;
+        if (c0 < c1) {
+            memset(xp, 0, sizeof(float) * (size_t)((c1 - c0) * hw));
+            memset(dWT, 0, sizeof(float) * (size_t)((c1 - c0) * 9 * ocp));
+            for (img = 0; img < g->n; img++) {
+                dt__shift_pad(&s, x + img * g->c * g->h * g->w, c0, c1, xp);
+                dt__transpose_dy(dy + img * g->oc * S, g->oc, S, dbT, ocp);
+                for (c = c0; c < c1; c++)
+                    for (o = 0; o < ocp; o += 32) {
+                        if (ocp - o >= 32) dt__wt3_tile32(xp + (c - c0) * hw, s.wp, g->oh, g->ow, dbT + o, ocp, dWT + (c - c0) * 9 * ocp + o);
+                        else dt__wt3_tile16(xp + (c - c0) * hw, s.wp, g->oh, g->ow, dbT + o, ocp, dWT + (c - c0) * 9 * ocp + o);
+                    }
+            }
+            for (c = c0; c < c1; c++)
+                for (o = 0; o < g->oc; o++)
+                    for (t = 0; t < 9; t++) dW[(o * g->c + c) * 9 + t] += dWT[((c - c0) * 9 + t) * ocp + o];
+        }
+    }
+}
 /* The forward pass (grad 0: y = conv(x, W) + b) or the input gradient (grad 1: dx = the convolution of dy
    with the flipped kernel, or dx += it with add 1) by shifted rows on the model's workspace. Each thread
    takes whole images. */
@@ -2686,8 +2818,7 @@ static int dt__shift_fits(const dt__cpu_state *st, const dt_conv_geom *g, int gr
         return 0;
     s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
     if (!grad) return (g->oc + 7) / 8 * 8 * g->c * kk + threads * dt__shift_run_need(&s, g->oc) <= st->gemm_ws_count;
-    /* the weight gradient: one image of every channel and row per thread */
-    if (st->gemm_ws_count / threads < dt__shift_wgrad_image(&s, g->oc) + g->c * kk + 16) return 0;
+    if (st->gemm_ws_count / threads < dt__shift_wgrad_need(g)) return 0;
     if (g->ph > g->kh - 1 || g->pw > g->kw - 1) return 0;
     s = dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw);
     return (g->c + 7) / 8 * 8 * g->oc * kk + threads * dt__shift_run_need(&s, g->c) <= st->gemm_ws_count;
@@ -2705,7 +2836,8 @@ static int dt__cpu_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, co
     dt__cpu_state *st = (dt__cpu_state *)ctx;
     int threads = dt_cpu_threads();
     if (!dt__shift_fits(st, g, 1, threads)) return 0;
-    dt__shift_wgrad(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
+    if (g->kh == 3 && g->kw == 3) dt__shift_wgrad3(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
+    else dt__shift_wgrad(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
     if (dx) dt__shift_conv(st, g, W, dy, NULL, dx, 1, accumulate != 0, threads);
     dt__shift_taken++;
     return 1;
