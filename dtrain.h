@@ -2469,10 +2469,29 @@ static void dt__shift_pad(const dt__shift_geom *s, const float *x, int64_t c0, i
         dt__shift_copy(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w, 0, 0.0f);
 }
 
-/* one tile of the shifted GEMM: out[i][j] = sum_k a[k][i] xp[off[k] + j], 8 rows (rows kept) x 48 columns */
+/* Where a vector of 16 computed columns goes: its kept lanes (keep: those of output pixels, not the
+   wp - ow junk columns after each row) to the output from pixel `at` on, in order. */
+typedef struct dt__shift_vec { int64_t at; uint32_t keep; } dt__shift_vec;
+static void dt__shift_vecs(const dt__shift_geom *s, int64_t nv, dt__shift_vec *v) {
+    int64_t i, col;
+    int l;
+    for (i = 0; i < nv; i++) {
+        v[i].at = -1; v[i].keep = 0;
+        for (l = 0; l < 16; l++) {
+            col = i * 16 + l;
+            if (col / s->wp >= s->oh || col % s->wp >= s->ow) continue;
+            v[i].keep |= 1u << l;
+            if (v[i].at < 0) v[i].at = col / s->wp * s->ow + col % s->wp;
+        }
+        if (v[i].at < 0) v[i].at = 0;   /* nothing kept: never written */
+    }
+}
+/* one tile of the shifted GEMM: sum_k a[k][i] xp[off[k] + j] for 8 rows i (rows kept) x 48 columns j, each
+   vector's kept lanes written (packed together) to row i of dst (rows S apart) plus bias[i] (bias NULL:
+   none), or added to it (add 1) */
 __attribute__((target("avx512f")))
-static void dt__shift_tile(int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off, float *out, int64_t ldo,
-                           int rows) {
+static void dt__shift_tile(int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off, const dt__shift_vec *vec,
+                           float *dst, int64_t S, const float *bias, int add, int rows) {
     __m512 c[8][3];
     int64_t k;
     int i, v;
@@ -2488,8 +2507,21 @@ static void dt__shift_tile(int64_t K, const float *DT__RESTRICT a, const float *
             c[i][2] = _mm512_fmadd_ps(av, b2, c[i][2]);
         }
     }
-    for (i = 0; i < rows; i++)
-        for (v = 0; v < 3; v++) _mm512_storeu_ps(out + i * ldo + 16 * v, c[i][v]);
+    for (i = 0; i < rows; i++) {
+        __m512 b = _mm512_set1_ps(bias ? bias[i] : 0.0f);
+        for (v = 0; v < 3; v++) {
+            __mmask16 keep = (__mmask16)vec[v].keep, m;
+            float *d = dst + i * S + vec[v].at;
+            __m512 y = _mm512_add_ps(c[i][v], b);
+            if (keep == 0xFFFF) {
+                _mm512_storeu_ps(d, add ? _mm512_add_ps(y, _mm512_loadu_ps(d)) : y);
+            } else if (keep) {
+                m = (__mmask16)((1u << __builtin_popcount(keep)) - 1u);
+                y = _mm512_maskz_compress_ps(keep, y);
+                _mm512_mask_storeu_ps(d, m, add ? _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, d)) : y);
+            }
+        }
+    }
 }
 /* the sum of a vector's 16 floats (pairwise; through memory, which GCC 12's C++ front end warns less about) */
 __attribute__((target("avx512f")))
@@ -2536,23 +2568,23 @@ static void dt__shift_wtile(int64_t nimg, int64_t ld, const float *d, int64_t ld
     for (i = 0; i < ni; i++)
         for (j = 0; j < nk; j++) dW[i * ldw + j] += dt__hsum512(acc[i][j]);
 }
-/* One image of the shifted convolution: pads src [s->c, h, w] into xp, runs the tiles of Ap [rows, K] into
-   out (rows ld apart), then writes the kept columns to dst [rows, oh, ow] plus bias[row] (bias NULL: none),
-   or adds them (add 1) */
+/* One image of the shifted convolution: pads src [s->c, h, w] into xp and runs the tiles of Ap [rows, K],
+   which write dst [rows, oh, ow] plus bias[row] (bias NULL: none), or add to it (add 1); vec from
+   dt__shift_vecs */
 static void dt__shift_image(const dt__shift_geom *s, const float *src, const float *Ap, int64_t rows, const int32_t *off,
-                            float *xp, float *out, int64_t ld, float *dst, const float *bias, int add) {
-    int64_t K = s->c * s->kh * s->kw, t, j, r;
+                            float *xp, const dt__shift_vec *vec, float *dst, const float *bias, int add) {
+    int64_t K = s->c * s->kh * s->kw, S = s->oh * s->ow, t, j;
     dt__shift_pad(s, src, 0, s->c, xp);
+#define DT__SHIFT_TILE_AT(t, j)                                                                                         \
+    dt__shift_tile(K, Ap + t * K, xp + j, off, vec + j / 16, dst + t * S, S, bias ? bias + t : NULL, add,                \
+                   rows - t < 8 ? (int)(rows - t) : 8)
     if (K * 48 <= 8192)   /* a strip of the image fits in L1: it serves every tile of rows */
         for (j = 0; j < s->ns; j += 48)
-            for (t = 0; t < rows; t += 8)
-                dt__shift_tile(K, Ap + t * K, xp + j, off, out + t * ld + j, ld, rows - t < 8 ? (int)(rows - t) : 8);
+            for (t = 0; t < rows; t += 8) DT__SHIFT_TILE_AT(t, j);
     else                  /* a tile of rows of the kernel stays in L1 while the image streams from L2 */
         for (t = 0; t < rows; t += 8)
-            for (j = 0; j < s->ns; j += 48)
-                dt__shift_tile(K, Ap + t * K, xp + j, off, out + t * ld + j, ld, rows - t < 8 ? (int)(rows - t) : 8);
-    for (r = 0; r < rows; r++)
-        dt__shift_copy(dst + r * s->oh * s->ow, s->ow, out + r * ld, s->wp, s->oh, s->ow, add, bias ? bias[r] : 0.0f);
+            for (j = 0; j < s->ns; j += 48) DT__SHIFT_TILE_AT(t, j);
+#undef DT__SHIFT_TILE_AT
 }
 
 /* A [rows, K] packed for dt__shift_tile: per tile of 8 rows, K groups of 8 (rows past the end are zero).
@@ -2576,29 +2608,34 @@ static void dt__shift_pack_a(const float *W, int64_t rows, int64_t K, int flip, 
 /* The shifted convolution of n images src [n, s->c, h, w] with the packed kernel Ap [rows, c*kh*kw] on
    `threads` threads: dst [n, rows, oh, ow] = it + bias (add 0; bias NULL: none), or += it (add 1).
    ws: threads * need floats, need from dt__shift_run_need. */
+#define DT__SHIFT_NVEC(s) (((s)->ns + 47) / 48 * 3)   /* vectors of columns the tiles compute */
 static int64_t dt__shift_run_need(const dt__shift_geom *s, int64_t rows) {
-    return s->plane + rows * ((s->ns + 47) / 48 * 48) + s->c * s->kh * s->kw + 16;
+    (void)rows;
+    return (s->plane + 3) / 4 * 4 + 4 * DT__SHIFT_NVEC(s) + s->c * s->kh * s->kw + 16;   /* a table entry: 4 floats */
 }
 static void dt__shift_run(const dt__shift_geom *s, int64_t n, const float *src, const float *Ap, int64_t rows, float *dst,
                           const float *bias, int add, float *ws, int64_t need, int threads) {
-    int64_t ld = (s->ns + 47) / 48 * 48, S = s->oh * s->ow;
+    int64_t S = s->oh * s->ow;
+    need = need / 4 * 4;   /* each thread's table of int64 on an 8-byte boundary (ws is) */
     DT__OMP(parallel num_threads(threads) if (threads > 1))
     {
         int tid = 0;
         int64_t img;
-        float *xp, *out;
+        float *xp;
+        dt__shift_vec *vec;
         int32_t *off;
 #if DT__HAVE_OMP
         tid = omp_get_thread_num();
 #endif
         xp = ws + tid * need;
-        out = xp + s->plane;
-        off = (int32_t *)(out + rows * ld);
+        vec = (dt__shift_vec *)(void *)(xp + (s->plane + 3) / 4 * 4);
+        off = (int32_t *)(void *)(vec + DT__SHIFT_NVEC(s));
         memset(xp, 0, sizeof(float) * (size_t)s->plane);
+        dt__shift_vecs(s, DT__SHIFT_NVEC(s), vec);
         dt__shift_offsets(s, 0, s->c, off);
         DT__OMP(for schedule(static))
         for (img = 0; img < n; img++)
-            dt__shift_image(s, src + img * s->c * s->h * s->w, Ap, rows, off, xp, out, ld, dst + img * rows * S, bias, add);
+            dt__shift_image(s, src + img * s->c * s->h * s->w, Ap, rows, off, xp, vec, dst + img * rows * S, bias, add);
     }
     (void)threads;
 }
