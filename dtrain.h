@@ -402,7 +402,7 @@ typedef struct dt_ops {
        the backend has a faster way for this geometry. conv_fwd: y [n, oc, oh, ow] = conv(x, W) + b (b NULL:
        none); conv_bwd: dW += and (dx not NULL) dx += (accumulate 1) or = (accumulate 0) the gradients for
        dy [n, oc, oh, ow] (not the bias's). Both return 1 when done, 0 (having written nothing) when the caller
-       is to take the entries above. */
+       is to take the entries above; conv_bwd returns 2 when it wrote dW but left dx to them. */
     int   (*conv_fwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y);
     int   (*conv_bwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
                       int accumulate);
@@ -2423,26 +2423,34 @@ static DT__THREAD_LOCAL int64_t dt__shift_taken;   /* calls that took it on this
 #define DT__SHIFT_MAX_W (1 << 17)   /* most weights (oc * c * kh * kw) a shifted convolution takes */
 #define DT__SHIFT_SLACK 128         /* zeros after a padded image: the dropped columns read past its end */
 
-/* the padded geometry of one image of c channels h x w, padded by ph, pw, for a kh x kw window */
+/* The padded geometry of one image of c channels h x w, padded by ph, pw, for a kh x kw window with stride
+   st (1 or 2). With stride 2 each channel is stored as 4 phase planes of hq x wq (plane (a, b) holds the
+   padded pixels (2 qy + a, 2 qx + b)), so that output (oy, ox) reads tap (ky, kx) in plane (ky % 2, kx % 2)
+   at (oy + ky / 2, ox + kx / 2): a shifted row again, over s = oy * wq + ox, with nothing computed twice. */
 typedef struct dt__shift_geom {
     int64_t c, h, w, ph, pw, kh, kw, hp, wp, oh, ow;
-    int64_t ns;      /* outputs computed per channel: oh * wp */
-    int64_t plane;   /* floats of one padded image: c * hp * wp + DT__SHIFT_SLACK */
+    int64_t st, hq, wq;   /* stride; a phase plane's rows and columns (hp, wp with stride 1) */
+    int64_t cp;      /* floats of one channel: st * st * hq * wq */
+    int64_t ns;      /* outputs computed per channel: oh * wq */
+    int64_t plane;   /* floats of one padded image: c * cp + DT__SHIFT_SLACK */
 } dt__shift_geom;
-static dt__shift_geom dt__shift_make(int64_t c, int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw) {
+static dt__shift_geom dt__shift_make(int64_t c, int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t st) {
     dt__shift_geom s;
-    s.c = c; s.h = h; s.w = w; s.ph = ph; s.pw = pw; s.kh = kh; s.kw = kw;
-    s.hp = h + 2 * ph; s.wp = w + 2 * pw; s.oh = s.hp - kh + 1; s.ow = s.wp - kw + 1;
-    s.ns = s.oh * s.wp;
-    s.plane = c * s.hp * s.wp + DT__SHIFT_SLACK;
+    s.c = c; s.h = h; s.w = w; s.ph = ph; s.pw = pw; s.kh = kh; s.kw = kw; s.st = st;
+    s.hp = h + 2 * ph; s.wp = w + 2 * pw; s.oh = (s.hp - kh) / st + 1; s.ow = (s.wp - kw) / st + 1;
+    s.hq = (s.hp + st - 1) / st; s.wq = (s.wp + st - 1) / st;
+    s.cp = st * st * s.hq * s.wq;
+    s.ns = s.oh * s.wq;
+    s.plane = c * s.cp + DT__SHIFT_SLACK;
     return s;
 }
 /* offsets of im2col's rows (c, ky, kx), c from c0 to c1, into a padded image */
 static void dt__shift_offsets(const dt__shift_geom *s, int64_t c0, int64_t c1, int32_t *off) {
-    int64_t c, ky, kx, k = 0;
+    int64_t c, ky, kx, k = 0, st = s->st;
     for (c = c0; c < c1; c++)
         for (ky = 0; ky < s->kh; ky++)
-            for (kx = 0; kx < s->kw; kx++) off[k++] = (int32_t)((c - c0) * s->hp * s->wp + ky * s->wp + kx);
+            for (kx = 0; kx < s->kw; kx++)
+                off[k++] = (int32_t)((c - c0) * s->cp + ((ky % st) * st + kx % st) * s->hq * s->wq + ky / st * s->wq + kx / st);
 }
 /* rows x len floats from src (rows lds apart) to dst (rows ldd apart) plus bias, or added to dst (add 1) */
 __attribute__((target("avx512f")))
@@ -2464,9 +2472,22 @@ static void dt__shift_copy(float *dst, int64_t ldd, const float *src, int64_t ld
 }
 /* channels c0..c1 of image x [c, h, w] into the padded image xp (whose borders and slack are zero) */
 static void dt__shift_pad(const dt__shift_geom *s, const float *x, int64_t c0, int64_t c1, float *xp) {
-    int64_t c;
-    for (c = c0; c < c1; c++)
-        dt__shift_copy(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w, 0, 0.0f);
+    int64_t c, iy, ix;
+    if (s->st == 1) {
+        for (c = c0; c < c1; c++)
+            dt__shift_copy(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w, 0, 0.0f);
+        return;
+    }
+    for (c = c0; c < c1; c++)   /* stride 2: each row's even and odd padded columns to their planes */
+        for (iy = 0; iy < s->h; iy++) {
+            int64_t py = iy + s->ph;
+            const float *src = x + (c * s->h + iy) * s->w;
+            float *row = xp + (c - c0) * s->cp + (py % 2) * 2 * s->hq * s->wq + py / 2 * s->wq;
+            for (ix = 0; ix < s->w; ix++) {
+                int64_t px = ix + s->pw;
+                row[(px % 2) * s->hq * s->wq + px / 2] = src[ix];
+            }
+        }
 }
 
 /* Where a vector of 16 computed columns goes: its kept lanes (keep: those of output pixels, not the
@@ -2479,9 +2500,9 @@ static void dt__shift_vecs(const dt__shift_geom *s, int64_t nv, dt__shift_vec *v
         v[i].at = -1; v[i].keep = 0;
         for (l = 0; l < 16; l++) {
             col = i * 16 + l;
-            if (col / s->wp >= s->oh || col % s->wp >= s->ow) continue;
+            if (col / s->wq >= s->oh || col % s->wq >= s->ow) continue;
             v[i].keep |= 1u << l;
-            if (v[i].at < 0) v[i].at = col / s->wp * s->ow + col % s->wp;
+            if (v[i].at < 0) v[i].at = col / s->wq * s->ow + col % s->wq;
         }
         if (v[i].at < 0) v[i].at = 0;   /* nothing kept: never written */
     }
@@ -2651,7 +2672,7 @@ static int64_t dt__shift_wgrad_image(const dt__shift_geom *s, int64_t oc) {
    row ranges x channel ranges; each pads its channels of a block of images and sums over every image. */
 static void dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *dy, float *dW, float *ws, int64_t ws_count,
                             int threads) {
-    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
+    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, 1);
     int64_t kk = g->kh * g->kw, K = g->c * kk, S = g->oh * g->ow, ld = (s.ns + 15) / 16 * 16, per = ws_count / threads;
     int64_t ot = (g->oc + 3) / 4;
     DT__OMP(parallel num_threads(threads) if (threads > 1))
@@ -2671,7 +2692,7 @@ static void dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *
             if (o1 > g->oc) o1 = g->oc;
             c0 = g->c * (tid % gci) / gci; c1 = g->c * (tid % gci + 1) / gci;
             nco = o1 - o0; K0 = (c1 - c0) * kk;
-            xstride = (c1 - c0) * s.hp * s.wp + DT__SHIFT_SLACK;
+            xstride = (c1 - c0) * s.cp + DT__SHIFT_SLACK;
             per_img = xstride + nco * ld;
             /* about 1 MB of images, counted for all channels and rows, so the blocks (and with them the order
                of the sums) are the same for every thread count */
@@ -2718,19 +2739,30 @@ static void dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *
         if (ov > 1) _mm512_storeu_ps(p_ + 16, _mm512_add_ps(_mm512_loadu_ps(p_ + 16), a##t##1)); \
     } while (0)
 __attribute__((always_inline, target("avx512f")))
-static inline void dt__wt3_tile(const int ov, const float *x, int64_t wp, int64_t oh, int64_t ow, const float *dbT, int64_t ocp,
-                                float *dWT) {
+static inline void dt__wt3_tile(const int ov, const int st, const float *x, int64_t wq, int64_t pq, int64_t oh, int64_t ow,
+                                const float *dbT, int64_t ocp, float *dWT) {
     __m512 z = _mm512_setzero_ps();
     __m512 a00 = z, a10 = z, a20 = z, a30 = z, a40 = z, a50 = z, a60 = z, a70 = z, a80 = z;
     __m512 a01 = z, a11 = z, a21 = z, a31 = z, a41 = z, a51 = z, a61 = z, a71 = z, a81 = z;
     int64_t oy, ox;
     for (oy = 0; oy < oh; oy++) {
-        const float *r0 = x + oy * wp, *r1 = r0 + wp, *r2 = r1 + wp, *dr = dbT + oy * ow * ocp;
-        for (ox = 0; ox < ow; ox++, dr += ocp) {
-            __m512 d0 = _mm512_loadu_ps(dr), d1 = ov > 1 ? _mm512_loadu_ps(dr + 16) : z;
-            DT__WT3_TAP(0, r0, 0); DT__WT3_TAP(1, r0, 1); DT__WT3_TAP(2, r0, 2);
-            DT__WT3_TAP(3, r1, 0); DT__WT3_TAP(4, r1, 1); DT__WT3_TAP(5, r1, 2);
-            DT__WT3_TAP(6, r2, 0); DT__WT3_TAP(7, r2, 1); DT__WT3_TAP(8, r2, 2);
+        const float *dr = dbT + oy * ow * ocp;
+        if (st == 1) {   /* tap (ky, kx) at row oy + ky, column ox + kx */
+            const float *r0 = x + oy * wq, *r1 = r0 + wq, *r2 = r1 + wq;
+            for (ox = 0; ox < ow; ox++, dr += ocp) {
+                __m512 d0 = _mm512_loadu_ps(dr), d1 = ov > 1 ? _mm512_loadu_ps(dr + 16) : z;
+                DT__WT3_TAP(0, r0, 0); DT__WT3_TAP(1, r0, 1); DT__WT3_TAP(2, r0, 2);
+                DT__WT3_TAP(3, r1, 0); DT__WT3_TAP(4, r1, 1); DT__WT3_TAP(5, r1, 2);
+                DT__WT3_TAP(6, r2, 0); DT__WT3_TAP(7, r2, 1); DT__WT3_TAP(8, r2, 2);
+            }
+        } else {         /* stride 2: tap (ky, kx) in phase plane (ky % 2, kx % 2) (pq floats each) */
+            const float *e0 = x + oy * wq, *e1 = e0 + wq, *f0 = e0 + pq, *f1 = f0 + wq, *g0 = f0 + pq, *h0 = g0 + pq;
+            for (ox = 0; ox < ow; ox++, dr += ocp) {
+                __m512 d0 = _mm512_loadu_ps(dr), d1 = ov > 1 ? _mm512_loadu_ps(dr + 16) : z;
+                DT__WT3_TAP(0, e0, 0); DT__WT3_TAP(1, f0, 0); DT__WT3_TAP(2, e0, 1);
+                DT__WT3_TAP(3, g0, 0); DT__WT3_TAP(4, h0, 0); DT__WT3_TAP(5, g0, 1);
+                DT__WT3_TAP(6, e1, 0); DT__WT3_TAP(7, f1, 0); DT__WT3_TAP(8, e1, 1);
+            }
         }
     }
     DT__WT3_OUT(0); DT__WT3_OUT(1); DT__WT3_OUT(2); DT__WT3_OUT(3); DT__WT3_OUT(4);
@@ -2738,14 +2770,16 @@ static inline void dt__wt3_tile(const int ov, const float *x, int64_t wp, int64_
 }
 #undef DT__WT3_TAP
 #undef DT__WT3_OUT
-__attribute__((target("avx512f")))
-static void dt__wt3_tile16(const float *x, int64_t wp, int64_t oh, int64_t ow, const float *dbT, int64_t ocp, float *dWT) {
-    dt__wt3_tile(1, x, wp, oh, ow, dbT, ocp, dWT);
-}
-__attribute__((target("avx512f")))
-static void dt__wt3_tile32(const float *x, int64_t wp, int64_t oh, int64_t ow, const float *dbT, int64_t ocp, float *dWT) {
-    dt__wt3_tile(2, x, wp, oh, ow, dbT, ocp, dWT);
-}
+#define DT__WT3_VARIANT(name, ov, st)                                                                                   \
+    __attribute__((target("avx512f"))) static void name(const float *x, int64_t wq, int64_t pq, int64_t oh, int64_t ow, \
+                                                        const float *dbT, int64_t ocp, float *dWT) {                    \
+        dt__wt3_tile(ov, st, x, wq, pq, oh, ow, dbT, ocp, dWT);                                                          \
+    }
+DT__WT3_VARIANT(dt__wt3_tile16, 1, 1)
+DT__WT3_VARIANT(dt__wt3_tile32, 2, 1)
+DT__WT3_VARIANT(dt__wt3_tile16s2, 1, 2)
+DT__WT3_VARIANT(dt__wt3_tile32s2, 2, 2)
+#undef DT__WT3_VARIANT
 /* r[i] <- column i of the 16 x 16 block whose rows are r[0..15] (maskz forms: the plain ones trip GCC 12's
    C++ -Wmaybe-uninitialized inside its own header) */
 __attribute__((target("avx512f")))
@@ -2791,7 +2825,7 @@ static void dt__transpose_dy(const float *dy, int64_t oc, int64_t S, float *dbT,
    for every channel, so the path taken does not depend on it): for 3 x 3, the padded image, dy transposed
    and dW^T; otherwise one image's worth of padded image and dy rows plus an offset table. */
 static int64_t dt__shift_wgrad_need(const dt_conv_geom *g) {
-    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
+    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
     if (g->kh == 3 && g->kw == 3) return s.plane + (g->oh * g->ow + g->c * 9) * ((g->oc + 15) / 16 * 16);
     return dt__shift_wgrad_image(&s, g->oc) + g->c * g->kh * g->kw + 16;
 }
@@ -2799,8 +2833,8 @@ static int64_t dt__shift_wgrad_need(const dt_conv_geom *g) {
    channels and every image in order, so each sum runs in one order whatever the thread count. */
 static void dt__shift_wgrad3(const dt_conv_geom *g, const float *x, const float *dy, float *dW, float *ws, int64_t ws_count,
                              int threads) {
-    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, 3, 3);
-    int64_t S = g->oh * g->ow, ocp = (g->oc + 15) / 16 * 16, hw = s.hp * s.wp, per = ws_count / threads;
+    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, 3, 3, g->sh);
+    int64_t S = g->oh * g->ow, ocp = (g->oc + 15) / 16 * 16, hw = s.cp, pq = s.hq * s.wq, per = ws_count / threads;
     DT__OMP(parallel num_threads(threads) if (threads > 1))
     {
         int tid = 0, nt = 1;
@@ -2822,8 +2856,12 @@ static void dt__shift_wgrad3(const dt_conv_geom *g, const float *x, const float 
                 dt__transpose_dy(dy + img * g->oc * S, g->oc, S, dbT, ocp);
                 for (c = c0; c < c1; c++)
                     for (o = 0; o < ocp; o += 32) {
-                        if (ocp - o >= 32) dt__wt3_tile32(xp + (c - c0) * hw, s.wp, g->oh, g->ow, dbT + o, ocp, dWT + (c - c0) * 9 * ocp + o);
-                        else dt__wt3_tile16(xp + (c - c0) * hw, s.wp, g->oh, g->ow, dbT + o, ocp, dWT + (c - c0) * 9 * ocp + o);
+                        const float *xc = xp + (c - c0) * hw;
+                        float *dc = dWT + (c - c0) * 9 * ocp + o;
+                        if (s.st == 1 && ocp - o >= 32) dt__wt3_tile32(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
+                        else if (s.st == 1) dt__wt3_tile16(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
+                        else if (ocp - o >= 32) dt__wt3_tile32s2(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
+                        else dt__wt3_tile16s2(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
                     }
             }
             for (c = c0; c < c1; c++)
@@ -2838,8 +2876,8 @@ static void dt__shift_wgrad3(const dt_conv_geom *g, const float *x, const float 
 static void dt__shift_conv(dt__cpu_state *st, const dt_conv_geom *g, const float *W, const float *src, const float *b, float *dst,
                            int grad, int add, int threads) {
     int64_t kk = g->kh * g->kw, rows = grad ? g->c : g->oc, K = (grad ? g->oc : g->c) * kk, ap = (rows + 7) / 8 * 8 * K;
-    dt__shift_geom s = grad ? dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw)
-                            : dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
+    dt__shift_geom s = grad ? dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw, 1)
+                            : dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
     dt__shift_pack_a(W, rows, K, grad, kk, st->gemm_ws);
     dt__shift_run(&s, g->n, src, st->gemm_ws, rows, dst, b, add, st->gemm_ws + ap, dt__shift_run_need(&s, rows), threads);
 }
@@ -2850,14 +2888,16 @@ static void dt__shift_conv(dt__cpu_state *st, const dt_conv_geom *g, const float
 static int dt__shift_fits(const dt__cpu_state *st, const dt_conv_geom *g, int grad, int threads) {
     int64_t kk = g->kh * g->kw;
     dt__shift_geom s;
-    if (!st || !st->gemm_ws || dt__shift_off || g->sh != 1 || g->sw != 1 || g->kw + 64 > DT__SHIFT_SLACK ||
-        g->oc * g->c * kk > DT__SHIFT_MAX_W || g->n < threads || !__builtin_cpu_supports("avx512f"))
+    if (!st || !st->gemm_ws || dt__shift_off || g->sh != g->sw || g->sh < 1 || g->sh > 2 ||
+        (g->sh == 2 && (g->kh != 3 || g->kw != 3)) || g->kw + 64 > DT__SHIFT_SLACK || g->oc * g->c * kk > DT__SHIFT_MAX_W ||
+        g->n < threads || !__builtin_cpu_supports("avx512f"))
         return 0;
-    s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw);
+    s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
     if (!grad) return (g->oc + 7) / 8 * 8 * g->c * kk + threads * dt__shift_run_need(&s, g->oc) <= st->gemm_ws_count;
     if (st->gemm_ws_count / threads < dt__shift_wgrad_need(g)) return 0;
+    if (g->sh == 2) return 1;   /* the weight gradient only */
     if (g->ph > g->kh - 1 || g->pw > g->kw - 1) return 0;
-    s = dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw);
+    s = dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw, 1);
     return (g->c + 7) / 8 * 8 * g->oc * kk + threads * dt__shift_run_need(&s, g->c) <= st->gemm_ws_count;
 }
 static int dt__cpu_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
@@ -2875,8 +2915,9 @@ static int dt__cpu_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, co
     if (!dt__shift_fits(st, g, 1, threads)) return 0;
     if (g->kh == 3 && g->kw == 3) dt__shift_wgrad3(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
     else dt__shift_wgrad(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
-    if (dx) dt__shift_conv(st, g, W, dy, NULL, dx, 1, accumulate != 0, threads);
     dt__shift_taken++;
+    if (dx && g->sh == 2) return 2;   /* stride 2: the input gradient by the GEMMs */
+    if (dx) dt__shift_conv(st, g, W, dy, NULL, dx, 1, accumulate != 0, threads);
     return 1;
 }
 #else
@@ -4159,9 +4200,10 @@ static void dt__conv_bwd(dt_model *m, const dt__node *n, int64_t batch, float *d
     int64_t ckk = g.c * g.kh * g.kw, S = g.oh * g.ow, per = (ckk + g.oc) * S, nb = m->ws_count / per, i0;
     const float *x = m->nodes[n->in0].out, *W = dt__pv(m, n, 0);
     float *dW = dt__gv(m, n, 0);
+    int done = 0;   /* conv_bwd: 1 all done, 2 dW done */
     if (nb < 1) nb = 1;
     if (n->has_bias) O->channel_sum_bwd(m->ctx, dt__gv(m, n, 1), n->grad, batch, g.oc, S);
-    if (O->conv_bwd && O->conv_bwd(m->ctx, &g, x, W, n->grad, dW, dx, !n->ow[0])) return;
+    if (O->conv_bwd && (done = O->conv_bwd(m->ctx, &g, x, W, n->grad, dW, dx, !n->ow[0])) == 1) return;
     if (dx && n->ow[0]) O->fill(m->ctx, dx, batch * g.c * g.h * g.w, 0.0f);   /* the steps below add to it */
     for (i0 = 0; i0 < batch; i0 += nb) {
         dt_conv_geom gc = g;
@@ -4169,7 +4211,8 @@ static void dt__conv_bwd(dt_model *m, const dt__node *n, int64_t batch, float *d
         gc.n = batch - i0 < nb ? batch - i0 : nb;
         t = col + ckk * gc.n * S;
         O->ncs_to_cs(m->ctx, t, n->grad + i0 * g.oc * S, gc.n, g.oc, S);
-        if (O->conv_gemm_wgrad) O->conv_gemm_wgrad(m->ctx, &gc, x + i0 * g.c * g.h * g.w, t, dW);
+        if (done == 2) {}   /* conv_bwd wrote dW */
+        else if (O->conv_gemm_wgrad) O->conv_gemm_wgrad(m->ctx, &gc, x + i0 * g.c * g.h * g.w, t, dW);
         else {
             O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
             O->gemm(m->ctx, 0, 1, g.oc, ckk, gc.n * S, 1.0f, t, gc.n * S, col, gc.n * S, 1.0f, dW, ckk);

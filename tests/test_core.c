@@ -205,7 +205,11 @@ static void test_conv_vs_direct(void) {
                                        {6, 16, 32, 32, 16, 3, 1, 1}, {4, 3, 9, 9, 13, 3, 1, 1}, {3, 2, 8, 8, 5, 3, 1, 3},
                                        {5, 7, 5, 6, 9, 5, 1, 2}, {8, 64, 32, 32, 6, 3, 1, 1}, {4, 1, 28, 28, 32, 3, 1, 1},
                                        /* SimpleCNN's conv2 at 16 images: the packing shared by the threads */
-                                       {16, 32, 14, 14, 64, 3, 1, 1}};
+                                       {16, 32, 14, 14, 64, 3, 1, 1},
+                                       /* stride 2 by phase planes (3 x 3 only; the input gradient by GEMM):
+                                          ResNet-20's two, odd sizes, no padding */
+                                       {4, 16, 32, 32, 32, 3, 2, 1}, {3, 32, 16, 16, 64, 3, 2, 1}, {3, 5, 9, 11, 20, 3, 2, 1},
+                                       {2, 3, 8, 7, 17, 3, 2, 0}};
     int i;
     for (i = 0; i < 2 * (int)(sizeof cases / sizeof cases[0]); i++) {
         const int64_t *cs = cases[i / 2];
@@ -252,10 +256,10 @@ static void test_conv_vs_direct(void) {
         CHECK_CLOSE(gr, dwr, np, 1e-5, what);
         snprintf(what, sizeof what, "conv case %d dx, %s", i / 2, path);
         CHECK_CLOSE(dt_model_node_grad(m, 0), dxr, xs, 1e-5, what);
-        /* the shifted path runs where it applies (stride 1, at least an image per thread, AVX-512), never when
-           switched off */
+        /* the shifted path runs where it applies (stride 1, or 2 with a 3 x 3 window; at least an image per
+           thread; AVX-512), never when switched off */
         if (i % 2) CHECK(dt__shift_taken == taken);
-        else if (g.sh == 1 && g.n >= dt_cpu_threads() && dt__kernel_ok(0) && dt__kernels[0].mr == 8)
+        else if ((g.sh == 1 || (g.sh == 2 && g.kh == 3)) && g.n >= dt_cpu_threads() && dt__kernel_ok(0) && dt__kernels[0].mr == 8)
             CHECK(dt__shift_taken > taken);
         free(x); free(y); free(yref); free(dy); free(dxr); free(dwr); free(gr);
         dt_model_destroy(m);
