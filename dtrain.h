@@ -2829,44 +2829,51 @@ static int64_t dt__shift_wgrad_need(const dt_conv_geom *g) {
     if (g->kh == 3 && g->kw == 3) return s.plane + (g->oh * g->ow + g->c * 9) * ((g->oc + 15) / 16 * 16);
     return dt__shift_wgrad_image(&s, g->oc) + g->c * g->kh * g->kw + 16;
 }
-/* The 3 x 3 weight gradient dW [oc, c*9] += by the transposed tiles: each thread takes a range of input
-   channels and every image in order, so each sum runs in one order whatever the thread count. */
+/* The 3 x 3 weight gradient dW [oc, c*9] += by the transposed tiles. The work is cut into units of one
+   input channel x 32 output channels; each thread takes a range of units and every image in order, so
+   each sum runs in one order whatever the thread count. */
 static void dt__shift_wgrad3(const dt_conv_geom *g, const float *x, const float *dy, float *dW, float *ws, int64_t ws_count,
                              int threads) {
     dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, 3, 3, g->sh);
     int64_t S = g->oh * g->ow, ocp = (g->oc + 15) / 16 * 16, hw = s.cp, pq = s.hq * s.wq, per = ws_count / threads;
+    int64_t nto = (ocp + 31) / 32, units = g->c * nto;
     DT__OMP(parallel num_threads(threads) if (threads > 1))
     {
         int tid = 0, nt = 1;
-        int64_t c0, c1, img, c, o, t;
+        int64_t u0, u1, c0, c1, u, img, c, o, oe, t;
         float *xp, *dbT, *dWT;
 #if DT__HAVE_OMP
         tid = omp_get_thread_num();
         nt = omp_get_num_threads();
 #endif
-        c0 = g->c * tid / nt; c1 = g->c * (tid + 1) / nt;
+        u0 = units * tid / nt; u1 = units * (tid + 1) / nt;
+        c0 = u0 / nto; c1 = u1 > u0 ? (u1 - 1) / nto + 1 : c0;   /* the channels the units touch */
         xp = ws + tid * per;
         dbT = xp + (c1 - c0) * hw;
         dWT = dbT + S * ocp;
-        if (c0 < c1) {
+        if (u0 < u1) {
             memset(xp, 0, sizeof(float) * (size_t)((c1 - c0) * hw));
             memset(dWT, 0, sizeof(float) * (size_t)((c1 - c0) * 9 * ocp));
             for (img = 0; img < g->n; img++) {
                 dt__shift_pad(&s, x + img * g->c * g->h * g->w, c0, c1, xp);
                 dt__transpose_dy(dy + img * g->oc * S, g->oc, S, dbT, ocp);
-                for (c = c0; c < c1; c++)
-                    for (o = 0; o < ocp; o += 32) {
-                        const float *xc = xp + (c - c0) * hw;
-                        float *dc = dWT + (c - c0) * 9 * ocp + o;
-                        if (s.st == 1 && ocp - o >= 32) dt__wt3_tile32(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
-                        else if (s.st == 1) dt__wt3_tile16(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
-                        else if (ocp - o >= 32) dt__wt3_tile32s2(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
-                        else dt__wt3_tile16s2(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
-                    }
+                for (u = u0; u < u1; u++) {
+                    const float *xc;
+                    float *dc;
+                    c = u / nto; o = u % nto * 32;
+                    xc = xp + (c - c0) * hw;
+                    dc = dWT + (c - c0) * 9 * ocp + o;
+                    if (s.st == 1 && ocp - o >= 32) dt__wt3_tile32(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
+                    else if (s.st == 1) dt__wt3_tile16(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
+                    else if (ocp - o >= 32) dt__wt3_tile32s2(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
+                    else dt__wt3_tile16s2(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
+                }
             }
-            for (c = c0; c < c1; c++)
-                for (o = 0; o < g->oc; o++)
+            for (u = u0; u < u1; u++) {
+                c = u / nto; o = u % nto * 32; oe = o + 32 < g->oc ? o + 32 : g->oc;
+                for (; o < oe; o++)
                     for (t = 0; t < 9; t++) dW[(o * g->c + c) * 9 + t] += dWT[((c - c0) * 9 + t) * ocp + o];
+            }
         }
     }
 }
