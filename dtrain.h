@@ -2471,6 +2471,7 @@ static void dt__shift_copy(float *dst, int64_t ldd, const float *src, int64_t ld
     }
 }
 /* channels c0..c1 of image x [c, h, w] into the padded image xp (whose borders and slack are zero) */
+__attribute__((target("avx512f")))
 static void dt__shift_pad(const dt__shift_geom *s, const float *x, int64_t c0, int64_t c1, float *xp) {
     int64_t c, iy, ix;
     if (s->st == 1) {
@@ -2480,12 +2481,17 @@ static void dt__shift_pad(const dt__shift_geom *s, const float *x, int64_t c0, i
     }
     for (c = c0; c < c1; c++)   /* stride 2: each row's even and odd padded columns to their planes */
         for (iy = 0; iy < s->h; iy++) {
-            int64_t py = iy + s->ph;
+            int64_t py = iy + s->ph, pq = s->hq * s->wq;
             const float *src = x + (c * s->h + iy) * s->w;
-            float *row = xp + (c - c0) * s->cp + (py % 2) * 2 * s->hq * s->wq + py / 2 * s->wq;
-            for (ix = 0; ix < s->w; ix++) {
-                int64_t px = ix + s->pw;
-                row[(px % 2) * s->hq * s->wq + px / 2] = src[ix];
+            float *row = xp + (c - c0) * s->cp + (py % 2) * 2 * pq + py / 2 * s->wq;
+            /* input column ix0 + 2j goes to plane pw % 2 at ix0 / 2 + j + pw / 2, ix0 + 2j + 1 to the other
+               plane at ix0 / 2 + j + (pw + 1) / 2 */
+            float *ev = row + (s->pw % 2) * pq + s->pw / 2, *od = row + ((s->pw + 1) % 2) * pq + (s->pw + 1) / 2;
+            for (ix = 0; ix < s->w; ix += 16) {
+                int len = s->w - ix < 16 ? (int)(s->w - ix) : 16;
+                __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << len) - 1u), src + ix);
+                _mm512_mask_storeu_ps(ev + ix / 2, (__mmask16)((1u << (len + 1) / 2) - 1u), _mm512_maskz_compress_ps(0x5555, v));
+                _mm512_mask_storeu_ps(od + ix / 2, (__mmask16)((1u << len / 2) - 1u), _mm512_maskz_compress_ps(0xAAAA, v));
             }
         }
 }
