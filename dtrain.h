@@ -407,15 +407,17 @@ typedef struct dt_ops {
     int   (*conv_bwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
                       int accumulate);
     /* optional pairs (NULL: the layers one by one): a ReLU fused into the layer before it, when the ReLU is
-       that layer's only reader. bn_relu_fwd: y = max(0, bn(x)), arguments as bn_fwd's; bn_relu_bwd: bn_bwd's
-       gradients for the ReLU's output y and its gradient dy, with dx += (accumulate 1) or = (0); dx may be
-       NULL. add_relu_fwd: y = max(0, a + b); add_relu_bwd: da and db (each may be NULL) += or = (acc_a,
-       acc_b) dy where y > 0, else 0. Both members of a pair are given, or neither. */
-    void  (*bn_relu_fwd)(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
+       that layer's only reader. bn_relu_fwd: y = max(0, bn(x) + r) (r NULL: max(0, bn(x)); a batch norm
+       whose only reader is a residual add, whose only reader is the ReLU), other arguments as bn_fwd's;
+       bn_relu_bwd: bn_bwd's gradients for the ReLU's output y and its gradient dy, with dx += (accumulate 1)
+       or = (0), and dr (when not NULL: r's gradient) += or = (acc_r) dy where y > 0, else 0; dx may be NULL.
+       add_relu_fwd: y = max(0, a + b); add_relu_bwd: da and db (each may be NULL) += or = (acc_a, acc_b) dy
+       where y > 0, else 0. Both members of a pair are given, or neither. */
+    void  (*bn_relu_fwd)(void *ctx, int training, const float *x, const float *r, float *y, int64_t n, int64_t c, int64_t s,
                          const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
                          float *save_mean, float *save_invstd);
     void  (*bn_relu_bwd)(void *ctx, int training, const float *x, const float *y, const float *dy, float *dx, int accumulate,
-                         int64_t n, int64_t c, int64_t s, const float *gamma, const float *save_mean,
+                         float *dr, int acc_r, int64_t n, int64_t c, int64_t s, const float *gamma, const float *save_mean,
                          const float *save_invstd, float *dgamma, float *dbeta);
     void  (*add_relu_fwd)(void *ctx, float *y, const float *a, const float *b, int64_t n);
     void  (*add_relu_bwd)(void *ctx, const float *y, const float *dy, float *da, int acc_a, float *db, int acc_b, int64_t n);
@@ -3334,8 +3336,9 @@ static void dt__bn_sums(const float *x, const float *y, const float *mk, int64_t
     *sx = a[0];
     *sxy = b[0];
 }
-/* batch norm's forward pass, then ReLU when relu is 1 */
-static void dt__bn_fwd(int training, int relu, const float *x, float *y, int64_t n, int64_t c, int64_t s, const float *gamma,
+/* batch norm's forward pass; when relu is 1, then + res (res not NULL) and ReLU */
+static void dt__bn_fwd(int training, int relu, const float *x, const float *res, float *y, int64_t n, int64_t c, int64_t s,
+                       const float *gamma,
                        const float *beta, float *rm, float *rv, float eps, float momentum, float *save_mean,
                        float *save_invstd) {
     int64_t ch;
@@ -3367,7 +3370,12 @@ static void dt__bn_fwd(int training, int relu, const float *x, float *y, int64_t
         for (i = 0; i < n; i++) {
             const float *xp = x + (i * c + ch) * s;
             float *yp = y + (i * c + ch) * s;
-            if (relu)
+            if (relu && res)
+                for (k = 0; k < s; k++) {
+                    float v = (xp[k] * g + b) + res[(i * c + ch) * s + k];
+                    yp[k] = v > 0.0f ? v : 0.0f;
+                }
+            else if (relu)
                 for (k = 0; k < s; k++) {
                     float v = xp[k] * g + b;
                     yp[k] = v > 0.0f ? v : 0.0f;
@@ -3381,19 +3389,20 @@ static void dt__cpu_bn_fwd(void *ctx, int training, const float *x, float *y, in
                            const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
                            float *save_mean, float *save_invstd) {
     (void)ctx;
-    dt__bn_fwd(training, 0, x, y, n, c, s, gamma, beta, rm, rv, eps, momentum, save_mean, save_invstd);
+    dt__bn_fwd(training, 0, x, NULL, y, n, c, s, gamma, beta, rm, rv, eps, momentum, save_mean, save_invstd);
 }
-static void dt__cpu_bn_relu_fwd(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
-                                const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
-                                float *save_mean, float *save_invstd) {
+static void dt__cpu_bn_relu_fwd(void *ctx, int training, const float *x, const float *r, float *y, int64_t n, int64_t c,
+                                int64_t s, const float *gamma, const float *beta, float *rm, float *rv, float eps,
+                                float momentum, float *save_mean, float *save_invstd) {
     (void)ctx;
-    dt__bn_fwd(training, 1, x, y, n, c, s, gamma, beta, rm, rv, eps, momentum, save_mean, save_invstd);
+    dt__bn_fwd(training, 1, x, r, y, n, c, s, gamma, beta, rm, rv, eps, momentum, save_mean, save_invstd);
 }
-/* batch norm's backward pass for the gradient dy of its output, or (y not NULL) of max(0, its output) = y;
-   dx += (acc 1) or = (acc 0) */
-static void dt__bn_bwd(int training, const float *x, const float *y, const float *dy, float *dx, int acc, int64_t n, int64_t c,
-                       int64_t s, const float *gamma, const float *save_mean, const float *save_invstd, float *dgamma,
-                       float *dbeta) {
+/* batch norm's backward pass for the gradient dy of its output, or (y not NULL) of y = max(0, its output
+   [+ a residual]); dx += (acc 1) or = (acc 0); dr (not NULL: the residual's gradient) += (acc_r 1) or =
+   dy where y > 0 */
+static void dt__bn_bwd(int training, const float *x, const float *y, const float *dy, float *dx, int acc, float *dr, int acc_r,
+                       int64_t n, int64_t c, int64_t s, const float *gamma, const float *save_mean, const float *save_invstd,
+                       float *dgamma, float *dbeta) {
     int64_t ch;
     DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
     for (ch = 0; ch < c; ch++) {
@@ -3427,19 +3436,25 @@ static void dt__bn_bwd(int training, const float *x, const float *y, const float
                     }
             }
         }
+        for (i = 0; dr && y && i < n; i++) {
+            const float *dyp = dy + (i * c + ch) * s, *yp = y + (i * c + ch) * s;
+            float *drp = dr + (i * c + ch) * s;
+            if (acc_r) for (k = 0; k < s; k++) { float d = dyp[k]; drp[k] += yp[k] > 0.0f ? d : 0.0f; }
+            else for (k = 0; k < s; k++) { float d = dyp[k]; drp[k] = yp[k] > 0.0f ? d : 0.0f; }
+        }
     }
 }
 static void dt__cpu_bn_bwd(void *ctx, int training, const float *x, const float *dy, float *dx, int64_t n, int64_t c,
                            int64_t s, const float *gamma, const float *save_mean, const float *save_invstd,
                            float *dgamma, float *dbeta) {
     (void)ctx;
-    dt__bn_bwd(training, x, NULL, dy, dx, 1, n, c, s, gamma, save_mean, save_invstd, dgamma, dbeta);
+    dt__bn_bwd(training, x, NULL, dy, dx, 1, NULL, 0, n, c, s, gamma, save_mean, save_invstd, dgamma, dbeta);
 }
 static void dt__cpu_bn_relu_bwd(void *ctx, int training, const float *x, const float *y, const float *dy, float *dx,
-                                int accumulate, int64_t n, int64_t c, int64_t s, const float *gamma, const float *save_mean,
-                                const float *save_invstd, float *dgamma, float *dbeta) {
+                                int accumulate, float *dr, int acc_r, int64_t n, int64_t c, int64_t s, const float *gamma,
+                                const float *save_mean, const float *save_invstd, float *dgamma, float *dbeta) {
     (void)ctx;
-    dt__bn_bwd(training, x, y, dy, dx, accumulate, n, c, s, gamma, save_mean, save_invstd, dgamma, dbeta);
+    dt__bn_bwd(training, x, y, dy, dx, accumulate, dr, acc_r, n, c, s, gamma, save_mean, save_invstd, dgamma, dbeta);
 }
 static void dt__cpu_add_relu_fwd(void *ctx, float *y, const float *a, const float *b, int64_t n) {
     int64_t i;
@@ -3612,7 +3627,8 @@ typedef struct dt__node {
     int alias;                      /* 1: output and gradient are the input's (flatten) */
     /* set by dt__plan: */
     int relu;                       /* batchnorm or add: the ReLU node it runs inside itself (0: none) */
-    unsigned char folded;           /* relu: run by the node before it */
+    int bn;                         /* add: the batch norm (one of its inputs) it runs too (0: none) */
+    unsigned char folded;           /* relu, or batchnorm run by an add: run by another node */
     unsigned char zero;             /* the gradient is zeroed before backward (its first writer adds to it) */
     unsigned char ow[2];            /* the backward pass writes (not adds) the gradient of input 0 / 1 */
     char name[64];
@@ -4073,35 +4089,50 @@ static int dt__owner(const dt_model *m, int i) {
     while (m->nodes[i].alias) i = m->nodes[i].in0;
     return i;
 }
+/* the node that alone reads node i's output (0: none, or several) */
+static int dt__only_reader(const dt_model *m, int i) {
+    int j, readers = 0, r = 0;
+    for (j = i + 1; j < m->nnodes; j++) {
+        if (m->nodes[j].in0 == i) { readers++; r = j; }
+        if (m->nodes[j].in1 == i) { readers++; r = j; }
+    }
+    return readers == 1 ? r : 0;
+}
+/* the residual input of add node a whose other input is the batch norm (a->bn) */
+static int dt__residual(const dt__node *a) { return a->in0 == a->bn ? a->in1 : a->in0; }
 /* Plans the passes from the graph and the backend's ops. A ReLU whose input only it reads runs inside the
-   batch norm or add before it (that node's output and gradient are then never stored). An activation
-   gradient's first writer in the backward pass (its reader with the highest index) writes it rather than
-   adding to it when its op can; the others are zeroed before the pass. */
+   batch norm or add before it (that node's output and gradient are then never stored); so does a batch
+   norm whose only reader is a residual add whose only reader is a ReLU: the add runs all three (when the
+   residual is computed after the batch norm, only the add has both). An activation gradient's first writer
+   in the backward pass (its reader with the highest index) writes it rather than adding to it when its op
+   can; the others are zeroed before the pass. */
 static void dt__plan(dt_model *m) {
     const dt_ops *O = m->ops;
-    int i, j, slot, last = m->nnodes - 1;
+    int i, j, slot, last = m->nnodes - 1, bnr = O->bn_relu_fwd && O->bn_relu_bwd, addr = O->add_relu_fwd && O->add_relu_bwd;
     for (i = 0; i < m->nnodes; i++) {
         dt__node *n = &m->nodes[i];
-        n->relu = 0; n->folded = 0; n->zero = 2; n->ow[0] = n->ow[1] = 0;   /* zero 2: no writer seen yet */
+        n->relu = 0; n->bn = 0; n->folded = 0; n->zero = 2; n->ow[0] = n->ow[1] = 0;   /* zero 2: no writer seen yet */
     }
     for (i = 1; i < last && !dt__fuse_off; i++) {
-        dt__node *n = &m->nodes[i];
-        int readers = 0, r = 0;
-        if (!(n->kind == DT_LAYER_BATCHNORM && O->bn_relu_fwd && O->bn_relu_bwd) &&
-            !(n->kind == DT_LAYER_ADD && n->in0 != n->in1 && O->add_relu_fwd && O->add_relu_bwd))
-            continue;
-        for (j = i + 1; j < m->nnodes; j++) {
-            if (m->nodes[j].in0 == i) { readers++; r = j; }
-            if (m->nodes[j].in1 == i) { readers++; r = j; }
+        dt__node *n = &m->nodes[i], *a;
+        int r = dt__only_reader(m, i), rr;
+        if (!r || n->folded) continue;
+        if (n->kind == DT_LAYER_BATCHNORM && bnr && m->nodes[r].kind == DT_LAYER_RELU) {
+            n->relu = r; m->nodes[r].folded = 1;
+        } else if (n->kind == DT_LAYER_BATCHNORM && bnr && (a = &m->nodes[r])->kind == DT_LAYER_ADD && a->in0 != a->in1 &&
+                   (a->in0 == i ? a->in1 : a->in0) != n->in0 && (rr = dt__only_reader(m, r)) && m->nodes[rr].kind == DT_LAYER_RELU) {
+            n->relu = rr; n->folded = 1; a->bn = i; a->relu = rr; m->nodes[rr].folded = 1;
+        } else if (n->kind == DT_LAYER_ADD && addr && !n->bn && n->in0 != n->in1 && m->nodes[r].kind == DT_LAYER_RELU) {
+            n->relu = r; m->nodes[r].folded = 1;
         }
-        if (readers == 1 && m->nodes[r].kind == DT_LAYER_RELU) { n->relu = r; m->nodes[r].folded = 1; }
     }
     m->nodes[dt__owner(m, last)].zero = 0;   /* the loss gradient is copied in */
     for (j = last; j >= 1; j--) {
         dt__node *n = &m->nodes[j];
         if (n->alias || n->folded) continue;   /* writes no gradient */
         for (slot = 0; slot < 2; slot++) {
-            int in = slot ? n->in1 : n->in0;
+            /* an add that runs a batch norm writes the batch norm's input's gradient and the residual's */
+            int in = n->bn ? (slot ? dt__residual(n) : m->nodes[n->bn].in0) : (slot ? n->in1 : n->in0);
             dt__node *o;
             if (in < 0 || (o = &m->nodes[dt__owner(m, in)])->zero != 2) continue;
             n->ow[slot] = n->kind == DT_LAYER_ADD || n->kind == DT_LAYER_LINEAR || (n->kind == DT_LAYER_BATCHNORM && n->relu) ||
@@ -4266,12 +4297,21 @@ static void dt__node_fwd(dt_model *m, dt__node *n, int64_t batch) {
         }
         break;
     case DT_LAYER_BATCHNORM:
-        (n->relu ? O->bn_relu_fwd : O->bn_fwd)(C, m->training, x, n->relu ? m->nodes[n->relu].out : n->out, batch, n->c,
-                                               n->h * n->w, dt__pv(m, n, 0), dt__pv(m, n, 1), dt__bv(m, n, 0), dt__bv(m, n, 1),
-                                               n->eps, n->momentum, n->aux, n->aux + n->c);
+        if (n->folded) break;   /* the add after it runs it */
+        if (n->relu)
+            O->bn_relu_fwd(C, m->training, x, NULL, m->nodes[n->relu].out, batch, n->c, n->h * n->w, dt__pv(m, n, 0),
+                           dt__pv(m, n, 1), dt__bv(m, n, 0), dt__bv(m, n, 1), n->eps, n->momentum, n->aux, n->aux + n->c);
+        else
+            O->bn_fwd(C, m->training, x, n->out, batch, n->c, n->h * n->w, dt__pv(m, n, 0), dt__pv(m, n, 1), dt__bv(m, n, 0),
+                      dt__bv(m, n, 1), n->eps, n->momentum, n->aux, n->aux + n->c);
         break;
     case DT_LAYER_ADD:
-        if (n->relu) O->add_relu_fwd(C, m->nodes[n->relu].out, x, m->nodes[n->in1].out, cnt);
+        if (n->bn) {   /* relu(bn(x) + residual) */
+            dt__node *b = &m->nodes[n->bn];
+            O->bn_relu_fwd(C, m->training, m->nodes[b->in0].out, m->nodes[dt__residual(n)].out, m->nodes[n->relu].out, batch,
+                           b->c, b->h * b->w, dt__pv(m, b, 0), dt__pv(m, b, 1), dt__bv(m, b, 0), dt__bv(m, b, 1), b->eps,
+                           b->momentum, b->aux, b->aux + b->c);
+        } else if (n->relu) O->add_relu_fwd(C, m->nodes[n->relu].out, x, m->nodes[n->in1].out, cnt);
         else O->add(C, n->out, x, m->nodes[n->in1].out, cnt);
         break;
     case DT_LAYER_PAD_SHORTCUT: O->pad_shortcut_fwd(C, x, n->out, batch, in->c, in->h, in->w, n->c, n->stride); break;
@@ -4303,15 +4343,23 @@ static void dt__node_bwd(dt_model *m, dt__node *n, int64_t batch) {
     case DT_LAYER_RELU: if (dx && !n->folded) O->relu_bwd(C, n->out, dy, dx, cnt); break;
     case DT_LAYER_DROPOUT: if (dx) O->mul_bwd(C, dy, n->aux, dx, cnt); break;
     case DT_LAYER_BATCHNORM:
+        if (n->folded) break;   /* the add after it runs it */
         if (n->relu)
-            O->bn_relu_bwd(C, m->training, x, r->out, r->grad, dx, !n->ow[0], batch, n->c, n->h * n->w, dt__pv(m, n, 0), n->aux,
-                           n->aux + n->c, dt__gv(m, n, 0), dt__gv(m, n, 1));
+            O->bn_relu_bwd(C, m->training, x, r->out, r->grad, dx, !n->ow[0], NULL, 0, batch, n->c, n->h * n->w, dt__pv(m, n, 0),
+                           n->aux, n->aux + n->c, dt__gv(m, n, 0), dt__gv(m, n, 1));
         else
             O->bn_bwd(C, m->training, x, dy, dx, batch, n->c, n->h * n->w, dt__pv(m, n, 0), n->aux, n->aux + n->c,
                       dt__gv(m, n, 0), dt__gv(m, n, 1));
         break;
     case DT_LAYER_ADD: {
         float *dx1 = m->nodes[n->in1].grad;
+        if (n->bn) {   /* relu(bn(x) + residual) */
+            dt__node *b = &m->nodes[n->bn];
+            O->bn_relu_bwd(C, m->training, m->nodes[b->in0].out, r->out, r->grad, m->nodes[b->in0].grad, !n->ow[0],
+                           m->nodes[dt__residual(n)].grad, !n->ow[1], batch, b->c, b->h * b->w, dt__pv(m, b, 0), b->aux,
+                           b->aux + b->c, dt__gv(m, b, 0), dt__gv(m, b, 1));
+            break;
+        }
         if (n->relu) { O->add_relu_bwd(C, r->out, r->grad, dx, !n->ow[0], dx1, !n->ow[1], cnt); break; }
         if (dx && n->ow[0]) O->copy(C, dx, dy, cnt);
         else if (dx) O->axpy(C, dx, dy, cnt, 1.0f);
