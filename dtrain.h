@@ -2885,6 +2885,87 @@ static void dt__shift_wgrad3(const dt_conv_geom *g, const float *x, const float 
         }
     }
 }
+/* The input gradient of a stride-2 3 x 3 convolution by phase planes: dx's padded pixel (2 qy + a, 2 qx + b)
+   takes the taps (ky, kx) = (a + 2 ty, b + 2 tx), which read dy at (qy - ty, qx - tx); so each phase (a, b)
+   is a shifted-row convolution of dy (padded by a row and a column before it) with 1 x 1 to 2 x 2 taps, and
+   the four phases' results are interleaved into dx. Floats of workspace: shared (the packed kernels, offsets
+   and column table) and per thread (padded dy and the phases' results); dt__shift_dgrad2_fits asks for both
+   per thread, so whether it runs does not depend on the thread count. */
+typedef struct dt__dgrad2_geom { int64_t hq, wq, wd, pd, S, rp, nv, shared, per; } dt__dgrad2_geom;
+static dt__dgrad2_geom dt__dgrad2_make(const dt_conv_geom *g) {
+    dt__dgrad2_geom d;
+    d.hq = (g->h + 2 * g->ph + 1) / 2; d.wq = (g->w + 2 * g->pw + 1) / 2; d.wd = d.wq + 1;
+    d.pd = (d.hq + 1) * d.wd; d.S = d.hq * d.wq; d.rp = (g->c + 7) / 8 * 8;
+    d.nv = (d.hq * d.wd + 47) / 48 * 3;
+    d.shared = (d.rp * 9 * g->oc + 9 * g->oc + 4 * d.nv + 16 + 3) / 4 * 4;
+    d.per = (g->oc * d.pd + DT__SHIFT_SLACK + 4 * d.S * g->c + 3) / 4 * 4;
+    return d;
+}
+static int dt__shift_dgrad2_fits(const dt__cpu_state *st, const dt_conv_geom *g, int threads) {
+    dt__dgrad2_geom d = dt__dgrad2_make(g);
+    return g->kh == 3 && g->kw == 3 && g->sh == 2 && g->sw == 2 && d.shared + d.per <= st->gemm_ws_count / threads;
+}
+static void dt__shift_dgrad2(dt__cpu_state *st, const dt_conv_geom *g, const float *W, const float *dy, float *dx, int add,
+                             int threads) {
+    dt__dgrad2_geom d = dt__dgrad2_make(g);
+    int64_t K0[5], p, t, k, rows = g->c;
+    float *Ap = st->gemm_ws, *ws = st->gemm_ws + d.shared;
+    int32_t *off = (int32_t *)(void *)(Ap + d.rp * 9 * g->oc);
+    dt__shift_vec *vec = (dt__shift_vec *)(void *)(Ap + (d.rp * 9 * g->oc + 9 * g->oc + 3) / 4 * 4);
+    dt__shift_geom vg;
+    memset(&vg, 0, sizeof vg);
+    vg.wq = d.wd; vg.oh = d.hq; vg.ow = d.wq;   /* computed over hq rows of wd, kept wq of each */
+    dt__shift_vecs(&vg, d.nv, vec);
+    K0[0] = 0;
+    for (p = 0; p < 4; p++) {   /* phase p = 2a + b: (2 - a) x (2 - b) taps (ty, tx) */
+        int64_t a = p / 2, b = p % 2, na = 2 - a, nb = 2 - b, Kp = g->oc * na * nb;
+        K0[p + 1] = K0[p] + Kp;
+        for (k = 0; k < Kp; k++) {
+            int64_t o = k / (na * nb), ty = k % (na * nb) / nb, tx = k % nb;
+            off[K0[p] + k] = (int32_t)(o * d.pd + (1 - ty) * d.wd + (1 - tx));
+            for (t = 0; t < d.rp; t++)
+                Ap[K0[p] * d.rp + (t / 8 * Kp + k) * 8 + t % 8] =
+                    t < rows ? W[((o * g->c + t) * 3 + a + 2 * ty) * 3 + b + 2 * tx] : 0.0f;
+        }
+    }
+    DT__OMP(parallel num_threads(threads) if (threads > 1))
+    {
+        int tid = 0;
+        int64_t img, o, j, r, c, iy, ix, q;   /* declared here: private to each thread */
+        float *dyp, *P;
+#if DT__HAVE_OMP
+        tid = omp_get_thread_num();
+#endif
+        dyp = ws + tid * d.per;
+        P = dyp + g->oc * d.pd + DT__SHIFT_SLACK;
+        memset(dyp, 0, sizeof(float) * (size_t)(g->oc * d.pd + DT__SHIFT_SLACK));
+        DT__OMP(for schedule(static))
+        for (img = 0; img < g->n; img++) {
+            const float *dyi = dy + img * g->oc * g->oh * g->ow;
+            float *dxi = dx + img * g->c * g->h * g->w;
+            for (o = 0; o < g->oc; o++)
+                dt__shift_copy(dyp + o * d.pd + d.wd + 1, d.wd, dyi + o * g->oh * g->ow, g->ow, g->oh, g->ow, 0, 0.0f);
+            for (q = 0; q < 4; q++) {
+                int64_t Kp = K0[q + 1] - K0[q];
+                for (r = 0; r < rows; r += 8)
+                    for (j = 0; j < d.hq * d.wd; j += 48)
+                        dt__shift_tile(Kp, Ap + K0[q] * d.rp + r * Kp, dyp + j, off + K0[q], vec + j / 16, P + (q * rows + r) * d.S,
+                                       d.S, NULL, 0, rows - r < 8 ? (int)(rows - r) : 8);
+            }
+            for (c = 0; c < rows; c++)   /* the phases interleaved into dx */
+                for (iy = 0; iy < g->h; iy++) {
+                    int64_t py = iy + g->ph;
+                    const float *p0 = P + ((py % 2) * 2 * rows + c) * d.S + py / 2 * d.wq;
+                    float *dr = dxi + (c * g->h + iy) * g->w;
+                    for (ix = 0; ix < g->w; ix++) {
+                        int64_t px = ix + g->pw;
+                        float v = p0[(px % 2) * rows * d.S + px / 2];
+                        dr[ix] = add ? dr[ix] + v : v;
+                    }
+                }
+        }
+    }
+}
 /* The forward pass (grad 0: y = conv(x, W) + b) or the input gradient (grad 1: dx = the convolution of dy
    with the flipped kernel, or dx += it with add 1) by shifted rows on the model's workspace. Each thread
    takes whole images. */
@@ -2931,7 +3012,8 @@ static int dt__cpu_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, co
     if (g->kh == 3 && g->kw == 3) dt__shift_wgrad3(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
     else dt__shift_wgrad(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
     dt__shift_taken++;
-    if (dx && g->sh == 2) return 2;   /* stride 2: the input gradient by the GEMMs */
+    if (dx && g->sh == 2 && !dt__shift_dgrad2_fits(st, g, threads)) return 2;   /* the input gradient by the GEMMs */
+    if (dx && g->sh == 2) { dt__shift_dgrad2(st, g, W, dy, dx, accumulate != 0, threads); return 1; }
     if (dx) dt__shift_conv(st, g, W, dy, NULL, dx, 1, accumulate != 0, threads);
     return 1;
 }
