@@ -2501,6 +2501,8 @@ static void dt__shift_pad(const dt__shift_geom *s, const float *x, int64_t c0, i
 /* Where a vector of 16 computed columns goes: its kept lanes (keep: those of output pixels, not the
    wp - ow junk columns after each row) to the output from pixel `at` on, in order. */
 typedef struct dt__shift_vec { int64_t at; uint32_t keep; } dt__shift_vec;
+/* the first 16-byte boundary at or after p, for a table inside the float workspace (4 floats of slack) */
+static dt__shift_vec *dt__shift_vec_at(float *p) { return (dt__shift_vec *)(void *)(((uintptr_t)p + 15) & ~(uintptr_t)15); }
 static void dt__shift_vecs(const dt__shift_geom *s, int64_t nv, dt__shift_vec *v) {
     int64_t i, col;
     int l;
@@ -2640,12 +2642,11 @@ static void dt__shift_pack_a(const float *W, int64_t rows, int64_t K, int flip, 
 #define DT__SHIFT_NVEC(s) (((s)->ns + 47) / 48 * 3)   /* vectors of columns the tiles compute */
 static int64_t dt__shift_run_need(const dt__shift_geom *s, int64_t rows) {
     (void)rows;
-    return (s->plane + 3) / 4 * 4 + 4 * DT__SHIFT_NVEC(s) + s->c * s->kh * s->kw + 16;   /* a table entry: 4 floats */
+    return s->plane + 4 + 4 * DT__SHIFT_NVEC(s) + s->c * s->kh * s->kw + 16;   /* a table entry: 4 floats */
 }
 static void dt__shift_run(const dt__shift_geom *s, int64_t n, const float *src, const float *Ap, int64_t rows, float *dst,
                           const float *bias, int add, float *ws, int64_t need, int threads) {
     int64_t S = s->oh * s->ow;
-    need = need / 4 * 4;   /* each thread's table of int64 on an 8-byte boundary (ws is) */
     DT__OMP(parallel num_threads(threads) if (threads > 1))
     {
         int tid = 0;
@@ -2657,7 +2658,7 @@ static void dt__shift_run(const dt__shift_geom *s, int64_t n, const float *src, 
         tid = omp_get_thread_num();
 #endif
         xp = ws + tid * need;
-        vec = (dt__shift_vec *)(void *)(xp + (s->plane + 3) / 4 * 4);
+        vec = dt__shift_vec_at(xp + s->plane);
         off = (int32_t *)(void *)(vec + DT__SHIFT_NVEC(s));
         memset(xp, 0, sizeof(float) * (size_t)s->plane);
         dt__shift_vecs(s, DT__SHIFT_NVEC(s), vec);
@@ -2897,8 +2898,8 @@ static dt__dgrad2_geom dt__dgrad2_make(const dt_conv_geom *g) {
     d.hq = (g->h + 2 * g->ph + 1) / 2; d.wq = (g->w + 2 * g->pw + 1) / 2; d.wd = d.wq + 1;
     d.pd = (d.hq + 1) * d.wd; d.S = d.hq * d.wq; d.rp = (g->c + 7) / 8 * 8;
     d.nv = (d.hq * d.wd + 47) / 48 * 3;
-    d.shared = (d.rp * 9 * g->oc + 9 * g->oc + 4 * d.nv + 16 + 3) / 4 * 4;
-    d.per = (g->oc * d.pd + DT__SHIFT_SLACK + 4 * d.S * g->c + 3) / 4 * 4;
+    d.shared = d.rp * 9 * g->oc + 9 * g->oc + 4 + 4 * d.nv + 16;
+    d.per = g->oc * d.pd + DT__SHIFT_SLACK + 4 * d.S * g->c;
     return d;
 }
 static int dt__shift_dgrad2_fits(const dt__cpu_state *st, const dt_conv_geom *g, int threads) {
@@ -2911,7 +2912,7 @@ static void dt__shift_dgrad2(dt__cpu_state *st, const dt_conv_geom *g, const flo
     int64_t K0[5], p, t, k, rows = g->c;
     float *Ap = st->gemm_ws, *ws = st->gemm_ws + d.shared;
     int32_t *off = (int32_t *)(void *)(Ap + d.rp * 9 * g->oc);
-    dt__shift_vec *vec = (dt__shift_vec *)(void *)(Ap + (d.rp * 9 * g->oc + 9 * g->oc + 3) / 4 * 4);
+    dt__shift_vec *vec = dt__shift_vec_at(Ap + d.rp * 9 * g->oc + 9 * g->oc);
     dt__shift_geom vg;
     memset(&vg, 0, sizeof vg);
     vg.wq = d.wd; vg.oh = d.hq; vg.ow = d.wq;   /* computed over hq rows of wd, kept wq of each */
