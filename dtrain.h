@@ -2966,6 +2966,7 @@ static void dt__shift_dgrad2(dt__cpu_state *st, const dt_conv_geom *g, const flo
                 }
         }
     }
+    (void)threads;
 }
 /* The forward pass (grad 0: y = conv(x, W) + b) or the input gradient (grad 1: dx = the convolution of dy
    with the flipped kernel, or dx += it with add 1) by shifted rows on the model's workspace. Each thread
