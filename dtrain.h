@@ -1932,18 +1932,19 @@ void dt_gemm_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, c
 }
 
 /* Blocked GEMM after Goto & van de Geijn: for each (NC x KC) block of op(B), packed into NR-wide
-   panels, and each (MC x KC) block of op(A), packed into MR-tall panels, an MR x NR micro-kernel
-   accumulates in registers. Transposes are absorbed by the packing, so the micro-kernel sees one
-   layout. Edges are zero-padded in the packed panels and clipped when written back. MR and NR are the
-   micro-kernel's (chosen at run time for the CPU); KC, MC and NC are shared. */
+   panels that stay in L2, and each (MC x KC) block of op(A), packed into MR-tall panels, an MR x NR
+   micro-kernel accumulates in registers: each A panel (MR x KC, a few KiB) stays in L1 while the B panels
+   stream past it from L2. Transposes are absorbed by the packing, so the micro-kernel sees one layout.
+   Edges are zero-padded in the packed panels and clipped when written back. MR and NR are the
+   micro-kernel's (chosen at run time for the CPU); KC, MC and NC are shared, and K and N are cut into
+   blocks of equal size (at most KC, NC) so no block is a sliver. */
 #ifndef DT__KC
 #define DT__KC 256
-#define DT__MC 96
-#define DT__NC 2304
+#define DT__MC 1248
+#define DT__NC 1152
 #endif
 #define DT__MR_MAX 16
 #define DT__NR_MAX 48
-
 /* Ap: the mc x kc block of op(A) at (i0, p0) as MR-tall panels, each kc x MR (row p holds MR rows' values) */
 static void dt__pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float *Ap, int MR) {
     int64_t ir, p, i;
@@ -2156,6 +2157,8 @@ static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const floa
     __mmask16 mask[DT__NV512];
     int64_t p;
     int i, v;
+    for (i = 0; i < DT__MR512 && i < mr; i++)   /* C's tile is read only at the end: fetch it meanwhile */
+        for (v = 0; v < DT__NV512; v++) _mm_prefetch((const char *)(C + i * ldc + 16 * v), _MM_HINT_T0);
     for (i = 0; i < DT__MR512; i++)
         for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_setzero_ps();
     for (p = 0; p < kc; p++) {
@@ -2166,6 +2169,17 @@ static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const floa
             __m512 av = _mm512_set1_ps(ap[i]);
             for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
         }
+    }
+    if (mr == DT__MR512 && nr == 16 * DT__NV512 && alpha == 1.0f) {
+        /* a whole tile: loops of constant length, so the accumulators never leave the registers */
+        for (i = 0; i < DT__MR512; i++)
+            for (v = 0; v < DT__NV512; v++) {
+                float *cp = C + i * ldc + 16 * v;
+                if (beta == 0.0f) _mm512_storeu_ps(cp, c[i][v]);
+                else if (beta == 1.0f) _mm512_storeu_ps(cp, _mm512_add_ps(c[i][v], _mm512_loadu_ps(cp)));
+                else _mm512_storeu_ps(cp, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cp), c[i][v]));
+            }
+        return;
     }
     for (v = 0; v < DT__NV512; v++) {
         int64_t left = nr - 16 * v;
@@ -2215,25 +2229,27 @@ static const dt__kernel *dt__pick_kernel(void) {
 static int64_t dt__gemm_ws_count(int threads) { return (int64_t)threads * DT__GEMM_WS_THREAD; }
 static int dt__gemm_ws_threads(int64_t count) { return (int)(count / DT__GEMM_WS_THREAD); }
 
-/* One thread's share of the blocked GEMM: C[m0:m1, n0:n1], with its own packing space Bp, Ap and tmp. */
+/* One thread's share of the blocked GEMM: C[m0:m1, n0:n1], with its own packing space Bp, Ap and tmp.
+   The K blocks depend on K alone, so each element of C is summed in the same order whatever the share. */
 static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, float *tmp, int ta, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
                           int64_t K, float alpha, const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C,
                           int64_t ldc) {
     const int MR = kern->mr, NR = kern->nr;
-    int64_t jc, pc, ic, jr, ir;
-    for (jc = n0; jc < n1; jc += DT__NC) {
-        int64_t nc = n1 - jc < DT__NC ? n1 - jc : DT__NC;
-        for (pc = 0; pc < K; pc += DT__KC) {
-            int64_t kc = K - pc < DT__KC ? K - pc : DT__KC;
-            float bet = pc == 0 ? beta : 1.0f;
+    int64_t nkb = (K + DT__KC - 1) / DT__KC, npan = (n1 - n0 + NR - 1) / NR, nnb = (npan * NR + DT__NC - 1) / DT__NC;
+    int64_t ncb = (npan + nnb - 1) / nnb * NR, jc, kb, ic, jr, ir;   /* columns per N block: whole panels */
+    for (jc = n0; jc < n1; jc += ncb) {
+        int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
+        for (kb = 0; kb < nkb; kb++) {
+            int64_t pc = K * kb / nkb, kc = K * (kb + 1) / nkb - pc;
+            float bet = kb == 0 ? beta : 1.0f;
             dt__pack_b(bs, pc, kc, jc, nc, Bp, NR, tmp);
             for (ic = m0; ic < m1; ic += DT__MC) {
                 int64_t mc = m1 - ic < DT__MC ? m1 - ic : DT__MC;
                 dt__pack_a(ta, A, lda, ic, mc, pc, kc, Ap, MR);
-                for (jr = 0; jr < nc; jr += NR) {
-                    int64_t nr = nc - jr < NR ? nc - jr : NR;
-                    for (ir = 0; ir < mc; ir += MR) {
-                        int64_t mr = mc - ir < MR ? mc - ir : MR;
+                for (ir = 0; ir < mc; ir += MR) {        /* A's panel stays in L1 ... */
+                    int64_t mr = mc - ir < MR ? mc - ir : MR;
+                    for (jr = 0; jr < nc; jr += NR) {    /* ... while B's stream from L2 */
+                        int64_t nr = nc - jr < NR ? nc - jr : NR;
                         kern->fn(kc, Ap + ir * kc, Bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, bet);
                     }
                 }
