@@ -1945,26 +1945,66 @@ void dt_gemm_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, c
 #endif
 #define DT__MR_MAX 16
 #define DT__NR_MAX 48
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DT_NO_SIMD)
+/* An 8-tall panel of A's rows with AVX: dst[p * 8 + i] = A[i * lda + p] for p < kc8 (a multiple of 8),
+   transposing 8 x 8 tiles in registers */
+__attribute__((target("avx")))
+static void dt__pack_a8_avx(const float *A, int64_t lda, int64_t kc8, float *dst) {
+    int64_t p;
+    for (p = 0; p < kc8; p += 8) {
+        __m256 r[8], t[8], u[8];
+        int i;
+        for (i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(A + i * lda + p);
+        for (i = 0; i < 4; i++) {
+            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        for (i = 0; i < 2; i++) {   /* u[4i + k]: column k (low half) and k + 4 (high half) of rows 4i..4i+3 */
+            u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+            u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+            u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+            u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+        }
+        for (i = 0; i < 4; i++) {
+            _mm256_storeu_ps(dst + (p + i) * 8, _mm256_permute2f128_ps(u[i], u[4 + i], 0x20));
+            _mm256_storeu_ps(dst + (p + i + 4) * 8, _mm256_permute2f128_ps(u[i], u[4 + i], 0x31));
+        }
+    }
+}
+#define DT__PACK_A8_AVX 1
+#endif
+
 /* Ap: the mc x kc block of op(A) at (i0, p0) as MR-tall panels, each kc x MR (row p holds MR rows' values) */
 static void dt__pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float *Ap, int MR) {
     int64_t ir, p, i;
+    int simd = 0;   /* 1: whole 8-tall panels of A's rows by 8 x 8 transposes */
+#ifdef DT__PACK_A8_AVX
+    simd = MR == 8 && !ta && __builtin_cpu_supports("avx");
+#endif
     for (ir = 0; ir < mc; ir += MR) {
-        int64_t mr = mc - ir < MR ? mc - ir : MR;
+        int64_t mr = mc - ir < MR ? mc - ir : MR, p8 = 0;
         float *dst = Ap + ir * kc;
         if (ta) {   /* op(A) = A^T: the MR values of a row p are contiguous in A */
             for (p = 0; p < kc; p++) {
                 const float *src = A + (p0 + p) * lda + i0 + ir;
+                if (mr == 8 && MR == 8) { for (i = 0; i < 8; i++) dst[p * 8 + i] = src[i]; continue; }
                 for (i = 0; i < mr; i++) dst[p * MR + i] = src[i];
                 for (; i < MR; i++) dst[p * MR + i] = 0.0f;
             }
-        } else {    /* row by row of A, each read along k */
-            for (i = 0; i < mr; i++) {
-                const float *src = A + (i0 + ir + i) * lda + p0;
-                for (p = 0; p < kc; p++) dst[p * MR + i] = src[p];
-            }
-            for (; i < MR; i++)
-                for (p = 0; p < kc; p++) dst[p * MR + i] = 0.0f;
+            continue;
         }
+#ifdef DT__PACK_A8_AVX
+        if (simd && mr == 8) {
+            p8 = kc / 8 * 8;
+            dt__pack_a8_avx(A + (i0 + ir) * lda + p0, lda, p8, dst);
+        }
+#endif
+        for (i = 0; i < mr; i++) {   /* row by row of A, each read along k */
+            const float *src = A + (i0 + ir + i) * lda + p0;
+            for (p = p8; p < kc; p++) dst[p * MR + i] = src[p];
+        }
+        for (; i < MR; i++)
+            for (p = 0; p < kc; p++) dst[p * MR + i] = 0.0f;
     }
 }
 
@@ -2006,6 +2046,31 @@ static void dt__pack_bt_avx512(const float *B, int64_t ldb, int64_t kc, int64_t 
 #define DT__PACK_BT_AVX512 1
 #endif
 
+/* rows of B [kc, nc] (row stride ldb) into the NR-wide panels of Bp: row by row, so the reads stream
+   through memory in order instead of hopping between kc rows for every panel */
+static void dt__pack_b_rows(const float *B, int64_t ldb, int64_t kc, int64_t nc, float *Bp, int NR) {
+    int64_t p, jr, j, full = nc / NR * NR;
+    for (p = 0; p < kc; p++) {
+        const float *src = B + p * ldb;
+        float *dst = Bp + p * NR;
+        if (NR == 48)   /* the AVX-512 kernel's panels: a copy of constant length, unrolled */
+            for (jr = 0; jr < full; jr += 48) {
+                float *d = dst + jr * kc;
+                for (j = 0; j < 48; j++) d[j] = src[jr + j];
+            }
+        else
+            for (jr = 0; jr < full; jr += NR) {
+                float *d = dst + jr * kc;
+                for (j = 0; j < NR; j++) d[j] = src[jr + j];
+            }
+        if (full < nc) {
+            float *d = dst + full * kc;
+            for (j = 0; j < nc - full; j++) d[j] = src[full + j];
+            for (; j < NR; j++) d[j] = 0.0f;
+        }
+    }
+}
+
 /* Bp: the kc x nc block of op(B) at (p0, j0) as NR-wide panels, each kc x NR; tmp: KC x NR floats of scratch */
 static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *Bp, int NR, float *tmp) {
     const float *B = bs->B;
@@ -2038,12 +2103,9 @@ static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, i
 #endif
             for (; j < NR; j++)
                 for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
-        } else if (!bs->tb) {       /* rows of B are contiguous along n */
-            for (p = 0; p < kc; p++) {
-                const float *src = B + (p0 + p) * ldb + j0 + jr;
-                for (j = 0; j < nr; j++) dst[p * NR + j] = src[j];
-                for (; j < NR; j++) dst[p * NR + j] = 0.0f;
-            }
+        } else if (!bs->tb) {       /* rows of B are contiguous along n: read each whole, for every panel */
+            dt__pack_b_rows(B + p0 * ldb + j0, ldb, kc, nc, Bp, NR);
+            return;
         } else {                    /* op(B) = B^T: read each row of B along k */
 #ifdef DT__PACK_BT_AVX512
             if (NR % 16 == 0 && __builtin_cpu_supports("avx512f")) {
