@@ -1862,16 +1862,87 @@ int dt_cpu_threads(void) {
 
 /* ---- GEMM ------------------------------------------------------------------------------------ */
 
+/* im2col's index arithmetic, the same for every stretch of a row (c, ky, kx): output columns [lo, hi) of
+   any row read inside the image */
+static void dt__col_cols(const dt_conv_geom *g, int64_t kx, int64_t *lo, int64_t *hi) {
+    *lo = kx >= g->pw ? 0 : (g->pw - kx + g->sw - 1) / g->sw;
+    *hi = g->w + g->pw - kx > 0 ? (g->w + g->pw - kx - 1) / g->sw + 1 : 0;
+    if (*hi > g->ow) *hi = g->ow;
+    if (*lo > *hi) *lo = *hi;
+}
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DT_NO_SIMD)
+/* dt__col_span with AVX-512 into contiguous dst: a whole image of at most 16 pixels and 16 outputs by one
+   permutation of its plane, a stretch of an output row (stride 1) by masked loads and stores, 16 at a time */
+__attribute__((target("avx512f")))
+static void dt__col_span_avx512(const dt_conv_geom *g, const float *x, int64_t c, int64_t ky, int64_t kx, int64_t n, int64_t oy,
+                                int64_t ox, int64_t len, float *DT__RESTRICT dst) {
+    int64_t lo, hi, S = g->oh * g->ow, hw = g->h * g->w, i;
+    __m512i vi = _mm512_setzero_si512();
+    __mmask16 vm = 0;
+    int small = S <= 16 && hw <= 16;
+    dt__col_cols(g, kx, &lo, &hi);
+    if (small && len >= S) {   /* which pixel each output of an image reads (vm: inside the image) */
+        int32_t idx[16];
+        for (i = 0; i < 16; i++) {
+            int64_t iy = i / g->ow * g->sh - g->ph + ky, ix = i % g->ow * g->sw - g->pw + kx;
+            idx[i] = 0;
+            if (i < S && iy >= 0 && iy < g->h && ix >= 0 && ix < g->w) { idx[i] = (int32_t)(iy * g->w + ix); vm |= (__mmask16)(1u << i); }
+        }
+        vi = _mm512_loadu_si512(idx);
+    }
+    while (len > 0) {
+        int64_t end, iy, a, b, q;
+        if (small && ox == 0 && oy == 0 && len >= S) {
+            __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << hw) - 1u), x + (n * g->c + c) * hw);
+            _mm512_mask_storeu_ps(dst, (__mmask16)((1u << S) - 1u), _mm512_maskz_permutexvar_ps(vm, vi, v));
+            dst += S; len -= S; n++;
+            continue;
+        }
+        end = ox + len < g->ow ? ox + len : g->ow;
+        iy = oy * g->sh - g->ph + ky;
+        a = end; b = end;
+        if (iy >= 0 && iy < g->h) {   /* [a, b): inside the image */
+            a = lo < ox ? ox : lo > end ? end : lo;
+            b = hi < a ? a : hi > end ? end : hi;
+        }
+        if (g->sw == 1) {
+            const float *xr = a < b ? x + ((n * g->c + c) * g->h + iy) * g->w + kx - g->pw : x;
+            for (q = ox; q < end; q += 16) {
+                int64_t m = end - q < 16 ? end - q : 16, va = a > q ? a : q, vb = b < q + m ? b : q + m;
+                __mmask16 lm = va < vb ? (__mmask16)(((1u << (vb - q)) - 1u) & ~((1u << (va - q)) - 1u)) : (__mmask16)0;
+                _mm512_mask_storeu_ps(dst, (__mmask16)((1u << m) - 1u), _mm512_maskz_loadu_ps(lm, lm ? xr + q : x));
+                dst += m;
+            }
+        } else {
+            for (i = ox; i < a; i++) *dst++ = 0.0f;
+            if (a < b) {
+                const float *xr = x + ((n * g->c + c) * g->h + iy) * g->w + kx - g->pw;
+                for (i = a; i < b; i++) *dst++ = xr[i * g->sw];
+            }
+            for (i = b; i < end; i++) *dst++ = 0.0f;
+        }
+        len -= end - ox;
+        ox = 0;
+        if (++oy == g->oh) { oy = 0; n++; }
+    }
+}
+#define DT__COL_SPAN_AVX512 1
+#endif
+
 /* One stretch of a row of im2col(x) for geometry g, never materialised whole: row (c, ky, kx) of col
    [c*kh*kw, n*oh*ow], the `len` columns from output position (n, oy, ox) on, written to dst[i * stride].
    Reads zero outside the image (the padding). im2col and the convolution GEMMs' packing share it. */
 static void dt__col_span(const dt_conv_geom *g, const float *x, int64_t c, int64_t ky, int64_t kx, int64_t n, int64_t oy,
                          int64_t ox, int64_t len, float *DT__RESTRICT dst, int64_t stride) {
-    /* output columns [lo, hi) of any row read inside the image */
-    int64_t lo = kx >= g->pw ? 0 : (g->pw - kx + g->sw - 1) / g->sw;
-    int64_t hi = g->w + g->pw - kx > 0 ? (g->w + g->pw - kx - 1) / g->sw + 1 : 0;
-    if (hi > g->ow) hi = g->ow;
-    if (lo > hi) lo = hi;
+    int64_t lo, hi;
+#ifdef DT__COL_SPAN_AVX512
+    if (stride == 1 && __builtin_cpu_supports("avx512f")) {
+        dt__col_span_avx512(g, x, c, ky, kx, n, oy, ox, len, dst);
+        return;
+    }
+#endif
+    dt__col_cols(g, kx, &lo, &hi);
     while (len > 0) {
         int64_t end = ox + len < g->ow ? ox + len : g->ow, iy = oy * g->sh - g->ph + ky, a = end, b = end, i;
         if (iy >= 0 && iy < g->h) {   /* [a, b): inside the image */
@@ -2046,13 +2117,13 @@ static void dt__pack_bt_avx512(const float *B, int64_t ldb, int64_t kc, int64_t 
 #define DT__PACK_BT_AVX512 1
 #endif
 
-/* rows of B [kc, nc] (row stride ldb) into the NR-wide panels of Bp: row by row, so the reads stream
-   through memory in order instead of hopping between kc rows for every panel */
-static void dt__pack_b_rows(const float *B, int64_t ldb, int64_t kc, int64_t nc, float *Bp, int NR) {
+/* rows of B [rows, nc] (row stride ldb) into the NR-wide panels of a kc-row block (dst: the first row's
+   place in the first panel): row by row, so the reads stream through memory in order instead of hopping
+   between kc rows for every panel */
+static void dt__pack_b_rows(const float *B, int64_t ldb, int64_t rows, int64_t nc, float *dst, int64_t kc, int NR) {
     int64_t p, jr, j, full = nc / NR * NR;
-    for (p = 0; p < kc; p++) {
+    for (p = 0; p < rows; p++, dst += NR) {
         const float *src = B + p * ldb;
-        float *dst = Bp + p * NR;
         if (NR == 48)   /* the AVX-512 kernel's panels: a copy of constant length, unrolled */
             for (jr = 0; jr < full; jr += 48) {
                 float *d = dst + jr * kc;
@@ -2071,7 +2142,8 @@ static void dt__pack_b_rows(const float *B, int64_t ldb, int64_t kc, int64_t nc,
     }
 }
 
-/* Bp: the kc x nc block of op(B) at (p0, j0) as NR-wide panels, each kc x NR; tmp: KC x NR floats of scratch */
+/* Bp: the kc x nc block of op(B) at (p0, j0) as NR-wide panels, each kc x NR; tmp: KC x NR_MAX floats of
+   scratch (at least NC: a row of the block) */
 static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *Bp, int NR, float *tmp) {
     const float *B = bs->B;
     const dt_conv_geom *g = bs->g;
@@ -2079,14 +2151,15 @@ static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, i
     for (jr = 0; jr < nc; jr += NR) {
         int64_t nr = nc - jr < NR ? nc - jr : NR, p, j;
         float *dst = Bp + jr * kc;
-        if (g && !bs->tb) {         /* rows p: col rows p0 + p, each read from output position j0 + jr on */
-            int64_t S = g->oh * g->ow, pos = j0 + jr, n = pos / S, oy = pos % S / g->ow, ox = pos % g->ow;
+        if (g && !bs->tb) {         /* rows p: col rows p0 + p from output position j0 on, each whole into tmp */
+            int64_t S = g->oh * g->ow, n = j0 / S, oy = j0 % S / g->ow, ox = j0 % g->ow;
             int64_t c = p0 / (g->kh * g->kw), ky = p0 / g->kw % g->kh, kx = p0 % g->kw;
             for (p = 0; p < kc; p++) {
-                dt__col_span(g, B, c, ky, kx, n, oy, ox, nr, dst + p * NR, 1);
-                for (j = nr; j < NR; j++) dst[p * NR + j] = 0.0f;
+                dt__col_span(g, B, c, ky, kx, n, oy, ox, nc, tmp, 1);
+                dt__pack_b_rows(tmp, nc, 1, nc, Bp + p * NR, kc, NR);
                 if (++kx == g->kw) { kx = 0; if (++ky == g->kh) { ky = 0; c++; } }
             }
+            return;
         } else if (g) {             /* columns j: col rows j0 + jr + j, each read from output position p0 on */
             int64_t S = g->oh * g->ow, n = p0 / S, oy = p0 % S / g->ow, ox = p0 % g->ow;
             int simd = 0;           /* 1: the rows go into tmp, then a 16 x 16 transpose packs them */
@@ -2104,7 +2177,7 @@ static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, i
             for (; j < NR; j++)
                 for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
         } else if (!bs->tb) {       /* rows of B are contiguous along n: read each whole, for every panel */
-            dt__pack_b_rows(B + p0 * ldb + j0, ldb, kc, nc, Bp, NR);
+            dt__pack_b_rows(B + p0 * ldb + j0, ldb, kc, nc, Bp, kc, NR);
             return;
         } else {                    /* op(B) = B^T: read each row of B along k */
 #ifdef DT__PACK_BT_AVX512
