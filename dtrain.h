@@ -1872,15 +1872,18 @@ static void dt__col_cols(const dt_conv_geom *g, int64_t kx, int64_t *lo, int64_t
 }
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DT_NO_SIMD)
-/* dt__col_span with AVX-512 into contiguous dst: a whole image of at most 16 pixels and 16 outputs by one
-   permutation of its plane, a stretch of an output row (stride 1) by masked loads and stores, 16 at a time */
+/* dt__col_span with AVX-512 into contiguous dst, in steps of three kinds: a whole image of at most 16 pixels
+   and 16 outputs by one permutation of its plane; with stride 1 and same-size outputs whose rows tile 16
+   lanes (or the other way round), 16 outputs at a time as 16 pixels of the plane shifted by (ky - ph,
+   kx - pw), the lanes outside the image masked; else the rest of an output row, by masked loads and stores
+   (stride 1) or one by one */
 __attribute__((target("avx512f")))
 static void dt__col_span_avx512(const dt_conv_geom *g, const float *x, int64_t c, int64_t ky, int64_t kx, int64_t n, int64_t oy,
                                 int64_t ox, int64_t len, float *DT__RESTRICT dst) {
     int64_t lo, hi, S = g->oh * g->ow, hw = g->h * g->w, i;
     __m512i vi = _mm512_setzero_si512();
-    __mmask16 vm = 0;
-    int small = S <= 16 && hw <= 16;
+    __mmask16 vm = 0, colm = 0;
+    int small = S <= 16 && hw <= 16, tile = 0;
     dt__col_cols(g, kx, &lo, &hi);
     if (small && len >= S) {   /* which pixel each output of an image reads (vm: inside the image) */
         int32_t idx[16];
@@ -1891,12 +1894,46 @@ static void dt__col_span_avx512(const dt_conv_geom *g, const float *x, int64_t c
         }
         vi = _mm512_loadu_si512(idx);
     }
+    tile = !small && len >= 16 && g->sw == 1 && g->sh == 1 && g->w == g->ow && g->h == g->oh && S % 16 == 0 &&
+           (16 % g->ow == 0 || g->ow % 16 == 0);
+    if (tile && g->ow < 16) {   /* 16 lanes = 16 / ow output rows; colm: the lanes inside the image's columns */
+        int64_t col;
+        for (i = 0, col = 0; i < 16; i++, col = col + 1 == g->ow ? 0 : col + 1)
+            if (col >= lo && col < hi) colm |= (__mmask16)(1u << i);
+    }
     while (len > 0) {
         int64_t end, iy, a, b, q;
         if (small && ox == 0 && oy == 0 && len >= S) {
             __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << hw) - 1u), x + (n * g->c + c) * hw);
             _mm512_mask_storeu_ps(dst, (__mmask16)((1u << S) - 1u), _mm512_maskz_permutexvar_ps(vm, vi, v));
             dst += S; len -= S; n++;
+            continue;
+        }
+        if (tile && len >= 16 && (g->ow < 16 ? ox == 0 && oy % (16 / g->ow) == 0 : ox % 16 == 0)) {
+            /* 16 outputs at a time, to the image's end: pixels (oy + ky - ph, ox + kx - pw) on */
+            const float *base = x + (n * g->c + c) * hw + (ky - g->ph) * g->w + kx - g->pw;
+            __mmask16 m;
+            if (g->ow < 16) {
+                int64_t r16 = 16 / g->ow;
+                for (; oy < g->oh && len >= 16; oy += r16, len -= 16, dst += 16) {
+                    int64_t t0 = oy + ky - g->ph;   /* the first of the r16 input rows */
+                    m = colm;
+                    if (t0 < 0 || t0 + r16 > g->h) {
+                        __mmask16 rows = 0;
+                        for (i = 0; i < r16; i++)
+                            if (t0 + i >= 0 && t0 + i < g->h) rows |= (__mmask16)(((1u << g->ow) - 1u) << (i * g->ow));
+                        m &= rows;
+                    }
+                    _mm512_storeu_ps(dst, _mm512_maskz_loadu_ps(m, m ? base + oy * g->ow : x));
+                }
+            } else
+                for (; oy < g->oh && len >= 16; len -= 16, dst += 16) {
+                    int64_t t0 = oy + ky - g->ph, va = lo > ox ? lo - ox : 0, vb = hi - ox < 16 ? hi - ox : 16;
+                    m = t0 >= 0 && t0 < g->h && va < vb ? (__mmask16)(((1u << vb) - 1u) & ~((1u << va) - 1u)) : (__mmask16)0;
+                    _mm512_storeu_ps(dst, _mm512_maskz_loadu_ps(m, m ? base + oy * g->ow + ox : x));
+                    if ((ox += 16) == g->ow) { ox = 0; oy++; }
+                }
+            if (oy == g->oh) { oy = 0; n++; }
             continue;
         }
         end = ox + len < g->ow ? ox + len : g->ow;
@@ -2370,12 +2407,13 @@ static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, float *t
                           int64_t K, float alpha, const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C,
                           int64_t ldc) {
     const int MR = kern->mr, NR = kern->nr;
-    int64_t nkb = (K + DT__KC - 1) / DT__KC, npan = (n1 - n0 + NR - 1) / NR, nnb = (npan * NR + DT__NC - 1) / DT__NC;
+    int64_t k16 = (K + 15) / 16, nkb = (k16 + DT__KC / 16 - 1) / (DT__KC / 16);   /* K blocks: whole 16s but the last */
+    int64_t npan = (n1 - n0 + NR - 1) / NR, nnb = (npan * NR + DT__NC - 1) / DT__NC;
     int64_t ncb = (npan + nnb - 1) / nnb * NR, jc, kb, ic, jr, ir;   /* columns per N block: whole panels */
     for (jc = n0; jc < n1; jc += ncb) {
         int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
         for (kb = 0; kb < nkb; kb++) {
-            int64_t pc = K * kb / nkb, kc = K * (kb + 1) / nkb - pc;
+            int64_t pc = 16 * (k16 * kb / nkb), kc = (kb + 1 == nkb ? K : 16 * (k16 * (kb + 1) / nkb)) - pc;
             float bet = kb == 0 ? beta : 1.0f;
             dt__pack_b(bs, pc, kc, jc, nc, Bp, NR, tmp);
             for (ic = m0; ic < m1; ic += DT__MC) {
