@@ -2409,16 +2409,16 @@ static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, float *t
     const int MR = kern->mr, NR = kern->nr;
     int64_t k16 = (K + 15) / 16, nkb = (k16 + DT__KC / 16 - 1) / (DT__KC / 16);   /* K blocks: whole 16s but the last */
     int64_t npan = (n1 - n0 + NR - 1) / NR, nnb = (npan * NR + DT__NC - 1) / DT__NC;
-    int64_t ncb = (npan + nnb - 1) / nnb * NR, jc, kb, ic, jr, ir;   /* columns per N block: whole panels */
-    for (jc = n0; jc < n1; jc += ncb) {
-        int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
-        for (kb = 0; kb < nkb; kb++) {
-            int64_t pc = 16 * (k16 * kb / nkb), kc = (kb + 1 == nkb ? K : 16 * (k16 * (kb + 1) / nkb)) - pc;
-            float bet = kb == 0 ? beta : 1.0f;
+    int64_t ncb = (npan + nnb - 1) / nnb * NR, jc, kb, ic, jr, ir;
+    for (kb = 0; kb < nkb; kb++) {   /* K outermost: with one block of A's rows, A is packed once per K block */
+        int64_t pc = 16 * (k16 * kb / nkb), kc = (kb + 1 == nkb ? K : 16 * (k16 * (kb + 1) / nkb)) - pc;
+        float bet = kb == 0 ? beta : 1.0f;
+        for (jc = n0; jc < n1; jc += ncb) {
+            int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
             dt__pack_b(bs, pc, kc, jc, nc, Bp, NR, tmp);
             for (ic = m0; ic < m1; ic += DT__MC) {
                 int64_t mc = m1 - ic < DT__MC ? m1 - ic : DT__MC;
-                dt__pack_a(ta, A, lda, ic, mc, pc, kc, Ap, MR);
+                if (jc == n0 || m1 - m0 > DT__MC) dt__pack_a(ta, A, lda, ic, mc, pc, kc, Ap, MR);
                 for (ir = 0; ir < mc; ir += MR) {        /* A's panel stays in L1 ... */
                     int64_t mr = mc - ir < MR ? mc - ir : MR;
                     for (jr = 0; jr < nc; jr += NR) {    /* ... while B's stream from L2 */
