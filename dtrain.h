@@ -2085,9 +2085,8 @@ static void dt__pack_a8_avx(const float *A, int64_t lda, int64_t kc8, float *dst
 /* Ap: the mc x kc block of op(A) at (i0, p0) as MR-tall panels, each kc x MR (row p holds MR rows' values) */
 static void dt__pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float *Ap, int MR) {
     int64_t ir, p, i;
-    int simd = 0;   /* 1: whole 8-tall panels of A's rows by 8 x 8 transposes */
 #ifdef DT__PACK_A8_AVX
-    simd = MR == 8 && !ta && __builtin_cpu_supports("avx");
+    const int simd = MR == 8 && !ta && __builtin_cpu_supports("avx");   /* 1: 8-tall panels by 8 x 8 transposes */
 #endif
     for (ir = 0; ir < mc; ir += MR) {
         int64_t mr = mc - ir < MR ? mc - ir : MR, p8 = 0;
