@@ -1882,17 +1882,30 @@ static void dt__col_span_avx512(const dt_conv_geom *g, const float *x, int64_t c
                                 int64_t ox, int64_t len, float *DT__RESTRICT dst) {
     int64_t lo, hi, S = g->oh * g->ow, hw = g->h * g->w, i;
     __m512i vi = _mm512_setzero_si512();
-    __mmask16 vm = 0, colm = 0;
+    __m512i gv = _mm512_setzero_si512();
+    __mmask16 vm = 0, colm = 0, gm = 0;
     int small = S <= 16 && hw <= 16, tile = 0;
+    const int64_t per = S <= 8 ? 16 / S : 1;   /* images per 16 lanes */
     dt__col_cols(g, kx, &lo, &hi);
     if (small && len >= S) {   /* which pixel each output of an image reads (vm: inside the image) */
         int32_t idx[16];
+        int64_t r = 0, col = 0, im = 0, l = 0;   /* counters, not divisions: this runs once per call */
         for (i = 0; i < 16; i++) {
-            int64_t iy = i / g->ow * g->sh - g->ph + ky, ix = i % g->ow * g->sw - g->pw + kx;
+            int64_t iy = r * g->sh - g->ph + ky, ix = col * g->sw - g->pw + kx;
             idx[i] = 0;
             if (i < S && iy >= 0 && iy < g->h && ix >= 0 && ix < g->w) { idx[i] = (int32_t)(iy * g->w + ix); vm |= (__mmask16)(1u << i); }
+            if (++col == g->ow) { col = 0; r++; }
         }
         vi = _mm512_loadu_si512(idx);
+        if (S <= 8) {   /* 16 / S images at a time: lane i reads pixel idx[i % S] of image i / S, by a gather */
+            int32_t gi[16];
+            for (i = 0; i < 16; i++) {
+                gi[i] = im < per ? (int32_t)(im * g->c * hw) + idx[l] : 0;
+                if (im < per && (vm >> l & 1u)) gm |= (__mmask16)(1u << i);
+                if (++l == S) { l = 0; im++; }
+            }
+            gv = _mm512_loadu_si512(gi);
+        }
     }
     tile = !small && len >= 16 && g->sw == 1 && g->sh == 1 && g->w == g->ow && g->h == g->oh && S % 16 == 0 &&
            (16 % g->ow == 0 || g->ow % 16 == 0);
@@ -1903,6 +1916,13 @@ static void dt__col_span_avx512(const dt_conv_geom *g, const float *x, int64_t c
     }
     while (len > 0) {
         int64_t end, iy, a, b, q;
+        if (small && S <= 8 && ox == 0 && oy == 0 && len >= per * S) {
+            const float *base = x + (n * g->c + c) * hw;
+            _mm512_mask_storeu_ps(dst, (__mmask16)((1u << (per * S)) - 1u),
+                                  _mm512_mask_i32gather_ps(_mm512_setzero_ps(), gm, gv, base, 4));
+            dst += per * S; len -= per * S; n += per;
+            continue;
+        }
         if (small && ox == 0 && oy == 0 && len >= S) {
             __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << hw) - 1u), x + (n * g->c + c) * hw);
             _mm512_mask_storeu_ps(dst, (__mmask16)((1u << S) - 1u), _mm512_maskz_permutexvar_ps(vm, vi, v));
