@@ -2479,11 +2479,13 @@ static void dt__gemm_with(const dt__kernel *kern, float *ws, int threads, int ta
         nt = omp_get_num_threads();
 #endif
         Bp = ws + (int64_t)tid * DT__GEMM_WS_THREAD;
-        if (npanels >= 4 * (int64_t)nt || (mpanels < 4 * (int64_t)nt && npanels >= mpanels)) {   /* columns: own B each */
+        /* columns when there are enough and C is at least as wide as tall (each thread then packs all of A,
+           the smaller), else rows (each packs all of B) */
+        if (npanels >= 4 * (int64_t)nt ? N >= M || mpanels < 4 * (int64_t)nt : mpanels < 4 * (int64_t)nt && npanels >= mpanels) {
             n0 = npanels * tid / nt * NR;
             n1 = npanels * (tid + 1) / nt * NR;
             if (n1 > N) n1 = N;
-        } else {                                                   /* rows: each packs all of B */
+        } else {
             m0 = mpanels * tid / nt * MR;
             m1 = mpanels * (tid + 1) / nt * MR;
             if (m1 > M) m1 = M;
