@@ -2988,9 +2988,54 @@ static void dt__cpu_im2col(void *ctx, const dt_conv_geom *g, const float *x, flo
         dt__col_span(g, x, r / (g->kh * g->kw), (r / g->kw) % g->kh, r % g->kw, 0, 0, 0, g->n * S, col + r * g->n * S, 1);
 }
 
+#ifdef DT__COL_SPAN_AVX512
+/* col2im of one plane xc of at most 16 pixels with AVX-512: tap k's S outputs (at src + k * ld) moved onto
+   their pixels by the permutation inv[k] and added there, masked by invm[k] so the other pixels are left as
+   they are; the taps in the order of the scalar loop, so the sums round alike */
+__attribute__((target("avx512f")))
+static void dt__col2im_plane_avx512(const float *src, int64_t ld, int64_t S, int64_t hw, int64_t kk, const int32_t *inv,
+                                    const __mmask16 *invm, float *xc) {
+    const __mmask16 pm = (__mmask16)((1u << hw) - 1u), sm = (__mmask16)((1u << S) - 1u);
+    __m512 acc = _mm512_maskz_loadu_ps(pm, xc);
+    int64_t k;
+    for (k = 0; k < kk; k++) {
+        __m512 v = _mm512_maskz_loadu_ps(sm, src + k * ld);
+        acc = _mm512_mask_add_ps(acc, invm[k], acc, _mm512_maskz_permutexvar_ps(invm[k], _mm512_loadu_si512(inv + 16 * k), v));
+    }
+    _mm512_mask_storeu_ps(xc, pm, acc);
+}
+/* col2im for images of at most 16 pixels and 16 outputs, a plane at a time in a register; 0 (nothing
+   written) when the geometry does not fit */
+static int dt__col2im_small(const dt_conv_geom *g, const float *col, float *dx) {
+    int64_t S = g->oh * g->ow, hw = g->h * g->w, kk = g->kh * g->kw, nc, t, i;
+    int32_t inv[32 * 16];
+    __mmask16 invm[32];
+    if (S > 16 || hw > 16 || kk > 32) return 0;
+    for (t = 0; t < kk; t++) {   /* inv[t][pixel]: the output that tap t reads from that pixel */
+        int64_t ky = t / g->kw, kx = t % g->kw, oy, ox;
+        invm[t] = 0;
+        for (i = 0; i < 16; i++) inv[16 * t + i] = 0;
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++) {
+                int64_t iy = oy * g->sh - g->ph + ky, ix = ox * g->sw - g->pw + kx;
+                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                inv[16 * t + iy * g->w + ix] = (int32_t)(oy * g->ow + ox);
+                invm[t] |= (__mmask16)(1u << (iy * g->w + ix));
+            }
+    }
+    DT__OMP(parallel for schedule(static) if (g->c * kk * g->n * S > DT__PAR_MIN))
+    for (nc = 0; nc < g->n * g->c; nc++)   /* nc = n * c + ch */
+        dt__col2im_plane_avx512(col + (nc % g->c) * kk * g->n * S + nc / g->c * S, g->n * S, S, hw, kk, inv, invm, dx + nc * hw);
+    return 1;
+}
+#endif
+
 static void dt__cpu_col2im_bwd(void *ctx, const dt_conv_geom *g, const float *col, float *dx) {
     int64_t S = g->oh * g->ow, nc;
     (void)ctx;
+#ifdef DT__COL_SPAN_AVX512
+    if (__builtin_cpu_supports("avx512f") && dt__col2im_small(g, col, dx)) return;
+#endif
     /* one (image, channel) plane per iteration: its rows of col only write into that plane */
     DT__OMP(parallel for schedule(static) if (g->c * g->kh * g->kw * g->n * S > DT__PAR_MIN))
     for (nc = 0; nc < g->n * g->c; nc++) {

@@ -235,6 +235,8 @@ static void test_conv_vs_direct(void) {
                                        {3, 40, 30, 30, 9, 3, 1, 1}, {7, 29, 25, 23, 5, 3, 2, 1},
                                        /* the packing's 16-lane steps: 16 x 16, 4 x 4 and 2 x 2 images (VGG-11's) */
                                        {3, 5, 16, 16, 7, 3, 1, 1}, {6, 8, 4, 4, 9, 3, 1, 1}, {9, 6, 2, 2, 10, 3, 1, 1},
+                                       /* col2im on small images: more output channels than pixels, stride 2 */
+                                       {2, 3, 2, 2, 40, 3, 1, 1}, {5, 4, 4, 4, 6, 3, 2, 1},
                                        /* stride 1 by shifted rows (AVX-512): ResNet-20's first stage, rows and
                                           channels not multiples of the tiles, padding past k - 1 (the input
                                           gradient then by GEMM), a 5 x 5 window, the weight gradient over
