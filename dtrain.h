@@ -2341,26 +2341,28 @@ static void dt__micro_avx2(int64_t kc, const float *DT__RESTRICT a, const float 
 #define DT__MR512 8
 #define DT__NV512 3
 #endif
-__attribute__((target("avx512f")))
-static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
-                             int64_t mr, int64_t nr, float alpha, float beta) {
+/* the kernel's body for the first nv vectors of the tile (nv constant where it is inlined): a panel's last
+   tile of 32 or 16 columns runs only the multiply-adds it keeps */
+__attribute__((target("avx512f"), always_inline))
+static inline void dt__micro512_nv(int nv, int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C,
+                                   int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta) {
     __m512 c[DT__MR512][DT__NV512], va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     __mmask16 mask[DT__NV512];
     int64_t p;
     int i, v;
     for (i = 0; i < DT__MR512 && i < mr; i++)   /* C's tile is read only at the end: fetch it meanwhile */
-        for (v = 0; v < DT__NV512; v++) _mm_prefetch((const char *)(C + i * ldc + 16 * v), _MM_HINT_T0);
+        for (v = 0; v < nv; v++) _mm_prefetch((const char *)(C + i * ldc + 16 * v), _MM_HINT_T0);
     for (i = 0; i < DT__MR512; i++)
-        for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_setzero_ps();
+        for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_setzero_ps();   /* all: no register left undefined */
     for (p = 0; p < kc; p++) {
         const float *bp = b + p * (16 * DT__NV512), *ap = a + p * DT__MR512;
         __m512 bv[DT__NV512];
         /* B's panels stream from L2: ask for them 16 steps ahead (the hardware prefetcher alone falls behind) */
-        for (v = 0; v < DT__NV512; v++) _mm_prefetch((const char *)(bp + 16 * 16 * DT__NV512 + 16 * v), _MM_HINT_T0);
-        for (v = 0; v < DT__NV512; v++) bv[v] = _mm512_loadu_ps(bp + 16 * v);
+        for (v = 0; v < nv; v++) _mm_prefetch((const char *)(bp + 16 * 16 * DT__NV512 + 16 * v), _MM_HINT_T0);
+        for (v = 0; v < nv; v++) bv[v] = _mm512_loadu_ps(bp + 16 * v);
         for (i = 0; i < DT__MR512; i++) {
             __m512 av = _mm512_set1_ps(ap[i]);
-            for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
+            for (v = 0; v < nv; v++) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
         }
     }
     if (mr == DT__MR512 && nr == 16 * DT__NV512 && alpha == 1.0f) {
@@ -2375,12 +2377,12 @@ static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const floa
         return;
     }
     for (v = 0; v < DT__NV512; v++) {
-        int64_t left = nr - 16 * v;
+        int64_t left = v < nv ? nr - 16 * v : 0;
         mask[v] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
     }
     for (i = 0; i < DT__MR512 && i < mr; i++) {
         float *crow = C + i * ldc;
-        for (v = 0; v < DT__NV512; v++) {
+        for (v = 0; v < nv; v++) {
             __m512 r = alpha == 1.0f ? c[i][v] : _mm512_mul_ps(va, c[i][v]);
             if (!mask[v]) continue;
             if (beta == 1.0f) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask[v], crow + 16 * v));
@@ -2388,6 +2390,13 @@ static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const floa
             _mm512_mask_storeu_ps(crow + 16 * v, mask[v], r);
         }
     }
+}
+__attribute__((target("avx512f")))
+static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
+                             int64_t mr, int64_t nr, float alpha, float beta) {
+    if (nr > 32) dt__micro512_nv(DT__NV512, kc, a, b, C, ldc, mr, nr, alpha, beta);
+    else if (nr > 16) dt__micro512_nv(2, kc, a, b, C, ldc, mr, nr, alpha, beta);
+    else dt__micro512_nv(1, kc, a, b, C, ldc, mr, nr, alpha, beta);
 }
 #endif
 
@@ -2482,8 +2491,11 @@ static void dt__gemm_with(const dt__kernel *kern, float *ws, int threads, int ta
         /* columns when there are enough and C is at least as wide as tall (each thread then packs all of A,
            the smaller), else rows (each packs all of B) */
         if (npanels >= 4 * (int64_t)nt ? N >= M || mpanels < 4 * (int64_t)nt : mpanels < 4 * (int64_t)nt && npanels >= mpanels) {
-            n0 = npanels * tid / nt * NR;
-            n1 = npanels * (tid + 1) / nt * NR;
+            /* in 16s (the AVX-512 kernel runs a stretch's last 16 or 32 columns with only the vectors it
+               keeps), so the stretches are even */
+            int64_t u = NR % 16 == 0 ? 16 : NR, nu = (N + u - 1) / u;
+            n0 = nu * tid / nt * u;
+            n1 = nu * (tid + 1) / nt * u;
             if (n1 > N) n1 = N;
         } else {
             m0 = mpanels * tid / nt * MR;
