@@ -1881,16 +1881,144 @@ int dt_cpu_threads(void) {
 
 /* ---- GEMM ------------------------------------------------------------------------------------ */
 
+/* im2col's index arithmetic, the same for every stretch of a row (c, ky, kx): output columns [lo, hi) of
+   any row read inside the image */
+static void dt__col_cols(const dt_conv_geom *g, int64_t kx, int64_t *lo, int64_t *hi) {
+    *lo = kx >= g->pw ? 0 : (g->pw - kx + g->sw - 1) / g->sw;
+    *hi = g->w + g->pw - kx > 0 ? (g->w + g->pw - kx - 1) / g->sw + 1 : 0;
+    if (*hi > g->ow) *hi = g->ow;
+    if (*lo > *hi) *lo = *hi;
+}
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DT_NO_SIMD)
+/* dt__col_span with AVX-512 into contiguous dst, in steps of three kinds: a whole image of at most 16 pixels
+   and 16 outputs by one permutation of its plane; with stride 1 and same-size outputs whose rows tile 16
+   lanes (or the other way round), 16 outputs at a time as 16 pixels of the plane shifted by (ky - ph,
+   kx - pw), the lanes outside the image masked; else the rest of an output row, by masked loads and stores
+   (stride 1) or one by one */
+__attribute__((target("avx512f")))
+static void dt__col_span_avx512(const dt_conv_geom *g, const float *x, int64_t c, int64_t ky, int64_t kx, int64_t n, int64_t oy,
+                                int64_t ox, int64_t len, float *DT__RESTRICT dst) {
+    int64_t lo, hi, S = g->oh * g->ow, hw = g->h * g->w, i;
+    __m512i vi = _mm512_setzero_si512();
+    __m512i gv = _mm512_setzero_si512();
+    __mmask16 vm = 0, colm = 0, gm = 0;
+    int small = S <= 16 && hw <= 16, tile = 0;
+    const int64_t per = S <= 8 ? 16 / S : 1;   /* images per 16 lanes */
+    dt__col_cols(g, kx, &lo, &hi);
+    if (small && len >= S) {   /* which pixel each output of an image reads (vm: inside the image) */
+        int32_t idx[16];
+        int64_t r = 0, col = 0, im = 0, l = 0;   /* counters, not divisions: this runs once per call */
+        for (i = 0; i < 16; i++) {
+            int64_t iy = r * g->sh - g->ph + ky, ix = col * g->sw - g->pw + kx;
+            idx[i] = 0;
+            if (i < S && iy >= 0 && iy < g->h && ix >= 0 && ix < g->w) { idx[i] = (int32_t)(iy * g->w + ix); vm |= (__mmask16)(1u << i); }
+            if (++col == g->ow) { col = 0; r++; }
+        }
+        vi = _mm512_loadu_si512(idx);
+        if (S <= 8) {   /* 16 / S images at a time: lane i reads pixel idx[i % S] of image i / S, by a gather */
+            int32_t gi[16];
+            for (i = 0; i < 16; i++) {
+                gi[i] = im < per ? (int32_t)(im * g->c * hw) + idx[l] : 0;
+                if (im < per && (vm >> l & 1u)) gm |= (__mmask16)(1u << i);
+                if (++l == S) { l = 0; im++; }
+            }
+            gv = _mm512_loadu_si512(gi);
+        }
+    }
+    tile = !small && len >= 16 && g->sw == 1 && g->sh == 1 && g->w == g->ow && g->h == g->oh && S % 16 == 0 &&
+           (16 % g->ow == 0 || g->ow % 16 == 0);
+    if (tile && g->ow < 16) {   /* 16 lanes = 16 / ow output rows; colm: the lanes inside the image's columns */
+        int64_t col;
+        for (i = 0, col = 0; i < 16; i++, col = col + 1 == g->ow ? 0 : col + 1)
+            if (col >= lo && col < hi) colm |= (__mmask16)(1u << i);
+    }
+    while (len > 0) {
+        int64_t end, iy, a, b, q;
+        if (small && S <= 8 && ox == 0 && oy == 0 && len >= per * S) {
+            const float *base = x + (n * g->c + c) * hw;
+            _mm512_mask_storeu_ps(dst, (__mmask16)((1u << (per * S)) - 1u),
+                                  _mm512_mask_i32gather_ps(_mm512_setzero_ps(), gm, gv, base, 4));
+            dst += per * S; len -= per * S; n += per;
+            continue;
+        }
+        if (small && ox == 0 && oy == 0 && len >= S) {
+            __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << hw) - 1u), x + (n * g->c + c) * hw);
+            _mm512_mask_storeu_ps(dst, (__mmask16)((1u << S) - 1u), _mm512_maskz_permutexvar_ps(vm, vi, v));
+            dst += S; len -= S; n++;
+            continue;
+        }
+        if (tile && len >= 16 && (g->ow < 16 ? ox == 0 && oy % (16 / g->ow) == 0 : ox % 16 == 0)) {
+            /* 16 outputs at a time, to the image's end: pixels (oy + ky - ph, ox + kx - pw) on */
+            const float *base = x + (n * g->c + c) * hw + (ky - g->ph) * g->w + kx - g->pw;
+            __mmask16 m;
+            if (g->ow < 16) {
+                int64_t r16 = 16 / g->ow;
+                for (; oy < g->oh && len >= 16; oy += r16, len -= 16, dst += 16) {
+                    int64_t t0 = oy + ky - g->ph;   /* the first of the r16 input rows */
+                    m = colm;
+                    if (t0 < 0 || t0 + r16 > g->h) {
+                        __mmask16 rows = 0;
+                        for (i = 0; i < r16; i++)
+                            if (t0 + i >= 0 && t0 + i < g->h) rows |= (__mmask16)(((1u << g->ow) - 1u) << (i * g->ow));
+                        m &= rows;
+                    }
+                    _mm512_storeu_ps(dst, _mm512_maskz_loadu_ps(m, m ? base + oy * g->ow : x));
+                }
+            } else
+                for (; oy < g->oh && len >= 16; len -= 16, dst += 16) {
+                    int64_t t0 = oy + ky - g->ph, va = lo > ox ? lo - ox : 0, vb = hi - ox < 16 ? hi - ox : 16;
+                    m = t0 >= 0 && t0 < g->h && va < vb ? (__mmask16)(((1u << vb) - 1u) & ~((1u << va) - 1u)) : (__mmask16)0;
+                    _mm512_storeu_ps(dst, _mm512_maskz_loadu_ps(m, m ? base + oy * g->ow + ox : x));
+                    if ((ox += 16) == g->ow) { ox = 0; oy++; }
+                }
+            if (oy == g->oh) { oy = 0; n++; }
+            continue;
+        }
+        end = ox + len < g->ow ? ox + len : g->ow;
+        iy = oy * g->sh - g->ph + ky;
+        a = end; b = end;
+        if (iy >= 0 && iy < g->h) {   /* [a, b): inside the image */
+            a = lo < ox ? ox : lo > end ? end : lo;
+            b = hi < a ? a : hi > end ? end : hi;
+        }
+        if (g->sw == 1) {
+            const float *xr = a < b ? x + ((n * g->c + c) * g->h + iy) * g->w + kx - g->pw : x;
+            for (q = ox; q < end; q += 16) {
+                int64_t m = end - q < 16 ? end - q : 16, va = a > q ? a : q, vb = b < q + m ? b : q + m;
+                __mmask16 lm = va < vb ? (__mmask16)(((1u << (vb - q)) - 1u) & ~((1u << (va - q)) - 1u)) : (__mmask16)0;
+                _mm512_mask_storeu_ps(dst, (__mmask16)((1u << m) - 1u), _mm512_maskz_loadu_ps(lm, lm ? xr + q : x));
+                dst += m;
+            }
+        } else {
+            for (i = ox; i < a; i++) *dst++ = 0.0f;
+            if (a < b) {
+                const float *xr = x + ((n * g->c + c) * g->h + iy) * g->w + kx - g->pw;
+                for (i = a; i < b; i++) *dst++ = xr[i * g->sw];
+            }
+            for (i = b; i < end; i++) *dst++ = 0.0f;
+        }
+        len -= end - ox;
+        ox = 0;
+        if (++oy == g->oh) { oy = 0; n++; }
+    }
+}
+#define DT__COL_SPAN_AVX512 1
+#endif
+
 /* One stretch of a row of im2col(x) for geometry g, never materialised whole: row (c, ky, kx) of col
    [c*kh*kw, n*oh*ow], the `len` columns from output position (n, oy, ox) on, written to dst[i * stride].
    Reads zero outside the image (the padding). im2col and the convolution GEMMs' packing share it. */
 static void dt__col_span(const dt_conv_geom *g, const float *x, int64_t c, int64_t ky, int64_t kx, int64_t n, int64_t oy,
                          int64_t ox, int64_t len, float *DT__RESTRICT dst, int64_t stride) {
-    /* output columns [lo, hi) of any row read inside the image */
-    int64_t lo = kx >= g->pw ? 0 : (g->pw - kx + g->sw - 1) / g->sw;
-    int64_t hi = g->w + g->pw - kx > 0 ? (g->w + g->pw - kx - 1) / g->sw + 1 : 0;
-    if (hi > g->ow) hi = g->ow;
-    if (lo > hi) lo = hi;
+    int64_t lo, hi;
+#ifdef DT__COL_SPAN_AVX512
+    if (stride == 1 && __builtin_cpu_supports("avx512f")) {
+        dt__col_span_avx512(g, x, c, ky, kx, n, oy, ox, len, dst);
+        return;
+    }
+#endif
+    dt__col_cols(g, kx, &lo, &hi);
     while (len > 0) {
         int64_t end = ox + len < g->ow ? ox + len : g->ow, iy = oy * g->sh - g->ph + ky, a = end, b = end, i;
         if (iy >= 0 && iy < g->h) {   /* [a, b): inside the image */
@@ -1951,38 +2079,78 @@ void dt_gemm_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, c
 }
 
 /* Blocked GEMM after Goto & van de Geijn: for each (NC x KC) block of op(B), packed into NR-wide
-   panels, and each (MC x KC) block of op(A), packed into MR-tall panels, an MR x NR micro-kernel
-   accumulates in registers. Transposes are absorbed by the packing, so the micro-kernel sees one
-   layout. Edges are zero-padded in the packed panels and clipped when written back. MR and NR are the
-   micro-kernel's (chosen at run time for the CPU); KC, MC and NC are shared. */
+   panels that stay in L2, and each (MC x KC) block of op(A), packed into MR-tall panels, an MR x NR
+   micro-kernel accumulates in registers: each A panel (MR x KC, a few KiB) stays in L1 while the B panels
+   stream past it from L2. Transposes are absorbed by the packing, so the micro-kernel sees one layout.
+   Edges are zero-padded in the packed panels and clipped when written back. MR and NR are the
+   micro-kernel's (chosen at run time for the CPU); KC, MC and NC are shared, and K and N are cut into
+   blocks of equal size (at most KC, NC) so no block is a sliver. */
 #ifndef DT__KC
 #define DT__KC 256
-#define DT__MC 96
-#define DT__NC 2304
+#define DT__MC 1248
+#define DT__NC 1152
 #endif
 #define DT__MR_MAX 16
 #define DT__NR_MAX 48
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(DT_NO_SIMD)
+/* An 8-tall panel of A's rows with AVX: dst[p * 8 + i] = A[i * lda + p] for p < kc8 (a multiple of 8),
+   transposing 8 x 8 tiles in registers */
+__attribute__((target("avx")))
+static void dt__pack_a8_avx(const float *A, int64_t lda, int64_t kc8, float *dst) {
+    int64_t p;
+    for (p = 0; p < kc8; p += 8) {
+        __m256 r[8], t[8], u[8];
+        int i;
+        for (i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(A + i * lda + p);
+        for (i = 0; i < 4; i++) {
+            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        for (i = 0; i < 2; i++) {   /* u[4i + k]: column k (low half) and k + 4 (high half) of rows 4i..4i+3 */
+            u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+            u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+            u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+            u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+        }
+        for (i = 0; i < 4; i++) {
+            _mm256_storeu_ps(dst + (p + i) * 8, _mm256_permute2f128_ps(u[i], u[4 + i], 0x20));
+            _mm256_storeu_ps(dst + (p + i + 4) * 8, _mm256_permute2f128_ps(u[i], u[4 + i], 0x31));
+        }
+    }
+}
+#define DT__PACK_A8_AVX 1
+#endif
 
 /* Ap: the mc x kc block of op(A) at (i0, p0) as MR-tall panels, each kc x MR (row p holds MR rows' values) */
 static void dt__pack_a(int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float *Ap, int MR) {
     int64_t ir, p, i;
+#ifdef DT__PACK_A8_AVX
+    const int simd = MR == 8 && !ta && __builtin_cpu_supports("avx");   /* 1: 8-tall panels by 8 x 8 transposes */
+#endif
     for (ir = 0; ir < mc; ir += MR) {
-        int64_t mr = mc - ir < MR ? mc - ir : MR;
+        int64_t mr = mc - ir < MR ? mc - ir : MR, p8 = 0;
         float *dst = Ap + ir * kc;
         if (ta) {   /* op(A) = A^T: the MR values of a row p are contiguous in A */
             for (p = 0; p < kc; p++) {
                 const float *src = A + (p0 + p) * lda + i0 + ir;
+                if (mr == 8 && MR == 8) { for (i = 0; i < 8; i++) dst[p * 8 + i] = src[i]; continue; }
                 for (i = 0; i < mr; i++) dst[p * MR + i] = src[i];
                 for (; i < MR; i++) dst[p * MR + i] = 0.0f;
             }
-        } else {    /* row by row of A, each read along k */
-            for (i = 0; i < mr; i++) {
-                const float *src = A + (i0 + ir + i) * lda + p0;
-                for (p = 0; p < kc; p++) dst[p * MR + i] = src[p];
-            }
-            for (; i < MR; i++)
-                for (p = 0; p < kc; p++) dst[p * MR + i] = 0.0f;
+            continue;
         }
+#ifdef DT__PACK_A8_AVX
+        if (simd && mr == 8) {
+            p8 = kc / 8 * 8;
+            dt__pack_a8_avx(A + (i0 + ir) * lda + p0, lda, p8, dst);
+        }
+#endif
+        for (i = 0; i < mr; i++) {   /* row by row of A, each read along k */
+            const float *src = A + (i0 + ir + i) * lda + p0;
+            for (p = p8; p < kc; p++) dst[p * MR + i] = src[p];
+        }
+        for (; i < MR; i++)
+            for (p = 0; p < kc; p++) dst[p * MR + i] = 0.0f;
     }
 }
 
@@ -2024,7 +2192,33 @@ static void dt__pack_bt_avx512(const float *B, int64_t ldb, int64_t kc, int64_t 
 #define DT__PACK_BT_AVX512 1
 #endif
 
-/* Bp: the kc x nc block of op(B) at (p0, j0) as NR-wide panels, each kc x NR; tmp: KC x NR floats of scratch */
+/* rows of B [rows, nc] (row stride ldb) into the NR-wide panels of a kc-row block (dst: the first row's
+   place in the first panel): row by row, so the reads stream through memory in order instead of hopping
+   between kc rows for every panel */
+static void dt__pack_b_rows(const float *B, int64_t ldb, int64_t rows, int64_t nc, float *dst, int64_t kc, int NR) {
+    int64_t p, jr, j, full = nc / NR * NR;
+    for (p = 0; p < rows; p++, dst += NR) {
+        const float *src = B + p * ldb;
+        if (NR == 48)   /* the AVX-512 kernel's panels: a copy of constant length, unrolled */
+            for (jr = 0; jr < full; jr += 48) {
+                float *d = dst + jr * kc;
+                for (j = 0; j < 48; j++) d[j] = src[jr + j];
+            }
+        else
+            for (jr = 0; jr < full; jr += NR) {
+                float *d = dst + jr * kc;
+                for (j = 0; j < NR; j++) d[j] = src[jr + j];
+            }
+        if (full < nc) {
+            float *d = dst + full * kc;
+            for (j = 0; j < nc - full; j++) d[j] = src[full + j];
+            for (; j < NR; j++) d[j] = 0.0f;
+        }
+    }
+}
+
+/* Bp: the kc x nc block of op(B) at (p0, j0) as NR-wide panels, each kc x NR; tmp: KC x NR_MAX floats of
+   scratch (at least NC: a row of the block) */
 static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *Bp, int NR, float *tmp) {
     const float *B = bs->B;
     const dt_conv_geom *g = bs->g;
@@ -2032,14 +2226,15 @@ static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, i
     for (jr = 0; jr < nc; jr += NR) {
         int64_t nr = nc - jr < NR ? nc - jr : NR, p, j;
         float *dst = Bp + jr * kc;
-        if (g && !bs->tb) {         /* rows p: col rows p0 + p, each read from output position j0 + jr on */
-            int64_t S = g->oh * g->ow, pos = j0 + jr, n = pos / S, oy = pos % S / g->ow, ox = pos % g->ow;
+        if (g && !bs->tb) {         /* rows p: col rows p0 + p from output position j0 on, each whole into tmp */
+            int64_t S = g->oh * g->ow, n = j0 / S, oy = j0 % S / g->ow, ox = j0 % g->ow;
             int64_t c = p0 / (g->kh * g->kw), ky = p0 / g->kw % g->kh, kx = p0 % g->kw;
             for (p = 0; p < kc; p++) {
-                dt__col_span(g, B, c, ky, kx, n, oy, ox, nr, dst + p * NR, 1);
-                for (j = nr; j < NR; j++) dst[p * NR + j] = 0.0f;
+                dt__col_span(g, B, c, ky, kx, n, oy, ox, nc, tmp, 1);
+                dt__pack_b_rows(tmp, nc, 1, nc, Bp + p * NR, kc, NR);
                 if (++kx == g->kw) { kx = 0; if (++ky == g->kh) { ky = 0; c++; } }
             }
+            return;
         } else if (g) {             /* columns j: col rows j0 + jr + j, each read from output position p0 on */
             int64_t S = g->oh * g->ow, n = p0 / S, oy = p0 % S / g->ow, ox = p0 % g->ow;
             int simd = 0;           /* 1: the rows go into tmp, then a 16 x 16 transpose packs them */
@@ -2056,12 +2251,9 @@ static void dt__pack_b(const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, i
 #endif
             for (; j < NR; j++)
                 for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
-        } else if (!bs->tb) {       /* rows of B are contiguous along n */
-            for (p = 0; p < kc; p++) {
-                const float *src = B + (p0 + p) * ldb + j0 + jr;
-                for (j = 0; j < nr; j++) dst[p * NR + j] = src[j];
-                for (; j < NR; j++) dst[p * NR + j] = 0.0f;
-            }
+        } else if (!bs->tb) {       /* rows of B are contiguous along n: read each whole, for every panel */
+            dt__pack_b_rows(B + p0 * ldb + j0, ldb, kc, nc, Bp, kc, NR);
+            return;
         } else {                    /* op(B) = B^T: read each row of B along k */
 #ifdef DT__PACK_BT_AVX512
             if (NR % 16 == 0 && __builtin_cpu_supports("avx512f")) {
@@ -2168,31 +2360,48 @@ static void dt__micro_avx2(int64_t kc, const float *DT__RESTRICT a, const float 
 #define DT__MR512 8
 #define DT__NV512 3
 #endif
-__attribute__((target("avx512f")))
-static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
-                             int64_t mr, int64_t nr, float alpha, float beta) {
+/* the kernel's body for the first nv vectors of the tile (nv constant where it is inlined): a panel's last
+   tile of 32 or 16 columns runs only the multiply-adds it keeps */
+__attribute__((target("avx512f"), always_inline))
+static inline void dt__micro512_nv(int nv, int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C,
+                                   int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta) {
     __m512 c[DT__MR512][DT__NV512], va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     __mmask16 mask[DT__NV512];
     int64_t p;
     int i, v;
+    for (i = 0; i < DT__MR512 && i < mr; i++)   /* C's tile is read only at the end: fetch it meanwhile */
+        for (v = 0; v < nv; v++) _mm_prefetch((const char *)(C + i * ldc + 16 * v), _MM_HINT_T0);
     for (i = 0; i < DT__MR512; i++)
-        for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_setzero_ps();
+        for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_setzero_ps();   /* all: no register left undefined */
     for (p = 0; p < kc; p++) {
         const float *bp = b + p * (16 * DT__NV512), *ap = a + p * DT__MR512;
         __m512 bv[DT__NV512];
-        for (v = 0; v < DT__NV512; v++) bv[v] = _mm512_loadu_ps(bp + 16 * v);
+        /* B's panels stream from L2: ask for them 16 steps ahead (the hardware prefetcher alone falls behind) */
+        for (v = 0; v < nv; v++) _mm_prefetch((const char *)(bp + 16 * 16 * DT__NV512 + 16 * v), _MM_HINT_T0);
+        for (v = 0; v < nv; v++) bv[v] = _mm512_loadu_ps(bp + 16 * v);
         for (i = 0; i < DT__MR512; i++) {
             __m512 av = _mm512_set1_ps(ap[i]);
-            for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
+            for (v = 0; v < nv; v++) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
         }
     }
+    if (mr == DT__MR512 && nr == 16 * DT__NV512 && alpha == 1.0f) {
+        /* a whole tile: loops of constant length, so the accumulators never leave the registers */
+        for (i = 0; i < DT__MR512; i++)
+            for (v = 0; v < DT__NV512; v++) {
+                float *cp = C + i * ldc + 16 * v;
+                if (beta == 0.0f) _mm512_storeu_ps(cp, c[i][v]);
+                else if (beta == 1.0f) _mm512_storeu_ps(cp, _mm512_add_ps(c[i][v], _mm512_loadu_ps(cp)));
+                else _mm512_storeu_ps(cp, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cp), c[i][v]));
+            }
+        return;
+    }
     for (v = 0; v < DT__NV512; v++) {
-        int64_t left = nr - 16 * v;
+        int64_t left = v < nv ? nr - 16 * v : 0;
         mask[v] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
     }
     for (i = 0; i < DT__MR512 && i < mr; i++) {
         float *crow = C + i * ldc;
-        for (v = 0; v < DT__NV512; v++) {
+        for (v = 0; v < nv; v++) {
             __m512 r = alpha == 1.0f ? c[i][v] : _mm512_mul_ps(va, c[i][v]);
             if (!mask[v]) continue;
             if (beta == 1.0f) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask[v], crow + 16 * v));
@@ -2200,6 +2409,13 @@ static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const floa
             _mm512_mask_storeu_ps(crow + 16 * v, mask[v], r);
         }
     }
+}
+__attribute__((target("avx512f")))
+static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
+                             int64_t mr, int64_t nr, float alpha, float beta) {
+    if (nr > 32) dt__micro512_nv(DT__NV512, kc, a, b, C, ldc, mr, nr, alpha, beta);
+    else if (nr > 16) dt__micro512_nv(2, kc, a, b, C, ldc, mr, nr, alpha, beta);
+    else dt__micro512_nv(1, kc, a, b, C, ldc, mr, nr, alpha, beta);
 }
 #endif
 
@@ -2234,25 +2450,28 @@ static const dt__kernel *dt__pick_kernel(void) {
 static int64_t dt__gemm_ws_count(int threads) { return (int64_t)threads * DT__GEMM_WS_THREAD; }
 static int dt__gemm_ws_threads(int64_t count) { return (int)(count / DT__GEMM_WS_THREAD); }
 
-/* One thread's share of the blocked GEMM: C[m0:m1, n0:n1], with its own packing space Bp, Ap and tmp. */
+/* One thread's share of the blocked GEMM: C[m0:m1, n0:n1], with its own packing space Bp, Ap and tmp.
+   The K blocks depend on K alone, so each element of C is summed in the same order whatever the share. */
 static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, float *tmp, int ta, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
                           int64_t K, float alpha, const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C,
                           int64_t ldc) {
     const int MR = kern->mr, NR = kern->nr;
-    int64_t jc, pc, ic, jr, ir;
-    for (jc = n0; jc < n1; jc += DT__NC) {
-        int64_t nc = n1 - jc < DT__NC ? n1 - jc : DT__NC;
-        for (pc = 0; pc < K; pc += DT__KC) {
-            int64_t kc = K - pc < DT__KC ? K - pc : DT__KC;
-            float bet = pc == 0 ? beta : 1.0f;
+    int64_t k16 = (K + 15) / 16, nkb = (k16 + DT__KC / 16 - 1) / (DT__KC / 16);   /* K blocks: whole 16s but the last */
+    int64_t npan = (n1 - n0 + NR - 1) / NR, nnb = (npan * NR + DT__NC - 1) / DT__NC;
+    int64_t ncb = (npan + nnb - 1) / nnb * NR, jc, kb, ic, jr, ir;
+    for (kb = 0; kb < nkb; kb++) {   /* K outermost: with one block of A's rows, A is packed once per K block */
+        int64_t pc = 16 * (k16 * kb / nkb), kc = (kb + 1 == nkb ? K : 16 * (k16 * (kb + 1) / nkb)) - pc;
+        float bet = kb == 0 ? beta : 1.0f;
+        for (jc = n0; jc < n1; jc += ncb) {
+            int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
             dt__pack_b(bs, pc, kc, jc, nc, Bp, NR, tmp);
             for (ic = m0; ic < m1; ic += DT__MC) {
                 int64_t mc = m1 - ic < DT__MC ? m1 - ic : DT__MC;
-                dt__pack_a(ta, A, lda, ic, mc, pc, kc, Ap, MR);
-                for (jr = 0; jr < nc; jr += NR) {
-                    int64_t nr = nc - jr < NR ? nc - jr : NR;
-                    for (ir = 0; ir < mc; ir += MR) {
-                        int64_t mr = mc - ir < MR ? mc - ir : MR;
+                if (jc == n0 || m1 - m0 > DT__MC) dt__pack_a(ta, A, lda, ic, mc, pc, kc, Ap, MR);
+                for (ir = 0; ir < mc; ir += MR) {        /* A's panel stays in L1 ... */
+                    int64_t mr = mc - ir < MR ? mc - ir : MR;
+                    for (jr = 0; jr < nc; jr += NR) {    /* ... while B's stream from L2 */
+                        int64_t nr = nc - jr < NR ? nc - jr : NR;
                         kern->fn(kc, Ap + ir * kc, Bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, bet);
                     }
                 }
@@ -2288,11 +2507,16 @@ static void dt__gemm_with(const dt__kernel *kern, float *ws, int threads, int ta
         nt = omp_get_num_threads();
 #endif
         Bp = ws + (int64_t)tid * DT__GEMM_WS_THREAD;
-        if (npanels >= 4 * (int64_t)nt || (mpanels < 4 * (int64_t)nt && npanels >= mpanels)) {   /* columns: own B each */
-            n0 = npanels * tid / nt * NR;
-            n1 = npanels * (tid + 1) / nt * NR;
+        /* columns when there are enough and C is at least as wide as tall (each thread then packs all of A,
+           the smaller), else rows (each packs all of B) */
+        if (npanels >= 4 * (int64_t)nt ? N >= M || mpanels < 4 * (int64_t)nt : mpanels < 4 * (int64_t)nt && npanels >= mpanels) {
+            /* in 16s (the AVX-512 kernel runs a stretch's last 16 or 32 columns with only the vectors it
+               keeps), so the stretches are even */
+            int64_t u = NR % 16 == 0 ? 16 : NR, nu = (N + u - 1) / u;
+            n0 = nu * tid / nt * u;
+            n1 = nu * (tid + 1) / nt * u;
             if (n1 > N) n1 = N;
-        } else {                                                   /* rows: each packs all of B */
+        } else {
             m0 = mpanels * tid / nt * MR;
             m1 = mpanels * (tid + 1) / nt * MR;
             if (m1 > M) m1 = M;
@@ -3103,9 +3327,54 @@ static void dt__cpu_im2col(void *ctx, const dt_conv_geom *g, const float *x, flo
         dt__col_span(g, x, r / (g->kh * g->kw), (r / g->kw) % g->kh, r % g->kw, 0, 0, 0, g->n * S, col + r * g->n * S, 1);
 }
 
+#ifdef DT__COL_SPAN_AVX512
+/* col2im of one plane xc of at most 16 pixels with AVX-512: tap k's S outputs (at src + k * ld) moved onto
+   their pixels by the permutation inv[k] and added there, masked by invm[k] so the other pixels are left as
+   they are; the taps in the order of the scalar loop, so the sums round alike */
+__attribute__((target("avx512f")))
+static void dt__col2im_plane_avx512(const float *src, int64_t ld, int64_t S, int64_t hw, int64_t kk, const int32_t *inv,
+                                    const __mmask16 *invm, float *xc) {
+    const __mmask16 pm = (__mmask16)((1u << hw) - 1u), sm = (__mmask16)((1u << S) - 1u);
+    __m512 acc = _mm512_maskz_loadu_ps(pm, xc);
+    int64_t k;
+    for (k = 0; k < kk; k++) {
+        __m512 v = _mm512_maskz_loadu_ps(sm, src + k * ld);
+        acc = _mm512_mask_add_ps(acc, invm[k], acc, _mm512_maskz_permutexvar_ps(invm[k], _mm512_loadu_si512(inv + 16 * k), v));
+    }
+    _mm512_mask_storeu_ps(xc, pm, acc);
+}
+/* col2im for images of at most 16 pixels and 16 outputs, a plane at a time in a register; 0 (nothing
+   written) when the geometry does not fit */
+static int dt__col2im_small(const dt_conv_geom *g, const float *col, float *dx) {
+    int64_t S = g->oh * g->ow, hw = g->h * g->w, kk = g->kh * g->kw, nc, t, i;
+    int32_t inv[32 * 16];
+    __mmask16 invm[32];
+    if (S > 16 || hw > 16 || kk > 32) return 0;
+    for (t = 0; t < kk; t++) {   /* inv[t][pixel]: the output that tap t reads from that pixel */
+        int64_t ky = t / g->kw, kx = t % g->kw, oy, ox;
+        invm[t] = 0;
+        for (i = 0; i < 16; i++) inv[16 * t + i] = 0;
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++) {
+                int64_t iy = oy * g->sh - g->ph + ky, ix = ox * g->sw - g->pw + kx;
+                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                inv[16 * t + iy * g->w + ix] = (int32_t)(oy * g->ow + ox);
+                invm[t] |= (__mmask16)(1u << (iy * g->w + ix));
+            }
+    }
+    DT__OMP(parallel for schedule(static) if (g->c * kk * g->n * S > DT__PAR_MIN))
+    for (nc = 0; nc < g->n * g->c; nc++)   /* nc = n * c + ch */
+        dt__col2im_plane_avx512(col + (nc % g->c) * kk * g->n * S + nc / g->c * S, g->n * S, S, hw, kk, inv, invm, dx + nc * hw);
+    return 1;
+}
+#endif
+
 static void dt__cpu_col2im_bwd(void *ctx, const dt_conv_geom *g, const float *col, float *dx) {
     int64_t S = g->oh * g->ow, nc;
     (void)ctx;
+#ifdef DT__COL_SPAN_AVX512
+    if (__builtin_cpu_supports("avx512f") && dt__col2im_small(g, col, dx)) return;
+#endif
     /* one (image, channel) plane per iteration: its rows of col only write into that plane */
     DT__OMP(parallel for schedule(static) if (g->c * g->kh * g->kw * g->n * S > DT__PAR_MIN))
     for (nc = 0; nc < g->n * g->c; nc++) {

@@ -156,6 +156,41 @@ static void test_gemm_vs_naive(void) {
     CHECK(kernels >= 1 && cases > 300 * kernels);
 }
 
+/* GEMM shapes across the blocks (more rows than DT__MC, more columns than DT__NC, several K blocks) with each
+   micro-kernel: equal to the naive GEMM, and the same bits on one thread as on all (each element summed in
+   one order) */
+static void test_gemm_blocks(void) {
+    static const int64_t shapes[][3] = {{DT__MC + 12, 50, 30}, {10, DT__NC + 48 * 2 + 5, DT__KC + 44}, {9, 2 * DT__NC + 1, 17}};
+    int64_t s;
+    int k, ta, tb;
+    float *ws = (float *)malloc(sizeof(float) * (size_t)dt__gemm_ws_count(dt_cpu_threads()));
+    for (k = 0; k < (int)(sizeof dt__kernels / sizeof dt__kernels[0]); k++) {
+        if (!dt__kernel_ok(k)) continue;
+        for (s = 0; s < (int64_t)(sizeof shapes / sizeof shapes[0]); s++)
+            for (ta = 0; ta < 2; ta++)
+                for (tb = 0; tb < 2; tb++) {
+                    int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = ta ? M : K, ldb = tb ? K : N;
+                    float *A = (float *)malloc(sizeof(float) * (size_t)(M * K)), *B = (float *)malloc(sizeof(float) * (size_t)(K * N));
+                    float *C1 = (float *)malloc(sizeof(float) * (size_t)(M * N)), *C2 = (float *)malloc(sizeof(float) * (size_t)(M * N));
+                    float *C3 = (float *)malloc(sizeof(float) * (size_t)(M * N));
+                    char what[96];
+                    dt__bsrc bs;
+                    dt_t_fill(A, M * K, -1, 1);
+                    dt_t_fill(B, K * N, -1, 1);
+                    bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
+                    dt__gemm_with(&dt__kernels[k], ws, dt_cpu_threads(), ta, M, N, K, 1.0f, A, lda, &bs, 0.0f, C1, N);
+                    dt__gemm_with(&dt__kernels[k], ws, 1, ta, M, N, K, 1.0f, A, lda, &bs, 0.0f, C3, N);
+                    dt_gemm_ref(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C2, N);
+                    snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld", dt__kernels[k].name, ta, tb,
+                             (long long)M, (long long)N, (long long)K);
+                    CHECK_CLOSE(C1, C2, M * N, 2e-6, what);
+                    CHECK(memcmp(C1, C3, sizeof(float) * (size_t)(M * N)) == 0);
+                    free(A); free(B); free(C1); free(C2); free(C3);
+                }
+    }
+    free(ws);
+}
+
 /* beta = 0 must not read C: garbage (NaN) there must not leak into the result */
 static void test_gemm_beta_zero_ignores_c(void) {
     float A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {1, 0, 0, 1, 1, 1}, C[4], R[4];
@@ -196,8 +231,12 @@ static void test_conv_vs_direct(void) {
     static const int64_t cases[][8] = {{1, 1, 5, 5, 1, 3, 1, 0}, {3, 2, 7, 6, 4, 3, 1, 1}, {2, 3, 9, 9, 5, 3, 2, 1},
                                        {4, 5, 8, 11, 3, 1, 1, 0}, {2, 4, 6, 6, 6, 1, 2, 0}, {3, 3, 10, 7, 2, 5, 1, 2},
                                        {5, 16, 8, 8, 17, 3, 1, 1}, {2, 3, 13, 13, 7, 4, 3, 2}, {9, 2, 6, 6, 3, 3, 1, 1},
-                                       /* the GEMMs' k and n across their blocks (256 and 2304): 360 x 2700 */
+                                       /* the GEMMs' k and n across their blocks (256 and 1152): 360 x 2700 */
                                        {3, 40, 30, 30, 9, 3, 1, 1}, {7, 29, 25, 23, 5, 3, 2, 1},
+                                       /* the packing's 16-lane steps: 16 x 16, 4 x 4 and 2 x 2 images (VGG-11's) */
+                                       {3, 5, 16, 16, 7, 3, 1, 1}, {6, 8, 4, 4, 9, 3, 1, 1}, {9, 6, 2, 2, 10, 3, 1, 1},
+                                       /* col2im on small images: more output channels than pixels, stride 2 */
+                                       {2, 3, 2, 2, 40, 3, 1, 1}, {5, 4, 4, 4, 6, 3, 2, 1},
                                        /* stride 1 by shifted rows (AVX-512): ResNet-20's first stage, rows and
                                           channels not multiples of the tiles, padding past k - 1 (the input
                                           gradient then by GEMM), a 5 x 5 window, the weight gradient over
@@ -286,6 +325,7 @@ int main(int argc, char **argv) {
     RUN(test_tensor);
     RUN(test_progress);
     RUN(test_gemm_vs_naive);
+    RUN(test_gemm_blocks);
     RUN(test_gemm_beta_zero_ignores_c);
     RUN(test_conv_vs_direct);
     RUN(test_geom_errors);
