@@ -2634,15 +2634,16 @@ static void dt__cpu_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_
     bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
     dt__cpu_gemm_src(ctx, ta, M, N, K, alpha, A, lda, &bs, beta, C, ldc);
 }
-/* ---- stride-1 convolutions by shifted rows ------------------------------------------------------ */
+/* ---- convolutions by shifted rows ---------------------------------------------------------------- */
 /* With an image zero-padded to hp x wp (hp = h + 2 ph, wp = w + 2 pw), output pixel (oy, ox) of a stride-1
    convolution reads padded pixel (oy + ky, ox + kx). Over s = oy * wp + ox, row k = (c, ky, kx) of im2col
    is the padded image itself from offset c * hp * wp + ky * wp + kx on, so the GEMM reads its B operand
    straight from the padded image through a table of K offsets and packs nothing: the output is computed
-   over oh rows of wp columns and the last wp - ow columns of each row are dropped. Each thread takes whole
-   images (forward, input gradient) or a block of the weight gradient over every image, so each output is
-   summed in one order whatever the thread count. AVX-512 only; other CPUs, other strides and kernels too
-   large for the caches take the packed GEMM. */
+   over oh rows of wp columns and the last wp - ow columns of each row are dropped. Stride-2 3 x 3
+   convolutions take the same tiles over phase planes (dt__shift_geom, dt__shift_dgrad2). Each thread takes
+   whole images (forward, input gradient) or fixed units of the weight gradient over every image, so each
+   output is summed in one order whatever the thread count. AVX-512 only; other CPUs, other strides and
+   kernels too large for the caches take the packed GEMM. */
 static int dt__shift_off;                  /* 1: never take the shifted path (the tests compare both paths) */
 static DT__THREAD_LOCAL int64_t dt__shift_taken;   /* calls that took it on this thread (for the tests) */
 #ifdef DT__X86
