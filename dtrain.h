@@ -2679,22 +2679,14 @@ static void dt__shift_offsets(const dt__shift_geom *s, int64_t c0, int64_t c1, i
             for (kx = 0; kx < s->kw; kx++)
                 off[k++] = (int32_t)((c - c0) * s->cp + ((ky % st) * st + kx % st) * s->hq * s->wq + ky / st * s->wq + kx / st);
 }
-/* rows x len floats from src (rows lds apart) to dst (rows ldd apart) plus bias, or added to dst (add 1) */
+/* rows x len floats from src (rows lds apart) to dst (rows ldd apart) */
 __attribute__((target("avx512f")))
-static void dt__shift_copy(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t len, int add,
-                           float bias) {
+static void dt__shift_copy(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t len) {
     __mmask16 tail = (__mmask16)((1u << (len % 16)) - 1u);
-    __m512 b = _mm512_set1_ps(bias);
     int64_t r, j, full = len / 16 * 16;
     for (r = 0; r < rows; r++, dst += ldd, src += lds) {
-        for (j = 0; j < full; j += 16) {
-            __m512 v = _mm512_loadu_ps(src + j);
-            _mm512_storeu_ps(dst + j, _mm512_add_ps(v, add ? _mm512_loadu_ps(dst + j) : b));
-        }
-        if (tail) {
-            __m512 v = _mm512_maskz_loadu_ps(tail, src + j);
-            _mm512_mask_storeu_ps(dst + j, tail, _mm512_add_ps(v, add ? _mm512_maskz_loadu_ps(tail, dst + j) : b));
-        }
+        for (j = 0; j < full; j += 16) _mm512_storeu_ps(dst + j, _mm512_loadu_ps(src + j));
+        if (tail) _mm512_mask_storeu_ps(dst + j, tail, _mm512_maskz_loadu_ps(tail, src + j));
     }
 }
 /* channels c0..c1 of image x [c, h, w] into the padded image xp (whose borders and slack are zero) */
@@ -2703,7 +2695,7 @@ static void dt__shift_pad(const dt__shift_geom *s, const float *x, int64_t c0, i
     int64_t c, iy, ix;
     if (s->st == 1) {
         for (c = c0; c < c1; c++)
-            dt__shift_copy(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w, 0, 0.0f);
+            dt__shift_copy(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w);
         return;
     }
     for (c = c0; c < c1; c++)   /* stride 2: each row's even and odd padded columns to their planes */
@@ -2865,8 +2857,7 @@ static void dt__shift_pack_a(const float *W, int64_t rows, int64_t K, int flip, 
    `threads` threads: dst [n, rows, oh, ow] = it + bias (add 0; bias NULL: none), or += it (add 1).
    ws: threads * need floats, need from dt__shift_run_need. */
 #define DT__SHIFT_NVEC(s) (((s)->ns + 47) / 48 * 3)   /* vectors of columns the tiles compute */
-static int64_t dt__shift_run_need(const dt__shift_geom *s, int64_t rows) {
-    (void)rows;
+static int64_t dt__shift_run_need(const dt__shift_geom *s) {
     return s->plane + 4 + 4 * DT__SHIFT_NVEC(s) + s->c * s->kh * s->kw + 16;   /* a table entry: 4 floats */
 }
 static void dt__shift_run(const dt__shift_geom *s, int64_t n, const float *src, const float *Ap, int64_t rows, float *dst,
@@ -2943,8 +2934,7 @@ static void dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *
                 for (img = 0; img < m; img++) {
                     dt__shift_pad(&s, x + (b0 + img) * g->c * g->h * g->w, c0, c1, xb + img * xstride);
                     for (o = o0; o < o1; o++)
-                        dt__shift_copy(db + (img * nco + o - o0) * ld, s.wp, dy + ((b0 + img) * g->oc + o) * S, g->ow, g->oh, g->ow, 0,
-                                       0.0f);
+                        dt__shift_copy(db + (img * nco + o - o0) * ld, s.wp, dy + ((b0 + img) * g->oc + o) * S, g->ow, g->oh, g->ow);
                 }
                 for (o = o0; o < o1; o += 4)
                     for (k = 0; k < K0; k += DT__WT_K)
@@ -3170,7 +3160,7 @@ static void dt__shift_dgrad2(dt__cpu_state *st, const dt_conv_geom *g, const flo
             const float *dyi = dy + img * g->oc * g->oh * g->ow;
             float *dxi = dx + img * g->c * g->h * g->w;
             for (o = 0; o < g->oc; o++)
-                dt__shift_copy(dyp + o * d.pd + d.wd + 1, d.wd, dyi + o * g->oh * g->ow, g->ow, g->oh, g->ow, 0, 0.0f);
+                dt__shift_copy(dyp + o * d.pd + d.wd + 1, d.wd, dyi + o * g->oh * g->ow, g->ow, g->oh, g->ow);
             for (q = 0; q < 4; q++) {
                 int64_t Kp = K0[q + 1] - K0[q];
                 for (r = 0; r < rows; r += 8)
@@ -3202,7 +3192,7 @@ static void dt__shift_conv(dt__cpu_state *st, const dt_conv_geom *g, const float
     dt__shift_geom s = grad ? dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw, 1)
                             : dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
     dt__shift_pack_a(W, rows, K, grad, kk, st->gemm_ws);
-    dt__shift_run(&s, g->n, src, st->gemm_ws, rows, dst, b, add, st->gemm_ws + ap, dt__shift_run_need(&s, rows), threads);
+    dt__shift_run(&s, g->n, src, st->gemm_ws, rows, dst, b, add, st->gemm_ws + ap, dt__shift_run_need(&s), threads);
 }
 /* 1 when the shifted path takes this convolution (forward, or grad: both gradients) on the model's
    workspace with `threads` threads: stride 1, AVX-512, a kernel small enough for the caches, at least an
@@ -3216,12 +3206,12 @@ static int dt__shift_fits(const dt__cpu_state *st, const dt_conv_geom *g, int gr
         g->n < threads || !__builtin_cpu_supports("avx512f"))
         return 0;
     s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
-    if (!grad) return (g->oc + 7) / 8 * 8 * g->c * kk + threads * dt__shift_run_need(&s, g->oc) <= st->gemm_ws_count;
+    if (!grad) return (g->oc + 7) / 8 * 8 * g->c * kk + threads * dt__shift_run_need(&s) <= st->gemm_ws_count;
     if (st->gemm_ws_count / threads < dt__shift_wgrad_need(g)) return 0;
     if (g->sh == 2) return 1;   /* the weight gradient only */
     if (g->ph > g->kh - 1 || g->pw > g->kw - 1) return 0;
     s = dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw, 1);
-    return (g->c + 7) / 8 * 8 * g->oc * kk + threads * dt__shift_run_need(&s, g->c) <= st->gemm_ws_count;
+    return (g->c + 7) / 8 * 8 * g->oc * kk + threads * dt__shift_run_need(&s) <= st->gemm_ws_count;
 }
 static int dt__cpu_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
     dt__cpu_state *st = (dt__cpu_state *)ctx;
