@@ -4426,7 +4426,7 @@ dt_result dt_model_finalize(dt_model *m) {
     return DT_OK;
 }
 
-static int dt__fuse_off;   /* 1: never fuse (the tests compare both ways) */
+static int dt__fuse_off;   /* 1: plan nothing: no fusion, every gradient zeroed and added to (the tests compare) */
 
 /* the node whose gradient buffer node i's is (flatten shares its input's) */
 static int dt__owner(const dt_model *m, int i) {
@@ -4479,8 +4479,8 @@ static void dt__plan(dt_model *m) {
             int in = n->bn ? (slot ? dt__residual(n) : m->nodes[n->bn].in0) : (slot ? n->in1 : n->in0);
             dt__node *o;
             if (in < 0 || (o = &m->nodes[dt__owner(m, in)])->zero != 2) continue;
-            n->ow[slot] = n->kind == DT_LAYER_ADD || n->kind == DT_LAYER_LINEAR || (n->kind == DT_LAYER_BATCHNORM && n->relu) ||
-                          (n->kind == DT_LAYER_CONV2D && O->conv_bwd);
+            n->ow[slot] = !dt__fuse_off && (n->kind == DT_LAYER_ADD || n->kind == DT_LAYER_LINEAR ||
+                                            (n->kind == DT_LAYER_BATCHNORM && n->relu) || (n->kind == DT_LAYER_CONV2D && O->conv_bwd));
             o->zero = !n->ow[slot];
         }
     }
