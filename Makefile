@@ -44,6 +44,8 @@ EXAMPLES := $(patsubst examples/%.c,%,$(wildcard examples/*.c))
 FUZZ     := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
 BENCHES  := $(patsubst bench/%.c,%,$(wildcard bench/*.c))
 export DEFS LDLIBS
+# the library: dtrain.h, the one include, and its modules; the MPI and GPU backends
+HEADERS  := dtrain.h $(wildcard dtrain/*.h) dtrain_mpi.h dtrain_cuda.h
 B        := build
 # make MPI=1: the MPI backend (dtrain_mpi.h) in every program, in a build directory of its own
 ifdef MPI
@@ -81,7 +83,7 @@ endif
 
 all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS)
 
-$(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h tests/dt_test_trace.h dtrain.h dtrain_mpi.h
+$(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h tests/dt_test_trace.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 $(MPITESTS): tests/mpi/mpi_test.h tests/comm_checks.h
@@ -89,15 +91,15 @@ $(B)/tests/test_ddp $(B)/tests/test_localsgd: tests/train_checks.h
 $(B)/tests/mpi/test_train_mpi: tests/train_checks.h
 
 $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h tests/comm_checks.h tests/dt_test_trace.h \
-             dtrain.h dtrain_mpi.h
+             $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
-$(B)/examples/%: examples/%.c examples/common.h dtrain.h dtrain_mpi.h
+$(B)/examples/%: examples/%.c examples/common.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
-$(B)/bench/%: bench/%.c dtrain.h dtrain_mpi.h
+$(B)/bench/%: bench/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 
@@ -151,7 +153,7 @@ ifdef CUDA
 all: $(CUDATESTS)
 $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) \
     $(MPITESTS) $(CUDATESTS): $(CUDA_OBJ) dtrain_cuda.h
-$(CUDA_OBJ): dtrain_cuda.cu dtrain_cuda.h dtrain.h
+$(CUDA_OBJ): dtrain_cuda.cu $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $(CUDA_ARCH) -Xcompiler -Wall,-Wextra --Werror all-warnings -c $< -o $@
 endif
@@ -177,10 +179,12 @@ clean-cuda:
 # backend's nvcc translation unit) into PREFIX/share/dtrain, dtrain.pc and dtrain-full.pc (pkg-config) into
 # PREFIX/lib/pkgconfig, and the CMake package (find_package(dtrain): dtrain::dtrain) into PREFIX/lib/cmake/dtrain.
 # The templates are cmake/*.in, which CMakeLists.txt (cmake --install) fills the same way. make uninstall
-# removes those files. The version is dtrain.h's DT_VERSION_STRING.
+# removes those files. The version is DT_VERSION_STRING of dtrain/base.h (the module that defines it).
 PREFIX      ?= /usr/local
-DT_VERSION  := $(shell sed -n 's/^\#define DT_VERSION_STRING "\([0-9.]*\)"$$/\1/p' dtrain.h)
-DT_INSTALLED := include/dtrain.h include/dtrain_mpi.h include/dtrain_cuda.h share/dtrain/dtrain_cuda.cu \
+DT_VERSION  := $(shell sed -n 's/^\#define DT_VERSION_STRING "\([0-9.]*\)"$$/\1/p' dtrain/base.h)
+DT_MODULES  := $(sort $(wildcard dtrain/*.h))
+DT_INSTALLED := include/dtrain.h $(addprefix include/,$(DT_MODULES)) include/dtrain_mpi.h include/dtrain_cuda.h \
+               share/dtrain/dtrain_cuda.cu \
                lib/pkgconfig/dtrain.pc lib/pkgconfig/dtrain-full.pc lib/cmake/dtrain/dtrainConfig.cmake \
                lib/cmake/dtrain/dtrainConfigVersion.cmake lib/cmake/dtrain/dtrainFeatures.cmake
 DT_FILL     = sed -e 's|@DTRAIN_VERSION@|$(DT_VERSION)|g' -e 's|@DTRAIN_PREFIX@|$(PREFIX)|g' \
@@ -190,10 +194,11 @@ DT_FILL     = sed -e 's|@DTRAIN_VERSION@|$(DT_VERSION)|g' -e 's|@DTRAIN_PREFIX@|
                   -e 's|@DTRAIN_CONFIG_TO_CUDA_SOURCE@|../../../share/dtrain/dtrain_cuda.cu|g'
 
 install:
-	@test -n "$(DT_VERSION)" || { echo "make install: dtrain.h has no #define DT_VERSION_STRING \"X.Y.Z\"" >&2; exit 1; }
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/share/dtrain $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	@test -n "$(DT_VERSION)" || { echo "make install: dtrain/base.h has no #define DT_VERSION_STRING \"X.Y.Z\"" >&2; exit 1; }
+	install -d $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(PREFIX)/share/dtrain $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 	    $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
 	install -m 644 dtrain.h dtrain_mpi.h dtrain_cuda.h $(DESTDIR)$(PREFIX)/include
+	install -m 644 $(DT_MODULES) $(DESTDIR)$(PREFIX)/include/dtrain
 	install -m 644 dtrain_cuda.cu $(DESTDIR)$(PREFIX)/share/dtrain
 	install -m 644 cmake/dtrainFeatures.cmake $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
 	$(DT_FILL) cmake/dtrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc
@@ -204,7 +209,7 @@ install:
 
 uninstall:
 	cd $(DESTDIR)$(PREFIX) && rm -f $(DT_INSTALLED)
-	-rmdir $(DESTDIR)$(PREFIX)/share/dtrain $(DESTDIR)$(PREFIX)/lib/cmake/dtrain 2>/dev/null
+	-rmdir $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(PREFIX)/share/dtrain $(DESTDIR)$(PREFIX)/lib/cmake/dtrain 2>/dev/null
 
 .PHONY: install uninstall
 

@@ -87,11 +87,11 @@
    VERSION
      dtrain.h's (DT_VERSION_*; see its VERSION section): take the three headers from the same release.
 */
-/* dtrain.h first (with DT_USE_CUDA it includes this file again at the end of its declarations: the
-   guards DTRAIN_CUDA_H, DTRAIN_CUDA_DECLARED and DTRAIN_SHARED_DONE order the parts) */
-#ifndef DTRAIN_H
-#include "dtrain.h"
-#endif
+/* What the GPU backend needs of dtrain: the ops table it fills and the loop bodies it shares with the CPU
+   (dtrain/tensor.h, which includes dtrain/base.h). With DT_USE_CUDA, dtrain/nn.h includes this file for
+   dt_cuda_ops(), a model's default backend there; the guards DTRAIN_CUDA_H, DTRAIN_CUDA_DECLARED and
+   DTRAIN_SHARED_DONE order the parts. */
+#include "dtrain/tensor.h"
 #ifndef DTRAIN_CUDA_H
 #define DTRAIN_CUDA_H
 

@@ -11,7 +11,9 @@
          #define DTRAIN_IMPLEMENTATION
          #include "dtrain.h"
      in one file gives the MPI backend too, and dt_launch runs each process started by mpiexec as one rank
-     of MPI_COMM_WORLD. Including "dtrain_mpi.h" directly works the same way. Link with MPI (mpicc does).
+     of MPI_COMM_WORLD. This file includes only what it needs, dtrain/comm.h (the communicator, on
+     dtrain/base.h): including "dtrain_mpi.h" alone gives the communicator and this backend, and dtrain.h
+     adds the models, optimizers, data and trainers. Link with MPI (mpicc does).
 
    API
      dt_comm_create_mpi(&c, comm, &desc)   a dt_comm over a duplicate of comm (collective over comm)
@@ -59,7 +61,7 @@
 #define DTRAIN_MPI_H
 
 #include <mpi.h>
-#include "dtrain.h"   /* includes this file again at its end: DTRAIN_MPI_DECLARED orders the parts */
+#include "dtrain/comm.h"   /* the communicator this backend fills (and dtrain/base.h) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -75,10 +77,9 @@ MPI_Comm  dt_comm_mpi_handle(const dt_comm *c);
 #ifdef __cplusplus
 }
 #endif
-#define DTRAIN_MPI_DECLARED
 #endif /* DTRAIN_MPI_H */
 
-#if defined(DTRAIN_IMPLEMENTATION) && defined(DTRAIN_MPI_DECLARED) && !defined(DTRAIN_MPI_IMPLEMENTATION_DONE)
+#if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_MPI_IMPLEMENTATION_DONE)
 #define DTRAIN_MPI_IMPLEMENTATION_DONE
 #include <limits.h>
 
@@ -670,4 +671,4 @@ int dt__mpi_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
 #ifdef __cplusplus
 }
 #endif
-#endif /* DTRAIN_IMPLEMENTATION && DTRAIN_MPI_DECLARED */
+#endif /* DTRAIN_IMPLEMENTATION */

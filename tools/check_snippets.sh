@@ -16,7 +16,7 @@
 #                float *images, int32_t *labels, int64_t batch, int argc, char **argv
 #            (a declaration in the block hides the placeholder of the same name)
 # A block that does not #include "dtrain.h" itself gets <stdio.h>, <stdlib.h>, <string.h>, <stdint.h> and
-# "dtrain.h" (a block from dtrain_mpi.h or dtrain_cuda.h: that header) in front; a program that does not
+# "dtrain.h" (a block from dtrain_mpi.h or dtrain_cuda.h: that header too) in front; a program that does not
 # define DTRAIN_IMPLEMENTATION itself is linked with the implementation, compiled once.
 # Warnings are errors: $CC -std=c11 -Wall -Wextra -Wpedantic -Werror, with OpenMP when $CC has it, and
 # $DEFS / $LDLIBS (the Makefile's optional features; defaults -pthread / -lm). In file and body blocks,
@@ -153,7 +153,8 @@ while read -r id src line kind run; do
     s="$OUT/$id.src.c"
     {
         if ! grep -qE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"dtrain(_mpi|_cuda)?\.h"' "$block"; then
-            printf '#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include <stdint.h>\n#include "%s"\n' "$header"
+            printf '#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include <stdint.h>\n#include "dtrain.h"\n'
+            [ "$header" != dtrain.h ] && printf '#include "%s"\n' "$header"
         fi
         [ -f "$OUT/$id.pre" ] && cat "$OUT/$id.pre"
         case "$kind" in

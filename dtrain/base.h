@@ -1,0 +1,498 @@
+/* dtrain/base.h - TOPCOMMENT */
+#ifndef DTRAIN_BASE_H
+#define DTRAIN_BASE_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdarg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_VERSION_MAJOR 0
+#define DT_VERSION_MINOR 1
+#define DT_VERSION_PATCH 0
+#define DT_VERSION_STRING "0.1.0"
+
+/* Result of every fallible call. DT_OK is zero. */
+typedef enum dt_result {
+    DT_OK = 0,
+    DT_ERR_INVALID_ARG,   /* a NULL where a buffer is needed, a zero or negative size, a bad flag */
+    DT_ERR_SHAPE,         /* tensor shapes that do not fit together */
+    DT_ERR_OUT_OF_MEMORY, /* an allocation failed */
+    DT_ERR_STATE,         /* a call in the wrong order (e.g. forward before finalize) */
+    DT_ERR_IO,            /* a file could not be opened, read or written */
+    DT_ERR_FORMAT,        /* a file's content is corrupt or of the wrong kind */
+    DT_ERR_NUMERIC,       /* NaN or infinity where a finite number is required */
+    DT_ERR_UNSUPPORTED,   /* valid request this build or backend cannot serve */
+    DT_ERR_TIMEOUT,       /* a rank waited longer than the communicator's timeout for another */
+    DT_ERR_PEER,          /* another rank failed or left, so this operation cannot complete */
+    DT_ERR_MISMATCH,      /* ranks made different collective calls (kind, order, count, type, op, root) */
+    DT_ERR_COMM,          /* the transport failed (e.g. an MPI error, with MPI's message) */
+    DT_ERR_DEVICE,        /* the GPU or its libraries failed (a CUDA or cuBLAS error, with their message) */
+    DT_RESULT_COUNT
+} dt_result;
+
+/* Name of a result code, e.g. "DT_ERR_SHAPE". Never NULL. */
+const char *dt_result_str(dt_result r);
+/* Message of the last failure on the calling thread ("" if none). Valid until the next failure. */
+const char *dt_last_error(void);
+/* Records a failure message for the calling thread and returns r; for backends and extensions. */
+dt_result dt_set_error(dt_result r, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Logging. Levels: DT_LOG_ERROR < DT_LOG_WARN < DT_LOG_INFO < DT_LOG_DEBUG. */
+enum { DT_LOG_ERROR = 0, DT_LOG_WARN = 1, DT_LOG_INFO = 2, DT_LOG_DEBUG = 3 };
+typedef void (*dt_log_fn)(void *user, int level, const char *msg);
+/* Sets the log sink and the most verbose level shown. fn NULL restores the default (stderr).
+   Process-wide configuration: call before starting threads. */
+void dt_log_configure(dt_log_fn fn, void *user, int max_level);
+/* Logs one line (printf format) at the given level. */
+void dt_log(int level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Random numbers: PCG32 (O'Neill), 2^63 independent streams per seed. A rank uses stream = rank, so
+   ranks draw independent sequences from one seed and the same (seed, stream) always repeats. */
+typedef struct dt_rng { uint64_t state, inc; } dt_rng;
+void     dt_rng_init(dt_rng *r, uint64_t seed, uint64_t stream);
+uint32_t dt_rng_u32(dt_rng *r);
+uint32_t dt_rng_below(dt_rng *r, uint32_t n);          /* uniform integer in [0, n), unbiased; n > 0 */
+float    dt_rng_uniform(dt_rng *r);                    /* uniform float in [0, 1), 24 random bits */
+float    dt_rng_normal(dt_rng *r);                     /* standard normal (Box-Muller) */
+/* Counter-based uniform in [0, 1): a pure function of (key, counter), for masks any backend repeats. */
+float    dt_hash_uniform(uint64_t key, uint64_t counter);
+
+/* Timers: wall-clock seconds from a monotonic clock where the platform has one. */
+double dt_time_now(void);
+typedef struct dt_timer { double start, total; int64_t count; } dt_timer;
+void   dt_timer_start(dt_timer *t);
+double dt_timer_stop(dt_timer *t);                     /* adds the lap to total, returns the lap */
+
+/* A one-line progress bar for a terminal: "  37/469 [=====>      ]  <your text>", redrawn in place at
+   most ten times a second. enabled = 0 makes every call a no-op (e.g. when output is not a terminal). */
+typedef struct dt_progress {
+    void   *out;                 /* FILE * */
+    int64_t total;
+    double  start, last_draw;
+    int     enabled, drawn;
+} dt_progress;
+void dt_progress_begin(dt_progress *p, void *file, int64_t total, int enabled);
+void dt_progress_update(dt_progress *p, int64_t done, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void dt_progress_end(dt_progress *p);  /* erases the bar, so the next log line starts clean */
+
+/* Timeline. With dt_launch_desc.trace_path set (the --trace PATH flag), dt_launch records spans of each
+   rank's compute and communication (forward, loss, backward, optimizer steps, loader waits, every
+   collective and point-to-point wait, DDP's buckets, gossip, FedAvg's clients and aggregation) and writes
+   them to PATH in the Chrome trace event format (JSON; open it in https://ui.perfetto.dev or
+   chrome://tracing): one process per rank, one thread per lane (the rank's thread; DDP's helper thread).
+   These calls add the program's own spans on the calling thread. Spans nest: dt_trace_end closes the
+   latest span begun. name and category are stored, not copied: they must stay valid until dt_launch
+   returns (string literals do). Outside dt_launch, on threads of its own, or with tracing off, every
+   call is one branch and records nothing. */
+void dt_trace_begin(const char *name, const char *category);
+void dt_trace_end(void);
+void dt_trace_instant(const char *name, const char *category);   /* a point in time */
+int  dt_trace_enabled(void);   /* 1 when the calling thread records */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_BASE_H */
+
+/* Shared with the GPU backend: dtrain_cuda.cu (compiled by nvcc, where DT__HD makes these device
+   functions too) computes the same numbers from the same definitions. Part of either implementation, never of
+   the declarations. */
+#if (defined(DTRAIN_IMPLEMENTATION) || defined(DTRAIN_CUDA_IMPLEMENTATION)) && !defined(DTRAIN_BASE_SHARED_DONE)
+#define DTRAIN_BASE_SHARED_DONE
+#if defined(__CUDACC__)
+#define DT__HD __host__ __device__
+#else
+#define DT__HD
+#endif
+
+/* splitmix64's finaliser: a good 64-bit mix, cheap on any backend */
+static inline DT__HD uint64_t dt__mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+/* dt_hash_uniform: the dropout masks are a pure function of (key, element), the same on every backend */
+static inline DT__HD float dt__hash_uniform(uint64_t key, uint64_t counter) {
+    uint64_t z = dt__mix64(key + 0x9e3779b97f4a7c15ULL * (counter + 1));
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+#endif /* shared with the GPU backend */
+
+#if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_BASE_IMPLEMENTATION_DONE)
+#define DTRAIN_BASE_IMPLEMENTATION_DONE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <float.h>
+#include <errno.h>
+
+#if defined(_OPENMP) && !defined(DT_NO_OPENMP)
+#include <omp.h>
+#define DT__HAVE_OMP 1
+#define DT__PRAGMA(x) _Pragma(#x)
+#define DT__OMP(x) DT__PRAGMA(omp x)
+#else
+#define DT__HAVE_OMP 0
+#define DT__OMP(x)
+#endif
+
+#if defined(DT_MALLOC) && defined(DT_FREE) && defined(DT_REALLOC)
+#elif !defined(DT_MALLOC) && !defined(DT_FREE) && !defined(DT_REALLOC)
+#define DT_MALLOC(n) malloc(n)
+#define DT_REALLOC(p, n) realloc(p, n)
+#define DT_FREE(p) free(p)
+#else
+#error "dtrain: define all of DT_MALLOC, DT_REALLOC and DT_FREE, or none of them"
+#endif
+
+#ifdef __cplusplus
+#define DT__THREAD_LOCAL thread_local
+#define DT__RESTRICT __restrict
+#else
+#define DT__THREAD_LOCAL _Thread_local
+#define DT__RESTRICT restrict
+#endif
+/* OpenMP only pays off above a few thousand elements; below, one thread is faster. */
+#define DT__PAR_MIN 16384
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+static DT__THREAD_LOCAL char dt__errmsg[512];
+
+const char *dt_result_str(dt_result r) {
+    switch (r) {
+    case DT_OK: return "DT_OK";
+    case DT_ERR_INVALID_ARG: return "DT_ERR_INVALID_ARG";
+    case DT_ERR_SHAPE: return "DT_ERR_SHAPE";
+    case DT_ERR_OUT_OF_MEMORY: return "DT_ERR_OUT_OF_MEMORY";
+    case DT_ERR_STATE: return "DT_ERR_STATE";
+    case DT_ERR_IO: return "DT_ERR_IO";
+    case DT_ERR_FORMAT: return "DT_ERR_FORMAT";
+    case DT_ERR_NUMERIC: return "DT_ERR_NUMERIC";
+    case DT_ERR_UNSUPPORTED: return "DT_ERR_UNSUPPORTED";
+    case DT_ERR_TIMEOUT: return "DT_ERR_TIMEOUT";
+    case DT_ERR_PEER: return "DT_ERR_PEER";
+    case DT_ERR_MISMATCH: return "DT_ERR_MISMATCH";
+    case DT_ERR_COMM: return "DT_ERR_COMM";
+    case DT_ERR_DEVICE: return "DT_ERR_DEVICE";
+    default: return "DT_ERR_UNKNOWN";
+    }
+}
+
+const char *dt_last_error(void) { return dt__errmsg; }
+
+dt_result dt_set_error(dt_result r, const char *fmt, ...) {
+    int n = snprintf(dt__errmsg, sizeof dt__errmsg, "%s: ", dt_result_str(r));
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof dt__errmsg) vsnprintf(dt__errmsg + n, sizeof dt__errmsg - (size_t)n, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+static dt_log_fn dt__log_fn = NULL;
+static void *dt__log_user = NULL;
+static int dt__log_level = DT_LOG_INFO;
+
+void dt_log_configure(dt_log_fn fn, void *user, int max_level) {
+    dt__log_fn = fn;
+    dt__log_user = user;
+    dt__log_level = max_level;
+}
+
+static DT__THREAD_LOCAL int dt__tls_rank = -1;   /* the rank of this thread inside dt_launch */
+static int dt__log_all_ranks = 0;
+
+void dt_log(int level, const char *fmt, ...) {
+    char buf[1024];
+    int n = 0;
+    va_list ap;
+    if (level > dt__log_level) return;
+    if (dt__tls_rank > 0) {   /* rank 0's lines are the log; the others' show their rank, and only when asked */
+        if (level > DT_LOG_WARN && !dt__log_all_ranks) return;
+        n = snprintf(buf, sizeof buf, "[rank %d] ", dt__tls_rank);
+    }
+    va_start(ap, fmt);
+    vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (dt__log_fn) { dt__log_fn(dt__log_user, level, buf); return; }
+    if (level <= DT_LOG_WARN) fprintf(stderr, "dtrain %s: %s\n", level == DT_LOG_ERROR ? "error" : "warning", buf);
+    else fprintf(stderr, "%s\n", buf);
+}
+
+void dt_rng_init(dt_rng *r, uint64_t seed, uint64_t stream) {
+    r->state = 0;
+    r->inc = (stream << 1u) | 1u;
+    (void)dt_rng_u32(r);
+    r->state += seed;
+    (void)dt_rng_u32(r);
+}
+
+uint32_t dt_rng_u32(dt_rng *r) {
+    uint64_t old = r->state;
+    uint32_t xorshifted, rot;
+    r->state = old * 6364136223846793005ULL + r->inc;
+    xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u);
+    rot = (uint32_t)(old >> 59u);
+    return (xorshifted >> rot) | (xorshifted << ((-rot) & 31u));
+}
+
+uint32_t dt_rng_below(dt_rng *r, uint32_t n) {
+    uint32_t threshold, x;
+    if (n == 0) return 0;
+    threshold = (uint32_t)(-n) % n;
+    for (;;) {
+        x = dt_rng_u32(r);
+        if (x >= threshold) return x % n;
+    }
+}
+
+float dt_rng_uniform(dt_rng *r) { return (float)(dt_rng_u32(r) >> 8) * (1.0f / 16777216.0f); }
+
+float dt_rng_normal(dt_rng *r) {
+    float u1 = dt_rng_uniform(r), u2 = dt_rng_uniform(r);
+    if (u1 < 1e-12f) u1 = 1e-12f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
+}
+
+float dt_hash_uniform(uint64_t key, uint64_t counter) { return dt__hash_uniform(key, counter); }
+
+double dt_time_now(void) {
+    struct timespec ts;
+#if defined(CLOCK_MONOTONIC)
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#else
+    timespec_get(&ts, TIME_UTC);
+#endif
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+void dt_timer_start(dt_timer *t) { t->start = dt_time_now(); }
+double dt_timer_stop(dt_timer *t) {
+    double lap = dt_time_now() - t->start;
+    t->total += lap;
+    t->count++;
+    return lap;
+}
+
+void dt_progress_begin(dt_progress *p, void *file, int64_t total, int enabled) {
+    memset(p, 0, sizeof *p);
+    p->out = file ? file : stderr;
+    p->total = total;
+    p->enabled = enabled && total > 0;
+    p->start = dt_time_now();
+}
+void dt_progress_update(dt_progress *p, int64_t done, const char *fmt, ...) {
+    char text[160], bar[33];
+    double now;
+    int i, fill;
+    va_list ap;
+    if (!p || !p->enabled) return;
+    now = dt_time_now();
+    if (p->drawn && now - p->last_draw < 0.1 && done < p->total) return;
+    p->last_draw = now;
+    p->drawn = 1;
+    fill = (int)(32 * (done < p->total ? done : p->total) / p->total);
+    for (i = 0; i < 32; i++) bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
+    bar[32] = 0;
+    text[0] = 0;
+    if (fmt) { va_start(ap, fmt); vsnprintf(text, sizeof text, fmt, ap); va_end(ap); }
+    fprintf((FILE *)p->out, "\r%6lld/%lld [%s] %s\033[K", (long long)done, (long long)p->total, bar, text);
+    fflush((FILE *)p->out);
+}
+void dt_progress_end(dt_progress *p) {
+    if (!p || !p->enabled || !p->drawn) return;
+    fprintf((FILE *)p->out, "\r\033[K");
+    fflush((FILE *)p->out);
+    p->drawn = 0;
+}
+
+/* ---- the timeline recorder ----------------------------------------------------------------------
+   Every rank has DT__TRACE_LANES lanes (0: the rank's thread, 1: DDP's helper thread), and a thread
+   records into the lane its thread-local pointer names: each lane has one writer, nothing is locked, and
+   the launcher reads the lanes after the threads have been joined. NULL (tracing off, or a thread of no
+   rank) costs one branch. Events are kept in begin order; a span's end fills in t1 of the event its
+   begin appended, found through a stack of open spans. */
+#define DT__TRACE_LANES 2
+#define DT__TRACE_DEPTH 32     /* open spans per lane; deeper ones are dropped */
+#define DT__TRACE_ARGS 3
+typedef struct dt__trace_kv { const char *key, *s; int64_t v; } dt__trace_kv;   /* s NULL: the number v */
+typedef struct dt__trace_ev {
+    const char   *name, *cat;
+    double        t0, t1;      /* seconds since the origin; t1 < 0: not ended yet */
+    char          ph;          /* 'X' a span, 'i' an instant */
+    char          nargs;
+    dt__trace_kv  arg[DT__TRACE_ARGS];
+} dt__trace_ev;
+typedef struct dt__trace_lane {
+    dt__trace_ev *ev;
+    int64_t       n, cap, max, dropped;
+    int64_t       open[DT__TRACE_DEPTH];   /* the open spans' events (-1: dropped) */
+    int           depth, lane;
+    double        origin;                  /* dt_time_now() of time 0 */
+} dt__trace_lane;
+static DT__THREAD_LOCAL dt__trace_lane *dt__tls_trace = NULL;
+
+/* Appends an event; -1 when the lane is full (counted) or out of memory. */
+static int64_t dt__trace_add(dt__trace_lane *L, const char *name, const char *cat, char ph) {
+    dt__trace_ev *e;
+    if (L->n == L->cap) {
+        int64_t cap = L->cap ? 2 * L->cap : 1024;
+        dt__trace_ev *p;
+        if (cap > L->max) cap = L->max;
+        if (cap <= L->n || !(p = (dt__trace_ev *)DT_REALLOC(L->ev, sizeof *p * (size_t)cap))) { L->dropped++; return -1; }
+        L->ev = p;
+        L->cap = cap;
+    }
+    e = &L->ev[L->n];
+    e->name = name ? name : "?";
+    e->cat = cat ? cat : "user";
+    e->t0 = dt_time_now() - L->origin;
+    e->t1 = ph == 'X' ? -1.0 : e->t0;
+    e->ph = ph;
+    e->nargs = 0;
+    return L->n++;
+}
+void dt_trace_begin(const char *name, const char *category) {
+    dt__trace_lane *L = dt__tls_trace;
+    if (!L) return;
+    if (L->depth < DT__TRACE_DEPTH) L->open[L->depth] = dt__trace_add(L, name, category, 'X');
+    else L->dropped++;
+    L->depth++;
+}
+void dt_trace_end(void) {
+    dt__trace_lane *L = dt__tls_trace;
+    if (!L || L->depth == 0) return;
+    if (--L->depth < DT__TRACE_DEPTH && L->open[L->depth] >= 0) L->ev[L->open[L->depth]].t1 = dt_time_now() - L->origin;
+}
+void dt_trace_instant(const char *name, const char *category) {
+    if (dt__tls_trace) (void)dt__trace_add(dt__tls_trace, name, category, 'i');
+}
+int dt_trace_enabled(void) { return dt__tls_trace != NULL; }
+
+/* An argument of the innermost open span (shown by Perfetto when the span is selected): the number v, or
+   the string s when s is not NULL. key and s are stored, like names. */
+static inline void dt__trace_arg(const char *key, const char *s, int64_t v) {
+    dt__trace_lane *L = dt__tls_trace;
+    dt__trace_ev *e;
+    if (!L || L->depth == 0 || L->depth > DT__TRACE_DEPTH || L->open[L->depth - 1] < 0) return;
+    e = &L->ev[L->open[L->depth - 1]];
+    if (e->nargs >= DT__TRACE_ARGS) return;
+    e->arg[(int)e->nargs].key = key;
+    e->arg[(int)e->nargs].s = s;
+    e->arg[(int)e->nargs].v = v;
+    e->nargs++;
+}
+/* Lane `lane` of the calling thread's rank (a rank's lanes are consecutive), for a thread it starts; or NULL. */
+static inline dt__trace_lane *dt__trace_lane_of(int lane) {
+    dt__trace_lane *L = dt__tls_trace;
+    return L && lane < DT__TRACE_LANES ? L - L->lane + lane : NULL;
+}
+/* For a function whose span is opened deeper down (a collective's, by dt__coll_start): the depth before
+   the call, and closing every span opened since, which passes the call's result through. */
+static inline int dt__trace_mark(void) { return dt__tls_trace ? dt__tls_trace->depth : 0; }
+static inline dt_result dt__trace_close(int mark, dt_result r) {
+    while (dt__tls_trace && dt__tls_trace->depth > mark) dt_trace_end();
+    return r;
+}
+
+/* (partitioners and loader: implementation) */
+/* ---- threads --------------------------------------------------------------------------------- */
+/* A minimal internal wrapper over POSIX threads (the loader's prefetch thread; later the local backend's
+   ranks). POSIX threads rather than C11 <threads.h>: they exist on Linux, macOS (which has no
+   <threads.h>), the BSDs and MinGW, and the same calls compile as C and as C++. With DT_NO_THREADS the
+   mutex and condition calls do nothing and starting a thread fails, so callers check DT__HAVE_THREADS
+   and report DT_ERR_UNSUPPORTED first. Each function returns 0 on success or an error number. */
+#if !defined(DT_NO_THREADS)
+#ifdef __cplusplus
+}
+#endif
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+#define DT__HAVE_THREADS 1
+typedef struct dt__thread { void (*fn)(void *arg); void *arg; pthread_t id; } dt__thread;
+typedef struct dt__mutex { pthread_mutex_t m; } dt__mutex;
+typedef struct dt__cond { pthread_cond_t c; } dt__cond;
+static inline void *dt__thread_main(void *t) {
+    ((dt__thread *)t)->fn(((dt__thread *)t)->arg);
+    return NULL;
+}
+/* Runs fn(arg) on a new thread; *t must stay where it is until dt__thread_join. */
+static inline int dt__thread_start(dt__thread *t, void (*fn)(void *), void *arg) {
+    t->fn = fn;
+    t->arg = arg;
+    return pthread_create(&t->id, NULL, dt__thread_main, t);
+}
+static inline void dt__thread_join(dt__thread *t) { pthread_join(t->id, NULL); }
+static inline int  dt__mutex_init(dt__mutex *m) { return pthread_mutex_init(&m->m, NULL); }
+static inline void dt__mutex_destroy(dt__mutex *m) { pthread_mutex_destroy(&m->m); }
+static inline void dt__mutex_lock(dt__mutex *m) { pthread_mutex_lock(&m->m); }
+static inline void dt__mutex_unlock(dt__mutex *m) { pthread_mutex_unlock(&m->m); }
+static inline int  dt__cond_init(dt__cond *c) { return pthread_cond_init(&c->c, NULL); }
+static inline void dt__cond_destroy(dt__cond *c) { pthread_cond_destroy(&c->c); }
+static inline void dt__cond_wait(dt__cond *c, dt__mutex *m) { pthread_cond_wait(&c->c, &m->m); }   /* re-check the predicate */
+static inline void dt__cond_signal(dt__cond *c) { pthread_cond_signal(&c->c); }
+static inline void dt__cond_broadcast(dt__cond *c) { pthread_cond_broadcast(&c->c); }
+#else
+#define DT__HAVE_THREADS 0
+static inline int sched_yield(void) { return 0; }
+typedef struct dt__thread { void (*fn)(void *arg); void *arg; } dt__thread;
+typedef struct dt__mutex { int unused; } dt__mutex;
+typedef struct dt__cond { int unused; } dt__cond;
+static inline int  dt__thread_start(dt__thread *t, void (*fn)(void *), void *arg) { t->fn = fn; t->arg = arg; return -1; }
+static inline void dt__thread_join(dt__thread *t) { (void)t; }
+static inline int  dt__mutex_init(dt__mutex *m) { (void)m; return 0; }
+static inline void dt__mutex_destroy(dt__mutex *m) { (void)m; }
+static inline void dt__mutex_lock(dt__mutex *m) { (void)m; }
+static inline void dt__mutex_unlock(dt__mutex *m) { (void)m; }
+static inline int  dt__cond_init(dt__cond *c) { (void)c; return 0; }
+static inline void dt__cond_destroy(dt__cond *c) { (void)c; }
+static inline void dt__cond_wait(dt__cond *c, dt__mutex *m) { (void)c; (void)m; }
+static inline void dt__cond_signal(dt__cond *c) { (void)c; }
+static inline void dt__cond_broadcast(dt__cond *c) { (void)c; }
+#endif
+
+/* Sleeps on rank me's condition variable for at most s seconds (its mutex held). */
+static inline void dt__cond_wait_for(dt__cond *c, dt__mutex *m, double s) {
+#if DT__HAVE_THREADS
+    struct timespec ts;
+    double frac;
+    timespec_get(&ts, TIME_UTC);
+    if (s > 0.05) s = 0.05;   /* waiters wake now and then to look for mismatched ranks */
+    if (s < 0.0) s = 0.0;
+    frac = (double)ts.tv_nsec + s * 1e9;
+    ts.tv_sec += (time_t)(frac / 1e9);
+    ts.tv_nsec = (long)(frac - (double)(time_t)(frac / 1e9) * 1e9);
+    pthread_cond_timedwait(&c->c, &m->m, &ts);
+#else
+    (void)c; (void)m; (void)s;
+#endif
+}
+
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* the implementation */

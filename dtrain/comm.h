@@ -1,0 +1,2222 @@
+/* dtrain/comm.h - TOPCOMMENT */
+#ifndef DTRAIN_COMM_H
+#define DTRAIN_COMM_H
+#include "base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The graph over which decentralised algorithms (D-PSGD, gossip) average, and its mixing matrix W:
+   rank i's new value is sum_j W[i][j] x_j over itself and its neighbours. */
+typedef enum dt_topology_kind {
+    DT_TOPO_RING = 0,      /* i - 1 and i + 1 (mod world): the D-PSGD ring */
+    DT_TOPO_TORUS,         /* rows x cols grid with wrap-around: up to 4 neighbours */
+    DT_TOPO_EXPONENTIAL,   /* i +- 2^k (mod world) for 2^k < world: log2(world) hops to anyone */
+    DT_TOPO_FULL,          /* everyone: W = 1/world, the same as all-reduce */
+    DT_TOPO_CUSTOM         /* the adjacency matrix given in the desc */
+} dt_topology_kind;
+typedef enum dt_mixing_kind {
+    DT_MIXING_UNIFORM = 0, /* W[i][j] = 1 / (deg(i) + 1) for j in {i} u N(i): needs a regular graph */
+    DT_MIXING_METROPOLIS   /* W[i][j] = 1 / (1 + max(deg(i), deg(j))), W[i][i] = 1 - the rest: any graph */
+} dt_mixing_kind;
+typedef struct dt_topology_desc {
+    dt_topology_kind kind;
+    int              world;      /* number of ranks, >= 1 */
+    int              rows;       /* torus: rows (must divide world); 0 = the most square factorisation */
+    const uint8_t   *adjacency;  /* custom: [world * world], nonzero = edge; must be symmetric */
+    dt_mixing_kind   mixing;
+} dt_topology_desc;
+typedef struct dt_topology {
+    int     world;
+    double *weights;             /* [world, world] mixing matrix */
+    int    *offsets;             /* [world + 1]: neighbours of rank i are neighbors[offsets[i] .. offsets[i+1]) */
+    int    *neighbors;           /* ascending, without i itself */
+    double  spectral_gap;        /* 1 - max(|lambda_2|, |lambda_min|) of W: how fast gossip mixes (0 = never);
+                                    -1 when not computed (more than 1024 ranks) */
+    double  lambda2;             /* the second largest |eigenvalue| */
+} dt_topology;
+/* Builds the graph and its mixing matrix and checks that W is symmetric, doubly stochastic and the graph
+   connected (otherwise DT_ERR_INVALID_ARG naming the rank and what fails, and the fix); computes the
+   spectral gap. *t is zeroed on failure. */
+dt_result dt_topology_create(dt_topology *t, const dt_topology_desc *desc);
+void      dt_topology_free(dt_topology *t);
+const char *dt_topology_name(dt_topology_kind k);   /* "ring", "torus", ... */
+
+/* ---- the communicator ------------------------------------------------------------------------ */
+
+/* Element types a message or a reduction carries. */
+typedef enum dt_dtype { DT_F32 = 0, DT_F64, DT_I32, DT_I64, DT_U8, DT_DTYPE_COUNT } dt_dtype;
+size_t      dt_dtype_size(dt_dtype t);           /* bytes per element; 0 for an unknown type */
+const char *dt_dtype_name(dt_dtype t);           /* "f32", ... */
+
+/* Reductions. MEAN is SUM divided by the world size, for floating-point types only. */
+typedef enum dt_reduce_op { DT_SUM = 0, DT_MEAN, DT_MAX, DT_MIN } dt_reduce_op;
+
+/* How all-reduce, reduce and broadcast move data. Every algorithm but NATIVE is written once in this
+   file over point-to-point messages, so it behaves and rounds the same on every backend:
+     NAIVE   everyone sends to the root, the root reduces in rank order and sends the result back: the
+             parameter-server pattern; 2 (p - 1) messages of n elements through one rank.
+     RING    reduce-scatter then all-gather around the ring: 2 (p - 1) steps of n / p elements each, every
+             link busy; the bandwidth-optimal choice for large n. Chunks are sent in segments so the
+             next segment travels while the previous one is reduced.
+     TREE    binomial tree to the root and back: 2 log2(p) steps of n elements; the latency-optimal choice
+             for small n.
+     NATIVE  the backend's own: a shared-memory all-reduce for local ranks, MPI_Allreduce for MPI.
+   For a given world size, NAIVE, RING and TREE give bit-identical results on every backend; NATIVE
+   is deterministic run to run but may round differently. AUTO (0) is the communicator's default. */
+typedef enum dt_algo { DT_ALGO_AUTO = 0, DT_ALGO_NAIVE, DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NATIVE, DT_ALGO_COUNT } dt_algo;
+const char *dt_algo_name(dt_algo a);             /* "auto", "naive", "ring", "tree", "native" */
+dt_result   dt_algo_parse(const char *s, dt_algo *out);
+
+/* Per-rank traffic counters, since the communicator was created (or last reset). Bytes count payload
+   this rank put on, or took off, a link: for point-to-point messages and the library's algorithms the
+   exact figure; for NATIVE collectives that of a ring (2 (p - 1) / p n per rank). wait_seconds is the
+   time the rank spent blocked, waiting for others. */
+typedef struct dt_comm_stats {
+    uint64_t bytes_sent, bytes_recv;
+    uint64_t messages_sent, messages_recv;
+    uint64_t collectives;                  /* collective calls made */
+    double   wait_seconds;
+} dt_comm_stats;
+
+/* A pending point-to-point operation. It lives in the caller's memory and must stay where it is (not be
+   copied or freed) until dt_comm_wait or dt_comm_test has completed it. */
+typedef struct dt_request {
+    int         kind;          /* 0 none or completed, 1 send, 2 receive */
+    int         peer, tag;     /* destination or source; tag */
+    int         owner;         /* posting rank */
+    size_t      bytes;         /* posted size */
+    size_t      received;      /* a completed receive: bytes that arrived (<= bytes) */
+    const void *sbuf;
+    void       *rbuf;
+    uint64_t    sig[3];        /* the collective this message belongs to, for mismatch reports */
+    double      not_before;    /* link model: the time the message has crossed the link */
+    volatile int state;        /* backend's progress */
+    dt_result   error;
+    char       *error_msg;     /* backend's message when error != DT_OK (owned by the backend) */
+    void       *next;          /* backend's queue link */
+    uint64_t    impl[4];       /* backend's own (e.g. an MPI_Request) */
+} dt_request;
+
+typedef struct dt_comm dt_comm;
+
+/* A backend: point-to-point transport plus optional native collectives (NULL = none; the library's
+   algorithms are used). Deadlines are absolute dt_time_now() seconds; a backend returns DT_ERR_TIMEOUT
+   past it, DT_ERR_PEER when the peer has gone, with a message from dt__comm_fail-style reports.
+   Documented in docs/design.md; the local and self backends are in this file, MPI in dtrain_mpi.h. */
+typedef struct dt_comm_backend {
+    const char *name;
+    dt_result (*isend)(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *req);
+    dt_result (*irecv)(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt_request *req);
+    dt_result (*wait)(dt_comm *c, dt_request *req, double deadline);
+    dt_result (*test)(dt_comm *c, dt_request *req, int *done);
+    void      (*cancel)(dt_comm *c, dt_request *req);   /* after an error: withdraw a pending request */
+    dt_result (*barrier)(dt_comm *c, double deadline);
+    dt_result (*allreduce)(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, double deadline);
+    dt_result (*broadcast)(dt_comm *c, void *buf, size_t bytes, int root, double deadline);
+    /* appends to msg the ranks that have not reached collective seq (or "" when it cannot tell) */
+    void      (*missing)(dt_comm *c, uint64_t seq, char *msg, size_t cap);
+    /* tells the other ranks that this one failed (its message), so they stop waiting for it */
+    void      (*fail)(dt_comm *c, dt_result r, const char *msg);
+    void      (*destroy)(dt_comm *c);
+} dt_comm_backend;
+
+/* The communicator of one rank. Fields are read-only for users; dt_comm_rank()/dt_comm_size() read them. */
+struct dt_comm {
+    int                    rank, size;
+    const dt_comm_backend *backend;
+    void                  *impl;            /* backend state */
+    dt_algo                algo;            /* what DT_ALGO_AUTO means for this communicator */
+    double                 timeout;         /* seconds any single wait may last */
+    size_t                 segment_bytes;   /* ring pipeline segment */
+    uint64_t               seq;             /* collectives started: the number in error messages */
+    uint64_t               sig[3];          /* the operation in progress (its signature) */
+    uint64_t               coll_sig[3];     /* the collective in progress, published for other ranks'
+                                               mismatch checks (a seqlock: [0] is written last) */
+    int                    tag_ub;          /* largest tag the transport carries; user tags < DT_TAG_USER_MAX */
+    dt_result              broken;          /* sticky: after a failure every call returns it */
+    char                   broken_msg[512];
+    dt_comm_stats          stats;
+    void                  *scratch;         /* reused by the algorithms */
+    size_t                 scratch_bytes;
+    dt_request            *reqs;            /* reused by the algorithms */
+    int                    nreqs;
+    void                  *user;            /* free for the caller */
+};
+
+#define DT_TAG_USER_MAX  32767             /* user point-to-point tags are 0 .. DT_TAG_USER_MAX */
+#define DT_TIMEOUT_DEFAULT 300.0           /* seconds; the environment variable DT_COMM_TIMEOUT overrides */
+
+/* Options of a communicator; zero means the default. */
+typedef struct dt_comm_desc {
+    dt_algo algo;              /* default algorithm: 0 = NATIVE where the backend has one, else RING */
+    double  timeout;           /* seconds a wait may last before DT_ERR_TIMEOUT: 0 = $DT_COMM_TIMEOUT or 300 */
+    size_t  segment_bytes;     /* ring pipeline segment: 0 = 256 KiB */
+    /* link model (local backend only; both 0 = off): each rank has one full-duplex link to a switch that
+       sends and receives at most bandwidth bytes/s (messages queue behind each other on both ends), and
+       every message arrives latency seconds after it has left. Under it the native all-reduce and
+       broadcast run over messages too (as TREE for the broadcast; for the all-reduce as RING, or as TREE
+       where the model makes that faster: short messages), so a NATIVE float sum rounds as that one's */
+    double  link_latency;
+    double  link_bandwidth;
+} dt_comm_desc;
+
+int  dt_comm_rank(const dt_comm *c);
+int  dt_comm_size(const dt_comm *c);
+const char *dt_comm_backend_name(const dt_comm *c);   /* "self", "local", "mpi" */
+
+/* A communicator of one rank: every collective is a no-op or a copy, messages to itself are delivered.
+   The same program is its own single-process baseline. Free with dt_comm_destroy. */
+dt_result dt_comm_create_self(dt_comm **out, const dt_comm_desc *desc);
+/* n local ranks in this process, for a caller that runs its own threads: out[0..n) are the ranks'
+   communicators; each must be used by one thread only. Free each with dt_comm_destroy (after every rank
+   has finished). Most programs use dt_launch instead. */
+dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc);
+/* Marks this rank as gone (its function returned r, with message msg): ranks waiting for it fail at once
+   with DT_ERR_PEER instead of waiting for the timeout. dt_launch calls it when a rank function returns. */
+void      dt_comm_leave(dt_comm *c, dt_result r, const char *msg);
+void      dt_comm_destroy(dt_comm *c);
+
+/* Point-to-point, blocking and non-blocking. Messages between two ranks with the same tag arrive in the
+   order sent. A receive accepts at most count elements; *received (may be NULL) gets how many came.
+   A send completes when the receiver has the data. */
+dt_result dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag);
+dt_result dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, size_t *received);
+dt_result dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req);
+dt_result dt_comm_irecv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, dt_request *req);
+dt_result dt_comm_wait(dt_comm *c, dt_request *req);
+dt_result dt_comm_waitall(dt_comm *c, dt_request *reqs, int n);
+dt_result dt_comm_test(dt_comm *c, dt_request *req, int *done);
+
+/* Collectives: every rank of the communicator calls the same ones in the same order with the same count,
+   type, op and root; a rank that calls another, or another size, gets DT_ERR_MISMATCH rather than a wrong
+   result. Buffers are in place where one buffer is given. algo 0 = the communicator's default. */
+dt_result dt_comm_barrier(dt_comm *c);
+dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_algo algo);
+/* buf: in, and on root the result; other ranks' buf is left unchanged. */
+dt_result dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, int root, dt_algo algo);
+dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, dt_algo algo);
+/* root's send[size * count] is split in rank order; each rank gets its count elements in recv. send is
+   read on root only (NULL elsewhere). */
+dt_result dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root);
+/* each rank's send[count] lands at recv[rank * count] on root (recv NULL elsewhere). */
+dt_result dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root);
+/* each rank's send[count] lands at recv[rank * count] on every rank (ring). */
+dt_result dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t);
+/* send[size * count] on every rank; rank r gets in recv[count] the reduction of everyone's block r (ring). */
+dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_reduce_op op);
+/* Neighbour exchange for gossip: send goes to each rank in to[0..nto), and recv[i * count] receives from
+   from[i], i < nfrom. Every rank calls it (with its own lists; a rank may list none); the edges must
+   match (a in b's to exactly when b in a's from). */
+dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
+                                    const int *to, int nto, const int *from, int nfrom);
+
+/* Counters of this rank (see dt_comm_stats), and their reset. */
+dt_comm_stats dt_comm_get_stats(const dt_comm *c);   /* zeros for NULL */
+void dt_comm_reset_stats(dt_comm *c);
+
+/* ---- the launcher ---------------------------------------------------------------------------- */
+
+/* A rank's work: its communicator and the argument given to dt_launch. Returning an error stops the
+   run: the other ranks' waits for this one fail with DT_ERR_PEER. */
+typedef dt_result (*dt_rank_fn)(dt_comm *comm, void *arg);
+
+typedef struct dt_launch_desc {
+    int          ranks;            /* local ranks (threads); 0 = 1. Ignored under mpiexec */
+    int          threads_per_rank; /* OpenMP threads of each rank: 0 = cores / ranks, at least 1 */
+    int          log_all_ranks;    /* show ranks > 0's info lines too (always shown: warnings, errors) */
+    dt_comm_desc comm;
+    const char  *trace_path;       /* write a timeline of every rank here (Chrome trace JSON); NULL = off */
+    int64_t      trace_max_events; /* events kept per rank and lane; later ones are dropped and counted
+                                      (0 = DT_TRACE_MAX_EVENTS) */
+} dt_launch_desc;
+
+#define DT_TRACE_MAX_EVENTS (1 << 19)   /* about 60 MB per lane at most, allocated as events come */
+
+/* Takes the launcher's flags out of argv (argc updated), leaving the program's own:
+     --ranks N            local ranks (threads in this process)
+     --algo A             default collective algorithm: naive, ring, tree, native
+     --timeout S          seconds a rank may wait for another before the run fails
+     --link-latency S     link model: seconds per message (local ranks)
+     --link-bandwidth B   link model: bytes per second per link, with suffix K, M or G (local ranks)
+     --threads-per-rank T OpenMP threads per rank
+     --log-all-ranks      show every rank's log lines, prefixed "[rank r]"
+     --trace PATH         write a timeline of every rank's compute and communication to PATH (Chrome
+                          trace JSON, for https://ui.perfetto.dev or chrome://tracing)
+     --trace-max-events N events kept per rank and thread (default DT_TRACE_MAX_EVENTS)
+   Returns DT_ERR_INVALID_ARG naming a bad value. */
+dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d);
+
+/* Runs fn on every rank and returns 0 when every rank returned DT_OK, else 1 after logging each failed
+   rank's error. Under mpiexec (built with DT_USE_MPI) each process is one rank on MPI_COMM_WORLD;
+   otherwise desc->ranks threads on the local backend (1 rank: the self backend). Log lines of rank r > 0
+   are prefixed "[rank r]" and, unless log_all_ranks, only warnings and errors are shown. With trace_path,
+   the timeline is written after the ranks have finished, also when one failed; a trace that cannot be
+   written makes the run fail (1) with a message naming the path. Under MPI rank 0 gathers every rank's
+   events and writes the file; when that fails (a rank has died) each rank writes PATH.rank<r>. */
+int dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
+/* The same on local ranks, returning each rank's result in results[ranks] (may be NULL) and the first
+   failure (the lowest failed rank's) as the return value, with its message in dt_last_error(). */
+dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results);
+/* The rank of the calling thread inside dt_launch (-1 outside): what the logger prefixes. */
+int dt_current_rank(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_COMM_H */
+
+#if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_COMM_IMPLEMENTATION_DONE)
+#define DTRAIN_COMM_IMPLEMENTATION_DONE
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char *dt_topology_name(dt_topology_kind k) {
+    static const char *names[] = {"ring", "torus", "exponential", "full", "custom"};
+    return (k >= DT_TOPO_RING && k <= DT_TOPO_CUSTOM) ? names[k] : "unknown";
+}
+
+void dt_topology_free(dt_topology *t) {
+    if (!t) return;
+    DT_FREE(t->weights);
+    DT_FREE(t->offsets);
+    DT_FREE(t->neighbors);
+    memset(t, 0, sizeof *t);
+}
+
+/* Eigenvalues of the symmetric n x n matrix a (destroyed) by cyclic Jacobi rotations, into ev[n]. */
+static void dt__sym_eigenvalues(double *a, int n, double *ev) {
+    int sweep, p, q, k;
+    for (sweep = 0; sweep < 100; sweep++) {
+        double off = 0.0;
+        for (p = 0; p < n; p++)
+            for (q = p + 1; q < n; q++) off += a[p * n + q] * a[p * n + q];
+        if (off < 1e-22) break;
+        for (p = 0; p < n; p++)
+            for (q = p + 1; q < n; q++) {
+                double apq = a[p * n + q], theta, t, c, s;
+                if (fabs(apq) < 1e-300) continue;
+                theta = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
+                t = (theta >= 0 ? 1.0 : -1.0) / (fabs(theta) + sqrt(theta * theta + 1.0));
+                c = 1.0 / sqrt(t * t + 1.0);
+                s = t * c;
+                for (k = 0; k < n; k++) {   /* A <- A J (columns p, q) */
+                    double akp = a[k * n + p], akq = a[k * n + q];
+                    a[k * n + p] = c * akp - s * akq;
+                    a[k * n + q] = s * akp + c * akq;
+                }
+                for (k = 0; k < n; k++) {   /* A <- J^T A (rows p, q) */
+                    double apk = a[p * n + k], aqk = a[q * n + k];
+                    a[p * n + k] = c * apk - s * aqk;
+                    a[q * n + k] = s * apk + c * aqk;
+                }
+            }
+    }
+    for (k = 0; k < n; k++) ev[k] = a[k * n + k];
+}
+
+dt_result dt_topology_create(dt_topology *t, const dt_topology_desc *desc) {
+    int n, i, j, rows = 0, cols = 0, nedges = 0;
+    uint8_t *adj = NULL;
+    int *stack = NULL, *seen = NULL;
+    double *work = NULL, *ev = NULL;
+    dt_result r = DT_OK;
+    if (!t) return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: topology is NULL");
+    memset(t, 0, sizeof *t);
+    if (!desc) return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: desc is NULL");
+    n = desc->world;
+    if (n < 1 || n > 65536) return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: world is %d; it must be in 1..65536", n);
+    if (desc->kind < DT_TOPO_RING || desc->kind > DT_TOPO_CUSTOM)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: unknown topology %d", (int)desc->kind);
+    if (desc->mixing != DT_MIXING_UNIFORM && desc->mixing != DT_MIXING_METROPOLIS)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: unknown mixing %d", (int)desc->mixing);
+    if (desc->kind == DT_TOPO_CUSTOM && !desc->adjacency)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: a custom topology needs the adjacency matrix [world * world]");
+    if (desc->kind == DT_TOPO_TORUS) {
+        rows = desc->rows;
+        if (rows == 0)   /* the most square factorisation */
+            for (rows = (int)sqrt((double)n); rows > 1 && n % rows; rows--) {}
+        if (rows < 1 || n % rows)
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: a torus of %d ranks cannot have %d rows; rows must "
+                                "divide the world size (or be 0 for the most square grid)", n, desc->rows);
+        cols = n / rows;
+    }
+    adj = (uint8_t *)DT_MALLOC((size_t)n * (size_t)n);
+    t->weights = (double *)DT_MALLOC(sizeof(double) * (size_t)n * (size_t)n);
+    t->offsets = (int *)DT_MALLOC(sizeof(int) * (size_t)(n + 1));
+    if (!adj || !t->weights || !t->offsets) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_create: no memory for %d ranks", n); goto done; }
+    memset(adj, 0, (size_t)n * (size_t)n);
+    for (i = 0; i < n; i++) {
+        int d;
+        switch (desc->kind) {
+        case DT_TOPO_RING:
+            adj[i * n + (i + 1) % n] = adj[i * n + (i + n - 1) % n] = 1;
+            break;
+        case DT_TOPO_TORUS: {
+            int rr = i / cols, cc = i % cols;
+            adj[i * n + rr * cols + (cc + 1) % cols] = adj[i * n + rr * cols + (cc + cols - 1) % cols] = 1;
+            adj[i * n + ((rr + 1) % rows) * cols + cc] = adj[i * n + ((rr + rows - 1) % rows) * cols + cc] = 1;
+        } break;
+        case DT_TOPO_EXPONENTIAL:
+            for (d = 1; d < n; d *= 2) adj[i * n + (i + d) % n] = adj[i * n + (i + n - d % n) % n] = 1;
+            break;
+        case DT_TOPO_FULL:
+            for (j = 0; j < n; j++) adj[i * n + j] = 1;
+            break;
+        case DT_TOPO_CUSTOM:
+            for (j = 0; j < n; j++) adj[i * n + j] = desc->adjacency[i * n + j] != 0;
+            break;
+        }
+        adj[i * n + i] = 0;   /* self-loops are implicit in W[i][i] */
+    }
+    for (i = 0; i < n; i++)
+        for (j = 0; j < n; j++)
+            if (adj[i * n + j] != adj[j * n + i]) {
+                r = dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: the adjacency is not symmetric (%d -> %d but not %d -> %d); "
+                                 "gossip needs undirected edges", i, j, j, i);
+                goto done;
+            }
+    /* neighbour lists */
+    t->offsets[0] = 0;
+    for (i = 0; i < n; i++) {
+        for (j = 0; j < n; j++) nedges += adj[i * n + j];
+        t->offsets[i + 1] = nedges;
+    }
+    t->neighbors = (int *)DT_MALLOC(sizeof(int) * (size_t)(nedges + 1));
+    if (!t->neighbors) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_create: no memory for %d edges", nedges); goto done; }
+    for (i = 0, nedges = 0; i < n; i++)
+        for (j = 0; j < n; j++)
+            if (adj[i * n + j]) t->neighbors[nedges++] = j;
+    /* mixing weights */
+    for (i = 0; i < n; i++) {
+        int di = t->offsets[i + 1] - t->offsets[i];
+        double rest = 1.0;
+        for (j = 0; j < n; j++) {
+            int dj = t->offsets[j + 1] - t->offsets[j];
+            double w = 0.0;
+            if (adj[i * n + j]) w = desc->mixing == DT_MIXING_UNIFORM ? 1.0 / (di + 1) : 1.0 / (1 + (di > dj ? di : dj));
+            t->weights[i * n + j] = w;
+            rest -= w;
+        }
+        t->weights[i * n + i] = rest;
+    }
+    for (i = 0; i < n; i++) {   /* symmetric and doubly stochastic (rows sum to 1 by construction) */
+        double col = 0.0;
+        for (j = 0; j < n; j++) {
+            col += t->weights[j * n + i];
+            if (fabs(t->weights[i * n + j] - t->weights[j * n + i]) > 1e-12) {
+                r = dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: the %s mixing matrix is not symmetric (ranks %d and %d "
+                                 "have degrees %d and %d): use DT_MIXING_METROPOLIS for graphs that are not regular",
+                                 desc->mixing == DT_MIXING_UNIFORM ? "uniform" : "Metropolis", i, j,
+                                 t->offsets[i + 1] - t->offsets[i], t->offsets[j + 1] - t->offsets[j]);
+                goto done;
+            }
+        }
+        if (fabs(col - 1.0) > 1e-9 || t->weights[i * n + i] < -1e-12) {
+            r = dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: the mixing matrix is not doubly stochastic at rank %d "
+                             "(column sum %g, self weight %g)", i, col, t->weights[i * n + i]);
+            goto done;
+        }
+    }
+    /* connected: a search from rank 0 reaches everyone */
+    stack = (int *)DT_MALLOC(sizeof(int) * (size_t)n);
+    seen = (int *)DT_MALLOC(sizeof(int) * (size_t)n);
+    if (!stack || !seen) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_create: no memory"); goto done; }
+    {
+        int top = 0, reached = 1, k;
+        memset(seen, 0, sizeof(int) * (size_t)n);
+        seen[0] = 1;
+        stack[top++] = 0;
+        while (top) {
+            int v = stack[--top];
+            for (k = t->offsets[v]; k < t->offsets[v + 1]; k++)
+                if (!seen[t->neighbors[k]]) { seen[t->neighbors[k]] = 1; reached++; stack[top++] = t->neighbors[k]; }
+        }
+        if (reached != n) {
+            for (k = 0; k < n && seen[k]; k++) {}
+            r = dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: the graph is not connected (rank %d cannot be reached from "
+                             "rank 0): gossip would never reach consensus; add edges", k);
+            goto done;
+        }
+    }
+    /* spectral gap from the eigenvalues of W (symmetric, so real); Jacobi costs O(world^3) per sweep, so
+       beyond 1024 ranks the gap is left at -1 (not computed) */
+    t->world = n;
+    if (n > 1024) { t->spectral_gap = t->lambda2 = -1.0; goto done; }
+    work = (double *)DT_MALLOC(sizeof(double) * (size_t)n * (size_t)n);
+    ev = (double *)DT_MALLOC(sizeof(double) * (size_t)n);
+    if (!work || !ev) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_create: no memory for the spectrum"); goto done; }
+    memcpy(work, t->weights, sizeof(double) * (size_t)n * (size_t)n);
+    dt__sym_eigenvalues(work, n, ev);
+    {
+        /* the largest eigenvalue is 1 (the consensus direction); lambda2 is the largest |ev| among the rest */
+        int top1 = 0, k;
+        double l2 = 0.0;
+        for (k = 1; k < n; k++) if (ev[k] > ev[top1]) top1 = k;
+        for (k = 0; k < n; k++) if (k != top1 && fabs(ev[k]) > l2) l2 = fabs(ev[k]);
+        t->lambda2 = l2;
+        t->spectral_gap = 1.0 - l2;
+    }
+    t->world = n;
+done:
+    DT_FREE(adj); DT_FREE(stack); DT_FREE(seen); DT_FREE(work); DT_FREE(ev);
+    if (r != DT_OK) dt_topology_free(t);
+    return r;
+}
+
+/* ---- communicator: the generic layer ----------------------------------------------------------- */
+/* Everything above the transport: argument checks, the collective's signature and sequence number,
+   error reports, counters, and the algorithms (naive, ring, tree) written once over isend/irecv. */
+
+#define DT__ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DT__ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+enum { DT__REQ_NONE = 0, DT__REQ_SEND = 1, DT__REQ_RECV = 2 };
+enum { DT__ST_POSTED = 0, DT__ST_MATCHED = 1, DT__ST_DONE = 2, DT__ST_CANCELLED = 3 };
+/* What a communicator is doing: the kind of its current operation, stored in sig[2]. */
+enum { DT__OP_P2P = 0, DT__OP_BARRIER, DT__OP_BROADCAST, DT__OP_REDUCE, DT__OP_ALLREDUCE, DT__OP_SCATTER,
+       DT__OP_GATHER, DT__OP_ALLGATHER, DT__OP_REDUCE_SCATTER, DT__OP_NEIGHBOR, DT__OP_COUNT };
+static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "broadcast", "reduce", "all-reduce",
+                                                  "scatter", "gather", "all-gather", "reduce-scatter",
+                                                  "neighbour exchange"};
+#define DT__TAG_COLL 32768          /* tags from here up belong to collectives: seq and signature hash */
+#define DT__TAG_HASH_BITS 6
+
+size_t dt_dtype_size(dt_dtype t) {
+    switch (t) {
+    case DT_F32: case DT_I32: return 4;
+    case DT_F64: case DT_I64: return 8;
+    case DT_U8: return 1;
+    default: return 0;
+    }
+}
+const char *dt_dtype_name(dt_dtype t) {
+    static const char *n[] = {"f32", "f64", "i32", "i64", "u8"};
+    return (t >= DT_F32 && t < DT_DTYPE_COUNT) ? n[t] : "unknown";
+}
+/* The names of an enum's values, shared by the dt_*_name / dt_*_parse pairs: the name of k ("unknown"
+   outside 0..n-1), and the value named s (or DT_ERR_INVALID_ARG listing the choices; what names the kind). */
+static const char *dt__enum_name(const char *const *names, int n, int k) { return k >= 0 && k < n ? names[k] : "unknown"; }
+static dt_result dt__enum_parse(const char *const *names, int n, const char *s, int *out, const char *what) {
+    char list[256];
+    size_t len = 0;
+    int k;
+    for (k = 0; s && k < n; k++)
+        if (strcmp(s, names[k]) == 0) { *out = k; return DT_OK; }
+    list[0] = 0;
+    for (k = 0; k < n && len < sizeof list; k++) {
+        int w = snprintf(list + len, sizeof list - len, "%s%s", k == 0 ? "" : k == n - 1 ? " or " : ", ", names[k]);
+        if (w > 0) len += (size_t)w;
+    }
+    return dt_set_error(DT_ERR_INVALID_ARG, "unknown %s '%s': use %s", what, s ? s : "(null)", list);
+}
+
+static const char *const dt__algo_names[DT_ALGO_COUNT] = {"auto", "naive", "ring", "tree", "native"};
+const char *dt_algo_name(dt_algo a) { return dt__enum_name(dt__algo_names, DT_ALGO_COUNT, (int)a); }
+dt_result dt_algo_parse(const char *s, dt_algo *out) {
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__algo_names, DT_ALGO_COUNT, s, &k, "collective algorithm");
+    if (r == DT_OK && out) *out = (dt_algo)k;
+    return r;
+}
+static const char *dt__reduce_name(int op) {
+    static const char *n[] = {"sum", "mean", "max", "min"};
+    return (op >= 0 && op <= DT_MIN) ? n[op] : "none";
+}
+
+int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
+int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }
+const char *dt_comm_backend_name(const dt_comm *c) { return (c && c->backend) ? c->backend->name : "none"; }
+dt_comm_stats dt_comm_get_stats(const dt_comm *c) {
+    dt_comm_stats z;
+    if (c) return c->stats;
+    memset(&z, 0, sizeof z);
+    return z;
+}
+void dt_comm_reset_stats(dt_comm *c) { if (c) memset(&c->stats, 0, sizeof c->stats); }
+
+/* The signature of an operation: sig[0] sequence number, sig[1] count, sig[2] kind | type | op | root | algo.
+   Two ranks in the same collective have equal signatures; the transport compares them. */
+static void dt__comm_begin(dt_comm *c, int kind, size_t count, int t, int op, int root, int algo) {
+    c->sig[0] = c->seq;
+    c->sig[1] = (uint64_t)count;
+    c->sig[2] = (uint64_t)kind | ((uint64_t)(t & 0xff) << 8) | ((uint64_t)(op & 0xff) << 16) |
+                ((uint64_t)(uint32_t)(root + 1) << 24) | ((uint64_t)(algo & 0xff) << 56);
+}
+static void dt__sig_str(const uint64_t *sig, char *buf, size_t cap) {
+    int kind = (int)(sig[2] & 0xff), t = (int)((sig[2] >> 8) & 0xff), op = (int)((sig[2] >> 16) & 0xff);
+    int root = (int)((sig[2] >> 24) & 0xffffffffu) - 1, algo = (int)(sig[2] >> 56);
+    int n = snprintf(buf, cap, "%s #%llu (", kind < DT__OP_COUNT ? dt__op_names[kind] : "?", (unsigned long long)sig[0]);
+    if (n < 0 || (size_t)n >= cap) return;
+    if (kind == DT__OP_BARRIER) { snprintf(buf + n, cap - (size_t)n, "%s)", dt_algo_name((dt_algo)algo)); return; }
+    n += snprintf(buf + n, cap - (size_t)n, "%llu x %s", (unsigned long long)sig[1], dt_dtype_name((dt_dtype)t));
+    if ((size_t)n >= cap) return;
+    if (kind == DT__OP_REDUCE || kind == DT__OP_ALLREDUCE || kind == DT__OP_REDUCE_SCATTER)
+        n += snprintf(buf + n, cap - (size_t)n, ", %s", dt__reduce_name(op));
+    if ((size_t)n >= cap) return;
+    if (root >= 0 && (kind == DT__OP_BROADCAST || kind == DT__OP_REDUCE || kind == DT__OP_SCATTER || kind == DT__OP_GATHER))
+        n += snprintf(buf + n, cap - (size_t)n, ", root %d", root);
+    if ((size_t)n >= cap) return;
+    if (kind == DT__OP_BROADCAST || kind == DT__OP_REDUCE || kind == DT__OP_ALLREDUCE)
+        n += snprintf(buf + n, cap - (size_t)n, ", %s", dt_algo_name((dt_algo)algo));
+    if ((size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ")");
+}
+static uint64_t dt__sig_hash(const uint64_t *sig) {
+    uint64_t h = 1469598103934665603ull ^ sig[1];
+    h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+    h ^= sig[2];
+    h = (h ^ (h >> 31)) * 0x94d049bb133111ebull;
+    return h ^ (h >> 32);
+}
+/* The tag of the current collective's messages: DT__TAG_COLL + (seq mod nseq) << 6 + a 6-bit hash of the
+   signature, so a transport that matches on tags alone (MPI) still tells collectives and their sizes apart. */
+static int dt__coll_tag(const dt_comm *c) {
+    uint64_t nseq = (uint64_t)((c->tag_ub - DT__TAG_COLL) >> DT__TAG_HASH_BITS);
+    return DT__TAG_COLL + (int)(((c->sig[0] % nseq) << DT__TAG_HASH_BITS) | (dt__sig_hash(c->sig) & ((1u << DT__TAG_HASH_BITS) - 1)));
+}
+
+/* The description of the current operation for error messages. */
+static void dt__comm_what(const dt_comm *c, char *buf, size_t cap) {
+    if ((c->sig[2] & 0xff) == DT__OP_P2P) snprintf(buf, cap, "point-to-point");
+    else dt__sig_str(c->sig, buf, cap);
+}
+
+/* Records a failure of the current operation: the communicator becomes unusable (every later call
+   returns the same error), the other ranks are told where the backend can, and dt_last_error() reads
+   "rank R: <operation>: <cause>[; <who is missing>]". cause is the transport's message. */
+static dt_result dt__comm_fail(dt_comm *c, dt_result r, const char *cause) {
+    char what[160], miss[192] = "";
+    const char *pre = dt_result_str(r);
+    size_t lp = strlen(pre);
+    if (strncmp(cause, pre, lp) == 0 && cause[lp] == ':') cause += lp + 1 + (cause[lp + 1] == ' ');
+    dt__comm_what(c, what, sizeof what);
+    if ((c->sig[2] & 0xff) != DT__OP_P2P && c->backend->missing) c->backend->missing(c, c->sig[0], miss, sizeof miss);
+    snprintf(c->broken_msg, sizeof c->broken_msg, "rank %d: %s: %s%s%s", c->rank, what, cause, miss[0] ? "; " : "", miss);
+    c->broken = r;
+    if (c->backend->fail) c->backend->fail(c, r, c->broken_msg);
+    return dt_set_error(r, "%s", c->broken_msg);
+}
+/* A call on a communicator that failed before. */
+static dt_result dt__comm_broken(const dt_comm *c) {
+    return dt_set_error(c->broken, "this communicator failed earlier and cannot be used (destroy it): %s", c->broken_msg);
+}
+
+/* Scratch memory kept by the communicator: grown outside the steady state, reused by every call. */
+static dt_result dt__comm_scratch(dt_comm *c, size_t bytes, void **out) {
+    if (bytes > c->scratch_bytes) {
+        void *p = DT_MALLOC(bytes);
+        if (!p) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "communicator: no memory for %zu bytes of scratch", bytes);
+        DT_FREE(c->scratch);
+        c->scratch = p;
+        c->scratch_bytes = bytes;
+    }
+    *out = c->scratch;
+    return DT_OK;
+}
+static dt_result dt__comm_reqs(dt_comm *c, int n, dt_request **out) {
+    if (n > c->nreqs) {
+        dt_request *p = (dt_request *)DT_MALLOC((size_t)n * sizeof *p);
+        if (!p) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "communicator: no memory for %d requests", n);
+        DT_FREE(c->reqs);
+        c->reqs = p;
+        c->nreqs = n;
+    }
+    *out = c->reqs;
+    return DT_OK;
+}
+
+/* Element-wise dst = dst (op) src over n elements; MEAN reduces as SUM (the division comes once, after). */
+#define DT__REDUCE_LOOP(T)                                                                               \
+    do {                                                                                                 \
+        T *d = (T *)dst;                                                                                 \
+        const T *s = (const T *)src;                                                                     \
+        size_t i;                                                                                        \
+        if (op == DT_SUM || op == DT_MEAN) for (i = 0; i < n; i++) d[i] = d[i] + s[i];                   \
+        else if (op == DT_MAX) for (i = 0; i < n; i++) d[i] = s[i] > d[i] ? s[i] : d[i];                 \
+        else for (i = 0; i < n; i++) d[i] = s[i] < d[i] ? s[i] : d[i];                                   \
+    } while (0)
+static void dt__reduce_into(void *DT__RESTRICT dst, const void *DT__RESTRICT src, size_t n, dt_dtype t, dt_reduce_op op) {
+    switch (t) {
+    case DT_F32: DT__REDUCE_LOOP(float); break;
+    case DT_F64: DT__REDUCE_LOOP(double); break;
+    case DT_I32: DT__REDUCE_LOOP(int32_t); break;
+    case DT_I64: DT__REDUCE_LOOP(int64_t); break;
+    default: DT__REDUCE_LOOP(uint8_t); break;
+    }
+}
+#undef DT__REDUCE_LOOP
+/* MEAN's division, the same expression on every path: x / p. */
+static void dt__mean_finish(void *buf, size_t n, dt_dtype t, int p) {
+    size_t i;
+    if (t == DT_F32) { float *x = (float *)buf; for (i = 0; i < n; i++) x[i] = x[i] / (float)p; }
+    else if (t == DT_F64) { double *x = (double *)buf; for (i = 0; i < n; i++) x[i] = x[i] / (double)p; }
+}
+
+/* ---- point-to-point through the backend, with counters and error reports ---- */
+
+static dt_result dt__isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *q) {
+    dt_result r = c->backend->isend(c, buf, bytes, dst, tag, q);
+    if (r != DT_OK) return dt__comm_fail(c, r, dt_last_error());
+    c->stats.bytes_sent += bytes;
+    c->stats.messages_sent++;
+    return DT_OK;
+}
+static dt_result dt__irecv(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt_request *q) {
+    dt_result r = c->backend->irecv(c, buf, bytes, src, tag, q);
+    return r != DT_OK ? dt__comm_fail(c, r, dt_last_error()) : DT_OK;
+}
+/* Waits for q. exact: a receive must bring exactly q->bytes (every message of a collective). */
+static dt_result dt__wait(dt_comm *c, dt_request *q, int exact) {
+    double t0 = dt_time_now();
+    int kind = q->kind, peer = q->peer;
+    size_t want = q->bytes;
+    dt_result r = c->backend->wait(c, q, t0 + c->timeout);
+    c->stats.wait_seconds += dt_time_now() - t0;
+    if (r != DT_OK) return dt__comm_fail(c, r, dt_last_error());
+    if (kind == DT__REQ_RECV) {
+        c->stats.bytes_recv += q->received;
+        c->stats.messages_recv++;
+        if (exact && q->received != want) {
+            char m[160];
+            snprintf(m, sizeof m, "rank %d sent %zu bytes where this rank expected %zu: the ranks called it with different sizes",
+                     peer, q->received, want);
+            return dt__comm_fail(c, DT_ERR_MISMATCH, m);
+        }
+    }
+    return DT_OK;
+}
+/* After a failure: withdraw the requests still pending, so no rank later touches their buffers. */
+static void dt__cancel_all(dt_comm *c, dt_request *q, int n) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (q[i].kind != DT__REQ_NONE && q[i].state != DT__ST_DONE && c->backend->cancel) c->backend->cancel(c, &q[i]);
+}
+
+/* One step of an algorithm: send sbytes of sbuf to dst while receiving rbytes from src, in segments of
+   c->segment_bytes so the next segment travels while this one is reduced. With reduce set, the data
+   received lands in tmp and is reduced into rbuf segment by segment; otherwise it lands in rbuf.
+   dst or src < 0 skips that half. A side of 0 bytes still sends one empty message, so that every
+   message carries the collective's signature. */
+static dt_result dt__step(dt_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes, int src,
+                          void *tmp, int reduce, dt_dtype t, dt_reduce_op op) {
+    size_t es = dt_dtype_size(t), seg = c->segment_bytes / es * es;   /* whole elements: each segment is reduced alone */
+    int ns, nr, tag = dt__coll_tag(c), i;
+    dt_request *q = NULL;
+    dt_result r;
+    if (seg == 0) seg = es;
+    ns = dst >= 0 ? (int)(sbytes ? (sbytes + seg - 1) / seg : 1) : 0;
+    nr = src >= 0 ? (int)(rbytes ? (rbytes + seg - 1) / seg : 1) : 0;
+    if ((r = dt__comm_reqs(c, ns + nr, &q)) != DT_OK) return r;
+    memset(q, 0, (size_t)(ns + nr) * sizeof *q);
+    for (i = 0; i < nr; i++) {
+        size_t off = (size_t)i * seg, len = rbytes - off < seg ? rbytes - off : seg;
+        if (rbytes == 0) off = len = 0;
+        if ((r = dt__irecv(c, len ? (char *)(reduce ? tmp : rbuf) + off : NULL, len, src, tag, &q[ns + i])) != DT_OK) goto fail;
+    }
+    for (i = 0; i < ns; i++) {
+        size_t off = (size_t)i * seg, len = sbytes - off < seg ? sbytes - off : seg;
+        if (sbytes == 0) off = len = 0;
+        if ((r = dt__isend(c, len ? (const char *)sbuf + off : NULL, len, dst, tag, &q[i])) != DT_OK) goto fail;
+    }
+    for (i = 0; i < nr; i++) {
+        if ((r = dt__wait(c, &q[ns + i], 1)) != DT_OK) goto fail;
+        if (reduce && q[ns + i].bytes)
+            dt__reduce_into((char *)rbuf + (size_t)i * seg, (char *)tmp + (size_t)i * seg, q[ns + i].bytes / es, t, op);
+    }
+    for (i = 0; i < ns; i++)
+        if ((r = dt__wait(c, &q[i], 1)) != DT_OK) goto fail;
+    return DT_OK;
+fail:
+    dt__cancel_all(c, q, ns + nr);
+    return r;
+}
+
+/* Chunk k of n elements split over p ranks: the first n % p chunks have one element more. */
+static size_t dt__chunk_off(size_t n, int p, int k) { return (size_t)k * (n / (size_t)p) + ((size_t)k < n % (size_t)p ? (size_t)k : n % (size_t)p); }
+static size_t dt__chunk_len(size_t n, int p, int k) { return n / (size_t)p + ((size_t)k < n % (size_t)p ? 1 : 0); }
+
+/* Ring reduce-scatter, in place: afterwards rank r holds chunk r reduced over all ranks. Step s sends
+   chunk r - s - 1 to the right and reduces chunk r - s - 2 from the left into its own, so chunk k starts
+   at rank k + 1 and picks up one rank per step: the order of the reduction is fixed by the ring. */
+static dt_result dt__ring_reduce_scatter(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, void *tmp) {
+    int p = c->size, me = c->rank, s;
+    int right = (me + 1) % p, left = (me + p - 1) % p;
+    size_t es = dt_dtype_size(t);
+    for (s = 0; s < p - 1; s++) {
+        int ks = ((me - s - 1) % p + p) % p, kr = ((me - s - 2) % p + 2 * p) % p;
+        dt_result r = dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
+                               (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, tmp, 1, t, op);
+        if (r != DT_OK) return r;
+    }
+    return DT_OK;
+}
+/* Ring all-gather, in place: rank r starts with chunk r and ends with all of them. */
+static dt_result dt__ring_allgather(dt_comm *c, void *buf, size_t n, dt_dtype t) {
+    int p = c->size, me = c->rank, s;
+    int right = (me + 1) % p, left = (me + p - 1) % p;
+    size_t es = dt_dtype_size(t);
+    for (s = 0; s < p - 1; s++) {
+        int ks = ((me - s) % p + p) % p, kr = ((me - s - 1) % p + p) % p;
+        dt_result r = dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
+                               (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, NULL, 0, t, DT_SUM);
+        if (r != DT_OK) return r;
+    }
+    return DT_OK;
+}
+/* tmp: one chunk (n / p + 1 elements) of scratch. */
+static dt_result dt__allreduce_ring(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, void *tmp) {
+    size_t es = dt_dtype_size(t);
+    dt_result r = dt__ring_reduce_scatter(c, buf, n, t, op, tmp);
+    if (r == DT_OK && op == DT_MEAN)   /* each rank divides the chunk it owns, so all get the same bits */
+        dt__mean_finish((char *)buf + dt__chunk_off(n, c->size, c->rank) * es, dt__chunk_len(n, c->size, c->rank), t, c->size);
+    if (r == DT_OK) r = dt__ring_allgather(c, buf, n, t);
+    return r;
+}
+
+/* Binomial tree over ranks renumbered so the root is 0 (v = (rank - root) mod p). Reduce: in round
+   k (mask = 2^k) a rank with bit k set sends its partial result to v - mask and stops; the others add
+   what v + mask sends them. Broadcast: the same edges in the other direction. */
+static dt_result dt__tree_reduce(dt_comm *c, void *buf, size_t bytes, dt_dtype t, dt_reduce_op op, int root, void *tmp) {
+    int p = c->size, v = (c->rank - root + p) % p, mask;
+    for (mask = 1; mask < p; mask <<= 1) {
+        dt_result r;
+        if (v & mask) return dt__step(c, buf, bytes, (v - mask + root) % p, NULL, 0, -1, NULL, 0, t, op);
+        if (v + mask < p && (r = dt__step(c, NULL, 0, -1, buf, bytes, (v + mask + root) % p, tmp, 1, t, op)) != DT_OK) return r;
+    }
+    return DT_OK;
+}
+static dt_result dt__tree_broadcast(dt_comm *c, void *buf, size_t bytes, int root) {
+    int p = c->size, v = (c->rank - root + p) % p, mask = 1;
+    dt_result r;
+    while (mask < p) {
+        if (v & mask) {
+            if ((r = dt__step(c, NULL, 0, -1, buf, bytes, (v - mask + root) % p, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+            break;
+        }
+        mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1)
+        if (v + mask < p && (r = dt__step(c, buf, bytes, (v + mask + root) % p, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK)
+            return r;
+    return DT_OK;
+}
+/* Naive: the root talks to everyone in rank order; the reduction is x0 op x1 op ... op x(p-1). */
+/* mine and tmp: n elements of scratch each, on the root. */
+static dt_result dt__naive_reduce(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, int root, void *mine, void *tmp) {
+    size_t bytes = n * dt_dtype_size(t);
+    int k;
+    dt_result r;
+    if (c->rank != root) return dt__step(c, buf, bytes, root, NULL, 0, -1, NULL, 0, t, op);
+    if (bytes) memcpy(mine, buf, bytes);
+    for (k = 0; k < c->size; k++) {
+        if (k == root) {
+            if (k == 0) continue;   /* buf already is x0 */
+            dt__reduce_into(buf, mine, n, t, op);
+        } else if (k == 0) {
+            if ((r = dt__step(c, NULL, 0, -1, buf, bytes, 0, NULL, 0, t, op)) != DT_OK) return r;
+        } else if ((r = dt__step(c, NULL, 0, -1, buf, bytes, k, tmp, 1, t, op)) != DT_OK) return r;
+    }
+    return DT_OK;
+}
+static dt_result dt__naive_broadcast(dt_comm *c, void *buf, size_t bytes, int root) {
+    int k;
+    dt_result r;
+    if (c->rank != root) return dt__step(c, NULL, 0, -1, buf, bytes, root, NULL, 0, DT_U8, DT_SUM);
+    for (k = 0; k < c->size; k++)
+        if (k != root && (r = dt__step(c, buf, bytes, k, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+    return DT_OK;
+}
+/* Ring broadcast: a pipelined chain root -> root + 1 -> ...; each segment is passed on as it arrives. */
+static dt_result dt__ring_broadcast(dt_comm *c, void *buf, size_t bytes, int root) {
+    int p = c->size, me = c->rank, right = (me + 1) % p, left = (me + p - 1) % p;
+    size_t seg = c->segment_bytes, off = 0;
+    do {
+        size_t len = bytes - off < seg ? bytes - off : seg;
+        dt_result r;
+        if (me != root && (r = dt__step(c, NULL, 0, -1, (char *)buf + off, len, left, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+        if (right != root && (r = dt__step(c, (char *)buf + off, len, right, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+        off += len;
+    } while (off < bytes);
+    return DT_OK;
+}
+
+/* ---- the public calls ------------------------------------------------------------------------- */
+
+/* Buffers of no elements may be NULL, but the algorithms still offset them (by 0), which C leaves
+   undefined for NULL: such buffers get a dummy address, never read or written. */
+static void *dt__nonnull(const void *p) {
+    static char none[8];
+    return p ? (void *)(uintptr_t)p : (void *)none;
+}
+
+/* Checks shared by every call; sets the error and returns nonzero when the call cannot go ahead. */
+static dt_result dt__comm_check(dt_comm *c, const char *fn, const void *buf, size_t count, dt_dtype t, int peer, const char *peer_name) {
+    size_t es = dt_dtype_size(t);
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: communicator is NULL", fn);
+    if (c->broken) return dt__comm_broken(c);
+    if (es == 0) return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown element type %d: use DT_F32, DT_F64, DT_I32, DT_I64 or DT_U8", fn, (int)t);
+    if (count > (SIZE_MAX / 4) / es / (size_t)c->size) return dt_set_error(DT_ERR_INVALID_ARG, "%s: count %zu is too large", fn, count);
+    if (count > 0 && !buf) return dt_set_error(DT_ERR_INVALID_ARG, "%s: buffer is NULL with count %zu", fn, count);
+    if (peer_name && (peer < 0 || peer >= c->size))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: %s %d is not a rank of this communicator (0..%d)", fn, peer_name, peer, c->size - 1);
+    return DT_OK;
+}
+static dt_result dt__tag_check(const dt_comm *c, const char *fn, int tag) {
+    (void)c;
+    if (tag < 0 || tag > DT_TAG_USER_MAX) return dt_set_error(DT_ERR_INVALID_ARG, "%s: tag %d is outside 0..%d", fn, tag, DT_TAG_USER_MAX);
+    return DT_OK;
+}
+/* Starts collective number c->seq + 1: its signature, its counter; the seq is published for reports. */
+static void dt__coll_start(dt_comm *c, int kind, size_t count, dt_dtype t, int op, int root, dt_algo algo) {
+    DT__ATOMIC_STORE(&c->seq, c->seq + 1);
+    dt__comm_begin(c, kind, count, (int)t, op, root, (int)algo);
+    DT__ATOMIC_STORE(&c->coll_sig[0], UINT64_MAX);   /* readers that see this ignore the rest */
+    DT__ATOMIC_STORE(&c->coll_sig[1], c->sig[1]);
+    DT__ATOMIC_STORE(&c->coll_sig[2], c->sig[2]);
+    DT__ATOMIC_STORE(&c->coll_sig[0], c->sig[0]);
+    c->stats.collectives++;
+    if (dt__tls_trace) {   /* closed by the public call's wrapper (dt__trace_close) */
+        dt_trace_begin(dt__op_names[kind], "comm");
+        dt__trace_arg("bytes", NULL, (int64_t)(count * dt_dtype_size(t)));
+        dt__trace_arg("algo", dt_algo_name(algo), 0);
+        dt__trace_arg("seq", NULL, (int64_t)c->seq);
+    }
+}
+static dt_result dt__algo_check(const char *fn, dt_algo a) {
+    if (a < DT_ALGO_AUTO || a >= DT_ALGO_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown algorithm %d: use DT_ALGO_AUTO, _NAIVE, _RING, _TREE or _NATIVE", fn, (int)a);
+    return DT_OK;
+}
+static dt_algo dt__algo_resolve(const dt_comm *c, dt_algo a, int has_native) {
+    if (a <= DT_ALGO_AUTO || a >= DT_ALGO_COUNT) a = c->algo;
+    if (a <= DT_ALGO_AUTO || a >= DT_ALGO_COUNT) a = has_native ? DT_ALGO_NATIVE : DT_ALGO_RING;
+    if (a == DT_ALGO_NATIVE && !has_native) a = DT_ALGO_RING;
+    return a;
+}
+/* A native collective's traffic, counted by the backend as a ring's would be: factor (p - 1) / p bytes
+   per rank each way (factor 2 for all-reduce, 1 for broadcast). */
+static void dt__count_native(dt_comm *c, size_t bytes, int factor) {
+    uint64_t b = (uint64_t)((double)bytes * factor * (c->size - 1) / c->size);
+    c->stats.bytes_sent += b;
+    c->stats.bytes_recv += b;
+}
+static dt_result dt__native(dt_comm *c, dt_result r) { return r == DT_OK ? DT_OK : dt__comm_fail(c, r, dt_last_error()); }
+
+dt_result dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req) {
+    dt_result r = dt__comm_check(c, "dt_comm_isend", buf, count, t, dst, "destination");
+    if (r == DT_OK) r = dt__tag_check(c, "dt_comm_isend", tag);
+    if (r == DT_OK && !req) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_isend: request is NULL");
+    if (r != DT_OK) return r;
+    dt__comm_begin(c, DT__OP_P2P, count, (int)t, 0, dst, 0);
+    return dt__isend(c, buf, count * dt_dtype_size(t), dst, tag, req);
+}
+dt_result dt_comm_irecv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, dt_request *req) {
+    dt_result r = dt__comm_check(c, "dt_comm_irecv", buf, count, t, src, "source");
+    if (r == DT_OK) r = dt__tag_check(c, "dt_comm_irecv", tag);
+    if (r == DT_OK && !req) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_irecv: request is NULL");
+    if (r != DT_OK) return r;
+    dt__comm_begin(c, DT__OP_P2P, count, (int)t, 0, src, 0);
+    return dt__irecv(c, buf, count * dt_dtype_size(t), src, tag, req);
+}
+dt_result dt_comm_wait(dt_comm *c, dt_request *req) {
+    if (!c || !req) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_wait: %s is NULL", c ? "request" : "communicator");
+    if (req->kind == DT__REQ_NONE) return DT_OK;   /* completed before, or never posted */
+    if (c->broken) { if (c->backend->cancel) c->backend->cancel(c, req); return dt__comm_broken(c); }
+    dt__comm_begin(c, DT__OP_P2P, req->bytes, DT_U8, 0, req->peer, 0);
+    {
+        dt_result r;
+        dt_trace_begin(req->kind == DT__REQ_SEND ? "wait send" : "wait recv", "comm");
+        dt__trace_arg("peer", NULL, req->peer);
+        dt__trace_arg("bytes", NULL, (int64_t)req->bytes);
+        dt__trace_arg("tag", NULL, req->tag);
+        r = dt__wait(c, req, 0);
+        dt_trace_end();
+        if (r == DT_OK) req->kind = DT__REQ_NONE;
+        return r;
+    }
+}
+dt_result dt_comm_waitall(dt_comm *c, dt_request *reqs, int n) {
+    int i;
+    dt_result r = DT_OK;
+    if (n > 0 && !reqs) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_waitall: requests are NULL");
+    for (i = 0; i < n && r == DT_OK; i++) r = dt_comm_wait(c, &reqs[i]);
+    if (r != DT_OK && c) dt__cancel_all(c, reqs, n);
+    return r;
+}
+dt_result dt_comm_test(dt_comm *c, dt_request *req, int *done) {
+    dt_result r;
+    if (!c || !req || !done) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_test: communicator, request and done must not be NULL");
+    *done = 0;
+    if (req->kind == DT__REQ_NONE) { *done = 1; return DT_OK; }
+    if (c->broken) return dt__comm_broken(c);
+    if ((r = c->backend->test(c, req, done)) != DT_OK) {
+        dt__comm_begin(c, DT__OP_P2P, req->bytes, DT_U8, 0, req->peer, 0);
+        return dt__comm_fail(c, r, dt_last_error());
+    }
+    if (*done) {
+        if (req->kind == DT__REQ_RECV) { c->stats.bytes_recv += req->received; c->stats.messages_recv++; }
+        req->kind = DT__REQ_NONE;
+    }
+    return DT_OK;
+}
+dt_result dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag) {
+    dt_request q;
+    dt_result r = dt_comm_isend(c, buf, count, t, dst, tag, &q);
+    return r == DT_OK ? dt_comm_wait(c, &q) : r;
+}
+dt_result dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, size_t *received) {
+    dt_request q;
+    dt_result r = dt_comm_irecv(c, buf, count, t, src, tag, &q);
+    if (r == DT_OK) r = dt_comm_wait(c, &q);
+    if (r == DT_OK && received) *received = q.received / dt_dtype_size(t);
+    return r;
+}
+
+static dt_result dt__coll_barrier(dt_comm *c) {
+    int k;
+    dt_result r = dt__comm_check(c, "dt_comm_barrier", NULL, 0, DT_U8, 0, NULL);
+    dt_algo a;
+    if (r != DT_OK) return r;
+    a = dt__algo_resolve(c, DT_ALGO_AUTO, c->backend->barrier != NULL);
+    dt__coll_start(c, DT__OP_BARRIER, 0, DT_U8, 0, -1, a);
+    if (c->size == 1) return DT_OK;
+    if (a == DT_ALGO_NATIVE) return dt__native(c, c->backend->barrier(c, dt_time_now() + c->timeout));
+    /* dissemination: in round k everyone signals rank + 2^k and hears from rank - 2^k */
+    for (k = 1; k < c->size && r == DT_OK; k <<= 1)
+        r = dt__step(c, NULL, 0, (c->rank + k) % c->size, NULL, 0, (c->rank - k + c->size) % c->size, NULL, 0, DT_U8, DT_SUM);
+    return r;
+}
+
+static dt_result dt__coll_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_algo algo) {
+    dt_result r = dt__comm_check(c, "dt_comm_broadcast", buf, count, t, root, "root");
+    size_t bytes;
+    if (r == DT_OK) r = dt__algo_check("dt_comm_broadcast", algo);
+    if (r != DT_OK) return r;
+    if (!count) buf = dt__nonnull(buf);
+    bytes = count * dt_dtype_size(t);
+    algo = dt__algo_resolve(c, algo, c->backend->broadcast != NULL);
+    dt__coll_start(c, DT__OP_BROADCAST, count, t, 0, root, algo);
+    if (c->size == 1) return DT_OK;
+    switch (algo) {
+    case DT_ALGO_NATIVE:
+        return dt__native(c, c->backend->broadcast(c, buf, bytes, root, dt_time_now() + c->timeout));
+    case DT_ALGO_NAIVE: return dt__naive_broadcast(c, buf, bytes, root);
+    case DT_ALGO_RING: return dt__ring_broadcast(c, buf, bytes, root);
+    default: return dt__tree_broadcast(c, buf, bytes, root);
+    }
+}
+
+static dt_result dt__reduce_args(dt_comm *c, const char *fn, dt_dtype t, dt_reduce_op op) {
+    if (op < DT_SUM || op > DT_MIN) return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown reduction %d: use DT_SUM, DT_MEAN, DT_MAX or DT_MIN", fn, (int)op);
+    if (op == DT_MEAN && t != DT_F32 && t != DT_F64)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: DT_MEAN needs a floating-point type, not %s: use DT_SUM and divide", fn, dt_dtype_name(t));
+    (void)c;
+    return DT_OK;
+}
+
+static dt_result dt__coll_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, dt_algo algo) {
+    dt_result r = dt__comm_check(c, "dt_comm_allreduce", buf, count, t, 0, NULL);
+    size_t es, bytes;
+    void *s = NULL;
+    if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_allreduce", t, op);
+    if (r == DT_OK) r = dt__algo_check("dt_comm_allreduce", algo);
+    if (r != DT_OK) return r;
+    if (!count) buf = dt__nonnull(buf);
+    es = dt_dtype_size(t);
+    bytes = count * es;
+    algo = dt__algo_resolve(c, algo, c->backend->allreduce != NULL);
+    dt__coll_start(c, DT__OP_ALLREDUCE, count, t, op, -1, algo);
+    if (c->size == 1) return DT_OK;
+    switch (algo) {
+    case DT_ALGO_NATIVE:
+        r = dt__native(c, c->backend->allreduce(c, buf, count, t, op == DT_MEAN ? DT_SUM : op, dt_time_now() + c->timeout));
+        break;
+    case DT_ALGO_RING:
+        if ((r = dt__comm_scratch(c, (count / (size_t)c->size + 1) * es, &s)) == DT_OK) r = dt__allreduce_ring(c, buf, count, t, op, s);
+        return r;   /* the ring divides for MEAN itself */
+    case DT_ALGO_TREE:
+        if ((r = dt__comm_scratch(c, bytes + 1, &s)) == DT_OK) r = dt__tree_reduce(c, buf, bytes, t, op, 0, s);
+        if (r == DT_OK) r = dt__tree_broadcast(c, buf, bytes, 0);
+        break;
+    default:
+        if ((r = dt__comm_scratch(c, 2 * bytes + 1, &s)) == DT_OK) r = dt__naive_reduce(c, buf, count, t, op, 0, s, (char *)s + bytes);
+        if (r == DT_OK) r = dt__naive_broadcast(c, buf, bytes, 0);
+        break;
+    }
+    if (r == DT_OK && op == DT_MEAN) dt__mean_finish(buf, count, t, c->size);
+    return r;
+}
+
+static dt_result dt__coll_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, int root, dt_algo algo) {
+    dt_result r = dt__comm_check(c, "dt_comm_reduce", buf, count, t, root, "root");
+    size_t es, bytes;
+    char *s = NULL;
+    if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_reduce", t, op);
+    if (r == DT_OK) r = dt__algo_check("dt_comm_reduce", algo);
+    if (r != DT_OK) return r;
+    if (!count) buf = dt__nonnull(buf);
+    es = dt_dtype_size(t);
+    bytes = count * es;
+    algo = dt__algo_resolve(c, algo, 0);   /* no backend has a native reduce: NATIVE and AUTO mean RING */
+    dt__coll_start(c, DT__OP_REDUCE, count, t, op, root, algo);
+    if (c->size == 1) return DT_OK;
+    if ((r = dt__comm_scratch(c, 2 * bytes + es + 1, (void **)&s)) != DT_OK) return r;
+    if (algo == DT_ALGO_NAIVE) {
+        r = dt__naive_reduce(c, buf, count, t, op, root, s, s + bytes);
+    } else if (algo == DT_ALGO_TREE) {   /* non-roots reduce into a copy: their buffer stays as it was */
+        char *work = c->rank == root ? (char *)buf : s;
+        if (work != buf && bytes) memcpy(work, buf, bytes);
+        r = dt__tree_reduce(c, work, bytes, t, op, root, s + bytes);
+    } else {   /* ring reduce-scatter on a copy, then every rank sends its reduced chunk to the root */
+        int p = c->size, k;
+        if (bytes) memcpy(s, buf, bytes);
+        r = dt__ring_reduce_scatter(c, s, count, t, op, s + bytes);
+        for (k = 0; k < p && r == DT_OK; k++) {
+            size_t off = dt__chunk_off(count, p, k) * es, len = dt__chunk_len(count, p, k) * es;
+            if (c->rank == root && k == root) { if (len) memcpy((char *)buf + off, s + off, len); }
+            else if (c->rank == root) r = dt__step(c, NULL, 0, -1, (char *)buf + off, len, k, NULL, 0, t, op);
+            else if (c->rank == k) r = dt__step(c, s + off, len, root, NULL, 0, -1, NULL, 0, t, op);
+        }
+    }
+    if (r == DT_OK && op == DT_MEAN && c->rank == root) dt__mean_finish(buf, count, t, c->size);
+    return r;
+}
+
+static dt_result dt__coll_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
+    dt_result r = dt__comm_check(c, "dt_comm_scatter", recv, count, t, root, "root");
+    size_t bytes;
+    int k;
+    if (r == DT_OK && c->rank == root && count > 0 && !send) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_scatter: the root's send buffer is NULL");
+    if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
+    bytes = count * dt_dtype_size(t);
+    dt__coll_start(c, DT__OP_SCATTER, count, t, 0, root, DT_ALGO_NAIVE);
+    if (c->rank != root) return dt__step(c, NULL, 0, -1, recv, bytes, root, NULL, 0, t, DT_SUM);
+    for (k = 0; k < c->size && r == DT_OK; k++) {
+        if (k == root) { if (bytes) memmove(recv, (const char *)send + (size_t)k * bytes, bytes); }
+        else r = dt__step(c, (const char *)send + (size_t)k * bytes, bytes, k, NULL, 0, -1, NULL, 0, t, DT_SUM);
+    }
+    return r;
+}
+
+static dt_result dt__coll_gather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
+    dt_result r = dt__comm_check(c, "dt_comm_gather", send, count, t, root, "root");
+    size_t bytes;
+    int k;
+    if (r == DT_OK && c->rank == root && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_gather: the root's receive buffer is NULL");
+    if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
+    bytes = count * dt_dtype_size(t);
+    dt__coll_start(c, DT__OP_GATHER, count, t, 0, root, DT_ALGO_NAIVE);
+    if (c->rank != root) return dt__step(c, send, bytes, root, NULL, 0, -1, NULL, 0, t, DT_SUM);
+    for (k = 0; k < c->size && r == DT_OK; k++) {
+        if (k == root) { if (bytes) memmove((char *)recv + (size_t)k * bytes, send, bytes); }
+        else r = dt__step(c, NULL, 0, -1, (char *)recv + (size_t)k * bytes, bytes, k, NULL, 0, t, DT_SUM);
+    }
+    return r;
+}
+
+static dt_result dt__coll_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
+    dt_result r = dt__comm_check(c, "dt_comm_allgather", send, count, t, 0, NULL);
+    size_t bytes;
+    if (r == DT_OK && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_allgather: receive buffer is NULL");
+    if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
+    bytes = count * dt_dtype_size(t);
+    dt__coll_start(c, DT__OP_ALLGATHER, count, t, 0, -1, DT_ALGO_RING);
+    if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, send, bytes);
+    if (c->size == 1) return DT_OK;
+    return dt__ring_allgather(c, recv, count * (size_t)c->size, t);   /* p equal chunks of count */
+}
+
+static dt_result dt__coll_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_reduce_op op) {
+    dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", send, count, t, 0, NULL);
+    size_t bytes, es;
+    char *s = NULL;
+    if (r == DT_OK && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_reduce_scatter: receive buffer is NULL");
+    if (r == DT_OK) r = dt__reduce_args(c, "dt_comm_reduce_scatter", t, op);
+    if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
+    es = dt_dtype_size(t);
+    bytes = count * es;
+    dt__coll_start(c, DT__OP_REDUCE_SCATTER, count, t, op, -1, DT_ALGO_RING);
+    if ((r = dt__comm_scratch(c, bytes * (size_t)(c->size + 1) + 1, (void **)&s)) != DT_OK) return r;
+    if (bytes) memcpy(s, send, bytes * (size_t)c->size);
+    if (c->size > 1) r = dt__ring_reduce_scatter(c, s, count * (size_t)c->size, t, op, s + bytes * (size_t)c->size);
+    if (r == DT_OK && op == DT_MEAN) dt__mean_finish(s + (size_t)c->rank * bytes, count, t, c->size);
+    if (r == DT_OK && bytes) memcpy(recv, s + (size_t)c->rank * bytes, bytes);
+    return r;
+}
+
+static dt_result dt__coll_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
+                                            const int *to, int nto, const int *from, int nfrom) {
+    dt_result r = dt__comm_check(c, "dt_comm_neighbor_exchange", send, count, t, 0, NULL);
+    size_t bytes;
+    dt_request *q = NULL;
+    int i;
+    if (r == DT_OK && (nto < 0 || nfrom < 0 || (nto > 0 && !to) || (nfrom > 0 && !from) || (nfrom > 0 && count > 0 && !recv)))
+        r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_neighbor_exchange: a neighbour list or the receive buffer is missing");
+    for (i = 0; r == DT_OK && i < nto + nfrom; i++) {
+        int k = i < nto ? to[i] : from[i - nto];
+        if (k < 0 || k >= c->size)
+            r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_neighbor_exchange: neighbour %d is not a rank (0..%d)", k, c->size - 1);
+    }
+    if (r != DT_OK) return r;
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
+    bytes = count * dt_dtype_size(t);
+    dt__coll_start(c, DT__OP_NEIGHBOR, count, t, 0, -1, DT_ALGO_NAIVE);
+    if (nto + nfrom == 0) return DT_OK;   /* a rank with no neighbours has nothing to do (and no requests) */
+    if ((r = dt__comm_reqs(c, nto + nfrom, &q)) != DT_OK) return r;
+    memset(q, 0, (size_t)(nto + nfrom) * sizeof *q);
+    for (i = 0; i < nfrom && r == DT_OK; i++) r = dt__irecv(c, (char *)recv + (size_t)i * bytes, bytes, from[i], dt__coll_tag(c), &q[nto + i]);
+    for (i = 0; i < nto && r == DT_OK; i++) r = dt__isend(c, send, bytes, to[i], dt__coll_tag(c), &q[i]);
+    for (i = 0; i < nto + nfrom && r == DT_OK; i++) r = dt__wait(c, &q[i], 1);
+    if (r != DT_OK) dt__cancel_all(c, q, nto + nfrom);
+    return r;
+}
+
+/* The public collectives: the bodies above inside the span that dt__coll_start opens. */
+dt_result dt_comm_barrier(dt_comm *c) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_barrier(c));
+}
+dt_result dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_algo algo) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_broadcast(c, buf, count, t, root, algo));
+}
+dt_result dt_comm_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, int root, dt_algo algo) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_reduce(c, buf, count, t, op, root, algo));
+}
+dt_result dt_comm_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, dt_algo algo) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_allreduce(c, buf, count, t, op, algo));
+}
+dt_result dt_comm_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_scatter(c, send, recv, count, t, root));
+}
+dt_result dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, int root) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_gather(c, send, recv, count, t, root));
+}
+dt_result dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_allgather(c, send, recv, count, t));
+}
+dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_reduce_op op) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_reduce_scatter(c, send, recv, count, t, op));
+}
+dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
+                                    const int *to, int nto, const int *from, int nfrom) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_neighbor_exchange(c, send, recv, count, t, to, nto, from, nfrom));
+}
+
+/* ---- the local backend: ranks as threads of this process ----------------------------------------
+   Messages are rendezvous: isend and irecv each look for their partner in the destination's queues
+   under that rank's mutex; whichever arrives second unlinks both and copies the data once, straight
+   from the sender's buffer to the receiver's, then marks both requests done and wakes their owners.
+   A rank that waits spins briefly only when there are no more ranks than cores, then sleeps on its
+   condition variable, so waiting ranks leave the cores to working ones. Native collectives meet at a
+   barrier and read each other's buffers directly. Every wait has a deadline, and a rank that has gone
+   (its function returned, its communicator failed, its thread exited) wakes everyone waiting for it. */
+
+typedef struct dt__lrank {
+    dt__mutex   mu;
+    dt__cond    cv;
+    dt_request *inbox, *inbox_tail;     /* sends to this rank not yet matched */
+    dt_request *posted, *posted_tail;   /* this rank's receives not yet matched */
+    int         gone;                   /* atomic: 1 once the rank has left or failed */
+    dt_result   gone_result;
+    char        gone_msg[320];
+    const void *ptr;                    /* native collectives: the buffer this rank published */
+    char        pad[64];
+} dt__lrank;
+
+typedef struct dt__lworld {
+    int        n, refs, spin;           /* spin: ranks <= cores, waiting may poll for a few microseconds */
+    dt__mutex  mu;                      /* barrier state and reference count */
+    dt__cond   cv;
+    uint64_t   bar_gen;                 /* atomic: barriers completed */
+    int        bar_count;
+    uint64_t  *bar_sig;                 /* [n][3] signatures of the ranks in the current barrier */
+    int        bar_bad[2];              /* per generation parity: a rank whose signature differs, or -1 */
+    uint64_t   bar_badsig[2][6];        /* ... rank 0's signature and that rank's */
+    double     latency, bandwidth;      /* link model; both 0 = off */
+    double    *link_free;               /* [2][n]: when rank i's port is next free to send, to receive */
+    char      *small;                   /* [2][n][DT__LOCAL_SMALL] slots for small native all-reduces */
+    dt__lrank *r;
+    dt_comm  **comms;
+    char       cause[400];              /* the first failure that was not DT_ERR_PEER: the root cause */
+} dt__lworld;
+
+#define DT__LOCAL_SMALL 65536            /* bytes: below, a native all-reduce copies into shared slots */
+#define DT__SPIN_SECONDS 50e-6           /* how long a waiting rank polls before it sleeps, when ranks <= cores */
+#define DT__YIELD_SECONDS 200e-6         /* ... and how long it yields the core first, when ranks > cores */
+
+static void dt__local_free_world(dt__lworld *W) {
+    int i;
+    if (!W) return;
+    for (i = 0; W->r && i < W->n; i++) { dt__cond_destroy(&W->r[i].cv); dt__mutex_destroy(&W->r[i].mu); }
+    dt__cond_destroy(&W->cv);
+    dt__mutex_destroy(&W->mu);
+    DT_FREE(W->r); DT_FREE(W->comms); DT_FREE(W->bar_sig); DT_FREE(W->link_free); DT_FREE(W->small);
+    DT_FREE(W);
+}
+
+static int dt__ltag_eq(int a, int b) {
+    if (a >= DT__TAG_COLL && b >= DT__TAG_COLL) return ((a - DT__TAG_COLL) >> DT__TAG_HASH_BITS) == ((b - DT__TAG_COLL) >> DT__TAG_HASH_BITS);
+    return a == b;
+}
+static void dt__lq_push(dt_request **head, dt_request **tail, dt_request *q) {
+    q->next = NULL;
+    if (*tail) (*tail)->next = q; else *head = q;
+    *tail = q;
+}
+static int dt__lq_unlink(dt_request **head, dt_request **tail, dt_request *q) {
+    dt_request *prev = NULL, *it;
+    for (it = *head; it; prev = it, it = (dt_request *)it->next)
+        if (it == q) {
+            if (prev) prev->next = it->next; else *head = (dt_request *)it->next;
+            if (*tail == it) *tail = prev;
+            return 1;
+        }
+    return 0;
+}
+static void dt__local_sleep_until(dt__lworld *W, int me, double t) {
+    double now;
+    dt__mutex_lock(&W->r[me].mu);
+    while ((now = dt_time_now()) < t) dt__cond_wait_for(&W->r[me].cv, &W->r[me].mu, t - now);
+    dt__mutex_unlock(&W->r[me].mu);
+}
+/* Polls *state for a few microseconds when spinning pays (no more ranks than cores); otherwise yields
+   once. Returns 1 when it saw want. */
+static void dt__cpu_relax(void) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_ia32_pause();
+#endif
+}
+/* One round of polling before a wait goes to sleep; returns 0 when the polling time since start is
+   spent. With no more ranks than cores the waiter spins on its own core; with more, it yields the core
+   to a rank that has work, and only keeps doing so for a short while. */
+static int dt__local_keep_polling(const dt__lworld *W, double start) {
+    int i;
+    if (!W->spin) { sched_yield(); return dt_time_now() - start < DT__YIELD_SECONDS; }
+    for (i = 0; i < 64; i++) dt__cpu_relax();
+    return dt_time_now() - start < DT__SPIN_SECONDS;
+}
+static int dt__local_spin(const dt__lworld *W, const volatile int *state, int want) {
+    double start = dt_time_now();
+    while (DT__ATOMIC_LOAD(state) != want)
+        if (!dt__local_keep_polling(W, start)) return 0;
+    return 1;
+}
+
+static void dt__local_complete(dt__lworld *W, dt_request *q) {
+    dt__lrank *o = &W->r[q->owner];
+    dt__mutex_lock(&o->mu);
+    DT__ATOMIC_STORE(&q->state, DT__ST_DONE);
+    dt__cond_broadcast(&o->cv);
+    dt__mutex_unlock(&o->mu);
+}
+/* s and r are matched and unlinked: check that they belong together, copy, complete both. */
+static void dt__local_deliver(dt__lworld *W, dt_request *s, dt_request *r) {
+    if (s->tag >= DT__TAG_COLL && (s->sig[0] != r->sig[0] || s->sig[1] != r->sig[1] || s->sig[2] != r->sig[2])) {
+        memcpy(s->impl, r->sig, sizeof r->sig);   /* each side keeps the other's signature for its report */
+        memcpy(r->impl, s->sig, sizeof s->sig);
+        s->error = r->error = DT_ERR_MISMATCH;
+    } else if (s->bytes > r->bytes) {
+        s->impl[3] = r->bytes;
+        r->impl[3] = s->bytes;
+        s->error = r->error = DT_ERR_MISMATCH;
+    } else {
+        if (s->bytes) memcpy(r->rbuf, s->sbuf, s->bytes);
+        r->received = s->bytes;
+        if (W->latency > 0 || W->bandwidth > 0) r->not_before = s->not_before + W->latency;
+    }
+    dt__local_complete(W, s);
+    dt__local_complete(W, r);
+}
+
+/* Rank k has gone. When it failed only because another rank did, the report names the root cause
+   rather than nesting one report in the next. */
+static dt_result dt__local_gone_error(dt__lworld *W, int k) {
+    const char *m = W->r[k].gone_msg;
+    if (W->r[k].gone_result == DT_OK) return dt_set_error(DT_ERR_PEER, "rank %d has finished (its function returned DT_OK) and will not send or receive any more", k);
+    if (W->r[k].gone_result == DT_ERR_PEER) {
+        dt__mutex_lock(&W->mu);
+        dt_set_error(DT_ERR_PEER, "rank %d has failed because another did%s%s", k, W->cause[0] ? "; the first failure: " : "", W->cause);
+        dt__mutex_unlock(&W->mu);
+        return DT_ERR_PEER;
+    }
+    return dt_set_error(DT_ERR_PEER, "rank %d has failed (%s)%s%s", k, dt_result_str(W->r[k].gone_result), m[0] ? ": " : "", m);
+}
+
+static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *q) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lrank *d = &W->r[dst];
+    dt_request *it;
+    memset(q, 0, sizeof *q);
+    q->kind = DT__REQ_SEND; q->peer = dst; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->sbuf = buf;
+    memcpy(q->sig, c->sig, sizeof q->sig);
+    if (DT__ATOMIC_LOAD(&d->gone) && dst != c->rank) { q->kind = DT__REQ_NONE; return dt__local_gone_error(W, dst); }
+    dt__mutex_lock(&d->mu);
+    if ((W->latency > 0 || W->bandwidth > 0) && dst != c->rank) {
+        /* the link model: each rank has one full-duplex port to a switch. The message waits until the
+           sender's port is free to send and the receiver's to receive, occupies both for bytes /
+           bandwidth, and arrives latency seconds after it has left. (The receiver's slot is taken under
+           its mutex, held here; the sender's is only ever touched by the sender.) */
+        double *out = &W->link_free[c->rank], *in = &W->link_free[W->n + dst], start = dt_time_now();
+        if (*out > start) start = *out;
+        if (*in > start) start = *in;
+        *out = *in = start + (W->bandwidth > 0 ? (double)bytes / W->bandwidth : 0.0);
+        q->not_before = *out;
+    }
+    for (it = d->posted; it; it = (dt_request *)it->next)
+        if (it->peer == c->rank && dt__ltag_eq(it->tag, tag)) break;
+    if (it) {
+        dt__lq_unlink(&d->posted, &d->posted_tail, it);
+        DT__ATOMIC_STORE(&it->state, DT__ST_MATCHED);
+        DT__ATOMIC_STORE(&q->state, DT__ST_MATCHED);
+        dt__mutex_unlock(&d->mu);
+        dt__local_deliver(W, q, it);
+        return DT_OK;
+    }
+    dt__lq_push(&d->inbox, &d->inbox_tail, q);
+    dt__mutex_unlock(&d->mu);
+    return DT_OK;
+}
+
+static dt_result dt__local_irecv(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt_request *q) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lrank *me = &W->r[c->rank];
+    dt_request *it;
+    memset(q, 0, sizeof *q);
+    q->kind = DT__REQ_RECV; q->peer = src; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->rbuf = buf;
+    memcpy(q->sig, c->sig, sizeof q->sig);
+    dt__mutex_lock(&me->mu);
+    for (it = me->inbox; it; it = (dt_request *)it->next)
+        if (it->owner == src && dt__ltag_eq(it->tag, tag)) break;
+    if (it) {
+        dt__lq_unlink(&me->inbox, &me->inbox_tail, it);
+        DT__ATOMIC_STORE(&it->state, DT__ST_MATCHED);
+        DT__ATOMIC_STORE(&q->state, DT__ST_MATCHED);
+        dt__mutex_unlock(&me->mu);
+        dt__local_deliver(W, it, q);
+        return DT_OK;
+    }
+    dt__lq_push(&me->posted, &me->posted_tail, q);
+    dt__mutex_unlock(&me->mu);
+    return DT_OK;
+}
+
+/* Withdraws q if no one has matched it yet; if its copy is under way, waits for the copy to finish. */
+static void dt__local_cancel(dt_comm *c, dt_request *q) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lrank *holder = &W->r[q->kind == DT__REQ_SEND ? q->peer : q->owner], *me = &W->r[q->owner];
+    int st;
+    if (q->kind == DT__REQ_NONE) return;
+    dt__mutex_lock(&holder->mu);
+    st = DT__ATOMIC_LOAD(&q->state);
+    if (st == DT__ST_POSTED) {
+        if (q->kind == DT__REQ_SEND) dt__lq_unlink(&holder->inbox, &holder->inbox_tail, q);
+        else dt__lq_unlink(&holder->posted, &holder->posted_tail, q);
+        DT__ATOMIC_STORE(&q->state, DT__ST_CANCELLED);
+    }
+    dt__mutex_unlock(&holder->mu);
+    if (st != DT__ST_MATCHED) return;
+    dt__mutex_lock(&me->mu);
+    while (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) dt__cond_wait_for(&me->cv, &me->mu, 0.01);
+    dt__mutex_unlock(&me->mu);
+}
+
+static dt_result dt__mismatch_error(int peer, const uint64_t *mine, const uint64_t *theirs) {
+    char a[128], b[128];
+    dt__sig_str(mine, a, sizeof a);
+    dt__sig_str(theirs, b, sizeof b);
+    return dt_set_error(DT_ERR_MISMATCH, "rank %d called %s where this rank called %s: every rank must make the same collective calls in the same order, with the same count, type, op and root",
+                        peer, b, a);
+}
+/* Whether rank k is in this rank's current collective (same sequence number) with another signature,
+   which it then copies to other. Reads k's published signature as a seqlock: no lock needed. */
+static int dt__local_peer_differs(const dt__lworld *W, const dt_comm *c, int k, uint64_t *other) {
+    const dt_comm *o = W->comms[k];
+    uint64_t s0, s1, s2;
+    if (!o || k == c->rank || (c->sig[2] & 0xff) == DT__OP_P2P) return 0;
+    if ((s0 = DT__ATOMIC_LOAD(&o->coll_sig[0])) != c->sig[0]) return 0;
+    s1 = DT__ATOMIC_LOAD(&o->coll_sig[1]);
+    s2 = DT__ATOMIC_LOAD(&o->coll_sig[2]);
+    if (DT__ATOMIC_LOAD(&o->coll_sig[0]) != s0 || (s1 == c->sig[1] && s2 == c->sig[2])) return 0;
+    other[0] = s0; other[1] = s1; other[2] = s2;
+    return 1;
+}
+
+/* The report for a request that completed with an error. */
+static dt_result dt__local_req_error(dt_request *q) {
+    if (q->impl[3]) {
+        if (q->kind == DT__REQ_RECV)
+            return dt_set_error(DT_ERR_MISMATCH, "rank %d sent %llu bytes, more than the %zu this receive accepts", q->peer, (unsigned long long)q->impl[3], q->bytes);
+        return dt_set_error(DT_ERR_MISMATCH, "rank %d accepts only %llu bytes and this message has %zu", q->peer, (unsigned long long)q->impl[3], q->bytes);
+    }
+    return dt__mismatch_error(q->peer, q->sig, q->impl);
+}
+static dt_result dt__local_finish(dt__lworld *W, int me, dt_request *q) {
+    if (q->not_before > 0 && dt_time_now() < q->not_before) dt__local_sleep_until(W, me, q->not_before);
+    if (q->error != DT_OK) { q->kind = DT__REQ_NONE; return dt__local_req_error(q); }
+    return DT_OK;
+}
+
+static dt_result dt__local_wait(dt_comm *c, dt_request *q, double deadline) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lrank *me = &W->r[c->rank];
+    if (DT__ATOMIC_LOAD(&q->state) == DT__ST_CANCELLED) return dt_set_error(DT_ERR_STATE, "the request was cancelled");
+    if (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE && !dt__local_spin(W, &q->state, DT__ST_DONE)) {
+        dt__mutex_lock(&me->mu);
+        while (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) {
+            double now = dt_time_now();
+            int gone = q->peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->peer].gone);
+            uint64_t other[3];
+            int differs = q->tag >= DT__TAG_COLL && dt__local_peer_differs(W, c, q->peer, other);
+            if (gone || differs || now >= deadline) {
+                dt__mutex_unlock(&me->mu);
+                dt__local_cancel(c, q);
+                if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) return dt__local_finish(W, c->rank, q);   /* it made it after all */
+                if (gone) return dt__local_gone_error(W, q->peer);
+                if (differs) return dt__mismatch_error(q->peer, c->sig, other);
+                return dt_set_error(DT_ERR_TIMEOUT, "no %s rank %d within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)",
+                                    q->kind == DT__REQ_SEND ? "receive was posted by" : "message came from", q->peer, c->timeout);
+            }
+            dt__cond_wait_for(&me->cv, &me->mu, deadline - now);
+        }
+        dt__mutex_unlock(&me->mu);
+    }
+    return dt__local_finish(W, c->rank, q);
+}
+
+static dt_result dt__local_test(dt_comm *c, dt_request *q, int *done) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    *done = 0;
+    if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) {
+        if (q->not_before > 0 && dt_time_now() < q->not_before) return DT_OK;
+        *done = 1;
+        return q->error != DT_OK ? dt__local_req_error(q) : DT_OK;
+    }
+    if (q->peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->peer].gone)) {
+        dt__local_cancel(c, q);
+        if (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) return dt__local_gone_error(W, q->peer);
+    }
+    return DT_OK;
+}
+
+/* The rank whose departure keeps the barrier from completing, or -1. W->mu held. */
+static int dt__local_gone_rank(dt__lworld *W, int me) {
+    int k;
+    for (k = 0; k < W->n; k++)
+        if (k != me && DT__ATOMIC_LOAD(&W->r[k].gone)) return k;
+    return -1;
+}
+/* The barrier of native collectives. The last rank to arrive compares everyone's signature before it
+   releases the others, so a mismatch is reported by every rank, the same way. A rank that gives up
+   (a rank gone, another collective, the timeout) withdraws its arrival, so the barrier can never
+   complete without it: the others must not go on to read its buffer. */
+static dt_result dt__local_barrier(dt_comm *c, double deadline) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    int n = W->n, me = c->rank, k;
+    uint64_t gen, other[3];
+    double t0 = dt_time_now();
+    dt_result r = DT_OK;
+    dt__mutex_lock(&W->mu);
+    gen = W->bar_gen;
+    if ((k = dt__local_gone_rank(W, me)) >= 0) { dt__mutex_unlock(&W->mu); return dt__local_gone_error(W, k); }
+    memcpy(&W->bar_sig[(size_t)me * 3], c->sig, 3 * sizeof(uint64_t));
+    if (++W->bar_count == n) {
+        int bad = -1;
+        for (k = 1; k < n && bad < 0; k++)
+            if (memcmp(&W->bar_sig[(size_t)k * 3], W->bar_sig, 3 * sizeof(uint64_t)) != 0) bad = k;
+        W->bar_bad[gen & 1] = bad;
+        if (bad >= 0) {
+            memcpy(W->bar_badsig[gen & 1], W->bar_sig, 3 * sizeof(uint64_t));
+            memcpy(W->bar_badsig[gen & 1] + 3, &W->bar_sig[(size_t)bad * 3], 3 * sizeof(uint64_t));
+        }
+        W->bar_count = 0;
+        DT__ATOMIC_STORE(&W->bar_gen, gen + 1);
+        dt__cond_broadcast(&W->cv);
+        dt__mutex_unlock(&W->mu);
+    } else {
+        dt__mutex_unlock(&W->mu);
+        while (DT__ATOMIC_LOAD(&W->bar_gen) == gen && dt__local_keep_polling(W, t0)) {}
+        dt__mutex_lock(&W->mu);
+        while (DT__ATOMIC_LOAD(&W->bar_gen) == gen) {
+            double now = dt_time_now();
+            int gone = dt__local_gone_rank(W, me), bad = -1;
+            for (k = 0; gone < 0 && bad < 0 && k < n; k++)
+                if (dt__local_peer_differs(W, c, k, other)) bad = k;
+            if (gone >= 0 || bad >= 0 || now >= deadline) {
+                W->bar_count--;
+                dt__mutex_unlock(&W->mu);   /* before the reports, which may take it */
+                c->stats.wait_seconds += dt_time_now() - t0;
+                if (gone >= 0) return dt__local_gone_error(W, gone);
+                if (bad >= 0) return dt__mismatch_error(bad, c->sig, other);
+                return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->timeout);
+            }
+            dt__cond_wait_for(&W->cv, &W->mu, deadline - now);
+        }
+        dt__mutex_unlock(&W->mu);
+    }
+    c->stats.wait_seconds += dt_time_now() - t0;
+    if (W->bar_bad[gen & 1] >= 0) {
+        char a[128], b[128];
+        dt__sig_str(W->bar_badsig[gen & 1], a, sizeof a);
+        dt__sig_str(W->bar_badsig[gen & 1] + 3, b, sizeof b);
+        r = dt_set_error(DT_ERR_MISMATCH, "rank 0 called %s but rank %d called %s: every rank must make the same collective calls in the same order, with the same count, type, op and root",
+                         a, W->bar_bad[gen & 1], b);
+    }
+    return r;
+}
+
+static dt_result dt__local_broadcast(dt_comm *c, void *buf, size_t bytes, int root, double deadline) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt_result r;
+    if (W->latency > 0 || W->bandwidth > 0) return dt__tree_broadcast(c, buf, bytes, root);   /* messages feel the link model */
+    dt__count_native(c, bytes, 1);
+    W->r[c->rank].ptr = buf;
+    if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
+    if (c->rank != root && bytes) memcpy(buf, W->r[root].ptr, bytes);
+    return dt__local_barrier(c, deadline);   /* the root's buffer is read until everyone passes here */
+}
+
+/* Native all-reduce. Small: each rank copies its data into its slot (double-buffered by barrier
+   generation), one barrier, then every rank reduces all slots in rank order. Large: after a barrier
+   every buffer is published; rank r reduces slice r of all of them in rank order and writes the result
+   into slice r of every buffer (nobody else reads or writes slice r), and a second barrier ends it:
+   each byte is read once and written once per rank, no staging copy. Either way element i is
+   ((x0 op x1) op x2) ..., the order NAIVE uses too. (A rank that gives up at the second barrier after
+   the timeout returns while a stalled rank may still write its slice into that buffer later.) */
+static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, double deadline) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    size_t es = dt_dtype_size(t), bytes = n * es;
+    int p = W->n, me = c->rank, k;
+    dt_result r;
+    if (W->latency > 0 || W->bandwidth > 0) {
+        /* messages feel the link model: the ring, or the binomial tree where the model makes it faster
+           (2 ceil(log2 p) messages of the whole buffer against the ring's 2 (p - 1) of a p-th: short ones) */
+        void *s = NULL;
+        double per = W->bandwidth > 0 ? (double)bytes / W->bandwidth : 0.0;
+        int lg = 0;
+        while ((1 << lg) < p) lg++;
+        if (2.0 * lg * (W->latency + per) < 2.0 * (p - 1) * (W->latency + per / p)) {
+            if ((r = dt__comm_scratch(c, bytes + 1, &s)) != DT_OK) return r;
+            if ((r = dt__tree_reduce(c, buf, bytes, t, op, 0, s)) != DT_OK) return r;
+            return dt__tree_broadcast(c, buf, bytes, 0);
+        }
+        if ((r = dt__comm_scratch(c, (n / (size_t)p + 1) * es, &s)) != DT_OK) return r;
+        return dt__allreduce_ring(c, buf, n, t, op, s);
+    }
+    dt__count_native(c, bytes, 2);
+    if (bytes <= DT__LOCAL_SMALL) {
+        uint64_t gen = DT__ATOMIC_LOAD(&W->bar_gen);
+        char *slots = W->small + (size_t)(gen & 1) * (size_t)p * DT__LOCAL_SMALL;
+        if (bytes) memcpy(slots + (size_t)me * DT__LOCAL_SMALL, buf, bytes);
+        if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
+        if (bytes) memcpy(buf, slots, bytes);
+        for (k = 1; k < p; k++) dt__reduce_into(buf, slots + (size_t)k * DT__LOCAL_SMALL, n, t, op);
+        return DT_OK;
+    }
+    W->r[me].ptr = buf;
+    if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
+    {
+        size_t lo = dt__chunk_off(n, p, me), len = dt__chunk_len(n, p, me), i;
+        double tmp[1024];   /* 8 KiB: a block of any element type */
+        size_t blk = sizeof tmp / es;
+        for (i = 0; i < len; i += blk) {
+            size_t m = len - i < blk ? len - i : blk, off = (lo + i) * es;
+            memcpy(tmp, (const char *)W->r[0].ptr + off, m * es);
+            for (k = 1; k < p; k++) dt__reduce_into(tmp, (const char *)W->r[k].ptr + off, m, t, op);
+            for (k = 0; k < p; k++) memcpy((char *)W->r[k].ptr + off, tmp, m * es);   /* only this rank touches slice me */
+        }
+    }
+    return dt__local_barrier(c, deadline);   /* every slice of every buffer is written when all pass here */
+}
+
+static void dt__local_missing(dt_comm *c, uint64_t seq, char *msg, size_t cap) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    size_t len = 0;
+    int k, any = 0;
+    msg[0] = 0;
+    for (k = 0; k < W->n && len + 48 < cap; k++) {
+        uint64_t s;
+        int n;
+        if (k == c->rank) continue;
+        if (!W->comms[k]) continue;
+        s = DT__ATOMIC_LOAD(&W->comms[k]->seq);
+        if (DT__ATOMIC_LOAD(&W->r[k].gone)) n = snprintf(msg + len, cap - len, "%s%d (%s)", any ? ", " : "ranks not in it: ", k, W->r[k].gone_result == DT_OK ? "finished" : "failed");
+        else if (s < seq) n = snprintf(msg + len, cap - len, "%s%d (at #%llu)", any ? ", " : "ranks not in it: ", k, (unsigned long long)s);
+        else continue;
+        if (n > 0) len += (size_t)n;
+        any = 1;
+    }
+}
+
+/* The rank has gone (left, or its communicator failed): mark it, withdraw its pending requests, wake
+   everyone so that waits for it end now. */
+static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lrank *me = &W->r[c->rank];
+    dt_request *it, *next;
+    int k;
+    if (DT__ATOMIC_LOAD(&me->gone)) return;
+    dt__mutex_lock(&W->mu);   /* the root cause is written before anyone can see this rank gone */
+    if (res != DT_OK && res != DT_ERR_PEER && !W->cause[0]) {   /* named by its rank, unless the message does it */
+        if (msg && strncmp(msg, "rank ", 5) == 0) snprintf(W->cause, sizeof W->cause, "%.300s (%s)", msg, dt_result_str(res));
+        else snprintf(W->cause, sizeof W->cause, "rank %d: %.300s (%s)", c->rank, msg ? msg : "", dt_result_str(res));
+    }
+    dt__mutex_unlock(&W->mu);
+    dt__mutex_lock(&me->mu);
+    if (me->gone) { dt__mutex_unlock(&me->mu); return; }
+    me->gone_result = res;
+    snprintf(me->gone_msg, sizeof me->gone_msg, "%s", msg ? msg : "");
+    DT__ATOMIC_STORE(&me->gone, 1);
+    for (it = me->posted; it; it = next) { next = (dt_request *)it->next; DT__ATOMIC_STORE(&it->state, DT__ST_CANCELLED); }
+    me->posted = me->posted_tail = NULL;
+    dt__mutex_unlock(&me->mu);
+    for (k = 0; k < W->n; k++) {
+        dt__lrank *o = &W->r[k];
+        dt__mutex_lock(&o->mu);
+        for (it = o->inbox; it; it = next) {
+            next = (dt_request *)it->next;
+            if (it->owner == c->rank) { dt__lq_unlink(&o->inbox, &o->inbox_tail, it); DT__ATOMIC_STORE(&it->state, DT__ST_CANCELLED); }
+        }
+        dt__cond_broadcast(&o->cv);
+        dt__mutex_unlock(&o->mu);
+    }
+    dt__mutex_lock(&W->mu);
+    dt__cond_broadcast(&W->cv);
+    dt__mutex_unlock(&W->mu);
+}
+static void dt__local_fail(dt_comm *c, dt_result r, const char *msg) { dt__local_gone(c, r, msg); }
+
+static void dt__local_destroy(dt_comm *c) {
+    dt__lworld *W = (dt__lworld *)c->impl;
+    int last;
+    dt__mutex_lock(&W->mu);
+    last = --W->refs == 0;
+    W->comms[c->rank] = NULL;
+    dt__mutex_unlock(&W->mu);
+    if (last) dt__local_free_world(W);
+}
+
+static const dt_comm_backend dt__local_backend = {
+    "local", dt__local_isend, dt__local_irecv, dt__local_wait, dt__local_test, dt__local_cancel,
+    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_fail, dt__local_destroy};
+static const dt_comm_backend dt__self_backend = {
+    "self", dt__local_isend, dt__local_irecv, dt__local_wait, dt__local_test, dt__local_cancel,
+    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_fail, dt__local_destroy};
+
+/* Fills the fields every backend shares from desc (and the environment). */
+static dt_result dt__comm_init(dt_comm *c, const dt_comm_desc *desc, const char *fn) {
+    const char *env = getenv("DT_COMM_TIMEOUT");
+    c->algo = desc ? desc->algo : DT_ALGO_AUTO;
+    c->timeout = desc && desc->timeout > 0 ? desc->timeout : DT_TIMEOUT_DEFAULT;
+    if ((!desc || desc->timeout <= 0) && env && *env) {
+        char *end;
+        double v = strtod(env, &end);
+        if (*end || !(v > 0)) return dt_set_error(DT_ERR_INVALID_ARG, "%s: DT_COMM_TIMEOUT='%s' is not a positive number of seconds", fn, env);
+        c->timeout = v;
+    }
+    c->segment_bytes = desc && desc->segment_bytes ? desc->segment_bytes : (size_t)256 << 10;
+    if (c->algo < DT_ALGO_AUTO || c->algo >= DT_ALGO_COUNT) return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown algorithm %d", fn, (int)c->algo);
+    if (desc && (desc->timeout < 0 || desc->link_latency < 0 || desc->link_bandwidth < 0 || !(desc->timeout == desc->timeout)))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: timeout, link latency and link bandwidth must not be negative", fn);
+    return DT_OK;
+}
+
+dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc) {
+    dt__lworld *W;
+    int i, cores = 1;
+    dt_result r = DT_OK;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_local: out is NULL");
+    if (n < 1 || n > 4096) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_local: %d ranks; use 1 to 4096", n);
+    if (n > 1 && !DT__HAVE_THREADS) return dt_set_error(DT_ERR_UNSUPPORTED, "dt_comm_create_local: %d local ranks need threads; this build has DT_NO_THREADS", n);
+    for (i = 0; i < n; i++) out[i] = NULL;
+    W = (dt__lworld *)DT_MALLOC(sizeof *W);
+    if (!W) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_local: no memory");
+    memset(W, 0, sizeof *W);
+    W->n = n;
+    W->r = (dt__lrank *)DT_MALLOC((size_t)n * sizeof *W->r);
+    W->comms = (dt_comm **)DT_MALLOC((size_t)n * sizeof *W->comms);
+    W->bar_sig = (uint64_t *)DT_MALLOC((size_t)n * 3 * sizeof *W->bar_sig);
+    W->small = (char *)DT_MALLOC((size_t)2 * (size_t)n * DT__LOCAL_SMALL);
+    if (desc && (desc->link_latency > 0 || desc->link_bandwidth > 0)) {
+        W->latency = desc->link_latency;
+        W->bandwidth = desc->link_bandwidth;
+        W->link_free = (double *)DT_MALLOC((size_t)2 * (size_t)n * sizeof(double));
+        if (W->link_free) memset(W->link_free, 0, (size_t)2 * (size_t)n * sizeof(double));
+    }
+    if (!W->r || !W->comms || !W->bar_sig || !W->small || ((W->latency > 0 || W->bandwidth > 0) && !W->link_free)) {
+        DT_FREE(W->r); W->r = NULL;
+        dt__local_free_world(W);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_local: no memory for %d ranks", n);
+    }
+    memset(W->r, 0, (size_t)n * sizeof *W->r);
+    memset(W->comms, 0, (size_t)n * sizeof *W->comms);
+    dt__mutex_init(&W->mu);
+    dt__cond_init(&W->cv);
+    for (i = 0; i < n; i++) { dt__mutex_init(&W->r[i].mu); dt__cond_init(&W->r[i].cv); }
+#if DT__HAVE_OMP
+    cores = omp_get_num_procs();
+#elif DT__HAVE_THREADS && defined(_SC_NPROCESSORS_ONLN)
+    cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+    W->spin = n <= cores;
+    for (i = 0; i < n && r == DT_OK; i++) {
+        dt_comm *c = (dt_comm *)DT_MALLOC(sizeof *c);
+        if (!c) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_local: no memory"); break; }
+        memset(c, 0, sizeof *c);
+        c->rank = i;
+        c->size = n;
+        c->backend = n == 1 ? &dt__self_backend : &dt__local_backend;
+        c->impl = W;
+        c->tag_ub = 0x7fffffff;
+        W->comms[i] = c;
+        W->refs++;
+        r = dt__comm_init(c, desc, "dt_comm_create_local");
+    }
+    if (r != DT_OK) {
+        for (i = 0; i < n; i++) { if (W->comms[i]) DT_FREE(W->comms[i]); }
+        dt__local_free_world(W);
+        return r;
+    }
+    for (i = 0; i < n; i++) out[i] = W->comms[i];
+    return DT_OK;
+}
+
+dt_result dt_comm_create_self(dt_comm **out, const dt_comm_desc *desc) {
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_self: out is NULL");
+    return dt_comm_create_local(out, 1, desc);
+}
+
+void dt_comm_leave(dt_comm *c, dt_result r, const char *msg) {
+    if (c && c->backend && c->backend->destroy == dt__local_destroy) dt__local_gone(c, r, msg);
+    else if (c && r != DT_OK && !c->broken && c->backend->fail) c->backend->fail(c, r, msg ? msg : "");
+}
+
+void dt_comm_destroy(dt_comm *c) {
+    if (!c) return;
+    DT_FREE(c->scratch);
+    DT_FREE(c->reqs);
+    if (c->backend && c->backend->destroy) c->backend->destroy(c);
+    DT_FREE(c);
+}
+
+/* ---- the launcher ------------------------------------------------------------------------------ */
+
+int dt_current_rank(void) { return dt__tls_rank; }
+
+static dt_result dt__parse_num(const char *flag, const char *v, double lo, double *out) {
+    char *end;
+    double x, mul = 1.0;
+    if (!v) return dt_set_error(DT_ERR_INVALID_ARG, "%s needs a value", flag);
+    x = strtod(v, &end);
+    if (end != v && *end && !end[1]) {
+        if (*end == 'K' || *end == 'k') { mul = 1e3; end++; }
+        else if (*end == 'M' || *end == 'm') { mul = 1e6; end++; }
+        else if (*end == 'G' || *end == 'g') { mul = 1e9; end++; }
+    }
+    if (end == v || *end || !(x * mul >= lo) || x * mul > 1e18)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s '%s' is not a number >= %g", flag, v, lo);
+    *out = x * mul;
+    return DT_OK;
+}
+
+dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d) {
+    int i, o = 1;
+    if (!argc || !argv || !d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_launch_parse: argc, argv and desc must not be NULL");
+    for (i = 1; i < *argc; i++) {
+        const char *a = argv[i], *v = i + 1 < *argc ? argv[i + 1] : NULL;
+        double x;
+        dt_result r = DT_OK;
+        if (strcmp(a, "--ranks") == 0) {
+            if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK && (x > 4096 || x != (double)(int)x))
+                r = dt_set_error(DT_ERR_INVALID_ARG, "--ranks '%s': use a whole number from 1 to 4096", v);
+            if (r == DT_OK) d->ranks = (int)x;   /* only a checked value: (int) of 5e9 is undefined */
+            i++;
+        } else if (strcmp(a, "--threads-per-rank") == 0) {
+            if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK && (x > 1024 || x != (double)(int)x))
+                r = dt_set_error(DT_ERR_INVALID_ARG, "--threads-per-rank '%s': use a whole number from 1 to 1024", v);
+            if (r == DT_OK) d->threads_per_rank = (int)x;
+            i++;
+        } else if (strcmp(a, "--algo") == 0) {
+            if (!v) r = dt_set_error(DT_ERR_INVALID_ARG, "--algo needs a value: naive, ring, tree or native");
+            else r = dt_algo_parse(v, &d->comm.algo);
+            i++;
+        } else if (strcmp(a, "--timeout") == 0) {
+            if ((r = dt__parse_num(a, v, 1e-3, &x)) == DT_OK) d->comm.timeout = x;
+            i++;
+        } else if (strcmp(a, "--link-latency") == 0) {
+            if ((r = dt__parse_num(a, v, 0, &x)) == DT_OK) d->comm.link_latency = x;
+            i++;
+        } else if (strcmp(a, "--link-bandwidth") == 0) {
+            if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK) d->comm.link_bandwidth = x;
+            i++;
+        } else if (strcmp(a, "--log-all-ranks") == 0) {
+            d->log_all_ranks = 1;
+        } else if (strcmp(a, "--trace") == 0) {
+            if (!v || !*v) r = dt_set_error(DT_ERR_INVALID_ARG, "--trace needs a file name, e.g. --trace run.json");
+            d->trace_path = v; i++;
+        } else if (strcmp(a, "--trace-max-events") == 0) {
+            if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK && (x > 1e12 || x != (double)(int64_t)x))
+                r = dt_set_error(DT_ERR_INVALID_ARG, "--trace-max-events '%s': use a whole number from 1 to 1e12", v);
+            if (r == DT_OK) d->trace_max_events = (int64_t)x;
+            i++;
+        } else {
+            argv[o++] = argv[i];
+            continue;
+        }
+        if (r != DT_OK) return r;
+    }
+    *argc = o;
+    argv[o] = NULL;
+    return DT_OK;
+}
+
+/* ---- the timeline file ------------------------------------------------------------------------ */
+
+/* Lanes for n ranks (rank r's are lanes[r * DT__TRACE_LANES ...]), with time 0 now; NULL without memory. */
+static dt__trace_lane *dt__trace_lanes(int n, int64_t max) {
+    dt__trace_lane *L = (dt__trace_lane *)DT_MALLOC(sizeof *L * (size_t)n * DT__TRACE_LANES);
+    double t0 = dt_time_now();
+    int i;
+    if (!L) return NULL;
+    memset(L, 0, sizeof *L * (size_t)n * DT__TRACE_LANES);
+    for (i = 0; i < n * DT__TRACE_LANES; i++) {
+        L[i].lane = i % DT__TRACE_LANES;
+        L[i].max = max > 0 ? max : DT_TRACE_MAX_EVENTS;
+        L[i].origin = t0;
+    }
+    return L;
+}
+static void dt__trace_lanes_free(dt__trace_lane *L, int n) {
+    int i;
+    for (i = 0; L && i < n * DT__TRACE_LANES; i++) DT_FREE(L[i].ev);
+    DT_FREE(L);
+}
+
+/* Text that grows; oom is set, and nothing more added, once an allocation fails. */
+typedef struct dt__text { char *p; size_t n, cap; int oom; } dt__text;
+static int dt__text_reserve(dt__text *t, size_t more) {
+    size_t cap = t->cap ? t->cap : 4096;
+    char *p;
+    if (t->oom) return -1;
+    if (t->n + more < t->cap) return 0;
+    while (cap <= t->n + more) cap *= 2;
+    if (!(p = (char *)DT_REALLOC(t->p, cap))) { t->oom = 1; return -1; }
+    t->p = p;
+    t->cap = cap;
+    return 0;
+}
+static void dt__text_add(dt__text *t, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void dt__text_add(dt__text *t, const char *fmt, ...) {
+    va_list ap;
+    int k;
+    if (dt__text_reserve(t, 256) != 0) return;
+    va_start(ap, fmt);
+    k = vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap);
+    va_end(ap);
+    if (k >= 0 && (size_t)k >= t->cap - t->n && dt__text_reserve(t, (size_t)k + 1) == 0) {   /* did not fit: again */
+        va_start(ap, fmt);
+        k = vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap);
+        va_end(ap);
+    }
+    if (k < 0) t->oom = 1;
+    if (!t->oom) t->n += (size_t)k;
+}
+/* s as a JSON string: quotes, backslashes and control characters escaped (other bytes as they are: UTF-8). */
+static void dt__text_json(dt__text *t, const char *s) {
+    static const char hex[] = "0123456789abcdef";
+    char *o;
+    if (dt__text_reserve(t, 6 * strlen(s) + 3) != 0) return;
+    o = t->p + t->n;
+    *o++ = '"';
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') { *o++ = '\\'; *o++ = (char)ch; }
+        else if (ch < 0x20) { memcpy(o, "\\u00", 4); o[4] = hex[ch >> 4]; o[5] = hex[ch & 15]; o += 6; }
+        else *o++ = (char)ch;
+    }
+    *o++ = '"';
+    *o = 0;
+    t->n = (size_t)(o - t->p);
+}
+
+/* Appends rank's lanes as trace events (pid = rank, tid = lane), each preceded by ",\n": metadata naming
+   the process and its threads, then the events in begin order; spans still open end at `end` (seconds
+   since time 0) and say "unfinished". Adds the events to *events and the dropped ones to *dropped. */
+static void dt__trace_format(dt__text *t, const dt__trace_lane *lanes, int rank, double end, int64_t *events, int64_t *dropped) {
+    static const char *const lane_names[DT__TRACE_LANES] = {"main", "ddp buckets"};
+    int64_t i, lost = 0;
+    int l, a;
+    dt__text_add(t, ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}}", rank, rank);
+    dt__text_add(t, ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}", rank, rank);
+    for (l = 0; l < DT__TRACE_LANES; l++) {
+        const dt__trace_lane *L = &lanes[l];
+        lost += L->dropped;
+        if (l > 0 && L->n == 0) continue;
+        dt__text_add(t, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", rank, l,
+                     lane_names[l]);
+        for (i = 0; i < L->n; i++) {
+            const dt__trace_ev *e = &L->ev[i];
+            int open = e->ph == 'X' && e->t1 < 0;
+            dt__text_add(t, ",\n{\"name\":");
+            dt__text_json(t, e->name);
+            dt__text_add(t, ",\"cat\":");
+            dt__text_json(t, e->cat);
+            dt__text_add(t, ",\"ph\":\"%c\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", e->ph, rank, l, 1e6 * e->t0);
+            if (e->ph == 'X') dt__text_add(t, ",\"dur\":%.3f", 1e6 * ((open ? end : e->t1) - e->t0));
+            else dt__text_add(t, ",\"s\":\"t\"");
+            if (e->nargs || open) {
+                dt__text_add(t, ",\"args\":{");
+                for (a = 0; a < e->nargs; a++) {
+                    dt__text_add(t, "%s", a ? "," : "");
+                    dt__text_json(t, e->arg[a].key ? e->arg[a].key : "?");
+                    if (e->arg[a].s) { dt__text_add(t, ":"); dt__text_json(t, e->arg[a].s); }
+                    else dt__text_add(t, ":%lld", (long long)e->arg[a].v);
+                }
+                if (open) dt__text_add(t, "%s\"unfinished\":1", e->nargs ? "," : "");
+                dt__text_add(t, "}");
+            }
+            dt__text_add(t, "}");
+        }
+        *events += L->n;
+    }
+    if (lost)
+        dt__text_add(t, ",\n{\"name\":\"process_labels\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"labels\":\"%lld events "
+                     "dropped\"}}", rank, (long long)lost);
+    *dropped += lost;
+}
+
+/* Writes the trace file: the events of body (as dt__trace_format made them) in one JSON object, into
+   path.tmp, renamed over path once complete, so a reader never sees half a file. Logs where it went. */
+static dt_result dt__trace_write(const char *path, const dt__text *body, int ranks, int64_t events, int64_t dropped, int64_t max) {
+    char tmp[1024];
+    FILE *f;
+    int ok, err;
+    if (body->oom) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "trace %s: no memory for the text of %lld events", path, (long long)events);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return dt_set_error(DT_ERR_INVALID_ARG, "trace %s: the path is too long", path);
+    if (!(f = fopen(tmp, "wb")))
+        return dt_set_error(DT_ERR_IO, "cannot write the trace %s: creating %s failed: %s", path, tmp, strerror(errno));
+    ok = fputs("{\"traceEvents\":[", f) >= 0 && (body->n < 1 || fwrite(body->p + 1, 1, body->n - 1, f) == body->n - 1) &&
+         fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"generator\":\"dtrain %s\",\"ranks\":%d,\"events\":%lld,"
+                 "\"dropped_events\":%lld}}\n", DT_VERSION_STRING, ranks, (long long)events, (long long)dropped) > 0;
+    err = errno;
+    if (fclose(f) != 0 && ok) { ok = 0; err = errno; }
+    if (!ok) {
+        remove(tmp);
+        return dt_set_error(DT_ERR_IO, "cannot write the trace %s: writing %s failed: %s", path, tmp, strerror(err));
+    }
+    if (rename(tmp, path) != 0) {
+        err = errno;
+        remove(tmp);
+        return dt_set_error(DT_ERR_IO, "cannot write the trace %s: renaming %s to it failed: %s", path, tmp, strerror(err));
+    }
+    dt_log(DT_LOG_INFO, "trace: %s (%lld events, open in https://ui.perfetto.dev or chrome://tracing)", path, (long long)events);
+    if (dropped)
+        dt_log(DT_LOG_WARN, "trace %s: %lld events were dropped, past %lld per rank and thread; raise the cap with "
+               "--trace-max-events N (dt_launch_desc.trace_max_events)", path, (long long)dropped, (long long)max);
+    return DT_OK;
+}
+
+/* After the local ranks have been joined: every rank's lanes into one file. */
+static dt_result dt__trace_finish_local(const char *path, dt__trace_lane *lanes, int n) {
+    dt__text t;
+    int64_t events = 0, dropped = 0;
+    double end = dt_time_now() - lanes[0].origin;
+    dt_result r;
+    int i;
+    memset(&t, 0, sizeof t);
+    for (i = 0; i < n; i++) dt__trace_format(&t, lanes + i * DT__TRACE_LANES, i, end, &events, &dropped);
+    r = dt__trace_write(path, &t, n, events, dropped, lanes[0].max);
+    DT_FREE(t.p);
+    return r;
+}
+
+typedef struct dt__rank_ctx {
+    dt_comm    *comm;
+    dt_rank_fn  fn;
+    void       *arg;
+    int         threads, finished, order;
+    dt_result   result;
+    char        msg[512];
+    dt__thread  thread;
+    dt__trace_lane *trace;   /* the rank's lanes when tracing, else NULL */
+} dt__rank_ctx;
+
+#if DT__HAVE_THREADS
+static void dt__rank_exit(void *p) {   /* the thread ended inside fn (pthread_exit): the rank has gone */
+    dt__rank_ctx *x = (dt__rank_ctx *)p;
+    if (x->finished) return;
+    x->result = DT_ERR_STATE;
+    snprintf(x->msg, sizeof x->msg, "DT_ERR_STATE: rank %d: its thread exited before its rank function returned", x->comm->rank);
+    dt_comm_leave(x->comm, x->result, x->msg + strlen("DT_ERR_STATE: "));
+}
+#endif
+static void dt__rank_body(dt__rank_ctx *x) {
+    x->result = x->fn(x->comm, x->arg);
+    if (x->result != DT_OK) {
+        snprintf(x->msg, sizeof x->msg, "%s", dt_last_error());
+        if (!x->msg[0]) snprintf(x->msg, sizeof x->msg, "%s: rank %d's function failed", dt_result_str(x->result), x->comm->rank);
+    }
+    x->finished = 1;
+    {   /* the cause without the result-code prefix, for the others' reports */
+        const char *m = x->msg, *pre = dt_result_str(x->result);
+        size_t lp = strlen(pre);
+        if (strncmp(m, pre, lp) == 0 && m[lp] == ':') m += lp + 1 + (m[lp + 1] == ' ');
+        dt_comm_leave(x->comm, x->result, m);
+    }
+}
+static void dt__rank_main(void *p) {
+    dt__rank_ctx *x = (dt__rank_ctx *)p;
+    dt__tls_rank = x->comm->rank;
+    dt__tls_trace = x->trace;
+#if DT__HAVE_OMP
+    omp_set_num_threads(x->threads);
+#endif
+#if DT__HAVE_THREADS
+    pthread_cleanup_push(dt__rank_exit, x);
+    dt__rank_body(x);
+    pthread_cleanup_pop(0);
+#else
+    dt__rank_body(x);
+#endif
+    dt__tls_rank = -1;
+    dt__tls_trace = NULL;
+}
+
+static int dt__default_threads(int ranks) {
+    int cores = 1;
+#if DT__HAVE_OMP
+    cores = omp_get_num_procs();
+#endif
+    return cores / ranks > 1 ? cores / ranks : 1;
+}
+
+/* Runs the ranks; with log set, logs every failed rank's message, the likely cause (a failure other than
+   DT_ERR_PEER, which only follows from another rank's) first. */
+static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results, int log) {
+    dt_launch_desc d;
+    dt__rank_ctx *x;
+    dt_comm **comms;
+    dt__trace_lane *lanes = NULL;
+    int n, i, cause = -1;
+    dt_result r;
+    if (!fn) return dt_set_error(DT_ERR_INVALID_ARG, "dt_launch: the rank function is NULL");
+    if (desc) d = *desc; else memset(&d, 0, sizeof d);
+    n = d.ranks > 0 ? d.ranks : 1;
+    x = (dt__rank_ctx *)DT_MALLOC((size_t)n * sizeof *x);
+    comms = (dt_comm **)DT_MALLOC((size_t)n * sizeof *comms);
+    if (d.trace_path) lanes = dt__trace_lanes(n, d.trace_max_events);
+    if (!x || !comms || (d.trace_path && !lanes)) {
+        DT_FREE(x); DT_FREE(comms); DT_FREE(lanes);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: no memory for %d ranks", n);
+    }
+    if ((r = dt_comm_create_local(comms, n, &d.comm)) != DT_OK) { DT_FREE(x); DT_FREE(comms); DT_FREE(lanes); return r; }
+    memset(x, 0, (size_t)n * sizeof *x);
+    dt__log_all_ranks = d.log_all_ranks;
+    for (i = 0; i < n; i++) {
+        x[i].comm = comms[i];
+        x[i].fn = fn;
+        x[i].arg = arg;
+        x[i].threads = d.threads_per_rank > 0 ? d.threads_per_rank : dt__default_threads(n);
+        x[i].trace = lanes ? lanes + i * DT__TRACE_LANES : NULL;
+    }
+    if (n == 1) dt__rank_main(&x[0]);   /* one rank runs on the calling thread */
+    else {
+        int started;
+        for (started = 0; started < n; started++)
+            if (dt__thread_start(&x[started].thread, dt__rank_main, &x[started]) != 0) break;
+        for (i = started; i < n; i++) {   /* could not start: these ranks have gone */
+            x[i].result = DT_ERR_OUT_OF_MEMORY;
+            snprintf(x[i].msg, sizeof x[i].msg, "DT_ERR_OUT_OF_MEMORY: rank %d: its thread could not be started", i);
+            dt_comm_leave(comms[i], x[i].result, x[i].msg + 22);
+        }
+        for (i = 0; i < started; i++) dt__thread_join(&x[i].thread);
+    }
+    for (i = 0; i < n; i++) {
+        if (results) results[i] = x[i].result;
+        if (x[i].result != DT_OK && (cause < 0 || (x[cause].result == DT_ERR_PEER && x[i].result != DT_ERR_PEER))) cause = i;
+    }
+    r = DT_OK;
+    if (cause >= 0) {
+        if (log) {
+            dt_log(DT_LOG_ERROR, "%s", x[cause].msg);
+            for (i = 0; i < n; i++) if (i != cause && x[i].result != DT_OK) dt_log(DT_LOG_ERROR, "%s", x[i].msg);
+        }
+        r = x[cause].result;
+        {
+            const char *m = x[cause].msg, *pre = dt_result_str(r);
+            size_t lp = strlen(pre);
+            if (strncmp(m, pre, lp) == 0 && m[lp] == ':') m += lp + 1 + (m[lp + 1] == ' ');
+            dt_set_error(r, "%s", m);
+        }
+    }
+    if (lanes) {   /* also after a failure: the trace of a failed run shows where each rank was */
+        char cause_msg[512];
+        dt_result rt;
+        snprintf(cause_msg, sizeof cause_msg, "%s", dt_last_error());
+        rt = dt__trace_finish_local(d.trace_path, lanes, n);
+        if (rt != DT_OK && log) dt_log(DT_LOG_ERROR, "%s", dt_last_error());
+        if (rt != DT_OK && r == DT_OK) r = rt;
+        else if (rt != DT_OK) snprintf(dt__errmsg, sizeof dt__errmsg, "%s", cause_msg);   /* the run's failure comes first */
+        dt__trace_lanes_free(lanes, n);
+    }
+    for (i = 0; i < n; i++) dt_comm_destroy(comms[i]);
+    DT_FREE(comms);
+    DT_FREE(x);
+    return r;
+}
+
+dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results) {
+    return dt__launch_local(desc, fn, arg, results, 0);
+}
+
+/* Started by mpiexec? Hydra (MPICH) sets PMI_SIZE, Open MPI OMPI_COMM_WORLD_SIZE, PMIx PMIX_RANK. */
+static int dt__mpiexec_size(void) {
+    const char *v = getenv("PMI_SIZE");
+    if (!v) v = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!v && getenv("PMIX_RANK")) v = "2";
+    return v ? atoi(v) : 0;
+}
+
+#ifdef DT_USE_MPI
+int dt__mpi_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);   /* in dtrain_mpi.h */
+#endif
+
+int dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
+    int np = dt__mpiexec_size();
+    dt_launch_desc d;
+    if (desc) d = *desc; else memset(&d, 0, sizeof d);
+#ifdef DT_USE_MPI
+    if (np > 0) return dt__mpi_launch(&d, fn, arg);
+#else
+    if (np > 1) {
+        dt_log(DT_LOG_ERROR, "this program was started by mpiexec with %d processes but built without MPI: "
+                             "rebuild it with MPI (make MPI=1: mpicc -DDT_USE_MPI), or run it alone with --ranks %d", np, np);
+        return 1;
+    }
+#endif
+    return dt__launch_local(&d, fn, arg, NULL, 1) == DT_OK ? 0 : 1;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* the implementation */

@@ -1,0 +1,1331 @@
+/* dtrain/nn.h - TOPCOMMENT */
+#ifndef DTRAIN_NN_H
+#define DTRAIN_NN_H
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dt_layer_kind {
+    DT_LAYER_INPUT = 0, DT_LAYER_LINEAR, DT_LAYER_CONV2D, DT_LAYER_MAXPOOL2D, DT_LAYER_AVGPOOL2D,
+    DT_LAYER_GLOBAL_AVGPOOL, DT_LAYER_RELU, DT_LAYER_DROPOUT, DT_LAYER_BATCHNORM, DT_LAYER_FLATTEN,
+    DT_LAYER_ADD, DT_LAYER_PAD_SHORTCUT, DT_LAYER_LOG_SOFTMAX, DT_LAYER_KIND_COUNT
+} dt_layer_kind;
+
+/* Name of a layer kind, e.g. "conv2d". */
+const char *dt_layer_kind_str(dt_layer_kind k);
+
+/* Model configuration; zero means the default. */
+typedef struct dt_model_desc {
+    int64_t       in_c, in_h, in_w;   /* per-sample input shape; in_h = in_w = 0 for a vector of in_c */
+    uint64_t      seed;               /* weight initialisation and dropout masks (default 0) */
+    uint64_t      stream;             /* RNG stream, e.g. the rank (default 0) */
+    const dt_ops *ops;                /* backend (default dt_cpu_ops(); dt_cuda_ops() in a DT_USE_CUDA build) */
+    void         *ops_ctx;            /* backend state passed to every op (the GPU's: a dt_cuda, or NULL for one
+                                         the model creates and destroys) */
+    int           input_grad;         /* 1: also compute the gradient w.r.t. the input (dt_model_node_grad(m, 0)) */
+} dt_model_desc;
+
+typedef struct dt_model dt_model;
+
+/* A named view into a flat buffer: parameters (trainable) or buffers (running statistics). */
+typedef struct dt_param_info {
+    const char *name;                 /* e.g. "conv1.weight", "layers.0.bn1.running_mean" */
+    int         node;                 /* node that owns it */
+    int64_t     offset, count;        /* elements, into dt_model_params() or dt_model_buffers() */
+    int         ndim;
+    int64_t     shape[DT_MAX_DIMS];
+} dt_param_info;
+
+/* Creates an empty model holding only its input node. *out is NULL on failure. */
+dt_result dt_model_create(dt_model **out, const dt_model_desc *desc);
+/* Frees everything the model allocated. NULL is allowed. */
+void dt_model_destroy(dt_model *m);
+
+/* Builder: each call adds one node and returns its id (or -1 after an error, kept for finalize).
+   Shapes are checked here, so a bad network fails where it is written. */
+int dt_model_input(dt_model *m);                                                /* id of the input node */
+int dt_linear(dt_model *m, int x, int64_t out_features, int bias);              /* x: [in] -> [out] */
+typedef struct dt_conv2d_desc {
+    int64_t out_channels;
+    int64_t kernel, stride, pad;     /* square window; stride 0 = 1 */
+    int     no_bias;                 /* 1 = no bias (before a batchnorm) */
+} dt_conv2d_desc;
+int dt_conv2d(dt_model *m, int x, int64_t out_channels, int64_t kernel, int64_t stride, int64_t pad);
+int dt_conv2d_ex(dt_model *m, int x, const dt_conv2d_desc *d);
+int dt_maxpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad); /* stride 0 = kernel */
+int dt_avgpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad); /* zero padding counted */
+int dt_global_avgpool(dt_model *m, int x);                                      /* [c,h,w] -> [c] */
+int dt_relu(dt_model *m, int x);
+int dt_dropout(dt_model *m, int x, float p);                                    /* 0 <= p < 1 */
+int dt_batchnorm(dt_model *m, int x);                                           /* 2-D for [c,h,w], 1-D for [c] */
+int dt_batchnorm_ex(dt_model *m, int x, float eps, float momentum);             /* defaults 1e-5, 0.1 */
+int dt_flatten(dt_model *m, int x);                                             /* [c,h,w] -> [c*h*w], no copy */
+int dt_add(dt_model *m, int a, int b);                                          /* residual sum, same shapes */
+int dt_pad_shortcut(dt_model *m, int x, int64_t out_channels, int64_t stride);  /* ResNet option A */
+int dt_log_softmax(dt_model *m, int x);                                         /* over [k] */
+/* Names a node; its parameters become "<name>.weight" etc. Returns x. */
+int dt_model_name(dt_model *m, int x, const char *name);
+
+/* Plans and allocates the flat buffers and initialises weights as PyTorch does by default
+   (kaiming-uniform a=sqrt(5) for conv/linear weights, uniform(+-1/sqrt(fan_in)) biases, batchnorm 1/0).
+   Returns the first builder error, if any. The last node added is the model's output. */
+dt_result dt_model_finalize(dt_model *m);
+
+/* Training mode (default): dropout active, batchnorm uses batch statistics. Eval: the opposite. */
+void dt_model_train(dt_model *m, int training);
+int  dt_model_is_training(const dt_model *m);
+
+/* Forward pass on a host batch x [batch, in_c, in_h, in_w]. Grows the activation arena the first
+   time a larger batch is seen. */
+dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch);
+/* Losses on the output node of the last forward, mean over the batch. They return the loss in *loss and
+   set the output's gradient for dt_model_backward. labels: host int32 [batch] in [0, k). */
+dt_result dt_model_loss_cross_entropy(dt_model *m, const int32_t *labels, float *loss); /* softmax + NLL */
+dt_result dt_model_loss_nll(dt_model *m, const int32_t *labels, float *loss);           /* on log-probs */
+dt_result dt_model_loss_mse(dt_model *m, const float *target, float *loss);             /* target host [batch, k] */
+/* The classification loss that fits the model: NLL when it ends in dt_log_softmax, cross-entropy otherwise. */
+dt_result dt_model_loss_labels(dt_model *m, const int32_t *labels, float *loss);
+/* Backward pass: gradients ACCUMULATE into dt_model_grads(). dy (host, shape of the output) is the
+   upstream gradient; NULL uses the gradient set by the last dt_model_loss_* call. */
+dt_result dt_model_backward(dt_model *m, const float *dy);
+/* Sets every parameter gradient to zero. */
+void dt_model_zero_grad(dt_model *m);
+/* A function dt_model_backward calls right after each node's backward (node = nnodes - 1 down to 1): from
+   then on the gradients of the parameters of nodes >= node are final for this pass (parameters are laid
+   out in node order, so that is every gradient from some offset to the end of the flat buffer). It runs on
+   the caller's thread, between two nodes. dt_ddp uses it to start reducing a bucket of gradients while
+   backward goes on. fn NULL removes it; one hook per model. */
+typedef void (*dt_backward_hook)(void *user, dt_model *m, int node);
+void dt_model_set_backward_hook(dt_model *m, dt_backward_hook fn, void *user);
+/* Copies the output of the last forward ([batch, out...]) to host memory; count = batch * output size. */
+dt_result dt_model_output(dt_model *m, float *host, int64_t count);
+/* Number of correctly classified samples of the last forward (argmax of the output vs labels). */
+dt_result dt_model_count_correct(dt_model *m, const int32_t *labels, int64_t *correct);
+
+/* Flat buffers (backend memory; host memory for the CPU backend). count may be NULL. */
+float  *dt_model_params(dt_model *m, int64_t *count);
+float  *dt_model_grads(dt_model *m, int64_t *count);
+float  *dt_model_buffers(dt_model *m, int64_t *count);
+int64_t dt_model_param_count(const dt_model *m);       /* trainable elements, as PyTorch counts them */
+/* Copy all parameters (or buffers) from / to host memory; count must match exactly. */
+dt_result dt_model_set_params(dt_model *m, const float *host, int64_t count);
+dt_result dt_model_get_params(dt_model *m, float *host, int64_t count);
+dt_result dt_model_get_grads(dt_model *m, float *host, int64_t count);
+dt_result dt_model_set_buffers(dt_model *m, const float *host, int64_t count);
+dt_result dt_model_get_buffers(dt_model *m, float *host, int64_t count);
+/* Named listing: parameters in creation order, then buffers. */
+int dt_model_param_tensors(const dt_model *m);
+int dt_model_buffer_tensors(const dt_model *m);
+dt_param_info dt_model_param_info(const dt_model *m, int i);
+dt_param_info dt_model_buffer_info(const dt_model *m, int i);
+/* Graph inspection. */
+int         dt_model_nodes(const dt_model *m);
+int         dt_model_output_node(const dt_model *m);
+dt_layer_kind dt_model_node_kind(const dt_model *m, int node);
+const char *dt_model_node_name(const dt_model *m, int node);
+int64_t     dt_model_node_size(const dt_model *m, int node);          /* per-sample element count */
+int         dt_model_node_shape(const dt_model *m, int node, int64_t shape[3]); /* returns ndim (1 or 3) */
+/* Read access to a node's activation or gradient of the last pass ([batch, size], backend memory). NULL
+   for a batch norm or add whose only reader is a ReLU, when the backend runs the ReLU inside it (the CPU
+   does): that output is never stored; the ReLU's is. */
+const float *dt_model_node_output(const dt_model *m, int node);
+const float *dt_model_node_grad(const dt_model *m, int node);
+/* Writes a table of the layers, shapes and parameter counts (like torchsummary) with dt_log(INFO). */
+void dt_model_summary(const dt_model *m);
+
+/* Model zoo. Each builds on a created, empty model (input shape from its desc), names its layers as the
+   usual PyTorch modules do, and finalizes it. num_classes 0 = 10. */
+typedef enum dt_zoo_model {
+    DT_ZOO_MLP = 0,       /* flatten, hidden layers of `width` (default 512, 256) with ReLU, linear */
+    DT_ZOO_SIMPLE_CNN,    /* tutorial CNN for 1x28x28: 421,642 parameters; log-softmax output */
+    DT_ZOO_LENET5,        /* LeNet-5 for 1x28x28 (padding 2 on conv1): 61,706 parameters */
+    DT_ZOO_FEDAVG_CNN,    /* McMahan et al. CNN for 1x28x28: 1,663,370 parameters */
+    DT_ZOO_FEDAVG_2NN,    /* McMahan et al. 2NN (784-200-200-10): 199,210 parameters */
+    DT_ZOO_VGG11,         /* VGG-11 with batchnorm for 3x32x32: 9,231,114 parameters */
+    DT_ZOO_RESNET20,      /* ResNet-20 (option A shortcuts) for 3x32x32: 269,722 parameters */
+    DT_ZOO_COUNT
+} dt_zoo_model;
+const char *dt_zoo_name(dt_zoo_model z);                  /* "resnet20", ... */
+int         dt_zoo_from_name(const char *name);           /* -1 when unknown */
+/* Creates and finalizes a zoo model. desc's input shape is filled in when zero. */
+dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, const dt_model_desc *desc);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* The GPU backend's declarations in CUDA builds: dt_cuda_ops() is then a model's default backend (its
+   implementation is dtrain_cuda.cu, compiled by nvcc). */
+#ifdef DT_USE_CUDA
+#include "../dtrain_cuda.h"
+#endif
+#endif /* DTRAIN_NN_H */
+
+#if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_NN_IMPLEMENTATION_DONE)
+#define DTRAIN_NN_IMPLEMENTATION_DONE
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char *dt_layer_kind_str(dt_layer_kind k) {
+    static const char *names[DT_LAYER_KIND_COUNT] = {"input", "linear", "conv2d", "maxpool2d", "avgpool2d",
+        "global_avgpool", "relu", "dropout", "batchnorm", "flatten", "add", "pad_shortcut", "log_softmax"};
+    return (k >= 0 && k < DT_LAYER_KIND_COUNT) ? names[k] : "unknown";
+}
+
+typedef struct dt__node {
+    dt_layer_kind kind;
+    int in0, in1;                   /* input node ids (-1 = none) */
+    int ndim;                       /* per-sample output: [c] (1) or [c, h, w] (3) */
+    int64_t c, h, w, size;
+    int64_t k, stride, pad;         /* conv / pool window */
+    int has_bias;
+    float p, eps, momentum;         /* dropout, batchnorm */
+    int param0, nparams, buf0, nbufs;
+    int alias;                      /* 1: output and gradient are the input's (flatten) */
+    /* set by dt__plan: */
+    int relu;                       /* batchnorm or add: the ReLU node it runs inside itself (0: none) */
+    int bn;                         /* add: the batch norm (one of its inputs) it runs too (0: none) */
+    unsigned char folded;           /* relu, or batchnorm run by an add: run by another node */
+    unsigned char zero;             /* the gradient is zeroed before backward (its first writer adds to it) */
+    unsigned char ow[2];            /* the backward pass writes (not adds) the gradient of input 0 / 1 */
+    char name[64];
+    /* arena pointers, set by dt__reserve */
+    float *out, *grad, *aux;        /* aux: dropout mask [batch*size] or batchnorm mean, invstd [2c] */
+    int32_t *idx;                   /* maxpool argmax [batch*size] */
+} dt__node;
+
+typedef struct dt__pinfo {
+    char name[80];
+    int node, ndim;
+    int64_t offset, count, shape[DT_MAX_DIMS];
+} dt__pinfo;
+
+struct dt_model {
+    const dt_ops *ops;
+    void *ctx;
+    uint64_t seed, stream;
+    int input_vector;               /* input is [c] rather than [c, h, w] */
+    int input_grad;
+    dt__node *nodes;
+    int nnodes, cap_nodes;
+    dt__pinfo *pinfo, *binfo;
+    int npinfo, cap_pinfo, nbinfo, cap_binfo;
+    int64_t nparams, nbuffers;
+    dt_result error;                /* first builder error, sticky */
+    char error_msg[512];
+    int finalized, training, seed_ready;
+    float *params, *grads, *buffers;
+    /* activation arena */
+    int64_t cap_batch, batch;
+    float *arena;
+    int32_t *iarena;
+    float *seed_grad;               /* gradient of the loss w.r.t. the output [cap_batch, out size] */
+    int32_t *labels;                /* [cap_batch] */
+    float *ws;                      /* convolution workspace */
+    int64_t ws_count;
+    uint64_t step;                  /* forward passes in training mode: the dropout counter */
+    dt_backward_hook hook;          /* called after each node's backward (dt_ddp's buckets) */
+    void *hook_user;
+    dt__cpu_state cpu;              /* the CPU backend's state (ctx) when no other is given */
+    void *own_ctx;                  /* a backend context the model created (the CUDA build's default), or NULL */
+};
+
+/* Waits for the backend's ops (dt_ops.sync) and returns their first failure, named after the call. */
+static dt_result dt__sync(const dt_model *m, const char *what) {
+    char msg[sizeof dt__errmsg];
+    const char *prev, *name;
+    size_t k;
+    dt_result r;
+    if (!m->ops->sync || (r = m->ops->sync(m->ctx)) == DT_OK) return DT_OK;
+    prev = dt_last_error();
+    name = dt_result_str(r);
+    k = strlen(name);
+    if (strncmp(prev, name, k) == 0 && prev[k] == ':' && prev[k + 1] == ' ') prev += k + 2;   /* one "DT_ERR_...: " */
+    snprintf(msg, sizeof msg, "%s", prev);
+    return dt_set_error(r, "%s: %s", what, msg);
+}
+
+/* ---- builder ---------------------------------------------------------------------------------- */
+
+static int dt__fail_build(dt_model *m, dt_result r, const char *fmt, ...) {
+    if (m->error == DT_OK) {
+        va_list ap;
+        int n = snprintf(m->error_msg, sizeof m->error_msg, "%s: ", dt_result_str(r));
+        va_start(ap, fmt);
+        if (n > 0 && (size_t)n < sizeof m->error_msg)
+            vsnprintf(m->error_msg + n, sizeof m->error_msg - (size_t)n, fmt, ap);
+        va_end(ap);
+        m->error = r;
+    }
+    snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg);
+    return -1;
+}
+
+/* Validates a builder call's input; returns 0 when the call may go on. */
+static int dt__check_input(dt_model *m, int x, const char *what) {
+    if (!m) { dt_set_error(DT_ERR_INVALID_ARG, "%s: model is NULL", what); return -1; }
+    if (m->error != DT_OK) { snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg); return -1; }
+    if (m->finalized) return dt__fail_build(m, DT_ERR_STATE, "%s: model is already finalized; add every layer before dt_model_finalize", what);
+    if (x < 0 || x >= m->nnodes) return dt__fail_build(m, DT_ERR_INVALID_ARG, "%s: input node %d does not exist (model has %d nodes)", what, x, m->nnodes);
+    return 0;
+}
+
+static dt__node *dt__add_node(dt_model *m, dt_layer_kind kind, int in0) {
+    dt__node *n;
+    if (m->nnodes == m->cap_nodes) {
+        int cap = m->cap_nodes ? 2 * m->cap_nodes : 16;
+        dt__node *nn = (dt__node *)DT_REALLOC(m->nodes, sizeof(dt__node) * (size_t)cap);
+        if (!nn) { dt__fail_build(m, DT_ERR_OUT_OF_MEMORY, "out of memory growing the node list to %d nodes", cap); return NULL; }
+        m->nodes = nn;
+        m->cap_nodes = cap;
+    }
+    n = &m->nodes[m->nnodes];
+    memset(n, 0, sizeof *n);
+    n->kind = kind;
+    n->in0 = in0;
+    n->in1 = -1;
+    n->param0 = m->npinfo;
+    n->buf0 = m->nbinfo;
+    if (in0 >= 0) {
+        const dt__node *src = &m->nodes[in0];
+        n->ndim = src->ndim; n->c = src->c; n->h = src->h; n->w = src->w; n->size = src->size;
+    }
+    snprintf(n->name, sizeof n->name, "%s%d", dt_layer_kind_str(kind), m->nnodes);
+    m->nnodes++;
+    return n;
+}
+
+static void dt__set_shape3(dt__node *n, int64_t c, int64_t h, int64_t w) {
+    n->ndim = 3; n->c = c; n->h = h; n->w = w; n->size = c * h * w;
+}
+static void dt__set_shape1(dt__node *n, int64_t c) {
+    n->ndim = 1; n->c = c; n->h = 1; n->w = 1; n->size = c;
+}
+
+/* Adds a parameter (buf = 0) or buffer (buf = 1) view to the node last added. */
+static int dt__add_view(dt_model *m, int buf, const char *suffix, int ndim, int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
+    dt__pinfo **arr = buf ? &m->binfo : &m->pinfo;
+    int *cnt = buf ? &m->nbinfo : &m->npinfo, *cap = buf ? &m->cap_binfo : &m->cap_pinfo;
+    dt__pinfo *p;
+    dt__node *n = &m->nodes[m->nnodes - 1];
+    if (*cnt == *cap) {
+        int c2 = *cap ? 2 * *cap : 16;
+        dt__pinfo *np = (dt__pinfo *)DT_REALLOC(*arr, sizeof(dt__pinfo) * (size_t)c2);
+        if (!np) return dt__fail_build(m, DT_ERR_OUT_OF_MEMORY, "out of memory growing the parameter list");
+        *arr = np;
+        *cap = c2;
+    }
+    p = &(*arr)[(*cnt)++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", suffix);   /* full names are made at finalize */
+    p->node = m->nnodes - 1;
+    p->ndim = ndim;
+    p->shape[0] = s0; p->shape[1] = s1; p->shape[2] = s2; p->shape[3] = s3;
+    p->count = s0 * (ndim > 1 ? s1 : 1) * (ndim > 2 ? s2 : 1) * (ndim > 3 ? s3 : 1);
+    if (buf) { p->offset = m->nbuffers; m->nbuffers += p->count; n->nbufs++; }
+    else { p->offset = m->nparams; m->nparams += p->count; n->nparams++; }
+    return 0;
+}
+
+dt_result dt_model_create(dt_model **out, const dt_model_desc *desc) {
+    dt_model *m;
+    dt__node *in;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_create: out is NULL");
+    *out = NULL;
+    if (!desc) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_create: desc is NULL; pass a dt_model_desc with the input shape");
+    if (desc->in_c <= 0 || desc->in_h < 0 || desc->in_w < 0 || ((desc->in_h == 0) != (desc->in_w == 0)))
+        return dt_set_error(DT_ERR_SHAPE, "dt_model_create: input shape (c=%lld, h=%lld, w=%lld) is invalid; set in_c > 0 and "
+                            "either both in_h and in_w > 0 (images) or both 0 (vectors)",
+                            (long long)desc->in_c, (long long)desc->in_h, (long long)desc->in_w);
+    m = (dt_model *)DT_MALLOC(sizeof *m);
+    if (!m) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_model_create: no memory for the model");
+    memset(m, 0, sizeof *m);
+    m->ops = desc->ops ? desc->ops : dt_cpu_ops();
+    m->ctx = desc->ops_ctx;
+#ifdef DT_USE_CUDA
+    if (!desc->ops || desc->ops == dt_cuda_ops()) {   /* a CUDA build: the GPU is the default, on the given
+                                                          dt_cuda or on one the model creates */
+        m->ops = dt_cuda_ops();
+        if (!m->ctx) {
+            dt_cuda *cu = NULL;
+            dt_result r = dt_cuda_create(&cu, NULL);
+            if (r != DT_OK) { DT_FREE(m); return r; }
+            m->ctx = m->own_ctx = cu;
+        }
+    }
+#endif
+    if (m->ops == dt_cpu_ops() && !m->ctx) m->ctx = &m->cpu;   /* workspace placed by dt__reserve */
+    m->seed = desc->seed;
+    m->stream = desc->stream;
+    m->training = 1;
+    m->input_vector = desc->in_h == 0;
+    m->input_grad = desc->input_grad != 0;
+    in = dt__add_node(m, DT_LAYER_INPUT, -1);
+    if (!in) { dt_model_destroy(m); return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_model_create: no memory for nodes"); }
+    if (m->input_vector) dt__set_shape1(in, desc->in_c);
+    else dt__set_shape3(in, desc->in_c, desc->in_h, desc->in_w);
+    snprintf(in->name, sizeof in->name, "input");
+    *out = m;
+    return DT_OK;
+}
+
+static void dt__free_arena(dt_model *m) {
+    if (m->arena) m->ops->free(m->ctx, m->arena);
+    if (m->iarena) m->ops->free(m->ctx, m->iarena);
+    m->arena = NULL;
+    m->iarena = NULL;
+    m->cap_batch = 0;
+    m->cpu.gemm_ws = NULL;
+    m->cpu.gemm_ws_count = 0;
+}
+
+void dt_model_destroy(dt_model *m) {
+    if (!m) return;
+    dt__free_arena(m);
+    if (m->params) m->ops->free(m->ctx, m->params);
+    if (m->grads) m->ops->free(m->ctx, m->grads);
+    if (m->buffers) m->ops->free(m->ctx, m->buffers);
+#ifdef DT_USE_CUDA
+    if (m->own_ctx) dt_cuda_destroy((dt_cuda *)m->own_ctx);   /* after everything allocated on it */
+#endif
+    DT_FREE(m->nodes);
+    DT_FREE(m->pinfo);
+    DT_FREE(m->binfo);
+    DT_FREE(m);
+}
+
+int dt_model_input(dt_model *m) { return m ? 0 : -1; }
+
+int dt_linear(dt_model *m, int x, int64_t out_features, int bias) {
+    dt__node *n;
+    int64_t in;
+    if (dt__check_input(m, x, "dt_linear")) return -1;
+    if (m->nodes[x].ndim != 1)
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_linear: input node %d (%s) has shape [%lld, %lld, %lld]; a linear layer needs "
+                              "a vector: insert dt_flatten before it", x, m->nodes[x].name, (long long)m->nodes[x].c,
+                              (long long)m->nodes[x].h, (long long)m->nodes[x].w);
+    if (out_features <= 0) return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_linear: out_features is %lld; it must be > 0", (long long)out_features);
+    in = m->nodes[x].size;
+    if (!(n = dt__add_node(m, DT_LAYER_LINEAR, x))) return -1;
+    dt__set_shape1(n, out_features);
+    n->has_bias = bias != 0;
+    if (dt__add_view(m, 0, "weight", 2, out_features, in, 0, 0)) return -1;
+    if (n->has_bias && dt__add_view(m, 0, "bias", 1, out_features, 0, 0, 0)) return -1;
+    return m->nnodes - 1;
+}
+
+/* Window geometry of node n over its input (batch left 0). */
+static dt_conv_geom dt__geom(const dt_model *m, const dt__node *n, int64_t batch) {
+    const dt__node *src = &m->nodes[n->in0];
+    dt_conv_geom g;
+    memset(&g, 0, sizeof g);
+    g.n = batch; g.c = src->c; g.h = src->h; g.w = src->w;
+    g.oc = n->c; g.oh = n->h; g.ow = n->w;
+    g.kh = g.kw = n->k; g.sh = g.sw = n->stride; g.ph = g.pw = n->pad;
+    return g;
+}
+
+static int dt__window(dt_model *m, int x, dt_layer_kind kind, int64_t oc, int64_t k, int64_t stride, int64_t pad,
+                      const char *what) {
+    dt_conv_geom g;
+    dt__node *n;
+    const dt__node *src;
+    if (dt__check_input(m, x, what)) return -1;
+    src = &m->nodes[x];
+    if (src->ndim != 3)
+        return dt__fail_build(m, DT_ERR_SHAPE, "%s: input node %d (%s) is a vector of %lld; it needs an image [c, h, w]",
+                              what, x, src->name, (long long)src->size);
+    if (kind == DT_LAYER_MAXPOOL2D || kind == DT_LAYER_AVGPOOL2D) {
+        if (stride == 0) stride = k;
+        if (pad * 2 > k)
+            return dt__fail_build(m, DT_ERR_SHAPE, "%s: padding %lld is more than half the kernel %lld (PyTorch's limit too)",
+                                  what, (long long)pad, (long long)k);
+    } else if (stride == 0) stride = 1;
+    memset(&g, 0, sizeof g);
+    g.c = src->c; g.h = src->h; g.w = src->w; g.kh = g.kw = k; g.sh = g.sw = stride; g.ph = g.pw = pad;
+    if (oc <= 0) return dt__fail_build(m, DT_ERR_INVALID_ARG, "%s: out_channels is %lld; it must be > 0", what, (long long)oc);
+    if (dt_conv_geom_resolve(&g) != DT_OK) return dt__fail_build(m, DT_ERR_SHAPE, "%s: %s", what, dt_last_error());
+    if (!(n = dt__add_node(m, kind, x))) return -1;
+    dt__set_shape3(n, oc, g.oh, g.ow);
+    n->k = k; n->stride = stride; n->pad = pad;
+    return m->nnodes - 1;
+}
+
+int dt_conv2d_ex(dt_model *m, int x, const dt_conv2d_desc *d) {
+    int id;
+    dt__node *n;
+    int64_t cin;
+    if (!d) { if (m) return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_conv2d_ex: desc is NULL"); return -1; }
+    id = dt__window(m, x, DT_LAYER_CONV2D, d->out_channels, d->kernel, d->stride, d->pad, "dt_conv2d");
+    if (id < 0) return -1;
+    n = &m->nodes[id];
+    cin = m->nodes[x].c;
+    n->has_bias = !d->no_bias;
+    if (dt__add_view(m, 0, "weight", 4, d->out_channels, cin, d->kernel, d->kernel)) return -1;
+    if (n->has_bias && dt__add_view(m, 0, "bias", 1, d->out_channels, 0, 0, 0)) return -1;
+    return id;
+}
+int dt_conv2d(dt_model *m, int x, int64_t out_channels, int64_t kernel, int64_t stride, int64_t pad) {
+    dt_conv2d_desc d;
+    memset(&d, 0, sizeof d);
+    d.out_channels = out_channels; d.kernel = kernel; d.stride = stride; d.pad = pad;
+    return dt_conv2d_ex(m, x, &d);
+}
+int dt_maxpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad) {
+    if (dt__check_input(m, x, "dt_maxpool2d")) return -1;
+    return dt__window(m, x, DT_LAYER_MAXPOOL2D, m->nodes[x].c, kernel, stride, pad, "dt_maxpool2d");
+}
+int dt_avgpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad) {
+    if (dt__check_input(m, x, "dt_avgpool2d")) return -1;
+    return dt__window(m, x, DT_LAYER_AVGPOOL2D, m->nodes[x].c, kernel, stride, pad, "dt_avgpool2d");
+}
+
+static int dt__unary(dt_model *m, int x, dt_layer_kind kind, const char *what) {
+    if (dt__check_input(m, x, what)) return -1;
+    if (!dt__add_node(m, kind, x)) return -1;
+    return m->nnodes - 1;
+}
+
+int dt_global_avgpool(dt_model *m, int x) {
+    int id;
+    if (dt__check_input(m, x, "dt_global_avgpool")) return -1;
+    if (m->nodes[x].ndim != 3)
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_global_avgpool: input node %d (%s) is a vector; it needs an image [c, h, w]",
+                              x, m->nodes[x].name);
+    if ((id = dt__unary(m, x, DT_LAYER_GLOBAL_AVGPOOL, "dt_global_avgpool")) < 0) return -1;
+    dt__set_shape1(&m->nodes[id], m->nodes[x].c);
+    return id;
+}
+int dt_relu(dt_model *m, int x) { return dt__unary(m, x, DT_LAYER_RELU, "dt_relu"); }
+int dt_dropout(dt_model *m, int x, float p) {
+    int id;
+    if (dt__check_input(m, x, "dt_dropout")) return -1;
+    if (!(p >= 0.0f && p < 1.0f))
+        return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_dropout: p = %g; it must be in [0, 1)", (double)p);
+    if ((id = dt__unary(m, x, DT_LAYER_DROPOUT, "dt_dropout")) < 0) return -1;
+    m->nodes[id].p = p;
+    return id;
+}
+int dt_batchnorm_ex(dt_model *m, int x, float eps, float momentum) {
+    int id;
+    int64_t c;
+    if (dt__check_input(m, x, "dt_batchnorm")) return -1;
+    if (eps == 0.0f) eps = 1e-5f;
+    if (momentum == 0.0f) momentum = 0.1f;
+    if (!(eps > 0.0f) || !(momentum > 0.0f && momentum <= 1.0f))
+        return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_batchnorm: eps %g must be > 0 and momentum %g in (0, 1]",
+                              (double)eps, (double)momentum);
+    if ((id = dt__unary(m, x, DT_LAYER_BATCHNORM, "dt_batchnorm")) < 0) return -1;
+    m->nodes[id].eps = eps;
+    m->nodes[id].momentum = momentum;
+    c = m->nodes[id].c;
+    if (dt__add_view(m, 0, "weight", 1, c, 0, 0, 0) || dt__add_view(m, 0, "bias", 1, c, 0, 0, 0) ||
+        dt__add_view(m, 1, "running_mean", 1, c, 0, 0, 0) || dt__add_view(m, 1, "running_var", 1, c, 0, 0, 0))
+        return -1;
+    return id;
+}
+int dt_batchnorm(dt_model *m, int x) { return dt_batchnorm_ex(m, x, 0.0f, 0.0f); }
+int dt_flatten(dt_model *m, int x) {
+    int id;
+    if ((id = dt__unary(m, x, DT_LAYER_FLATTEN, "dt_flatten")) < 0) return -1;
+    dt__set_shape1(&m->nodes[id], m->nodes[x].size);
+    m->nodes[id].alias = 1;
+    return id;
+}
+int dt_add(dt_model *m, int a, int b) {
+    int id;
+    const dt__node *na, *nb;
+    if (dt__check_input(m, a, "dt_add") || dt__check_input(m, b, "dt_add")) return -1;
+    na = &m->nodes[a]; nb = &m->nodes[b];
+    if (na->ndim != nb->ndim || na->c != nb->c || na->h != nb->h || na->w != nb->w)
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_add: node %d (%s) is [%lld, %lld, %lld] but node %d (%s) is [%lld, %lld, %lld]; "
+                              "a residual sum needs equal shapes (use dt_pad_shortcut or a 1x1 conv on the shortcut)",
+                              a, na->name, (long long)na->c, (long long)na->h, (long long)na->w, b, nb->name,
+                              (long long)nb->c, (long long)nb->h, (long long)nb->w);
+    if ((id = dt__unary(m, a, DT_LAYER_ADD, "dt_add")) < 0) return -1;
+    m->nodes[id].in1 = b;
+    return id;
+}
+int dt_pad_shortcut(dt_model *m, int x, int64_t out_channels, int64_t stride) {
+    int id;
+    const dt__node *src;
+    if (dt__check_input(m, x, "dt_pad_shortcut")) return -1;
+    src = &m->nodes[x];
+    if (src->ndim != 3 || out_channels < src->c || (out_channels - src->c) % 2 != 0 || stride <= 0)
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_pad_shortcut: input node %d (%s) with %lld channels cannot be padded to %lld "
+                              "channels with stride %lld: it needs an image, out_channels >= in_channels with an even "
+                              "difference, and stride > 0", x, src->name, (long long)src->c, (long long)out_channels,
+                              (long long)stride);
+    if ((id = dt__unary(m, x, DT_LAYER_PAD_SHORTCUT, "dt_pad_shortcut")) < 0) return -1;
+    dt__set_shape3(&m->nodes[id], out_channels, (src->h + stride - 1) / stride, (src->w + stride - 1) / stride);
+    m->nodes[id].stride = stride;
+    return id;
+}
+int dt_log_softmax(dt_model *m, int x) {
+    if (dt__check_input(m, x, "dt_log_softmax")) return -1;
+    if (m->nodes[x].ndim != 1)
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_log_softmax: input node %d (%s) is an image; flatten it first", x, m->nodes[x].name);
+    return dt__unary(m, x, DT_LAYER_LOG_SOFTMAX, "dt_log_softmax");
+}
+int dt_model_name(dt_model *m, int x, const char *name) {
+    if (!m || x < 0 || x >= m->nnodes || !name) return -1;
+    snprintf(m->nodes[x].name, sizeof m->nodes[x].name, "%s", name);
+    return x;
+}
+
+/* ---- finalize: flat buffers and initialisation ------------------------------------------------ */
+
+static void dt__full_names(dt_model *m, dt__pinfo *arr, int count) {
+    int i;
+    for (i = 0; i < count; i++) {
+        char suffix[80];
+        snprintf(suffix, sizeof suffix, "%s", arr[i].name);
+        snprintf(arr[i].name, sizeof arr[i].name, "%.60s.%.18s", m->nodes[arr[i].node].name, suffix);
+    }
+}
+
+dt_result dt_model_finalize(dt_model *m) {
+    float *hp = NULL, *hb = NULL;
+    dt_rng rng;
+    dt_result r;
+    int i;
+    if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_finalize: model is NULL");
+    if (m->error != DT_OK) { snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg); return m->error; }
+    if (m->finalized) return dt_set_error(DT_ERR_STATE, "dt_model_finalize: the model is already finalized");
+    if (m->nnodes < 2) return dt_set_error(DT_ERR_STATE, "dt_model_finalize: the model has no layers; add some with dt_linear, dt_conv2d, ...");
+    dt__full_names(m, m->pinfo, m->npinfo);
+    dt__full_names(m, m->binfo, m->nbinfo);
+    m->params = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * m->nparams);
+    m->grads = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * m->nparams);
+    m->buffers = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * m->nbuffers);
+    hp = (float *)DT_MALLOC(sizeof(float) * (size_t)(m->nparams + 1));
+    hb = (float *)DT_MALLOC(sizeof(float) * (size_t)(m->nbuffers + 1));
+    if (!m->params || !m->grads || !m->buffers || !hp || !hb) {
+        DT_FREE(hp); DT_FREE(hb);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_model_finalize: no memory for %lld parameters and %lld buffer elements",
+                            (long long)m->nparams, (long long)m->nbuffers);
+    }
+    /* PyTorch's defaults: kaiming_uniform_(a=sqrt(5)) gives weights U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+       and biases use the same bound; batchnorm starts at weight 1, bias 0, mean 0, var 1. */
+    dt_rng_init(&rng, m->seed, m->stream);
+    for (i = 0; i < m->npinfo; i++) {
+        const dt__pinfo *p = &m->pinfo[i];
+        const dt__node *n = &m->nodes[p->node];
+        int64_t j, fan_in = 1;
+        int is_bias = strstr(p->name, ".bias") != NULL && strcmp(p->name + strlen(p->name) - 5, ".bias") == 0;
+        if (n->kind == DT_LAYER_BATCHNORM) {
+            for (j = 0; j < p->count; j++) hp[p->offset + j] = is_bias ? 0.0f : 1.0f;
+            continue;
+        }
+        fan_in = m->pinfo[n->param0].count / m->pinfo[n->param0].shape[0];
+        {
+            float bound = 1.0f / sqrtf((float)fan_in);
+            for (j = 0; j < p->count; j++) hp[p->offset + j] = (2.0f * dt_rng_uniform(&rng) - 1.0f) * bound;
+        }
+    }
+    for (i = 0; i < m->nbinfo; i++) {
+        const dt__pinfo *p = &m->binfo[i];
+        int64_t j;
+        float v = strstr(p->name, "running_var") ? 1.0f : 0.0f;
+        for (j = 0; j < p->count; j++) hb[p->offset + j] = v;
+    }
+    m->ops->upload(m->ctx, m->params, hp, (int64_t)sizeof(float) * m->nparams);
+    m->ops->upload(m->ctx, m->buffers, hb, (int64_t)sizeof(float) * m->nbuffers);
+    m->ops->fill(m->ctx, m->grads, m->nparams, 0.0f);
+    DT_FREE(hp);
+    DT_FREE(hb);
+    if ((r = dt__sync(m, "dt_model_finalize")) != DT_OK) return r;
+    m->finalized = 1;
+    return DT_OK;
+}
+
+static int dt__fuse_off;   /* 1: plan nothing: no fusion, every gradient zeroed and added to (the tests compare) */
+
+/* the node whose gradient buffer node i's is (flatten shares its input's) */
+static int dt__owner(const dt_model *m, int i) {
+    while (m->nodes[i].alias) i = m->nodes[i].in0;
+    return i;
+}
+/* the node that alone reads node i's output (0: none, or several) */
+static int dt__only_reader(const dt_model *m, int i) {
+    int j, readers = 0, r = 0;
+    for (j = i + 1; j < m->nnodes; j++) {
+        if (m->nodes[j].in0 == i) { readers++; r = j; }
+        if (m->nodes[j].in1 == i) { readers++; r = j; }
+    }
+    return readers == 1 ? r : 0;
+}
+/* the residual input of add node a whose other input is the batch norm (a->bn) */
+static int dt__residual(const dt__node *a) { return a->in0 == a->bn ? a->in1 : a->in0; }
+/* Plans the passes from the graph and the backend's ops. A ReLU whose input only it reads runs inside the
+   batch norm or add before it (that node's output and gradient are then never stored); so does a batch
+   norm whose only reader is a residual add whose only reader is a ReLU: the add runs all three (when the
+   residual is computed after the batch norm, only the add has both). An activation gradient's first writer
+   in the backward pass (its reader with the highest index) writes it rather than adding to it when its op
+   can; the others are zeroed before the pass. */
+static void dt__plan(dt_model *m) {
+    const dt_ops *O = m->ops;
+    int i, j, slot, last = m->nnodes - 1, bnr = O->bn_relu_fwd && O->bn_relu_bwd, addr = O->add_relu_fwd && O->add_relu_bwd;
+    for (i = 0; i < m->nnodes; i++) {
+        dt__node *n = &m->nodes[i];
+        n->relu = 0; n->bn = 0; n->folded = 0; n->zero = 2; n->ow[0] = n->ow[1] = 0;   /* zero 2: no writer seen yet */
+    }
+    for (i = 1; i < last && !dt__fuse_off; i++) {
+        dt__node *n = &m->nodes[i], *a;
+        int r = dt__only_reader(m, i), rr;
+        if (!r || n->folded) continue;
+        if (n->kind == DT_LAYER_BATCHNORM && bnr && m->nodes[r].kind == DT_LAYER_RELU) {
+            n->relu = r; m->nodes[r].folded = 1;
+        } else if (n->kind == DT_LAYER_BATCHNORM && bnr && (a = &m->nodes[r])->kind == DT_LAYER_ADD && a->in0 != a->in1 &&
+                   (a->in0 == i ? a->in1 : a->in0) != n->in0 && (rr = dt__only_reader(m, r)) && m->nodes[rr].kind == DT_LAYER_RELU) {
+            n->relu = rr; n->folded = 1; a->bn = i; a->relu = rr; m->nodes[rr].folded = 1;
+        } else if (n->kind == DT_LAYER_ADD && addr && !n->bn && n->in0 != n->in1 && m->nodes[r].kind == DT_LAYER_RELU) {
+            n->relu = r; m->nodes[r].folded = 1;
+        }
+    }
+    m->nodes[dt__owner(m, last)].zero = 0;   /* the loss gradient is copied in */
+    for (j = last; j >= 1; j--) {
+        dt__node *n = &m->nodes[j];
+        if (n->alias || n->folded) continue;   /* writes no gradient */
+        for (slot = 0; slot < 2; slot++) {
+            /* an add that runs a batch norm writes the batch norm's input's gradient and the residual's */
+            int in = n->bn ? (slot ? dt__residual(n) : m->nodes[n->bn].in0) : (slot ? n->in1 : n->in0);
+            dt__node *o;
+            if (in < 0 || (o = &m->nodes[dt__owner(m, in)])->zero != 2) continue;
+            n->ow[slot] = !dt__fuse_off && (n->kind == DT_LAYER_ADD || n->kind == DT_LAYER_LINEAR ||
+                                            (n->kind == DT_LAYER_BATCHNORM && n->relu) || (n->kind == DT_LAYER_CONV2D && O->conv_bwd));
+            o->zero = !n->ow[slot];
+        }
+    }
+    for (i = 0; i < m->nnodes; i++)
+        if (m->nodes[i].zero == 2) m->nodes[i].zero = 1;
+}
+
+/* Sizes and places the activation arena for `batch` samples. Allocation happens only when the batch
+   grows past the largest one seen, so a steady training loop never allocates. */
+static dt_result dt__reserve(dt_model *m, int64_t batch) {
+    int64_t total = 0, itotal = 0, ws = 0, outsz;
+    int i;
+    float *a;
+    int32_t *ia;
+    if (batch <= m->cap_batch) return DT_OK;
+    if (!m->cap_batch) dt__plan(m);
+    outsz = m->nodes[m->nnodes - 1].size;
+    for (i = 0; i < m->nnodes; i++) {
+        const dt__node *n = &m->nodes[i];
+        if (!n->alias && !n->relu) total += 2 * batch * n->size;
+        if (n->kind == DT_LAYER_DROPOUT) total += batch * n->size;
+        if (n->kind == DT_LAYER_BATCHNORM) total += 2 * n->c;
+        if (n->kind == DT_LAYER_MAXPOOL2D) itotal += batch * n->size;
+        if (n->kind == DT_LAYER_CONV2D) {
+            /* workspace: col [c k k, nb s] + t [oc, nb s] for a chunk of nb images */
+            dt_conv_geom g = dt__geom(m, n, batch);
+            int64_t per = (g.c * g.kh * g.kw + g.oc) * g.oh * g.ow;
+            int64_t nb = DT_CONV_WORKSPACE / per;
+            if (nb < 1) nb = 1;
+            if (nb > batch) nb = batch;
+            if (nb * per > ws) ws = nb * per;
+        }
+    }
+    total += ws + batch * outsz;
+    if (m->ctx == &m->cpu) total += dt__gemm_ws_count(dt_cpu_threads());
+    itotal += batch;
+    a = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * total);
+    ia = (int32_t *)m->ops->alloc(m->ctx, (int64_t)sizeof(int32_t) * itotal);
+    if (!a || !ia) {
+        if (a) m->ops->free(m->ctx, a);
+        if (ia) m->ops->free(m->ctx, ia);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_model_forward: no memory for the activations of a batch of %lld "
+                            "(%lld floats); use a smaller batch", (long long)batch, (long long)total);
+    }
+    dt__free_arena(m);
+    m->arena = a;
+    m->iarena = ia;
+    m->cap_batch = batch;
+    for (i = 0; i < m->nnodes; i++) {
+        dt__node *n = &m->nodes[i];
+        if (n->alias) { n->out = m->nodes[n->in0].out; n->grad = m->nodes[n->in0].grad; }
+        else if (n->relu) n->out = n->grad = NULL;
+        else { n->out = a; a += batch * n->size; n->grad = a; a += batch * n->size; }
+        if (i == 0 && !m->input_grad) n->grad = NULL;
+        n->aux = NULL; n->idx = NULL;
+        if (n->kind == DT_LAYER_DROPOUT) { n->aux = a; a += batch * n->size; }
+        if (n->kind == DT_LAYER_BATCHNORM) { n->aux = a; a += 2 * n->c; }
+        if (n->kind == DT_LAYER_MAXPOOL2D) { n->idx = ia; ia += batch * n->size; }
+    }
+    m->ws = a; m->ws_count = ws; a += ws;
+    if (m->ctx == &m->cpu) {
+        m->cpu.gemm_ws = a;
+        m->cpu.gemm_ws_count = dt__gemm_ws_count(dt_cpu_threads());
+        a += m->cpu.gemm_ws_count;
+    }
+    m->seed_grad = a;
+    m->labels = ia;
+    return DT_OK;
+}
+
+void dt_model_train(dt_model *m, int training) { if (m) m->training = training != 0; }
+int dt_model_is_training(const dt_model *m) { return m ? m->training : 0; }
+
+/* ---- forward and backward of each layer --------------------------------------------------------- */
+
+static float *dt__pv(dt_model *m, const dt__node *n, int j) { return m->params + m->pinfo[n->param0 + j].offset; }
+static float *dt__gv(dt_model *m, const dt__node *n, int j) { return m->grads + m->pinfo[n->param0 + j].offset; }
+static float *dt__bv(dt_model *m, const dt__node *n, int j) { return m->buffers + m->binfo[n->buf0 + j].offset; }
+
+/* Convolution as im2col + one GEMM per chunk of images:  t [oc, nb*s] = W [oc, c*k*k] col [c*k*k, nb*s] */
+static void dt__conv_fwd(dt_model *m, const dt__node *n, int64_t batch) {
+    const dt_ops *O = m->ops;
+    dt_conv_geom g = dt__geom(m, n, batch);
+    int64_t ckk = g.c * g.kh * g.kw, S = g.oh * g.ow, per = (ckk + g.oc) * S, nb = m->ws_count / per, i0;
+    const float *x = m->nodes[n->in0].out, *W = dt__pv(m, n, 0), *b = n->has_bias ? dt__pv(m, n, 1) : NULL;
+    if (O->conv_fwd && O->conv_fwd(m->ctx, &g, x, W, b, n->out)) return;
+    if (nb < 1) nb = 1;
+    for (i0 = 0; i0 < batch; i0 += nb) {
+        dt_conv_geom gc = g;
+        float *col = m->ws, *t;
+        gc.n = batch - i0 < nb ? batch - i0 : nb;
+        t = col + ckk * gc.n * S;
+        if (O->conv_gemm_fwd) O->conv_gemm_fwd(m->ctx, &gc, x + i0 * g.c * g.h * g.w, W, t);
+        else {
+            O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
+            O->gemm(m->ctx, 0, 0, g.oc, gc.n * S, ckk, 1.0f, W, ckk, col, gc.n * S, 0.0f, t, gc.n * S);
+        }
+        O->cs_to_ncs(m->ctx, n->out + i0 * g.oc * S, t, b, gc.n, g.oc, S);
+    }
+}
+/* dW += t col^T;  db += sum dy;  dcol = W^T t, dx += col2im(dcol)   with t = dy as [oc, nb*s] */
+static void dt__conv_bwd(dt_model *m, const dt__node *n, int64_t batch, float *dx) {
+    const dt_ops *O = m->ops;
+    dt_conv_geom g = dt__geom(m, n, batch);
+    int64_t ckk = g.c * g.kh * g.kw, S = g.oh * g.ow, per = (ckk + g.oc) * S, nb = m->ws_count / per, i0;
+    const float *x = m->nodes[n->in0].out, *W = dt__pv(m, n, 0);
+    float *dW = dt__gv(m, n, 0);
+    int done = 0;   /* conv_bwd: 1 all done, 2 dW done */
+    if (nb < 1) nb = 1;
+    if (n->has_bias) O->channel_sum_bwd(m->ctx, dt__gv(m, n, 1), n->grad, batch, g.oc, S);
+    if (O->conv_bwd && (done = O->conv_bwd(m->ctx, &g, x, W, n->grad, dW, dx, !n->ow[0])) == 1) return;
+    if (dx && n->ow[0]) O->fill(m->ctx, dx, batch * g.c * g.h * g.w, 0.0f);   /* the steps below add to it */
+    for (i0 = 0; i0 < batch; i0 += nb) {
+        dt_conv_geom gc = g;
+        float *col = m->ws, *t;
+        gc.n = batch - i0 < nb ? batch - i0 : nb;
+        t = col + ckk * gc.n * S;
+        O->ncs_to_cs(m->ctx, t, n->grad + i0 * g.oc * S, gc.n, g.oc, S);
+        if (done == 2) {}   /* conv_bwd wrote dW */
+        else if (O->conv_gemm_wgrad) O->conv_gemm_wgrad(m->ctx, &gc, x + i0 * g.c * g.h * g.w, t, dW);
+        else {
+            O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
+            O->gemm(m->ctx, 0, 1, g.oc, ckk, gc.n * S, 1.0f, t, gc.n * S, col, gc.n * S, 1.0f, dW, ckk);
+        }
+        if (dx && !(O->conv_gemm_dgrad && O->conv_gemm_dgrad(m->ctx, &gc, W, n->grad + i0 * g.oc * S, dx + i0 * g.c * g.h * g.w,
+                                                            col, ckk * gc.n * S))) {
+            O->gemm(m->ctx, 1, 0, ckk, gc.n * S, g.oc, 1.0f, W, ckk, t, gc.n * S, 0.0f, col, gc.n * S);
+            O->col2im_bwd(m->ctx, &gc, col, dx + i0 * g.c * g.h * g.w);
+        }
+    }
+}
+
+static void dt__node_fwd(dt_model *m, dt__node *n, int64_t batch) {
+    const dt_ops *O = m->ops;
+    void *C = m->ctx;
+    const dt__node *in = &m->nodes[n->in0 < 0 ? 0 : n->in0];
+    const float *x = in->out;
+    int64_t cnt = batch * n->size;
+    switch (n->kind) {
+    case DT_LAYER_INPUT: case DT_LAYER_FLATTEN: break;
+    case DT_LAYER_LINEAR:      /* y [b, out] = x [b, in] W^T [in, out] + bias */
+        O->gemm(C, 0, 1, batch, n->c, in->size, 1.0f, x, in->size, dt__pv(m, n, 0), in->size, 0.0f, n->out, n->c);
+        if (n->has_bias) O->add_row_bias(C, n->out, dt__pv(m, n, 1), batch, n->c);
+        break;
+    case DT_LAYER_CONV2D: dt__conv_fwd(m, n, batch); break;
+    case DT_LAYER_MAXPOOL2D: { dt_conv_geom g = dt__geom(m, n, batch); O->maxpool_fwd(C, &g, x, n->out, n->idx); } break;
+    case DT_LAYER_AVGPOOL2D: { dt_conv_geom g = dt__geom(m, n, batch); O->avgpool_fwd(C, &g, x, n->out); } break;
+    case DT_LAYER_GLOBAL_AVGPOOL: O->gap_fwd(C, x, n->out, batch, in->c, in->h * in->w); break;
+    case DT_LAYER_RELU: if (!n->folded) O->relu_fwd(C, x, n->out, cnt); break;
+    case DT_LAYER_DROPOUT:
+        if (m->training && n->p > 0.0f) {
+            uint64_t key = dt__mix64(m->seed ^ dt__mix64(m->stream * 0x100000001b3ULL + (uint64_t)(n - m->nodes)) ^
+                                     (m->step * 0x9e3779b97f4a7c15ULL));
+            O->dropout_fwd(C, x, n->out, n->aux, cnt, n->p, key);
+        } else {
+            O->copy(C, n->out, x, cnt);
+            O->fill(C, n->aux, cnt, 1.0f);
+        }
+        break;
+    case DT_LAYER_BATCHNORM:
+        if (n->folded) break;   /* the add after it runs it */
+        if (n->relu)
+            O->bn_relu_fwd(C, m->training, x, NULL, m->nodes[n->relu].out, batch, n->c, n->h * n->w, dt__pv(m, n, 0),
+                           dt__pv(m, n, 1), dt__bv(m, n, 0), dt__bv(m, n, 1), n->eps, n->momentum, n->aux, n->aux + n->c);
+        else
+            O->bn_fwd(C, m->training, x, n->out, batch, n->c, n->h * n->w, dt__pv(m, n, 0), dt__pv(m, n, 1), dt__bv(m, n, 0),
+                      dt__bv(m, n, 1), n->eps, n->momentum, n->aux, n->aux + n->c);
+        break;
+    case DT_LAYER_ADD:
+        if (n->bn) {   /* relu(bn(x) + residual) */
+            dt__node *b = &m->nodes[n->bn];
+            O->bn_relu_fwd(C, m->training, m->nodes[b->in0].out, m->nodes[dt__residual(n)].out, m->nodes[n->relu].out, batch,
+                           b->c, b->h * b->w, dt__pv(m, b, 0), dt__pv(m, b, 1), dt__bv(m, b, 0), dt__bv(m, b, 1), b->eps,
+                           b->momentum, b->aux, b->aux + b->c);
+        } else if (n->relu) O->add_relu_fwd(C, m->nodes[n->relu].out, x, m->nodes[n->in1].out, cnt);
+        else O->add(C, n->out, x, m->nodes[n->in1].out, cnt);
+        break;
+    case DT_LAYER_PAD_SHORTCUT: O->pad_shortcut_fwd(C, x, n->out, batch, in->c, in->h, in->w, n->c, n->stride); break;
+    case DT_LAYER_LOG_SOFTMAX: O->log_softmax_fwd(C, x, n->out, batch, n->c); break;
+    default: break;
+    }
+}
+
+static void dt__node_bwd(dt_model *m, dt__node *n, int64_t batch) {
+    const dt_ops *O = m->ops;
+    void *C = m->ctx;
+    dt__node *in = &m->nodes[n->in0 < 0 ? 0 : n->in0];
+    float *dx = in->grad;      /* NULL when nobody needs the input's gradient */
+    const float *x = in->out, *dy = n->grad;
+    const dt__node *r = &m->nodes[n->relu];   /* the ReLU run inside this node, when n->relu */
+    int64_t cnt = batch * n->size;
+    switch (n->kind) {
+    case DT_LAYER_INPUT: case DT_LAYER_FLATTEN: break;
+    case DT_LAYER_LINEAR:      /* dW [out, in] += dy^T x;  db += sum_b dy;  dx [b, in] += dy W */
+        O->gemm(C, 1, 0, n->c, in->size, batch, 1.0f, dy, n->c, x, in->size, 1.0f, dt__gv(m, n, 0), in->size);
+        if (n->has_bias) O->sum_rows_bwd(C, dt__gv(m, n, 1), dy, batch, n->c);
+        if (dx) O->gemm(C, 0, 0, batch, in->size, n->c, 1.0f, dy, n->c, dt__pv(m, n, 0), in->size, n->ow[0] ? 0.0f : 1.0f, dx,
+                        in->size);
+        break;
+    case DT_LAYER_CONV2D: dt__conv_bwd(m, n, batch, dx); break;
+    case DT_LAYER_MAXPOOL2D: if (dx) { dt_conv_geom g = dt__geom(m, n, batch); O->maxpool_bwd(C, &g, dy, n->idx, dx); } break;
+    case DT_LAYER_AVGPOOL2D: if (dx) { dt_conv_geom g = dt__geom(m, n, batch); O->avgpool_bwd(C, &g, dy, dx); } break;
+    case DT_LAYER_GLOBAL_AVGPOOL: if (dx) O->gap_bwd(C, dy, dx, batch, in->c, in->h * in->w); break;
+    case DT_LAYER_RELU: if (dx && !n->folded) O->relu_bwd(C, n->out, dy, dx, cnt); break;
+    case DT_LAYER_DROPOUT: if (dx) O->mul_bwd(C, dy, n->aux, dx, cnt); break;
+    case DT_LAYER_BATCHNORM:
+        if (n->folded) break;   /* the add after it runs it */
+        if (n->relu)
+            O->bn_relu_bwd(C, m->training, x, r->out, r->grad, dx, !n->ow[0], NULL, 0, batch, n->c, n->h * n->w, dt__pv(m, n, 0),
+                           n->aux, n->aux + n->c, dt__gv(m, n, 0), dt__gv(m, n, 1));
+        else
+            O->bn_bwd(C, m->training, x, dy, dx, batch, n->c, n->h * n->w, dt__pv(m, n, 0), n->aux, n->aux + n->c,
+                      dt__gv(m, n, 0), dt__gv(m, n, 1));
+        break;
+    case DT_LAYER_ADD: {
+        float *dx1 = m->nodes[n->in1].grad;
+        if (n->bn) {   /* relu(bn(x) + residual) */
+            dt__node *b = &m->nodes[n->bn];
+            O->bn_relu_bwd(C, m->training, m->nodes[b->in0].out, r->out, r->grad, m->nodes[b->in0].grad, !n->ow[0],
+                           m->nodes[dt__residual(n)].grad, !n->ow[1], batch, b->c, b->h * b->w, dt__pv(m, b, 0), b->aux,
+                           b->aux + b->c, dt__gv(m, b, 0), dt__gv(m, b, 1));
+            break;
+        }
+        if (n->relu) { O->add_relu_bwd(C, r->out, r->grad, dx, !n->ow[0], dx1, !n->ow[1], cnt); break; }
+        if (dx && n->ow[0]) O->copy(C, dx, dy, cnt);
+        else if (dx) O->axpy(C, dx, dy, cnt, 1.0f);
+        if (dx1 && n->ow[1]) O->copy(C, dx1, dy, cnt);
+        else if (dx1) O->axpy(C, dx1, dy, cnt, 1.0f);
+    } break;
+    case DT_LAYER_PAD_SHORTCUT: if (dx) O->pad_shortcut_bwd(C, dy, dx, batch, in->c, in->h, in->w, n->c, n->stride); break;
+    case DT_LAYER_LOG_SOFTMAX: if (dx) O->log_softmax_bwd(C, n->out, dy, dx, batch, n->c); break;
+    default: break;
+    }
+}
+
+/* ---- passes --------------------------------------------------------------------------------------- */
+
+static dt_result dt__need_final(const dt_model *m, const char *what) {
+    if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: model is NULL", what);
+    if (!m->finalized) return dt_set_error(DT_ERR_STATE, "%s: call dt_model_finalize after building the model", what);
+    return DT_OK;
+}
+
+dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch) {
+    dt_result r;
+    int i;
+    if ((r = dt__need_final(m, "dt_model_forward")) != DT_OK) return r;
+    if (!x) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_forward: input x is NULL");
+    if (batch <= 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_forward: batch is %lld; it must be > 0", (long long)batch);
+    if ((r = dt__reserve(m, batch)) != DT_OK) return r;
+    dt_trace_begin("forward", "compute");
+    dt__trace_arg("batch", NULL, batch);
+    m->ops->upload(m->ctx, m->nodes[0].out, x, (int64_t)sizeof(float) * batch * m->nodes[0].size);
+    for (i = 1; i < m->nnodes; i++) dt__node_fwd(m, &m->nodes[i], batch);
+    r = dt__sync(m, "dt_model_forward");
+    dt_trace_end();
+    if (m->training) m->step++;
+    m->batch = batch;
+    m->seed_ready = 0;
+    return r;
+}
+
+/* Checks that a loss may run on the output and uploads the labels (when given). */
+static dt_result dt__loss_prep(dt_model *m, const int32_t *labels, const float *target, const char *what) {
+    const dt__node *out;
+    dt_result r;
+    int64_t i;
+    if ((r = dt__need_final(m, what)) != DT_OK) return r;
+    if (!m->batch) return dt_set_error(DT_ERR_STATE, "%s: no forward pass yet; call dt_model_forward first", what);
+    out = &m->nodes[m->nnodes - 1];
+    if (labels || !target) {
+        if (!labels) return dt_set_error(DT_ERR_INVALID_ARG, "%s: labels is NULL", what);
+        if (out->ndim != 1)
+            return dt_set_error(DT_ERR_SHAPE, "%s: the output node (%s) is an image; a classification loss needs a vector of "
+                                "class scores: end the model with dt_flatten and dt_linear", what, out->name);
+        for (i = 0; i < m->batch; i++)
+            if (labels[i] < 0 || labels[i] >= out->c)
+                return dt_set_error(DT_ERR_INVALID_ARG, "%s: label %d of sample %lld is outside [0, %lld): the labels do not "
+                                    "match the model's %lld outputs", what, (int)labels[i], (long long)i, (long long)out->c,
+                                    (long long)out->c);
+        m->ops->upload(m->ctx, m->labels, labels, (int64_t)sizeof(int32_t) * m->batch);
+    }
+    return DT_OK;
+}
+
+static dt_result dt__loss_done(dt_model *m, float loss, const char *what) {
+    m->seed_ready = 1;
+    if (!(loss == loss) || loss == INFINITY || loss == -INFINITY)
+        return dt_set_error(DT_ERR_NUMERIC, "%s: the loss is %g: the model diverged or the input holds NaN/inf; lower the "
+                            "learning rate, check the data, or restore the last checkpoint", what, (double)loss);
+    return DT_OK;
+}
+
+typedef void (*dt__class_loss_fn)(void *, const float *, const int32_t *, int64_t, int64_t, float *, float *);
+static dt_result dt__class_loss(dt_model *m, dt__class_loss_fn fn, const int32_t *labels, float *loss, const char *what) {
+    dt_result r = dt__loss_prep(m, labels, NULL, what);
+    const dt__node *out;
+    float l = 0.0f;
+    if (r != DT_OK) return r;
+    out = &m->nodes[m->nnodes - 1];
+    dt_trace_begin("loss", "compute");
+    fn(m->ctx, out->out, m->labels, m->batch, out->c, m->seed_grad, &l);
+    r = dt__sync(m, what);   /* inside the span: the span is the backend's time */
+    dt_trace_end();
+    if (r != DT_OK) return r;
+    if (loss) *loss = l;
+    return dt__loss_done(m, l, what);
+}
+dt_result dt_model_loss_cross_entropy(dt_model *m, const int32_t *labels, float *loss) {
+    return dt__class_loss(m, m ? m->ops->softmax_xent : NULL, labels, loss, "dt_model_loss_cross_entropy");
+}
+dt_result dt_model_loss_nll(dt_model *m, const int32_t *labels, float *loss) {
+    return dt__class_loss(m, m ? m->ops->nll : NULL, labels, loss, "dt_model_loss_nll");
+}
+dt_result dt_model_loss_labels(dt_model *m, const int32_t *labels, float *loss) {
+    if (m && m->nnodes > 1 && m->nodes[m->nnodes - 1].kind == DT_LAYER_LOG_SOFTMAX) return dt_model_loss_nll(m, labels, loss);
+    return dt_model_loss_cross_entropy(m, labels, loss);
+}
+dt_result dt_model_loss_mse(dt_model *m, const float *target, float *loss) {
+    dt_result r;
+    int64_t cnt;
+    float l = 0.0f;
+    if (!target) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_loss_mse: target is NULL");
+    if ((r = dt__loss_prep(m, NULL, target, "dt_model_loss_mse")) != DT_OK) return r;
+    cnt = m->batch * m->nodes[m->nnodes - 1].size;
+    /* the target goes through the gradient buffer, which the kernel then overwrites with d loss/d x */
+    dt_trace_begin("loss", "compute");
+    m->ops->upload(m->ctx, m->seed_grad, target, (int64_t)sizeof(float) * cnt);
+    m->ops->mse(m->ctx, m->nodes[m->nnodes - 1].out, m->seed_grad, cnt, m->seed_grad, &l);
+    r = dt__sync(m, "dt_model_loss_mse");
+    dt_trace_end();
+    if (r != DT_OK) return r;
+    if (loss) *loss = l;
+    return dt__loss_done(m, l, "dt_model_loss_mse");
+}
+
+dt_result dt_model_backward(dt_model *m, const float *dy) {
+    dt_result r;
+    dt__node *out;
+    int i;
+    if ((r = dt__need_final(m, "dt_model_backward")) != DT_OK) return r;
+    if (!m->batch) return dt_set_error(DT_ERR_STATE, "dt_model_backward: no forward pass yet; call dt_model_forward first");
+    if (!dy && !m->seed_ready)
+        return dt_set_error(DT_ERR_STATE, "dt_model_backward: no loss gradient; call a dt_model_loss_* function after the "
+                            "forward pass, or pass the upstream gradient dy");
+    out = &m->nodes[m->nnodes - 1];
+    if (!out->grad) return dt_set_error(DT_ERR_STATE, "dt_model_backward: the output is the input itself; add a layer");
+    dt_trace_begin("backward", "compute");
+    dt__trace_arg("batch", NULL, m->batch);
+    for (i = 0; i < m->nnodes; i++)   /* the gradients whose first writer adds to them (dt__plan) */
+        if (!m->nodes[i].alias && m->nodes[i].grad && m->nodes[i].zero)
+            m->ops->fill(m->ctx, m->nodes[i].grad, m->batch * m->nodes[i].size, 0.0f);
+    if (dy) m->ops->upload(m->ctx, out->grad, dy, (int64_t)sizeof(float) * m->batch * out->size);
+    else m->ops->copy(m->ctx, out->grad, m->seed_grad, m->batch * out->size);
+    for (i = m->nnodes - 1; i >= 1; i--) {
+        dt__node_bwd(m, &m->nodes[i], m->batch);
+        if (m->hook) {   /* the hook reads the gradients: they must be written */
+            if ((r = dt__sync(m, "dt_model_backward")) != DT_OK) break;
+            m->hook(m->hook_user, m, i);
+        }
+    }
+    if (r == DT_OK) r = dt__sync(m, "dt_model_backward");
+    dt_trace_end();
+    return r;
+}
+
+void dt_model_set_backward_hook(dt_model *m, dt_backward_hook fn, void *user) {
+    if (!m) return;
+    m->hook = fn;
+    m->hook_user = fn ? user : NULL;
+}
+
+void dt_model_zero_grad(dt_model *m) {
+    if (!m || !m->finalized) return;
+    m->ops->fill(m->ctx, m->grads, m->nparams, 0.0f);
+    (void)dt__sync(m, "dt_model_zero_grad");   /* a failure stays with the backend: the next call returns it */
+}
+
+dt_result dt_model_output(dt_model *m, float *host, int64_t count) {
+    dt_result r;
+    int64_t want;
+    if ((r = dt__need_final(m, "dt_model_output")) != DT_OK) return r;
+    if (!m->batch) return dt_set_error(DT_ERR_STATE, "dt_model_output: no forward pass yet");
+    if (!host) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_output: host buffer is NULL");
+    want = m->batch * m->nodes[m->nnodes - 1].size;
+    if (count != want)
+        return dt_set_error(DT_ERR_SHAPE, "dt_model_output: count is %lld but the output has %lld elements (batch %lld x %lld)",
+                            (long long)count, (long long)want, (long long)m->batch, (long long)m->nodes[m->nnodes - 1].size);
+    m->ops->download(m->ctx, host, m->nodes[m->nnodes - 1].out, (int64_t)sizeof(float) * want);
+    return dt__sync(m, "dt_model_output");
+}
+
+dt_result dt_model_count_correct(dt_model *m, const int32_t *labels, int64_t *correct) {
+    dt_result r = dt__loss_prep(m, labels, NULL, "dt_model_count_correct");
+    if (r != DT_OK) return r;
+    if (!correct) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_count_correct: correct is NULL");
+    m->ops->count_correct(m->ctx, m->nodes[m->nnodes - 1].out, m->labels, m->batch, m->nodes[m->nnodes - 1].c, correct);
+    return dt__sync(m, "dt_model_count_correct");
+}
+
+/* ---- flat buffers and listing --------------------------------------------------------------------- */
+
+float *dt_model_params(dt_model *m, int64_t *count) {
+    if (count) *count = m ? m->nparams : 0;
+    return m ? m->params : NULL;
+}
+float *dt_model_grads(dt_model *m, int64_t *count) {
+    if (count) *count = m ? m->nparams : 0;
+    return m ? m->grads : NULL;
+}
+float *dt_model_buffers(dt_model *m, int64_t *count) {
+    if (count) *count = m ? m->nbuffers : 0;
+    return m ? m->buffers : NULL;
+}
+int64_t dt_model_param_count(const dt_model *m) { return m ? m->nparams : 0; }
+
+static dt_result dt__xfer(dt_model *m, float *dev, float *host_dst, const float *host_src, int64_t have, int64_t count,
+                          const char *what) {
+    dt_result r;
+    if ((r = dt__need_final(m, what)) != DT_OK) return r;
+    if (!host_dst && !host_src) return dt_set_error(DT_ERR_INVALID_ARG, "%s: host buffer is NULL", what);
+    if (count != have)
+        return dt_set_error(DT_ERR_SHAPE, "%s: count is %lld but the model has %lld; the buffer belongs to another model",
+                            what, (long long)count, (long long)have);
+    if (host_src) m->ops->upload(m->ctx, dev, host_src, (int64_t)sizeof(float) * count);
+    else m->ops->download(m->ctx, host_dst, dev, (int64_t)sizeof(float) * count);
+    return dt__sync(m, what);
+}
+dt_result dt_model_set_params(dt_model *m, const float *host, int64_t count) {
+    return dt__xfer(m, m ? m->params : NULL, NULL, host, m ? m->nparams : 0, count, "dt_model_set_params");
+}
+dt_result dt_model_get_params(dt_model *m, float *host, int64_t count) {
+    return dt__xfer(m, m ? m->params : NULL, host, NULL, m ? m->nparams : 0, count, "dt_model_get_params");
+}
+dt_result dt_model_get_grads(dt_model *m, float *host, int64_t count) {
+    return dt__xfer(m, m ? m->grads : NULL, host, NULL, m ? m->nparams : 0, count, "dt_model_get_grads");
+}
+dt_result dt_model_set_buffers(dt_model *m, const float *host, int64_t count) {
+    return dt__xfer(m, m ? m->buffers : NULL, NULL, host, m ? m->nbuffers : 0, count, "dt_model_set_buffers");
+}
+dt_result dt_model_get_buffers(dt_model *m, float *host, int64_t count) {
+    return dt__xfer(m, m ? m->buffers : NULL, host, NULL, m ? m->nbuffers : 0, count, "dt_model_get_buffers");
+}
+
+int dt_model_param_tensors(const dt_model *m) { return m ? m->npinfo : 0; }
+int dt_model_buffer_tensors(const dt_model *m) { return m ? m->nbinfo : 0; }
+static dt_param_info dt__info(const dt__pinfo *p) {
+    dt_param_info r;
+    int i;
+    memset(&r, 0, sizeof r);
+    if (!p) return r;
+    r.name = p->name; r.node = p->node; r.offset = p->offset; r.count = p->count; r.ndim = p->ndim;
+    for (i = 0; i < DT_MAX_DIMS; i++) r.shape[i] = p->shape[i];
+    return r;
+}
+dt_param_info dt_model_param_info(const dt_model *m, int i) {
+    return dt__info(m && i >= 0 && i < m->npinfo ? &m->pinfo[i] : NULL);
+}
+dt_param_info dt_model_buffer_info(const dt_model *m, int i) {
+    return dt__info(m && i >= 0 && i < m->nbinfo ? &m->binfo[i] : NULL);
+}
+
+int dt_model_nodes(const dt_model *m) { return m ? m->nnodes : 0; }
+int dt_model_output_node(const dt_model *m) { return m ? m->nnodes - 1 : -1; }
+static const dt__node *dt__node_at(const dt_model *m, int node) {
+    return (m && node >= 0 && node < m->nnodes) ? &m->nodes[node] : NULL;
+}
+dt_layer_kind dt_model_node_kind(const dt_model *m, int node) {
+    const dt__node *n = dt__node_at(m, node);
+    return n ? n->kind : DT_LAYER_KIND_COUNT;
+}
+const char *dt_model_node_name(const dt_model *m, int node) {
+    const dt__node *n = dt__node_at(m, node);
+    return n ? n->name : NULL;
+}
+int64_t dt_model_node_size(const dt_model *m, int node) {
+    const dt__node *n = dt__node_at(m, node);
+    return n ? n->size : 0;
+}
+int dt_model_node_shape(const dt_model *m, int node, int64_t shape[3]) {
+    const dt__node *n = dt__node_at(m, node);
+    if (!n) return 0;
+    shape[0] = n->c; shape[1] = n->h; shape[2] = n->w;
+    return n->ndim;
+}
+const float *dt_model_node_output(const dt_model *m, int node) {
+    const dt__node *n = dt__node_at(m, node);
+    return n && m->batch ? n->out : NULL;
+}
+const float *dt_model_node_grad(const dt_model *m, int node) {
+    const dt__node *n = dt__node_at(m, node);
+    return n && m->batch ? n->grad : NULL;
+}
+
+void dt_model_summary(const dt_model *m) {
+    int i, j;
+    if (!m) return;
+    dt_log(DT_LOG_INFO, "%-4s %-24s %-15s %-18s %12s", "node", "name", "layer", "output", "params");
+    for (i = 0; i < m->nnodes; i++) {
+        const dt__node *n = &m->nodes[i];
+        char shape[64];
+        int64_t np = 0;
+        for (j = 0; j < n->nparams; j++) np += m->pinfo[n->param0 + j].count;
+        if (n->ndim == 3) snprintf(shape, sizeof shape, "[%lld, %lld, %lld]", (long long)n->c, (long long)n->h, (long long)n->w);
+        else snprintf(shape, sizeof shape, "[%lld]", (long long)n->c);
+        dt_log(DT_LOG_INFO, "%-4d %-24.24s %-15s %-18s %12lld", i, n->name, dt_layer_kind_str(n->kind), shape, (long long)np);
+    }
+    dt_log(DT_LOG_INFO, "parameters: %lld trainable, %lld buffer elements", (long long)m->nparams, (long long)m->nbuffers);
+}
+
+/* ---- model zoo ------------------------------------------------------------------------------------- */
+
+static const char *dt__zoo_names[DT_ZOO_COUNT] = {"mlp", "simplecnn", "lenet5", "fedavg_cnn", "fedavg_2nn", "vgg11", "resnet20"};
+const char *dt_zoo_name(dt_zoo_model z) { return (z >= 0 && z < DT_ZOO_COUNT) ? dt__zoo_names[z] : "unknown"; }
+int dt_zoo_from_name(const char *name) {
+    int i;
+    if (!name) return -1;
+    for (i = 0; i < DT_ZOO_COUNT; i++)
+        if (strcmp(name, dt__zoo_names[i]) == 0) return i;
+    return -1;
+}
+
+/* conv (optionally without bias) + name */
+static int dt__zconv(dt_model *m, int x, int64_t oc, int64_t k, int64_t s, int64_t p, int no_bias, const char *name) {
+    dt_conv2d_desc d;
+    memset(&d, 0, sizeof d);
+    d.out_channels = oc; d.kernel = k; d.stride = s; d.pad = p; d.no_bias = no_bias;
+    return dt_model_name(m, dt_conv2d_ex(m, x, &d), name);
+}
+static int dt__zfc(dt_model *m, int x, int64_t out, const char *name) { return dt_model_name(m, dt_linear(m, x, out, 1), name); }
+
+static void dt__zoo_build(dt_model *m, dt_zoo_model z, int64_t nc) {
+    int x = dt_model_input(m), i;
+    char nm[64];
+    switch (z) {
+    case DT_ZOO_MLP: case DT_ZOO_FEDAVG_2NN: {   /* two hidden layers with ReLU */
+        int64_t h1 = z == DT_ZOO_MLP ? 512 : 200, h2 = z == DT_ZOO_MLP ? 256 : 200;
+        x = dt_relu(m, dt__zfc(m, dt_flatten(m, x), h1, "fc1"));
+        dt__zfc(m, dt_relu(m, dt__zfc(m, x, h2, "fc2")), nc, "fc3");
+    } break;
+    case DT_ZOO_SIMPLE_CNN:
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 32, 3, 1, 1, 0, "conv1")), 2, 2, 0);
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 64, 3, 1, 1, 0, "conv2")), 2, 2, 0);
+        x = dt_flatten(m, dt_model_name(m, dt_dropout(m, x, 0.25f), "dropout1"));
+        x = dt_model_name(m, dt_dropout(m, dt_relu(m, dt__zfc(m, x, 128, "fc1")), 0.5f), "dropout2");
+        dt_log_softmax(m, dt__zfc(m, x, nc, "fc2"));
+        break;
+    case DT_ZOO_LENET5:
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 6, 5, 1, 2, 0, "conv1")), 2, 2, 0);
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 16, 5, 1, 0, 0, "conv2")), 2, 2, 0);
+        x = dt_flatten(m, x);
+        x = dt_relu(m, dt__zfc(m, x, 120, "fc1"));
+        x = dt_relu(m, dt__zfc(m, x, 84, "fc2"));
+        dt__zfc(m, x, nc, "fc3");
+        break;
+    case DT_ZOO_FEDAVG_CNN:
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 32, 5, 1, 2, 0, "conv1")), 2, 2, 0);
+        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 64, 5, 1, 2, 0, "conv2")), 2, 2, 0);
+        x = dt_flatten(m, x);
+        x = dt_relu(m, dt__zfc(m, x, 512, "fc1"));
+        dt__zfc(m, x, nc, "fc2");
+        break;
+    case DT_ZOO_VGG11: {
+        static const int cfg[] = {64, 0, 128, 0, 256, 256, 0, 512, 512, 0, 512, 512, 0};
+        int idx = 0;   /* index in PyTorch's nn.Sequential, so names match "features.N.weight" */
+        for (i = 0; i < (int)(sizeof cfg / sizeof cfg[0]); i++) {
+            if (cfg[i] == 0) { x = dt_maxpool2d(m, x, 2, 2, 0); idx++; continue; }
+            snprintf(nm, sizeof nm, "features.%d", idx);
+            x = dt__zconv(m, x, cfg[i], 3, 1, 1, 0, nm);
+            snprintf(nm, sizeof nm, "features.%d", idx + 1);
+            x = dt_relu(m, dt_model_name(m, dt_batchnorm(m, x), nm));
+            idx += 3;
+        }
+        dt__zfc(m, dt_flatten(m, x), nc, "classifier");
+    } break;
+    case DT_ZOO_RESNET20: {
+        int64_t cin = 16;
+        int stage, blk, b = 0;
+        x = dt_relu(m, dt_model_name(m, dt_batchnorm(m, dt__zconv(m, x, 16, 3, 1, 1, 1, "conv1")), "bn1"));
+        for (stage = 0; stage < 3; stage++) {
+            int64_t cout = 16 << stage;
+            for (blk = 0; blk < 3; blk++, b++) {
+                int64_t s = (stage > 0 && blk == 0) ? 2 : 1;
+                int y, sc = x;
+                snprintf(nm, sizeof nm, "layers.%d.conv1", b);
+                y = dt__zconv(m, x, cout, 3, s, 1, 1, nm);
+                snprintf(nm, sizeof nm, "layers.%d.bn1", b);
+                y = dt_relu(m, dt_model_name(m, dt_batchnorm(m, y), nm));
+                snprintf(nm, sizeof nm, "layers.%d.conv2", b);
+                y = dt__zconv(m, y, cout, 3, 1, 1, 1, nm);
+                snprintf(nm, sizeof nm, "layers.%d.bn2", b);
+                y = dt_model_name(m, dt_batchnorm(m, y), nm);
+                if (s != 1 || cin != cout) sc = dt_pad_shortcut(m, x, cout, s);
+                x = dt_relu(m, dt_add(m, y, sc));
+                cin = cout;
+            }
+        }
+        dt__zfc(m, dt_global_avgpool(m, x), nc, "fc");
+    } break;
+    default: break;
+    }
+}
+
+dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, const dt_model_desc *desc) {
+    dt_model_desc d;
+    dt_result r;
+    int cifar = z == DT_ZOO_VGG11 || z == DT_ZOO_RESNET20;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_zoo_create: out is NULL");
+    *out = NULL;
+    if (z < 0 || z >= DT_ZOO_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_zoo_create: unknown model %d; use a dt_zoo_model value", (int)z);
+    if (num_classes < 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_zoo_create: num_classes is %lld", (long long)num_classes);
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (d.in_c == 0) { d.in_c = cifar ? 3 : 1; d.in_h = d.in_w = cifar ? 32 : 28; }
+    if ((r = dt_model_create(out, &d)) != DT_OK) return r;
+    dt__zoo_build(*out, z, num_classes ? num_classes : 10);
+    if ((r = dt_model_finalize(*out)) != DT_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        dt_model_destroy(*out);
+        *out = NULL;
+        return dt_set_error(r, "dt_zoo_create(%s): %s", dt_zoo_name(z), msg);
+    }
+    return DT_OK;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* the implementation */

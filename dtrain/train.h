@@ -1,0 +1,1894 @@
+/* dtrain/train.h - TOPCOMMENT */
+#ifndef DTRAIN_TRAIN_H
+#define DTRAIN_TRAIN_H
+#include "optim.h"
+#include "data.h"
+#include "comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Loss and accuracy of a classifier over samples idx[0..count) of ds (idx NULL = all), in eval mode
+   (the mode is restored after). The loss is NLL when the model ends in dt_log_softmax, cross-entropy
+   otherwise. topk (e.g. 5) also counts samples whose label is among the k highest scores. */
+typedef struct dt_eval_result {
+    double  loss;            /* mean over the samples */
+    double  top1, topk;      /* fractions in [0, 1] */
+    int64_t count;
+    int     k;
+} dt_eval_result;
+dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
+                      int64_t batch, int topk, dt_eval_result *out);
+
+/* Checkpoints: parameters, buffers, the model's dropout RNG (seed, stream, step), optimizer state and step
+   counts, and the caller's progress (epoch, step, round, an RNG). The file has a magic number, a version,
+   the sizes, a signature of the model's parameter names and shapes, and a checksum. Saving writes
+   "<path>.tmp", flushes it to disk and renames it over path, so a crash never leaves a half-written file
+   in place. Loading checks everything before it changes the model: a file of another model, of another
+   version, truncated or damaged is refused with a message naming the file and the cause. */
+typedef struct dt_checkpoint_meta {
+    int64_t epoch, step, round;   /* the caller's counters: e.g. epochs completed */
+    dt_rng  rng;                  /* any RNG the caller wants restored */
+} dt_checkpoint_meta;
+/* o may be NULL (no optimizer state saved); meta may be NULL (zeros). */
+dt_result dt_checkpoint_save(const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta);
+/* o NULL skips the optimizer state in the file; meta NULL skips the counters. */
+dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta);
+
+/* ---- local SGD and Hogwild ---------------------------------------------------------------------- */
+
+/* Local SGD (periodic model averaging, the synchronous parallel SGD workload): every rank trains its
+   replica on its own shard with its own optimizer, and every `period` steps the PARAMETERS of all ranks
+   are replaced by their mean (one all-reduce over the flat parameter buffer). Between averages nothing is
+   communicated, so it sends period times less than DDP; with period 1 and plain SGD it is DDP's update up
+   to float rounding. Optimizer state (momentum, Adam's moments) stays local and is never averaged. */
+typedef struct dt_localsgd_desc {
+    int     period;         /* average at every period-th dt_localsgd_step; 0 = only at dt_localsgd_average
+                               (e.g. once per epoch) */
+    dt_algo algo;           /* all-reduce algorithm (0 = the communicator's default) */
+    int     sync_buffers;   /* 1: average the buffers (BatchNorm running statistics) with the parameters */
+} dt_localsgd_desc;
+
+typedef struct dt_localsgd dt_localsgd;
+
+/* Steps counted, averages made, and the seconds spent in them on this rank. */
+typedef struct dt_localsgd_stats {
+    int64_t steps, averages;
+    double  comm_seconds;
+} dt_localsgd_stats;
+
+/* Collective. Wraps model m (finalized, the same architecture on every rank) on communicator c: checks that
+   every rank has the same parameter count and broadcasts rank 0's parameters and buffers, so every rank
+   starts equal. c and m must outlive it. Host buffers (the CPU backend). *out is NULL on failure. */
+dt_result dt_localsgd_create(dt_localsgd **out, dt_comm *c, dt_model *m, const dt_localsgd_desc *desc);
+void      dt_localsgd_destroy(dt_localsgd *d);                 /* NULL is allowed */
+/* Call after each optimizer step. Collective on the calls that average (every period-th since the last
+   average), so every rank must make the same number of calls between averages. */
+dt_result dt_localsgd_step(dt_localsgd *d);
+/* Collective: averages the parameters (and buffers, with sync_buffers) now, e.g. at the end of an epoch,
+   and restarts the count of steps. */
+dt_result dt_localsgd_average(dt_localsgd *d);
+dt_localsgd_stats dt_localsgd_get_stats(const dt_localsgd *d);   /* zeros for NULL */
+
+/* Hogwild (Recht et al., 2011): several threads of one process update ONE shared parameter buffer with
+   plain SGD, without any lock, each on its own data. The races are intended: a worker may read parameters
+   that another worker is halfway through updating, and two updates of the same element may lose one of
+   them; for sparse or convex problems this costs little and removes all waiting. (So ThreadSanitizer
+   reports dt_hogwild_pull and dt_hogwild_push, and the tests keep Hogwild out of its runs.)
+   Each worker owns a replica: a dt_model of the same architecture for its activations and gradients. A
+   step is: dt_hogwild_pull (shared parameters -> replica), forward, loss, backward on the replica,
+   dt_hogwild_push (shared -= lr * gradient). */
+typedef struct dt_hogwild_worker {
+    int       index, threads;   /* this worker, of `threads` */
+    dt_model *shared;           /* the model whose parameters every worker updates */
+} dt_hogwild_worker;
+typedef dt_result (*dt_hogwild_fn)(dt_hogwild_worker *w, void *arg);
+
+/* Runs fn on `threads` threads (each with its dt_hogwild_worker) and waits for all of them; each gets
+   cores / threads OpenMP threads. threads = 1 runs fn on the caller's thread; without thread support the
+   workers run one after another. Returns DT_OK, or the lowest failed worker's result with its message. */
+dt_result dt_hogwild_run(dt_model *shared, int threads, dt_hogwild_fn fn, void *arg);
+/* Copies the shared model's parameters into the replica's (no lock: see above). Same parameter count. */
+dt_result dt_hogwild_pull(dt_model *shared, dt_model *replica);
+/* shared -= lr * the replica's gradient, element by element and without a lock, then zeroes the
+   replica's gradient. With one worker this is exactly dt_optim_step with SGD (no momentum). */
+dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr);
+
+/* ---- DDP: data-parallel SGD over the flat gradient buffer ------------------------------------ */
+
+/* How dt_ddp averages the gradients of the ranks. Each is a few lines over the flat buffer; they give the
+   same average (up to float rounding) and differ in who sends what:
+     BUCKETS       one all-reduce per bucket of about bucket_bytes of consecutive tensors, taken from the
+                   end of the buffer (backward finishes the last layers first); with dt_ddp_backward on the
+                   local backend a helper thread reduces each bucket as soon as backward has finished its
+                   layers, so communication overlaps the rest of the backward pass (the default)
+     FLAT          one all-reduce over the whole gradient buffer, after backward
+     PER_LAYER     one all-reduce per parameter tensor, last tensor first
+     PARAM_SERVER  dt_comm_gather of every gradient to rank 0, which sums them in rank order, then
+                   dt_comm_broadcast (naive: rank 0 sends to each) of the result
+     P2P           the same by hand: each rank isends its gradient to rank 0 and receives the sum back;
+                   rank 0 irecvs from everyone, sums, isends to everyone (user tag DT_DDP_TAG)
+   The all-reduce methods use desc.algo (naive, ring, tree, native; 0 = the communicator's default). */
+typedef enum dt_ddp_method {
+    DT_DDP_BUCKETS = 0, DT_DDP_FLAT, DT_DDP_PER_LAYER, DT_DDP_PARAM_SERVER, DT_DDP_P2P, DT_DDP_METHOD_COUNT
+} dt_ddp_method;
+const char *dt_ddp_method_name(dt_ddp_method k);             /* "buckets", "flat", "per-layer", "ps", "p2p" */
+dt_result   dt_ddp_method_parse(const char *s, dt_ddp_method *out);
+
+/* Default bucket size: SimpleCNN's gradient in 2 buckets, ResNet-20's in 4, so backward has something to
+   overlap; docs/performance.md ("DDP bucket size", make bench-buckets) has the measurements from 16 KiB to 4 MiB. */
+#define DT_DDP_BUCKET_BYTES (256 * 1024)
+#define DT_DDP_TAG 32000                   /* the point-to-point tag of DT_DDP_P2P */
+
+/* DDP settings; zero means the default. */
+typedef struct dt_ddp_desc {
+    dt_ddp_method method;       /* default BUCKETS */
+    dt_algo       algo;         /* all-reduce algorithm of BUCKETS, FLAT, PER_LAYER (0 = communicator's default) */
+    int64_t       bucket_bytes; /* BUCKETS: bytes of gradient per bucket (0 = DT_DDP_BUCKET_BYTES); a tensor is
+                                   never split, so a bucket holds at least one tensor */
+    int           no_overlap;   /* 1: BUCKETS reduce after backward, on the caller's thread */
+    int           sync_buffers; /* 1: average the buffers (BatchNorm running statistics) at every gradient
+                                   sync; 0: only when the caller calls dt_ddp_sync_buffers (e.g. each epoch) */
+} dt_ddp_desc;
+
+typedef struct dt_ddp dt_ddp;
+
+/* What a rank's dt_ddp has done: gradient syncs, rounds it took part in after joining, and the seconds the
+   caller's thread spent blocked in communication (with overlap: only the part backward did not hide). */
+typedef struct dt_ddp_stats {
+    int64_t syncs, joined_rounds;
+    double  comm_seconds;
+} dt_ddp_stats;
+
+/* Collective. Wraps model m (finalized, the same architecture on every rank) for data-parallel training
+   on communicator c: broadcasts rank 0's parameters and buffers so every rank starts equal, and plans the
+   buckets. Both c and m must outlive the dt_ddp. Host buffers (the CPU backend). *out is NULL on failure. */
+dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc);
+/* Stops the helper thread, removes the backward hook, frees what dt_ddp_create allocated. NULL is allowed. */
+void      dt_ddp_destroy(dt_ddp *d);
+/* Backward pass of a micro-batch of `samples` samples (its loss a mean over them), like dt_model_backward
+   (dy as there). With sync = 0 nothing is communicated: the gradient accumulates, weighted by samples.
+   With sync = 1 (collective) the accumulated gradients of all ranks are averaged, each sample weighing the
+   same: afterwards every rank's dt_model_grads holds the gradient of the mean loss over all the samples
+   of all ranks since the last sync. Then step the optimizer and zero the gradients. */
+dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync);
+/* Collective: the same averaging for a gradient computed by plain dt_model_backward calls, which the
+   caller states is the mean over `samples` samples. Never overlapped. */
+dt_result dt_ddp_sync(dt_ddp *d, int64_t samples);
+/* Collective: call when this rank has no more batches (e.g. at the end of every epoch, on every rank).
+   Until every rank has joined, it takes part in the others' gradient syncs with a zero gradient and zero
+   weight and steps o (may be NULL) with the average, so its replica stays equal to theirs. Ranks with
+   unequal numbers of batches thus finish the epoch without hanging. */
+dt_result dt_ddp_join(dt_ddp *d, dt_optim *o);
+/* Collective: averages the model's buffers (BatchNorm running mean and variance) over the ranks. */
+dt_result dt_ddp_sync_buffers(dt_ddp *d);
+/* Collective: broadcasts rank 0's parameters and buffers (what dt_ddp_create does). */
+dt_result dt_ddp_broadcast_params(dt_ddp *d);
+dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d);       /* zeros for NULL */
+int          dt_ddp_buckets(const dt_ddp *d);         /* buckets planned (BUCKETS), else 0 */
+int          dt_ddp_overlapped(const dt_ddp *d);      /* 1 when buckets are reduced during backward */
+
+/* ---- D-PSGD ---------------------------------------------------------------------------------- */
+
+/* Decentralised parallel SGD (Lian et al. 2017): no all-reduce; each rank keeps its own replica x_i and,
+   every step, averages it with its neighbours' through the mixing matrix W of a dt_topology. In which
+   order the local update and the averaging happen:
+     COMBINE_THEN_ADAPT  the original D-PSGD: x_i <- sum_j W[i][j] x_j - lr g_i, where g_i is the gradient
+                         at the replica before averaging (the default)
+     ADAPT_THEN_COMBINE  step first, then average: x_i <- sum_j W[i][j] (x_j - lr g_j) */
+typedef enum dt_dpsgd_order {
+    DT_DPSGD_COMBINE_THEN_ADAPT = 0, DT_DPSGD_ADAPT_THEN_COMBINE, DT_DPSGD_ORDER_COUNT
+} dt_dpsgd_order;
+const char *dt_dpsgd_order_name(dt_dpsgd_order k);          /* "cta", "atc" */
+dt_result   dt_dpsgd_order_parse(const char *s, dt_dpsgd_order *out);
+
+/* D-PSGD settings; zero means the default. */
+typedef struct dt_dpsgd_desc {
+    dt_dpsgd_order order;       /* default COMBINE_THEN_ADAPT */
+    int            mix_buffers; /* 1: also gossip the buffers (BatchNorm running statistics) every step */
+} dt_dpsgd_desc;
+
+typedef struct dt_dpsgd dt_dpsgd;
+
+/* What a rank's dt_dpsgd has done: steps (gossip rounds), the payload bytes this rank sent in them (from
+   dt_comm_get_stats; the all-reduces of dt_dpsgd_consensus and dt_dpsgd_average are not counted), and the
+   seconds spent in the neighbour exchange. */
+typedef struct dt_dpsgd_stats {
+    int64_t  steps;
+    uint64_t bytes_sent;
+    double   comm_seconds;
+} dt_dpsgd_stats;
+
+/* Collective. Wraps model m (finalized, the same architecture on every rank) for D-PSGD on communicator c
+   over topology t, which must have c's world size; broadcasts rank 0's parameters and buffers so the
+   replicas start equal. c, m and t must outlive the dt_dpsgd. Host buffers. *out is NULL on failure. */
+dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topology *t, const dt_dpsgd_desc *desc);
+/* Frees what dt_dpsgd_create allocated. NULL is allowed. */
+void      dt_dpsgd_destroy(dt_dpsgd *d);
+/* Collective: one D-PSGD step, after dt_model_backward, in place of dt_optim_step (then zero the gradients).
+   Every rank sends its replica to its neighbours (dt_comm_neighbor_exchange) and mixes what it receives,
+   summing W[i][j] x_j over j = 0, 1, ... (itself in its place) in double, so the result is the same on
+   every backend. COMBINE_THEN_ADAPT: the replica x_i is sent, o steps x_i to x_i' with the gradient at
+   x_i, and x_i becomes sum_j W[i][j] x_j + (x_i' - x_i): the update o computed before averaging (weight
+   decay and momentum included) is added to the average. ADAPT_THEN_COMBINE: o steps first, then the
+   stepped replicas are mixed. o NULL: a pure gossip step x_i <- sum_j W[i][j] x_j. */
+dt_result dt_dpsgd_step(dt_dpsgd *d, dt_optim *o);
+/* Collective: *dist = mean over ranks of ||x_i - x_avg|| (2-norm over all parameters), on every rank. */
+dt_result dt_dpsgd_consensus(dt_dpsgd *d, double *dist);
+/* Collective: out [dt_model_param_count] receives the mean of all replicas' parameters. out NULL: every
+   rank's model itself is set to the mean parameters and mean buffers (for the final evaluation). */
+dt_result dt_dpsgd_average(dt_dpsgd *d, float *out);
+/* Evaluating the averaged model in the middle of training: use = 1 (collective) keeps this rank's replica
+   aside and loads the mean parameters and buffers into the model; use = 0 (local) puts the replica back. */
+dt_result dt_dpsgd_use_average(dt_dpsgd *d, int use);
+dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d);    /* zeros for NULL */
+
+/* ---- FedAvg ---------------------------------------------------------------------------------- */
+
+/* Federated averaging (McMahan et al. 2017) with robust aggregation. The server's aggregation is a pure
+   function over flat float vectors (one update per client), so it is testable without ranks:
+     MEAN       sum_i w_i u_i / sum_i w_i, the weights being the clients' sample counts (FedAvg)
+     MEDIAN     coordinate-wise median (the mean of the two middle values when n is even)
+     TRIMMED    coordinate-wise trimmed mean: t = floor(trim * n) smallest and t largest values dropped;
+                refused when 2 t >= n
+     KRUM       the update whose summed squared distance to its n - f - 2 nearest others is smallest
+                (Blanchard et al. 2017); refused when n < 2 f + 3, Krum's minimum-client condition
+     MULTIKRUM  the plain mean of the m updates of lowest Krum score (m = n - f by default); same condition
+     CLASSMEAN  the class-mean check: the rows of the final linear layer's weight update, one per class, are
+                compared across clients. For class c, d_c(i) = ||row_c(u_i) - coordinate median over clients
+                of row_c|| and s_c = median over i of d_c(i); client i is an outlier when d_c(i) > k s_c for
+                some class c. The others are averaged as MEAN. A label-flipping client moves the rows of the
+                classes it flips, which honest clients leave alike. Needs n >= 3.
+   Ties are broken by the lower client index, so the result is deterministic. */
+typedef enum dt_fed_agg {
+    DT_FED_MEAN = 0, DT_FED_MEDIAN, DT_FED_TRIMMED, DT_FED_KRUM, DT_FED_MULTIKRUM, DT_FED_CLASSMEAN, DT_FED_AGG_COUNT
+} dt_fed_agg;
+const char *dt_fed_agg_name(dt_fed_agg k);   /* "mean", "median", "trimmed", "krum", "multikrum", "classmean" */
+dt_result   dt_fed_agg_parse(const char *s, dt_fed_agg *out);
+
+/* Aggregator settings; zero means the default. */
+typedef struct dt_fed_agg_desc {
+    float   trim;              /* TRIMMED: fraction cut at each end (default 0.1) */
+    int     f;                 /* KRUM, MULTIKRUM: Byzantine clients tolerated (default 1) */
+    int     m;                 /* MULTIKRUM: updates averaged (0 = n - f) */
+    float   k;                 /* CLASSMEAN: outlier threshold in median distances (default 3) */
+    int64_t cm_offset;         /* CLASSMEAN: the final linear weight [cm_rows classes, cm_cols] inside each */
+    int64_t cm_rows, cm_cols;  /*   update (dt_fed fills these from the model) */
+    int    *kept;              /* out, may be NULL: [n], 1 for each client whose update entered the result
+                                  (all for MEAN, MEDIAN and TRIMMED) */
+} dt_fed_agg_desc;
+
+/* Aggregates n updates, each updates[i][0..len), into out[len] (out may not alias an update). weights [n]
+   (sample counts, > 0) are used by MEAN and CLASSMEAN; NULL means equal weights. Allocates scratch of
+   n * (n + len) doubles at most (Krum's distances, a column for the median). desc may be NULL. */
+dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
+                           float *out, const dt_fed_agg_desc *desc);
+
+/* What a client does with its round, for studying attacks. */
+typedef enum dt_fed_behaviour {
+    DT_FED_HONEST = 0,
+    DT_FED_LABELFLIP,          /* trains on labels mapped through desc.flip (e.g. 1 -> 4, or a permutation) */
+    DT_FED_SIGNFLIP,           /* sends the negated update */
+    DT_FED_NOISE               /* sends Gaussian noise of std desc.noise_std instead of its update */
+} dt_fed_behaviour;
+
+#define DT_FED_MAX_CLASSES 256
+#define DT_FED_TAG 32100       /* the point-to-point tag of the clients' updates */
+
+/* FedAvg settings; zero means the default. */
+typedef struct dt_fed_desc {
+    int                clients;          /* N simulated clients (default: ranks - 1, or 1 on one rank) */
+    float              frac;             /* C: fraction of the clients sampled each round (default 1; at least 1) */
+    int                local_epochs;     /* E (default 1) */
+    int64_t            batch;            /* B (default 10) */
+    dt_optim_desc      optim;            /* each client's optimizer, fresh every round (SGD or Adam) */
+    dt_sched_desc      sched;            /* learning rate of round t = dt_sched_lr(&sched, t) when sched.kind or
+                                            sched.base_lr is set (e.g. cosine with t_max = rounds); else optim.lr */
+    float              prox_mu;          /* FedProx: mu (w - w_global) added to every local gradient (0 = off) */
+    float              dropout_prob;     /* probability that a sampled client drops out of a round */
+    dt_fed_agg         agg;
+    dt_fed_agg_desc    agg_desc;         /* kept is set by dt_fed; cm_* from the model when zero */
+    const dt_dataset  *data;             /* borrowed training set */
+    const dt_partition *part;            /* borrowed: part k is client k's samples (parts == clients) */
+    const dt_transform *transform;       /* copied; NULL = pixel / 255 */
+    const int         *behaviour;        /* [clients] dt_fed_behaviour, copied; NULL = every client honest */
+    int32_t            flip[DT_FED_MAX_CLASSES]; /* LABELFLIP: label y becomes flip[y]; all zeros = identity */
+    int                flip_set;         /* 1: flip holds a map (else the identity) */
+    float              noise_std;        /* NOISE: default 1 */
+    uint64_t           seed;             /* client sampling, dropouts, loader shuffles, noise */
+} dt_fed_desc;
+
+typedef struct dt_fed dt_fed;
+
+/* What one round did (complete on rank 0; the draw is known everywhere). */
+typedef struct dt_fed_round_info {
+    int     selected, dropped, kept;     /* clients sampled, dropped out, and in the aggregate */
+    double  train_loss;                  /* mean local training loss over the samples of the clients that reported */
+    int64_t samples;                     /* samples the reporting clients trained on, per local epoch */
+    float   lr;                          /* the clients' learning rate this round */
+} dt_fed_round_info;
+
+/* Collective. Rank 0 is the server; client k trains on rank 1 + k mod (ranks - 1), or on rank 0 when there
+   is one rank. m (finalized, the same architecture on every rank) is the server's global model on rank 0 and
+   a rank's working copy elsewhere; rank 0's parameters are the initial global model. c, m, the dataset and
+   the partition must outlive the dt_fed. *out is NULL on failure. */
+dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc);
+void      dt_fed_destroy(dt_fed *f);
+/* Collective: one round. Every rank draws the same clients (seeded by (seed, round)) and the same dropouts,
+   so nobody waits for a client that dropped; the global model is broadcast from rank 0; each host trains its
+   sampled clients in client order, E epochs of batch B from the global model (client k's loader shuffles with
+   stream k and epoch round * E + e), and sends delta = w_local - w_global and its sample count to rank 0,
+   which aggregates and adds the result to the global model. Rank 0's model holds the new global model after.
+   When dropouts leave fewer reports than the aggregator needs, the round keeps the global model (a warning);
+   dt_fed_create refuses a C that samples too few clients for it in the first place. */
+dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info);
+/* The clients sampled in a round (sorted) and whether each drops out: a pure function of (desc, round).
+   sel and dropped [clients]; returns the count sampled. */
+int       dt_fed_draw(const dt_fed *f, int64_t round, int *sel, int *dropped);
+/* Rank 0: which clients of the last round entered the aggregate, kept [clients] (1/0); others get zeros. */
+void      dt_fed_last_kept(const dt_fed *f, int *kept);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_TRAIN_H */
+
+#if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_TRAIN_IMPLEMENTATION_DONE)
+#define DTRAIN_TRAIN_IMPLEMENTATION_DONE
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
+                      int64_t batch, int topk, dt_eval_result *out) {
+    dt_result r = DT_OK;
+    int64_t start, k, in_size, i, j, top1 = 0, topk_hits = 0;
+    int was_training;
+    double loss_sum = 0.0;
+    float *x = NULL, *scores = NULL;
+    int32_t *y = NULL;
+    int64_t *ids = NULL;
+    if ((r = dt__need_final(m, "dt_evaluate")) != DT_OK) return r;
+    if (!ds || !out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: dataset or result is NULL");
+    memset(out, 0, sizeof *out);
+    if (!idx) count = ds->count;
+    if (count <= 0 || batch <= 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: count %lld and batch %lld must be > 0", (long long)count, (long long)batch);
+    in_size = m->nodes[0].size;
+    k = m->nodes[m->nnodes - 1].size;
+    if (ds->c * ds->h * ds->w != in_size)
+        return dt_set_error(DT_ERR_SHAPE, "dt_evaluate: samples of %s are %lldx%lldx%lld but the model takes %lld values",
+                            ds->source[0] ? ds->source : "the dataset", (long long)ds->c, (long long)ds->h,
+                            (long long)ds->w, (long long)in_size);
+    if (topk < 1) topk = 1;
+    if (topk > k) topk = (int)k;
+    if (batch > count) batch = count;
+    x = (float *)DT_MALLOC(sizeof(float) * (size_t)(batch * in_size));
+    scores = (float *)DT_MALLOC(sizeof(float) * (size_t)(batch * k));
+    y = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)batch);
+    ids = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)batch);
+    if (!x || !scores || !y || !ids) {
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_evaluate: no memory for a batch of %lld", (long long)batch);
+        goto done;
+    }
+    was_training = m->training;
+    m->training = 0;
+    dt_trace_begin("evaluate", "compute");
+    dt__trace_arg("samples", NULL, count);
+    for (start = 0; start < count && r == DT_OK; start += batch) {
+        int64_t n = count - start < batch ? count - start : batch;
+        float loss = 0.0f;
+        for (i = 0; i < n; i++) ids[i] = idx ? idx[start + i] : start + i;
+        if ((r = dt_dataset_batch(ds, ids, n, t, 0, 0, x, y)) != DT_OK) break;
+        if ((r = dt_model_forward(m, x, n)) != DT_OK) break;
+        r = dt_model_loss_labels(m, y, &loss);
+        if (r != DT_OK && r != DT_ERR_NUMERIC) break;
+        r = DT_OK;                                /* a NaN loss is reported as such in the result */
+        loss_sum += (double)loss * (double)n;
+        m->ops->download(m->ctx, scores, m->nodes[m->nnodes - 1].out, (int64_t)sizeof(float) * n * k);
+        for (i = 0; i < n; i++) {
+            const float *row = scores + i * k;
+            int64_t above = 0;                    /* classes scoring strictly higher than the label, or equal and earlier */
+            for (j = 0; j < k; j++)
+                above += row[j] > row[y[i]] || (row[j] == row[y[i]] && j < y[i]);
+            top1 += above == 0;
+            topk_hits += above < topk;
+        }
+    }
+    dt_trace_end();
+    m->training = was_training;
+    if (r == DT_OK) {
+        out->count = count;
+        out->loss = loss_sum / (double)count;
+        out->top1 = (double)top1 / (double)count;
+        out->topk = (double)topk_hits / (double)count;
+        out->k = topk;
+    }
+done:
+    DT_FREE(x); DT_FREE(scores); DT_FREE(y); DT_FREE(ids);
+    return r;
+}
+
+/* ---- checkpoints ---- */
+
+#define DT__CKPT_MAGIC "DTCKPT\r\n"
+#define DT__CKPT_VERSION 1u
+
+/* FNV-1a, 64-bit, over bytes: the checksum and the model signature */
+static uint64_t dt__fnv(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < n; i++) { h ^= p[i]; h *= 0x100000001b3ULL; }
+    return h;
+}
+static uint64_t dt__model_signature(const dt_model *m) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    int i;
+    for (i = 0; i < m->npinfo; i++) {
+        h = dt__fnv(h, m->pinfo[i].name, strlen(m->pinfo[i].name));
+        h = dt__fnv(h, m->pinfo[i].shape, sizeof m->pinfo[i].shape);
+    }
+    for (i = 0; i < m->nbinfo; i++) h = dt__fnv(h, m->binfo[i].name, strlen(m->binfo[i].name));
+    return h;
+}
+
+/* The header: magic, then 15 little-endian 64-bit words: version, model signature, nparams, nbuffers,
+   nstate, ntensors, optimizer kind, the model's dropout seed, stream and step, the caller's epoch, step,
+   round, and RNG state and increment. Then params, buffers, optimizer state (float32), per-tensor step
+   counts (int64), and the FNV-1a checksum of everything before it. */
+#define DT__CKPT_HEAD_WORDS 15
+
+static void dt__put_u64(unsigned char *p, uint64_t v) {
+    int i;
+    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint64_t dt__get_u64(const unsigned char *p) {
+    uint64_t v = 0;
+    int i;
+    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static int dt__little_endian(void) {
+    const uint32_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
+
+/* Makes the data of f durable before the rename. POSIX fsync where the platform has it. */
+#if defined(__unix__) || defined(__APPLE__)
+#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX)
+extern int fileno(FILE *stream);
+#endif
+#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__USE_MISC)
+extern int fsync(int fd);
+#endif
+#include <unistd.h>
+static int dt__sync_file(FILE *f) { return fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -1; }
+#else
+static int dt__sync_file(FILE *f) { return fflush(f) == 0 ? 0 : -1; }
+#endif
+
+dt_result dt_checkpoint_save(const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta) {
+    char tmp[1024];
+    unsigned char head[8 + 8 * DT__CKPT_HEAD_WORDS], tail[8];
+    uint64_t words[DT__CKPT_HEAD_WORDS], sum = 0xcbf29ce484222325ULL;
+    int64_t nstate = 0, total, i;
+    float *host = NULL;
+    int64_t *steps = NULL;
+    FILE *f;
+    dt_result r;
+    if ((r = dt__need_final(m, "dt_checkpoint_save")) != DT_OK) return r;
+    if (!path || !*path) return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_save: path is empty");
+    if (o && o->m != m) return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_save: the optimizer belongs to another model");
+    if (!dt__little_endian()) return dt_set_error(DT_ERR_UNSUPPORTED, "dt_checkpoint_save: big-endian hosts are not supported");
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_save: path is too long");
+    if (o) dt_optim_state(o, &nstate);
+    total = m->nparams + m->nbuffers + nstate;
+    host = (float *)DT_MALLOC(sizeof(float) * (size_t)(total + 1));
+    steps = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)((o ? o->ntensors : 0) + 1));
+    if (!host || !steps) {
+        DT_FREE(host); DT_FREE(steps);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_checkpoint_save: no memory to stage %lld values", (long long)total);
+    }
+    m->ops->download(m->ctx, host, m->params, (int64_t)sizeof(float) * m->nparams);
+    m->ops->download(m->ctx, host + m->nparams, m->buffers, (int64_t)sizeof(float) * m->nbuffers);
+    if (nstate) m->ops->download(m->ctx, host + m->nparams + m->nbuffers, o->state, (int64_t)sizeof(float) * nstate);
+    for (i = 0; o && i < o->ntensors; i++) steps[i] = o->steps[i];
+    words[0] = DT__CKPT_VERSION; words[1] = dt__model_signature(m); words[2] = (uint64_t)m->nparams;
+    words[3] = (uint64_t)m->nbuffers; words[4] = (uint64_t)nstate; words[5] = (uint64_t)(o ? o->ntensors : 0);
+    words[6] = o ? (uint64_t)o->d.kind : 0; words[7] = m->seed; words[8] = m->stream; words[9] = m->step;
+    words[10] = (uint64_t)(meta ? meta->epoch : 0); words[11] = (uint64_t)(meta ? meta->step : 0);
+    words[12] = (uint64_t)(meta ? meta->round : 0);
+    words[13] = meta ? meta->rng.state : 0; words[14] = meta ? meta->rng.inc : 0;
+    memcpy(head, DT__CKPT_MAGIC, 8);
+    for (i = 0; i < DT__CKPT_HEAD_WORDS; i++) dt__put_u64(head + 8 + 8 * i, words[i]);
+    sum = dt__fnv(sum, head, sizeof head);
+    sum = dt__fnv(sum, host, sizeof(float) * (size_t)total);
+    sum = dt__fnv(sum, steps, sizeof(int64_t) * (size_t)(o ? o->ntensors : 0));
+    dt__put_u64(tail, sum);
+    if (!(f = fopen(tmp, "wb"))) {
+        DT_FREE(host); DT_FREE(steps);
+        return dt_set_error(DT_ERR_IO, "dt_checkpoint_save: cannot create %s (does the directory exist and is it writable?)", tmp);
+    }
+    r = DT_OK;
+    if (fwrite(head, 1, sizeof head, f) != sizeof head || fwrite(host, sizeof(float), (size_t)total, f) != (size_t)total ||
+        fwrite(steps, sizeof(int64_t), (size_t)(o ? o->ntensors : 0), f) != (size_t)(o ? o->ntensors : 0) ||
+        fwrite(tail, 1, sizeof tail, f) != sizeof tail || dt__sync_file(f) != 0)
+        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_save: writing %s failed (disk full?); the previous %s is untouched", tmp, path);
+    if (fclose(f) != 0 && r == DT_OK)
+        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_save: closing %s failed; the previous %s is untouched", tmp, path);
+    if (r == DT_OK && rename(tmp, path) != 0)
+        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_save: cannot rename %s to %s", tmp, path);
+    if (r != DT_OK) remove(tmp);
+    DT_FREE(host); DT_FREE(steps);
+    return r;
+}
+
+dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta) {
+    unsigned char head[8 + 8 * DT__CKPT_HEAD_WORDS], tail[8];
+    uint64_t w[DT__CKPT_HEAD_WORDS], sum = 0xcbf29ce484222325ULL;
+    int64_t total, nt, i, have_state = 0;
+    long size;
+    float *host = NULL;
+    int64_t *steps = NULL;
+    FILE *f;
+    dt_result r;
+    if ((r = dt__need_final(m, "dt_checkpoint_load")) != DT_OK) return r;
+    if (!path) return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_load: path is NULL");
+    if (!(f = fopen(path, "rb"))) return dt_set_error(DT_ERR_IO, "dt_checkpoint_load: cannot open %s (no such file, or no permission)", path);
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return dt_set_error(DT_ERR_IO, "dt_checkpoint_load: cannot read %s", path);
+    }
+    if (fread(head, 1, sizeof head, f) != sizeof head || memcmp(head, DT__CKPT_MAGIC, 8) != 0) {
+        fclose(f);
+        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is not a dtrain checkpoint (wrong magic number or too short)", path);
+    }
+    for (i = 0; i < DT__CKPT_HEAD_WORDS; i++) w[i] = dt__get_u64(head + 8 + 8 * i);
+    if (w[0] != DT__CKPT_VERSION) {
+        fclose(f);
+        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s has format version %llu; this dtrain reads version %u",
+                            path, (unsigned long long)w[0], DT__CKPT_VERSION);
+    }
+    if (w[2] != (uint64_t)m->nparams || w[3] != (uint64_t)m->nbuffers || w[1] != dt__model_signature(m)) {
+        fclose(f);
+        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s holds another model (%llu parameters, %llu buffer values, "
+                            "signature %016llx) than this one (%lld, %lld, %016llx): build the same model to load it",
+                            path, (unsigned long long)w[2], (unsigned long long)w[3], (unsigned long long)w[1],
+                            (long long)m->nparams, (long long)m->nbuffers, (unsigned long long)dt__model_signature(m));
+    }
+    if (w[4] > (uint64_t)(2 * m->nparams) || w[5] > 1000000u) {
+        fclose(f);
+        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is damaged (impossible optimizer sizes)", path);
+    }
+    total = m->nparams + m->nbuffers + (int64_t)w[4];
+    nt = (int64_t)w[5];
+    if ((int64_t)size != (int64_t)sizeof head + 4 * total + 8 * nt + 8) {
+        fclose(f);
+        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is %ld bytes but its header describes %lld: the file is "
+                            "truncated or damaged", path, size, (long long)((int64_t)sizeof head + 4 * total + 8 * nt + 8));
+    }
+    if (o) {
+        int64_t want;
+        dt_optim_state(o, &want);
+        if (w[5] == 0)
+            r = dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s has no optimizer state; pass NULL for the optimizer "
+                             "to load the model alone", path);
+        else if (w[6] != (uint64_t)o->d.kind || (int64_t)w[4] != want || nt != o->ntensors)
+            r = dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: the optimizer state in %s (kind %llu, %llu values) does not "
+                             "fit this optimizer (kind %d, %lld values)", path, (unsigned long long)w[6],
+                             (unsigned long long)w[4], (int)o->d.kind, (long long)want);
+        if (r != DT_OK) { fclose(f); return r; }
+        have_state = 1;
+    }
+    host = (float *)DT_MALLOC(sizeof(float) * (size_t)(total + 1));
+    steps = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    if (!host || !steps) {
+        fclose(f); DT_FREE(host); DT_FREE(steps);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_checkpoint_load: no memory to stage %s", path);
+    }
+    if (fread(host, sizeof(float), (size_t)total, f) != (size_t)total || fread(steps, sizeof(int64_t), (size_t)nt, f) != (size_t)nt ||
+        fread(tail, 1, 8, f) != 8) {
+        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_load: reading %s failed", path);
+    } else {
+        sum = dt__fnv(sum, head, sizeof head);
+        sum = dt__fnv(sum, host, sizeof(float) * (size_t)total);
+        sum = dt__fnv(sum, steps, sizeof(int64_t) * (size_t)nt);
+        if (sum != dt__get_u64(tail))
+            r = dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is damaged (checksum mismatch); use an earlier checkpoint", path);
+    }
+    fclose(f);
+    if (r == DT_OK) {   /* everything checked: only now does the model change */
+        m->ops->upload(m->ctx, m->params, host, (int64_t)sizeof(float) * m->nparams);
+        m->ops->upload(m->ctx, m->buffers, host + m->nparams, (int64_t)sizeof(float) * m->nbuffers);
+        m->seed = w[7]; m->stream = w[8]; m->step = w[9];
+        if (have_state) {
+            if (w[4]) m->ops->upload(m->ctx, o->state, host + m->nparams + m->nbuffers, (int64_t)sizeof(float) * (int64_t)w[4]);
+            memcpy(o->steps, steps, sizeof(int64_t) * (size_t)nt);
+        }
+        if (meta) {
+            meta->epoch = (int64_t)w[10]; meta->step = (int64_t)w[11]; meta->round = (int64_t)w[12];
+            meta->rng.state = w[13]; meta->rng.inc = w[14];
+        }
+    }
+    DT_FREE(host); DT_FREE(steps);
+    return r;
+}
+
+/* ---- shared by the trainers -------------------------------------------------------------------- */
+
+/* Collective, for every trainer's create: checks that all ranks built a model of the same size (one
+   all-reduce of {n, -n} with MAX: both come back unchanged only when every n is equal), then, with
+   broadcast set, gives every rank rank 0's parameters and buffers so the replicas start equal. */
+static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast) {
+    int64_t nb = 0, n, v[2];
+    float *b = dt_model_buffers(m, &nb);
+    dt_result r;
+    n = m->nparams + nb;
+    v[0] = n;
+    v[1] = -n;
+    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
+    if (v[0] != n || -v[1] != n)
+        return dt_set_error(DT_ERR_MISMATCH, "%s: rank %d: its model has %lld parameters and buffers but another rank's has %lld: "
+                            "every rank must build the same model", fn, c->rank, (long long)n, (long long)(v[0] != n ? v[0] : -v[1]));
+    if (!broadcast) return DT_OK;
+    if ((r = dt_comm_broadcast(c, m->params, (size_t)m->nparams, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    return nb > 0 ? dt_comm_broadcast(c, b, (size_t)nb, DT_F32, 0, DT_ALGO_AUTO) : DT_OK;
+}
+
+/* ---- local SGD and Hogwild ---------------------------------------------------------------------- */
+
+struct dt_localsgd {
+    dt_comm          *comm;
+    dt_model         *model;
+    dt_localsgd_desc  desc;
+    int64_t           since;   /* steps since the last average */
+    dt_localsgd_stats stats;
+};
+
+dt_result dt_localsgd_create(dt_localsgd **out, dt_comm *c, dt_model *m, const dt_localsgd_desc *desc) {
+    dt_localsgd_desc dd;
+    dt_localsgd *d;
+    dt_result r;
+    int me = c ? c->rank : -1;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: out is NULL");
+    *out = NULL;
+    memset(&dd, 0, sizeof dd);
+    if (desc) dd = *desc;
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: the communicator is NULL");
+    if (!m || !m->finalized)
+        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_localsgd_create: rank %d: the model is %s", me,
+                            m ? "not finalized: call dt_model_finalize first" : "NULL");
+    if (dd.period < 0 || dd.algo < 0 || dd.algo >= DT_ALGO_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: rank %d: bad desc (period %d, algo %d): period is >= 0 "
+                            "(0 = only at dt_localsgd_average), algo a dt_algo", me, dd.period, (int)dd.algo);
+    if ((r = dt__same_model(c, m, "dt_localsgd_create", 1)) != DT_OK) return r;
+    if (!(d = (dt_localsgd *)DT_MALLOC(sizeof *d))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_localsgd_create: rank %d: no memory", me);
+    memset(d, 0, sizeof *d);
+    d->comm = c;
+    d->model = m;
+    d->desc = dd;
+    *out = d;
+    return DT_OK;
+}
+
+void dt_localsgd_destroy(dt_localsgd *d) { DT_FREE(d); }
+
+dt_result dt_localsgd_average(dt_localsgd *d) {
+    dt_result r = DT_OK;
+    int64_t nb = 0;
+    float *b;
+    double t0 = dt_time_now();
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_average: localsgd is NULL");
+    d->since = 0;
+    if (d->comm->size > 1) {
+        dt_trace_begin("local sgd average", "comm");
+        r = dt_comm_allreduce(d->comm, d->model->params, (size_t)d->model->nparams, DT_F32, DT_MEAN, d->desc.algo);
+        b = dt_model_buffers(d->model, &nb);
+        if (r == DT_OK && d->desc.sync_buffers && nb > 0)
+            r = dt_comm_allreduce(d->comm, b, (size_t)nb, DT_F32, DT_MEAN, d->desc.algo);
+        dt_trace_end();
+    }
+    d->stats.comm_seconds += dt_time_now() - t0;
+    d->stats.averages += r == DT_OK;
+    return r;
+}
+
+dt_result dt_localsgd_step(dt_localsgd *d) {
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_step: localsgd is NULL");
+    d->stats.steps++;
+    return d->desc.period > 0 && ++d->since >= d->desc.period ? dt_localsgd_average(d) : DT_OK;
+}
+
+dt_localsgd_stats dt_localsgd_get_stats(const dt_localsgd *d) {
+    dt_localsgd_stats s;
+    memset(&s, 0, sizeof s);
+    return d ? d->stats : s;
+}
+
+/* Hogwild. The shared buffer is read and written by every worker with plain loads and stores: that is the
+   algorithm, not an oversight (see the declarations). Only the start and the end are synchronised, by
+   thread creation and join. */
+typedef struct dt__hogwild_ctx {
+    dt_hogwild_worker w;
+    dt_hogwild_fn     fn;
+    void             *arg;
+    int               omp_threads;
+    dt_result         result;
+    char              msg[512];
+    dt__thread        thread;
+} dt__hogwild_ctx;
+
+static void dt__hogwild_main(void *p) {
+    dt__hogwild_ctx *x = (dt__hogwild_ctx *)p;
+#if DT__HAVE_OMP
+    omp_set_num_threads(x->omp_threads);
+#endif
+    x->result = x->fn(&x->w, x->arg);
+    if (x->result != DT_OK) snprintf(x->msg, sizeof x->msg, "%s", dt_last_error());
+}
+
+dt_result dt_hogwild_run(dt_model *shared, int threads, dt_hogwild_fn fn, void *arg) {
+    dt__hogwild_ctx *x;
+    dt_result r = DT_OK;
+    int i, started = 0, omp_caller = dt_cpu_threads();
+    if (!shared || !shared->finalized || !fn || threads < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_hogwild_run: %s", !shared ? "the shared model is NULL" :
+                            !shared->finalized ? "the shared model is not finalized: call dt_model_finalize first" :
+                            !fn ? "the worker function is NULL" : "threads must be >= 1");
+    if (threads == 1) {
+        dt_hogwild_worker w;
+        w.index = 0; w.threads = 1; w.shared = shared;
+        return fn(&w, arg);
+    }
+    if (!(x = (dt__hogwild_ctx *)DT_MALLOC(sizeof *x * (size_t)threads)))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_hogwild_run: no memory for %d workers", threads);
+    memset(x, 0, sizeof *x * (size_t)threads);
+    for (i = 0; i < threads; i++) {
+        x[i].w.index = i; x[i].w.threads = threads; x[i].w.shared = shared;
+        x[i].fn = fn; x[i].arg = arg; x[i].omp_threads = dt__default_threads(threads);
+    }
+    /* without threads (or when one cannot start) the rest run on this thread, one after another */
+    for (i = 0; i < threads; i++) started += DT__HAVE_THREADS && dt__thread_start(&x[i].thread, dt__hogwild_main, &x[i]) == 0;
+    for (i = started; i < threads; i++) dt__hogwild_main(&x[i]);
+    for (i = 0; i < started; i++) dt__thread_join(&x[i].thread);
+#if DT__HAVE_OMP
+    omp_set_num_threads(omp_caller);   /* in case workers ran on this thread */
+#else
+    (void)omp_caller;
+#endif
+    for (i = 0; i < threads && r == DT_OK; i++)
+        if (x[i].result != DT_OK) r = dt_set_error(x[i].result, "dt_hogwild_run: worker %d of %d: %s", i, threads, x[i].msg);
+    DT_FREE(x);
+    return r;
+}
+
+static dt_result dt__hogwild_check(dt_model *shared, dt_model *replica, const char *what) {
+    if (!shared || !replica || !shared->finalized || !replica->finalized)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: the shared model and the replica must be finalized models", what);
+    if (shared->nparams != replica->nparams)
+        return dt_set_error(DT_ERR_MISMATCH, "%s: the replica has %lld parameters but the shared model %lld: build the "
+                            "replica with the same architecture", what, (long long)replica->nparams, (long long)shared->nparams);
+    return DT_OK;
+}
+
+dt_result dt_hogwild_pull(dt_model *shared, dt_model *replica) {
+    dt_result r = dt__hogwild_check(shared, replica, "dt_hogwild_pull");
+    if (r == DT_OK) memcpy(replica->params, shared->params, sizeof(float) * (size_t)shared->nparams);
+    return r;
+}
+
+dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr) {
+    dt_result r = dt__hogwild_check(shared, replica, "dt_hogwild_push");
+    float *p, *g;
+    int64_t i, n;
+    if (r != DT_OK) return r;
+    if (!(lr >= 0.0f)) return dt_set_error(DT_ERR_INVALID_ARG, "dt_hogwild_push: lr %g must be >= 0", (double)lr);
+    p = shared->params; g = replica->grads; n = shared->nparams;
+    for (i = 0; i < n; i++) p[i] -= lr * g[i];   /* the same arithmetic as the SGD step */
+    dt_model_zero_grad(replica);
+    return DT_OK;
+}
+
+/* ---- DDP ---------------------------------------------------------------------------------------
+   Every sync has two halves. First the ranks agree, in one all-reduce of two integers, on the samples
+   behind the gradients (and on how many ranks still have data: dt_ddp_join's ranks say 0); each rank then
+   scales its gradient by its share, last micro-batch's samples / all samples (its buffer holds a mean over
+   its last micro-batch, see dt_ddp_backward), so that the SUM over ranks is the mean over every sample.
+   Then the method sums: the same collectives in the same order on every rank, so a joined rank that
+   contributes zeros can shadow the others. With BUCKETS and overlap, a helper thread owns the communicator
+   from the agreement to the end of backward: the backward hook moves `ready` down the buffer and the
+   helper reduces each bucket as soon as `ready` has passed its start. */
+
+static const char *const dt__ddp_method_names[DT_DDP_METHOD_COUNT] = {"buckets", "flat", "per-layer", "ps", "p2p"};
+const char *dt_ddp_method_name(dt_ddp_method k) { return dt__enum_name(dt__ddp_method_names, DT_DDP_METHOD_COUNT, (int)k); }
+
+dt_result dt_ddp_method_parse(const char *s, dt_ddp_method *out) {
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__ddp_method_names, DT_DDP_METHOD_COUNT, s, &k, "DDP sync method");
+    if (r == DT_OK && out) *out = (dt_ddp_method)k;
+    return r;
+}
+
+struct dt_ddp {
+    dt_comm     *comm;
+    dt_model    *model;
+    dt_ddp_desc  desc;
+    int64_t      n;                 /* gradient elements */
+    int          ntensors, nbuckets;
+    int64_t     *toff, *tcnt;       /* [ntensors] parameter tensors, last first (the order backward ends them) */
+    int64_t     *boff, *bcnt;       /* [nbuckets] buckets of whole tensors, last first */
+    int64_t     *ready_at;          /* [nodes]: after node i's backward the gradients [ready_at[i], n) are final */
+    float       *gathered;          /* PARAM_SERVER and P2P, rank 0: [size * n] everyone's gradient */
+    dt_request  *reqs;              /* P2P, rank 0: [size] */
+    int64_t      acc_samples;       /* samples accumulated since the last sync */
+    int64_t      last_samples;      /* the last micro-batch's: the buffer is (sum of gradients) / this */
+    float        scale;             /* this rank's weight in the sum of the current sync */
+    dt_ddp_stats stats;
+    int          tls_rank;          /* the creator's rank for log prefixes, given to the helper thread */
+    dt__trace_lane *trace;          /* the creator's rank's lane for the helper thread, or NULL */
+    /* overlap (BUCKETS on local ranks) */
+    int          overlap, in_sync;  /* in_sync: the caller's thread is in an overlapped backward */
+    int64_t      ready_seen;        /* caller's copy of `ready` */
+    dt__thread   thread;
+    dt__mutex    mu;
+    dt__cond     cv;
+    int          quit, job;         /* under mu */
+    int64_t      ready;             /* under mu: gradients [ready, n) are final */
+    dt_result    herr;              /* under mu: the helper's failure and message */
+    char         hmsg[512];
+};
+
+/* Sums this rank's slice (already in g) with slots 1..p-1 of gathered, in rank order. */
+static void dt__ddp_sum_slots(float *g, const float *gathered, int p, int64_t cnt) {
+    int i;
+    int64_t j;
+    for (i = 1; i < p; i++)
+        for (j = 0; j < cnt; j++) g[j] += gathered[(int64_t)i * cnt + j];
+}
+
+/* Weighs this rank's gradients [off, off + cnt) and sums them over the ranks by the chosen method. */
+static dt_result dt__ddp_reduce(dt_ddp *d, int64_t off, int64_t cnt) {
+    dt_comm *c = d->comm;
+    float *g = d->model->grads + off;
+    int p = c->size, me = c->rank, i;
+    int64_t j;
+    dt_result r = DT_OK;
+    if (d->scale != 1.0f)
+        for (j = 0; j < cnt; j++) g[j] *= d->scale;
+    if (p == 1) return DT_OK;
+    switch (d->desc.method) {
+    case DT_DDP_PARAM_SERVER:   /* everyone to rank 0, which sums and sends the result to everyone */
+        if ((r = dt_comm_gather(c, g, me == 0 ? d->gathered : NULL, (size_t)cnt, DT_F32, 0)) != DT_OK) return r;
+        if (me == 0) dt__ddp_sum_slots(g, d->gathered, p, cnt);
+        return dt_comm_broadcast(c, g, (size_t)cnt, DT_F32, 0, DT_ALGO_NAIVE);
+    case DT_DDP_P2P:            /* the same with messages written by hand */
+        if (me != 0) {
+            if ((r = dt_comm_send(c, g, (size_t)cnt, DT_F32, 0, DT_DDP_TAG)) != DT_OK) return r;
+            return dt_comm_recv(c, g, (size_t)cnt, DT_F32, 0, DT_DDP_TAG, NULL);
+        }
+        for (i = 1; i < p && r == DT_OK; i++)
+            r = dt_comm_irecv(c, d->gathered + (int64_t)i * cnt, (size_t)cnt, DT_F32, i, DT_DDP_TAG, &d->reqs[i]);
+        if (r == DT_OK) r = dt_comm_waitall(c, d->reqs + 1, i - 1);
+        if (r != DT_OK) return r;
+        dt__ddp_sum_slots(g, d->gathered, p, cnt);
+        for (i = 1; i < p && r == DT_OK; i++) r = dt_comm_isend(c, g, (size_t)cnt, DT_F32, i, DT_DDP_TAG, &d->reqs[i]);
+        if (r == DT_OK) r = dt_comm_waitall(c, d->reqs + 1, i - 1);
+        return r;
+    default:                    /* BUCKETS, FLAT, PER_LAYER: all-reduce of a slice */
+        return dt_comm_allreduce(c, g, (size_t)cnt, DT_F32, DT_SUM, d->desc.algo);
+    }
+}
+
+/* The whole buffer, in the method's order of collectives, buckets from `from` on. */
+static dt_result dt__ddp_reduce_all(dt_ddp *d, int from) {
+    dt_result r = DT_OK;
+    int i;
+    if (d->desc.method == DT_DDP_BUCKETS)
+        for (i = from; i < d->nbuckets && r == DT_OK; i++) r = dt__ddp_reduce(d, d->boff[i], d->bcnt[i]);
+    else if (d->desc.method == DT_DDP_PER_LAYER)
+        for (i = 0; i < d->ntensors && r == DT_OK; i++) r = dt__ddp_reduce(d, d->toff[i], d->tcnt[i]);
+    else
+        r = dt__ddp_reduce(d, 0, d->n);
+    return r;
+}
+
+/* First half of a sync: the samples of all ranks and the number of ranks with data; sets this rank's weight. */
+static dt_result dt__ddp_agree(dt_ddp *d, int active, int64_t *nactive) {
+    int64_t v[2];
+    dt_result r;
+    v[0] = active ? d->acc_samples : 0;
+    v[1] = active;
+    if ((r = dt_comm_allreduce(d->comm, v, 2, DT_I64, DT_SUM, DT_ALGO_AUTO)) != DT_OK) return r;
+    *nactive = v[1];
+    d->scale = active && v[0] > 0 ? (float)((double)d->last_samples / (double)v[0]) : 0.0f;
+    return DT_OK;
+}
+
+#if DT__HAVE_THREADS
+static void dt__ddp_helper(void *arg) {
+    dt_ddp *d = (dt_ddp *)arg;
+    dt__tls_rank = d->tls_rank;
+    dt__tls_trace = d->trace;
+    dt__mutex_lock(&d->mu);
+    for (;;) {
+        int b;
+        while (!d->quit && !d->job) dt__cond_wait(&d->cv, &d->mu);
+        if (d->quit) break;
+        for (b = 0; b < d->nbuckets && d->herr == DT_OK; b++) {
+            dt_result r;
+            while (d->ready > d->boff[b]) dt__cond_wait(&d->cv, &d->mu);
+            dt__mutex_unlock(&d->mu);
+            dt_trace_begin("bucket", "comm");
+            dt__trace_arg("bucket", NULL, b);
+            dt__trace_arg("bytes", NULL, d->bcnt[b] * (int64_t)sizeof(float));
+            r = dt__ddp_reduce(d, d->boff[b], d->bcnt[b]);
+            dt_trace_end();
+            dt__mutex_lock(&d->mu);
+            if (r != DT_OK) {
+                d->herr = r;
+                snprintf(d->hmsg, sizeof d->hmsg, "%s", dt_last_error());
+            }
+        }
+        d->job = 0;
+        dt__cond_broadcast(&d->cv);
+    }
+    dt__mutex_unlock(&d->mu);
+}
+
+static void dt__ddp_hook(void *user, dt_model *m, int node) {
+    dt_ddp *d = (dt_ddp *)user;
+    (void)m;
+    if (!d->in_sync || d->ready_at[node] >= d->ready_seen) return;
+    d->ready_seen = d->ready_at[node];
+    dt__mutex_lock(&d->mu);
+    d->ready = d->ready_seen;
+    dt__cond_broadcast(&d->cv);
+    dt__mutex_unlock(&d->mu);
+}
+#endif
+
+static void dt__ddp_free(dt_ddp *d) {
+    DT_FREE(d->toff); DT_FREE(d->tcnt); DT_FREE(d->boff); DT_FREE(d->bcnt); DT_FREE(d->ready_at);
+    DT_FREE(d->gathered); DT_FREE(d->reqs);
+    DT_FREE(d);
+}
+
+/* Tensors last first, buckets of whole tensors from the end, and where each node's backward leaves the
+   final gradients. */
+static dt_result dt__ddp_plan(dt_ddp *d) {
+    dt_model *m = d->model;
+    int nt = dt_model_param_tensors(m), nodes = dt_model_nodes(m), i, nb = 0;
+    int64_t cap = d->desc.bucket_bytes / (int64_t)sizeof(float), have = 0;
+    d->ntensors = nt;
+    d->toff = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->tcnt = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->boff = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->bcnt = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->ready_at = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nodes + 1));
+    if (!d->toff || !d->tcnt || !d->boff || !d->bcnt || !d->ready_at) return DT_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < nodes; i++) d->ready_at[i] = d->n;
+    for (i = 0; i < nt; i++) {
+        dt_param_info pi = dt_model_param_info(m, nt - 1 - i);
+        d->toff[i] = pi.offset;
+        d->tcnt[i] = pi.count;
+        if (pi.offset < d->ready_at[pi.node]) d->ready_at[pi.node] = pi.offset;
+    }
+    for (i = nodes - 2; i >= 0; i--)   /* node i's backward comes after every later node's */
+        if (d->ready_at[i + 1] < d->ready_at[i]) d->ready_at[i] = d->ready_at[i + 1];
+    for (i = 0; i < nt; i++) {         /* tensors are consecutive: a bucket is [its last tensor's offset, previous start) */
+        if (have == 0) { d->bcnt[nb] = 0; nb++; }
+        d->boff[nb - 1] = d->toff[i];
+        d->bcnt[nb - 1] += d->tcnt[i];
+        have += d->tcnt[i];
+        if (have >= cap) have = 0;
+    }
+    d->nbuckets = d->desc.method == DT_DDP_BUCKETS ? nb : 0;
+    return DT_OK;
+}
+
+dt_result dt_ddp_broadcast_params(dt_ddp *d) {
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_broadcast_params: ddp is NULL");
+    return dt__same_model(d->comm, d->model, "dt_ddp_broadcast_params", 1);
+}
+
+dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc) {
+    dt_ddp_desc dd;
+    dt_ddp *d;
+    dt_result r;
+    int me = c ? c->rank : -1;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: out is NULL");
+    *out = NULL;
+    memset(&dd, 0, sizeof dd);
+    if (desc) dd = *desc;
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: the communicator is NULL");
+    if (!m || !m->finalized)
+        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: the model is %s", me,
+                            m ? "not finalized: call dt_model_finalize first" : "NULL");
+    if (dd.method < 0 || dd.method >= DT_DDP_METHOD_COUNT || dd.algo < 0 || dd.algo >= DT_ALGO_COUNT || dd.bucket_bytes < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: bad desc (method %d, algo %d, bucket_bytes %lld): "
+                            "method is a dt_ddp_method, algo a dt_algo, bucket_bytes >= 0", me, (int)dd.method,
+                            (int)dd.algo, (long long)dd.bucket_bytes);
+    if (!dd.bucket_bytes) dd.bucket_bytes = DT_DDP_BUCKET_BYTES;
+    if (!(d = (dt_ddp *)DT_MALLOC(sizeof *d))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory", me);
+    memset(d, 0, sizeof *d);
+    d->comm = c;
+    d->model = m;
+    d->desc = dd;
+    d->n = m->nparams;
+    d->tls_rank = dt__tls_rank;
+    d->trace = dt__trace_lane_of(1);
+    if (dt__ddp_plan(d) != DT_OK) {
+        dt__ddp_free(d);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for the plan", me);
+    }
+    if ((dd.method == DT_DDP_PARAM_SERVER || dd.method == DT_DDP_P2P) && me == 0 && c->size > 1) {
+        d->gathered = (float *)DT_MALLOC(sizeof(float) * (size_t)(c->size * (d->n ? d->n : 1)));
+        d->reqs = (dt_request *)DT_MALLOC(sizeof(dt_request) * (size_t)c->size);
+        if (!d->gathered || !d->reqs) {
+            dt__ddp_free(d);
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank 0: no memory to gather %d gradients of %lld floats "
+                                "(the parameter server's buffer); use --sync flat or buckets", c->size, (long long)m->nparams);
+        }
+    }
+    if ((r = dt__same_model(c, m, "dt_ddp_create", 1)) != DT_OK) { dt__ddp_free(d); return r; }
+    /* the helper thread calls the communicator: local ranks only (MPI is initialised FUNNELED) */
+#if DT__HAVE_THREADS
+    if (dd.method == DT_DDP_BUCKETS && !dd.no_overlap && c->size > 1 && strcmp(dt_comm_backend_name(c), "local") == 0) {
+        if (dt__mutex_init(&d->mu) == 0 && dt__cond_init(&d->cv) == 0 && dt__thread_start(&d->thread, dt__ddp_helper, d) == 0) {
+            d->overlap = 1;
+            dt_model_set_backward_hook(m, dt__ddp_hook, d);
+        } else {
+            dt_log(DT_LOG_WARN, "dt_ddp_create: rank %d: could not start the helper thread; buckets are reduced after backward", me);
+        }
+    }
+#endif
+    *out = d;
+    return DT_OK;
+}
+
+void dt_ddp_destroy(dt_ddp *d) {
+    if (!d) return;
+#if DT__HAVE_THREADS
+    if (d->overlap) {
+        dt__mutex_lock(&d->mu);
+        d->quit = 1;
+        dt__cond_broadcast(&d->cv);
+        dt__mutex_unlock(&d->mu);
+        dt__thread_join(&d->thread);
+        dt__cond_destroy(&d->cv);
+        dt__mutex_destroy(&d->mu);
+    }
+#endif
+    if (d->model->hook_user == d) dt_model_set_backward_hook(d->model, NULL, NULL);
+    dt__ddp_free(d);
+}
+
+static dt_result dt__ddp_bad(const dt_ddp *d, int64_t samples, const char *what) {
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "%s: ddp is NULL", what);
+    if (samples <= 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: rank %d: samples is %lld; give the batch's sample count (> 0)", what,
+                            d->comm->rank, (long long)samples);
+    return DT_OK;
+}
+
+/* After the sum: buffers if asked, counters, and a fresh accumulation. */
+static dt_result dt__ddp_done(dt_ddp *d, dt_result r, double t0) {
+    if (r == DT_OK && d->desc.sync_buffers) r = dt_ddp_sync_buffers(d);
+    d->stats.comm_seconds += dt_time_now() - t0;
+    d->stats.syncs += r == DT_OK;
+    d->acc_samples = d->last_samples = 0;
+    return r;
+}
+
+dt_result dt_ddp_sync(dt_ddp *d, int64_t samples) {
+    dt_result r;
+    int64_t nactive;
+    double t0 = dt_time_now();
+    if ((r = dt__ddp_bad(d, samples, "dt_ddp_sync")) != DT_OK) return r;
+    d->acc_samples = d->last_samples = samples;
+    dt_trace_begin("ddp sync", "comm");
+    if ((r = dt__ddp_agree(d, 1, &nactive)) == DT_OK) r = dt__ddp_reduce_all(d, 0);
+    dt_trace_end();
+    return dt__ddp_done(d, r, t0);
+}
+
+dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync) {
+    dt_result r, rb;
+    int64_t j, nactive;
+    double t0;
+    if ((r = dt__ddp_bad(d, samples, "dt_ddp_backward")) != DT_OK) return r;
+    if (d->last_samples > 0 && d->last_samples != samples) {   /* keep the buffer = sum of gradients / samples */
+        float f = (float)((double)d->last_samples / (double)samples);
+        for (j = 0; j < d->n; j++) d->model->grads[j] *= f;
+    }
+    d->acc_samples += samples;
+    d->last_samples = samples;
+    if (!sync) return dt_model_backward(d->model, dy);
+    t0 = dt_time_now();
+    if ((r = dt__ddp_agree(d, 1, &nactive)) != DT_OK) return dt__ddp_done(d, r, t0);
+    if (!d->overlap) {
+        t0 -= dt_time_now();   /* backward's time is not communication */
+        rb = dt_model_backward(d->model, dy);
+        t0 += dt_time_now();
+        if (rb != DT_OK) return rb;
+        dt_trace_begin("ddp sync", "comm");
+        r = dt__ddp_reduce_all(d, 0);
+        dt_trace_end();
+        return dt__ddp_done(d, r, t0);
+    }
+    /* hand the communicator to the helper, run backward, then wait for the buckets backward did not hide */
+    dt__mutex_lock(&d->mu);
+    d->ready = d->ready_seen = d->n;
+    d->herr = DT_OK;
+    d->job = 1;
+    dt__cond_broadcast(&d->cv);
+    dt__mutex_unlock(&d->mu);
+    d->in_sync = 1;
+    t0 -= dt_time_now();
+    rb = dt_model_backward(d->model, dy);
+    t0 += dt_time_now();
+    d->in_sync = 0;
+    dt_trace_begin("wait for buckets", "comm");   /* the communication backward did not hide */
+    dt__mutex_lock(&d->mu);
+    d->ready = 0;
+    dt__cond_broadcast(&d->cv);
+    while (d->job) dt__cond_wait(&d->cv, &d->mu);
+    r = d->herr;
+    dt__mutex_unlock(&d->mu);
+    dt_trace_end();
+    if (rb != DT_OK) return rb;
+    if (r != DT_OK) snprintf(dt__errmsg, sizeof dt__errmsg, "%s", d->hmsg);
+    return dt__ddp_done(d, r, t0);
+}
+
+/* dt_ddp_join's rounds: until no rank has data, the others' syncs with a zero gradient. */
+static dt_result dt__ddp_join_rounds(dt_ddp *d, dt_optim *o) {
+    dt_result r;
+    int64_t nactive;
+    for (;;) {
+        double t0 = dt_time_now();
+        if ((r = dt__ddp_agree(d, 0, &nactive)) != DT_OK) return r;
+        if (nactive == 0) { d->stats.comm_seconds += dt_time_now() - t0; return DT_OK; }   /* everyone has joined */
+        dt_model_zero_grad(d->model);
+        r = dt__ddp_reduce_all(d, 0);
+        if ((r = dt__ddp_done(d, r, t0)) != DT_OK) return r;
+        d->stats.syncs--;
+        d->stats.joined_rounds++;
+        if (o && (r = dt_optim_step(o)) != DT_OK) return r;
+        dt_model_zero_grad(d->model);
+    }
+}
+dt_result dt_ddp_join(dt_ddp *d, dt_optim *o) {
+    int mark = dt__trace_mark();
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_join: ddp is NULL");
+    if (d->acc_samples)
+        return dt_set_error(DT_ERR_STATE, "dt_ddp_join: rank %d has %lld samples accumulated but not synced: pass sync = 1 "
+                            "to dt_ddp_backward on the last batch", d->comm->rank, (long long)d->acc_samples);
+    dt_trace_begin("ddp join", "comm");
+    return dt__trace_close(mark, dt__ddp_join_rounds(d, o));
+}
+
+dt_result dt_ddp_sync_buffers(dt_ddp *d) {
+    int64_t nb = 0;
+    float *b;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_sync_buffers: ddp is NULL");
+    b = dt_model_buffers(d->model, &nb);
+    if (nb == 0 || d->comm->size == 1) return DT_OK;
+    return dt_comm_allreduce(d->comm, b, (size_t)nb, DT_F32, DT_MEAN, d->desc.algo);
+}
+
+dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d) {
+    dt_ddp_stats s;
+    memset(&s, 0, sizeof s);
+    return d ? d->stats : s;
+}
+
+int dt_ddp_buckets(const dt_ddp *d) { return d ? d->nbuckets : 0; }
+int dt_ddp_overlapped(const dt_ddp *d) { return d ? d->overlap : 0; }
+
+/* ---- D-PSGD ------------------------------------------------------------------------------------
+   One neighbour exchange per step sends the replica (n floats) to each neighbour and receives theirs
+   into recv. The mix sums W[i][j] x_j over a fixed list (the ranks j = 0, 1, ... with an edge to i, and i
+   itself in its place), in double, then adds the local update x_i' - x_i (zero when nothing stepped in
+   between), so with the fully connected topology every rank computes the same average bit for bit. */
+
+static const char *const dt__dpsgd_order_names[DT_DPSGD_ORDER_COUNT] = {"cta", "atc"};
+const char *dt_dpsgd_order_name(dt_dpsgd_order k) { return dt__enum_name(dt__dpsgd_order_names, DT_DPSGD_ORDER_COUNT, (int)k); }
+
+dt_result dt_dpsgd_order_parse(const char *s, dt_dpsgd_order *out) {
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__dpsgd_order_names, DT_DPSGD_ORDER_COUNT, s, &k, "D-PSGD order (cta: combine then adapt, atc: adapt then combine)");
+    if (r == DT_OK && out) *out = (dt_dpsgd_order)k;
+    return r;
+}
+
+struct dt_dpsgd {
+    dt_comm           *comm;
+    dt_model          *model;
+    const dt_topology *topo;
+    dt_dpsgd_desc      desc;
+    int64_t            n, nb;       /* parameters, buffers */
+    int                deg;         /* neighbours of this rank */
+    const int         *nbrs;        /* [deg] ascending (the topology's) */
+    double            *w;           /* [deg + 1] W[i][j] in mixing order (j ascending, i in its place) */
+    int                self_at;     /* position of this rank in that order */
+    const float      **src;         /* [deg + 1] the replicas being mixed */
+    float             *recv;        /* [deg * max(n, nb)] the neighbours' replicas */
+    float             *own;         /* [max(n, nb)] this rank's replica as sent */
+    float             *keep;        /* [n + nb] the replica kept aside by dt_dpsgd_use_average */
+    float             *avg;         /* [n + nb] the mean, for consensus and averages */
+    int                using_avg;
+    dt_dpsgd_stats     stats;
+};
+
+static void dt__dpsgd_free(dt_dpsgd *d) {
+    DT_FREE(d->w);
+    DT_FREE((void *)d->src);
+    DT_FREE(d->recv);
+    DT_FREE(d->own);
+    DT_FREE(d->keep);
+    DT_FREE(d->avg);
+    DT_FREE(d);
+}
+
+/* Sends own [cnt] to the neighbours, then x[k] = sum_j W[i][j] x_j[k] + (x[k] - own[k]). */
+static dt_result dt__dpsgd_gossip(dt_dpsgd *d, float *x, const float *own, int64_t cnt) {
+    int q, m = d->deg + 1;
+    int64_t k;
+    uint64_t b0 = d->comm->stats.bytes_sent;
+    double t0 = dt_time_now();
+    dt_result r = dt_comm_neighbor_exchange(d->comm, own, d->recv, (size_t)cnt, DT_F32, d->nbrs, d->deg, d->nbrs, d->deg);
+    d->stats.comm_seconds += dt_time_now() - t0;
+    d->stats.bytes_sent += d->comm->stats.bytes_sent - b0;
+    if (r != DT_OK) return r;
+    for (q = 0; q < m; q++) d->src[q] = q == d->self_at ? own : d->recv + (int64_t)(q - (q > d->self_at)) * cnt;
+    dt_trace_begin("gossip mix", "optim");
+    DT__OMP(parallel for if (cnt * m > DT__PAR_MIN))
+    for (k = 0; k < cnt; k++) {
+        double acc = 0.0;
+        int j;
+        for (j = 0; j < m; j++) acc += d->w[j] * (double)d->src[j][k];
+        x[k] = (float)(acc + ((double)x[k] - (double)own[k]));
+    }
+    dt_trace_end();
+    return DT_OK;
+}
+
+/* Collective: the mean of every rank's params and buffers into d->avg [n + nb]. */
+static dt_result dt__dpsgd_mean(dt_dpsgd *d) {
+    dt_result r;
+    memcpy(d->avg, d->model->params, sizeof(float) * (size_t)d->n);
+    if (d->nb) memcpy(d->avg + d->n, dt_model_buffers(d->model, NULL), sizeof(float) * (size_t)d->nb);
+    if (d->comm->size == 1) return DT_OK;
+    r = dt_comm_allreduce(d->comm, d->avg, (size_t)(d->n + d->nb), DT_F32, DT_MEAN, DT_ALGO_AUTO);
+    return r;
+}
+
+dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topology *t, const dt_dpsgd_desc *desc) {
+    dt_dpsgd_desc dd;
+    dt_dpsgd *d;
+    dt_result r;
+    int64_t big;
+    int me = c ? c->rank : -1, q;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: out is NULL");
+    *out = NULL;
+    memset(&dd, 0, sizeof dd);
+    if (desc) dd = *desc;
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: the communicator is NULL");
+    if (!m || !m->finalized)
+        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the model is %s", me,
+                            m ? "not finalized: call dt_model_finalize first" : "NULL");
+    if (!t || !t->weights || !t->offsets)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology is %s: build it with dt_topology_create", me,
+                            t ? "empty" : "NULL");
+    if (t->world != c->size)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology has %d ranks but the communicator %d: "
+                            "give dt_topology_desc.world = dt_comm_size(c)", me, t->world, c->size);
+    if (dd.order < 0 || dd.order >= DT_DPSGD_ORDER_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: bad order %d: use a dt_dpsgd_order", me, (int)dd.order);
+    if (!(d = (dt_dpsgd *)DT_MALLOC(sizeof *d))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory", me);
+    memset(d, 0, sizeof *d);
+    d->comm = c;
+    d->model = m;
+    d->topo = t;
+    d->desc = dd;
+    d->n = m->nparams;
+    dt_model_buffers(m, &d->nb);
+    d->deg = t->offsets[me + 1] - t->offsets[me];
+    d->nbrs = t->neighbors + t->offsets[me];
+    big = d->n > d->nb ? d->n : d->nb;
+    d->w = (double *)DT_MALLOC(sizeof(double) * (size_t)(d->deg + 1));
+    d->src = (const float **)DT_MALLOC(sizeof(float *) * (size_t)(d->deg + 1));
+    d->recv = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->deg * big + 1));
+    d->own = (float *)DT_MALLOC(sizeof(float) * (size_t)(big + 1));
+    d->keep = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
+    d->avg = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
+    if (!d->w || !d->src || !d->recv || !d->own || !d->keep || !d->avg) {
+        dt__dpsgd_free(d);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory for %d neighbours' replicas of %lld floats",
+                            me, t->offsets[me + 1] - t->offsets[me], (long long)big);
+    }
+    d->self_at = d->deg;
+    for (q = 0; q < d->deg; q++)
+        if (d->nbrs[q] > me) { d->self_at = q; break; }
+    for (q = 0; q <= d->deg; q++) {
+        int j = q == d->self_at ? me : d->nbrs[q - (q > d->self_at)];
+        d->w[q] = t->weights[(int64_t)me * t->world + j];
+    }
+    if ((r = dt__same_model(c, m, "dt_dpsgd_create", 1)) != DT_OK) { dt__dpsgd_free(d); return r; }
+    *out = d;
+    return DT_OK;
+}
+
+void dt_dpsgd_destroy(dt_dpsgd *d) {
+    if (d) dt__dpsgd_free(d);
+}
+
+dt_result dt_dpsgd_step(dt_dpsgd *d, dt_optim *o) {
+    float *x;
+    dt_result r;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_step: dpsgd is NULL");
+    if (d->using_avg)
+        return dt_set_error(DT_ERR_STATE, "dt_dpsgd_step: rank %d: the model holds the average: call dt_dpsgd_use_average(d, 0) "
+                            "first", d->comm->rank);
+    x = d->model->params;
+    if (o && d->desc.order == DT_DPSGD_ADAPT_THEN_COMBINE && (r = dt_optim_step(o)) != DT_OK) return r;
+    memcpy(d->own, x, sizeof(float) * (size_t)d->n);
+    if (o && d->desc.order == DT_DPSGD_COMBINE_THEN_ADAPT) {
+        /* the update at the replica before averaging: x' = x - lr g(x); the mix adds x' - own */
+        if ((r = dt_optim_step(o)) != DT_OK) return r;
+    }
+    if ((r = dt__dpsgd_gossip(d, x, d->own, d->n)) != DT_OK) return r;
+    if (d->desc.mix_buffers && d->nb) {
+        float *b = dt_model_buffers(d->model, NULL);
+        memcpy(d->own, b, sizeof(float) * (size_t)d->nb);
+        if ((r = dt__dpsgd_gossip(d, b, d->own, d->nb)) != DT_OK) return r;
+    }
+    d->stats.steps++;
+    return DT_OK;
+}
+
+dt_result dt_dpsgd_consensus(dt_dpsgd *d, double *dist) {
+    double s = 0.0;
+    int64_t k;
+    dt_result r;
+    if (!d || !dist) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_consensus: %s is NULL", d ? "dist" : "dpsgd");
+    *dist = 0.0;
+    if ((r = dt__dpsgd_mean(d)) != DT_OK) return r;
+    for (k = 0; k < d->n; k++) {
+        double e = (double)d->model->params[k] - (double)d->avg[k];
+        s += e * e;
+    }
+    s = sqrt(s);
+    if (d->comm->size > 1 && (r = dt_comm_allreduce(d->comm, &s, 1, DT_F64, DT_SUM, DT_ALGO_AUTO)) != DT_OK) return r;
+    *dist = s / (double)d->comm->size;
+    return DT_OK;
+}
+
+dt_result dt_dpsgd_average(dt_dpsgd *d, float *out) {
+    dt_result r;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_average: dpsgd is NULL");
+    if ((r = dt__dpsgd_mean(d)) != DT_OK) return r;
+    if (out) { memcpy(out, d->avg, sizeof(float) * (size_t)d->n); return DT_OK; }
+    memcpy(d->model->params, d->avg, sizeof(float) * (size_t)d->n);
+    if (d->nb) memcpy(dt_model_buffers(d->model, NULL), d->avg + d->n, sizeof(float) * (size_t)d->nb);
+    return DT_OK;
+}
+
+dt_result dt_dpsgd_use_average(dt_dpsgd *d, int use) {
+    float *b;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_use_average: dpsgd is NULL");
+    if (!!use == d->using_avg)
+        return dt_set_error(DT_ERR_STATE, "dt_dpsgd_use_average: rank %d: the model %s the average already", d->comm->rank,
+                            use ? "holds" : "does not hold");
+    b = dt_model_buffers(d->model, NULL);
+    if (!use) {
+        memcpy(d->model->params, d->keep, sizeof(float) * (size_t)d->n);
+        if (d->nb) memcpy(b, d->keep + d->n, sizeof(float) * (size_t)d->nb);
+        d->using_avg = 0;
+        return DT_OK;
+    }
+    memcpy(d->keep, d->model->params, sizeof(float) * (size_t)d->n);
+    if (d->nb) memcpy(d->keep + d->n, b, sizeof(float) * (size_t)d->nb);
+    d->using_avg = 1;
+    return dt_dpsgd_average(d, NULL);
+}
+
+dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d) {
+    dt_dpsgd_stats s;
+    memset(&s, 0, sizeof s);
+    return d ? d->stats : s;
+}
+
+/* ---- FedAvg ------------------------------------------------------------------------------------
+   The aggregators are pure functions over the updates. The round protocol needs no agreement message:
+   every rank draws the same clients and dropouts from (seed, round), so each host knows which clients to
+   train and the server knows which updates to expect; it posts one receive per reporting client, in client
+   order, which matches the order each host sends in (same tag, same source: messages keep their order). */
+
+static const char *const dt__fed_agg_names[DT_FED_AGG_COUNT] = {"mean", "median", "trimmed", "krum", "multikrum", "classmean"};
+const char *dt_fed_agg_name(dt_fed_agg k) { return dt__enum_name(dt__fed_agg_names, DT_FED_AGG_COUNT, (int)k); }
+
+dt_result dt_fed_agg_parse(const char *s, dt_fed_agg *out) {
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__fed_agg_names, DT_FED_AGG_COUNT, s, &k, "aggregator");
+    if (r == DT_OK && out) *out = (dt_fed_agg)k;
+    return r;
+}
+
+/* Insertion sort: the columns are as short as the number of clients, and it is stable. */
+static void dt__fed_sort(double *v, int n) {
+    int i, j;
+    for (i = 1; i < n; i++) {
+        double x = v[i];
+        for (j = i - 1; j >= 0 && v[j] > x; j--) v[j + 1] = v[j];
+        v[j + 1] = x;
+    }
+}
+
+static double dt__fed_median_sorted(const double *v, int n) {
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* out = sum over the kept clients of (w_i / W) u_i, in client order (kept NULL = all). */
+static void dt__fed_mean(const float *const *u, const double *w, const int *kept, int n, int64_t len, float *out) {
+    double total = 0.0;
+    int i;
+    int64_t j;
+    for (i = 0; i < n; i++) if (!kept || kept[i]) total += w ? w[i] : 1.0;
+    for (j = 0; j < len; j++) out[j] = 0.0f;
+    for (i = 0; i < n; i++) {
+        float s;
+        if (kept && !kept[i]) continue;
+        s = (float)((w ? w[i] : 1.0) / total);
+        for (j = 0; j < len; j++) out[j] += s * u[i][j];
+    }
+}
+
+/* Coordinate-wise median (t < 0) or mean of the sorted column without its t lowest and t highest. */
+static void dt__fed_columns(const float *const *u, int n, int64_t len, int t, double *col, float *out) {
+    int64_t j;
+    int i;
+    for (j = 0; j < len; j++) {
+        double s = 0.0;
+        for (i = 0; i < n; i++) col[i] = u[i][j];
+        dt__fed_sort(col, n);
+        if (t < 0) { out[j] = (float)dt__fed_median_sorted(col, n); continue; }
+        for (i = t; i < n - t; i++) s += col[i];
+        out[j] = (float)(s / (double)(n - 2 * t));
+    }
+}
+
+/* Krum scores: score[i] = sum of the n - f - 2 smallest squared distances from u_i to the others; order
+   gets the clients by increasing score (ties: lower index first). dist [n * n], tmp [n]. */
+static void dt__fed_krum(const float *const *u, int n, int64_t len, int f, double *dist, double *tmp, double *score,
+                         int *order) {
+    int i, k, c = n - f - 2;
+    int64_t j;
+    for (i = 0; i < n; i++) {
+        dist[i * n + i] = 0.0;
+        for (k = i + 1; k < n; k++) {
+            double s = 0.0;
+            for (j = 0; j < len; j++) { double d = (double)u[i][j] - (double)u[k][j]; s += d * d; }
+            dist[i * n + k] = dist[k * n + i] = s;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        double s = 0.0;
+        int m = 0;
+        for (k = 0; k < n; k++) if (k != i) tmp[m++] = dist[i * n + k];
+        dt__fed_sort(tmp, m);
+        for (k = 0; k < c; k++) s += tmp[k];
+        score[i] = s;
+        order[i] = i;
+    }
+    for (i = 1; i < n; i++) {   /* stable insertion sort of the indices by score */
+        int x = order[i];
+        for (k = i - 1; k >= 0 && score[order[k]] > score[x]; k--) order[k + 1] = order[k];
+        order[k + 1] = x;
+    }
+}
+
+/* The class-mean check: kept[i] = 0 for a client whose row of some class lies beyond k median distances
+   from that class's coordinate-median row. col [n], d [n], med [cols]. */
+static void dt__fed_classmean(const float *const *u, int n, const dt_fed_agg_desc *a, double *col, double *d,
+                              double *sorted, float *med, int *kept) {
+    int64_t c, j;
+    int i;
+    for (i = 0; i < n; i++) kept[i] = 1;
+    for (c = 0; c < a->cm_rows; c++) {
+        int64_t base = a->cm_offset + c * a->cm_cols;
+        double s;
+        for (j = 0; j < a->cm_cols; j++) {
+            for (i = 0; i < n; i++) col[i] = u[i][base + j];
+            dt__fed_sort(col, n);
+            med[j] = (float)dt__fed_median_sorted(col, n);
+        }
+        for (i = 0; i < n; i++) {
+            double q = 0.0;
+            for (j = 0; j < a->cm_cols; j++) { double e = (double)u[i][base + j] - (double)med[j]; q += e * e; }
+            d[i] = sorted[i] = sqrt(q);
+        }
+        dt__fed_sort(sorted, n);
+        s = dt__fed_median_sorted(sorted, n);
+        for (i = 0; i < n; i++) if (d[i] > (double)a->k * s) kept[i] = 0;
+    }
+}
+
+dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
+                           float *out, const dt_fed_agg_desc *desc) {
+    dt_fed_agg_desc a;
+    double *scratch = NULL;
+    int *order = NULL, *kept = NULL, i, t = 0;
+    dt_result r = DT_OK;
+    memset(&a, 0, sizeof a);
+    if (desc) a = *desc;
+    if (!a.trim) a.trim = 0.1f;
+    if (!a.f) a.f = 1;
+    if (!a.k) a.k = 3.0f;
+    if (!updates || !out || n < 1 || len < 0 || kind < 0 || kind >= DT_FED_AGG_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: bad arguments (updates %p, out %p, n %d, len %lld, "
+                            "kind %d): give n >= 1 updates of len >= 0 and a dt_fed_agg", (const void *)updates,
+                            (void *)out, n, (long long)len, (int)kind);
+    for (i = 0; i < n; i++) {
+        if (!updates[i]) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: update %d is NULL", i);
+        if (weights && !(weights[i] > 0.0 && weights[i] < INFINITY))
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: client %d's weight is %g; weights are sample counts > 0",
+                                i, weights[i]);
+    }
+    if (kind == DT_FED_TRIMMED) {
+        t = (int)floor((double)a.trim * (double)n);
+        if (a.trim < 0.0f || 2 * t >= n)
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: trimmed mean of %d clients with trim %g cuts %d at each "
+                                "end, leaving none: need 2 * floor(trim * n) < n", n, (double)a.trim, t);
+    }
+    if ((kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) && (a.f < 0 || n < 2 * a.f + 3))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: %s with f = %d Byzantine clients needs n >= 2f + 3 = %d clients, "
+                            "got %d: sample more clients or lower f", dt_fed_agg_name(kind), a.f, 2 * a.f + 3, n);
+    if (kind == DT_FED_MULTIKRUM && (a.m < 0 || a.m > n))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: multikrum m = %d, need 0 <= m <= n = %d", a.m, n);
+    if (kind == DT_FED_CLASSMEAN && (n < 3 || a.k < 1.0f || a.cm_rows < 1 || a.cm_cols < 1 || a.cm_offset < 0 ||
+                                     a.cm_offset + a.cm_rows * a.cm_cols > len))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: classmean needs n >= 3 clients (got %d), k >= 1 (got %g) and "
+                            "the last layer's weight [%lld, %lld] at offset %lld inside the update of %lld", n, (double)a.k,
+                            (long long)a.cm_rows, (long long)a.cm_cols, (long long)a.cm_offset, (long long)len);
+    scratch = (double *)DT_MALLOC(sizeof(double) * (size_t)(n * (n + 4) + (kind == DT_FED_CLASSMEAN ? a.cm_cols : 0)));
+    order = (int *)DT_MALLOC(sizeof(int) * (size_t)n * 2);
+    if (!scratch || !order) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_aggregate: no memory for %d clients", n); goto done; }
+    kept = order + n;
+    for (i = 0; i < n; i++) kept[i] = 1;
+    switch (kind) {
+    case DT_FED_MEAN: dt__fed_mean(updates, weights, NULL, n, len, out); break;
+    case DT_FED_MEDIAN: dt__fed_columns(updates, n, len, -1, scratch, out); break;
+    case DT_FED_TRIMMED: dt__fed_columns(updates, n, len, t, scratch, out); break;
+    case DT_FED_KRUM:
+    case DT_FED_MULTIKRUM: {
+        int m = kind == DT_FED_KRUM ? 1 : (a.m ? a.m : n - a.f);
+        dt__fed_krum(updates, n, len, a.f, scratch, scratch + n * n, scratch + n * n + n, order);
+        for (i = 0; i < n; i++) kept[i] = 0;
+        for (i = 0; i < m; i++) kept[order[i]] = 1;
+        dt__fed_mean(updates, NULL, kept, n, len, out);
+        break;
+    }
+    default: /* DT_FED_CLASSMEAN */
+        dt__fed_classmean(updates, n, &a, scratch, scratch + n, scratch + 2 * n, (float *)(scratch + 3 * n), kept);
+        dt__fed_mean(updates, weights, kept, n, len, out);
+        break;
+    }
+    if (a.kept) for (i = 0; i < n; i++) a.kept[i] = kept[i];
+done:
+    DT_FREE(scratch);
+    DT_FREE(order);
+    return r;
+}
+
+/* The fewest updates the aggregator accepts (Krum's 2f + 3, the class-mean check's 3). */
+static int dt__fed_min_clients(dt_fed_agg kind, const dt_fed_agg_desc *a) {
+    if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * (a->f ? a->f : 1) + 3;
+    if (kind == DT_FED_CLASSMEAN) return 3;
+    if (kind == DT_FED_TRIMMED) { int n = 1; while (2 * (int)floor((double)(a->trim ? a->trim : 0.1f) * n) >= n && n < 1000) n++; return n; }
+    return 1;
+}
+
+struct dt_fed {
+    dt_comm       *comm;
+    dt_model      *model;
+    dt_fed_desc    desc;
+    int64_t        n;            /* parameters */
+    int            nsel;         /* clients sampled per round */
+    int           *behaviour;    /* [clients] */
+    int           *sel, *drop;   /* [clients] the round's draw */
+    int           *kept, *last_kept; /* [nsel] of the aggregate; [clients] by client id */
+    float         *global;       /* [n] the round's global model */
+    float         *delta;        /* [n] a host's update being sent */
+    float         *updates;      /* rank 0: [nsel * n] the reported updates */
+    double        *stats;        /* rank 0: [nsel * 2] samples and loss sum of each report */
+    double        *weights;      /* rank 0: [nsel] */
+    const float  **ptrs;         /* rank 0: [nsel] */
+    int           *who;          /* rank 0: [nsel] client of each report */
+    dt_request    *reqs;         /* rank 0: [nsel * 2] */
+    int32_t       *ybuf;         /* [batch] flipped labels */
+};
+
+static void dt__fed_rng(dt_rng *r, const dt_fed *f, int64_t round, uint64_t what, uint64_t stream) {
+    dt_rng_init(r, f->desc.seed ^ (0x9E3779B97F4A7C15ULL * (uint64_t)(round + 1)) ^ (what << 56), stream);
+}
+
+int dt_fed_draw(const dt_fed *f, int64_t round, int *sel, int *dropped) {
+    int nc, i, m;
+    int *perm = sel;
+    dt_rng r;
+    if (!f || !sel || !dropped) return 0;
+    nc = f->desc.clients;
+    m = f->nsel;
+    for (i = 0; i < nc; i++) perm[i] = i;
+    dt__fed_rng(&r, f, round, 1, 0);
+    for (i = 0; i < m; i++) {   /* partial Fisher-Yates: the first m of a seeded permutation */
+        int j = i + (int)dt_rng_below(&r, (uint32_t)(nc - i)), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    for (i = 1; i < m; i++) {   /* sorted, so hosts and server walk the clients in the same order */
+        int x = sel[i], j;
+        for (j = i - 1; j >= 0 && sel[j] > x; j--) sel[j + 1] = sel[j];
+        sel[j + 1] = x;
+    }
+    for (i = 0; i < m; i++) {
+        dt_rng d;
+        dt__fed_rng(&d, f, round, 2, (uint64_t)sel[i]);
+        dropped[i] = f->desc.dropout_prob > 0.0f && dt_rng_uniform(&d) < f->desc.dropout_prob;
+    }
+    return m;
+}
+
+void dt_fed_last_kept(const dt_fed *f, int *kept) {
+    int i;
+    if (!f || !kept) return;
+    for (i = 0; i < f->desc.clients; i++) kept[i] = f->last_kept ? f->last_kept[i] : 0;
+}
+
+void dt_fed_destroy(dt_fed *f) {
+    if (!f) return;
+    DT_FREE(f->behaviour); DT_FREE(f->sel); DT_FREE(f->drop); DT_FREE(f->kept); DT_FREE(f->last_kept);
+    DT_FREE(f->global); DT_FREE(f->delta); DT_FREE(f->updates); DT_FREE(f->stats); DT_FREE(f->weights);
+    DT_FREE((void *)f->ptrs); DT_FREE(f->who); DT_FREE(f->reqs); DT_FREE(f->ybuf);
+    DT_FREE(f);
+}
+
+dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc) {
+    dt_fed *f;
+    dt_fed_desc d;
+    int me = c ? c->rank : -1, i, nc;
+    size_t n;
+    dt_result r;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: out is NULL");
+    *out = NULL;
+    if (!c || !m || !m->finalized || !desc || !desc->data || !desc->part)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: needs a communicator, a finalized model, a desc, "
+                            "its dataset and its partition", me);
+    d = *desc;
+    if (!d.clients) d.clients = c->size > 1 ? c->size - 1 : 1;
+    if (!d.frac) d.frac = 1.0f;
+    if (!d.local_epochs) d.local_epochs = 1;
+    if (!d.batch) d.batch = 10;
+    if (!d.noise_std) d.noise_std = 1.0f;
+    if (!d.agg_desc.cm_rows) {   /* the class-mean check reads the last linear layer's weight */
+        for (i = dt_model_param_tensors(m) - 1; i >= 0; i--) {
+            dt_param_info pi = dt_model_param_info(m, i);
+            if (pi.ndim == 2) {
+                d.agg_desc.cm_offset = pi.offset; d.agg_desc.cm_rows = pi.shape[0]; d.agg_desc.cm_cols = pi.shape[1];
+                break;
+            }
+        }
+    }
+    nc = d.clients;
+    if (nc < 1 || d.part->parts != nc || !(d.frac > 0.0f && d.frac <= 1.0f) || d.local_epochs < 1 || d.batch < 1 ||
+        d.prox_mu < 0.0f || !(d.dropout_prob >= 0.0f && d.dropout_prob < 1.0f) || d.agg < 0 || d.agg >= DT_FED_AGG_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: bad desc (clients %d, partition of %d parts, frac %g, "
+                            "local_epochs %d, batch %lld, prox_mu %g, dropout_prob %g): the partition needs one part per "
+                            "client, 0 < frac <= 1, 0 <= dropout_prob < 1", me, nc, d.part->parts, (double)d.frac,
+                            d.local_epochs, (long long)d.batch, (double)d.prox_mu, (double)d.dropout_prob);
+    if (!(f = (dt_fed *)DT_MALLOC(sizeof *f))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory", me);
+    memset(f, 0, sizeof *f);
+    f->comm = c; f->model = m; f->desc = d; f->n = m->nparams;
+    f->desc.behaviour = NULL;
+    f->desc.agg_desc.kept = NULL;
+    f->nsel = (int)floor((double)d.frac * (double)nc + 0.5);
+    if (f->nsel < 1) f->nsel = 1;
+    if (f->nsel > nc) f->nsel = nc;
+    if (f->nsel < dt__fed_min_clients(d.agg, &d.agg_desc)) {
+        dt_fed_destroy(f);
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: %s needs at least %d clients per round, but C = %g of %d "
+                            "clients samples %d: raise --frac or --clients", me, dt_fed_agg_name(d.agg),
+                            dt__fed_min_clients(d.agg, &d.agg_desc), (double)d.frac, nc, (int)floor((double)d.frac * nc + 0.5));
+    }
+    n = (size_t)(f->n ? f->n : 1);
+    f->behaviour = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
+    f->sel = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
+    f->drop = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
+    f->kept = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
+    f->last_kept = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
+    f->global = (float *)DT_MALLOC(sizeof(float) * n);
+    f->delta = (float *)DT_MALLOC(sizeof(float) * n);
+    f->ybuf = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)d.batch);
+    if (me == 0) {
+        f->updates = (float *)DT_MALLOC(sizeof(float) * n * (size_t)f->nsel);
+        f->stats = (double *)DT_MALLOC(sizeof(double) * 2 * (size_t)f->nsel);
+        f->weights = (double *)DT_MALLOC(sizeof(double) * (size_t)f->nsel);
+        f->ptrs = (const float **)DT_MALLOC(sizeof(float *) * (size_t)f->nsel);
+        f->who = (int *)DT_MALLOC(sizeof(int) * (size_t)f->nsel);
+        f->reqs = (dt_request *)DT_MALLOC(sizeof(dt_request) * 2 * (size_t)f->nsel);
+    }
+    if (!f->behaviour || !f->sel || !f->drop || !f->kept || !f->last_kept || !f->global || !f->delta || !f->ybuf ||
+        (me == 0 && (!f->updates || !f->stats || !f->weights || !f->ptrs || !f->who || !f->reqs))) {
+        dt_fed_destroy(f);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory (the server keeps %d updates of %lld floats: "
+                            "lower --frac)", me, f->nsel, (long long)f->n);
+    }
+    for (i = 0; i < nc; i++) {
+        f->behaviour[i] = desc->behaviour ? desc->behaviour[i] : DT_FED_HONEST;
+        f->last_kept[i] = 0;
+    }
+    if ((r = dt__same_model(c, m, "dt_fed_create", 0)) != DT_OK) { dt_fed_destroy(f); return r; }
+    *out = f;
+    return DT_OK;
+}
+
+/* Client k's local training from f->global: E epochs of batch B with a fresh optimizer at rate lr. Leaves
+   delta = w_local - w_global (after the client's behaviour) and st = {samples, loss sum over the epochs}. */
+static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr, float *delta, double *st) {
+    const dt_fed_desc *d = &f->desc;
+    dt_model *m = f->model;
+    float *w = dt_model_params(m, NULL), *g = dt_model_grads(m, NULL);
+    int64_t off = d->part->offsets[k], cnt = d->part->offsets[k + 1] - off, j, e;
+    dt_optim *o = NULL;
+    dt_loader *l = NULL;
+    dt_optim_desc od = d->optim;
+    dt_loader_desc ld;
+    dt_result r;
+    int flip = f->behaviour[k] == DT_FED_LABELFLIP && d->flip_set;
+    st[0] = (double)cnt;
+    st[1] = 0.0;
+    for (j = 0; j < f->n; j++) delta[j] = 0.0f;
+    if (cnt == 0) return DT_OK;
+    dt_trace_begin("client training", "compute");
+    dt__trace_arg("client", NULL, k);
+    dt__trace_arg("round", NULL, round);
+    dt__trace_arg("samples", NULL, cnt);
+    memcpy(w, f->global, sizeof(float) * (size_t)f->n);
+    od.lr = lr;
+    memset(&ld, 0, sizeof ld);
+    ld.dataset = d->data; ld.indices = d->part->indices + off; ld.count = cnt; ld.batch = d->batch;
+    ld.shuffle = 1; ld.transform = d->transform; ld.seed = d->seed; ld.rank = (uint64_t)k;
+    if ((r = dt_optim_create(&o, m, &od)) != DT_OK || (r = dt_loader_create(&l, &ld)) != DT_OK) goto done;
+    for (e = 0; e < d->local_epochs && r == DT_OK; e++) {
+        const float *x;
+        const int32_t *y;
+        int64_t nb;
+        int got;
+        float loss = 0.0f;
+        if ((r = dt_loader_start_epoch(l, round * d->local_epochs + e)) != DT_OK) break;
+        while (r == DT_OK && (got = dt_loader_next(l, &x, &y, &nb)) == 1) {
+            if (flip) {
+                for (j = 0; j < nb; j++)
+                    f->ybuf[j] = y[j] >= 0 && y[j] < DT_FED_MAX_CLASSES ? d->flip[y[j]] : y[j];
+                y = f->ybuf;
+            }
+            dt_model_zero_grad(m);
+            if ((r = dt_model_forward(m, x, nb)) != DT_OK || (r = dt_model_loss_labels(m, y, &loss)) != DT_OK ||
+                (r = dt_model_backward(m, NULL)) != DT_OK) break;
+            if (d->prox_mu > 0.0f)   /* FedProx: the gradient of (mu / 2) ||w - w_global||^2 */
+                for (j = 0; j < f->n; j++) g[j] += d->prox_mu * (w[j] - f->global[j]);
+            if ((r = dt_optim_step(o)) != DT_OK) break;
+            st[1] += (double)loss * (double)nb;
+        }
+        if (r == DT_OK && got < 0) r = DT_ERR_STATE;
+    }
+    if (r != DT_OK) goto done;
+    if (f->behaviour[k] == DT_FED_NOISE) {
+        dt_rng nr;
+        dt__fed_rng(&nr, f, round, 3, (uint64_t)k);
+        for (j = 0; j < f->n; j++) delta[j] = d->noise_std * dt_rng_normal(&nr);
+    } else {
+        float s = f->behaviour[k] == DT_FED_SIGNFLIP ? -1.0f : 1.0f;
+        for (j = 0; j < f->n; j++) delta[j] = s * (w[j] - f->global[j]);
+    }
+done:
+    dt_trace_end();
+    dt_loader_destroy(l);
+    dt_optim_destroy(o);
+    if (r != DT_OK)
+        return dt_set_error(r, "dt_fed_round: rank %d: client %d failed in round %lld: %s", f->comm->rank, k, (long long)round,
+                            dt_last_error());
+    return DT_OK;
+}
+
+dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
+    dt_comm *c;
+    int me, p, nsel, i, nrep = 0, nreq = 0, nagg = 0;
+    float lr, *w;
+    double loss = 0.0, samples = 0.0;
+    dt_result r = DT_OK;
+    if (!f) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_round: fed is NULL");
+    c = f->comm; me = c->rank; p = c->size;
+    w = dt_model_params(f->model, NULL);
+    lr = (f->desc.sched.kind != DT_SCHED_CONSTANT || f->desc.sched.base_lr > 0.0f) ? dt_sched_lr(&f->desc.sched, round)
+                                                                                     : f->desc.optim.lr;
+    if (info) memset(info, 0, sizeof *info);
+    nsel = dt_fed_draw(f, round, f->sel, f->drop);
+    if (me == 0) memcpy(f->global, w, sizeof(float) * (size_t)f->n);
+    if ((r = dt_comm_broadcast(c, f->global, (size_t)f->n, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    /* the server posts a receive for every remote client that reports, in client order */
+    for (i = 0; i < nsel && me == 0; i++) {
+        int k = f->sel[i], host = p == 1 ? 0 : 1 + k % (p - 1);
+        if (f->drop[i]) continue;
+        f->who[nrep] = k;
+        if (host != 0) {
+            if ((r = dt_comm_irecv(c, f->stats + 2 * nrep, 2, DT_F64, host, DT_FED_TAG, &f->reqs[nreq++])) != DT_OK ||
+                (r = dt_comm_irecv(c, f->updates + (int64_t)nrep * f->n, (size_t)f->n, DT_F32, host, DT_FED_TAG,
+                                   &f->reqs[nreq++])) != DT_OK) return r;
+        }
+        nrep++;
+    }
+    for (i = 0; i < nsel && r == DT_OK; i++) {   /* hosts train their clients */
+        int k = f->sel[i], host = p == 1 ? 0 : 1 + k % (p - 1);
+        double st[2];
+        if (f->drop[i] || host != me) continue;
+        if (p == 1) {
+            int slot, s;
+            for (slot = 0, s = 0; s < i; s++) slot += !f->drop[s];
+            r = dt__fed_train_client(f, k, round, lr, f->updates + (int64_t)slot * f->n, f->stats + 2 * slot);
+            continue;
+        }
+        if ((r = dt__fed_train_client(f, k, round, lr, f->delta, st)) != DT_OK) break;
+        if ((r = dt_comm_send(c, st, 2, DT_F64, 0, DT_FED_TAG)) != DT_OK) break;
+        r = dt_comm_send(c, f->delta, (size_t)f->n, DT_F32, 0, DT_FED_TAG);
+    }
+    if (r != DT_OK || me != 0) return r;
+    if (nreq && (r = dt_comm_waitall(c, f->reqs, nreq)) != DT_OK) return r;
+    for (i = 0; i < f->desc.clients; i++) f->last_kept[i] = 0;
+    for (i = 0; i < nrep; i++) {   /* clients with no samples report nothing useful */
+        loss += f->stats[2 * i + 1];
+        samples += f->stats[2 * i];
+        if (f->stats[2 * i] <= 0.0) continue;
+        f->ptrs[nagg] = f->updates + (int64_t)i * f->n;
+        f->weights[nagg] = f->stats[2 * i];
+        f->who[nagg++] = f->who[i];
+    }
+    if (info) {
+        info->selected = nsel;
+        info->dropped = nsel - nrep;
+        info->samples = (int64_t)samples;
+        info->train_loss = samples > 0.0 ? loss / (samples * f->desc.local_epochs) : 0.0;
+        info->lr = lr;
+    }
+    memcpy(w, f->global, sizeof(float) * (size_t)f->n);
+    if (nagg < dt__fed_min_clients(f->desc.agg, &f->desc.agg_desc)) {   /* too many dropped: the global model stays */
+        if (nagg > 0)
+            dt_log(DT_LOG_WARN, "dt_fed_round: round %lld: %d clients reported, fewer than %s needs; the global model is kept",
+                   (long long)round, nagg, dt_fed_agg_name(f->desc.agg));
+        return DT_OK;
+    }
+    f->desc.agg_desc.kept = f->kept;
+    dt_trace_begin("aggregate", "optim");
+    dt__trace_arg("clients", NULL, nagg);
+    dt__trace_arg("aggregator", dt_fed_agg_name(f->desc.agg), 0);
+    r = dt_fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->n, f->delta, &f->desc.agg_desc);
+    dt_trace_end();
+    f->desc.agg_desc.kept = NULL;
+    if (r != DT_OK) return r;
+    for (i = 0; i < f->n; i++) w[i] = f->global[i] + f->delta[i];
+    for (i = 0; i < nagg; i++) {
+        f->last_kept[f->who[i]] = f->kept[i];
+        if (info) info->kept += f->kept[i];
+    }
+    return DT_OK;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* the implementation */
