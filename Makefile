@@ -26,6 +26,7 @@
 #   make docs-check   the tutorial's experiments (docs/tutorial), shortened, and its quotations of the examples
 #                     (tools/docs_check.sh; DOCS_CHECK_FULL=1: at full length, redrawing docs/tutorial/img)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
+#   make single       the library as one file to copy: build/single/dtrain.h (tools/amalgamate.sh)
 #   make install      the headers, dtrain.pc / dtrain-full.pc (pkg-config) and the CMake package (find_package:
 #                     dtrain::dtrain) into PREFIX (default /usr/local), under DESTDIR if set; make uninstall
 #   make clean
@@ -212,6 +213,12 @@ uninstall:
 	-rmdir $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(PREFIX)/share/dtrain $(DESTDIR)$(PREFIX)/lib/cmake/dtrain 2>/dev/null
 
 .PHONY: install uninstall
+
+# make single: the library as one file to copy, build/single/dtrain.h (dtrain.h with its modules written in), with
+# dtrain_mpi.h, dtrain_cuda.h and dtrain_cuda.cu beside it (tools/amalgamate.sh; generated, never committed)
+single:
+	sh tools/amalgamate.sh build/single
+.PHONY: single
 
 # the API reference covers the headers, and every C code block of the docs compiles (also part of make test)
 check-docs:

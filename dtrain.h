@@ -2,16 +2,21 @@
    MIT license (see the end of this file).
 
    WHAT IT IS
-     One header that gives a C program float32 tensors, layers with forward and backward passes, losses
-     and a small model zoo, built on flat parameter buffers so that every distributed algorithm becomes a
-     vector operation on one array.
+     One include that gives a C program float32 tensors, layers with forward and backward passes, losses
+     and a small model zoo, optimizers, datasets and partitioners, communication, and the distributed
+     trainers (DDP, D-PSGD, FedAvg, local SGD, Hogwild), built on flat parameter buffers so that every
+     distributed algorithm becomes a vector operation on one array. This file is the manual; the library
+     is in the modules of the folder dtrain/ next to it, which it includes (see MODULES at the end).
 
    HOW TO INCLUDE
      In exactly one C (or C++) file of your project:
          #define DTRAIN_IMPLEMENTATION
          #include "dtrain.h"
      Everywhere else just #include "dtrain.h". Compile with -fopenmp to use every core (optional: without
-     OpenMP the same code runs on one thread). Link with -lm.
+     OpenMP the same code runs on one thread). Link with -lm. Keep dtrain.h and the folder dtrain/ side by
+     side (make install does; -I names the directory that holds both). One file to copy instead: make
+     single writes build/single/dtrain.h, the same library amalgamated (with dtrain_mpi.h, dtrain_cuda.h
+     and dtrain_cuda.cu beside it).
 
    QUICK START
          dt_model *m;
@@ -77,7 +82,8 @@
      | DT_USE_CUDA              | undefined        | include dtrain_cuda.h (the GPU backend): models  |
      |                          |                  | whose desc.ops is NULL run on the GPU; link      |
      |                          |                  | dtrain_cuda.cu's object (nvcc), -lcublas -lcudart|
-   The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s).
+   The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s);
+   DT_CPU (avx512, avx2, portable) the CPU kernels' tier (default: the fastest this CPU runs; dtrain/cpu.h).
    dtrain_cuda.h's DTRAIN_CUDA_IMPLEMENTATION, DT_CUDA_EMULATE and DT_CUDA_DEVICE are in its own manual.
 
    OPTIONAL FEATURES AND POSIX
@@ -110,9 +116,10 @@
      dt_model_finalize, so a chain of builder calls needs one check at the end.
 
    THREADS AND RANKS
-     There is no global mutable state except the logger, which is configuration set once before
-     threads start. Each thread (each local rank) owns its models; a model must not be used by two threads
-     at once. The last-error message is per thread. Kernels use OpenMP inside one call.
+     There is no global mutable state except the logger and the CPU tier (dt_cpu_set_tier), which are
+     configuration set once before threads start. Each thread (each local rank) owns its models; a model
+     must not be used by two threads at once. The last-error message is per thread. Kernels use OpenMP
+     inside one call.
      A loader with prefetch = 1 owns one background thread (POSIX threads: compile with -pthread) that
      converts the next batch while the caller trains on the current one; it only reads the dataset, which
      must not change while the loader lives, and it converts on one OpenMP thread. The batches are the same
@@ -133,9 +140,9 @@
 
    BACKENDS
      Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
-     table, dt_cpu_ops(), is in this file; another backend supplies another table in dt_model_desc: the GPU's
+     table, dt_cpu_ops(), is dtrain/cpu.h's; another backend supplies another table in dt_model_desc: the GPU's
      is dt_cuda_ops() (dtrain_cuda.h: CUDA kernels and cuBLAS), the default in builds with DT_USE_CUDA.
-     Communication has its own table (dt_comm_backend): self (one rank), local (threads, here) and mpi
+     Communication has its own table (dt_comm_backend): self (one rank), local (threads; dtrain/comm.h) and mpi
      (dtrain_mpi.h). The collective algorithms (naive, ring, tree) are written once over its point-to-point
      calls, so they behave and round the same on every backend; NATIVE uses the backend's own.
 
@@ -151,17 +158,23 @@
      checkpoint records its format version, and one of another format version is refused, naming both
      (DT_ERR_FORMAT).
 
-   TABLE OF CONTENTS (declarations and implementation follow the same order)
-     1. base     results and errors, allocator hooks, logging, RNG, timers
-     2. tensor   tensor views, the backend ops table, GEMM and its naive twin, im2col/col2im
-     3. nn       model graph on flat buffers, layers, losses, model zoo
-     4. optim    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
-     5. data     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, the loader
-     6. comm     gossip topologies; the communicator: point-to-point, collectives and their algorithms,
-                 the self and local backends, faults and counters; the launcher
-     7. train    evaluation, checkpoints, and the trainers: local SGD and Hogwild, DDP (gradient averaging
-                 by five methods, buckets overlapped with backward, accumulation, uneven data), D-PSGD
-                 (gossip through a mixing matrix), FedAvg (server and clients, robust aggregation, attacks)
+   MODULES (dtrain/, in the order included: each uses only modules above it; each one's top comment says
+   what it holds, what it uses and which functions to read first)
+     base.h     results and errors, allocator hooks, logging, RNG, timers, progress, the timeline
+                recorder, threads
+     tensor.h   tensor views, the backend ops table (dt_ops), and the CPU ops in plain C: the reference
+                twins of the fast kernels, the naive GEMM and convolution
+     cpu_x86.h  the AVX2 and AVX-512 kernels (the library's only intrinsics; optional to read)
+     cpu.h      the CPU backend: the blocked GEMM, the kernels' tiers and their choice, dt_cpu_ops()
+     nn.h       model graph on flat buffers, layers, losses, the plan of a pass, model zoo
+     optim.h    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
+     data.h     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, sampler, loader
+     comm.h     gossip topologies; the communicator: point-to-point, collectives and their algorithms,
+                the self and local backends, faults and counters; the launcher and the timeline file
+     train.h    evaluation, checkpoints, and the trainers: local SGD and Hogwild, DDP (gradient averaging
+                by five methods, buckets overlapped with backward, accumulation, uneven data), D-PSGD
+                (gossip through a mixing matrix), FedAvg (server and clients, robust aggregation, attacks)
+   Beside this file: dtrain_mpi.h (the MPI backend of comm.h) and dtrain_cuda.h (the GPU's ops table).
 */
 #ifndef DTRAIN_H
 #define DTRAIN_H
@@ -171,6 +184,8 @@
    #define DTRAIN_IMPLEMENTATION. */
 #include "dtrain/base.h"
 #include "dtrain/tensor.h"
+#include "dtrain/cpu_x86.h"
+#include "dtrain/cpu.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/data.h"

@@ -77,9 +77,12 @@ MPI_Comm  dt_comm_mpi_handle(const dt_comm *c);
 #ifdef __cplusplus
 }
 #endif
+#define DTRAIN_MPI_DECLARED
 #endif /* DTRAIN_MPI_H */
 
-#if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_MPI_IMPLEMENTATION_DONE)
+/* (DTRAIN_MPI_DECLARED: after the declarations, also where make single's dtrain.h, which this file then
+   includes, includes this file again at its end) */
+#if defined(DTRAIN_IMPLEMENTATION) && defined(DTRAIN_MPI_DECLARED) && !defined(DTRAIN_MPI_IMPLEMENTATION_DONE)
 #define DTRAIN_MPI_IMPLEMENTATION_DONE
 #include <limits.h>
 
@@ -671,4 +674,4 @@ int dt__mpi_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
 #ifdef __cplusplus
 }
 #endif
-#endif /* DTRAIN_IMPLEMENTATION */
+#endif /* DTRAIN_IMPLEMENTATION && DTRAIN_MPI_DECLARED */

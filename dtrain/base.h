@@ -1,4 +1,19 @@
-/* dtrain/base.h - TOPCOMMENT */
+/* dtrain/base.h - what every other module stands on.   Part of dtrain v0.1.0, MIT license (see the end of
+   dtrain.h, which is the manual and the one include).
+
+   WHAT IS HERE
+     Results and errors (dt_result, dt_set_error, dt_last_error), the allocator hooks (DT_MALLOC, DT_FREE),
+     logging, random numbers (PCG32 streams), timers, the progress bar, the version macros; and for the
+     modules after it: the timeline recorder behind dt_trace_begin (one event lane per thread, written out
+     by dtrain/comm.h's launcher), the thread, mutex and condition helpers over POSIX threads, OpenMP's
+     pragma macro, and the loop bodies shared with the GPU backend (the dropout hash).
+   USES
+     The C library; POSIX threads unless DT_NO_THREADS; OpenMP when compiled with it.
+   READ FIRST
+     dt_set_error (every failure in the library ends there, with its message), dt_rng_init and
+     dt_rng_u32 (why every rank draws from its own stream of one seed), dt__trace_add (what a span costs
+     when tracing is on: one store in a per-thread array; off: one branch).
+*/
 #ifndef DTRAIN_BASE_H
 #define DTRAIN_BASE_H
 #include <stddef.h>
@@ -171,6 +186,14 @@ static inline DT__HD float dt__hash_uniform(uint64_t key, uint64_t counter) {
 #endif
 /* OpenMP only pays off above a few thousand elements; below, one thread is faster. */
 #define DT__PAR_MIN 16384
+#if defined(__GNUC__)
+#define DT__MAYBE_UNUSED __attribute__((unused))
+#else
+#define DT__MAYBE_UNUSED
+#endif
+/* acquire loads and release stores of a word other threads read (GCC and Clang builtins, in C and C++) */
+#define DT__ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DT__ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,4 +1,21 @@
-/* dtrain/comm.h - TOPCOMMENT */
+/* dtrain/comm.h - communication: topologies, the communicator, its algorithms and backends, the launcher.
+   Part of dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
+
+   WHAT IS HERE
+     Gossip topologies and their mixing matrices (ring, torus, exponential, full, your own; checked
+     symmetric, doubly stochastic and connected); dt_comm: point-to-point, the collectives and the
+     algorithms written once over isend/irecv (naive gather-reduce-broadcast, ring reduce-scatter +
+     all-gather, tree), with fixed summation orders so every backend gives the same bits; the checks that
+     turn a failed, late or mismatched rank into an error instead of a hang; counters; the self backend
+     and the local one (ranks as threads, with an optional link model of a slow network); the launcher
+     (dt_launch: threads here, processes under mpiexec with dtrain_mpi.h) and the timeline file.
+   USES
+     dtrain/base.h only (what travels is bytes: the trainers in dtrain/train.h bring the models).
+   READ FIRST
+     dt__allreduce_ring with dt__ring_reduce_scatter and dt__ring_allgather, dt__tree_reduce, the naive
+     algorithms, dt__coll_allreduce (how a call picks one), dt_topology_create; then the local backend
+     (dt__local_isend, dt__local_wait) to see what a transport must do.
+*/
 #ifndef DTRAIN_COMM_H
 #define DTRAIN_COMM_H
 #include "base.h"

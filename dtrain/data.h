@@ -1,4 +1,18 @@
-/* dtrain/data.h - TOPCOMMENT */
+/* dtrain/data.h - datasets, transforms, partitioners, the distributed sampler and the loader.   Part of
+   dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
+
+   WHAT IS HERE
+     Loaders for IDX files (MNIST, Fashion-MNIST; gzip with DT_USE_ZLIB), CIFAR-10 binary batches and
+     image folders (stb_image, with DT_USE_STB_IMAGE), kept as uint8; normalisation, random crop and flip;
+     the partitioners (fractions, IID, contiguous, the FedAvg paper's label shards, Dirichlet label skew),
+     each sample in exactly one part; a distributed sampler with PyTorch's semantics; and the loader: the
+     batches of one rank, the same for (seed, epoch, rank), converted on a background thread.
+   USES
+     dtrain/base.h only (a dataset knows nothing of models); zlib, stb_image and POSIX directories when
+     built with them.
+   READ FIRST
+     dt_partition_dirichlet, dt_sampler_indices, dt_loader_next.
+*/
 #ifndef DTRAIN_DATA_H
 #define DTRAIN_DATA_H
 #include "base.h"

@@ -1,7 +1,22 @@
-/* dtrain/nn.h - TOPCOMMENT */
+/* dtrain/nn.h - models: a graph of layers over flat parameter buffers, losses, and the model zoo.   Part of
+   dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
+
+   WHAT IS HERE
+     The builder (dt_model_create, dt_conv2d, dt_relu, dt_add, ...: each call adds a node), finalize (every
+     parameter a view into ONE flat buffer, gradients in a twin buffer, batch norm's statistics in a third),
+     each layer's forward and backward written once against the dt_ops table, the plan of a pass (which
+     ReLUs run inside the batch norm or residual add before them, which gradients are written instead of
+     added), the losses, the flat buffers' accessors and views, and the zoo (MLP, SimpleCNN, LeNet-5, the
+     FedAvg paper's CNN and 2NN, VGG-11, ResNet-20).
+   USES
+     dtrain/cpu.h (the default backend) and what it includes; dtrain_cuda.h's declarations with DT_USE_CUDA.
+   READ FIRST
+     dt_model_finalize (the flat buffers), dt__node_fwd and dt__node_bwd (every layer's two passes in one
+     place), dt_model_forward / dt_model_backward, dt__plan, dt__zoo_build.
+*/
 #ifndef DTRAIN_NN_H
 #define DTRAIN_NN_H
-#include "tensor.h"
+#include "cpu.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,4 +1,16 @@
-/* dtrain/optim.h - TOPCOMMENT */
+/* dtrain/optim.h - optimizers over the flat buffers, gradient clipping, learning-rate schedules.   Part of
+   dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
+
+   WHAT IS HERE
+     SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW in torch.optim's order of
+     operations, each one fused pass over the flat parameter, gradient and state buffers (dt_ops.sgd_step,
+     adam_step); freezing and per-tensor step counts; clipping by the global norm; constant, multi-step
+     and cosine schedules with warm-up.
+   USES
+     dtrain/nn.h (the model's buffers and ops) and what it includes.
+   READ FIRST
+     dt_optim_step, dt_sched_lr.
+*/
 #ifndef DTRAIN_OPTIM_H
 #define DTRAIN_OPTIM_H
 #include "nn.h"

@@ -1,4 +1,19 @@
-/* dtrain/train.h - TOPCOMMENT */
+/* dtrain/train.h - the trainers: local SGD, Hogwild, DDP, D-PSGD and FedAvg; evaluation and checkpoints.
+   Part of dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
+
+   WHAT IS HERE
+     Evaluation; checkpoints (magic, version, checksum, atomic writes); and thin objects over the flat
+     buffers that keep each algorithm visible: local SGD (average every K steps), Hogwild (lock-free
+     updates of one shared buffer), DDP (the gradient buffer averaged by a parameter server,
+     point-to-point, per layer, flat, or in buckets overlapped with backward; accumulation, uneven data,
+     synchronised batch norm), D-PSGD (gossip with the mixing matrix, CTA or ATC order, consensus) and
+     FedAvg (server and clients, sample-weighted aggregation, robust aggregators, attacks, dropouts).
+   USES
+     dtrain/optim.h, dtrain/data.h and dtrain/comm.h, and what they include: every module before it.
+   READ FIRST
+     dt_ddp_backward with dt__ddp_hook (buckets launched as backward finishes them), dt__dpsgd_gossip,
+     dt_fed_round with dt_fed_aggregate, dt_localsgd_step.
+*/
 #ifndef DTRAIN_TRAIN_H
 #define DTRAIN_TRAIN_H
 #include "optim.h"

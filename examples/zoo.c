@@ -1,7 +1,7 @@
 /* zoo.c - the model zoo at a glance: for each model, its layers and parameter count, and the time of a
    training step's forward + loss + backward on random data.
 
-   usage: zoo [--model NAME|all] [--batch N] [--steps N] [--summary] [--seed N]
+   usage: zoo [--model NAME|all] [--batch N] [--steps N] [--summary] [--seed N] [--tier avx512|avx2|portable]
    e.g.   ./build/examples/zoo --model resnet20 --batch 128 --summary                              */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
@@ -14,7 +14,8 @@
 
 static void usage(FILE *f) {
     int z;
-    fprintf(f, "usage: zoo [--model NAME|all] [--batch N] [--steps N] [--summary] [--seed N]\nmodels:");
+    fprintf(f, "usage: zoo [--model NAME|all] [--batch N] [--steps N] [--summary] [--seed N] [--tier avx512|avx2|portable]\n"
+               "models:");
     for (z = 0; z < DT_ZOO_COUNT; z++) fprintf(f, " %s", dt_zoo_name((dt_zoo_model)z));
     fprintf(f, "\n");
 }
@@ -84,9 +85,12 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--seed") && v) {
             if ((seed = parse_long(v, 0, 0x7fffffffL)) < 0) { fprintf(stderr, "zoo: --seed needs an integer >= 0, got '%s'\n", v); return 2; }
             i++;
+        } else if (!strcmp(a, "--tier") && v) {   /* the CPU kernels' tier (as DT_CPU=...) */
+            if (dt_cpu_set_tier(v) != DT_OK) { fprintf(stderr, "zoo: %s\n", dt_last_error()); return 2; }
+            i++;
         } else { fprintf(stderr, "zoo: unknown or incomplete flag '%s'\n", a); usage(stderr); return 2; }
     }
-    printf("dtrain %s, %d threads\n", DT_VERSION_STRING, dt_cpu_threads());
+    printf("dtrain %s, %d threads, CPU tier %s\n", DT_VERSION_STRING, dt_cpu_threads(), dt_cpu_tier());
     for (z = 0; z < DT_ZOO_COUNT; z++)
         if ((which < 0 || which == z) && run_model((dt_zoo_model)z, batch, steps, summary, (unsigned long)seed)) return 1;
     return 0;

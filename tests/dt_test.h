@@ -58,6 +58,14 @@ static DT_T_UNUSED void dt_t_run(const char *name, dt_t_fn fn) {
     fflush(stdout);
 }
 #define RUN(fn) dt_t_run(#fn, fn)
+/* A test that cannot run here (e.g. kernels for instructions this CPU lacks): said, and counted as skipped,
+   never as passed */
+static DT_T_UNUSED void dt_t_skip(const char *name, const char *why) {
+    if (dt_t_only && !strstr(name, dt_t_only)) return;
+    dt_t_skipped++;
+    printf("skip %s: %s\n", name, why);
+    fflush(stdout);
+}
 /* "N passed, N failed" (what tests/run.sh adds up), after "N skipped" when tests were skipped */
 static DT_T_UNUSED int dt_t_summary(void) {
     if (dt_t_skipped) printf("%d skipped\n", dt_t_skipped);

@@ -2,6 +2,8 @@
 # tests/install.sh [BUILD] - the checks of using dtrain from another project: make install and uninstall,
 # pkg-config, CMake's find_package and add_subdirectory, cmake --install. tests/run.sh sources it (section 8,
 # its check function and counters); alone, `sh tests/install.sh` runs it with counters of its own.
+#   - make single writes build/single/dtrain.h, on which alone README's quick start builds and runs (2 local
+#     ranks; with mpicc, under mpiexec -n 2)
 #   - make install PREFIX=P installs exactly the files of the install layout (README, "Using dtrain in your
 #     project"), with the version of dtrain.h
 #   - README's quick start, built with `pkg-config --cflags --libs dtrain` against P (not the source tree),
@@ -63,6 +65,21 @@ it_pkgconfig_full() {
     # shellcheck disable=SC2086
     cc -std=c11 -O0 "$IT/full.c" -o "$IT/full" $flags && "$IT/full"
 }
+it_single() {   # make single: README's quick start against build/single alone (C, and mpicc under mpiexec)
+    MAKEFLAGS= make -s single >/dev/null || return 1
+    mkdir -p "$IT/single" && cp build/single/dtrain.h build/single/dtrain_mpi.h build/single/dtrain_cuda.h "$IT/single/" || return 1
+    awk '/^```/ { if (inb && buf ~ /quickstart\.c/) { printf "%s", buf; exit } inb = ($0 == "```c"); buf = ""; next }
+         inb { buf = buf $0 "\n" }' README.md > "$IT/single/quickstart.c"
+    [ -s "$IT/single/quickstart.c" ] || { echo "README.md has no \`\`\`c block with quickstart.c"; return 1; }
+    ( cd "$IT/single" &&
+      cc -std=c11 -Wall -Wextra -Wpedantic -Werror -O0 -I. quickstart.c -o quickstart -pthread -lm &&
+      ./quickstart --ranks 2 > quickstart.out && grep -q '^step 200 ' quickstart.out ) || return 1
+    if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
+        ( cd "$IT/single" &&
+          mpicc -std=c11 -Wall -Wextra -Wpedantic -Werror -O0 -DDT_USE_MPI -I. quickstart.c -o quickstart-mpi -lm &&
+          timeout 120 mpiexec -n 2 ./quickstart-mpi > quickstart-mpi.out && grep -q '^step 200 ' quickstart-mpi.out ) || return 1
+    fi
+}
 it_consumer() {   # it_consumer NAME CMAKE-ARGS...: configure, build and run tests/cmake/consumer
     name=$1; shift
     cmake -S tests/cmake/consumer -B "$IT/$name" "$@" > "$IT/$name.log" 2>&1 || { cat "$IT/$name.log"; return 1; }
@@ -84,6 +101,7 @@ it_uninstall() {
 }
 
 if command -v cmake >/dev/null 2>&1 && command -v pkg-config >/dev/null 2>&1; then
+    check "make single: README's quick start against build/single/dtrain.h alone, local ranks and mpiexec -n 2" it_single
     check "make install PREFIX=...: headers, dtrain_cuda.cu, pkg-config and CMake files, version $IT_VERSION" it_install
     check "pkg-config dtrain: README's quick start against the installed header, on 2 local ranks" it_pkgconfig
     check "pkg-config dtrain-full: DT_USE_ZLIB, DT_USE_STB_IMAGE, -lz, -lstb; a program links" it_pkgconfig_full

@@ -1,7 +1,9 @@
 #!/bin/sh
 # tests/run.sh CC BUILD TEST... - runs the test suite in its configurations and prints the total.
-#   1. the optimised build (from make): every test program
-#   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++
+#   1. the optimised build (from make): every test program; test_layers and test_models again on each other
+#      CPU tier this machine runs (DT_CPU=avx2, portable)
+#   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++;
+#      each module of dtrain/ alone after the modules it includes; intrinsics only in dtrain/cpu_x86.h
 #   2a. the docs: every public name of the three headers is in docs/api.md (tools/check_api.sh, one
 #       test); every C code block of README.md, docs/**/*.md and the headers' quick starts compiles, and
 #       the ones marked snippet-run run (tools/check_snippets.sh, one test per block)
@@ -62,6 +64,17 @@ check() {   # check NAME COMMAND...: one test that passes when the command succe
 echo "== 1. optimised build ($CC)"
 for t in "$@"; do run "$t" "$B/tests/$t"; done
 
+# the layer and model tests once more on every other CPU tier this machine runs (dtrain/cpu.h: DT_CPU), so each
+# tier's kernels train the zoo; a tier the CPU lacks is said to be skipped
+default_tier=$(env -u DT_CPU "$B/examples/zoo" --model mlp --steps 1 | sed -n 's/.*, CPU tier \([a-z0-9]*\)$/\1/p')
+for tier in avx512 avx2 portable; do
+    [ "$tier" = "$default_tier" ] && continue
+    if ! "$B/examples/zoo" --tier "$tier" --model mlp --steps 1 >/dev/null 2>&1; then
+        echo "skipped: test_layers and test_models on the $tier tier (this CPU or build lacks it)"; continue
+    fi
+    for t in test_layers test_models; do run "$t DT_CPU=$tier" env DT_CPU=$tier "$B/tests/$t"; done
+done
+
 echo "== 2. compile checks"
 mkdir -p "$B/check"
 printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nint main(void){ return dt_cpu_ops() == 0; }\n' > "$B/check/impl.c"
@@ -76,6 +89,15 @@ for cc in gcc clang; do
 done
 check "gcc C11 without threads (DT_NO_THREADS)" gcc $WARN -DDT_NO_THREADS -c "$B/check/impl.c" -o "$B/check/nothreads.o"
 check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
+# the modules: each compiles alone, with the implementation, after the modules it includes (so none uses one
+# that comes after it; their static helpers for later modules are unused there); only dtrain/cpu_x86.h has intrinsics
+for m in $(sed -n 's/^#include "dtrain\/\([a-z0-9_]*\)\.h".*/\1/p' dtrain.h); do
+    printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain/%s.h"\n' "$m" > "$B/check/module_$m.c"
+    check "dtrain/$m.h alone, with what it includes: gcc C11 and g++" sh -c "gcc $WARN -Wno-unused-function -fopenmp $DEFS \
+        -c '$B/check/module_$m.c' -o '$B/check/module_$m.o' && g++ -x c++ -Wall -Wextra -Wpedantic -Werror -Wno-unused-function \
+        -fopenmp $DEFS -c '$B/check/module_$m.c' -o '$B/check/module_$m-cxx.o'"
+done
+check "SIMD intrinsics in dtrain/cpu_x86.h only" sh -c "[ \"\$(grep -lE '_mm(256|512)?_[a-z]|__m(128|256|512)|immintrin' dtrain.h dtrain/*.h)\" = dtrain/cpu_x86.h ]"
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
 
 echo "== 2a. the docs: API reference and code blocks"

@@ -113,6 +113,15 @@ static void test_tensor(void) {
     CHECK(u.ndim == 4 && dt_tensor_count(&u) == 24);
 }
 
+/* 1 when this CPU runs the tier dt__kernels[k]; else the test's part on it is said to be skipped */
+static int tier_runs(int k, const char *test) {
+    char name[96];
+    if (dt__kernel_ok(k)) return 1;
+    snprintf(name, sizeof name, "%s[%s]", test, dt__kernels[k]->name);
+    dt_t_skip(name, "this CPU lacks the tier's instructions");
+    return 0;
+}
+
 /* GEMM: the blocked GEMM with each micro-kernel this CPU runs against the naive one, on shapes around and
    across the tile and block sizes. */
 static void test_gemm_vs_naive(void) {
@@ -120,8 +129,8 @@ static void test_gemm_vs_naive(void) {
     int nd = (int)(sizeof dims / sizeof dims[0]), cases = 0, ta, tb, k, kernels = 0;
     int64_t im, in_, ik;
     float *ws = (float *)malloc(sizeof(float) * (size_t)dt__gemm_ws_count(dt_cpu_threads()));
-    for (k = 0; k < (int)(sizeof dt__kernels / sizeof dt__kernels[0]); k++) {
-    if (!dt__kernel_ok(k)) continue;
+    for (k = 0; k < DT__NKERNELS; k++) {
+    if (!tier_runs(k, "test_gemm_vs_naive")) continue;
     kernels++;
     for (im = 0; im < nd; im += 2)
         for (in_ = 0; in_ < nd; in_ += 3)
@@ -142,9 +151,9 @@ static void test_gemm_vs_naive(void) {
                         memcpy(C2, C1, sizeof(float) * (size_t)(M * ldc));
                         dt__bsrc bs;
                         bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
-                        dt__gemm_with(&dt__kernels[k], ws, dt_cpu_threads(), ta, M, N, K, alpha, A, lda, &bs, beta, C1, ldc);
+                        dt__gemm_with(dt__kernels[k], ws, dt_cpu_threads(), ta, M, N, K, alpha, A, lda, &bs, beta, C1, ldc);
                         dt_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C2, ldc);
-                        snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld", dt__kernels[k].name, ta, tb,
+                        snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld", dt__kernels[k]->name, ta, tb,
                                  (long long)M, (long long)N, (long long)K);
                         CHECK_CLOSE(C1, C2, M * ldc, 2e-6, what);
                         free(A); free(B); free(C1); free(C2);
@@ -164,8 +173,8 @@ static void test_gemm_blocks(void) {
     int64_t s;
     int k, ta, tb;
     float *ws = (float *)malloc(sizeof(float) * (size_t)dt__gemm_ws_count(dt_cpu_threads()));
-    for (k = 0; k < (int)(sizeof dt__kernels / sizeof dt__kernels[0]); k++) {
-        if (!dt__kernel_ok(k)) continue;
+    for (k = 0; k < DT__NKERNELS; k++) {
+        if (!tier_runs(k, "test_gemm_blocks")) continue;
         for (s = 0; s < (int64_t)(sizeof shapes / sizeof shapes[0]); s++)
             for (ta = 0; ta < 2; ta++)
                 for (tb = 0; tb < 2; tb++) {
@@ -178,10 +187,10 @@ static void test_gemm_blocks(void) {
                     dt_t_fill(A, M * K, -1, 1);
                     dt_t_fill(B, K * N, -1, 1);
                     bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
-                    dt__gemm_with(&dt__kernels[k], ws, dt_cpu_threads(), ta, M, N, K, 1.0f, A, lda, &bs, 0.0f, C1, N);
-                    dt__gemm_with(&dt__kernels[k], ws, 1, ta, M, N, K, 1.0f, A, lda, &bs, 0.0f, C3, N);
+                    dt__gemm_with(dt__kernels[k], ws, dt_cpu_threads(), ta, M, N, K, 1.0f, A, lda, &bs, 0.0f, C1, N);
+                    dt__gemm_with(dt__kernels[k], ws, 1, ta, M, N, K, 1.0f, A, lda, &bs, 0.0f, C3, N);
                     dt_gemm_ref(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C2, N);
-                    snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld", dt__kernels[k].name, ta, tb,
+                    snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld", dt__kernels[k]->name, ta, tb,
                              (long long)M, (long long)N, (long long)K);
                     CHECK_CLOSE(C1, C2, M * N, 2e-6, what);
                     CHECK(memcmp(C1, C3, sizeof(float) * (size_t)(M * N)) == 0);
@@ -298,12 +307,170 @@ static void test_conv_vs_direct(void) {
         /* the shifted path runs where it applies (stride 1, or 2 with a 3 x 3 window; at least an image per
            thread; AVX-512), never when switched off */
         if (i % 2) CHECK(dt__shift_taken == taken);
-        else if ((g.sh == 1 || (g.sh == 2 && g.kh == 3)) && g.n >= dt_cpu_threads() && dt__kernel_ok(0) && dt__kernels[0].mr == 8)
+        else if ((g.sh == 1 || (g.sh == 2 && g.kh == 3)) && g.n >= dt_cpu_threads() && dt__pick_kernel()->conv_fwd)
             CHECK(dt__shift_taken > taken);
         free(x); free(y); free(yref); free(dy); free(dxr); free(dwr); free(gr);
         dt_model_destroy(m);
     }
     dt__shift_off = 0;
+    if (!dt__pick_kernel()->conv_fwd) {
+        char why[96];
+        snprintf(why, sizeof why, "the tier in use (%s) has none: both runs took the packed GEMM", dt_cpu_tier());
+        dt_t_skip("test_conv_vs_direct's shifted rows", why);
+    }
+}
+
+/* ---- every kernel of a faster CPU tier against its portable twin (dtrain/cpu.h's kernel tables) ---- */
+static int twin_tier;   /* the tier under test: an index into dt__kernels */
+
+static float *twin_alloc(int64_t n) { return (float *)calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
+/* the same bits, or a failed check naming what differs */
+static void twin_same(const void *a, const void *b, int64_t bytes, const char *what) {
+    if (memcmp(a, b, (size_t)bytes) != 0) { dt_t_checks_failed++; printf("    %s differs from the portable twin\n", what); }
+}
+
+static void test_tier_twins(void) {
+    /* n, c, h, w, k, stride, padding: images of 2x2 and 4x4 (one permutation each), 8x8, 16x16 and 32x32
+       (16-lane tiles), odd sizes, strides 1 and 2, 5x5 windows */
+    static const int64_t geoms[][7] = {{3, 2, 2, 2, 3, 1, 1}, {5, 3, 4, 4, 3, 2, 1}, {4, 2, 8, 8, 3, 1, 1}, {2, 3, 16, 16, 3, 1, 1},
+                                       {2, 2, 32, 32, 5, 1, 2}, {3, 2, 5, 7, 3, 1, 0}, {2, 2, 7, 9, 3, 2, 1}, {3, 1, 28, 28, 5, 1, 2},
+                                       {9, 2, 2, 2, 1, 1, 0}, {4, 3, 3, 3, 2, 1, 1}};
+    const dt__kernel *k = dt__kernels[twin_tier], *p = &dt__kernel_portable;
+    int gi, used = 0;
+    char what[96];
+    for (gi = 0; gi < (int)(sizeof geoms / sizeof geoms[0]); gi++) {
+        dt_conv_geom g;
+        int64_t xs, cs;
+        float *x, *c1, *c2, *d1, *d2;
+        memset(&g, 0, sizeof g);
+        g.n = geoms[gi][0]; g.c = geoms[gi][1]; g.h = geoms[gi][2]; g.w = geoms[gi][3]; g.oc = 4;
+        g.kh = g.kw = geoms[gi][4]; g.sh = g.sw = geoms[gi][5]; g.ph = g.pw = geoms[gi][6];
+        CHECK_OK(dt_conv_geom_resolve(&g));
+        xs = g.n * g.c * g.h * g.w;
+        cs = g.c * g.kh * g.kw * g.n * g.oh * g.ow;
+        x = twin_alloc(xs); c1 = twin_alloc(cs); c2 = twin_alloc(cs); d1 = twin_alloc(xs); d2 = twin_alloc(xs);
+        dt_t_fill(x, xs, -1, 1);
+        dt__im2col(k, &g, x, c1);     /* data movement: the same floats */
+        dt__im2col(NULL, &g, x, c2);
+        snprintf(what, sizeof what, "%s im2col, geometry %d", k->name, gi);
+        twin_same(c1, c2, (int64_t)sizeof(float) * cs, what);
+        dt_t_fill(c1, cs, -1, 1);
+        dt_t_fill(d1, xs, -1, 1);
+        memcpy(d2, d1, sizeof(float) * (size_t)xs);
+        dt__col2im(k, &g, c1, d1);    /* the taps added in the portable loop's order: the same bits */
+        dt__col2im(NULL, &g, c1, d2);
+        snprintf(what, sizeof what, "%s col2im, geometry %d", k->name, gi);
+        twin_same(d1, d2, (int64_t)sizeof(float) * xs, what);
+        {   /* the convolution GEMMs' packing of op(B) from the images, both ways round, with the tier's panels */
+            dt__bsrc bs;
+            int64_t kk = g.c * g.kh * g.kw, ns = g.n * g.oh * g.ow, tb;
+            int64_t kc = kk < DT__KC ? kk : DT__KC, nc = ns < 100 ? ns : 100;
+            float *tmp = twin_alloc((int64_t)DT__KC * (DT__NC + DT__NR_MAX)), *b1, *b2;
+            for (tb = 0; tb < 2; tb++) {
+                int64_t rows = tb ? (ns < DT__KC ? ns : DT__KC) : kc, cols = tb ? (kk < 100 ? kk : 100) : nc;
+                int64_t np = (cols + k->nr - 1) / k->nr * k->nr * rows;
+                b1 = twin_alloc(np); b2 = twin_alloc(np);
+                bs.B = x; bs.ldb = 0; bs.tb = (int)tb; bs.g = &g;
+                dt__pack_b(k, &bs, 0, rows, 0, cols, b1, k->nr, tmp);
+                dt__pack_b(p, &bs, 0, rows, 0, cols, b2, k->nr, tmp);
+                snprintf(what, sizeof what, "%s packing of im2col%s, geometry %d", k->name, tb ? "^T" : "", gi);
+                twin_same(b1, b2, (int64_t)sizeof(float) * np, what);
+                free(b1); free(b2);
+            }
+            free(tmp);
+        }
+        free(x); free(c1); free(c2); free(d1); free(d2);
+        used++;
+    }
+    {   /* the GEMM's packing of matrices: A's 8-tall panels, B^T's panels */
+        const int64_t M = 19, K = 37, lda = K + 3, N = 61, ldb = K + 1;
+        float *A = twin_alloc(M * lda), *B = twin_alloc(N * ldb), *a1 = twin_alloc(24 * K), *a2 = twin_alloc(24 * K);
+        float *tmp = twin_alloc((int64_t)DT__KC * (DT__NC + DT__NR_MAX));
+        int64_t np = (N + k->nr - 1) / k->nr * k->nr * K;
+        float *b1 = twin_alloc(np), *b2 = twin_alloc(np);
+        dt__bsrc bs;
+        dt_t_fill(A, M * lda, -1, 1);
+        dt_t_fill(B, N * ldb, -1, 1);
+        dt__pack_a(k, 0, A, lda, 0, M, 2, K - 2, a1, 8);
+        dt__pack_a(p, 0, A, lda, 0, M, 2, K - 2, a2, 8);
+        twin_same(a1, a2, (int64_t)sizeof(float) * 24 * (K - 2), "packing of A");
+        bs.B = B; bs.ldb = ldb; bs.tb = 1; bs.g = NULL;
+        dt__pack_b(k, &bs, 1, K - 1, 0, N, b1, k->nr, tmp);
+        dt__pack_b(p, &bs, 1, K - 1, 0, N, b2, k->nr, tmp);
+        twin_same(b1, b2, (int64_t)sizeof(float) * np, "packing of B^T");
+        free(A); free(B); free(a1); free(a2); free(b1); free(b2); free(tmp);
+    }
+    {   /* 2 x 2 max pooling: values and indices, ties and NaN (the first maximum, the first NaN) */
+        static const int64_t shapes[][4] = {{3, 4, 8, 38}, {2, 3, 2, 2}, {1, 2, 6, 66}};
+        int si;
+        for (si = 0; si < 3; si++) {
+            dt_conv_geom g;
+            int64_t xs, ys, i;
+            float *x, *y1, *y2;
+            int32_t *i1, *i2;
+            memset(&g, 0, sizeof g);
+            g.n = shapes[si][0]; g.c = shapes[si][1]; g.h = shapes[si][2]; g.w = shapes[si][3];
+            g.kh = g.kw = g.sh = g.sw = 2;
+            CHECK_OK(dt_conv_geom_resolve(&g));
+            xs = g.n * g.c * g.h * g.w; ys = g.n * g.c * g.oh * g.ow;
+            x = twin_alloc(xs); y1 = twin_alloc(ys); y2 = twin_alloc(ys);
+            i1 = (int32_t *)calloc((size_t)ys, sizeof(int32_t)); i2 = (int32_t *)calloc((size_t)ys, sizeof(int32_t));
+            dt_t_fill(x, xs, -1, 1);
+            for (i = 0; i < xs; i += 7) x[i] = x[i + 1 < xs ? i + 1 : i];   /* ties */
+            for (i = 5; i < xs; i += 23) x[i] = NAN;
+            dt__maxpool_fwd(k, &g, x, y1, i1);
+            dt__maxpool_fwd(NULL, &g, x, y2, i2);
+            twin_same(y1, y2, (int64_t)sizeof(float) * ys, "2 x 2 max pooling's maxima");
+            twin_same(i1, i2, (int64_t)sizeof(int32_t) * ys, "2 x 2 max pooling's indices");
+            free(x); free(y1); free(y2); free(i1); free(i2);
+        }
+    }
+    {   /* batch norm's channel sums in double: x, x*x; x, x*y; through a ReLU's mask; rows with tails */
+        static const int64_t shapes[][3] = {{3, 2, 37}, {4, 3, 64}, {2, 1, 5}, {5, 2, 1024}};
+        int si, kind;
+        for (si = 0; si < 4; si++)
+            for (kind = 0; kind < 3; kind++) {
+                int64_t n = shapes[si][0], c = shapes[si][1], s = shapes[si][2], ch;
+                float *x = twin_alloc(n * c * s), *y = twin_alloc(n * c * s), *db1 = twin_alloc(c), *db2 = twin_alloc(c);
+                dt_t_fill(x, n * c * s, -1, 1);
+                dt_t_fill(y, n * c * s, -1, 1);
+                for (ch = 0; ch < c; ch++) {
+                    double a1, b1, a2, b2;
+                    const float *yy = kind == 1 ? y + ch * s : NULL, *mk = kind == 2 ? y + ch * s : NULL;
+                    dt__bn_sums(k, x + ch * s, yy, mk, n, c * s, s, &a1, &b1);
+                    dt__bn_sums(NULL, x + ch * s, yy, mk, n, c * s, s, &a2, &b2);
+                    CHECK(fabs(a1 - a2) <= 1e-12 * (1.0 + fabs(a2)) && fabs(b1 - b2) <= 1e-12 * (1.0 + fabs(b2)));
+                }
+                dt__channel_sums(k, db1, x, n, c, s);
+                dt__channel_sums(NULL, db2, x, n, c, s);
+                CHECK_CLOSE(db1, db2, c, 1e-6, "channel sums");
+                free(x); free(y); free(db1); free(db2);
+            }
+    }
+    printf("    %s: im2col, col2im and the packing on %d geometries, pooling, channel sums\n", k->name, used);
+}
+
+static void test_cpu_tier(void) {
+    const char *was = dt_cpu_tier();
+    int k;
+    CHECK(was && *was);
+    CHECK_OK(dt_cpu_set_tier("portable"));
+    CHECK(strcmp(dt_cpu_tier(), "portable") == 0);
+    CHECK_ERR(dt_cpu_set_tier("avx9000"), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "avx9000") && strstr(dt_last_error(), "portable"));
+    CHECK(strcmp(dt_cpu_tier(), "portable") == 0);   /* a refused name keeps the tier */
+    for (k = 0; k < DT__NKERNELS; k++) {             /* every tier of this build: chosen where the CPU runs it */
+        if (dt__kernel_ok(k)) { CHECK_OK(dt_cpu_set_tier(dt__kernels[k]->name)); CHECK(dt__pick_kernel() == dt__kernels[k]); }
+        else { CHECK_ERR(dt_cpu_set_tier(dt__kernels[k]->name), DT_ERR_UNSUPPORTED); CHECK(strstr(dt_last_error(), "lacks")); }
+    }
+    if (DT__NKERNELS == 1) {   /* a build without the x86 tiers names them, but refuses them */
+        CHECK_ERR(dt_cpu_set_tier("avx512"), DT_ERR_UNSUPPORTED);
+        CHECK(strstr(dt_last_error(), "build"));
+    }
+    CHECK_OK(dt_cpu_set_tier(NULL));   /* the default: $DT_CPU's tier, else the first tier this CPU runs */
+    CHECK(strcmp(dt_cpu_tier(), was) == 0);
+    for (k = 0; !dt__kernel_ok(k); k++) {}
+    if (!getenv("DT_CPU")) CHECK(dt__pick_kernel() == dt__kernels[k]);
 }
 
 static void test_geom_errors(void) {
@@ -328,6 +495,14 @@ int main(int argc, char **argv) {
     RUN(test_gemm_blocks);
     RUN(test_gemm_beta_zero_ignores_c);
     RUN(test_conv_vs_direct);
+    RUN(test_cpu_tier);
+    for (twin_tier = 0; twin_tier < DT__NKERNELS; twin_tier++) {   /* each faster tier against the portable one */
+        char name[64];
+        if (dt__kernels[twin_tier] == &dt__kernel_portable) continue;
+        snprintf(name, sizeof name, "test_tier_twins[%s]", dt__kernels[twin_tier]->name);
+        if (tier_runs(twin_tier, "test_tier_twins")) dt_t_run(name, test_tier_twins);
+    }
+    if (DT__NKERNELS == 1) dt_t_skip("test_tier_twins", "this build has only the portable tier (DT_NO_SIMD, or not x86-64)");
     RUN(test_geom_errors);
     return dt_t_summary();
 }

@@ -1,0 +1,505 @@
+/* dtrain/cpu.h - the CPU backend: the blocked GEMM, the choice of kernels, and dt_cpu_ops().   Part of
+   dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
+
+   WHAT IS HERE
+     The blocked GEMM (after Goto and van de Geijn: packing into panels that stay in the caches, a small
+     register-tiled micro-kernel, threads that share nothing), in portable C; the tiers of kernels (the
+     portable one defined here, "avx512" and "avx2" from dtrain/cpu_x86.h), chosen once per process by
+     the CPU's features or $DT_CPU, and dt_cpu_set_tier; and the CPU's ops table: the ops of
+     dtrain/tensor.h, with the chosen tier's kernels where it has them.
+   USES
+     dtrain/cpu_x86.h and dtrain/tensor.h (and base.h).
+   READ FIRST
+     dt__gemm_part (the loops of the blocked GEMM), dt__pack_a and dt__pack_b, dt__micro (the portable
+     micro-kernel), dt__pick_kernel (the choice), dt__cpu_ops_table (the table a model calls).
+*/
+#ifndef DTRAIN_CPU_H
+#define DTRAIN_CPU_H
+#include "cpu_x86.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The CPU backend's ops table (OpenMP when compiled with it): a model's default, where no GPU is built in. */
+const dt_ops *dt_cpu_ops(void);
+
+/* CPU GEMM with the semantics of dt_ops.gemm: the blocked one, with the tier's micro-kernel (its plain twin
+   is dt_gemm_ref). */
+void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* The CPU's kernels come in tiers: "avx512" and "avx2" (x86-64, dtrain/cpu_x86.h) and "portable" (plain C
+   that every CPU runs, and that the others are tested against). By default the fastest tier this CPU runs,
+   or the one the environment variable DT_CPU names (avx512, avx2, portable). The ops give the same results
+   on every tier up to the order of long sums. */
+const char *dt_cpu_tier(void);
+/* Chooses the tier: "avx512", "avx2", "portable", or NULL / "auto" for the default. DT_ERR_INVALID_ARG for
+   another name, DT_ERR_UNSUPPORTED when this CPU or build lacks the tier (the tier in use is then kept).
+   Process-wide configuration, like dt_log_configure: call it before threads start. A model takes the tier
+   of the moment at every op. */
+dt_result dt_cpu_set_tier(const char *tier);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_CPU_H */
+
+#if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_CPU_IMPLEMENTATION_DONE)
+#define DTRAIN_CPU_IMPLEMENTATION_DONE
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the blocked GEMM ------------------------------------------------------------------------- */
+/* Blocked GEMM after Goto & van de Geijn: for each (NC x KC) block of op(B), packed into NR-wide
+   panels that stay in L2, and each (MC x KC) block of op(A), packed into MR-tall panels, an MR x NR
+   micro-kernel accumulates in registers: each A panel (MR x KC, a few KiB) stays in L1 while the B panels
+   stream past it from L2. Transposes are absorbed by the packing, so the micro-kernel sees one layout.
+   Edges are zero-padded in the packed panels and clipped when written back. MR and NR are the
+   micro-kernel's (chosen at run time for the CPU); KC, MC and NC are shared, and K and N are cut into
+   blocks of equal size (at most KC, NC) so no block is a sliver. */
+#ifndef DT__KC
+#define DT__KC 256
+#define DT__MC 1248
+#define DT__NC 1152
+#endif
+#define DT__MR_MAX 16
+#define DT__NR_MAX 48
+
+
+/* Ap: the mc x kc block of op(A) at (i0, p0) as MR-tall panels, each kc x MR (row p holds MR rows' values) */
+static void dt__pack_a(const dt__kernel *kern, int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
+                       int64_t kc, float *Ap, int MR) {
+    int64_t ir, p, i;
+    const int fast = MR == 8 && !ta && kern->pack_a8;   /* 1: 8-tall panels by the tier's 8 x 8 transposes */
+    for (ir = 0; ir < mc; ir += MR) {
+        int64_t mr = mc - ir < MR ? mc - ir : MR, p8 = 0;
+        float *dst = Ap + ir * kc;
+        if (ta) {   /* op(A) = A^T: the MR values of a row p are contiguous in A */
+            for (p = 0; p < kc; p++) {
+                const float *src = A + (p0 + p) * lda + i0 + ir;
+                if (mr == 8 && MR == 8) { for (i = 0; i < 8; i++) dst[p * 8 + i] = src[i]; continue; }
+                for (i = 0; i < mr; i++) dst[p * MR + i] = src[i];
+                for (; i < MR; i++) dst[p * MR + i] = 0.0f;
+            }
+            continue;
+        }
+        if (fast && mr == 8) {
+            p8 = kc / 8 * 8;
+            kern->pack_a8(A + (i0 + ir) * lda + p0, lda, p8, dst);
+        }
+        for (i = 0; i < mr; i++) {   /* row by row of A, each read along k */
+            const float *src = A + (i0 + ir + i) * lda + p0;
+            for (p = p8; p < kc; p++) dst[p * MR + i] = src[p];
+        }
+        for (; i < MR; i++)
+            for (p = 0; p < kc; p++) dst[p * MR + i] = 0.0f;
+    }
+}
+
+/* rows of B [rows, nc] (row stride ldb) into the NR-wide panels of a kc-row block (dst: the first row's
+   place in the first panel): row by row, so the reads stream through memory in order instead of hopping
+   between kc rows for every panel */
+static void dt__pack_b_rows(const float *B, int64_t ldb, int64_t rows, int64_t nc, float *dst, int64_t kc, int NR) {
+    int64_t p, jr, j, full = nc / NR * NR;
+    for (p = 0; p < rows; p++, dst += NR) {
+        const float *src = B + p * ldb;
+        if (NR == 48)   /* the AVX-512 kernel's panels: a copy of constant length, unrolled */
+            for (jr = 0; jr < full; jr += 48) {
+                float *d = dst + jr * kc;
+                for (j = 0; j < 48; j++) d[j] = src[jr + j];
+            }
+        else
+            for (jr = 0; jr < full; jr += NR) {
+                float *d = dst + jr * kc;
+                for (j = 0; j < NR; j++) d[j] = src[jr + j];
+            }
+        if (full < nc) {
+            float *d = dst + full * kc;
+            for (j = 0; j < nc - full; j++) d[j] = src[full + j];
+            for (; j < NR; j++) d[j] = 0.0f;
+        }
+    }
+}
+
+/* Bp: the kc x nc block of op(B) at (p0, j0) as NR-wide panels, each kc x NR; tmp: KC x NR_MAX floats of
+   scratch (at least NC: a row of the block) */
+static void dt__pack_b(const dt__kernel *kern, const dt__bsrc *bs, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *Bp,
+                       int NR, float *tmp) {
+    const float *B = bs->B;
+    const dt_conv_geom *g = bs->g;
+    int64_t jr, ldb = bs->ldb;
+    for (jr = 0; jr < nc; jr += NR) {
+        int64_t nr = nc - jr < NR ? nc - jr : NR, p, j;
+        float *dst = Bp + jr * kc;
+        if (g && !bs->tb) {         /* rows p: col rows p0 + p from output position j0 on, each whole into tmp */
+            int64_t S = g->oh * g->ow, n = j0 / S, oy = j0 % S / g->ow, ox = j0 % g->ow;
+            int64_t c = p0 / (g->kh * g->kw), ky = p0 / g->kw % g->kh, kx = p0 % g->kw;
+            for (p = 0; p < kc; p++) {
+                dt__col_span(kern, g, B, c, ky, kx, n, oy, ox, nc, tmp, 1);
+                dt__pack_b_rows(tmp, nc, 1, nc, Bp + p * NR, kc, NR);
+                if (++kx == g->kw) { kx = 0; if (++ky == g->kh) { ky = 0; c++; } }
+            }
+            return;
+        } else if (g) {             /* columns j: col rows j0 + jr + j, each read from output position p0 on */
+            int64_t S = g->oh * g->ow, n = p0 / S, oy = p0 % S / g->ow, ox = p0 % g->ow;
+            int simd = NR % 16 == 0 && kern->pack_bt;   /* 1: the rows go into tmp, then the tier transposes them */
+            for (j = 0; j < nr; j++) {
+                int64_t k = j0 + jr + j;
+                dt__col_span(kern, g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc,
+                             simd ? tmp + j * kc : dst + j, simd ? 1 : NR);
+            }
+            if (simd) { kern->pack_bt(tmp, kc, kc, nr, dst, NR); continue; }
+            for (; j < NR; j++)
+                for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
+        } else if (!bs->tb) {       /* rows of B are contiguous along n: read each whole, for every panel */
+            dt__pack_b_rows(B + p0 * ldb + j0, ldb, kc, nc, Bp, kc, NR);
+            return;
+        } else {                    /* op(B) = B^T: read each row of B along k */
+            if (NR % 16 == 0 && kern->pack_bt) {
+                kern->pack_bt(B + (j0 + jr) * ldb + p0, ldb, kc, nr, dst, NR);
+                continue;
+            }
+            for (j = 0; j < nr; j++) {
+                const float *src = B + (j0 + jr + j) * ldb + p0;
+                for (p = 0; p < kc; p++) dst[p * NR + j] = src[p];
+            }
+            for (; j < NR; j++)
+                for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
+        }
+    }
+}
+
+/* The portable micro-kernel, 6 x 16: c[MR][NR] = sum_p a[p][:] x b[p][:]; then C = alpha c + beta C.
+   Written so that the inner loop over NR contiguous floats vectorises. */
+static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
+                      int64_t mr, int64_t nr, float alpha, float beta) {
+    float c[6][16];
+    int64_t p, i, j;
+    memset(c, 0, sizeof c);
+    for (p = 0; p < kc; p++) {
+        const float *bp = b + p * 16;
+        const float *ap = a + p * 6;
+        for (i = 0; i < 6; i++) {
+            float av = ap[i];
+            for (j = 0; j < 16; j++) c[i][j] += av * bp[j];
+        }
+    }
+    dt__micro_store(&c[0][0], 16, C, ldc, mr, nr, alpha, beta);
+}
+
+/* ---- the tiers ------------------------------------------------------------------------------ */
+/* The portable tier: the micro-kernel above and the portable code of every other entry */
+static const dt__kernel dt__kernel_portable = {
+    "portable", NULL, dt__micro, 6, 16, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+};
+/* Every tier of this build, fastest first */
+static const dt__kernel *const dt__kernels[] = {
+#ifdef DT__X86
+    &dt__kernel_avx512, &dt__kernel_avx2,
+#endif
+    &dt__kernel_portable,
+};
+#define DT__NKERNELS ((int)(sizeof dt__kernels / sizeof dt__kernels[0]))
+/* 1 when this CPU runs dt__kernels[k] */
+static int dt__kernel_ok(int k) {
+    return k >= 0 && k < DT__NKERNELS && (!dt__kernels[k]->runs || dt__kernels[k]->runs());
+}
+/* the tier named (index into dt__kernels), -1 for a name of no tier, -2 for a tier this build lacks */
+static int dt__kernel_find(const char *name) {
+    int k;
+    for (k = 0; k < DT__NKERNELS; k++)
+        if (!strcmp(name, dt__kernels[k]->name)) return k;
+    return !strcmp(name, "avx512") || !strcmp(name, "avx2") ? -2 : -1;
+}
+/* The tier in use: chosen once, at the first call that needs it (CPU features and $DT_CPU are read once),
+   or set by dt_cpu_set_tier. */
+static const dt__kernel *dt__kernel_chosen;
+static const dt__kernel *dt__kernel_default(void) {
+    const char *env = getenv("DT_CPU");
+    int k = 0;
+    if (env && *env && strcmp(env, "auto") != 0) {
+        int want = dt__kernel_find(env);
+        if (want >= 0 && dt__kernel_ok(want)) return dt__kernels[want];
+        while (!dt__kernel_ok(k)) k++;
+        dt_log(DT_LOG_WARN, "DT_CPU=%s: %s; using %s", env,
+               want == -1 ? "not a CPU tier (avx512, avx2, portable)" : "this CPU or build cannot run it", dt__kernels[k]->name);
+        return dt__kernels[k];
+    }
+    while (!dt__kernel_ok(k)) k++;   /* the last, portable, always runs */
+    return dt__kernels[k];
+}
+static const dt__kernel *dt__pick_kernel(void) {
+    const dt__kernel *k = DT__ATOMIC_LOAD(&dt__kernel_chosen);
+    if (!k) {
+        k = dt__kernel_default();
+        DT__ATOMIC_STORE(&dt__kernel_chosen, k);
+    }
+    return k;
+}
+const char *dt_cpu_tier(void) { return dt__pick_kernel()->name; }
+dt_result dt_cpu_set_tier(const char *tier) {
+    int k;
+    if (!tier || !strcmp(tier, "auto")) {
+        DT__ATOMIC_STORE(&dt__kernel_chosen, dt__kernel_default());
+        return DT_OK;
+    }
+    k = dt__kernel_find(tier);
+    if (k == -1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_cpu_set_tier: '%s' is not a CPU tier: use avx512, avx2, portable or auto", tier);
+    if (k == -2 || !dt__kernel_ok(k))
+        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_cpu_set_tier(%s): %s; the tier stays %s", tier,
+                            k == -2 ? "this build has no such kernels (not x86-64 with GCC or Clang, or DT_NO_SIMD)"
+                                    : "this CPU lacks its instructions", dt_cpu_tier());
+    DT__ATOMIC_STORE(&dt__kernel_chosen, dt__kernels[k]);
+    return DT_OK;
+}
+
+/* ---- the GEMM's threads and workspace --------------------------------------------------------- */
+/* Floats of packing workspace the blocked GEMM needs with `threads` threads: a packed B block, a packed
+   A block and a B panel of scratch per thread; and how many threads `count` floats serve. */
+#define DT__GEMM_WS_THREAD ((int64_t)DT__KC * (DT__NC + 2 * DT__NR_MAX + DT__MC + DT__MR_MAX))
+static int64_t dt__gemm_ws_count(int threads) { return (int64_t)threads * DT__GEMM_WS_THREAD; }
+static int dt__gemm_ws_threads(int64_t count) { return (int)(count / DT__GEMM_WS_THREAD); }
+
+/* One thread's share of the blocked GEMM: C[m0:m1, n0:n1], with its own packing space Bp, Ap and tmp.
+   The K blocks depend on K alone, so each element of C is summed in the same order whatever the share. */
+static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, float *tmp, int ta, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+                          int64_t K, float alpha, const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C,
+                          int64_t ldc) {
+    const int MR = kern->mr, NR = kern->nr;
+    int64_t k16 = (K + 15) / 16, nkb = (k16 + DT__KC / 16 - 1) / (DT__KC / 16);   /* K blocks: whole 16s but the last */
+    int64_t npan = (n1 - n0 + NR - 1) / NR, nnb = (npan * NR + DT__NC - 1) / DT__NC;
+    int64_t ncb = (npan + nnb - 1) / nnb * NR, jc, kb, ic, jr, ir;
+    for (kb = 0; kb < nkb; kb++) {   /* K outermost: with one block of A's rows, A is packed once per K block */
+        int64_t pc = 16 * (k16 * kb / nkb), kc = (kb + 1 == nkb ? K : 16 * (k16 * (kb + 1) / nkb)) - pc;
+        float bet = kb == 0 ? beta : 1.0f;
+        for (jc = n0; jc < n1; jc += ncb) {
+            int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
+            dt__pack_b(kern, bs, pc, kc, jc, nc, Bp, NR, tmp);
+            for (ic = m0; ic < m1; ic += DT__MC) {
+                int64_t mc = m1 - ic < DT__MC ? m1 - ic : DT__MC;
+                if (jc == n0 || m1 - m0 > DT__MC) dt__pack_a(kern, ta, A, lda, ic, mc, pc, kc, Ap, MR);
+                for (ir = 0; ir < mc; ir += MR) {        /* A's panel stays in L1 ... */
+                    int64_t mr = mc - ir < MR ? mc - ir : MR;
+                    for (jr = 0; jr < nc; jr += NR) {    /* ... while B's stream from L2 */
+                        int64_t nr = nc - jr < NR ? nc - jr : NR;
+                        kern->fn(kc, Ap + ir * kc, Bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, bet);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* The blocked GEMM with the kernels of tier kern on at most `threads` threads, on a caller's workspace of
+   dt__gemm_ws_count(threads) floats. The threads share nothing: each takes a stretch of C's columns (of
+   its rows when C is narrow) and packs what it reads, so no thread ever waits for another inside the GEMM
+   (on a busy machine, a barrier waits for the slowest thread's time slice). */
+static void dt__gemm_with(const dt__kernel *kern, float *ws, int threads, int ta, int64_t M, int64_t N, int64_t K, float alpha,
+                          const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
+    const int MR = kern->mr, NR = kern->nr;
+    int64_t npanels = (N + NR - 1) / NR, mpanels = (M + MR - 1) / MR;
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0 || alpha == 0.0f) {
+        int64_t i, j;
+        for (i = 0; i < M; i++)
+            for (j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        return;
+    }
+    if ((double)M * (double)N * (double)K < 4.0 * DT__PAR_MIN * 64) threads = 1;   /* too small to share */
+    (void)threads;   /* without OpenMP */
+    DT__OMP(parallel num_threads(threads) if (threads > 1))
+    {
+        int tid = 0, nt = 1;
+        int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
+        float *Bp;
+#if DT__HAVE_OMP
+        tid = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        Bp = ws + (int64_t)tid * DT__GEMM_WS_THREAD;
+        /* columns when there are enough and C is at least as wide as tall (each thread then packs all of A,
+           the smaller), else rows (each packs all of B) */
+        if (npanels >= 4 * (int64_t)nt ? N >= M || mpanels < 4 * (int64_t)nt : mpanels < 4 * (int64_t)nt && npanels >= mpanels) {
+            /* in 16s (the AVX-512 kernel runs a stretch's last 16 or 32 columns with only the vectors it
+               keeps), so the stretches are even */
+            int64_t u = NR % 16 == 0 ? 16 : NR, nu = (N + u - 1) / u;
+            n0 = nu * tid / nt * u;
+            n1 = nu * (tid + 1) / nt * u;
+            if (n1 > N) n1 = N;
+        } else {
+            m0 = mpanels * tid / nt * MR;
+            m1 = mpanels * (tid + 1) / nt * MR;
+            if (m1 > M) m1 = M;
+        }
+        if (m0 < m1 && n0 < n1)
+            dt__gemm_part(kern, Bp, Bp + (int64_t)DT__KC * (DT__NC + DT__NR_MAX), Bp + (int64_t)DT__KC * (DT__NC + DT__NR_MAX + DT__MC + DT__MR_MAX),
+                          ta, m0, m1, n0, n1, K, alpha, A, lda, bs, beta, C, ldc);
+    }
+}
+
+/* op(A) op(B) by the blocked GEMM with the tier's kernels, on workspace ws of `count` floats,
+   or on a fresh one when ws is NULL; by the unblocked one when there is no memory for that. */
+static void dt__gemm_src(float *ws, int64_t count, int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                         int64_t lda, const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
+    int threads = dt_cpu_threads();
+    float *own = NULL;
+    if (M <= 0 || N <= 0) return;
+    if (ws && dt__gemm_ws_threads(count) < threads) threads = dt__gemm_ws_threads(count);
+    if (!ws || threads < 1) {
+        threads = dt_cpu_threads();
+        if (!(ws = own = (float *)DT_MALLOC(sizeof(float) * (size_t)dt__gemm_ws_count(threads)))) {
+            dt__gemm_ref_src(ta, M, N, K, alpha, A, lda, bs, beta, C, ldc);
+            return;
+        }
+    }
+    dt__gemm_with(dt__pick_kernel(), ws, threads, ta, M, N, K, alpha, A, lda, bs, beta, C, ldc);
+    if (own) DT_FREE(own);
+}
+
+void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    dt__bsrc bs;
+    bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
+    dt__gemm_src(NULL, 0, ta, M, N, K, alpha, A, lda, &bs, beta, C, ldc);
+}
+
+/* GEMM on the state's workspace (without state, on a fresh one) */
+static void dt__cpu_gemm_src(void *ctx, int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                             const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
+    dt__cpu_state *st = (dt__cpu_state *)ctx;
+    dt__gemm_src(st ? st->gemm_ws : NULL, st ? st->gemm_ws_count : 0, ta, M, N, K, alpha, A, lda, bs, beta, C, ldc);
+}
+static void dt__cpu_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    dt__bsrc bs;
+    bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
+    dt__cpu_gemm_src(ctx, ta, M, N, K, alpha, A, lda, &bs, beta, C, ldc);
+}
+
+/* The convolution's GEMMs with im2col(x) packed straight from the images: t = W col and dW += t col^T */
+static void dt__cpu_conv_gemm_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, float *t) {
+    int64_t ckk = g->c * g->kh * g->kw, ns = g->n * g->oh * g->ow;
+    dt__bsrc bs;
+    bs.B = x; bs.ldb = 0; bs.tb = 0; bs.g = g;
+    dt__cpu_gemm_src(ctx, 0, g->oc, ns, ckk, 1.0f, W, ckk, &bs, 0.0f, t, ns);
+}
+static void dt__cpu_conv_gemm_wgrad(void *ctx, const dt_conv_geom *g, const float *x, const float *t, float *dW) {
+    int64_t ckk = g->c * g->kh * g->kw, ns = g->n * g->oh * g->ow;
+    dt__bsrc bs;
+    bs.B = x; bs.ldb = 0; bs.tb = 1; bs.g = g;
+    dt__cpu_gemm_src(ctx, 0, g->oc, ckk, ns, 1.0f, t, ns, &bs, 1.0f, dW, ckk);
+}
+/* The input gradient of a stride-1 convolution is itself a convolution, of dy with the flipped and
+   transposed kernel W'[c][o][kh-1-ky][kw-1-kx] = W[o][c][ky][kx] and padding k-1-p: t [c, n*h*w] = W' im2col(dy),
+   then dx += t as [n, c, h, w]. The GEMM packs from dy, so nothing im2col-sized is written or scattered. */
+static int dt__cpu_conv_gemm_dgrad(void *ctx, const dt_conv_geom *g, const float *W, const float *dy, float *dx, float *ws,
+                                   int64_t ws_count) {
+    int64_t kk = g->kh * g->kw, hw = g->h * g->w, wn = g->c * g->oc * kk, i;
+    dt_conv_geom gt = *g;
+    dt__bsrc bs;
+    float *Wt = ws, *t = ws + wn;
+    if (g->sh != 1 || g->sw != 1 || g->ph > g->kh - 1 || g->pw > g->kw - 1 || wn + g->c * g->n * hw > ws_count) return 0;
+    gt.c = g->oc; gt.h = g->oh; gt.w = g->ow; gt.oc = g->c; gt.ph = g->kh - 1 - g->ph; gt.pw = g->kw - 1 - g->pw;
+    gt.oh = g->h; gt.ow = g->w;
+    DT__OMP(parallel for if (wn > DT__PAR_MIN))
+    for (i = 0; i < g->c * g->oc; i++) {   /* i = c * oc + o: Wt[c][o] is W[o][c] turned by 180 degrees */
+        const float *src = W + ((i % g->oc) * g->c + i / g->oc) * kk;
+        int64_t k;
+        for (k = 0; k < kk; k++) Wt[i * kk + k] = src[kk - 1 - k];
+    }
+    bs.B = dy; bs.ldb = 0; bs.tb = 0; bs.g = &gt;
+    dt__cpu_gemm_src(ctx, 0, g->c, g->n * hw, g->oc * kk, 1.0f, Wt, g->oc * kk, &bs, 0.0f, t, g->n * hw);
+    DT__OMP(parallel for if (g->n * g->c * hw > DT__PAR_MIN))
+    for (i = 0; i < g->n * g->c; i++) {   /* i = n * c + ch */
+        int64_t n = i / g->c, ch = i % g->c, s;
+        float *d = dx + i * hw;
+        const float *src = t + (ch * g->n + n) * hw;
+        for (s = 0; s < hw; s++) d[s] += src[s];
+    }
+    return 1;
+}
+
+/* ---- the ops with a faster twin: the portable code of dtrain/tensor.h with the tier's kernels ---- */
+static void dt__cpu_im2col(void *ctx, const dt_conv_geom *g, const float *x, float *col) {
+    (void)ctx;
+    dt__im2col(dt__pick_kernel(), g, x, col);
+}
+static void dt__cpu_col2im_bwd(void *ctx, const dt_conv_geom *g, const float *col, float *dx) {
+    (void)ctx;
+    dt__col2im(dt__pick_kernel(), g, col, dx);
+}
+static void dt__cpu_channel_sum_bwd(void *ctx, float *db, const float *dy, int64_t n, int64_t c, int64_t s) {
+    (void)ctx;
+    dt__channel_sums(dt__pick_kernel(), db, dy, n, c, s);
+}
+static void dt__cpu_maxpool_fwd(void *ctx, const dt_conv_geom *g, const float *x, float *y, int32_t *idx) {
+    (void)ctx;
+    dt__maxpool_fwd(dt__pick_kernel(), g, x, y, idx);
+}
+static void dt__cpu_bn_fwd(void *ctx, int training, const float *x, float *y, int64_t n, int64_t c, int64_t s,
+                           const float *gamma, const float *beta, float *rm, float *rv, float eps, float momentum,
+                           float *save_mean, float *save_invstd) {
+    (void)ctx;
+    dt__bn_fwd(dt__pick_kernel(), training, 0, x, NULL, y, n, c, s, gamma, beta, rm, rv, eps, momentum, save_mean, save_invstd);
+}
+static void dt__cpu_bn_relu_fwd(void *ctx, int training, const float *x, const float *r, float *y, int64_t n, int64_t c,
+                                int64_t s, const float *gamma, const float *beta, float *rm, float *rv, float eps,
+                                float momentum, float *save_mean, float *save_invstd) {
+    (void)ctx;
+    dt__bn_fwd(dt__pick_kernel(), training, 1, x, r, y, n, c, s, gamma, beta, rm, rv, eps, momentum, save_mean, save_invstd);
+}
+static void dt__cpu_bn_bwd(void *ctx, int training, const float *x, const float *dy, float *dx, int64_t n, int64_t c,
+                           int64_t s, const float *gamma, const float *save_mean, const float *save_invstd,
+                           float *dgamma, float *dbeta) {
+    (void)ctx;
+    dt__bn_bwd(dt__pick_kernel(), training, x, NULL, dy, dx, 1, NULL, 0, n, c, s, gamma, save_mean, save_invstd, dgamma, dbeta);
+}
+static void dt__cpu_bn_relu_bwd(void *ctx, int training, const float *x, const float *y, const float *dy, float *dx,
+                                int accumulate, float *dr, int acc_r, int64_t n, int64_t c, int64_t s, const float *gamma,
+                                const float *save_mean, const float *save_invstd, float *dgamma, float *dbeta) {
+    (void)ctx;
+    dt__bn_bwd(dt__pick_kernel(), training, x, y, dy, dx, accumulate, dr, acc_r, n, c, s, gamma, save_mean, save_invstd, dgamma,
+               dbeta);
+}
+/* convolutions without im2col, where the tier has them (dtrain/cpu_x86.h: by shifted rows) */
+static int dt__cpu_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
+    const dt__kernel *k = dt__pick_kernel();
+    return k->conv_fwd ? k->conv_fwd(ctx, g, x, W, b, y) : 0;
+}
+static int dt__cpu_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW,
+                            float *dx, int accumulate) {
+    const dt__kernel *k = dt__pick_kernel();
+    return k->conv_bwd ? k->conv_bwd(ctx, g, x, W, dy, dW, dx, accumulate) : 0;
+}
+
+/* ---- the table ---------------------------------------------------------------------------------- */
+static const dt_ops dt__cpu_ops_table = {
+    "cpu",
+    dt__cpu_alloc, dt__cpu_free, dt__cpu_upload, dt__cpu_upload, dt__cpu_copy,
+    dt__cpu_fill, dt__cpu_scale, dt__cpu_axpy, dt__cpu_add,
+    dt__cpu_gemm, dt__cpu_add_row_bias, dt__cpu_sum_rows_bwd,
+    dt__cpu_im2col, dt__cpu_col2im_bwd, dt__cpu_cs_to_ncs, dt__cpu_ncs_to_cs, dt__cpu_channel_sum_bwd,
+    dt__cpu_maxpool_fwd, dt__cpu_maxpool_bwd, dt__cpu_avgpool_fwd, dt__cpu_avgpool_bwd,
+    dt__cpu_gap_fwd, dt__cpu_gap_bwd,
+    dt__cpu_relu_fwd, dt__cpu_relu_bwd,
+    dt__cpu_dropout_fwd, dt__cpu_mul_bwd,
+    dt__cpu_bn_fwd, dt__cpu_bn_bwd,
+    dt__cpu_pad_shortcut_fwd, dt__cpu_pad_shortcut_bwd,
+    dt__cpu_log_softmax_fwd, dt__cpu_log_softmax_bwd,
+    dt__cpu_softmax_xent, dt__cpu_nll, dt__cpu_mse, dt__cpu_count_correct,
+    dt__cpu_sum_squares, dt__cpu_sgd_step, dt__cpu_adam_step,
+    NULL,  /* sync: the CPU ops finish before they return */
+    dt__cpu_conv_gemm_fwd, dt__cpu_conv_gemm_wgrad, dt__cpu_conv_gemm_dgrad, dt__cpu_conv_fwd, dt__cpu_conv_bwd,
+    dt__cpu_bn_relu_fwd, dt__cpu_bn_relu_bwd, dt__cpu_add_relu_fwd, dt__cpu_add_relu_bwd
+};
+
+const dt_ops *dt_cpu_ops(void) { return &dt__cpu_ops_table; }
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* the implementation */

@@ -1,0 +1,45 @@
+#!/bin/sh
+# tools/amalgamate.sh [DIR] - make single: the library as one file to copy, DIR/dtrain.h (default build/single),
+# generated from dtrain.h and its modules, never committed.
+#   DIR/dtrain.h        dtrain.h with each module of dtrain/ written in where dtrain.h includes it, in that order
+#                       (a module's includes of the modules before it are already above it, so they are dropped)
+#   DIR/dtrain_mpi.h    dtrain_mpi.h and dtrain_cuda.h, including "dtrain.h" where they include a module (unless
+#   DIR/dtrain_cuda.h   dtrain.h is what includes them: it does at the end, and dtrain/nn.h's part with DT_USE_CUDA)
+#   DIR/dtrain_cuda.cu  the GPU backend's nvcc translation unit, unchanged
+# The result compiles as the tree does: the same declarations, the same implementation under
+# DTRAIN_IMPLEMENTATION, the same macros. POSIX sh and awk; run from anywhere.
+cd "$(dirname "$0")/.." || exit 1
+OUT=${1:-build/single}
+mkdir -p "$OUT" || exit 1
+# one module: its text, with its includes of other modules dropped (they precede it in the file) and its include of
+# ../dtrain_cuda.h pointing beside the amalgamated file
+module() {
+    awk -v m="$1" '
+        /^#include "[a-z0-9_]+\.h"/ { print "/* " $0 "   (above, in this file) */"; next }
+        /^#include "\.\.\/dtrain_cuda\.h"/ { print "#include \"dtrain_cuda.h\""; next }
+        { print }' "$1"
+}
+{
+    while IFS= read -r line; do
+        case $line in
+            '#include "dtrain/'*'.h"')
+                f=${line#\#include \"}; f=${f%\"}
+                [ -f "$f" ] || { echo "tools/amalgamate.sh: dtrain.h includes $f, which is missing" >&2; exit 1; }
+                printf '/* ============================================================================================== */\n'
+                printf '/* %-92s */\n' "$f (make single wrote it in here)"
+                printf '/* ============================================================================================== */\n'
+                module "$f" ;;
+            *) printf '%s\n' "$line" ;;
+        esac
+    done < dtrain.h
+} > "$OUT/dtrain.h.tmp" || exit 1
+mv "$OUT/dtrain.h.tmp" "$OUT/dtrain.h"
+for h in dtrain_mpi.h dtrain_cuda.h; do
+    awk '/^#include "dtrain\/[a-z0-9_]+\.h"/ {
+             print "#ifndef DTRAIN_H   /* make single: the whole library, unless it is what includes this file */"
+             print "#include \"dtrain.h\""; print "#endif"; next }
+         { print }' "$h" > "$OUT/$h" || exit 1
+done
+cp dtrain_cuda.cu "$OUT/dtrain_cuda.cu" || exit 1
+if grep -n '^#include "dtrain/' "$OUT"/*.h; then echo "tools/amalgamate.sh: a module include is left above" >&2; exit 1; fi
+echo "make single: $OUT/dtrain.h ($(wc -l < "$OUT/dtrain.h") lines), dtrain_mpi.h, dtrain_cuda.h, dtrain_cuda.cu"
