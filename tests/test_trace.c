@@ -57,11 +57,26 @@ static int traced_run(trace_job *j, int dpsgd, const char *name, char *path, tra
     return trace_load(path, t);
 }
 
+/* DDP's buckets on the helper's lane that overlap their rank's backward pass */
+static int bucket_overlaps(const trace *t) {
+    int i, k, overlaps = 0;
+    for (i = 0; i < t->n; i++) {
+        const ev *b = &t->e[i];
+        if (b->tid != 1 || strcmp(b->name, "bucket") != 0) continue;
+        for (k = 0; k < t->n; k++) {
+            const ev *w = &t->e[k];
+            overlaps += w->pid == b->pid && w->tid == 0 && !strcmp(w->name, "backward") && b->ts < w->ts + w->dur &&
+                        w->ts < b->ts + b->dur;
+        }
+    }
+    return overlaps;
+}
+
 static void test_ddp_timeline(void) {
     char path[512];
     trace_job j;
     trace t;
-    int r, overlaps = 0;
+    int r, overlaps, attempt;
     if (traced_run(&j, 0, "ddp.json", path, &t) != 0) { CHECK(0); return; }
     CHECK(strstr(log_text, "trace: ") && strstr(log_text, path) && strstr(log_text, "ui.perfetto.dev"));
     {
@@ -72,7 +87,6 @@ static void test_ddp_timeline(void) {
     CHECK(t.ranks == RANKS && t.dropped == 0 && t.events > 0);
     for (r = 0; r < RANKS; r++) {
         char rank_name[16];
-        int i, k;
         snprintf(rank_name, sizeof rank_name, "rank %d", r);
         CHECK(j.enabled[r] && j.overlapped[r] && j.buckets[r] >= 3);
         CHECK(has_meta(&t, "process_name", r, 0, rank_name));
@@ -86,17 +100,17 @@ static void test_ddp_timeline(void) {
         CHECK(count(&t, "X", r, 1, "all-reduce") == STEPS * j.buckets[r]);       /* inside the buckets */
         CHECK(count(&t, "X", r, 0, "step") == STEPS && count(&t, "X", r, 0, TRACE_ODD_NAME) == 1);
         CHECK(count(&t, "i", r, 0, "marker") == 1);
-        /* the helper's buckets run while the rank's thread is still in backward (a busy machine may not give
-           the helper a core in time on every rank: one is asked for) */
-        for (i = 0; i < t.n; i++) {
-            const ev *b = &t.e[i];
-            if (b->pid != r || b->tid != 1 || strcmp(b->name, "bucket") != 0) continue;
-            for (k = 0; k < t.n; k++) {
-                const ev *w = &t.e[k];
-                overlaps += w->pid == r && w->tid == 0 && !strcmp(w->name, "backward") && b->ts < w->ts + w->dur &&
-                            w->ts < b->ts + b->dur;
-            }
-        }
+    }
+    /* the helper's buckets run while the rank's thread is still in backward (a busy machine may not give
+       the helper a core in time on every rank: one is asked for; and where none got one, two more runs) */
+    overlaps = bucket_overlaps(&t);
+    for (attempt = 1; overlaps == 0 && attempt < 3; attempt++) {
+        trace_job j2;
+        trace t2;
+        char path2[512];
+        if (traced_run(&j2, 0, "ddp-again.json", path2, &t2) != 0) break;
+        overlaps = bucket_overlaps(&t2);
+        trace_free(&t2);
     }
     CHECK(overlaps > 0);
     for (r = 0; r < t.n; r++) {   /* categories as documented */
