@@ -325,7 +325,7 @@ static __global__ void dt__k_maxpool_fwd(dt_conv_geom g, const float *x, float *
     int64_t total = g.n * g.c * g.oh * g.ow;
     DT__CU_FOR(o, total) {
         int64_t ox = o % g.ow, oy = (o / g.ow) % g.oh, nc = o / (g.ow * g.oh), bi;
-        y[o] = dt__maxpool_window(&g, x + nc * g.h * g.w, oy, ox, &bi);
+        y[o] = dt_body_maxpool_window(&g, x + nc * g.h * g.w, oy, ox, &bi);
         idx[o] = (int32_t)bi;
     }
 }
@@ -355,7 +355,7 @@ static __global__ void dt__k_avgpool_fwd(dt_conv_geom g, const float *x, float *
     int64_t total = g.n * g.c * g.oh * g.ow;
     DT__CU_FOR(o, total) {
         int64_t ox = o % g.ow, oy = (o / g.ow) % g.oh, nc = o / (g.ow * g.oh);
-        y[o] = dt__avgpool_window(&g, x + nc * g.h * g.w, oy, ox);
+        y[o] = dt_body_avgpool_window(&g, x + nc * g.h * g.w, oy, ox);
     }
 }
 /* y [n, c] = mean over s of x [n, c, s] */
@@ -377,7 +377,7 @@ static __global__ void dt__k_relu_bwd(const float *y, const float *dy, float *dx
 }
 static __global__ void dt__k_dropout(const float *x, float *y, float *mask, int64_t n, float p, float keep, uint64_t key) {
     DT__CU_FOR(i, n) {
-        mask[i] = dt__hash_uniform(key, (uint64_t)i) >= p ? keep : 0.0f;
+        mask[i] = dt_body_hash_uniform(key, (uint64_t)i) >= p ? keep : 0.0f;
         y[i] = x[i] * mask[i];
     }
 }
@@ -479,16 +479,16 @@ static __global__ void dt__k_pad_bwd(const float *dy, float *dx, int64_t n, int6
 
 /* rows of x [n, k], one thread per row */
 static __global__ void dt__k_log_softmax_fwd(const float *x, float *y, int64_t n, int64_t k) {
-    DT__CU_FOR(r, n) dt__log_softmax_row(x + r * k, y + r * k, k);
+    DT__CU_FOR(r, n) dt_body_log_softmax_row(x + r * k, y + r * k, k);
 }
 static __global__ void dt__k_log_softmax_bwd(const float *y, const float *dy, float *dx, int64_t n, int64_t k) {
-    DT__CU_FOR(r, n) dt__log_softmax_row_bwd(y + r * k, dy + r * k, dx + r * k, k);
+    DT__CU_FOR(r, n) dt_body_log_softmax_row_bwd(y + r * k, dy + r * k, dx + r * k, k);
 }
 /* losses: one thread per row (per element for mse) writes its gradient and its term of the sum, which
    dt__cu_sum then adds up in a fixed order. A label outside [0, k) (the model checks them) gives NaN. */
 static __global__ void dt__k_softmax_xent(const float *x, const int32_t *labels, int64_t n, int64_t k, float *dx,
                                           double *term) {
-    DT__CU_FOR(r, n) term[r] = dt__softmax_xent_row(x + r * k, labels[r], k, n, dx + r * k);
+    DT__CU_FOR(r, n) term[r] = dt_body_softmax_xent_row(x + r * k, labels[r], k, n, dx + r * k);
 }
 static __global__ void dt__k_nll(const float *logp, const int32_t *labels, int64_t n, int64_t k, float *dx, double *term) {
     DT__CU_FOR(r, n) {
@@ -506,7 +506,7 @@ static __global__ void dt__k_mse(const float *x, const float *target, int64_t n,
     }
 }
 static __global__ void dt__k_correct(const float *x, const int32_t *labels, int64_t n, int64_t k, double *term) {
-    DT__CU_FOR(r, n) term[r] = dt__argmax_row(x + r * k, k) == (int64_t)labels[r] ? 1.0 : 0.0;
+    DT__CU_FOR(r, n) term[r] = dt_body_argmax_row(x + r * k, k) == (int64_t)labels[r] ? 1.0 : 0.0;
 }
 
 /* Sums in a fixed order: part[j] = the sum of chunk j (DT__CU_CHUNK consecutive terms, in order), then
@@ -534,11 +534,11 @@ static __global__ void dt__k_sum_parts(const double *part, int64_t np, double *o
 /* optimizers: one thread per element */
 static __global__ void dt__k_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float dampening,
                                  float wd, int nesterov, int first) {
-    DT__CU_FOR(i, n) dt__sgd_update(p, g, buf, i, lr, momentum, dampening, wd, nesterov, first);
+    DT__CU_FOR(i, n) dt_body_sgd_update(p, g, buf, i, lr, momentum, dampening, wd, nesterov, first);
 }
 static __global__ void dt__k_adam(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                                   float eps, float wd, int decoupled, float step_size, float bc2_sqrt) {
-    DT__CU_FOR(i, n) dt__adam_update(p, g, m, v, i, lr, beta1, beta2, eps, wd, decoupled, step_size, bc2_sqrt);
+    DT__CU_FOR(i, n) dt_body_adam_update(p, g, m, v, i, lr, beta1, beta2, eps, wd, decoupled, step_size, bc2_sqrt);
 }
 
 /* ---- the ops ---------------------------------------------------------------------------------- */

@@ -142,7 +142,7 @@ static inline DT__HD uint64_t dt__mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 /* dt_hash_uniform: the dropout masks are a pure function of (key, element), the same on every backend */
-static inline DT__HD float dt__hash_uniform(uint64_t key, uint64_t counter) {
+static inline DT__HD float dt_body_hash_uniform(uint64_t key, uint64_t counter) {
     uint64_t z = dt__mix64(key + 0x9e3779b97f4a7c15ULL * (counter + 1));
     return (float)(z >> 40) * (1.0f / 16777216.0f);
 }
@@ -297,7 +297,7 @@ float dt_rng_normal(dt_rng *r) {
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
 
-float dt_hash_uniform(uint64_t key, uint64_t counter) { return dt__hash_uniform(key, counter); }
+float dt_hash_uniform(uint64_t key, uint64_t counter) { return dt_body_hash_uniform(key, counter); }
 
 double dt_time_now(void) {
     struct timespec ts;

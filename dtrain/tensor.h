@@ -179,15 +179,23 @@ void dt_conv2d_ref(const dt_conv_geom *g, const float *x, const float *w, const 
 /* Number of threads the CPU kernels use (1 without OpenMP). */
 int dt_cpu_threads(void);
 
+/* FOR BACKENDS: the loop bodies. The ops whose bodies are more than a line have them as functions that a
+   backend calls in its own loops, so that every backend computes the same numbers from one definition:
+   dt_body_maxpool_window, dt_body_avgpool_window, dt_body_log_softmax_row, dt_body_log_softmax_row_bwd,
+   dt_body_softmax_xent_row, dt_body_argmax_row, dt_body_sgd_update, dt_body_adam_update (below, after
+   these declarations) and dt_body_hash_uniform (dtrain/base.h). They are static inline, host and device
+   functions under nvcc, and are defined where DTRAIN_IMPLEMENTATION or DTRAIN_CUDA_IMPLEMENTATION is:
+   dtrain_cuda.h's kernels are their other user. */
+
 #ifdef __cplusplus
 }
 #endif
 #endif /* DTRAIN_TENSOR_H */
 
 /* ============================================================================================== */
-/* Loop bodies shared by the two backends: the CPU ops below and the CUDA kernels of dtrain_cuda.h  */
-/* (compiled by nvcc, where DT__HD makes them device functions too), so both compute the same      */
-/* numbers from one definition. Part of either implementation, never of the declarations.          */
+/* The loop bodies for backends: the CPU ops below and the CUDA kernels of dtrain_cuda.h (compiled */
+/* by nvcc, where DT__HD makes them device functions too) compute the same numbers from one        */
+/* definition. Part of either implementation, never of the declarations.                           */
 /* ============================================================================================== */
 
 #if (defined(DTRAIN_IMPLEMENTATION) || defined(DTRAIN_CUDA_IMPLEMENTATION)) && !defined(DTRAIN_SHARED_DONE)
@@ -196,7 +204,7 @@ int dt_cpu_threads(void);
 /* Max pooling of window (oy, ox) of the plane xp [h, w], checking every tap against the borders: the
    maximum, and its offset in *at (-1 when the window holds no pixel). The first maximum wins and NaN
    propagates, as in PyTorch. */
-static inline DT__HD float dt__maxpool_window(const dt_conv_geom *g, const float *xp, int64_t oy, int64_t ox, int64_t *at) {
+static inline DT__HD float dt_body_maxpool_window(const dt_conv_geom *g, const float *xp, int64_t oy, int64_t ox, int64_t *at) {
     float best = -INFINITY;
     int64_t bi = -1, ky, kx;
     for (ky = 0; ky < g->kh; ky++) {
@@ -215,7 +223,7 @@ static inline DT__HD float dt__maxpool_window(const dt_conv_geom *g, const float
     return best;
 }
 /* Average pooling of window (oy, ox) of the plane xp [h, w]; zero padding counts in the mean. */
-static inline DT__HD float dt__avgpool_window(const dt_conv_geom *g, const float *xp, int64_t oy, int64_t ox) {
+static inline DT__HD float dt_body_avgpool_window(const dt_conv_geom *g, const float *xp, int64_t oy, int64_t ox) {
     float acc = 0.0f;
     int64_t ky, kx;
     for (ky = 0; ky < g->kh; ky++) {
@@ -240,7 +248,7 @@ static inline DT__HD double dt__exp_sum(const float *x, int64_t k, float *mx) {
     return sum;
 }
 /* y [k] = x - log(sum exp(x)) */
-static inline DT__HD void dt__log_softmax_row(const float *x, float *y, int64_t k) {
+static inline DT__HD void dt_body_log_softmax_row(const float *x, float *y, int64_t k) {
     float mx;
     double sum = dt__exp_sum(x, k, &mx);
     float lse = mx + (float)log(sum);
@@ -248,7 +256,7 @@ static inline DT__HD void dt__log_softmax_row(const float *x, float *y, int64_t 
     for (j = 0; j < k; j++) y[j] = x[j] - lse;
 }
 /* dx [k] += dy - exp(y) sum(dy), for y = log_softmax(x) */
-static inline DT__HD void dt__log_softmax_row_bwd(const float *y, const float *dy, float *dx, int64_t k) {
+static inline DT__HD void dt_body_log_softmax_row_bwd(const float *y, const float *dy, float *dx, int64_t k) {
     float sum = 0.0f;
     int64_t j;
     for (j = 0; j < k; j++) sum += dy[j];
@@ -256,7 +264,7 @@ static inline DT__HD void dt__log_softmax_row_bwd(const float *y, const float *d
 }
 /* Softmax cross-entropy of one row x [k] with its label, for a batch of n: dx [k] = (softmax(x) -
    onehot(label)) / n; returns the row's loss (NaN for a label outside [0, k)). */
-static inline DT__HD double dt__softmax_xent_row(const float *x, int64_t label, int64_t k, int64_t n, float *dx) {
+static inline DT__HD double dt_body_softmax_xent_row(const float *x, int64_t label, int64_t k, int64_t n, float *dx) {
     float mx;
     double sum = dt__exp_sum(x, k, &mx), lse = (double)mx + log(sum);
     int64_t j;
@@ -264,7 +272,7 @@ static inline DT__HD double dt__softmax_xent_row(const float *x, int64_t label, 
     return label >= 0 && label < k ? lse - (double)x[label] : (double)NAN;
 }
 /* index of the first maximum of a row x [k] */
-static inline DT__HD int64_t dt__argmax_row(const float *x, int64_t k) {
+static inline DT__HD int64_t dt_body_argmax_row(const float *x, int64_t k) {
     int64_t best = 0, j;
     for (j = 1; j < k; j++)
         if (x[j] > x[best]) best = j;
@@ -272,7 +280,7 @@ static inline DT__HD int64_t dt__argmax_row(const float *x, int64_t k) {
 }
 
 /* One element of the optimizers' updates (dt_ops.sgd_step, adam_step), in torch.optim's order. */
-static inline DT__HD void dt__sgd_update(float *p, const float *g, float *buf, int64_t i, float lr, float momentum,
+static inline DT__HD void dt_body_sgd_update(float *p, const float *g, float *buf, int64_t i, float lr, float momentum,
                                          float dampening, float wd, int nesterov, int first) {
     float d = wd != 0.0f ? g[i] + wd * p[i] : g[i];
     if (momentum != 0.0f) {
@@ -282,7 +290,7 @@ static inline DT__HD void dt__sgd_update(float *p, const float *g, float *buf, i
     }
     p[i] -= lr * d;
 }
-static inline DT__HD void dt__adam_update(float *p, const float *g, float *m, float *v, int64_t i, float lr, float beta1,
+static inline DT__HD void dt_body_adam_update(float *p, const float *g, float *m, float *v, int64_t i, float lr, float beta1,
                                           float beta2, float eps, float wd, int decoupled, float step_size, float bc2_sqrt) {
     float gi = g[i], pi = p[i];
     if (decoupled) pi *= 1.0f - lr * wd;
@@ -694,7 +702,7 @@ static void dt__maxpool_fwd(const dt__kernel *k, const dt_conv_geom *g, const fl
                             if (v > best || v != v) { best = v; bi = (y0 + ky) * g->w + x0 + kx; if (v != v) break; }
                         }
                 } else {
-                    best = dt__maxpool_window(g, xp, oy, ox, &bi);   /* at the border: checked taps */
+                    best = dt_body_maxpool_window(g, xp, oy, ox, &bi);   /* at the border: checked taps */
                 }
                 y[(nc * g->oh + oy) * g->ow + ox] = best;
                 idx[(nc * g->oh + oy) * g->ow + ox] = (int32_t)bi;
@@ -720,7 +728,7 @@ static void dt__cpu_avgpool_fwd(void *ctx, const dt_conv_geom *g, const float *x
         const float *xp = x + nc * g->h * g->w;
         int64_t oy, ox;
         for (oy = 0; oy < g->oh; oy++)
-            for (ox = 0; ox < g->ow; ox++) y[(nc * g->oh + oy) * g->ow + ox] = dt__avgpool_window(g, xp, oy, ox);
+            for (ox = 0; ox < g->ow; ox++) y[(nc * g->oh + oy) * g->ow + ox] = dt_body_avgpool_window(g, xp, oy, ox);
     }
 }
 static void dt__cpu_avgpool_bwd(void *ctx, const dt_conv_geom *g, const float *dy, float *dx) {
@@ -787,7 +795,7 @@ static void dt__cpu_dropout_fwd(void *ctx, const float *x, float *y, float *mask
     (void)ctx;
     DT__OMP(parallel for if (n > DT__PAR_MIN))
     for (i = 0; i < n; i++) {
-        mask[i] = dt__hash_uniform(key, (uint64_t)i) >= p ? keep : 0.0f;
+        mask[i] = dt_body_hash_uniform(key, (uint64_t)i) >= p ? keep : 0.0f;
         y[i] = x[i] * mask[i];
     }
 }
@@ -981,13 +989,13 @@ static void dt__cpu_log_softmax_fwd(void *ctx, const float *x, float *y, int64_t
     int64_t r;
     (void)ctx;
     DT__OMP(parallel for if (n * k > DT__PAR_MIN))
-    for (r = 0; r < n; r++) dt__log_softmax_row(x + r * k, y + r * k, k);
+    for (r = 0; r < n; r++) dt_body_log_softmax_row(x + r * k, y + r * k, k);
 }
 static void dt__cpu_log_softmax_bwd(void *ctx, const float *y, const float *dy, float *dx, int64_t n, int64_t k) {
     int64_t r;
     (void)ctx;
     DT__OMP(parallel for if (n * k > DT__PAR_MIN))
-    for (r = 0; r < n; r++) dt__log_softmax_row_bwd(y + r * k, dy + r * k, dx + r * k, k);
+    for (r = 0; r < n; r++) dt_body_log_softmax_row_bwd(y + r * k, dy + r * k, dx + r * k, k);
 }
 /* Losses run on one thread: their cost is O(n k), tiny next to any layer, and a fixed order keeps the
    loss bit-reproducible. Labels were checked by the caller. */
@@ -996,7 +1004,7 @@ static void dt__cpu_softmax_xent(void *ctx, const float *x, const int32_t *label
     int64_t r;
     double total = 0.0;
     (void)ctx;
-    for (r = 0; r < n; r++) total += dt__softmax_xent_row(x + r * k, labels[r], k, n, dx + r * k);
+    for (r = 0; r < n; r++) total += dt_body_softmax_xent_row(x + r * k, labels[r], k, n, dx + r * k);
     *loss = (float)(total / (double)n);
 }
 static void dt__cpu_nll(void *ctx, const float *logp, const int32_t *labels, int64_t n, int64_t k, float *dx,
@@ -1026,7 +1034,7 @@ static void dt__cpu_count_correct(void *ctx, const float *x, const int32_t *labe
                                   int64_t *correct) {
     int64_t r, c = 0;
     (void)ctx;
-    for (r = 0; r < n; r++) c += dt__argmax_row(x + r * k, k) == labels[r];
+    for (r = 0; r < n; r++) c += dt_body_argmax_row(x + r * k, k) == labels[r];
     *correct = c;
 }
 
@@ -1044,14 +1052,14 @@ static void dt__cpu_sgd_step(void *ctx, float *p, const float *g, float *buf, in
     int64_t i;
     (void)ctx;
     DT__OMP(parallel for if (n > DT__PAR_MIN))
-    for (i = 0; i < n; i++) dt__sgd_update(p, g, buf, i, lr, momentum, dampening, wd, nesterov, first);
+    for (i = 0; i < n; i++) dt_body_sgd_update(p, g, buf, i, lr, momentum, dampening, wd, nesterov, first);
 }
 static void dt__cpu_adam_step(void *ctx, float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
                               float beta2, float eps, float wd, int decoupled, float step_size, float bc2_sqrt) {
     int64_t i;
     (void)ctx;
     DT__OMP(parallel for if (n > DT__PAR_MIN))
-    for (i = 0; i < n; i++) dt__adam_update(p, g, m, v, i, lr, beta1, beta2, eps, wd, decoupled, step_size, bc2_sqrt);
+    for (i = 0; i < n; i++) dt_body_adam_update(p, g, m, v, i, lr, beta1, beta2, eps, wd, decoupled, step_size, bc2_sqrt);
 }
 
 

@@ -9,6 +9,8 @@
 #   type      a typedef name: "} dt_x;", "typedef struct s dt_x;", "typedef R (*dt_x)(...);"
 #   constant  an enum constant DT_...
 #   macro     a #define of DT_... or DTRAIN_... (include guards left out)
+# and, from the whole of each header, the loop bodies for backends (static inline dt_body_... functions,
+# which are defined after the declarations);
 # and from the whole of each header (implementation parts too), what a user sets from outside:
 #   config    a macro tested by #ifdef, #ifndef or defined() (DT_... or DTRAIN_..., guards left out)
 #   env       an environment variable read by getenv("DT_...")
@@ -82,6 +84,9 @@ for h in $HEADERS; do
         grep -oE '^[[:space:]]*#[[:space:]]*define[[:space:]]+(DT|DTRAIN)_[A-Z0-9_]+' "$T/$h.code" |
             sed -E 's/.*define[[:space:]]+//; s/$/ macro/'
     } > "$T/$h.decls"
+    # the loop bodies for backends (dt_body_*: static inline, defined after a module's declarations)
+    grep -oE '^static inline[^(]*[[:space:]*]dt_body_[a-z0-9_]+[[:space:]]*\(' "$T/$h.all" |
+        sed -E 's/.*(dt_body_[a-z0-9_]+).*/\1 function/' >> "$T/$h.decls"
     {
         grep -oE '#[[:space:]]*ifn?def[[:space:]]+(DT|DTRAIN)_[A-Z0-9_]+' "$T/$h.all" | sed -E 's/.*[[:space:]]//'
         grep -oE 'defined[[:space:]]*\(?[[:space:]]*(DT|DTRAIN)_[A-Z0-9_]+' "$T/$h.all" | sed -E 's/.*[[:space:](]//'
