@@ -68,7 +68,6 @@ extern "C" {
 #define DT__MR_MAX 16
 #define DT__NR_MAX 48
 
-
 /* Ap: the mc x kc block of op(A) at (i0, p0) as MR-tall panels, each kc x MR (row p holds MR rows' values) */
 static void dt__pack_a(const dt__kernel *kern, int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
                        int64_t kc, float *Ap, int MR) {
