@@ -699,7 +699,8 @@ static void dt__cancel_all(dt_comm *c, dt_request *q, int n) {
    c->segment_bytes so the next segment travels while this one is reduced. With reduce set, the data
    received lands in tmp and is reduced into rbuf segment by segment; otherwise it lands in rbuf.
    dst or src < 0 skips that half. A side of 0 bytes still sends one empty message, so that every
-   message carries the collective's signature. */
+   message carries the collective's signature. The algorithms reach it through the wrappers below:
+   dt__send, dt__recv, dt__recv_reduce, dt__signal and dt__ring_step. */
 static dt_result dt__step(dt_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes, int src,
                           void *tmp, int reduce, dt_dtype t, dt_reduce_op op) {
     size_t es = dt_dtype_size(t), seg = c->segment_bytes / es * es;   /* whole elements: each segment is reduced alone */
@@ -733,22 +734,43 @@ fail:
     dt__cancel_all(c, q, ns + nr);
     return r;
 }
+/* The one-way steps the algorithms are written in. t sets the segments (whole elements), so a send and
+   its receive must name the same type; the bytes of a broadcast travel as DT_U8. */
+static dt_result dt__send(dt_comm *c, const void *buf, size_t bytes, int dst, dt_dtype t) {
+    return dt__step(c, buf, bytes, dst, NULL, 0, -1, NULL, 0, t, DT_SUM);
+}
+static dt_result dt__recv(dt_comm *c, void *buf, size_t bytes, int src, dt_dtype t) {
+    return dt__step(c, NULL, 0, -1, buf, bytes, src, NULL, 0, t, DT_SUM);
+}
+/* Receives bytes from src into tmp and reduces them into buf (buf = buf op received), segment by segment. */
+static dt_result dt__recv_reduce(dt_comm *c, void *buf, size_t bytes, int src, void *tmp, dt_dtype t, dt_reduce_op op) {
+    return dt__step(c, NULL, 0, -1, buf, bytes, src, tmp, 1, t, op);
+}
+/* A round of the dissemination barrier: an empty message to dst while one comes from src. */
+static dt_result dt__signal(dt_comm *c, int dst, int src) {
+    return dt__step(c, NULL, 0, dst, NULL, 0, src, NULL, 0, DT_U8, DT_SUM);
+}
 
 /* Chunk k of n elements split over p ranks: the first n % p chunks have one element more. */
 static size_t dt__chunk_off(size_t n, int p, int k) { return (size_t)k * (n / (size_t)p) + ((size_t)k < n % (size_t)p ? (size_t)k : n % (size_t)p); }
 static size_t dt__chunk_len(size_t n, int p, int k) { return n / (size_t)p + ((size_t)k < n % (size_t)p ? 1 : 0); }
+/* A step of a ring over the p chunks of buf[n]: chunk ks goes to the right neighbour while chunk kr comes
+   from the left, reduced into buf's chunk kr through tmp (tmp set) or written over it (tmp NULL). */
+static dt_result dt__ring_step(dt_comm *c, void *buf, size_t n, dt_dtype t, int ks, int kr, void *tmp, dt_reduce_op op) {
+    int p = c->size, right = (c->rank + 1) % p, left = (c->rank + p - 1) % p;
+    size_t es = dt_dtype_size(t);
+    return dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
+                    (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, tmp, tmp != NULL, t, op);
+}
 
 /* Ring reduce-scatter, in place: afterwards rank r holds chunk r reduced over all ranks. Step s sends
    chunk r - s - 1 to the right and reduces chunk r - s - 2 from the left into its own, so chunk k starts
    at rank k + 1 and picks up one rank per step: the order of the reduction is fixed by the ring. */
 static dt_result dt__ring_reduce_scatter(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, void *tmp) {
     int p = c->size, me = c->rank, s;
-    int right = (me + 1) % p, left = (me + p - 1) % p;
-    size_t es = dt_dtype_size(t);
     for (s = 0; s < p - 1; s++) {
         int ks = ((me - s - 1) % p + p) % p, kr = ((me - s - 2) % p + 2 * p) % p;
-        dt_result r = dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
-                               (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, tmp, 1, t, op);
+        dt_result r = dt__ring_step(c, buf, n, t, ks, kr, tmp, op);
         if (r != DT_OK) return r;
     }
     return DT_OK;
@@ -756,12 +778,9 @@ static dt_result dt__ring_reduce_scatter(dt_comm *c, void *buf, size_t n, dt_dty
 /* Ring all-gather, in place: rank r starts with chunk r and ends with all of them. */
 static dt_result dt__ring_allgather(dt_comm *c, void *buf, size_t n, dt_dtype t) {
     int p = c->size, me = c->rank, s;
-    int right = (me + 1) % p, left = (me + p - 1) % p;
-    size_t es = dt_dtype_size(t);
     for (s = 0; s < p - 1; s++) {
         int ks = ((me - s) % p + p) % p, kr = ((me - s - 1) % p + p) % p;
-        dt_result r = dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
-                               (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, NULL, 0, t, DT_SUM);
+        dt_result r = dt__ring_step(c, buf, n, t, ks, kr, NULL, DT_SUM);
         if (r != DT_OK) return r;
     }
     return DT_OK;
@@ -783,8 +802,8 @@ static dt_result dt__tree_reduce(dt_comm *c, void *buf, size_t bytes, dt_dtype t
     int p = c->size, v = (c->rank - root + p) % p, mask;
     for (mask = 1; mask < p; mask <<= 1) {
         dt_result r;
-        if (v & mask) return dt__step(c, buf, bytes, (v - mask + root) % p, NULL, 0, -1, NULL, 0, t, op);
-        if (v + mask < p && (r = dt__step(c, NULL, 0, -1, buf, bytes, (v + mask + root) % p, tmp, 1, t, op)) != DT_OK) return r;
+        if (v & mask) return dt__send(c, buf, bytes, (v - mask + root) % p, t);
+        if (v + mask < p && (r = dt__recv_reduce(c, buf, bytes, (v + mask + root) % p, tmp, t, op)) != DT_OK) return r;
     }
     return DT_OK;
 }
@@ -793,14 +812,13 @@ static dt_result dt__tree_broadcast(dt_comm *c, void *buf, size_t bytes, int roo
     dt_result r;
     while (mask < p) {
         if (v & mask) {
-            if ((r = dt__step(c, NULL, 0, -1, buf, bytes, (v - mask + root) % p, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+            if ((r = dt__recv(c, buf, bytes, (v - mask + root) % p, DT_U8)) != DT_OK) return r;
             break;
         }
         mask <<= 1;
     }
     for (mask >>= 1; mask > 0; mask >>= 1)
-        if (v + mask < p && (r = dt__step(c, buf, bytes, (v + mask + root) % p, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK)
-            return r;
+        if (v + mask < p && (r = dt__send(c, buf, bytes, (v + mask + root) % p, DT_U8)) != DT_OK) return r;
     return DT_OK;
 }
 /* Naive: the root talks to everyone in rank order; the reduction is x0 op x1 op ... op x(p-1). */
@@ -809,24 +827,24 @@ static dt_result dt__naive_reduce(dt_comm *c, void *buf, size_t n, dt_dtype t, d
     size_t bytes = n * dt_dtype_size(t);
     int k;
     dt_result r;
-    if (c->rank != root) return dt__step(c, buf, bytes, root, NULL, 0, -1, NULL, 0, t, op);
+    if (c->rank != root) return dt__send(c, buf, bytes, root, t);
     if (bytes) memcpy(mine, buf, bytes);
     for (k = 0; k < c->size; k++) {
         if (k == root) {
             if (k == 0) continue;   /* buf already is x0 */
             dt__reduce_into(buf, mine, n, t, op);
         } else if (k == 0) {
-            if ((r = dt__step(c, NULL, 0, -1, buf, bytes, 0, NULL, 0, t, op)) != DT_OK) return r;
-        } else if ((r = dt__step(c, NULL, 0, -1, buf, bytes, k, tmp, 1, t, op)) != DT_OK) return r;
+            if ((r = dt__recv(c, buf, bytes, 0, t)) != DT_OK) return r;
+        } else if ((r = dt__recv_reduce(c, buf, bytes, k, tmp, t, op)) != DT_OK) return r;
     }
     return DT_OK;
 }
 static dt_result dt__naive_broadcast(dt_comm *c, void *buf, size_t bytes, int root) {
     int k;
     dt_result r;
-    if (c->rank != root) return dt__step(c, NULL, 0, -1, buf, bytes, root, NULL, 0, DT_U8, DT_SUM);
+    if (c->rank != root) return dt__recv(c, buf, bytes, root, DT_U8);
     for (k = 0; k < c->size; k++)
-        if (k != root && (r = dt__step(c, buf, bytes, k, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+        if (k != root && (r = dt__send(c, buf, bytes, k, DT_U8)) != DT_OK) return r;
     return DT_OK;
 }
 /* Ring broadcast: a pipelined chain root -> root + 1 -> ...; each segment is passed on as it arrives. */
@@ -836,8 +854,8 @@ static dt_result dt__ring_broadcast(dt_comm *c, void *buf, size_t bytes, int roo
     do {
         size_t len = bytes - off < seg ? bytes - off : seg;
         dt_result r;
-        if (me != root && (r = dt__step(c, NULL, 0, -1, (char *)buf + off, len, left, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
-        if (right != root && (r = dt__step(c, (char *)buf + off, len, right, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+        if (me != root && (r = dt__recv(c, (char *)buf + off, len, left, DT_U8)) != DT_OK) return r;
+        if (right != root && (r = dt__send(c, (char *)buf + off, len, right, DT_U8)) != DT_OK) return r;
         off += len;
     } while (off < bytes);
     return DT_OK;
@@ -986,7 +1004,7 @@ static dt_result dt__coll_barrier(dt_comm *c) {
     if (a == DT_ALGO_NATIVE) return dt__native(c, c->backend->barrier(c, dt_time_now() + c->timeout));
     /* dissemination: in round k everyone signals rank + 2^k and hears from rank - 2^k */
     for (k = 1; k < c->size && r == DT_OK; k <<= 1)
-        r = dt__step(c, NULL, 0, (c->rank + k) % c->size, NULL, 0, (c->rank - k + c->size) % c->size, NULL, 0, DT_U8, DT_SUM);
+        r = dt__signal(c, (c->rank + k) % c->size, (c->rank - k + c->size) % c->size);
     return r;
 }
 
@@ -1077,8 +1095,8 @@ static dt_result dt__coll_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t
         for (k = 0; k < p && r == DT_OK; k++) {
             size_t off = dt__chunk_off(count, p, k) * es, len = dt__chunk_len(count, p, k) * es;
             if (c->rank == root && k == root) { if (len) memcpy((char *)buf + off, s + off, len); }
-            else if (c->rank == root) r = dt__step(c, NULL, 0, -1, (char *)buf + off, len, k, NULL, 0, t, op);
-            else if (c->rank == k) r = dt__step(c, s + off, len, root, NULL, 0, -1, NULL, 0, t, op);
+            else if (c->rank == root) r = dt__recv(c, (char *)buf + off, len, k, t);
+            else if (c->rank == k) r = dt__send(c, s + off, len, root, t);
         }
     }
     if (r == DT_OK && op == DT_MEAN && c->rank == root) dt__mean_finish(buf, count, t, c->size);
@@ -1094,10 +1112,10 @@ static dt_result dt__coll_scatter(dt_comm *c, const void *send, void *recv, size
     if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_SCATTER, count, t, 0, root, DT_ALGO_NAIVE);
-    if (c->rank != root) return dt__step(c, NULL, 0, -1, recv, bytes, root, NULL, 0, t, DT_SUM);
+    if (c->rank != root) return dt__recv(c, recv, bytes, root, t);
     for (k = 0; k < c->size && r == DT_OK; k++) {
         if (k == root) { if (bytes) memmove(recv, (const char *)send + (size_t)k * bytes, bytes); }
-        else r = dt__step(c, (const char *)send + (size_t)k * bytes, bytes, k, NULL, 0, -1, NULL, 0, t, DT_SUM);
+        else r = dt__send(c, (const char *)send + (size_t)k * bytes, bytes, k, t);
     }
     return r;
 }
@@ -1111,10 +1129,10 @@ static dt_result dt__coll_gather(dt_comm *c, const void *send, void *recv, size_
     if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_GATHER, count, t, 0, root, DT_ALGO_NAIVE);
-    if (c->rank != root) return dt__step(c, send, bytes, root, NULL, 0, -1, NULL, 0, t, DT_SUM);
+    if (c->rank != root) return dt__send(c, send, bytes, root, t);
     for (k = 0; k < c->size && r == DT_OK; k++) {
         if (k == root) { if (bytes) memmove((char *)recv + (size_t)k * bytes, send, bytes); }
-        else r = dt__step(c, NULL, 0, -1, (char *)recv + (size_t)k * bytes, bytes, k, NULL, 0, t, DT_SUM);
+        else r = dt__recv(c, (char *)recv + (size_t)k * bytes, bytes, k, t);
     }
     return r;
 }
