@@ -136,7 +136,8 @@
      table, dt_cpu_ops(), is in this file; another backend supplies another table in dt_model_desc: the GPU's
      is dt_cuda_ops() (dtrain_cuda.h: CUDA kernels and cuBLAS), the default in builds with DT_USE_CUDA.
      Communication has its own table (dt_comm_backend): self (one rank), local (threads, here) and mpi
-     (dtrain_mpi.h). The collective algorithms (naive, ring, tree) are written once over its point-to-point
+     (dtrain_mpi.h), each written against the backend interface at the end of dtrain/comm.h's
+     declarations. The collective algorithms (naive, ring, tree) are written once over its point-to-point
      calls, so they behave and round the same on every backend; NATIVE uses the backend's own.
 
    VERSION

@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/run.sh CC BUILD TEST... - runs the test suite in its configurations and prints the total.
 #   1. the optimised build (from make): every test program
-#   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++
+#   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++;
+#      a dt_request with too few reserved words for the request state stops the build
 #   2a. the docs: every public name of the three headers is in docs/api.md (tools/check_api.sh, one
 #       test); every C code block of README.md, docs/**/*.md and the headers' quick starts compiles, and
 #       the ones marked snippet-run run (tools/check_snippets.sh, one test per block)
@@ -77,6 +78,9 @@ done
 check "gcc C11 without threads (DT_NO_THREADS)" gcc $WARN -DDT_NO_THREADS -c "$B/check/impl.c" -o "$B/check/nothreads.o"
 check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
+# dt_request's reserved words must hold the library's request state: with too few the build stops, saying so
+check "a dt_request too small for the request state does not compile" sh -c "! gcc $WARN -DDT__REQUEST_WORDS=8 -c '$B/check/impl.c' \
+    -o '$B/check/small-request.o' 2> '$B/check/small-request.err' && grep -q 'too few reserved words' '$B/check/small-request.err'"
 
 echo "== 2a. the docs: API reference and code blocks"
 check "docs/api.md documents every public name of the headers (tools/check_api.sh)" sh tools/check_api.sh
