@@ -93,7 +93,7 @@ typedef struct dt_request {
 /* The communicator of one rank: opaque. dt_comm_rank, dt_comm_size, dt_comm_get_desc read it. */
 typedef struct dt_comm dt_comm;
 
-#define DT_TAG_USER_MAX  32767             /* user point-to-point tags are 0 .. DT_TAG_USER_MAX */
+#define DT_TAG_USER_MAX  32767             /* user point-to-point tags are 0 .. DT_TAG_USER_MAX (the library's own are above) */
 #define DT_TIMEOUT_DEFAULT 300.0           /* seconds; the environment variable DT_COMM_TIMEOUT overrides */
 
 /* Options of a communicator; zero means the default. */
@@ -556,7 +556,12 @@ enum { DT__OP_P2P = 0, DT__OP_BARRIER, DT__OP_BROADCAST, DT__OP_REDUCE, DT__OP_A
 static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "broadcast", "reduce", "all-reduce",
                                                   "scatter", "gather", "all-gather", "reduce-scatter",
                                                   "neighbour exchange"};
-#define DT__TAG_COLL 32768          /* tags from here up belong to collectives: seq and signature hash */
+/* Tags: the user's are 0 .. DT_TAG_USER_MAX. Above them, 64 belong to the library's own point-to-point
+   messages (DDP's parameter server and P2P, FedAvg's reports, the timeline under MPI), which only its
+   internal calls (dt__lib_send, ...) may use: a user's tag can never meet them. From DT__TAG_COLL up they
+   belong to collectives: number and signature hash (dt_comm_coll_tag). */
+enum { DT__TAG_DDP = DT_TAG_USER_MAX + 1, DT__TAG_FEDAVG, DT__TAG_TRACE, DT__TAG_LIB_END = DT_TAG_USER_MAX + 65 };
+#define DT__TAG_COLL DT__TAG_LIB_END
 #define DT__TAG_HASH_BITS 6
 
 size_t dt_dtype_size(dt_dtype t) {
@@ -987,9 +992,11 @@ static dt_result dt__comm_check(dt_comm *c, const char *fn, const void *buf, siz
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: %s %d is not a rank of this communicator (0..%d)", fn, peer_name, peer, c->size - 1);
     return DT_OK;
 }
-static dt_result dt__tag_check(const dt_comm *c, const char *fn, int tag) {
-    (void)c;
-    if (tag < 0 || tag > DT_TAG_USER_MAX) return dt_set_error(DT_ERR_INVALID_ARG, "%s: tag %d is outside 0..%d", fn, tag, DT_TAG_USER_MAX);
+/* lib: one of the library's own tags, else a user's. */
+static dt_result dt__tag_check(const char *fn, int tag, int lib) {
+    if (!lib && (tag < 0 || tag > DT_TAG_USER_MAX)) return dt_set_error(DT_ERR_INVALID_ARG, "%s: tag %d is outside 0..%d", fn, tag, DT_TAG_USER_MAX);
+    if (lib && (tag <= DT_TAG_USER_MAX || tag >= DT__TAG_LIB_END))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: the library's tag %d is outside its own %d..%d", fn, tag, DT_TAG_USER_MAX + 1, DT__TAG_LIB_END - 1);
     return DT_OK;
 }
 /* Starts collective number c->seq + 1: its signature, its counter; the seq is published for reports. */
@@ -1029,21 +1036,22 @@ void dt_comm_count_native(dt_comm *c, size_t bytes, int factor) {
 }
 static dt_result dt__native(dt_comm *c, dt_result r) { return r == DT_OK ? DT_OK : dt__comm_fail(c, r, dt_last_error()); }
 
-dt_result dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req) {
-    dt_result r = dt__comm_check(c, "dt_comm_isend", buf, count, t, dst, "destination");
-    if (r == DT_OK) r = dt__tag_check(c, "dt_comm_isend", tag);
-    if (r == DT_OK && !req) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_isend: request is NULL");
+/* Posts a point-to-point send or receive of count elements: the public calls' (user tags), and with lib
+   set the library's own (its reserved tags). */
+static dt_result dt__p2p_post(dt_comm *c, int kind, const void *buf, size_t count, dt_dtype t, int peer, int tag, dt_request *req, int lib) {
+    const char *fn = kind == DT_REQ_SEND ? "dt_comm_isend" : "dt_comm_irecv";
+    dt_result r = dt__comm_check(c, fn, buf, count, t, peer, kind == DT_REQ_SEND ? "destination" : "source");
+    if (r == DT_OK) r = dt__tag_check(fn, tag, lib);
+    if (r == DT_OK && !req) r = dt_set_error(DT_ERR_INVALID_ARG, "%s: request is NULL", fn);
     if (r != DT_OK) return r;
-    dt__comm_begin(c, DT__OP_P2P, count, (int)t, 0, dst, 0);
-    return dt__post(c, DT_REQ_SEND, buf, count * dt_dtype_size(t), dst, tag, (int)dt_dtype_size(t), dt__rq(req));
+    dt__comm_begin(c, DT__OP_P2P, count, (int)t, 0, peer, 0);
+    return dt__post(c, kind, buf, count * dt_dtype_size(t), peer, tag, (int)dt_dtype_size(t), dt__rq(req));
+}
+dt_result dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req) {
+    return dt__p2p_post(c, DT_REQ_SEND, buf, count, t, dst, tag, req, 0);
 }
 dt_result dt_comm_irecv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, dt_request *req) {
-    dt_result r = dt__comm_check(c, "dt_comm_irecv", buf, count, t, src, "source");
-    if (r == DT_OK) r = dt__tag_check(c, "dt_comm_irecv", tag);
-    if (r == DT_OK && !req) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_irecv: request is NULL");
-    if (r != DT_OK) return r;
-    dt__comm_begin(c, DT__OP_P2P, count, (int)t, 0, src, 0);
-    return dt__post(c, DT_REQ_RECV, buf, count * dt_dtype_size(t), src, tag, (int)dt_dtype_size(t), dt__rq(req));
+    return dt__p2p_post(c, DT_REQ_RECV, buf, count, t, src, tag, req, 0);
 }
 dt_result dt_comm_wait(dt_comm *c, dt_request *req) {
     dt__req *q = dt__rq(req);
@@ -1092,17 +1100,33 @@ size_t dt_request_received(const dt_request *req) {
     const dt__req *q = (const dt__req *)(const void *)req;
     return q && q->esize > 0 ? q->m.received / (size_t)q->esize : 0;
 }
-dt_result dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag) {
+/* A blocking send or receive: a post and its wait. */
+static dt_result dt__p2p(dt_comm *c, int kind, const void *buf, size_t count, dt_dtype t, int peer, int tag, size_t *received, int lib) {
     dt_request q;
-    dt_result r = dt_comm_isend(c, buf, count, t, dst, tag, &q);
-    return r == DT_OK ? dt_comm_wait(c, &q) : r;
-}
-dt_result dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, size_t *received) {
-    dt_request q;
-    dt_result r = dt_comm_irecv(c, buf, count, t, src, tag, &q);
+    dt_result r = dt__p2p_post(c, kind, buf, count, t, peer, tag, &q, lib);
     if (r == DT_OK) r = dt_comm_wait(c, &q);
     if (r == DT_OK && received) *received = dt_request_received(&q);
     return r;
+}
+dt_result dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag) {
+    return dt__p2p(c, DT_REQ_SEND, buf, count, t, dst, tag, NULL, 0);
+}
+dt_result dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, size_t *received) {
+    return dt__p2p(c, DT_REQ_RECV, buf, count, t, src, tag, received, 0);
+}
+/* The library's own point-to-point messages (train.h's DDP and FedAvg, the launcher's timeline): the same
+   calls on its reserved tags DT__TAG_DDP, DT__TAG_FEDAVG, DT__TAG_TRACE, which the public ones refuse. */
+static inline dt_result dt__lib_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req) {
+    return dt__p2p_post(c, DT_REQ_SEND, buf, count, t, dst, tag, req, 1);
+}
+static inline dt_result dt__lib_irecv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, dt_request *req) {
+    return dt__p2p_post(c, DT_REQ_RECV, buf, count, t, src, tag, req, 1);
+}
+static inline dt_result dt__lib_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag) {
+    return dt__p2p(c, DT_REQ_SEND, buf, count, t, dst, tag, NULL, 1);
+}
+static inline dt_result dt__lib_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, size_t *received) {
+    return dt__p2p(c, DT_REQ_RECV, buf, count, t, src, tag, received, 1);
 }
 
 static dt_result dt__coll_barrier(dt_comm *c) {
@@ -2334,7 +2358,6 @@ static int dt__mpiexec_size(void) {
    rank). At the end every rank formats its own events; rank 0 gathers the sizes, receives each rank's
    text in rank order, and broadcasts that it has them all; then it writes the one file. A rank that
    failed, or whose part of the exchange failed (a rank has died), writes its own events to PATH.rank<r>. */
-#define DT__TRACE_TAG 32200            /* the tag of the texts sent to rank 0 */
 #define DT__TRACE_CHUNK (1 << 26)      /* bytes per message, well below MPI's INT_MAX */
 
 static dt_result dt__launch_trace_start(dt_comm *c, const dt_launch_desc *desc, dt__trace_lane **lanes) {
@@ -2357,8 +2380,8 @@ static dt_result dt__launch_trace_move(dt_comm *c, dt__text *t, int k, int64_t l
         return dt_set_error(DT_ERR_OUT_OF_MEMORY, "trace: rank 0: no memory for rank %d's %lld bytes of events", k, (long long)len);
     for (off = 0; off < len && r == DT_OK; off += part) {
         part = len - off < DT__TRACE_CHUNK ? len - off : DT__TRACE_CHUNK;
-        if (c->rank != 0) r = dt_comm_send(c, t->p + off, (size_t)part, DT_U8, 0, DT__TRACE_TAG);
-        else if ((r = dt_comm_recv(c, t->p + t->n + off, (size_t)part, DT_U8, k, DT__TRACE_TAG, &got)) == DT_OK && got != (size_t)part)
+        if (c->rank != 0) r = dt__lib_send(c, t->p + off, (size_t)part, DT_U8, 0, DT__TAG_TRACE);
+        else if ((r = dt__lib_recv(c, t->p + t->n + off, (size_t)part, DT_U8, k, DT__TAG_TRACE, &got)) == DT_OK && got != (size_t)part)
             r = dt_set_error(DT_ERR_MISMATCH, "trace: rank %d sent %zu bytes of events where %lld were due", k, got, (long long)part);
     }
     if (r == DT_OK && c->rank == 0) t->n += (size_t)len;

@@ -597,6 +597,13 @@ static void test_backend_interface(void) {
     CHECK_ERR(dt_comm_create_backend(&c, dt_comm_get_backend(cs[0]), NULL, 0, 2, 32767, NULL), DT_ERR_UNSUPPORTED);   /* no room for collectives */
     CHECK(strstr(dt_last_error(), "dt_comm_create_local") != NULL && c == NULL);
     CHECK(dt_comm_impl(NULL) == NULL && dt_comm_get_backend(NULL) == NULL && dt_comm_broken(NULL) == DT_OK);
+    /* the library's own point-to-point tags lie between the user's and the collectives', and each side
+       refuses the other's */
+    CHECK(DT__TAG_DDP == DT_TAG_USER_MAX + 1 && DT__TAG_TRACE < DT__TAG_LIB_END && DT__TAG_LIB_END <= DT__TAG_COLL);
+    CHECK(dt_comm_tag_seq(DT__TAG_DDP) == -1 && dt_comm_tag_seq(DT__TAG_LIB_END - 1) == -1 && dt_comm_tag_seq(DT__TAG_COLL) == 0);
+    CHECK_ERR(dt_comm_send(cs[0], &d, 1, DT_U8, 1, DT__TAG_DDP), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt__lib_send(cs[0], &d, 1, DT_U8, 1, DT_TAG_USER_MAX), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt__lib_send(cs[0], &d, 1, DT_U8, 1, DT__TAG_LIB_END), DT_ERR_INVALID_ARG);
     dt_comm_destroy(cs[0]);
     dt_comm_destroy(cs[1]);
 }
