@@ -45,7 +45,8 @@
          int main(int argc, char **argv) {
              dt_launch_desc ld = {0};
              if (dt_launch_parse(&argc, argv, &ld) != DT_OK) return 2;   // takes --ranks N etc. out of argv
-             return dt_launch(&ld, rank_main, NULL);   // N threads here; one rank per process under mpiexec
+             // N threads here, one rank per process under mpiexec; exit status 0, or 1 after a failure
+             return dt_launch(&ld, rank_main, NULL) == DT_OK ? 0 : 1;
          }
      ./prog --ranks 4 runs four ranks as threads of one process (the local backend). Built with mpicc
      -DDT_USE_MPI, mpiexec -n 4 ./prog runs the same source on MPI (dtrain_mpi.h).

@@ -205,14 +205,17 @@ typedef struct dt_launch_desc {
    Returns DT_ERR_INVALID_ARG naming a bad value. */
 dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d);
 
-/* Runs fn on every rank and returns 0 when every rank returned DT_OK, else 1 after logging each failed
-   rank's error. Under mpiexec (built with DT_USE_MPI) each process is one rank on MPI_COMM_WORLD;
-   otherwise desc->ranks threads on the local backend (1 rank: the self backend). Log lines of rank r > 0
-   are prefixed "[rank r]" and, unless log_all_ranks, only warnings and errors are shown. With trace_path,
-   the timeline is written after the ranks have finished, also when one failed; a trace that cannot be
-   written makes the run fail (1) with a message naming the path. Under MPI rank 0 gathers every rank's
-   events and writes the file; when that fails (a rank has died) each rank writes PATH.rank<r>. */
-int dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
+/* Runs fn on every rank and returns DT_OK when every rank returned DT_OK, else, after logging each failed
+   rank's error, the failure: the cause's result (a failure other than DT_ERR_PEER, which only follows from
+   another rank's), its message in dt_last_error(); under MPI, this process's rank's. A program's main
+   returns `dt_launch(...) == DT_OK ? 0 : 1`: exit status 0, or 1 after a failure. Under mpiexec (built
+   with DT_USE_MPI) each process is one rank on MPI_COMM_WORLD (dt_launch_mpi); otherwise desc->ranks
+   threads on the local backend (1 rank: the self backend). Log lines of rank r > 0 are prefixed
+   "[rank r]" and, unless log_all_ranks, only warnings and errors are shown. With trace_path, the timeline
+   is written after the ranks have finished, also when one failed; a trace that cannot be written makes
+   the run fail (DT_ERR_IO) with a message naming the path. Under MPI rank 0 gathers every rank's events
+   and writes the file; when that fails (a rank has died) each rank writes PATH.rank<r>. */
+dt_result dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
 /* The same on local ranks, returning each rank's result in results[ranks] (may be NULL) and the first
    failure (the lowest failed rank's) as the return value, with its message in dt_last_error(). */
 dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results);
@@ -2457,20 +2460,21 @@ dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks
 dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);   /* in dtrain_mpi.h */
 #endif
 
-int dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
+dt_result dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
     int np = dt__mpiexec_size();
     dt_launch_desc d;
     if (desc) d = *desc; else memset(&d, 0, sizeof d);
 #ifdef DT_USE_MPI
-    if (np > 0) return dt_launch_mpi(&d, fn, arg) == DT_OK ? 0 : 1;
+    if (np > 0) return dt_launch_mpi(&d, fn, arg);
 #else
     if (np > 1) {
-        dt_log(DT_LOG_ERROR, "this program was started by mpiexec with %d processes but built without MPI: "
-                             "rebuild it with MPI (make MPI=1: mpicc -DDT_USE_MPI), or run it alone with --ranks %d", np, np);
-        return 1;
+        dt_result r = dt_set_error(DT_ERR_UNSUPPORTED, "this program was started by mpiexec with %d processes but built without MPI: "
+                                   "rebuild it with MPI (make MPI=1: mpicc -DDT_USE_MPI), or run it alone with --ranks %d", np, np);
+        dt_log(DT_LOG_ERROR, "%s", dt_last_error() + strlen("DT_ERR_UNSUPPORTED: "));
+        return r;
     }
 #endif
-    return dt__launch_local(&d, fn, arg, NULL, 1) == DT_OK ? 0 : 1;
+    return dt__launch_local(&d, fn, arg, NULL, 1);
 }
 
 #ifdef __cplusplus

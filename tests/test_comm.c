@@ -487,7 +487,7 @@ static void test_launch_and_log(void) {
     a.fail_rank = -1;
     d.ranks = 3;
     CHECK(dt_current_rank() == -1);
-    CHECK(dt_launch(&d, launch_rank, &a) == 0);
+    CHECK(dt_launch(&d, launch_rank, &a) == DT_OK);
     for (k = 0; k < 3; k++) CHECK(a.seen_rank[k] == k);
     CHECK(dt_current_rank() == -1);
     /* rank 0's lines as they are; ranks > 0 only warnings, prefixed */
@@ -495,13 +495,13 @@ static void test_launch_and_log(void) {
           has_line(&cap, "[rank 2] warning from 2") && !has_line(&cap, "[rank 1] info from 1") && cap.n == 4);
     cap.n = 0;
     d.log_all_ranks = 1;
-    CHECK(dt_launch(&d, launch_rank, &a) == 0);
+    CHECK(dt_launch(&d, launch_rank, &a) == DT_OK);
     CHECK(has_line(&cap, "[rank 1] info from 1") && has_line(&cap, "[rank 2] info from 2") && cap.n == 6);
-    /* a failing rank: dt_launch says 1 and logs the cause first */
+    /* a failing rank: dt_launch returns the cause's result, with its message, and logs the cause first */
     cap.n = 0;
     d.log_all_ranks = 0;
     a.fail_rank = 2;
-    CHECK(dt_launch(&d, launch_rank, &a) == 1);
+    CHECK(dt_launch(&d, launch_rank, &a) == DT_ERR_IO && strstr(dt_last_error(), "could not read its shard"));
     CHECK(cap.n >= 4 && cap.levels[cap.n - 3] == DT_LOG_ERROR);
     for (k = 0; k < cap.n && !strstr(cap.lines[k], "could not read its shard"); k++) {}
     CHECK(k < cap.n && cap.levels[k] == DT_LOG_ERROR);
@@ -512,7 +512,7 @@ static void test_launch_and_log(void) {
     /* one rank (0 = 1) runs on the calling thread, on the self backend */
     d.ranks = 0;
     a.fail_rank = -1;
-    CHECK(dt_launch(&d, launch_rank, &a) == 0 && a.seen_rank[0] == 0);
+    CHECK(dt_launch(&d, launch_rank, &a) == DT_OK && a.seen_rank[0] == 0);
     CHECK_ERR(dt_launch_local(&d, NULL, &a, NULL), DT_ERR_INVALID_ARG);
     dt_log_configure(NULL, NULL, DT_LOG_INFO);
     pthread_mutex_destroy(&cap.mu);
