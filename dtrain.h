@@ -50,7 +50,8 @@
          int main(int argc, char **argv) {
              dt_launch_desc ld = {0};
              if (dt_launch_parse(&argc, argv, &ld) != DT_OK) return 2;   // takes --ranks N etc. out of argv
-             return dt_launch(&ld, rank_main, NULL);   // N threads here; one rank per process under mpiexec
+             // N threads here, one rank per process under mpiexec; exit status 0, or 1 after a failure
+             return dt_launch(&ld, rank_main, NULL) == DT_OK ? 0 : 1;
          }
      ./prog --ranks 4 runs four ranks as threads of one process (the local backend). Built with mpicc
      -DDT_USE_MPI, mpiexec -n 4 ./prog runs the same source on MPI (dtrain_mpi.h).
@@ -143,7 +144,8 @@
      table, dt_cpu_ops(), is dtrain/cpu.h's; another backend supplies another table in dt_model_desc: the GPU's
      is dt_cuda_ops() (dtrain_cuda.h: CUDA kernels and cuBLAS), the default in builds with DT_USE_CUDA.
      Communication has its own table (dt_comm_backend): self (one rank), local (threads; dtrain/comm.h) and mpi
-     (dtrain_mpi.h). The collective algorithms (naive, ring, tree) are written once over its point-to-point
+     (dtrain_mpi.h), each written against the backend interface at the end of dtrain/comm.h's
+     declarations. The collective algorithms (naive, ring, tree) are written once over its point-to-point
      calls, so they behave and round the same on every backend; NATIVE uses the backend's own.
 
    VERSION

@@ -19,6 +19,8 @@
      dt_comm_create_mpi(&c, comm, &desc)   a dt_comm over a duplicate of comm (collective over comm)
      dt_comm_mpi_handle(c)                 that duplicate, for the program's own MPI calls
      dt_comm_destroy(c)                    frees it
+     dt_launch_mpi(&desc, fn, arg)         what dt_launch runs under mpiexec (one rank per process)
+   It is written against the backend interface of dtrain/comm.h alone: a model for another transport.
 
    QUICK START
      dt_launch does all of this for a rank function; a program that runs MPI itself:
@@ -73,6 +75,10 @@ extern "C" {
 dt_result dt_comm_create_mpi(dt_comm **out, MPI_Comm comm, const dt_comm_desc *desc);
 /* The MPI communicator c uses (owned by c), or MPI_COMM_NULL when c is not an MPI communicator. */
 MPI_Comm  dt_comm_mpi_handle(const dt_comm *c);
+/* What dt_launch does under mpiexec: runs fn as this process's rank of MPI_COMM_WORLD (MPI initialised
+   with MPI_THREAD_FUNNELED unless the program did, and then finalized here too). Collective over
+   MPI_COMM_WORLD. Returns fn's result (or the launcher's failure), logged when it is not DT_OK. */
+dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
 
 #ifdef __cplusplus
 }
@@ -91,17 +97,18 @@ extern "C" {
 #endif
 
 /* ---- the MPI backend ----------------------------------------------------------------------------
-   Tags: user messages 0 .. DT_TAG_USER_MAX; collectives DT__TAG_COLL .. tag_ub - 1 (dt__coll_tag keeps
-   below tag_ub); tag_ub itself carries abort notices. Each wait polls MPI_Test and, between polls, looks
-   for abort notices and, in a collective, at the first message pending from the rank it waits for: a
-   collective tag with another sequence number or another signature hash means a mismatch. */
+   Written against dtrain/comm.h's backend interface alone (dt_comm_create_backend, dt_message, ...).
+   Tags: user messages 0 .. DT_TAG_USER_MAX; collectives (dt_comm_coll_tag) below tag_ub; tag_ub itself
+   carries abort notices. Each wait polls MPI_Test and, between polls, looks for abort notices and, in a
+   collective, at the first message pending from the rank it waits for: a collective tag with another
+   collective number (dt_comm_tag_seq) or another signature hash means a mismatch. */
 
 #define DT__MPI_NOTICE 480              /* bytes of message in an abort notice */
 #define DT__MPI_CANCEL_WAIT 0.5         /* seconds, after a failure, that cancels may wait for MPI in all */
 #define DT__MPI_YIELD_SECONDS 5e-2      /* seconds a wait yields before it naps */
 #define DT__MPI_ORDER_GRACE 0.2         /* seconds a message of a later collective must stay first in line */
 
-typedef char dt__mpi_request_fits[sizeof(MPI_Request) <= sizeof(((dt_request *)0)->impl) ? 1 : -1];
+typedef char dt__mpi_request_fits[sizeof(MPI_Request) <= sizeof(((dt_message *)0)->impl) ? 1 : -1];
 
 typedef struct dt__mpi_notice {
     uint64_t id;                        /* the communicator's identity: a stale notice is ignored */
@@ -120,12 +127,11 @@ typedef struct dt__mpi {
     double         cancel_until;        /* 0, or the end of the time cancels may wait */
     uint64_t       sig_in[2], sig_out[2];  /* the signature check's buffers: MPI may write them after a failure */
     int            stuck;               /* a native collective failed: MPI still holds its request (and M) */
-    dt__mutex      mu;                  /* naps: a timed wait on a condition nobody signals */
-    dt__cond       cv;
 } dt__mpi;
 
-static MPI_Request dt__mpi_req_get(const dt_request *q) { MPI_Request r; memcpy(&r, q->impl, sizeof r); return r; }
-static void dt__mpi_req_set(dt_request *q, MPI_Request r) { memcpy(q->impl, &r, sizeof r); }
+static dt__mpi *dt__mpi_of(const dt_comm *c) { return (dt__mpi *)dt_comm_impl(c); }
+static MPI_Request dt__mpi_req_get(const dt_message *q) { MPI_Request r; memcpy(&r, q->impl, sizeof r); return r; }
+static void dt__mpi_req_set(dt_message *q, MPI_Request r) { memcpy(q->impl, &r, sizeof r); }
 
 /* DT_ERR_COMM naming the MPI call and MPI's message. */
 static dt_result dt__mpi_error(int rc, const char *call) {
@@ -139,20 +145,17 @@ static dt_result dt__mpi_error(int rc, const char *call) {
 /* Yields (sched_yield: a waiting rank gives its core to any rank that can run) for the first
    DT__MPI_YIELD_SECONDS of a wait, then naps of an eighth of the time waited so far, from 10 us up to
    1 ms: no spinning on a busy machine, and little added latency for a short wait. */
-static void dt__mpi_backoff(dt__mpi *M, double *since) {
+static void dt__mpi_backoff(double *since) {
     double now = dt_time_now(), nap;
     if (*since == 0) *since = now;
     if (now - *since < DT__MPI_YIELD_SECONDS) { sched_yield(); return; }
     nap = (now - *since) / 8;
-    nap = nap < 1e-5 ? 1e-5 : nap > 1e-3 ? 1e-3 : nap;
-    dt__mutex_lock(&M->mu);
-    dt__cond_wait_for(&M->cv, &M->mu, nap);
-    dt__mutex_unlock(&M->mu);
+    dt_sleep(nap < 1e-5 ? 1e-5 : nap > 1e-3 ? 1e-3 : nap);
 }
 
 /* DT_ERR_PEER once an abort notice of this communicator has arrived (sticky: the run has failed). */
 static dt_result dt__mpi_notices(dt_comm *c) {
-    dt__mpi *M = (dt__mpi *)c->impl;
+    dt__mpi *M = dt__mpi_of(c);
     while (M->peer < 0) {
         MPI_Status st;
         int flag = 0;
@@ -170,28 +173,28 @@ static dt_result dt__mpi_notices(dt_comm *c) {
    number, means the ranks disagree (*ahead set for the latter). User tags are not judged; a pending
    notice is left to dt__mpi_notices. */
 static dt_result dt__mpi_probe(dt_comm *c, int src, int *ahead) {
-    dt__mpi *M = (dt__mpi *)c->impl;
-    int mine = dt__coll_tag(c), k, lo = src < 0 ? 0 : src, hi = src < 0 ? c->size : src + 1;
+    dt__mpi *M = dt__mpi_of(c);
+    int mine = dt_comm_coll_tag(c), me = dt_comm_rank(c), k, lo = src < 0 ? 0 : src, hi = src < 0 ? dt_comm_size(c) : src + 1;
     char what[128];
     for (k = lo; k < hi; k++) {
         MPI_Status st;
         int flag = 0, tag;
-        if (k == c->rank) continue;
+        if (k == me) continue;
         DT__MPI_TRY(MPI_Iprobe(k, MPI_ANY_TAG, M->comm, &flag, &st));
         if (!flag) continue;
         tag = st.MPI_TAG;
-        if (tag < DT__TAG_COLL || tag == M->abort_tag) continue;
-        if (((tag - DT__TAG_COLL) >> DT__TAG_HASH_BITS) != ((mine - DT__TAG_COLL) >> DT__TAG_HASH_BITS)) {
+        if (dt_comm_tag_seq(tag) < 0 || tag == M->abort_tag) continue;
+        if (dt_comm_tag_seq(tag) != dt_comm_tag_seq(mine)) {
             if (src < 0) continue;   /* a rank ahead of this one, already in a later collective */
             *ahead = 1;
-            dt__sig_str(c->sig, what, sizeof what);
+            dt_comm_describe(c, what, sizeof what);
             return dt_set_error(DT_ERR_MISMATCH, "rank %d sent a message of another collective while this rank waits for its part of %s: "
                                 "the ranks called collectives in a different order", k, what);
         }
         if (src >= 0 && tag == mine) continue;
-        dt__sig_str(c->sig, what, sizeof what);
+        dt_comm_describe(c, what, sizeof what);
         return dt_set_error(DT_ERR_MISMATCH, "rank %d called a different collective, or the same with a different count, type, op, root "
-                            "or algorithm, as collective #%llu (this rank called %s)", k, (unsigned long long)c->sig[0], what);
+                            "or algorithm, as collective #%llu (this rank called %s)", k, (unsigned long long)dt_comm_seq(c), what);
     }
     return DT_OK;
 }
@@ -203,7 +206,6 @@ static dt_result dt__mpi_probe(dt_comm *c, int src, int *ahead) {
    message of a later collective may also overtake the completion of a large message still being copied,
    so that verdict must hold for DT__MPI_ORDER_GRACE seconds. */
 static dt_result dt__mpi_poll(dt_comm *c, MPI_Request *rq, MPI_Status *st, double deadline, int probe, int *rc) {
-    dt__mpi *M = (dt__mpi *)c->impl;
     int flag = 0, ahead = 0;
     double since = 0;
     double suspect = 0, now;
@@ -220,49 +222,37 @@ static dt_result dt__mpi_poll(dt_comm *c, MPI_Request *rq, MPI_Status *st, doubl
             if (suspect == 0) suspect = now;
         } else suspect = 0;
         if (now >= deadline) return DT_ERR_TIMEOUT;
-        dt__mpi_backoff(M, &since);
+        dt__mpi_backoff(&since);
     }
 }
 
-static dt_result dt__mpi_post(dt_comm *c, void *buf, size_t bytes, int peer, int tag, dt_request *q, int kind) {
-    dt__mpi *M = (dt__mpi *)c->impl;
+/* Posts the message the library filled in (MPI_Isend or MPI_Irecv); its MPI_Request goes into q->impl. */
+static dt_result dt__mpi_post(dt_comm *c, dt_message *q) {
+    dt__mpi *M = dt__mpi_of(c);
     MPI_Request rq = MPI_REQUEST_NULL;
-    memset(q, 0, sizeof *q);
-    q->kind = kind; q->peer = peer; q->tag = tag; q->owner = c->rank; q->bytes = bytes;
-    if (kind == DT__REQ_SEND) q->sbuf = buf; else q->rbuf = buf;
-    memcpy(q->sig, c->sig, sizeof q->sig);
     dt__mpi_req_set(q, MPI_REQUEST_NULL);
-    if (bytes > (size_t)INT_MAX) {
-        q->kind = DT__REQ_NONE;
+    if (q->bytes > (size_t)INT_MAX)
         return dt_set_error(DT_ERR_UNSUPPORTED, "a message of %zu bytes: MPI counts are int, so one message carries at most %d bytes; "
-                            "send it in parts (collectives split theirs into segment_bytes)", bytes, INT_MAX);
-    }
-    if (kind == DT__REQ_SEND) DT__MPI_TRY(MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, M->comm, &rq));
-    else DT__MPI_TRY(MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, M->comm, &rq));
+                            "send it in parts (collectives split theirs into segment_bytes)", q->bytes, INT_MAX);
+    if (q->kind == DT_REQ_SEND) DT__MPI_TRY(MPI_Isend((void *)(uintptr_t)q->sbuf, (int)q->bytes, MPI_BYTE, q->peer, q->tag, M->comm, &rq));
+    else DT__MPI_TRY(MPI_Irecv(q->rbuf, (int)q->bytes, MPI_BYTE, q->peer, q->tag, M->comm, &rq));
     dt__mpi_req_set(q, rq);
-    q->state = DT__ST_POSTED;
     return DT_OK;
-}
-static dt_result dt__mpi_isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *q) {
-    return dt__mpi_post(c, (void *)(uintptr_t)buf, bytes, dst, tag, q, DT__REQ_SEND);
-}
-static dt_result dt__mpi_irecv(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt_request *q) {
-    return dt__mpi_post(c, buf, bytes, src, tag, q, DT__REQ_RECV);
 }
 
 /* A request MPI_Test reported complete: its error (truncation is a mismatch), the bytes received. */
-static dt_result dt__mpi_complete(dt_request *q, MPI_Status *st, int rc) {
+static dt_result dt__mpi_complete(dt_message *q, MPI_Status *st, int rc) {
     int n = 0;
-    q->state = DT__ST_DONE;
+    q->state = DT_REQ_DONE;
     dt__mpi_req_set(q, MPI_REQUEST_NULL);
     if (rc != MPI_SUCCESS) {
         int cls = 0;
         MPI_Error_class(rc, &cls);
         if (cls == MPI_ERR_TRUNCATE)
             return dt_set_error(DT_ERR_MISMATCH, "rank %d sent more than the %zu bytes this receive accepts", q->peer, q->bytes);
-        return dt__mpi_error(rc, q->kind == DT__REQ_SEND ? "MPI_Isend" : "MPI_Irecv");
+        return dt__mpi_error(rc, q->kind == DT_REQ_SEND ? "MPI_Isend" : "MPI_Irecv");
     }
-    if (q->kind == DT__REQ_RECV) {
+    if (q->kind == DT_REQ_RECV) {
         if ((rc = MPI_Get_count(st, MPI_BYTE, &n)) != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Get_count");
         q->received = (size_t)n;
     }
@@ -274,45 +264,45 @@ static dt_result dt__mpi_complete(dt_request *q, MPI_Status *st, int rc) {
    did not settle by then is freed (MPI_Request_free): a send may still go out, a receive may still
    write its buffer, so keep buffers of a failed communicator until the program ends or MPI is
    finalized if that matters. */
-static void dt__mpi_cancel(dt_comm *c, dt_request *q) {
-    dt__mpi *M = (dt__mpi *)c->impl;
+static void dt__mpi_cancel(dt_comm *c, dt_message *q) {
+    dt__mpi *M = dt__mpi_of(c);
     MPI_Request rq = dt__mpi_req_get(q);
     int flag = 0;
     double since = 0;
-    if (q->kind == DT__REQ_NONE || q->state == DT__ST_DONE || rq == MPI_REQUEST_NULL) return;
+    if (q->kind == DT_REQ_NONE || q->state == DT_REQ_DONE || rq == MPI_REQUEST_NULL) return;
     if (M->cancel_until == 0) M->cancel_until = dt_time_now() + DT__MPI_CANCEL_WAIT;
     if (MPI_Cancel(&rq) == MPI_SUCCESS)
         while (MPI_Test(&rq, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag && dt_time_now() < M->cancel_until)
-            dt__mpi_backoff(M, &since);
+            dt__mpi_backoff(&since);
     if (!flag && rq != MPI_REQUEST_NULL) MPI_Request_free(&rq);
     dt__mpi_req_set(q, MPI_REQUEST_NULL);
-    q->state = DT__ST_CANCELLED;
+    q->state = DT_REQ_CANCELLED;
 }
 
-static dt_result dt__mpi_wait(dt_comm *c, dt_request *q, double deadline) {
+static dt_result dt__mpi_wait(dt_comm *c, dt_message *q, double deadline) {
     MPI_Request rq = dt__mpi_req_get(q);
     MPI_Status st;
-    int rc = MPI_SUCCESS, probe = q->kind == DT__REQ_RECV && q->tag >= DT__TAG_COLL ? q->peer : -2;
+    int rc = MPI_SUCCESS, probe = q->kind == DT_REQ_RECV && dt_comm_tag_seq(q->tag) >= 0 ? q->peer : -2;
     dt_result r;
-    if (q->state == DT__ST_CANCELLED) return dt_set_error(DT_ERR_STATE, "the request was cancelled");
-    if (q->state == DT__ST_DONE) return DT_OK;
+    if (q->state == DT_REQ_CANCELLED) return dt_set_error(DT_ERR_STATE, "the request was cancelled");
+    if (q->state == DT_REQ_DONE) return DT_OK;
     r = dt__mpi_poll(c, &rq, &st, deadline, probe, &rc);
     dt__mpi_req_set(q, rq);
     if (r == DT_OK) return dt__mpi_complete(q, &st, rc);
     dt__mpi_cancel(c, q);
     if (r == DT_ERR_TIMEOUT)
         return dt_set_error(DT_ERR_TIMEOUT, "no %s rank %d within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)",
-                            q->kind == DT__REQ_SEND ? "receive was posted by" : "message came from", q->peer, c->timeout);
+                            q->kind == DT_REQ_SEND ? "receive was posted by" : "message came from", q->peer, dt_comm_get_desc(c).timeout);
     return r;
 }
 
-static dt_result dt__mpi_test(dt_comm *c, dt_request *q, int *done) {
+static dt_result dt__mpi_test(dt_comm *c, dt_message *q, int *done) {
     MPI_Request rq = dt__mpi_req_get(q);
     MPI_Status st;
     int rc, flag = 0;
     dt_result r;
     *done = 0;
-    if (q->state == DT__ST_DONE) { *done = 1; return DT_OK; }
+    if (q->state == DT_REQ_DONE) { *done = 1; return DT_OK; }
     rc = MPI_Test(&rq, &flag, &st);
     dt__mpi_req_set(q, rq);
     if (rc != MPI_SUCCESS || flag) { *done = 1; return dt__mpi_complete(q, &st, rc); }
@@ -325,9 +315,9 @@ static dt_result dt__mpi_native_wait(dt_comm *c, MPI_Request *rq, double deadlin
     MPI_Status st;
     int rc = MPI_SUCCESS;
     dt_result r = dt__mpi_poll(c, rq, &st, deadline, -1, &rc);
-    if (r != DT_OK) ((dt__mpi *)c->impl)->stuck = 1;
+    if (r != DT_OK) dt__mpi_of(c)->stuck = 1;
     if (r == DT_ERR_TIMEOUT)
-        return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->timeout);
+        return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", dt_comm_get_desc(c).timeout);
     if (r == DT_OK && rc != MPI_SUCCESS) return dt__mpi_error(rc, call);
     return r;
 }
@@ -338,8 +328,8 @@ static dt_result dt__mpi_native_wait(dt_comm *c, MPI_Request *rq, double deadlin
    16 bytes (a few microseconds in shared memory, one latency-bound round on a network), and it is also
    the barrier: no rank leaves an all-reduce before every rank has entered it. */
 static dt_result dt__mpi_sigcheck(dt_comm *c, double deadline) {
-    dt__mpi *M = (dt__mpi *)c->impl;
-    uint64_t h = dt__sig_hash(c->sig) ^ dt__mix64(c->sig[0] + 0x9e3779b97f4a7c15ull), *mine = M->sig_in, *all = M->sig_out;
+    dt__mpi *M = dt__mpi_of(c);
+    uint64_t h = dt_comm_signature(c), *mine = M->sig_in, *all = M->sig_out;
     MPI_Request rq = MPI_REQUEST_NULL;
     dt_result r;
     mine[0] = h; mine[1] = ~h;
@@ -349,17 +339,17 @@ static dt_result dt__mpi_sigcheck(dt_comm *c, double deadline) {
         /* a rank whose check completed found a mismatch: so will this one, once MPI delivers the result */
         int flag = 0, rc;
         double since = 0;
-        while ((rc = MPI_Test(&rq, &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && !flag && dt_time_now() < deadline) dt__mpi_backoff(M, &since);
+        while ((rc = MPI_Test(&rq, &flag, MPI_STATUS_IGNORE)) == MPI_SUCCESS && !flag && dt_time_now() < deadline) dt__mpi_backoff(&since);
         if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Iallreduce");
         if (flag) { r = DT_OK; M->stuck = 0; }
     }
     if (r != DT_OK) return r;
     if (all[0] != mine[0] || all[1] != mine[1]) {
         char what[128];
-        dt__sig_str(c->sig, what, sizeof what);
+        dt_comm_describe(c, what, sizeof what);
         return dt_set_error(DT_ERR_MISMATCH, "another rank called a different collective, or the same with a different count, type, op, root "
                             "or algorithm, as collective #%llu (this rank called %s): every rank must make the same collective calls in the same order",
-                            (unsigned long long)c->sig[0], what);
+                            (unsigned long long)dt_comm_seq(c), what);
     }
     return DT_OK;
 }
@@ -367,7 +357,7 @@ static dt_result dt__mpi_sigcheck(dt_comm *c, double deadline) {
 static dt_result dt__mpi_barrier(dt_comm *c, double deadline) { return dt__mpi_sigcheck(c, deadline); }
 
 static dt_result dt__mpi_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, double deadline) {
-    dt__mpi *M = (dt__mpi *)c->impl;
+    dt__mpi *M = dt__mpi_of(c);
     static const int opn[] = {0, 0, 1, 2};
     MPI_Datatype types[] = {MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T, MPI_UINT8_T};
     MPI_Op ops[] = {MPI_SUM, MPI_MAX, MPI_MIN};
@@ -378,7 +368,7 @@ static dt_result dt__mpi_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype
        bytes run as MPI_INT8_T on x ^ 0x80 and flip back. */
     int flip = t == DT_U8 && (op == DT_MAX || op == DT_MIN);
     if (flip) { for (off = 0; off < count; off++) ((unsigned char *)buf)[off] ^= 0x80; types[DT_U8] = MPI_INT8_T; }
-    dt__count_native(c, count * es, 2);
+    dt_comm_count_native(c, count * es, 2);
     for (off = 0; r == DT_OK && off < count; ) {   /* MPI counts are int: parts of at most INT_MAX elements */
         size_t n = count - off < (size_t)INT_MAX ? count - off : (size_t)INT_MAX;
         MPI_Request rq = MPI_REQUEST_NULL;
@@ -391,10 +381,10 @@ static dt_result dt__mpi_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype
 }
 
 static dt_result dt__mpi_broadcast(dt_comm *c, void *buf, size_t bytes, int root, double deadline) {
-    dt__mpi *M = (dt__mpi *)c->impl;
+    dt__mpi *M = dt__mpi_of(c);
     size_t off;
     dt_result r = dt__mpi_sigcheck(c, deadline);
-    dt__count_native(c, bytes, 1);
+    dt_comm_count_native(c, bytes, 1);
     for (off = 0; r == DT_OK && off < bytes; ) {
         size_t n = bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30);
         MPI_Request rq = MPI_REQUEST_NULL;
@@ -405,19 +395,20 @@ static dt_result dt__mpi_broadcast(dt_comm *c, void *buf, size_t bytes, int root
     return r;
 }
 
-/* Sends every other rank the abort notice (once; not when this rank's failure is only the echo of
-   another's notice, which reached everyone already). The sends finish in the background (the notice
-   is small, so MPI sends it eagerly) and are completed by destroy. */
-static void dt__mpi_fail(dt_comm *c, dt_result r, const char *msg) {
-    dt__mpi *M = (dt__mpi *)c->impl;
+/* A rank that failed sends every other rank the abort notice (once; not when this rank's failure is
+   only the echo of another's notice, which reached everyone already). The sends finish in the
+   background (the notice is small, so MPI sends it eagerly) and are completed by destroy. MPI cannot
+   tell the others that a rank finished (DT_OK): their waits for it end at the timeout. */
+static void dt__mpi_leave(dt_comm *c, dt_result r, const char *msg) {
+    dt__mpi *M = dt__mpi_of(c);
     int k;
-    if (M->notified || (r == DT_ERR_PEER && M->peer >= 0)) return;
+    if (r == DT_OK || M->notified || (r == DT_ERR_PEER && M->peer >= 0)) return;
     M->notified = 1;
     M->out.id = M->id;
     M->out.result = (int32_t)r;
     snprintf(M->out.msg, sizeof M->out.msg, "%s", msg ? msg : "");
-    for (k = 0; k < c->size; k++)
-        if (k == c->rank || MPI_Isend(&M->out, (int)sizeof M->out, MPI_BYTE, k, M->abort_tag, M->comm, &M->out_reqs[k]) != MPI_SUCCESS)
+    for (k = 0; k < dt_comm_size(c); k++)
+        if (k == dt_comm_rank(c) || MPI_Isend(&M->out, (int)sizeof M->out, MPI_BYTE, k, M->abort_tag, M->comm, &M->out_reqs[k]) != MPI_SUCCESS)
             M->out_reqs[k] = MPI_REQUEST_NULL;
 }
 
@@ -461,214 +452,112 @@ static void dt__mpi_keep(MPI_Comm comm) {
 }
 
 static void dt__mpi_destroy(dt_comm *c) {
-    dt__mpi *M = (dt__mpi *)c->impl;
+    dt__mpi *M = dt__mpi_of(c);
     int k, pending = 0;
     double since = 0;
     double until = dt_time_now() + 1.0;
     if (!M) return;
-    for (k = 0; k < c->size; k++) {   /* the notices: at most a second more, then left to MPI */
+    for (k = 0; k < dt_comm_size(c); k++) {   /* the notices: at most a second more, then left to MPI */
         int flag = 0;
         while (M->out_reqs[k] != MPI_REQUEST_NULL && MPI_Test(&M->out_reqs[k], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag &&
                dt_time_now() < until)
-            dt__mpi_backoff(M, &since);
+            dt__mpi_backoff(&since);
         if (M->out_reqs[k] != MPI_REQUEST_NULL) { MPI_Request_free(&M->out_reqs[k]); pending = 1; }
     }
-    if (!c->broken && !M->notified) {
+    if (!dt_comm_broken(c) && !M->notified) {
         dt__mpi_notices(c);   /* a notice that came after this rank's last call: taken off the queue */
         MPI_Comm_free(&M->comm);
     } else dt__mpi_keep(M->comm);
-    dt__cond_destroy(&M->cv);
-    dt__mutex_destroy(&M->mu);
     DT_FREE(M->out_reqs);
     if (!pending && !M->stuck) DT_FREE(M);   /* else MPI may still read M->out or write M->sig_out */
-    c->impl = NULL;
 }
 
 static const dt_comm_backend dt__mpi_backend = {
-    "mpi", dt__mpi_isend, dt__mpi_irecv, dt__mpi_wait, dt__mpi_test, dt__mpi_cancel,
-    dt__mpi_barrier, dt__mpi_allreduce, dt__mpi_broadcast, NULL, dt__mpi_fail, dt__mpi_destroy};
+    "mpi", dt__mpi_post, dt__mpi_post, dt__mpi_wait, dt__mpi_test, dt__mpi_cancel,
+    dt__mpi_barrier, dt__mpi_allreduce, dt__mpi_broadcast, NULL, dt__mpi_leave, dt__mpi_destroy};
 
 MPI_Comm dt_comm_mpi_handle(const dt_comm *c) {
-    return c && c->backend == &dt__mpi_backend && c->impl ? ((const dt__mpi *)c->impl)->comm : MPI_COMM_NULL;
+    return dt_comm_get_backend(c) == &dt__mpi_backend && dt_comm_impl(c) ? dt__mpi_of(c)->comm : MPI_COMM_NULL;
 }
 
-/* The part of create that may fail after the duplicate exists. */
-static dt_result dt__mpi_setup(dt_comm *c, dt__mpi *M) {
+/* The part of create that may fail after the duplicate exists: this rank, the world, the largest tag, the
+   identity abort notices carry, the notices' requests. */
+static dt_result dt__mpi_setup(dt__mpi *M, int *rank, int *size, int *tag_ub) {
     int flag = 0, *ub = NULL, k;
     static uint64_t made = 0;
+    dt_rng g;
     DT__MPI_TRY(MPI_Comm_set_errhandler(M->comm, MPI_ERRORS_RETURN));
-    DT__MPI_TRY(MPI_Comm_rank(M->comm, &c->rank));
-    DT__MPI_TRY(MPI_Comm_size(M->comm, &c->size));
+    DT__MPI_TRY(MPI_Comm_rank(M->comm, rank));
+    DT__MPI_TRY(MPI_Comm_size(M->comm, size));
     DT__MPI_TRY(MPI_Comm_get_attr(M->comm, MPI_TAG_UB, &ub, &flag));
-    if (!flag || !ub || *ub < DT__TAG_COLL + (4 << DT__TAG_HASH_BITS))
-        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_comm_create_mpi: this MPI's largest tag (MPI_TAG_UB) is %d; dtrain needs at least %d "
-                            "(user tags, then collective tags, then one for abort notices)", flag && ub ? *ub : -1, DT__TAG_COLL + (4 << DT__TAG_HASH_BITS));
-    c->tag_ub = M->abort_tag = *ub;
-    if (c->segment_bytes > (size_t)INT_MAX)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_mpi: segment_bytes %zu exceeds what one MPI message carries (%d)", c->segment_bytes, INT_MAX);
-    M->id = dt__mix64((uint64_t)(dt_time_now() * 1e9) ^ ((uint64_t)getpid() << 32) ^ ++made);
+    *tag_ub = M->abort_tag = flag && ub ? *ub : -1;   /* collectives' tags stay below it (dt_comm_create_backend checks it) */
+    dt_rng_init(&g, (uint64_t)(dt_time_now() * 1e9) ^ ((uint64_t)getpid() << 32), ++made);
+    M->id = (uint64_t)dt_rng_u32(&g) << 32;
+    M->id |= dt_rng_u32(&g);
     DT__MPI_TRY(MPI_Bcast(&M->id, 1, MPI_UINT64_T, 0, M->comm));
-    M->out_reqs = (MPI_Request *)DT_MALLOC((size_t)c->size * sizeof *M->out_reqs);
-    if (!M->out_reqs) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_mpi: no memory for %d ranks", c->size);
-    for (k = 0; k < c->size; k++) M->out_reqs[k] = MPI_REQUEST_NULL;
+    M->out_reqs = (MPI_Request *)DT_MALLOC((size_t)*size * sizeof *M->out_reqs);
+    if (!M->out_reqs) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_mpi: no memory for %d ranks", *size);
+    for (k = 0; k < *size; k++) M->out_reqs[k] = MPI_REQUEST_NULL;
     return DT_OK;
 }
 
 dt_result dt_comm_create_mpi(dt_comm **out, MPI_Comm comm, const dt_comm_desc *desc) {
-    dt_comm *c;
     dt__mpi *M;
-    int init = 0, rc;
+    int init = 0, rc, rank = 0, size = 1, tag_ub = -1;
     dt_result r;
     if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_mpi: out is NULL");
     *out = NULL;
     if (MPI_Initialized(&init) != MPI_SUCCESS || !init)
         return dt_set_error(DT_ERR_STATE, "dt_comm_create_mpi: MPI is not initialised: call MPI_Init_thread first (dt_launch does)");
     if (comm == MPI_COMM_NULL) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_mpi: comm is MPI_COMM_NULL");
-    c = (dt_comm *)DT_MALLOC(sizeof *c);
-    M = (dt__mpi *)DT_MALLOC(sizeof *M);
-    if (!c || !M) { DT_FREE(c); DT_FREE(M); return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_mpi: no memory"); }
-    memset(c, 0, sizeof *c);
+    if (desc && desc->segment_bytes > (size_t)INT_MAX)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_mpi: segment_bytes %zu exceeds what one MPI message carries (%d)", desc->segment_bytes, INT_MAX);
+    if (!(M = (dt__mpi *)DT_MALLOC(sizeof *M))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_mpi: no memory");
     memset(M, 0, sizeof *M);
     M->peer = -1;
     M->comm = MPI_COMM_NULL;
-    c->backend = &dt__mpi_backend;
-    c->impl = M;
-    r = dt__comm_init(c, desc, "dt_comm_create_mpi");
-    if (r == DT_OK && (rc = MPI_Comm_dup(comm, &M->comm)) != MPI_SUCCESS) r = dt__mpi_error(rc, "MPI_Comm_dup");
-    if (r == DT_OK) r = dt__mpi_setup(c, M);
+    if ((rc = MPI_Comm_dup(comm, &M->comm)) != MPI_SUCCESS) r = dt__mpi_error(rc, "MPI_Comm_dup");
+    else r = dt__mpi_setup(M, &rank, &size, &tag_ub);
+    if (r == DT_OK) r = dt_comm_create_backend(out, &dt__mpi_backend, M, rank, size, tag_ub, desc);
     if (r != DT_OK) {
         if (M->comm != MPI_COMM_NULL) MPI_Comm_free(&M->comm);
-        DT_FREE(M->out_reqs); DT_FREE(M); DT_FREE(c);
-        return r;
+        DT_FREE(M->out_reqs); DT_FREE(M);
     }
-    dt__mutex_init(&M->mu);
-    dt__cond_init(&M->cv);
-    *out = c;
-    return DT_OK;
+    return r;
 }
 
 /* ---- the launcher under mpiexec ---------------------------------------------------------------- */
 
-/* The timeline under MPI. A barrier aligns the clocks: time 0 is the moment just after it on every rank.
-   At the end every rank formats its own events; rank 0 gathers the sizes, receives each rank's text in
-   rank order, and broadcasts that it has them all; then it writes the one file. A rank that failed, or
-   whose part of the exchange failed (a rank has died), writes its own events to PATH.rank<r> instead. */
-#define DT__TRACE_TAG 32200            /* the user tag of the texts sent to rank 0 */
-#define DT__TRACE_CHUNK (1 << 26)      /* bytes per message, well below MPI's INT_MAX */
-
-static dt_result dt__mpi_trace_start(dt_comm *c, const dt_launch_desc *desc, dt__trace_lane **lanes) {
-    dt_result r;
-    int i;
-    if (!(*lanes = dt__trace_lanes(1, desc->trace_max_events)))
-        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: rank %d: no memory for the trace", c->rank);
-    if ((r = dt_comm_barrier(c)) != DT_OK) return r;
-    for (i = 0; i < DT__TRACE_LANES; i++) (*lanes)[i].origin = dt_time_now();
-    dt_comm_reset_stats(c);   /* the barrier is not the program's */
-    return DT_OK;
-}
-
-/* Rank 0 appends rank k's text of len bytes to t; the others send theirs. */
-static dt_result dt__mpi_trace_move(dt_comm *c, dt__text *t, int k, int64_t len) {
-    int64_t off, part;
-    size_t got = 0;
-    dt_result r = DT_OK;
-    if (c->rank == 0 && dt__text_reserve(t, (size_t)len + 1) != 0)
-        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "trace: rank 0: no memory for rank %d's %lld bytes of events", k, (long long)len);
-    for (off = 0; off < len && r == DT_OK; off += part) {
-        part = len - off < DT__TRACE_CHUNK ? len - off : DT__TRACE_CHUNK;
-        if (c->rank != 0) r = dt_comm_send(c, t->p + off, (size_t)part, DT_U8, 0, DT__TRACE_TAG);
-        else if ((r = dt_comm_recv(c, t->p + t->n + off, (size_t)part, DT_U8, k, DT__TRACE_TAG, &got)) == DT_OK && got != (size_t)part)
-            r = dt_set_error(DT_ERR_MISMATCH, "trace: rank %d sent %zu bytes of events where %lld were due", k, got, (long long)part);
-    }
-    if (r == DT_OK && c->rank == 0) t->n += (size_t)len;
-    return r;
-}
-
-static dt_result dt__mpi_trace_finish(dt_comm *c, const char *path, dt__trace_lane *lanes, int failed) {
-    dt__text t;
-    int64_t mine[3] = {0, 0, 0}, *all = NULL, events, dropped;   /* bytes of text, events, dropped events */
-    int me = c->rank, k, ok = 0, done = 1;
-    char own[1024];
-    dt_result r = DT_OK;
-    memset(&t, 0, sizeof t);
-    dt__trace_format(&t, lanes, me, dt_time_now() - lanes[0].origin, &mine[1], &mine[2]);
-    mine[0] = (int64_t)t.n;
-    events = mine[1];
-    dropped = mine[2];
-    if (!failed && !t.oom && (me != 0 || (all = (int64_t *)DT_MALLOC(sizeof(int64_t) * 3 * (size_t)c->size)))) {
-        r = dt_comm_gather(c, mine, all, 3, DT_I64, 0);
-        if (me != 0 && r == DT_OK) r = dt__mpi_trace_move(c, &t, 0, mine[0]);
-        for (k = 1; me == 0 && k < c->size && r == DT_OK; k++) {
-            r = dt__mpi_trace_move(c, &t, k, all[3 * k]);
-            events += all[3 * k + 1];
-            dropped += all[3 * k + 2];
-        }
-        if (r == DT_OK) r = dt_comm_broadcast(c, &done, 1, DT_I32, 0, DT_ALGO_AUTO);   /* rank 0 has every text */
-        ok = r == DT_OK;
-    }
-    DT_FREE(all);
-    if (ok && me == 0) r = dt__trace_write(path, &t, c->size, events, dropped, lanes[0].max);
-    else if (!ok) {
-        t.n = (size_t)mine[0];   /* this rank's own events */
-        if (snprintf(own, sizeof own, "%s.rank%d", path, me) >= (int)sizeof own) r = dt_set_error(DT_ERR_INVALID_ARG, "trace %s: the path is too long", path);
-        else {
-            dt_log(DT_LOG_WARN, "trace: rank %d's events could not be gathered on rank 0 (%s); it writes them to %s", me,
-                   failed ? "this rank failed" : dt_last_error(), own);
-            r = dt__trace_write(own, &t, 1, mine[1], mine[2], lanes[0].max);
-        }
-    }
-    DT_FREE(t.p);
-    return r;
-}
-
 /* Each process is one rank of MPI_COMM_WORLD: MPI_Init_thread (FUNNELED) unless the program did, the
-   communicator, OpenMP threads (threads_per_rank, or this node's cores over its ranks), fn; a failure is
-   logged and announced to the other ranks. MPI_Finalize only when this call initialised MPI. */
-int dt__mpi_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
+   communicator, then dt_launch_rank (the logger's rank, OpenMP threads for this node's cores over its
+   ranks, the timeline, fn, a failure logged and announced). MPI_Finalize only when this call initialised
+   MPI. */
+dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
     int had = 0, provided = 0, rc, local = 1;
     dt_comm *c = NULL;
-    dt__trace_lane *lanes = NULL;
-    dt_result r = DT_OK, rt = DT_OK;
+    dt_launch_desc d;
+    dt_result r = DT_OK;
+    if (desc) d = *desc; else memset(&d, 0, sizeof d);
     if (MPI_Initialized(&had) != MPI_SUCCESS) had = 0;
     if (!had && (rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided)) != MPI_SUCCESS) {
-        dt__mpi_error(rc, "MPI_Init_thread");
+        r = dt__mpi_error(rc, "MPI_Init_thread");
         dt_log(DT_LOG_ERROR, "%s", dt_last_error());
-        return 1;
+        return r;
     }
     if (!fn) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_launch: the rank function is NULL");
     else if ((rc = MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN)) != MPI_SUCCESS) r = dt__mpi_error(rc, "MPI_Comm_set_errhandler");
-    else r = dt_comm_create_mpi(&c, MPI_COMM_WORLD, &desc->comm);
+    else r = dt_comm_create_mpi(&c, MPI_COMM_WORLD, &d.comm);
     if (r == DT_OK) {
         MPI_Comm node;   /* the ranks sharing this node's cores */
         if (MPI_Comm_split_type(dt_comm_mpi_handle(c), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
             if (MPI_Comm_size(node, &local) != MPI_SUCCESS || local < 1) local = 1;
             MPI_Comm_free(&node);
         }
-        dt__tls_rank = c->rank;
-        dt__log_all_ranks = desc->log_all_ranks;
-#if DT__HAVE_OMP
-        omp_set_num_threads(desc->threads_per_rank > 0 ? desc->threads_per_rank : dt__default_threads(local));
-#endif
-        if (desc->trace_path) r = dt__mpi_trace_start(c, desc, &lanes);
-        dt__tls_trace = lanes;
-        if (r == DT_OK) r = fn(c, arg);
-        dt__tls_trace = NULL;
-    }
-    if (r != DT_OK) {
-        const char *m = dt_last_error(), *pre = dt_result_str(r);
-        size_t lp = strlen(pre);
-        if (!m[0]) m = "its rank function failed";
-        dt_log(DT_LOG_ERROR, "%s", m);
-        if (strncmp(m, pre, lp) == 0 && m[lp] == ':') m += lp + 1 + (m[lp + 1] == ' ');
-        if (c) dt_comm_leave(c, r, m);
-    }
-    if (lanes && (rt = dt__mpi_trace_finish(c, desc->trace_path, lanes, r != DT_OK)) != DT_OK)
-        dt_log(DT_LOG_ERROR, "%s", dt_last_error());
-    dt__trace_lanes_free(lanes, 1);
+        r = dt_launch_rank(c, &d, local, fn, arg);
+    } else dt_log(DT_LOG_ERROR, "%s", dt_last_error()[0] ? dt_last_error() : "its rank function failed");
     dt_comm_destroy(c);
-    dt__tls_rank = -1;
     if (!had) MPI_Finalize();
-    return r == DT_OK && rt == DT_OK ? 0 : 1;
+    return r;
 }
 
 #ifdef __cplusplus

@@ -112,5 +112,5 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--window") == 0 && i + 1 < argc) o.window = atof(argv[++i]);
         else { fprintf(stderr, "bench_comm: unknown argument '%s'\nusage: bench_comm [--ranks N] [--algos naive,ring,tree,native] [--max-bytes N] [--window S]\n", argv[i]); return 2; }
     }
-    return dt_launch(&ld, rank_main, &o);
+    return dt_launch(&ld, rank_main, &o) == DT_OK ? 0 : 1;
 }

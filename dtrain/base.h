@@ -88,6 +88,8 @@ double dt_time_now(void);
 typedef struct dt_timer { double start, total; int64_t count; } dt_timer;
 void   dt_timer_start(dt_timer *t);
 double dt_timer_stop(dt_timer *t);                     /* adds the lap to total, returns the lap */
+/* Sleeps the calling thread for about `seconds` without spinning (with DT_NO_THREADS: polls the clock). */
+void   dt_sleep(double seconds);
 
 /* A one-line progress bar for a terminal: "  37/469 [=====>      ]  <your text>", redrawn in place at
    most ten times a second. enabled = 0 makes every call a no-op (e.g. when output is not a terminal). */
@@ -514,6 +516,20 @@ static inline void dt__cond_wait_for(dt__cond *c, dt__mutex *m, double s) {
 #endif
 }
 
+/* A timed wait on a condition nobody signals: a sleep from the calls every platform here has (C11's
+   thrd_sleep is missing on macOS, POSIX's nanosleep from strict C11). */
+void dt_sleep(double seconds) {
+    double end = dt_time_now() + seconds, now;
+#if DT__HAVE_THREADS
+    static dt__mutex mu = {PTHREAD_MUTEX_INITIALIZER};
+    static dt__cond cv = {PTHREAD_COND_INITIALIZER};
+    dt__mutex_lock(&mu);
+    while ((now = dt_time_now()) < end) dt__cond_wait_for(&cv, &mu, end - now);
+    dt__mutex_unlock(&mu);
+#else
+    while ((now = dt_time_now()) < end) {}
+#endif
+}
 
 #ifdef __cplusplus
 }

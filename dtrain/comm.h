@@ -7,14 +7,16 @@
      algorithms written once over isend/irecv (naive gather-reduce-broadcast, ring reduce-scatter +
      all-gather, tree), with fixed summation orders so every backend gives the same bits; the checks that
      turn a failed, late or mismatched rank into an error instead of a hang; counters; the self backend
-     and the local one (ranks as threads, with an optional link model of a slow network); the launcher
-     (dt_launch: threads here, processes under mpiexec with dtrain_mpi.h) and the timeline file.
+     and the local one (ranks as threads, with an optional link model of a slow network), both written
+     against the backend interface that dtrain_mpi.h uses too (the end of the declarations); the
+     launcher (dt_launch: threads here, processes under mpiexec with dtrain_mpi.h) and the timeline file.
    USES
      dtrain/base.h only (what travels is bytes: the trainers in dtrain/train.h bring the models).
    READ FIRST
      dt__allreduce_ring with dt__ring_reduce_scatter and dt__ring_allgather, dt__tree_reduce, the naive
      algorithms, dt__coll_allreduce (how a call picks one), dt_topology_create; then the local backend
-     (dt__local_isend, dt__local_wait) to see what a transport must do.
+     (dt__local_isend, dt__local_wait) and the backend interface (dt_comm_backend, dt_message) to see
+     what a transport must do.
 */
 #ifndef DTRAIN_COMM_H
 #define DTRAIN_COMM_H
@@ -98,71 +100,19 @@ typedef struct dt_comm_stats {
 } dt_comm_stats;
 
 /* A pending point-to-point operation. It lives in the caller's memory and must stay where it is (not be
-   copied or freed) until dt_comm_wait or dt_comm_test has completed it. */
+   copied or freed) until dt_comm_wait or dt_comm_test has completed it; a zeroed one is "none". What it
+   holds is private (the library's, and its backend's dt_message); dt_request_received reads the result. */
+#ifndef DT__REQUEST_WORDS
+#define DT__REQUEST_WORDS 20   /* (tests/run.sh builds with fewer once, to see the check fail) */
+#endif
 typedef struct dt_request {
-    int         kind;          /* 0 none or completed, 1 send, 2 receive */
-    int         peer, tag;     /* destination or source; tag */
-    int         owner;         /* posting rank */
-    size_t      bytes;         /* posted size */
-    size_t      received;      /* a completed receive: bytes that arrived (<= bytes) */
-    const void *sbuf;
-    void       *rbuf;
-    uint64_t    sig[3];        /* the collective this message belongs to, for mismatch reports */
-    double      not_before;    /* link model: the time the message has crossed the link */
-    volatile int state;        /* backend's progress */
-    dt_result   error;
-    char       *error_msg;     /* backend's message when error != DT_OK (owned by the backend) */
-    void       *next;          /* backend's queue link */
-    uint64_t    impl[4];       /* backend's own (e.g. an MPI_Request) */
+    uint64_t reserved[DT__REQUEST_WORDS];   /* opaque: the implementation checks at compile time that its state fits */
 } dt_request;
 
+/* The communicator of one rank: opaque. dt_comm_rank, dt_comm_size, dt_comm_get_desc read it. */
 typedef struct dt_comm dt_comm;
 
-/* A backend: point-to-point transport plus optional native collectives (NULL = none; the library's
-   algorithms are used). Deadlines are absolute dt_time_now() seconds; a backend returns DT_ERR_TIMEOUT
-   past it, DT_ERR_PEER when the peer has gone, with a message from dt__comm_fail-style reports.
-   Documented in docs/design.md; the local and self backends are in this file, MPI in dtrain_mpi.h. */
-typedef struct dt_comm_backend {
-    const char *name;
-    dt_result (*isend)(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *req);
-    dt_result (*irecv)(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt_request *req);
-    dt_result (*wait)(dt_comm *c, dt_request *req, double deadline);
-    dt_result (*test)(dt_comm *c, dt_request *req, int *done);
-    void      (*cancel)(dt_comm *c, dt_request *req);   /* after an error: withdraw a pending request */
-    dt_result (*barrier)(dt_comm *c, double deadline);
-    dt_result (*allreduce)(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, double deadline);
-    dt_result (*broadcast)(dt_comm *c, void *buf, size_t bytes, int root, double deadline);
-    /* appends to msg the ranks that have not reached collective seq (or "" when it cannot tell) */
-    void      (*missing)(dt_comm *c, uint64_t seq, char *msg, size_t cap);
-    /* tells the other ranks that this one failed (its message), so they stop waiting for it */
-    void      (*fail)(dt_comm *c, dt_result r, const char *msg);
-    void      (*destroy)(dt_comm *c);
-} dt_comm_backend;
-
-/* The communicator of one rank. Fields are read-only for users; dt_comm_rank()/dt_comm_size() read them. */
-struct dt_comm {
-    int                    rank, size;
-    const dt_comm_backend *backend;
-    void                  *impl;            /* backend state */
-    dt_algo                algo;            /* what DT_ALGO_AUTO means for this communicator */
-    double                 timeout;         /* seconds any single wait may last */
-    size_t                 segment_bytes;   /* ring pipeline segment */
-    uint64_t               seq;             /* collectives started: the number in error messages */
-    uint64_t               sig[3];          /* the operation in progress (its signature) */
-    uint64_t               coll_sig[3];     /* the collective in progress, published for other ranks'
-                                               mismatch checks (a seqlock: [0] is written last) */
-    int                    tag_ub;          /* largest tag the transport carries; user tags < DT_TAG_USER_MAX */
-    dt_result              broken;          /* sticky: after a failure every call returns it */
-    char                   broken_msg[512];
-    dt_comm_stats          stats;
-    void                  *scratch;         /* reused by the algorithms */
-    size_t                 scratch_bytes;
-    dt_request            *reqs;            /* reused by the algorithms */
-    int                    nreqs;
-    void                  *user;            /* free for the caller */
-};
-
-#define DT_TAG_USER_MAX  32767             /* user point-to-point tags are 0 .. DT_TAG_USER_MAX */
+#define DT_TAG_USER_MAX  32767             /* user point-to-point tags are 0 .. DT_TAG_USER_MAX (the library's own are above) */
 #define DT_TIMEOUT_DEFAULT 300.0           /* seconds; the environment variable DT_COMM_TIMEOUT overrides */
 
 /* Options of a communicator; zero means the default. */
@@ -182,6 +132,13 @@ typedef struct dt_comm_desc {
 int  dt_comm_rank(const dt_comm *c);
 int  dt_comm_size(const dt_comm *c);
 const char *dt_comm_backend_name(const dt_comm *c);   /* "self", "local", "mpi" */
+/* The options c runs with: its desc with the defaults filled in (timeout, segment_bytes; algo as given,
+   DT_ALGO_AUTO unless set). Zeros for NULL. */
+dt_comm_desc dt_comm_get_desc(const dt_comm *c);
+/* The algorithm dt_comm_allreduce(c, ..., algo) runs: algo itself, or for DT_ALGO_AUTO the communicator's
+   default (dt_comm_desc.algo, else NATIVE where the backend has a native all-reduce, else RING); NATIVE
+   becomes RING on a backend without one. What a program prints as "auto". */
+dt_algo dt_comm_algo(const dt_comm *c, dt_algo algo);
 
 /* A communicator of one rank: every collective is a no-op or a copy, messages to itself are delivered.
    The same program is its own single-process baseline. Free with dt_comm_destroy. */
@@ -205,6 +162,8 @@ dt_result dt_comm_irecv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src
 dt_result dt_comm_wait(dt_comm *c, dt_request *req);
 dt_result dt_comm_waitall(dt_comm *c, dt_request *reqs, int n);
 dt_result dt_comm_test(dt_comm *c, dt_request *req, int *done);
+/* Elements a completed receive got (of the type it was posted with; <= its count); 0 for a send. */
+size_t    dt_request_received(const dt_request *req);
 
 /* Collectives: every rank of the communicator calls the same ones in the same order with the same count,
    type, op and root; a rank that calls another, or another size, gets DT_ERR_MISMATCH rather than a wrong
@@ -265,19 +224,101 @@ typedef struct dt_launch_desc {
    Returns DT_ERR_INVALID_ARG naming a bad value. */
 dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d);
 
-/* Runs fn on every rank and returns 0 when every rank returned DT_OK, else 1 after logging each failed
-   rank's error. Under mpiexec (built with DT_USE_MPI) each process is one rank on MPI_COMM_WORLD;
-   otherwise desc->ranks threads on the local backend (1 rank: the self backend). Log lines of rank r > 0
-   are prefixed "[rank r]" and, unless log_all_ranks, only warnings and errors are shown. With trace_path,
-   the timeline is written after the ranks have finished, also when one failed; a trace that cannot be
-   written makes the run fail (1) with a message naming the path. Under MPI rank 0 gathers every rank's
-   events and writes the file; when that fails (a rank has died) each rank writes PATH.rank<r>. */
-int dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
+/* Runs fn on every rank and returns DT_OK when every rank returned DT_OK, else, after logging each failed
+   rank's error, the failure: the cause's result (a failure other than DT_ERR_PEER, which only follows from
+   another rank's), its message in dt_last_error(); under MPI, this process's rank's. A program's main
+   returns `dt_launch(...) == DT_OK ? 0 : 1`: exit status 0, or 1 after a failure. Under mpiexec (built
+   with DT_USE_MPI) each process is one rank on MPI_COMM_WORLD (dt_launch_mpi); otherwise desc->ranks
+   threads on the local backend (1 rank: the self backend). Log lines of rank r > 0 are prefixed
+   "[rank r]" and, unless log_all_ranks, only warnings and errors are shown. With trace_path, the timeline
+   is written after the ranks have finished, also when one failed; a trace that cannot be written makes
+   the run fail (DT_ERR_IO) with a message naming the path. Under MPI rank 0 gathers every rank's events
+   and writes the file; when that fails (a rank has died) each rank writes PATH.rank<r>. */
+dt_result dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
 /* The same on local ranks, returning each rank's result in results[ranks] (may be NULL) and the first
    failure (the lowest failed rank's) as the return value, with its message in dt_last_error(). */
 dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results);
 /* The rank of the calling thread inside dt_launch (-1 outside): what the logger prefixes. */
 int dt_current_rank(void);
+
+/* ---- the backend interface ------------------------------------------------------------------
+   What a transport needs to become a dt_comm backend: dtrain_mpi.h is written against these names alone,
+   and the local and self backends below use them too. Programs need none of it. A backend is a table of
+   functions (dt_comm_backend) and its own state (impl); the library above it does the argument checks,
+   signatures, counters, error reports and every algorithm (docs/design.md, "The communicator"). */
+
+/* A request's kind and progress (dt_message.kind, dt_message.state). */
+enum { DT_REQ_NONE = 0, DT_REQ_SEND = 1, DT_REQ_RECV = 2 };
+enum { DT_REQ_POSTED = 0, DT_REQ_MATCHED = 1, DT_REQ_DONE = 2, DT_REQ_CANCELLED = 3 };
+
+/* A request as its backend sees it. The library fills in the message and sets state DT_REQ_POSTED
+   before it calls isend or irecv; the backend keeps what it needs in impl and completes the request:
+   received (a receive), then state DT_REQ_DONE, or DT_REQ_CANCELLED when cancel withdrew it. */
+typedef struct dt_message {
+    int          kind;         /* DT_REQ_SEND or DT_REQ_RECV */
+    int          peer, tag;    /* destination or source; the tag (dt_comm_tag_seq tells collectives' apart) */
+    int          owner;        /* the posting rank */
+    size_t       bytes;        /* the size posted */
+    size_t       received;     /* a completed receive: bytes that arrived (<= bytes) */
+    const void  *sbuf;         /* a send's data */
+    void        *rbuf;         /* a receive's buffer */
+    volatile int state;        /* DT_REQ_POSTED .. DT_REQ_CANCELLED */
+    uint64_t     impl[4];      /* the backend's own (e.g. an MPI_Request) */
+} dt_message;
+
+/* A backend: point-to-point transport plus optional native collectives (NULL = none; the library's
+   algorithms are used). Deadlines are absolute dt_time_now() seconds: past one a backend returns
+   DT_ERR_TIMEOUT, and DT_ERR_PEER when the peer has gone, with a message set by dt_set_error (the library
+   adds the rank and the operation). */
+typedef struct dt_comm_backend {
+    const char *name;
+    dt_result (*isend)(dt_comm *c, dt_message *m);                  /* post m (filled in by the library) */
+    dt_result (*irecv)(dt_comm *c, dt_message *m);
+    dt_result (*wait)(dt_comm *c, dt_message *m, double deadline);  /* until m is done */
+    dt_result (*test)(dt_comm *c, dt_message *m, int *done);        /* *done = 1 when m is done; no waiting */
+    void      (*cancel)(dt_comm *c, dt_message *m);                 /* after an error: withdraw a pending m */
+    dt_result (*barrier)(dt_comm *c, double deadline);
+    dt_result (*allreduce)(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, double deadline);
+    dt_result (*broadcast)(dt_comm *c, void *buf, size_t bytes, int root, double deadline);
+    /* appends to msg the ranks that have not reached collective seq (or "" when it cannot tell) */
+    void      (*missing)(dt_comm *c, uint64_t seq, char *msg, size_t cap);
+    /* this rank has gone: it failed with r (message msg), or finished (DT_OK); tell the other ranks where
+       the transport can, so that they stop waiting for it */
+    void      (*leave)(dt_comm *c, dt_result r, const char *msg);
+    void      (*destroy)(dt_comm *c);                               /* frees impl (dt_comm_destroy calls it) */
+} dt_comm_backend;
+
+/* A communicator of rank `rank` of `size` over backend, whose state is impl (freed by backend->destroy
+   from dt_comm_destroy). tag_ub: the largest tag the transport carries (user tags, the library's own, then
+   collective tags below it; DT_ERR_UNSUPPORTED when too small). desc as for dt_comm_create_local (the link
+   model is the backend's to honour). On failure *out is NULL and impl is still the caller's. */
+dt_result dt_comm_create_backend(dt_comm **out, const dt_comm_backend *backend, void *impl, int rank, int size,
+                                 int tag_ub, const dt_comm_desc *desc);
+void     *dt_comm_impl(const dt_comm *c);                           /* the backend's state given at creation */
+const dt_comm_backend *dt_comm_get_backend(const dt_comm *c);       /* the table c runs on */
+/* The number of the current (or last) collective: 1 for the first. */
+uint64_t  dt_comm_seq(const dt_comm *c);
+/* A 64-bit hash of the current operation's signature (number, kind, count, type, op, root, algorithm):
+   equal on two ranks when they are in the same collective; a backend compares it to detect a mismatch. */
+uint64_t  dt_comm_signature(const dt_comm *c);
+/* The current operation as text for reports, e.g. "all-reduce #17 (1000 x f32, sum, ring)". */
+void      dt_comm_describe(const dt_comm *c, char *buf, size_t cap);
+/* DT_OK, or the error that broke c: after a failure every call on c returns it. */
+dt_result dt_comm_broken(const dt_comm *c);
+/* Counts a native collective's traffic as a ring's: factor (p - 1) / p bytes per rank each way (factor 2
+   for all-reduce, 1 for broadcast), so the counters compare across algorithms. */
+void      dt_comm_count_native(dt_comm *c, size_t bytes, int factor);
+/* The tag of the current collective's messages (from its number and a hash of its signature; below tag_ub). */
+int       dt_comm_coll_tag(const dt_comm *c);
+/* The collective number a collective tag carries (equal for two tags of one collective), or -1 for a
+   point-to-point tag (the user's, or the library's own). */
+int       dt_comm_tag_seq(int tag);
+/* Runs fn as this process's one rank on c, for a backend's launcher (dt_launch_mpi): the logger's rank,
+   OpenMP threads (desc->threads_per_rank, or the node's cores over local_ranks), the timeline (with
+   desc->trace_path: a barrier aligns the clocks; at the end rank 0 gathers every rank's events and writes
+   the file, and a rank that cannot take part writes PATH.rank<r>), and a failure logged and announced
+   (dt_comm_leave). Collective over c. Returns fn's result, or the trace's failure. */
+dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks, dt_rank_fn fn, void *arg);
 
 #ifdef __cplusplus
 }
@@ -488,18 +529,59 @@ done:
 /* Everything above the transport: argument checks, the collective's signature and sequence number,
    error reports, counters, and the algorithms (naive, ring, tree) written once over isend/irecv. */
 
-#define DT__ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define DT__ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#ifdef __cplusplus
+#define DT__STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define DT__STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
 
-enum { DT__REQ_NONE = 0, DT__REQ_SEND = 1, DT__REQ_RECV = 2 };
-enum { DT__ST_POSTED = 0, DT__ST_MATCHED = 1, DT__ST_DONE = 2, DT__ST_CANCELLED = 3 };
+/* The communicator of one rank: private to the library (a backend reads it through the backend interface). */
+struct dt_comm {
+    int                    rank, size;
+    const dt_comm_backend *backend;
+    void                  *impl;            /* backend state */
+    dt_comm_desc           desc;            /* the options, defaults filled in; desc.algo is what AUTO means */
+    uint64_t               seq;             /* collectives started: the number in error messages */
+    uint64_t               sig[3];          /* the operation in progress (its signature) */
+    uint64_t               coll_sig[3];     /* the collective in progress, published for other ranks'
+                                               mismatch checks (a seqlock: [0] is written last) */
+    int                    tag_ub;          /* largest tag the transport carries */
+    dt_result              broken;          /* sticky: after a failure every call returns it */
+    char                   broken_msg[512];
+    dt_comm_stats          stats;
+    void                  *scratch;         /* reused by the algorithms */
+    size_t                 scratch_bytes;
+    dt_request            *reqs;            /* reused by the algorithms */
+    int                    nreqs;
+};
+
+/* What a dt_request holds: the message its backend sees, then what only the library (and its local
+   backend) keeps. A dt_request's reserved words are only ever read and written as this struct. */
+typedef struct dt__req {
+    dt_message      m;            /* first: a backend's dt_message * is the dt__req * */
+    uint64_t        sig[3];       /* the operation the message belongs to (the local backend compares them) */
+    double          not_before;   /* local link model: the time the message has crossed the link */
+    dt_result       error;        /* local: a mismatch found when the message was matched */
+    int             esize;        /* bytes per element of the type posted (dt_request_received) */
+    struct dt__req *next;         /* local: the queue link */
+} dt__req;
+typedef struct dt__req_align { char c; dt__req r; } dt__req_align;
+typedef struct dt__request_align { char c; dt_request r; } dt__request_align;
+DT__STATIC_ASSERT(sizeof(dt__req) <= sizeof(dt_request), "dtrain: dt_request has too few reserved words for dt__req");
+DT__STATIC_ASSERT(offsetof(dt__request_align, r) >= offsetof(dt__req_align, r), "dtrain: dt_request is less aligned than dt__req");
+static dt__req *dt__rq(dt_request *q) { return (dt__req *)(void *)q; }
 /* What a communicator is doing: the kind of its current operation, stored in sig[2]. */
 enum { DT__OP_P2P = 0, DT__OP_BARRIER, DT__OP_BROADCAST, DT__OP_REDUCE, DT__OP_ALLREDUCE, DT__OP_SCATTER,
        DT__OP_GATHER, DT__OP_ALLGATHER, DT__OP_REDUCE_SCATTER, DT__OP_NEIGHBOR, DT__OP_COUNT };
 static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "broadcast", "reduce", "all-reduce",
                                                   "scatter", "gather", "all-gather", "reduce-scatter",
                                                   "neighbour exchange"};
-#define DT__TAG_COLL 32768          /* tags from here up belong to collectives: seq and signature hash */
+/* Tags: the user's are 0 .. DT_TAG_USER_MAX. Above them, 64 belong to the library's own point-to-point
+   messages (DDP's parameter server and P2P, FedAvg's reports, the timeline under MPI), which only its
+   internal calls (dt__lib_send, ...) may use: a user's tag can never meet them. From DT__TAG_COLL up they
+   belong to collectives: number and signature hash (dt_comm_coll_tag). */
+enum { DT__TAG_DDP = DT_TAG_USER_MAX + 1, DT__TAG_FEDAVG, DT__TAG_TRACE, DT__TAG_LIB_END = DT_TAG_USER_MAX + 65 };
+#define DT__TAG_COLL DT__TAG_LIB_END
 #define DT__TAG_HASH_BITS 6
 
 size_t dt_dtype_size(dt_dtype t) {
@@ -554,6 +636,12 @@ dt_comm_stats dt_comm_get_stats(const dt_comm *c) {
     return z;
 }
 void dt_comm_reset_stats(dt_comm *c) { if (c) memset(&c->stats, 0, sizeof c->stats); }
+dt_comm_desc dt_comm_get_desc(const dt_comm *c) {
+    dt_comm_desc z;
+    if (c) return c->desc;
+    memset(&z, 0, sizeof z);
+    return z;
+}
 
 /* The signature of an operation: sig[0] sequence number, sig[1] count, sig[2] kind | type | op | root | algo.
    Two ranks in the same collective have equal signatures; the transport compares them. */
@@ -590,15 +678,29 @@ static uint64_t dt__sig_hash(const uint64_t *sig) {
 }
 /* The tag of the current collective's messages: DT__TAG_COLL + (seq mod nseq) << 6 + a 6-bit hash of the
    signature, so a transport that matches on tags alone (MPI) still tells collectives and their sizes apart. */
-static int dt__coll_tag(const dt_comm *c) {
+int dt_comm_coll_tag(const dt_comm *c) {
     uint64_t nseq = (uint64_t)((c->tag_ub - DT__TAG_COLL) >> DT__TAG_HASH_BITS);
     return DT__TAG_COLL + (int)(((c->sig[0] % nseq) << DT__TAG_HASH_BITS) | (dt__sig_hash(c->sig) & ((1u << DT__TAG_HASH_BITS) - 1)));
 }
+int dt_comm_tag_seq(int tag) { return tag >= DT__TAG_COLL ? (tag - DT__TAG_COLL) >> DT__TAG_HASH_BITS : -1; }
 
-/* The description of the current operation for error messages. */
-static void dt__comm_what(const dt_comm *c, char *buf, size_t cap) {
+void dt_comm_describe(const dt_comm *c, char *buf, size_t cap) {
+    if (!c || !buf || !cap) { if (buf && cap) buf[0] = 0; return; }
     if ((c->sig[2] & 0xff) == DT__OP_P2P) snprintf(buf, cap, "point-to-point");
     else dt__sig_str(c->sig, buf, cap);
+}
+/* The seq is mixed in too: two collectives of one signature must not look alike. */
+uint64_t dt_comm_signature(const dt_comm *c) { return c ? dt__sig_hash(c->sig) ^ dt__mix64(c->sig[0] + 0x9e3779b97f4a7c15ull) : 0; }
+uint64_t dt_comm_seq(const dt_comm *c) { return c ? c->seq : 0; }
+void *dt_comm_impl(const dt_comm *c) { return c ? c->impl : NULL; }
+const dt_comm_backend *dt_comm_get_backend(const dt_comm *c) { return c ? c->backend : NULL; }
+dt_result dt_comm_broken(const dt_comm *c) { return c ? c->broken : DT_OK; }
+
+/* A message that may begin with its result code's name ("DT_ERR_IO: ..."): the text after it. */
+static const char *dt__cause(const char *m, dt_result r) {
+    const char *pre = dt_result_str(r);
+    size_t lp = strlen(pre);
+    return strncmp(m, pre, lp) == 0 && m[lp] == ':' ? m + lp + 1 + (m[lp + 1] == ' ') : m;
 }
 
 /* Records a failure of the current operation: the communicator becomes unusable (every later call
@@ -606,14 +708,12 @@ static void dt__comm_what(const dt_comm *c, char *buf, size_t cap) {
    "rank R: <operation>: <cause>[; <who is missing>]". cause is the transport's message. */
 static dt_result dt__comm_fail(dt_comm *c, dt_result r, const char *cause) {
     char what[160], miss[192] = "";
-    const char *pre = dt_result_str(r);
-    size_t lp = strlen(pre);
-    if (strncmp(cause, pre, lp) == 0 && cause[lp] == ':') cause += lp + 1 + (cause[lp + 1] == ' ');
-    dt__comm_what(c, what, sizeof what);
+    cause = dt__cause(cause, r);
+    dt_comm_describe(c, what, sizeof what);
     if ((c->sig[2] & 0xff) != DT__OP_P2P && c->backend->missing) c->backend->missing(c, c->sig[0], miss, sizeof miss);
     snprintf(c->broken_msg, sizeof c->broken_msg, "rank %d: %s: %s%s%s", c->rank, what, cause, miss[0] ? "; " : "", miss);
     c->broken = r;
-    if (c->backend->fail) c->backend->fail(c, r, c->broken_msg);
+    if (c->backend->leave) c->backend->leave(c, r, c->broken_msg);
     return dt_set_error(r, "%s", c->broken_msg);
 }
 /* A call on a communicator that failed before. */
@@ -674,53 +774,66 @@ static void dt__mean_finish(void *buf, size_t n, dt_dtype t, int p) {
 
 /* ---- point-to-point through the backend, with counters and error reports ---- */
 
-static dt_result dt__isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *q) {
-    dt_result r = c->backend->isend(c, buf, bytes, dst, tag, q);
-    if (r != DT_OK) return dt__comm_fail(c, r, dt_last_error());
-    c->stats.bytes_sent += bytes;
-    c->stats.messages_sent++;
+/* Fills in q's message (kind, peer, tag, ... and the operation's signature) and has the backend post it.
+   esize: bytes per element of the type posted. A request whose post failed is "none". */
+static dt_result dt__post(dt_comm *c, int kind, const void *buf, size_t bytes, int peer, int tag, int esize, dt__req *q) {
+    dt_result r;
+    memset(q, 0, sizeof *q);
+    q->m.kind = kind; q->m.peer = peer; q->m.tag = tag; q->m.owner = c->rank; q->m.bytes = bytes;
+    if (kind == DT_REQ_SEND) q->m.sbuf = buf; else q->m.rbuf = (void *)(uintptr_t)buf;
+    q->m.state = DT_REQ_POSTED;
+    memcpy(q->sig, c->sig, sizeof q->sig);
+    q->esize = esize;
+    r = kind == DT_REQ_SEND ? c->backend->isend(c, &q->m) : c->backend->irecv(c, &q->m);
+    if (r != DT_OK) { q->m.kind = DT_REQ_NONE; return dt__comm_fail(c, r, dt_last_error()); }
+    if (kind == DT_REQ_SEND) { c->stats.bytes_sent += bytes; c->stats.messages_sent++; }
     return DT_OK;
 }
-static dt_result dt__irecv(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt_request *q) {
-    dt_result r = c->backend->irecv(c, buf, bytes, src, tag, q);
-    return r != DT_OK ? dt__comm_fail(c, r, dt_last_error()) : DT_OK;
+static dt_result dt__isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt__req *q) {
+    return dt__post(c, DT_REQ_SEND, buf, bytes, dst, tag, 1, q);
 }
-/* Waits for q. exact: a receive must bring exactly q->bytes (every message of a collective). */
-static dt_result dt__wait(dt_comm *c, dt_request *q, int exact) {
+static dt_result dt__irecv(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt__req *q) {
+    return dt__post(c, DT_REQ_RECV, buf, bytes, src, tag, 1, q);
+}
+/* Waits for q. exact: a receive must bring exactly its bytes (every message of a collective). */
+static dt_result dt__wait(dt_comm *c, dt__req *q, int exact) {
     double t0 = dt_time_now();
-    int kind = q->kind, peer = q->peer;
-    size_t want = q->bytes;
-    dt_result r = c->backend->wait(c, q, t0 + c->timeout);
+    int kind = q->m.kind, peer = q->m.peer;
+    size_t want = q->m.bytes;
+    dt_result r = c->backend->wait(c, &q->m, t0 + c->desc.timeout);
     c->stats.wait_seconds += dt_time_now() - t0;
     if (r != DT_OK) return dt__comm_fail(c, r, dt_last_error());
-    if (kind == DT__REQ_RECV) {
-        c->stats.bytes_recv += q->received;
+    if (kind == DT_REQ_RECV) {
+        c->stats.bytes_recv += q->m.received;
         c->stats.messages_recv++;
-        if (exact && q->received != want) {
+        if (exact && q->m.received != want) {
             char m[160];
             snprintf(m, sizeof m, "rank %d sent %zu bytes where this rank expected %zu: the ranks called it with different sizes",
-                     peer, q->received, want);
+                     peer, q->m.received, want);
             return dt__comm_fail(c, DT_ERR_MISMATCH, m);
         }
     }
     return DT_OK;
 }
 /* After a failure: withdraw the requests still pending, so no rank later touches their buffers. */
-static void dt__cancel_all(dt_comm *c, dt_request *q, int n) {
+static void dt__cancel_all(dt_comm *c, dt_request *reqs, int n) {
     int i;
-    for (i = 0; i < n; i++)
-        if (q[i].kind != DT__REQ_NONE && q[i].state != DT__ST_DONE && c->backend->cancel) c->backend->cancel(c, &q[i]);
+    for (i = 0; i < n; i++) {
+        dt__req *q = dt__rq(&reqs[i]);
+        if (q->m.kind != DT_REQ_NONE && q->m.state != DT_REQ_DONE && c->backend->cancel) c->backend->cancel(c, &q->m);
+    }
 }
 
 /* One step of an algorithm: send sbytes of sbuf to dst while receiving rbytes from src, in segments of
-   c->segment_bytes so the next segment travels while this one is reduced. With reduce set, the data
+   segment_bytes so the next segment travels while this one is reduced. With reduce set, the data
    received lands in tmp and is reduced into rbuf segment by segment; otherwise it lands in rbuf.
    dst or src < 0 skips that half. A side of 0 bytes still sends one empty message, so that every
-   message carries the collective's signature. */
+   message carries the collective's signature. The algorithms reach it through the wrappers below:
+   dt__send, dt__recv, dt__recv_reduce, dt__signal and dt__ring_step. */
 static dt_result dt__step(dt_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes, int src,
                           void *tmp, int reduce, dt_dtype t, dt_reduce_op op) {
-    size_t es = dt_dtype_size(t), seg = c->segment_bytes / es * es;   /* whole elements: each segment is reduced alone */
-    int ns, nr, tag = dt__coll_tag(c), i;
+    size_t es = dt_dtype_size(t), seg = c->desc.segment_bytes / es * es;   /* whole elements: each segment is reduced alone */
+    int ns, nr, tag = dt_comm_coll_tag(c), i;
     dt_request *q = NULL;
     dt_result r;
     if (seg == 0) seg = es;
@@ -731,41 +844,63 @@ static dt_result dt__step(dt_comm *c, const void *sbuf, size_t sbytes, int dst, 
     for (i = 0; i < nr; i++) {
         size_t off = (size_t)i * seg, len = rbytes - off < seg ? rbytes - off : seg;
         if (rbytes == 0) off = len = 0;
-        if ((r = dt__irecv(c, len ? (char *)(reduce ? tmp : rbuf) + off : NULL, len, src, tag, &q[ns + i])) != DT_OK) goto fail;
+        if ((r = dt__irecv(c, len ? (char *)(reduce ? tmp : rbuf) + off : NULL, len, src, tag, dt__rq(&q[ns + i]))) != DT_OK) goto fail;
     }
     for (i = 0; i < ns; i++) {
         size_t off = (size_t)i * seg, len = sbytes - off < seg ? sbytes - off : seg;
         if (sbytes == 0) off = len = 0;
-        if ((r = dt__isend(c, len ? (const char *)sbuf + off : NULL, len, dst, tag, &q[i])) != DT_OK) goto fail;
+        if ((r = dt__isend(c, len ? (const char *)sbuf + off : NULL, len, dst, tag, dt__rq(&q[i]))) != DT_OK) goto fail;
     }
     for (i = 0; i < nr; i++) {
-        if ((r = dt__wait(c, &q[ns + i], 1)) != DT_OK) goto fail;
-        if (reduce && q[ns + i].bytes)
-            dt__reduce_into((char *)rbuf + (size_t)i * seg, (char *)tmp + (size_t)i * seg, q[ns + i].bytes / es, t, op);
+        dt__req *rq = dt__rq(&q[ns + i]);
+        if ((r = dt__wait(c, rq, 1)) != DT_OK) goto fail;
+        if (reduce && rq->m.bytes)
+            dt__reduce_into((char *)rbuf + (size_t)i * seg, (char *)tmp + (size_t)i * seg, rq->m.bytes / es, t, op);
     }
     for (i = 0; i < ns; i++)
-        if ((r = dt__wait(c, &q[i], 1)) != DT_OK) goto fail;
+        if ((r = dt__wait(c, dt__rq(&q[i]), 1)) != DT_OK) goto fail;
     return DT_OK;
 fail:
     dt__cancel_all(c, q, ns + nr);
     return r;
 }
+/* The one-way steps the algorithms are written in. t sets the segments (whole elements), so a send and
+   its receive must name the same type; the bytes of a broadcast travel as DT_U8. */
+static dt_result dt__send(dt_comm *c, const void *buf, size_t bytes, int dst, dt_dtype t) {
+    return dt__step(c, buf, bytes, dst, NULL, 0, -1, NULL, 0, t, DT_SUM);
+}
+static dt_result dt__recv(dt_comm *c, void *buf, size_t bytes, int src, dt_dtype t) {
+    return dt__step(c, NULL, 0, -1, buf, bytes, src, NULL, 0, t, DT_SUM);
+}
+/* Receives bytes from src into tmp and reduces them into buf (buf = buf op received), segment by segment. */
+static dt_result dt__recv_reduce(dt_comm *c, void *buf, size_t bytes, int src, void *tmp, dt_dtype t, dt_reduce_op op) {
+    return dt__step(c, NULL, 0, -1, buf, bytes, src, tmp, 1, t, op);
+}
+/* A round of the dissemination barrier: an empty message to dst while one comes from src. */
+static dt_result dt__signal(dt_comm *c, int dst, int src) {
+    return dt__step(c, NULL, 0, dst, NULL, 0, src, NULL, 0, DT_U8, DT_SUM);
+}
 
 /* Chunk k of n elements split over p ranks: the first n % p chunks have one element more. */
 static size_t dt__chunk_off(size_t n, int p, int k) { return (size_t)k * (n / (size_t)p) + ((size_t)k < n % (size_t)p ? (size_t)k : n % (size_t)p); }
 static size_t dt__chunk_len(size_t n, int p, int k) { return n / (size_t)p + ((size_t)k < n % (size_t)p ? 1 : 0); }
+/* A step of a ring over the p chunks of buf[n]: chunk ks goes to the right neighbour while chunk kr comes
+   from the left, reduced into buf's chunk kr through tmp (tmp set) or written over it (tmp NULL). */
+static dt_result dt__ring_step(dt_comm *c, void *buf, size_t n, dt_dtype t, int ks, int kr, void *tmp, dt_reduce_op op) {
+    int p = c->size, right = (c->rank + 1) % p, left = (c->rank + p - 1) % p;
+    size_t es = dt_dtype_size(t);
+    return dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
+                    (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, tmp, tmp != NULL, t, op);
+}
 
 /* Ring reduce-scatter, in place: afterwards rank r holds chunk r reduced over all ranks. Step s sends
    chunk r - s - 1 to the right and reduces chunk r - s - 2 from the left into its own, so chunk k starts
    at rank k + 1 and picks up one rank per step: the order of the reduction is fixed by the ring. */
 static dt_result dt__ring_reduce_scatter(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, void *tmp) {
     int p = c->size, me = c->rank, s;
-    int right = (me + 1) % p, left = (me + p - 1) % p;
-    size_t es = dt_dtype_size(t);
     for (s = 0; s < p - 1; s++) {
         int ks = ((me - s - 1) % p + p) % p, kr = ((me - s - 2) % p + 2 * p) % p;
-        dt_result r = dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
-                               (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, tmp, 1, t, op);
+        dt_result r = dt__ring_step(c, buf, n, t, ks, kr, tmp, op);
         if (r != DT_OK) return r;
     }
     return DT_OK;
@@ -773,12 +908,9 @@ static dt_result dt__ring_reduce_scatter(dt_comm *c, void *buf, size_t n, dt_dty
 /* Ring all-gather, in place: rank r starts with chunk r and ends with all of them. */
 static dt_result dt__ring_allgather(dt_comm *c, void *buf, size_t n, dt_dtype t) {
     int p = c->size, me = c->rank, s;
-    int right = (me + 1) % p, left = (me + p - 1) % p;
-    size_t es = dt_dtype_size(t);
     for (s = 0; s < p - 1; s++) {
         int ks = ((me - s) % p + p) % p, kr = ((me - s - 1) % p + p) % p;
-        dt_result r = dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
-                               (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, NULL, 0, t, DT_SUM);
+        dt_result r = dt__ring_step(c, buf, n, t, ks, kr, NULL, DT_SUM);
         if (r != DT_OK) return r;
     }
     return DT_OK;
@@ -800,8 +932,8 @@ static dt_result dt__tree_reduce(dt_comm *c, void *buf, size_t bytes, dt_dtype t
     int p = c->size, v = (c->rank - root + p) % p, mask;
     for (mask = 1; mask < p; mask <<= 1) {
         dt_result r;
-        if (v & mask) return dt__step(c, buf, bytes, (v - mask + root) % p, NULL, 0, -1, NULL, 0, t, op);
-        if (v + mask < p && (r = dt__step(c, NULL, 0, -1, buf, bytes, (v + mask + root) % p, tmp, 1, t, op)) != DT_OK) return r;
+        if (v & mask) return dt__send(c, buf, bytes, (v - mask + root) % p, t);
+        if (v + mask < p && (r = dt__recv_reduce(c, buf, bytes, (v + mask + root) % p, tmp, t, op)) != DT_OK) return r;
     }
     return DT_OK;
 }
@@ -810,14 +942,13 @@ static dt_result dt__tree_broadcast(dt_comm *c, void *buf, size_t bytes, int roo
     dt_result r;
     while (mask < p) {
         if (v & mask) {
-            if ((r = dt__step(c, NULL, 0, -1, buf, bytes, (v - mask + root) % p, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+            if ((r = dt__recv(c, buf, bytes, (v - mask + root) % p, DT_U8)) != DT_OK) return r;
             break;
         }
         mask <<= 1;
     }
     for (mask >>= 1; mask > 0; mask >>= 1)
-        if (v + mask < p && (r = dt__step(c, buf, bytes, (v + mask + root) % p, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK)
-            return r;
+        if (v + mask < p && (r = dt__send(c, buf, bytes, (v + mask + root) % p, DT_U8)) != DT_OK) return r;
     return DT_OK;
 }
 /* Naive: the root talks to everyone in rank order; the reduction is x0 op x1 op ... op x(p-1). */
@@ -826,35 +957,35 @@ static dt_result dt__naive_reduce(dt_comm *c, void *buf, size_t n, dt_dtype t, d
     size_t bytes = n * dt_dtype_size(t);
     int k;
     dt_result r;
-    if (c->rank != root) return dt__step(c, buf, bytes, root, NULL, 0, -1, NULL, 0, t, op);
+    if (c->rank != root) return dt__send(c, buf, bytes, root, t);
     if (bytes) memcpy(mine, buf, bytes);
     for (k = 0; k < c->size; k++) {
         if (k == root) {
             if (k == 0) continue;   /* buf already is x0 */
             dt__reduce_into(buf, mine, n, t, op);
         } else if (k == 0) {
-            if ((r = dt__step(c, NULL, 0, -1, buf, bytes, 0, NULL, 0, t, op)) != DT_OK) return r;
-        } else if ((r = dt__step(c, NULL, 0, -1, buf, bytes, k, tmp, 1, t, op)) != DT_OK) return r;
+            if ((r = dt__recv(c, buf, bytes, 0, t)) != DT_OK) return r;
+        } else if ((r = dt__recv_reduce(c, buf, bytes, k, tmp, t, op)) != DT_OK) return r;
     }
     return DT_OK;
 }
 static dt_result dt__naive_broadcast(dt_comm *c, void *buf, size_t bytes, int root) {
     int k;
     dt_result r;
-    if (c->rank != root) return dt__step(c, NULL, 0, -1, buf, bytes, root, NULL, 0, DT_U8, DT_SUM);
+    if (c->rank != root) return dt__recv(c, buf, bytes, root, DT_U8);
     for (k = 0; k < c->size; k++)
-        if (k != root && (r = dt__step(c, buf, bytes, k, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+        if (k != root && (r = dt__send(c, buf, bytes, k, DT_U8)) != DT_OK) return r;
     return DT_OK;
 }
 /* Ring broadcast: a pipelined chain root -> root + 1 -> ...; each segment is passed on as it arrives. */
 static dt_result dt__ring_broadcast(dt_comm *c, void *buf, size_t bytes, int root) {
     int p = c->size, me = c->rank, right = (me + 1) % p, left = (me + p - 1) % p;
-    size_t seg = c->segment_bytes, off = 0;
+    size_t seg = c->desc.segment_bytes, off = 0;
     do {
         size_t len = bytes - off < seg ? bytes - off : seg;
         dt_result r;
-        if (me != root && (r = dt__step(c, NULL, 0, -1, (char *)buf + off, len, left, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
-        if (right != root && (r = dt__step(c, (char *)buf + off, len, right, NULL, 0, -1, NULL, 0, DT_U8, DT_SUM)) != DT_OK) return r;
+        if (me != root && (r = dt__recv(c, (char *)buf + off, len, left, DT_U8)) != DT_OK) return r;
+        if (right != root && (r = dt__send(c, (char *)buf + off, len, right, DT_U8)) != DT_OK) return r;
         off += len;
     } while (off < bytes);
     return DT_OK;
@@ -881,9 +1012,11 @@ static dt_result dt__comm_check(dt_comm *c, const char *fn, const void *buf, siz
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: %s %d is not a rank of this communicator (0..%d)", fn, peer_name, peer, c->size - 1);
     return DT_OK;
 }
-static dt_result dt__tag_check(const dt_comm *c, const char *fn, int tag) {
-    (void)c;
-    if (tag < 0 || tag > DT_TAG_USER_MAX) return dt_set_error(DT_ERR_INVALID_ARG, "%s: tag %d is outside 0..%d", fn, tag, DT_TAG_USER_MAX);
+/* lib: one of the library's own tags, else a user's. */
+static dt_result dt__tag_check(const char *fn, int tag, int lib) {
+    if (!lib && (tag < 0 || tag > DT_TAG_USER_MAX)) return dt_set_error(DT_ERR_INVALID_ARG, "%s: tag %d is outside 0..%d", fn, tag, DT_TAG_USER_MAX);
+    if (lib && (tag <= DT_TAG_USER_MAX || tag >= DT__TAG_LIB_END))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: the library's tag %d is outside its own %d..%d", fn, tag, DT_TAG_USER_MAX + 1, DT__TAG_LIB_END - 1);
     return DT_OK;
 }
 /* Starts collective number c->seq + 1: its signature, its counter; the seq is published for reports. */
@@ -908,50 +1041,53 @@ static dt_result dt__algo_check(const char *fn, dt_algo a) {
     return DT_OK;
 }
 static dt_algo dt__algo_resolve(const dt_comm *c, dt_algo a, int has_native) {
-    if (a <= DT_ALGO_AUTO || a >= DT_ALGO_COUNT) a = c->algo;
+    if (a <= DT_ALGO_AUTO || a >= DT_ALGO_COUNT) a = c->desc.algo;
     if (a <= DT_ALGO_AUTO || a >= DT_ALGO_COUNT) a = has_native ? DT_ALGO_NATIVE : DT_ALGO_RING;
     if (a == DT_ALGO_NATIVE && !has_native) a = DT_ALGO_RING;
     return a;
 }
-/* A native collective's traffic, counted by the backend as a ring's would be: factor (p - 1) / p bytes
-   per rank each way (factor 2 for all-reduce, 1 for broadcast). */
-static void dt__count_native(dt_comm *c, size_t bytes, int factor) {
+dt_algo dt_comm_algo(const dt_comm *c, dt_algo algo) {
+    return c ? dt__algo_resolve(c, algo, c->backend->allreduce != NULL) : algo;
+}
+void dt_comm_count_native(dt_comm *c, size_t bytes, int factor) {
     uint64_t b = (uint64_t)((double)bytes * factor * (c->size - 1) / c->size);
     c->stats.bytes_sent += b;
     c->stats.bytes_recv += b;
 }
 static dt_result dt__native(dt_comm *c, dt_result r) { return r == DT_OK ? DT_OK : dt__comm_fail(c, r, dt_last_error()); }
 
-dt_result dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req) {
-    dt_result r = dt__comm_check(c, "dt_comm_isend", buf, count, t, dst, "destination");
-    if (r == DT_OK) r = dt__tag_check(c, "dt_comm_isend", tag);
-    if (r == DT_OK && !req) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_isend: request is NULL");
+/* Posts a point-to-point send or receive of count elements: the public calls' (user tags), and with lib
+   set the library's own (its reserved tags). */
+static dt_result dt__p2p_post(dt_comm *c, int kind, const void *buf, size_t count, dt_dtype t, int peer, int tag, dt_request *req, int lib) {
+    const char *fn = kind == DT_REQ_SEND ? "dt_comm_isend" : "dt_comm_irecv";
+    dt_result r = dt__comm_check(c, fn, buf, count, t, peer, kind == DT_REQ_SEND ? "destination" : "source");
+    if (r == DT_OK) r = dt__tag_check(fn, tag, lib);
+    if (r == DT_OK && !req) r = dt_set_error(DT_ERR_INVALID_ARG, "%s: request is NULL", fn);
     if (r != DT_OK) return r;
-    dt__comm_begin(c, DT__OP_P2P, count, (int)t, 0, dst, 0);
-    return dt__isend(c, buf, count * dt_dtype_size(t), dst, tag, req);
+    dt__comm_begin(c, DT__OP_P2P, count, (int)t, 0, peer, 0);
+    return dt__post(c, kind, buf, count * dt_dtype_size(t), peer, tag, (int)dt_dtype_size(t), dt__rq(req));
+}
+dt_result dt_comm_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req) {
+    return dt__p2p_post(c, DT_REQ_SEND, buf, count, t, dst, tag, req, 0);
 }
 dt_result dt_comm_irecv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, dt_request *req) {
-    dt_result r = dt__comm_check(c, "dt_comm_irecv", buf, count, t, src, "source");
-    if (r == DT_OK) r = dt__tag_check(c, "dt_comm_irecv", tag);
-    if (r == DT_OK && !req) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_irecv: request is NULL");
-    if (r != DT_OK) return r;
-    dt__comm_begin(c, DT__OP_P2P, count, (int)t, 0, src, 0);
-    return dt__irecv(c, buf, count * dt_dtype_size(t), src, tag, req);
+    return dt__p2p_post(c, DT_REQ_RECV, buf, count, t, src, tag, req, 0);
 }
 dt_result dt_comm_wait(dt_comm *c, dt_request *req) {
+    dt__req *q = dt__rq(req);
     if (!c || !req) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_wait: %s is NULL", c ? "request" : "communicator");
-    if (req->kind == DT__REQ_NONE) return DT_OK;   /* completed before, or never posted */
-    if (c->broken) { if (c->backend->cancel) c->backend->cancel(c, req); return dt__comm_broken(c); }
-    dt__comm_begin(c, DT__OP_P2P, req->bytes, DT_U8, 0, req->peer, 0);
+    if (q->m.kind == DT_REQ_NONE) return DT_OK;   /* completed before, or never posted */
+    if (c->broken) { if (c->backend->cancel) c->backend->cancel(c, &q->m); return dt__comm_broken(c); }
+    dt__comm_begin(c, DT__OP_P2P, q->m.bytes, DT_U8, 0, q->m.peer, 0);
     {
         dt_result r;
-        dt_trace_begin(req->kind == DT__REQ_SEND ? "wait send" : "wait recv", "comm");
-        dt__trace_arg("peer", NULL, req->peer);
-        dt__trace_arg("bytes", NULL, (int64_t)req->bytes);
-        dt__trace_arg("tag", NULL, req->tag);
-        r = dt__wait(c, req, 0);
+        dt_trace_begin(q->m.kind == DT_REQ_SEND ? "wait send" : "wait recv", "comm");
+        dt__trace_arg("peer", NULL, q->m.peer);
+        dt__trace_arg("bytes", NULL, (int64_t)q->m.bytes);
+        dt__trace_arg("tag", NULL, q->m.tag);
+        r = dt__wait(c, q, 0);
         dt_trace_end();
-        if (r == DT_OK) req->kind = DT__REQ_NONE;
+        if (r == DT_OK) q->m.kind = DT_REQ_NONE;
         return r;
     }
 }
@@ -964,32 +1100,53 @@ dt_result dt_comm_waitall(dt_comm *c, dt_request *reqs, int n) {
     return r;
 }
 dt_result dt_comm_test(dt_comm *c, dt_request *req, int *done) {
+    dt__req *q = dt__rq(req);
     dt_result r;
     if (!c || !req || !done) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_test: communicator, request and done must not be NULL");
     *done = 0;
-    if (req->kind == DT__REQ_NONE) { *done = 1; return DT_OK; }
+    if (q->m.kind == DT_REQ_NONE) { *done = 1; return DT_OK; }
     if (c->broken) return dt__comm_broken(c);
-    if ((r = c->backend->test(c, req, done)) != DT_OK) {
-        dt__comm_begin(c, DT__OP_P2P, req->bytes, DT_U8, 0, req->peer, 0);
+    if ((r = c->backend->test(c, &q->m, done)) != DT_OK) {
+        dt__comm_begin(c, DT__OP_P2P, q->m.bytes, DT_U8, 0, q->m.peer, 0);
         return dt__comm_fail(c, r, dt_last_error());
     }
     if (*done) {
-        if (req->kind == DT__REQ_RECV) { c->stats.bytes_recv += req->received; c->stats.messages_recv++; }
-        req->kind = DT__REQ_NONE;
+        if (q->m.kind == DT_REQ_RECV) { c->stats.bytes_recv += q->m.received; c->stats.messages_recv++; }
+        q->m.kind = DT_REQ_NONE;
     }
     return DT_OK;
 }
-dt_result dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag) {
+size_t dt_request_received(const dt_request *req) {
+    const dt__req *q = (const dt__req *)(const void *)req;
+    return q && q->esize > 0 ? q->m.received / (size_t)q->esize : 0;
+}
+/* A blocking send or receive: a post and its wait. */
+static dt_result dt__p2p(dt_comm *c, int kind, const void *buf, size_t count, dt_dtype t, int peer, int tag, size_t *received, int lib) {
     dt_request q;
-    dt_result r = dt_comm_isend(c, buf, count, t, dst, tag, &q);
-    return r == DT_OK ? dt_comm_wait(c, &q) : r;
+    dt_result r = dt__p2p_post(c, kind, buf, count, t, peer, tag, &q, lib);
+    if (r == DT_OK) r = dt_comm_wait(c, &q);
+    if (r == DT_OK && received) *received = dt_request_received(&q);
+    return r;
+}
+dt_result dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag) {
+    return dt__p2p(c, DT_REQ_SEND, buf, count, t, dst, tag, NULL, 0);
 }
 dt_result dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, size_t *received) {
-    dt_request q;
-    dt_result r = dt_comm_irecv(c, buf, count, t, src, tag, &q);
-    if (r == DT_OK) r = dt_comm_wait(c, &q);
-    if (r == DT_OK && received) *received = q.received / dt_dtype_size(t);
-    return r;
+    return dt__p2p(c, DT_REQ_RECV, buf, count, t, src, tag, received, 0);
+}
+/* The library's own point-to-point messages (train.h's DDP and FedAvg, the launcher's timeline): the same
+   calls on its reserved tags DT__TAG_DDP, DT__TAG_FEDAVG, DT__TAG_TRACE, which the public ones refuse. */
+static inline dt_result dt__lib_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req) {
+    return dt__p2p_post(c, DT_REQ_SEND, buf, count, t, dst, tag, req, 1);
+}
+static inline dt_result dt__lib_irecv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, dt_request *req) {
+    return dt__p2p_post(c, DT_REQ_RECV, buf, count, t, src, tag, req, 1);
+}
+static inline dt_result dt__lib_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag) {
+    return dt__p2p(c, DT_REQ_SEND, buf, count, t, dst, tag, NULL, 1);
+}
+static inline dt_result dt__lib_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, size_t *received) {
+    return dt__p2p(c, DT_REQ_RECV, buf, count, t, src, tag, received, 1);
 }
 
 static dt_result dt__coll_barrier(dt_comm *c) {
@@ -1000,10 +1157,10 @@ static dt_result dt__coll_barrier(dt_comm *c) {
     a = dt__algo_resolve(c, DT_ALGO_AUTO, c->backend->barrier != NULL);
     dt__coll_start(c, DT__OP_BARRIER, 0, DT_U8, 0, -1, a);
     if (c->size == 1) return DT_OK;
-    if (a == DT_ALGO_NATIVE) return dt__native(c, c->backend->barrier(c, dt_time_now() + c->timeout));
+    if (a == DT_ALGO_NATIVE) return dt__native(c, c->backend->barrier(c, dt_time_now() + c->desc.timeout));
     /* dissemination: in round k everyone signals rank + 2^k and hears from rank - 2^k */
     for (k = 1; k < c->size && r == DT_OK; k <<= 1)
-        r = dt__step(c, NULL, 0, (c->rank + k) % c->size, NULL, 0, (c->rank - k + c->size) % c->size, NULL, 0, DT_U8, DT_SUM);
+        r = dt__signal(c, (c->rank + k) % c->size, (c->rank - k + c->size) % c->size);
     return r;
 }
 
@@ -1019,7 +1176,7 @@ static dt_result dt__coll_broadcast(dt_comm *c, void *buf, size_t count, dt_dtyp
     if (c->size == 1) return DT_OK;
     switch (algo) {
     case DT_ALGO_NATIVE:
-        return dt__native(c, c->backend->broadcast(c, buf, bytes, root, dt_time_now() + c->timeout));
+        return dt__native(c, c->backend->broadcast(c, buf, bytes, root, dt_time_now() + c->desc.timeout));
     case DT_ALGO_NAIVE: return dt__naive_broadcast(c, buf, bytes, root);
     case DT_ALGO_RING: return dt__ring_broadcast(c, buf, bytes, root);
     default: return dt__tree_broadcast(c, buf, bytes, root);
@@ -1049,7 +1206,7 @@ static dt_result dt__coll_allreduce(dt_comm *c, void *buf, size_t count, dt_dtyp
     if (c->size == 1) return DT_OK;
     switch (algo) {
     case DT_ALGO_NATIVE:
-        r = dt__native(c, c->backend->allreduce(c, buf, count, t, op == DT_MEAN ? DT_SUM : op, dt_time_now() + c->timeout));
+        r = dt__native(c, c->backend->allreduce(c, buf, count, t, op == DT_MEAN ? DT_SUM : op, dt_time_now() + c->desc.timeout));
         break;
     case DT_ALGO_RING:
         if ((r = dt__comm_scratch(c, (count / (size_t)c->size + 1) * es, &s)) == DT_OK) r = dt__allreduce_ring(c, buf, count, t, op, s);
@@ -1094,8 +1251,8 @@ static dt_result dt__coll_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t
         for (k = 0; k < p && r == DT_OK; k++) {
             size_t off = dt__chunk_off(count, p, k) * es, len = dt__chunk_len(count, p, k) * es;
             if (c->rank == root && k == root) { if (len) memcpy((char *)buf + off, s + off, len); }
-            else if (c->rank == root) r = dt__step(c, NULL, 0, -1, (char *)buf + off, len, k, NULL, 0, t, op);
-            else if (c->rank == k) r = dt__step(c, s + off, len, root, NULL, 0, -1, NULL, 0, t, op);
+            else if (c->rank == root) r = dt__recv(c, (char *)buf + off, len, k, t);
+            else if (c->rank == k) r = dt__send(c, s + off, len, root, t);
         }
     }
     if (r == DT_OK && op == DT_MEAN && c->rank == root) dt__mean_finish(buf, count, t, c->size);
@@ -1111,10 +1268,10 @@ static dt_result dt__coll_scatter(dt_comm *c, const void *send, void *recv, size
     if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_SCATTER, count, t, 0, root, DT_ALGO_NAIVE);
-    if (c->rank != root) return dt__step(c, NULL, 0, -1, recv, bytes, root, NULL, 0, t, DT_SUM);
+    if (c->rank != root) return dt__recv(c, recv, bytes, root, t);
     for (k = 0; k < c->size && r == DT_OK; k++) {
         if (k == root) { if (bytes) memmove(recv, (const char *)send + (size_t)k * bytes, bytes); }
-        else r = dt__step(c, (const char *)send + (size_t)k * bytes, bytes, k, NULL, 0, -1, NULL, 0, t, DT_SUM);
+        else r = dt__send(c, (const char *)send + (size_t)k * bytes, bytes, k, t);
     }
     return r;
 }
@@ -1128,10 +1285,10 @@ static dt_result dt__coll_gather(dt_comm *c, const void *send, void *recv, size_
     if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
     dt__coll_start(c, DT__OP_GATHER, count, t, 0, root, DT_ALGO_NAIVE);
-    if (c->rank != root) return dt__step(c, send, bytes, root, NULL, 0, -1, NULL, 0, t, DT_SUM);
+    if (c->rank != root) return dt__send(c, send, bytes, root, t);
     for (k = 0; k < c->size && r == DT_OK; k++) {
         if (k == root) { if (bytes) memmove((char *)recv + (size_t)k * bytes, send, bytes); }
-        else r = dt__step(c, NULL, 0, -1, (char *)recv + (size_t)k * bytes, bytes, k, NULL, 0, t, DT_SUM);
+        else r = dt__recv(c, (char *)recv + (size_t)k * bytes, bytes, k, t);
     }
     return r;
 }
@@ -1188,9 +1345,9 @@ static dt_result dt__coll_neighbor_exchange(dt_comm *c, const void *send, void *
     if (nto + nfrom == 0) return DT_OK;   /* a rank with no neighbours has nothing to do (and no requests) */
     if ((r = dt__comm_reqs(c, nto + nfrom, &q)) != DT_OK) return r;
     memset(q, 0, (size_t)(nto + nfrom) * sizeof *q);
-    for (i = 0; i < nfrom && r == DT_OK; i++) r = dt__irecv(c, (char *)recv + (size_t)i * bytes, bytes, from[i], dt__coll_tag(c), &q[nto + i]);
-    for (i = 0; i < nto && r == DT_OK; i++) r = dt__isend(c, send, bytes, to[i], dt__coll_tag(c), &q[i]);
-    for (i = 0; i < nto + nfrom && r == DT_OK; i++) r = dt__wait(c, &q[i], 1);
+    for (i = 0; i < nfrom && r == DT_OK; i++) r = dt__irecv(c, (char *)recv + (size_t)i * bytes, bytes, from[i], dt_comm_coll_tag(c), dt__rq(&q[nto + i]));
+    for (i = 0; i < nto && r == DT_OK; i++) r = dt__isend(c, send, bytes, to[i], dt_comm_coll_tag(c), dt__rq(&q[i]));
+    for (i = 0; i < nto + nfrom && r == DT_OK; i++) r = dt__wait(c, dt__rq(&q[i]), 1);
     if (r != DT_OK) dt__cancel_all(c, q, nto + nfrom);
     return r;
 }
@@ -1246,8 +1403,8 @@ dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, si
 typedef struct dt__lrank {
     dt__mutex   mu;
     dt__cond    cv;
-    dt_request *inbox, *inbox_tail;     /* sends to this rank not yet matched */
-    dt_request *posted, *posted_tail;   /* this rank's receives not yet matched */
+    dt__req    *inbox, *inbox_tail;     /* sends to this rank not yet matched */
+    dt__req    *posted, *posted_tail;   /* this rank's receives not yet matched */
     int         gone;                   /* atomic: 1 once the rank has left or failed */
     dt_result   gone_result;
     char        gone_msg[320];
@@ -1286,20 +1443,21 @@ static void dt__local_free_world(dt__lworld *W) {
     DT_FREE(W);
 }
 
+/* Tags match: a collective's by its number alone (the signatures are compared on delivery), others exactly. */
 static int dt__ltag_eq(int a, int b) {
-    if (a >= DT__TAG_COLL && b >= DT__TAG_COLL) return ((a - DT__TAG_COLL) >> DT__TAG_HASH_BITS) == ((b - DT__TAG_COLL) >> DT__TAG_HASH_BITS);
-    return a == b;
+    int sa = dt_comm_tag_seq(a), sb = dt_comm_tag_seq(b);
+    return sa >= 0 && sb >= 0 ? sa == sb : a == b;
 }
-static void dt__lq_push(dt_request **head, dt_request **tail, dt_request *q) {
+static void dt__lq_push(dt__req **head, dt__req **tail, dt__req *q) {
     q->next = NULL;
     if (*tail) (*tail)->next = q; else *head = q;
     *tail = q;
 }
-static int dt__lq_unlink(dt_request **head, dt_request **tail, dt_request *q) {
-    dt_request *prev = NULL, *it;
-    for (it = *head; it; prev = it, it = (dt_request *)it->next)
+static int dt__lq_unlink(dt__req **head, dt__req **tail, dt__req *q) {
+    dt__req *prev = NULL, *it;
+    for (it = *head; it; prev = it, it = it->next)
         if (it == q) {
-            if (prev) prev->next = it->next; else *head = (dt_request *)it->next;
+            if (prev) prev->next = it->next; else *head = it->next;
             if (*tail == it) *tail = prev;
             return 1;
         }
@@ -1334,26 +1492,26 @@ static int dt__local_spin(const dt__lworld *W, const volatile int *state, int wa
     return 1;
 }
 
-static void dt__local_complete(dt__lworld *W, dt_request *q) {
-    dt__lrank *o = &W->r[q->owner];
+static void dt__local_complete(dt__lworld *W, dt__req *q) {
+    dt__lrank *o = &W->r[q->m.owner];
     dt__mutex_lock(&o->mu);
-    DT__ATOMIC_STORE(&q->state, DT__ST_DONE);
+    DT__ATOMIC_STORE(&q->m.state, DT_REQ_DONE);
     dt__cond_broadcast(&o->cv);
     dt__mutex_unlock(&o->mu);
 }
 /* s and r are matched and unlinked: check that they belong together, copy, complete both. */
-static void dt__local_deliver(dt__lworld *W, dt_request *s, dt_request *r) {
-    if (s->tag >= DT__TAG_COLL && (s->sig[0] != r->sig[0] || s->sig[1] != r->sig[1] || s->sig[2] != r->sig[2])) {
-        memcpy(s->impl, r->sig, sizeof r->sig);   /* each side keeps the other's signature for its report */
-        memcpy(r->impl, s->sig, sizeof s->sig);
+static void dt__local_deliver(dt__lworld *W, dt__req *s, dt__req *r) {
+    if (dt_comm_tag_seq(s->m.tag) >= 0 && (s->sig[0] != r->sig[0] || s->sig[1] != r->sig[1] || s->sig[2] != r->sig[2])) {
+        memcpy(s->m.impl, r->sig, sizeof r->sig);   /* each side keeps the other's signature for its report */
+        memcpy(r->m.impl, s->sig, sizeof s->sig);
         s->error = r->error = DT_ERR_MISMATCH;
-    } else if (s->bytes > r->bytes) {
-        s->impl[3] = r->bytes;
-        r->impl[3] = s->bytes;
+    } else if (s->m.bytes > r->m.bytes) {
+        s->m.impl[3] = r->m.bytes;
+        r->m.impl[3] = s->m.bytes;
         s->error = r->error = DT_ERR_MISMATCH;
     } else {
-        if (s->bytes) memcpy(r->rbuf, s->sbuf, s->bytes);
-        r->received = s->bytes;
+        if (s->m.bytes) memcpy(r->m.rbuf, s->m.sbuf, s->m.bytes);
+        r->m.received = s->m.bytes;
         if (W->latency > 0 || W->bandwidth > 0) r->not_before = s->not_before + W->latency;
     }
     dt__local_complete(W, s);
@@ -1374,32 +1532,30 @@ static dt_result dt__local_gone_error(dt__lworld *W, int k) {
     return dt_set_error(DT_ERR_PEER, "rank %d has failed (%s)%s%s", k, dt_result_str(W->r[k].gone_result), m[0] ? ": " : "", m);
 }
 
-static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt_request *q) {
-    dt__lworld *W = (dt__lworld *)c->impl;
+static dt_result dt__local_isend(dt_comm *c, dt_message *msg) {
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
+    dt__req *q = (dt__req *)msg, *it;
+    int me = dt_comm_rank(c), dst = msg->peer, tag = msg->tag;
     dt__lrank *d = &W->r[dst];
-    dt_request *it;
-    memset(q, 0, sizeof *q);
-    q->kind = DT__REQ_SEND; q->peer = dst; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->sbuf = buf;
-    memcpy(q->sig, c->sig, sizeof q->sig);
-    if (DT__ATOMIC_LOAD(&d->gone) && dst != c->rank) { q->kind = DT__REQ_NONE; return dt__local_gone_error(W, dst); }
+    if (DT__ATOMIC_LOAD(&d->gone) && dst != me) return dt__local_gone_error(W, dst);
     dt__mutex_lock(&d->mu);
-    if ((W->latency > 0 || W->bandwidth > 0) && dst != c->rank) {
+    if ((W->latency > 0 || W->bandwidth > 0) && dst != me) {
         /* the link model: each rank has one full-duplex port to a switch. The message waits until the
            sender's port is free to send and the receiver's to receive, occupies both for bytes /
            bandwidth, and arrives latency seconds after it has left. (The receiver's slot is taken under
            its mutex, held here; the sender's is only ever touched by the sender.) */
-        double *out = &W->link_free[c->rank], *in = &W->link_free[W->n + dst], start = dt_time_now();
+        double *out = &W->link_free[me], *in = &W->link_free[W->n + dst], start = dt_time_now();
         if (*out > start) start = *out;
         if (*in > start) start = *in;
-        *out = *in = start + (W->bandwidth > 0 ? (double)bytes / W->bandwidth : 0.0);
+        *out = *in = start + (W->bandwidth > 0 ? (double)msg->bytes / W->bandwidth : 0.0);
         q->not_before = *out;
     }
-    for (it = d->posted; it; it = (dt_request *)it->next)
-        if (it->peer == c->rank && dt__ltag_eq(it->tag, tag)) break;
+    for (it = d->posted; it; it = it->next)
+        if (it->m.peer == me && dt__ltag_eq(it->m.tag, tag)) break;
     if (it) {
         dt__lq_unlink(&d->posted, &d->posted_tail, it);
-        DT__ATOMIC_STORE(&it->state, DT__ST_MATCHED);
-        DT__ATOMIC_STORE(&q->state, DT__ST_MATCHED);
+        DT__ATOMIC_STORE(&it->m.state, DT_REQ_MATCHED);
+        DT__ATOMIC_STORE(&q->m.state, DT_REQ_MATCHED);
         dt__mutex_unlock(&d->mu);
         dt__local_deliver(W, q, it);
         return DT_OK;
@@ -1409,20 +1565,17 @@ static dt_result dt__local_isend(dt_comm *c, const void *buf, size_t bytes, int 
     return DT_OK;
 }
 
-static dt_result dt__local_irecv(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt_request *q) {
-    dt__lworld *W = (dt__lworld *)c->impl;
-    dt__lrank *me = &W->r[c->rank];
-    dt_request *it;
-    memset(q, 0, sizeof *q);
-    q->kind = DT__REQ_RECV; q->peer = src; q->tag = tag; q->owner = c->rank; q->bytes = bytes; q->rbuf = buf;
-    memcpy(q->sig, c->sig, sizeof q->sig);
+static dt_result dt__local_irecv(dt_comm *c, dt_message *msg) {
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
+    dt__lrank *me = &W->r[dt_comm_rank(c)];
+    dt__req *q = (dt__req *)msg, *it;
     dt__mutex_lock(&me->mu);
-    for (it = me->inbox; it; it = (dt_request *)it->next)
-        if (it->owner == src && dt__ltag_eq(it->tag, tag)) break;
+    for (it = me->inbox; it; it = it->next)
+        if (it->m.owner == msg->peer && dt__ltag_eq(it->m.tag, msg->tag)) break;
     if (it) {
         dt__lq_unlink(&me->inbox, &me->inbox_tail, it);
-        DT__ATOMIC_STORE(&it->state, DT__ST_MATCHED);
-        DT__ATOMIC_STORE(&q->state, DT__ST_MATCHED);
+        DT__ATOMIC_STORE(&it->m.state, DT_REQ_MATCHED);
+        DT__ATOMIC_STORE(&q->m.state, DT_REQ_MATCHED);
         dt__mutex_unlock(&me->mu);
         dt__local_deliver(W, it, q);
         return DT_OK;
@@ -1433,22 +1586,23 @@ static dt_result dt__local_irecv(dt_comm *c, void *buf, size_t bytes, int src, i
 }
 
 /* Withdraws q if no one has matched it yet; if its copy is under way, waits for the copy to finish. */
-static void dt__local_cancel(dt_comm *c, dt_request *q) {
-    dt__lworld *W = (dt__lworld *)c->impl;
-    dt__lrank *holder = &W->r[q->kind == DT__REQ_SEND ? q->peer : q->owner], *me = &W->r[q->owner];
+static void dt__local_cancel(dt_comm *c, dt_message *msg) {
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
+    dt__req *q = (dt__req *)msg;
+    dt__lrank *holder = &W->r[q->m.kind == DT_REQ_SEND ? q->m.peer : q->m.owner], *me = &W->r[q->m.owner];
     int st;
-    if (q->kind == DT__REQ_NONE) return;
+    if (q->m.kind == DT_REQ_NONE) return;
     dt__mutex_lock(&holder->mu);
-    st = DT__ATOMIC_LOAD(&q->state);
-    if (st == DT__ST_POSTED) {
-        if (q->kind == DT__REQ_SEND) dt__lq_unlink(&holder->inbox, &holder->inbox_tail, q);
+    st = DT__ATOMIC_LOAD(&q->m.state);
+    if (st == DT_REQ_POSTED) {
+        if (q->m.kind == DT_REQ_SEND) dt__lq_unlink(&holder->inbox, &holder->inbox_tail, q);
         else dt__lq_unlink(&holder->posted, &holder->posted_tail, q);
-        DT__ATOMIC_STORE(&q->state, DT__ST_CANCELLED);
+        DT__ATOMIC_STORE(&q->m.state, DT_REQ_CANCELLED);
     }
     dt__mutex_unlock(&holder->mu);
-    if (st != DT__ST_MATCHED) return;
+    if (st != DT_REQ_MATCHED) return;
     dt__mutex_lock(&me->mu);
-    while (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) dt__cond_wait_for(&me->cv, &me->mu, 0.01);
+    while (DT__ATOMIC_LOAD(&q->m.state) != DT_REQ_DONE) dt__cond_wait_for(&me->cv, &me->mu, 0.01);
     dt__mutex_unlock(&me->mu);
 }
 
@@ -1474,39 +1628,40 @@ static int dt__local_peer_differs(const dt__lworld *W, const dt_comm *c, int k, 
 }
 
 /* The report for a request that completed with an error. */
-static dt_result dt__local_req_error(dt_request *q) {
-    if (q->impl[3]) {
-        if (q->kind == DT__REQ_RECV)
-            return dt_set_error(DT_ERR_MISMATCH, "rank %d sent %llu bytes, more than the %zu this receive accepts", q->peer, (unsigned long long)q->impl[3], q->bytes);
-        return dt_set_error(DT_ERR_MISMATCH, "rank %d accepts only %llu bytes and this message has %zu", q->peer, (unsigned long long)q->impl[3], q->bytes);
+static dt_result dt__local_req_error(dt__req *q) {
+    if (q->m.impl[3]) {
+        if (q->m.kind == DT_REQ_RECV)
+            return dt_set_error(DT_ERR_MISMATCH, "rank %d sent %llu bytes, more than the %zu this receive accepts", q->m.peer, (unsigned long long)q->m.impl[3], q->m.bytes);
+        return dt_set_error(DT_ERR_MISMATCH, "rank %d accepts only %llu bytes and this message has %zu", q->m.peer, (unsigned long long)q->m.impl[3], q->m.bytes);
     }
-    return dt__mismatch_error(q->peer, q->sig, q->impl);
+    return dt__mismatch_error(q->m.peer, q->sig, q->m.impl);
 }
-static dt_result dt__local_finish(dt__lworld *W, int me, dt_request *q) {
+static dt_result dt__local_finish(dt__lworld *W, int me, dt__req *q) {
     if (q->not_before > 0 && dt_time_now() < q->not_before) dt__local_sleep_until(W, me, q->not_before);
-    if (q->error != DT_OK) { q->kind = DT__REQ_NONE; return dt__local_req_error(q); }
+    if (q->error != DT_OK) { q->m.kind = DT_REQ_NONE; return dt__local_req_error(q); }
     return DT_OK;
 }
 
-static dt_result dt__local_wait(dt_comm *c, dt_request *q, double deadline) {
-    dt__lworld *W = (dt__lworld *)c->impl;
+static dt_result dt__local_wait(dt_comm *c, dt_message *msg, double deadline) {
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
+    dt__req *q = (dt__req *)msg;
     dt__lrank *me = &W->r[c->rank];
-    if (DT__ATOMIC_LOAD(&q->state) == DT__ST_CANCELLED) return dt_set_error(DT_ERR_STATE, "the request was cancelled");
-    if (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE && !dt__local_spin(W, &q->state, DT__ST_DONE)) {
+    if (DT__ATOMIC_LOAD(&q->m.state) == DT_REQ_CANCELLED) return dt_set_error(DT_ERR_STATE, "the request was cancelled");
+    if (DT__ATOMIC_LOAD(&q->m.state) != DT_REQ_DONE && !dt__local_spin(W, &q->m.state, DT_REQ_DONE)) {
         dt__mutex_lock(&me->mu);
-        while (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) {
+        while (DT__ATOMIC_LOAD(&q->m.state) != DT_REQ_DONE) {
             double now = dt_time_now();
-            int gone = q->peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->peer].gone);
+            int gone = q->m.peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->m.peer].gone);
             uint64_t other[3];
-            int differs = q->tag >= DT__TAG_COLL && dt__local_peer_differs(W, c, q->peer, other);
+            int differs = dt_comm_tag_seq(q->m.tag) >= 0 && dt__local_peer_differs(W, c, q->m.peer, other);
             if (gone || differs || now >= deadline) {
                 dt__mutex_unlock(&me->mu);
-                dt__local_cancel(c, q);
-                if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) return dt__local_finish(W, c->rank, q);   /* it made it after all */
-                if (gone) return dt__local_gone_error(W, q->peer);
-                if (differs) return dt__mismatch_error(q->peer, c->sig, other);
+                dt__local_cancel(c, msg);
+                if (DT__ATOMIC_LOAD(&q->m.state) == DT_REQ_DONE) return dt__local_finish(W, c->rank, q);   /* it made it after all */
+                if (gone) return dt__local_gone_error(W, q->m.peer);
+                if (differs) return dt__mismatch_error(q->m.peer, c->sig, other);
                 return dt_set_error(DT_ERR_TIMEOUT, "no %s rank %d within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)",
-                                    q->kind == DT__REQ_SEND ? "receive was posted by" : "message came from", q->peer, c->timeout);
+                                    q->m.kind == DT_REQ_SEND ? "receive was posted by" : "message came from", q->m.peer, c->desc.timeout);
             }
             dt__cond_wait_for(&me->cv, &me->mu, deadline - now);
         }
@@ -1515,17 +1670,18 @@ static dt_result dt__local_wait(dt_comm *c, dt_request *q, double deadline) {
     return dt__local_finish(W, c->rank, q);
 }
 
-static dt_result dt__local_test(dt_comm *c, dt_request *q, int *done) {
-    dt__lworld *W = (dt__lworld *)c->impl;
+static dt_result dt__local_test(dt_comm *c, dt_message *msg, int *done) {
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
+    dt__req *q = (dt__req *)msg;
     *done = 0;
-    if (DT__ATOMIC_LOAD(&q->state) == DT__ST_DONE) {
+    if (DT__ATOMIC_LOAD(&q->m.state) == DT_REQ_DONE) {
         if (q->not_before > 0 && dt_time_now() < q->not_before) return DT_OK;
         *done = 1;
         return q->error != DT_OK ? dt__local_req_error(q) : DT_OK;
     }
-    if (q->peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->peer].gone)) {
-        dt__local_cancel(c, q);
-        if (DT__ATOMIC_LOAD(&q->state) != DT__ST_DONE) return dt__local_gone_error(W, q->peer);
+    if (q->m.peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->m.peer].gone)) {
+        dt__local_cancel(c, msg);
+        if (DT__ATOMIC_LOAD(&q->m.state) != DT_REQ_DONE) return dt__local_gone_error(W, q->m.peer);
     }
     return DT_OK;
 }
@@ -1542,7 +1698,7 @@ static int dt__local_gone_rank(dt__lworld *W, int me) {
    (a rank gone, another collective, the timeout) withdraws its arrival, so the barrier can never
    complete without it: the others must not go on to read its buffer. */
 static dt_result dt__local_barrier(dt_comm *c, double deadline) {
-    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     int n = W->n, me = c->rank, k;
     uint64_t gen, other[3];
     double t0 = dt_time_now();
@@ -1579,7 +1735,7 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
                 c->stats.wait_seconds += dt_time_now() - t0;
                 if (gone >= 0) return dt__local_gone_error(W, gone);
                 if (bad >= 0) return dt__mismatch_error(bad, c->sig, other);
-                return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->timeout);
+                return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->desc.timeout);
             }
             dt__cond_wait_for(&W->cv, &W->mu, deadline - now);
         }
@@ -1597,10 +1753,10 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
 }
 
 static dt_result dt__local_broadcast(dt_comm *c, void *buf, size_t bytes, int root, double deadline) {
-    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     dt_result r;
     if (W->latency > 0 || W->bandwidth > 0) return dt__tree_broadcast(c, buf, bytes, root);   /* messages feel the link model */
-    dt__count_native(c, bytes, 1);
+    dt_comm_count_native(c, bytes, 1);
     W->r[c->rank].ptr = buf;
     if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
     if (c->rank != root && bytes) memcpy(buf, W->r[root].ptr, bytes);
@@ -1615,7 +1771,7 @@ static dt_result dt__local_broadcast(dt_comm *c, void *buf, size_t bytes, int ro
    ((x0 op x1) op x2) ..., the order NAIVE uses too. (A rank that gives up at the second barrier after
    the timeout returns while a stalled rank may still write its slice into that buffer later.) */
 static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, double deadline) {
-    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     size_t es = dt_dtype_size(t), bytes = n * es;
     int p = W->n, me = c->rank, k;
     dt_result r;
@@ -1634,7 +1790,7 @@ static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t
         if ((r = dt__comm_scratch(c, (n / (size_t)p + 1) * es, &s)) != DT_OK) return r;
         return dt__allreduce_ring(c, buf, n, t, op, s);
     }
-    dt__count_native(c, bytes, 2);
+    dt_comm_count_native(c, bytes, 2);
     if (bytes <= DT__LOCAL_SMALL) {
         uint64_t gen = DT__ATOMIC_LOAD(&W->bar_gen);
         char *slots = W->small + (size_t)(gen & 1) * (size_t)p * DT__LOCAL_SMALL;
@@ -1661,7 +1817,7 @@ static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t
 }
 
 static void dt__local_missing(dt_comm *c, uint64_t seq, char *msg, size_t cap) {
-    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     size_t len = 0;
     int k, any = 0;
     msg[0] = 0;
@@ -1682,9 +1838,9 @@ static void dt__local_missing(dt_comm *c, uint64_t seq, char *msg, size_t cap) {
 /* The rank has gone (left, or its communicator failed): mark it, withdraw its pending requests, wake
    everyone so that waits for it end now. */
 static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
-    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     dt__lrank *me = &W->r[c->rank];
-    dt_request *it, *next;
+    dt__req *it, *next;
     int k;
     if (DT__ATOMIC_LOAD(&me->gone)) return;
     dt__mutex_lock(&W->mu);   /* the root cause is written before anyone can see this rank gone */
@@ -1698,15 +1854,15 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
     me->gone_result = res;
     snprintf(me->gone_msg, sizeof me->gone_msg, "%s", msg ? msg : "");
     DT__ATOMIC_STORE(&me->gone, 1);
-    for (it = me->posted; it; it = next) { next = (dt_request *)it->next; DT__ATOMIC_STORE(&it->state, DT__ST_CANCELLED); }
+    for (it = me->posted; it; it = next) { next = it->next; DT__ATOMIC_STORE(&it->m.state, DT_REQ_CANCELLED); }
     me->posted = me->posted_tail = NULL;
     dt__mutex_unlock(&me->mu);
     for (k = 0; k < W->n; k++) {
         dt__lrank *o = &W->r[k];
         dt__mutex_lock(&o->mu);
         for (it = o->inbox; it; it = next) {
-            next = (dt_request *)it->next;
-            if (it->owner == c->rank) { dt__lq_unlink(&o->inbox, &o->inbox_tail, it); DT__ATOMIC_STORE(&it->state, DT__ST_CANCELLED); }
+            next = it->next;
+            if (it->m.owner == c->rank) { dt__lq_unlink(&o->inbox, &o->inbox_tail, it); DT__ATOMIC_STORE(&it->m.state, DT_REQ_CANCELLED); }
         }
         dt__cond_broadcast(&o->cv);
         dt__mutex_unlock(&o->mu);
@@ -1715,10 +1871,9 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
     dt__cond_broadcast(&W->cv);
     dt__mutex_unlock(&W->mu);
 }
-static void dt__local_fail(dt_comm *c, dt_result r, const char *msg) { dt__local_gone(c, r, msg); }
 
 static void dt__local_destroy(dt_comm *c) {
-    dt__lworld *W = (dt__lworld *)c->impl;
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     int last;
     dt__mutex_lock(&W->mu);
     last = --W->refs == 0;
@@ -1729,26 +1884,52 @@ static void dt__local_destroy(dt_comm *c) {
 
 static const dt_comm_backend dt__local_backend = {
     "local", dt__local_isend, dt__local_irecv, dt__local_wait, dt__local_test, dt__local_cancel,
-    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_fail, dt__local_destroy};
+    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_gone, dt__local_destroy};
 static const dt_comm_backend dt__self_backend = {
     "self", dt__local_isend, dt__local_irecv, dt__local_wait, dt__local_test, dt__local_cancel,
-    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_fail, dt__local_destroy};
+    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_gone, dt__local_destroy};
 
-/* Fills the fields every backend shares from desc (and the environment). */
-static dt_result dt__comm_init(dt_comm *c, const dt_comm_desc *desc, const char *fn) {
-    const char *env = getenv("DT_COMM_TIMEOUT");
-    c->algo = desc ? desc->algo : DT_ALGO_AUTO;
-    c->timeout = desc && desc->timeout > 0 ? desc->timeout : DT_TIMEOUT_DEFAULT;
-    if ((!desc || desc->timeout <= 0) && env && *env) {
+/* ---- creating and destroying communicators ------------------------------------------------------
+   Every backend's communicators are made here, from desc (and the environment): the local and self
+   backends' by dt_comm_create_local, MPI's by dt_comm_create_mpi. Reports name the constructor
+   dt_comm_create_<backend name>. */
+dt_result dt_comm_create_backend(dt_comm **out, const dt_comm_backend *backend, void *impl, int rank, int size,
+                                 int tag_ub, const dt_comm_desc *desc) {
+    const char *env = getenv("DT_COMM_TIMEOUT"), *name;
+    int tag_min = DT__TAG_COLL + (4 << DT__TAG_HASH_BITS);
+    dt_comm_desc d;
+    dt_comm *c;
+    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_backend: out is NULL");
+    *out = NULL;
+    if (!backend || !backend->isend || !backend->irecv || !backend->wait || !backend->test)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_backend: the backend needs isend, irecv, wait and test");
+    name = backend->name ? backend->name : "backend";
+    if (size < 1 || rank < 0 || rank >= size)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_%s: rank %d of %d ranks", name, rank, size);
+    if (tag_ub < tag_min)
+        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_comm_create_%s: the transport's largest tag is %d; dtrain needs at least %d (user tags, "
+                            "then collective tags)", name, tag_ub, tag_min);
+    if (desc) d = *desc; else memset(&d, 0, sizeof d);
+    if (d.timeout < 0 || d.link_latency < 0 || d.link_bandwidth < 0 || !(d.timeout == d.timeout))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_%s: timeout, link latency and link bandwidth must not be negative", name);
+    if (d.algo < DT_ALGO_AUTO || d.algo >= DT_ALGO_COUNT) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_%s: unknown algorithm %d", name, (int)d.algo);
+    if (d.timeout == 0 && env && *env) {
         char *end;
         double v = strtod(env, &end);
-        if (*end || !(v > 0)) return dt_set_error(DT_ERR_INVALID_ARG, "%s: DT_COMM_TIMEOUT='%s' is not a positive number of seconds", fn, env);
-        c->timeout = v;
+        if (*end || !(v > 0)) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_%s: DT_COMM_TIMEOUT='%s' is not a positive number of seconds", name, env);
+        d.timeout = v;
     }
-    c->segment_bytes = desc && desc->segment_bytes ? desc->segment_bytes : (size_t)256 << 10;
-    if (c->algo < DT_ALGO_AUTO || c->algo >= DT_ALGO_COUNT) return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown algorithm %d", fn, (int)c->algo);
-    if (desc && (desc->timeout < 0 || desc->link_latency < 0 || desc->link_bandwidth < 0 || !(desc->timeout == desc->timeout)))
-        return dt_set_error(DT_ERR_INVALID_ARG, "%s: timeout, link latency and link bandwidth must not be negative", fn);
+    if (d.timeout == 0) d.timeout = DT_TIMEOUT_DEFAULT;
+    if (d.segment_bytes == 0) d.segment_bytes = (size_t)256 << 10;
+    if (!(c = (dt_comm *)DT_MALLOC(sizeof *c))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_%s: no memory", name);
+    memset(c, 0, sizeof *c);
+    c->rank = rank;
+    c->size = size;
+    c->backend = backend;
+    c->impl = impl;
+    c->desc = d;
+    c->tag_ub = tag_ub;
+    *out = c;
     return DT_OK;
 }
 
@@ -1790,21 +1971,11 @@ dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc) {
     cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
 #endif
     W->spin = n <= cores;
-    for (i = 0; i < n && r == DT_OK; i++) {
-        dt_comm *c = (dt_comm *)DT_MALLOC(sizeof *c);
-        if (!c) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_local: no memory"); break; }
-        memset(c, 0, sizeof *c);
-        c->rank = i;
-        c->size = n;
-        c->backend = n == 1 ? &dt__self_backend : &dt__local_backend;
-        c->impl = W;
-        c->tag_ub = 0x7fffffff;
-        W->comms[i] = c;
-        W->refs++;
-        r = dt__comm_init(c, desc, "dt_comm_create_local");
-    }
+    for (i = 0; i < n && r == DT_OK; i++)
+        if ((r = dt_comm_create_backend(&W->comms[i], n == 1 ? &dt__self_backend : &dt__local_backend, W, i, n, 0x7fffffff, desc)) == DT_OK)
+            W->refs++;
     if (r != DT_OK) {
-        for (i = 0; i < n; i++) { if (W->comms[i]) DT_FREE(W->comms[i]); }
+        for (i = 0; i < n; i++) DT_FREE(W->comms[i]);   /* no scratch yet: the struct is all there is */
         dt__local_free_world(W);
         return r;
     }
@@ -1818,8 +1989,7 @@ dt_result dt_comm_create_self(dt_comm **out, const dt_comm_desc *desc) {
 }
 
 void dt_comm_leave(dt_comm *c, dt_result r, const char *msg) {
-    if (c && c->backend && c->backend->destroy == dt__local_destroy) dt__local_gone(c, r, msg);
-    else if (c && r != DT_OK && !c->broken && c->backend->fail) c->backend->fail(c, r, msg ? msg : "");
+    if (c && !c->broken && c->backend->leave) c->backend->leave(c, r, msg ? msg : "");   /* broken: it has told them */
 }
 
 void dt_comm_destroy(dt_comm *c) {
@@ -2093,12 +2263,7 @@ static void dt__rank_body(dt__rank_ctx *x) {
         if (!x->msg[0]) snprintf(x->msg, sizeof x->msg, "%s: rank %d's function failed", dt_result_str(x->result), x->comm->rank);
     }
     x->finished = 1;
-    {   /* the cause without the result-code prefix, for the others' reports */
-        const char *m = x->msg, *pre = dt_result_str(x->result);
-        size_t lp = strlen(pre);
-        if (strncmp(m, pre, lp) == 0 && m[lp] == ':') m += lp + 1 + (m[lp + 1] == ' ');
-        dt_comm_leave(x->comm, x->result, m);
-    }
+    dt_comm_leave(x->comm, x->result, dt__cause(x->msg, x->result));   /* without the code's name: the others' reports add it */
 }
 static void dt__rank_main(void *p) {
     dt__rank_ctx *x = (dt__rank_ctx *)p;
@@ -2178,12 +2343,7 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
             for (i = 0; i < n; i++) if (i != cause && x[i].result != DT_OK) dt_log(DT_LOG_ERROR, "%s", x[i].msg);
         }
         r = x[cause].result;
-        {
-            const char *m = x[cause].msg, *pre = dt_result_str(r);
-            size_t lp = strlen(pre);
-            if (strncmp(m, pre, lp) == 0 && m[lp] == ':') m += lp + 1 + (m[lp + 1] == ' ');
-            dt_set_error(r, "%s", m);
-        }
+        dt_set_error(r, "%s", dt__cause(x[cause].msg, r));
     }
     if (lanes) {   /* also after a failure: the trace of a failed run shows where each rank was */
         char cause_msg[512];
@@ -2213,24 +2373,125 @@ static int dt__mpiexec_size(void) {
     return v ? atoi(v) : 0;
 }
 
+/* ---- a launcher for one rank per process (MPI's) ------------------------------------------------
+   The timeline of such a run: a barrier aligns the clocks (time 0 is the moment just after it on every
+   rank). At the end every rank formats its own events; rank 0 gathers the sizes, receives each rank's
+   text in rank order, and broadcasts that it has them all; then it writes the one file. A rank that
+   failed, or whose part of the exchange failed (a rank has died), writes its own events to PATH.rank<r>. */
+#define DT__TRACE_CHUNK (1 << 26)      /* bytes per message, well below MPI's INT_MAX */
+
+static dt_result dt__launch_trace_start(dt_comm *c, const dt_launch_desc *desc, dt__trace_lane **lanes) {
+    dt_result r;
+    int i;
+    if (!(*lanes = dt__trace_lanes(1, desc->trace_max_events)))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: rank %d: no memory for the trace", c->rank);
+    if ((r = dt_comm_barrier(c)) != DT_OK) return r;
+    for (i = 0; i < DT__TRACE_LANES; i++) (*lanes)[i].origin = dt_time_now();
+    dt_comm_reset_stats(c);   /* the barrier is not the program's */
+    return DT_OK;
+}
+
+/* Rank 0 appends rank k's text of len bytes to t; the others send theirs. */
+static dt_result dt__launch_trace_move(dt_comm *c, dt__text *t, int k, int64_t len) {
+    int64_t off, part;
+    size_t got = 0;
+    dt_result r = DT_OK;
+    if (c->rank == 0 && dt__text_reserve(t, (size_t)len + 1) != 0)
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "trace: rank 0: no memory for rank %d's %lld bytes of events", k, (long long)len);
+    for (off = 0; off < len && r == DT_OK; off += part) {
+        part = len - off < DT__TRACE_CHUNK ? len - off : DT__TRACE_CHUNK;
+        if (c->rank != 0) r = dt__lib_send(c, t->p + off, (size_t)part, DT_U8, 0, DT__TAG_TRACE);
+        else if ((r = dt__lib_recv(c, t->p + t->n + off, (size_t)part, DT_U8, k, DT__TAG_TRACE, &got)) == DT_OK && got != (size_t)part)
+            r = dt_set_error(DT_ERR_MISMATCH, "trace: rank %d sent %zu bytes of events where %lld were due", k, got, (long long)part);
+    }
+    if (r == DT_OK && c->rank == 0) t->n += (size_t)len;
+    return r;
+}
+
+static dt_result dt__launch_trace_finish(dt_comm *c, const char *path, dt__trace_lane *lanes, int failed) {
+    dt__text t;
+    int64_t mine[3] = {0, 0, 0}, *all = NULL, events, dropped;   /* bytes of text, events, dropped events */
+    int me = c->rank, k, ok = 0, done = 1;
+    char own[1024];
+    dt_result r = DT_OK;
+    memset(&t, 0, sizeof t);
+    dt__trace_format(&t, lanes, me, dt_time_now() - lanes[0].origin, &mine[1], &mine[2]);
+    mine[0] = (int64_t)t.n;
+    events = mine[1];
+    dropped = mine[2];
+    if (!failed && !t.oom && (me != 0 || (all = (int64_t *)DT_MALLOC(sizeof(int64_t) * 3 * (size_t)c->size)))) {
+        r = dt_comm_gather(c, mine, all, 3, DT_I64, 0);
+        if (me != 0 && r == DT_OK) r = dt__launch_trace_move(c, &t, 0, mine[0]);
+        for (k = 1; me == 0 && k < c->size && r == DT_OK; k++) {
+            r = dt__launch_trace_move(c, &t, k, all[3 * k]);
+            events += all[3 * k + 1];
+            dropped += all[3 * k + 2];
+        }
+        if (r == DT_OK) r = dt_comm_broadcast(c, &done, 1, DT_I32, 0, DT_ALGO_AUTO);   /* rank 0 has every text */
+        ok = r == DT_OK;
+    }
+    DT_FREE(all);
+    if (ok && me == 0) r = dt__trace_write(path, &t, c->size, events, dropped, lanes[0].max);
+    else if (!ok) {
+        t.n = (size_t)mine[0];   /* this rank's own events */
+        if (snprintf(own, sizeof own, "%s.rank%d", path, me) >= (int)sizeof own) r = dt_set_error(DT_ERR_INVALID_ARG, "trace %s: the path is too long", path);
+        else {
+            dt_log(DT_LOG_WARN, "trace: rank %d's events could not be gathered on rank 0 (%s); it writes them to %s", me,
+                   failed ? "this rank failed" : dt_last_error(), own);
+            r = dt__trace_write(own, &t, 1, mine[1], mine[2], lanes[0].max);
+        }
+    }
+    DT_FREE(t.p);
+    return r;
+}
+
+dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks, dt_rank_fn fn, void *arg) {
+    dt__trace_lane *lanes = NULL;
+    dt_result r = DT_OK, rt = DT_OK;
+    if (!c || !desc || !fn) return dt_set_error(DT_ERR_INVALID_ARG, "dt_launch_rank: communicator, desc and rank function must not be NULL");
+    dt__tls_rank = c->rank;
+    dt__log_all_ranks = desc->log_all_ranks;
+#if DT__HAVE_OMP
+    omp_set_num_threads(desc->threads_per_rank > 0 ? desc->threads_per_rank : dt__default_threads(local_ranks > 0 ? local_ranks : 1));
+#else
+    (void)local_ranks;
+#endif
+    if (desc->trace_path) r = dt__launch_trace_start(c, desc, &lanes);
+    dt__tls_trace = lanes;
+    if (r == DT_OK) r = fn(c, arg);
+    dt__tls_trace = NULL;
+    if (r != DT_OK) {
+        const char *m = dt_last_error();
+        if (!m[0]) m = "its rank function failed";
+        dt_log(DT_LOG_ERROR, "%s", m);
+        dt_comm_leave(c, r, dt__cause(m, r));
+    }
+    if (lanes && (rt = dt__launch_trace_finish(c, desc->trace_path, lanes, r != DT_OK)) != DT_OK)
+        dt_log(DT_LOG_ERROR, "%s", dt_last_error());
+    dt__trace_lanes_free(lanes, 1);
+    dt__tls_rank = -1;
+    return r != DT_OK ? r : rt;
+}
+
 #ifdef DT_USE_MPI
-int dt__mpi_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);   /* in dtrain_mpi.h */
+dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);   /* in dtrain_mpi.h */
 #endif
 
-int dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
+dt_result dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
     int np = dt__mpiexec_size();
     dt_launch_desc d;
     if (desc) d = *desc; else memset(&d, 0, sizeof d);
 #ifdef DT_USE_MPI
-    if (np > 0) return dt__mpi_launch(&d, fn, arg);
+    if (np > 0) return dt_launch_mpi(&d, fn, arg);
 #else
     if (np > 1) {
-        dt_log(DT_LOG_ERROR, "this program was started by mpiexec with %d processes but built without MPI: "
-                             "rebuild it with MPI (make MPI=1: mpicc -DDT_USE_MPI), or run it alone with --ranks %d", np, np);
-        return 1;
+        dt_result r = dt_set_error(DT_ERR_UNSUPPORTED, "this program was started by mpiexec with %d processes but built without MPI: "
+                                   "rebuild it with MPI (make MPI=1: mpicc -DDT_USE_MPI), or run it alone with --ranks %d", np, np);
+        dt_log(DT_LOG_ERROR, "%s", dt_last_error() + strlen("DT_ERR_UNSUPPORTED: "));
+        return r;
     }
 #endif
-    return dt__launch_local(&d, fn, arg, NULL, 1) == DT_OK ? 0 : 1;
+    return dt__launch_local(&d, fn, arg, NULL, 1);
 }
 
 #ifdef __cplusplus

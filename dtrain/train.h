@@ -123,7 +123,7 @@ dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr);
      PARAM_SERVER  dt_comm_gather of every gradient to rank 0, which sums them in rank order, then
                    dt_comm_broadcast (naive: rank 0 sends to each) of the result
      P2P           the same by hand: each rank isends its gradient to rank 0 and receives the sum back;
-                   rank 0 irecvs from everyone, sums, isends to everyone (user tag DT_DDP_TAG)
+                   rank 0 irecvs from everyone, sums, isends to everyone (on a tag of the library's own)
    The all-reduce methods use desc.algo (naive, ring, tree, native; 0 = the communicator's default). */
 typedef enum dt_ddp_method {
     DT_DDP_BUCKETS = 0, DT_DDP_FLAT, DT_DDP_PER_LAYER, DT_DDP_PARAM_SERVER, DT_DDP_P2P, DT_DDP_METHOD_COUNT
@@ -134,7 +134,6 @@ dt_result   dt_ddp_method_parse(const char *s, dt_ddp_method *out);
 /* Default bucket size: SimpleCNN's gradient in 2 buckets, ResNet-20's in 4, so backward has something to
    overlap; docs/performance.md ("DDP bucket size", make bench-buckets) has the measurements from 16 KiB to 4 MiB. */
 #define DT_DDP_BUCKET_BYTES (256 * 1024)
-#define DT_DDP_TAG 32000                   /* the point-to-point tag of DT_DDP_P2P */
 
 /* DDP settings; zero means the default. */
 typedef struct dt_ddp_desc {
@@ -289,7 +288,6 @@ typedef enum dt_fed_behaviour {
 } dt_fed_behaviour;
 
 #define DT_FED_MAX_CLASSES 256
-#define DT_FED_TAG 32100       /* the point-to-point tag of the clients' updates */
 
 /* FedAvg settings; zero means the default. */
 typedef struct dt_fed_desc {
@@ -881,15 +879,15 @@ static dt_result dt__ddp_reduce(dt_ddp *d, int64_t off, int64_t cnt) {
         return dt_comm_broadcast(c, g, (size_t)cnt, DT_F32, 0, DT_ALGO_NAIVE);
     case DT_DDP_P2P:            /* the same with messages written by hand */
         if (me != 0) {
-            if ((r = dt_comm_send(c, g, (size_t)cnt, DT_F32, 0, DT_DDP_TAG)) != DT_OK) return r;
-            return dt_comm_recv(c, g, (size_t)cnt, DT_F32, 0, DT_DDP_TAG, NULL);
+            if ((r = dt__lib_send(c, g, (size_t)cnt, DT_F32, 0, DT__TAG_DDP)) != DT_OK) return r;
+            return dt__lib_recv(c, g, (size_t)cnt, DT_F32, 0, DT__TAG_DDP, NULL);
         }
         for (i = 1; i < p && r == DT_OK; i++)
-            r = dt_comm_irecv(c, d->gathered + (int64_t)i * cnt, (size_t)cnt, DT_F32, i, DT_DDP_TAG, &d->reqs[i]);
+            r = dt__lib_irecv(c, d->gathered + (int64_t)i * cnt, (size_t)cnt, DT_F32, i, DT__TAG_DDP, &d->reqs[i]);
         if (r == DT_OK) r = dt_comm_waitall(c, d->reqs + 1, i - 1);
         if (r != DT_OK) return r;
         dt__ddp_sum_slots(g, d->gathered, p, cnt);
-        for (i = 1; i < p && r == DT_OK; i++) r = dt_comm_isend(c, g, (size_t)cnt, DT_F32, i, DT_DDP_TAG, &d->reqs[i]);
+        for (i = 1; i < p && r == DT_OK; i++) r = dt__lib_isend(c, g, (size_t)cnt, DT_F32, i, DT__TAG_DDP, &d->reqs[i]);
         if (r == DT_OK) r = dt_comm_waitall(c, d->reqs + 1, i - 1);
         return r;
     default:                    /* BUCKETS, FLAT, PER_LAYER: all-reduce of a slice */
@@ -1842,8 +1840,8 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         if (f->drop[i]) continue;
         f->who[nrep] = k;
         if (host != 0) {
-            if ((r = dt_comm_irecv(c, f->stats + 2 * nrep, 2, DT_F64, host, DT_FED_TAG, &f->reqs[nreq++])) != DT_OK ||
-                (r = dt_comm_irecv(c, f->updates + (int64_t)nrep * f->n, (size_t)f->n, DT_F32, host, DT_FED_TAG,
+            if ((r = dt__lib_irecv(c, f->stats + 2 * nrep, 2, DT_F64, host, DT__TAG_FEDAVG, &f->reqs[nreq++])) != DT_OK ||
+                (r = dt__lib_irecv(c, f->updates + (int64_t)nrep * f->n, (size_t)f->n, DT_F32, host, DT__TAG_FEDAVG,
                                    &f->reqs[nreq++])) != DT_OK) return r;
         }
         nrep++;
@@ -1859,8 +1857,8 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
             continue;
         }
         if ((r = dt__fed_train_client(f, k, round, lr, f->delta, st)) != DT_OK) break;
-        if ((r = dt_comm_send(c, st, 2, DT_F64, 0, DT_FED_TAG)) != DT_OK) break;
-        r = dt_comm_send(c, f->delta, (size_t)f->n, DT_F32, 0, DT_FED_TAG);
+        if ((r = dt__lib_send(c, st, 2, DT_F64, 0, DT__TAG_FEDAVG)) != DT_OK) break;
+        r = dt__lib_send(c, f->delta, (size_t)f->n, DT_F32, 0, DT__TAG_FEDAVG);
     }
     if (r != DT_OK || me != 0) return r;
     if (nreq && (r = dt_comm_waitall(c, f->reqs, nreq)) != DT_OK) return r;

@@ -100,5 +100,5 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    return dt_launch(&ld, rank_main, &o);
+    return dt_launch(&ld, rank_main, &o) == DT_OK ? 0 : 1;
 }

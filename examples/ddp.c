@@ -110,11 +110,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ddp.method == DT_DDP_BUCKETS)
             printf(" (%d buckets of %lld KiB%s)", dt_ddp_buckets(d), (long long)(a->bucket_kb ? a->bucket_kb : DT_DDP_BUCKET_BYTES / 1024),
                    dt_ddp_overlapped(d) ? ", overlapped with backward" : ", after backward");
-        if (a->ddp.method <= DT_DDP_PER_LAYER) {   /* what "auto" means on this communicator */
-            dt_algo al = a->ddp.algo ? a->ddp.algo : c->algo;
-            if (al == DT_ALGO_AUTO) al = c->backend->allreduce ? DT_ALGO_NATIVE : DT_ALGO_RING;
-            printf(", all-reduce %s", dt_algo_name(al));
-        }
+        if (a->ddp.method <= DT_DDP_PER_LAYER)   /* what "auto" means on this communicator */
+            printf(", all-reduce %s", dt_algo_name(dt_comm_algo(c, a->ddp.algo)));
         printf(", %d threads per rank\n", dt_cpu_threads());
         fflush(stdout);
     }
@@ -185,7 +182,7 @@ int main(int argc, char **argv) {
     if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); usage(stderr); return 2; }
     if (parse_args(argc, argv, &a)) return 2;
     if ((rc = ex_load(&a.data)) != 0) return rc;
-    rc = dt_launch(&ld, rank_main, &a);
+    rc = dt_launch(&ld, rank_main, &a) == DT_OK ? 0 : 1;
     ex_free(&a.data);
     return rc;
 }

@@ -238,7 +238,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (a.data.limit && a.data.limit < a.data.test.count) a.data.test.count = a.data.limit;   /* --limit: of the test set too */
-    rc = dt_launch(&ld, rank_main, &a);
+    rc = dt_launch(&ld, rank_main, &a) == DT_OK ? 0 : 1;
     ex_free(&a.data);
     return rc;
 }

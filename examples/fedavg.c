@@ -249,7 +249,7 @@ int main(int argc, char **argv) {
     if (a.class_acc >= a.data.test.num_classes) {
         fprintf(stderr, "fedavg: --class-acc %ld: %s has classes 0..%lld\n", a.class_acc, a.data.dataset, (long long)a.data.test.num_classes - 1);
         rc = 2;
-    } else rc = dt_launch(&ld, rank_main, &a);
+    } else rc = dt_launch(&ld, rank_main, &a) == DT_OK ? 0 : 1;
     ex_free(&a.data);
     return rc;
 }

@@ -167,7 +167,7 @@ int main(int argc, char **argv) {
     if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "localsgd: %s\n", dt_last_error()); usage(stderr); return 2; }
     if (parse_args(argc, argv, &a)) return 2;
     if ((rc = ex_load(&a.data)) != 0) return rc;
-    rc = dt_launch(&ld, rank_main, &a);
+    rc = dt_launch(&ld, rank_main, &a) == DT_OK ? 0 : 1;
     ex_free(&a.data);
     return rc;
 }

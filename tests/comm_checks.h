@@ -150,10 +150,11 @@ static cc_val cc_ref(dt_dtype t, dt_reduce_op op, dt_algo algo, int p, int root,
     if (op == DT_MEAN && t == DT_F64) acc.d = acc.d / (double)p;
     return acc;
 }
-/* What algo means for an all-reduce (native = 1) or a reduce (native = 0) on this communicator. */
+/* What algo means for an all-reduce (native = 1) or a reduce (native = 0) on this communicator: the
+   tests' own reading of the rule, which dt_comm_algo must agree with (cc_algo_query). */
 static dt_algo cc_resolve(const dt_comm *c, dt_algo a, int native) {
-    int has = native && c->backend->allreduce != NULL;
-    if (a == DT_ALGO_AUTO) a = c->algo;
+    int has = native && dt_comm_get_backend(c)->allreduce != NULL;
+    if (a == DT_ALGO_AUTO) a = dt_comm_get_desc(c).algo;
     if (a == DT_ALGO_AUTO) a = has ? DT_ALGO_NATIVE : DT_ALGO_RING;
     if (a == DT_ALGO_NATIVE && !has) a = DT_ALGO_RING;
     return a;
@@ -379,7 +380,7 @@ static dt_result cc_p2p(cc_rank *x) {
         CC_OK(x, dt_comm_test(c, &rq, &done));
         if (!done) sched_yield();
     }
-    CC_CHECK(x, done && rq.received == 60 && cc_diff_gen(DT_U8, x->seed, left, u + 200, 0, 60) == 60);
+    CC_CHECK(x, done && dt_request_received(&rq) == 60 && cc_diff_gen(DT_U8, x->seed, left, u + 200, 0, 60) == 60);
     CC_OK(x, dt_comm_test(c, &rq, &done));
     CC_CHECK(x, done);
     for (done = 0; !done;) { CC_OK(x, dt_comm_test(c, &q[0], &done)); if (!done) sched_yield(); }
@@ -398,7 +399,7 @@ static dt_result cc_p2p(cc_rank *x) {
 static dt_result cc_counters(cc_rank *x, size_t n) {
     int p = x->p, me = x->rank, k;
     float *buf = (float *)cc_alloc(n * 4);
-    size_t seg = x->c->segment_bytes, len[CC_MAX_RANKS] = {0};
+    size_t seg = dt_comm_get_desc(x->c).segment_bytes, len[CC_MAX_RANKS] = {0};
     uint64_t sent, recv, msgs = 0;
     dt_comm_stats st = {0, 0, 0, 0, 0, 0};
     double ideal = 2.0 * (p - 1) / p * (double)n * 4;
@@ -481,11 +482,25 @@ static dt_result cc_bad_args(cc_rank *x) {
     CC_ERR(x, dt_comm_test(c, &q, NULL), DT_ERR_INVALID_ARG);
     CC_ERR(x, dt_comm_barrier(NULL), DT_ERR_INVALID_ARG);
     CC_OK(x, dt_comm_test(c, &q, &done));   /* a request never posted is complete */
-    CC_CHECK(x, done == 1);
+    CC_CHECK(x, done == 1 && dt_request_received(&q) == 0);
     /* count 0 needs no buffer; and after all this the communicator works */
     CC_OK(x, dt_comm_allreduce(c, NULL, 0, DT_F32, DT_SUM, DT_ALGO_AUTO));
     CC_OK(x, dt_comm_broadcast(c, NULL, 0, DT_U8, 0, DT_ALGO_RING));
     return cc_allreduce(x, DT_F32, DT_SUM, DT_ALGO_AUTO, 7);
+}
+
+/* ---- the queries: dt_comm_algo, dt_comm_get_desc ---- */
+
+/* dt_comm_algo answers what the tests' own reading of the rule (cc_resolve) says, for every algorithm:
+   on the self, local and MPI backends, whatever the communicator's default. */
+static dt_result cc_queries(cc_rank *x) {
+    dt_comm_desc d = dt_comm_get_desc(x->c);
+    int al;
+    for (al = DT_ALGO_AUTO; al < DT_ALGO_COUNT; al++) CC_CHECK(x, dt_comm_algo(x->c, (dt_algo)al) == cc_resolve(x->c, (dt_algo)al, 1));
+    CC_CHECK(x, dt_comm_algo(x->c, DT_ALGO_AUTO) == (d.algo != DT_ALGO_AUTO ? d.algo : DT_ALGO_NATIVE));   /* every backend here has one */
+    CC_CHECK(x, dt_comm_algo(x->c, DT_ALGO_TREE) == DT_ALGO_TREE);
+    CC_CHECK(x, d.timeout > 0 && d.segment_bytes > 0);   /* the defaults filled in */
+    return DT_OK;
 }
 
 /* ---- the whole set ---- */
@@ -498,6 +513,7 @@ static dt_result cc_run_all(cc_rank *x, const comm_checks_arg *a) {
     size_t big = 1000003;
     roots[0] = 0; roots[1] = p - 1; roots[2] = p / 2;
     CC_OK(x, cc_bad_args(x));
+    CC_OK(x, cc_queries(x));
     CC_OK(x, cc_p2p(x));
     CC_OK(x, dt_comm_barrier(x->c));
     /* every type, op and algorithm, small counts */

@@ -3,7 +3,8 @@
 #   1. the optimised build (from make): every test program; test_layers and test_models again on each other
 #      CPU tier this machine runs (DT_CPU=avx2, portable)
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++;
-#      each module of dtrain/ alone after the modules it includes; intrinsics only in dtrain/cpu_x86.h
+#      each module of dtrain/ alone after the modules it includes; intrinsics only in dtrain/cpu_x86.h;
+#      a dt_request with too few reserved words for the request state stops the build
 #   2a. the docs: every public name of the three headers is in docs/api.md (tools/check_api.sh, one
 #       test); every C code block of README.md, docs/**/*.md and the headers' quick starts compiles, and
 #       the ones marked snippet-run run (tools/check_snippets.sh, one test per block)
@@ -99,6 +100,9 @@ for m in $(sed -n 's/^#include "dtrain\/\([a-z0-9_]*\)\.h".*/\1/p' dtrain.h); do
 done
 check "SIMD intrinsics in dtrain/cpu_x86.h only" sh -c "[ \"\$(grep -lE '_mm(256|512)?_[a-z]|__m(128|256|512)|immintrin' dtrain.h dtrain/*.h)\" = dtrain/cpu_x86.h ]"
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
+# dt_request's reserved words must hold the library's request state: with too few the build stops, saying so
+check "a dt_request too small for the request state does not compile" sh -c "! gcc $WARN -DDT__REQUEST_WORDS=8 -c '$B/check/impl.c' \
+    -o '$B/check/small-request.o' 2> '$B/check/small-request.err' && grep -q 'too few reserved words' '$B/check/small-request.err'"
 
 echo "== 2a. the docs: API reference and code blocks"
 check "docs/api.md documents every public name of the headers (tools/check_api.sh)" sh tools/check_api.sh
@@ -254,7 +258,7 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     else echo "FAIL build of tests/mpi/test_train_mpi.c with mpicc"; failed=$((failed + 1)); fi
     check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl.o' &&
         mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl-cxx.o'"
-    printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL); }\n' > "$B/mpi/nompi.c"
+    printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL) == DT_OK ? 0 : 1; }\n' > "$B/mpi/nompi.c"
     check "built without MPI, under mpiexec -n 2: exit 1, saying to rebuild with MPI" sh -c "
         $CC $WARN -pthread '$B/mpi/nompi.c' -o '$B/mpi/nompi' -lm || exit 1
         timeout 60 mpiexec -n 2 '$B/mpi/nompi' > '$B/mpi/nompi.out' 2>&1; rc=\$?

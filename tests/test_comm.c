@@ -487,7 +487,7 @@ static void test_launch_and_log(void) {
     a.fail_rank = -1;
     d.ranks = 3;
     CHECK(dt_current_rank() == -1);
-    CHECK(dt_launch(&d, launch_rank, &a) == 0);
+    CHECK(dt_launch(&d, launch_rank, &a) == DT_OK);
     for (k = 0; k < 3; k++) CHECK(a.seen_rank[k] == k);
     CHECK(dt_current_rank() == -1);
     /* rank 0's lines as they are; ranks > 0 only warnings, prefixed */
@@ -495,13 +495,13 @@ static void test_launch_and_log(void) {
           has_line(&cap, "[rank 2] warning from 2") && !has_line(&cap, "[rank 1] info from 1") && cap.n == 4);
     cap.n = 0;
     d.log_all_ranks = 1;
-    CHECK(dt_launch(&d, launch_rank, &a) == 0);
+    CHECK(dt_launch(&d, launch_rank, &a) == DT_OK);
     CHECK(has_line(&cap, "[rank 1] info from 1") && has_line(&cap, "[rank 2] info from 2") && cap.n == 6);
-    /* a failing rank: dt_launch says 1 and logs the cause first */
+    /* a failing rank: dt_launch returns the cause's result, with its message, and logs the cause first */
     cap.n = 0;
     d.log_all_ranks = 0;
     a.fail_rank = 2;
-    CHECK(dt_launch(&d, launch_rank, &a) == 1);
+    CHECK(dt_launch(&d, launch_rank, &a) == DT_ERR_IO && strstr(dt_last_error(), "could not read its shard"));
     CHECK(cap.n >= 4 && cap.levels[cap.n - 3] == DT_LOG_ERROR);
     for (k = 0; k < cap.n && !strstr(cap.lines[k], "could not read its shard"); k++) {}
     CHECK(k < cap.n && cap.levels[k] == DT_LOG_ERROR);
@@ -512,7 +512,7 @@ static void test_launch_and_log(void) {
     /* one rank (0 = 1) runs on the calling thread, on the self backend */
     d.ranks = 0;
     a.fail_rank = -1;
-    CHECK(dt_launch(&d, launch_rank, &a) == 0 && a.seen_rank[0] == 0);
+    CHECK(dt_launch(&d, launch_rank, &a) == DT_OK && a.seen_rank[0] == 0);
     CHECK_ERR(dt_launch_local(&d, NULL, &a, NULL), DT_ERR_INVALID_ARG);
     dt_log_configure(NULL, NULL, DT_LOG_INFO);
     pthread_mutex_destroy(&cap.mu);
@@ -541,6 +541,73 @@ static void test_more_ranks_than_cores(void) {
     CHECK_OK(dt_launch_local(&d, many_rank, NULL, NULL));
 }
 
+/* dt_request is 20 words of the caller's memory holding the library's dt__req (the build fails when it
+   outgrows them: tests/run.sh checks that it does); dt_request_received counts elements of the type posted. */
+static void test_request_storage(void) {
+    dt_comm *c = NULL;
+    dt_request qs, qr, none;
+    double out[5] = {1, 2, 3, 4, 5}, in[8];
+    int done = 0;
+    CHECK(sizeof(dt_request) == 20 * sizeof(uint64_t) && sizeof(dt__req) <= sizeof(dt_request));
+    CHECK(sizeof(dt_message) < sizeof(dt__req));
+    CHECK_OK(dt_comm_create_self(&c, NULL));
+    if (!c) return;
+    memset(&none, 0, sizeof none);   /* zeroed: "none", complete at once */
+    CHECK_OK(dt_comm_wait(c, &none));
+    CHECK_OK(dt_comm_test(c, &none, &done));
+    CHECK(done == 1 && dt_request_received(&none) == 0);
+    CHECK_OK(dt_comm_irecv(c, in, 8, DT_F64, 0, 3, &qr));
+    CHECK_OK(dt_comm_isend(c, out, 5, DT_F64, 0, 3, &qs));
+    CHECK_OK(dt_comm_wait(c, &qr));
+    CHECK_OK(dt_comm_wait(c, &qs));
+    CHECK(dt_request_received(&qr) == 5 && dt_request_received(&qs) == 0 && memcmp(in, out, sizeof out) == 0);
+    dt_comm_destroy(c);
+}
+
+/* The backend interface as the local backend answers it, and dt_comm_create_backend's checks. */
+static dt_result backend_rank(dt_comm *c, void *arg) {
+    float x[3] = {1, 2, 3};
+    char what[128];
+    int *bad = (int *)arg, me = dt_comm_rank(c), tag;
+    const dt_comm_backend *b = dt_comm_get_backend(c);
+    if (!b || strcmp(b->name, "local") != 0 || !dt_comm_impl(c) || dt_comm_seq(c) != 0 || dt_comm_broken(c) != DT_OK) bad[me]++;
+    if (dt_comm_barrier(c) != DT_OK || dt_comm_allreduce(c, x, 3, DT_F32, DT_SUM, DT_ALGO_RING) != DT_OK) bad[me]++;
+    dt_comm_describe(c, what, sizeof what);
+    if (dt_comm_seq(c) != 2 || strcmp(what, "all-reduce #2 (3 x f32, sum, ring)") != 0) bad[me]++;
+    tag = dt_comm_coll_tag(c);
+    if (dt_comm_tag_seq(tag) != 2 || dt_comm_tag_seq(tag ^ 1) != 2 || dt_comm_tag_seq(0) != -1 || dt_comm_tag_seq(DT_TAG_USER_MAX) != -1) bad[me]++;
+    if (dt_comm_signature(c) == 0) bad[me]++;
+    return DT_OK;
+}
+static void test_backend_interface(void) {
+    static const dt_comm_backend none = {"none", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    dt_launch_desc d;
+    dt_comm *c, *cs[2];
+    int bad[3] = {0, 0, 0};
+    memset(&d, 0, sizeof d);
+    d.ranks = 3;
+    CHECK_OK(dt_launch_local(&d, backend_rank, bad, NULL));
+    CHECK(bad[0] == 0 && bad[1] == 0 && bad[2] == 0);
+    CHECK_OK(dt_comm_create_local(cs, 2, NULL));
+    if (!cs[0]) return;
+    c = cs[0];   /* a failed create sets it to NULL */
+    CHECK_ERR(dt_comm_create_backend(&c, &none, NULL, 0, 1, 1 << 30, NULL), DT_ERR_INVALID_ARG);   /* no isend, ... */
+    CHECK(c == NULL);
+    CHECK_ERR(dt_comm_create_backend(&c, dt_comm_get_backend(cs[0]), NULL, 2, 2, 1 << 30, NULL), DT_ERR_INVALID_ARG);   /* rank 2 of 2 */
+    CHECK_ERR(dt_comm_create_backend(&c, dt_comm_get_backend(cs[0]), NULL, 0, 2, 32767, NULL), DT_ERR_UNSUPPORTED);   /* no room for collectives */
+    CHECK(strstr(dt_last_error(), "dt_comm_create_local") != NULL && c == NULL);
+    CHECK(dt_comm_impl(NULL) == NULL && dt_comm_get_backend(NULL) == NULL && dt_comm_broken(NULL) == DT_OK);
+    /* the library's own point-to-point tags lie between the user's and the collectives', and each side
+       refuses the other's */
+    CHECK(DT__TAG_DDP == DT_TAG_USER_MAX + 1 && DT__TAG_TRACE < DT__TAG_LIB_END && DT__TAG_LIB_END <= DT__TAG_COLL);
+    CHECK(dt_comm_tag_seq(DT__TAG_DDP) == -1 && dt_comm_tag_seq(DT__TAG_LIB_END - 1) == -1 && dt_comm_tag_seq(DT__TAG_COLL) == 0);
+    CHECK_ERR(dt_comm_send(cs[0], &d, 1, DT_U8, 1, DT__TAG_DDP), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt__lib_send(cs[0], &d, 1, DT_U8, 1, DT_TAG_USER_MAX), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt__lib_send(cs[0], &d, 1, DT_U8, 1, DT__TAG_LIB_END), DT_ERR_INVALID_ARG);
+    dt_comm_destroy(cs[0]);
+    dt_comm_destroy(cs[1]);
+}
+
 int main(int argc, char **argv) {
     const char *q = getenv("DT_TEST_QUICK");
     quick = q && *q && strcmp(q, "0") != 0;
@@ -548,6 +615,8 @@ int main(int argc, char **argv) {
     RUN(test_launch_parse);
     RUN(test_launch_and_log);
     RUN(test_self_and_own_threads);
+    RUN(test_request_storage);
+    RUN(test_backend_interface);
     RUN(test_checks_1_to_8_ranks);
     RUN(test_checks_small_segments);
     RUN(test_checks_default_algo);

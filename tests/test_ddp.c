@@ -57,13 +57,55 @@ static void reference(float *out, int64_t nparams, const int64_t (*steps)[2], in
 
 typedef struct job {
     dt_ddp_desc desc;
-    int mode;                  /* 0 equal shares; 1 accumulation; 2 unequal batch counts; 3 plain backward + dt_ddp_sync */
+    int mode;                  /* 0 equal shares; 1 accumulation; 2 unequal batch counts; 3 plain backward + dt_ddp_sync;
+                                  4 equal shares with the program's own messages in flight (user_post) */
     int64_t nparams;
     float params[MAXR][1024];  /* each rank's parameters at the end */
     float first[MAXR][1024];   /* right after dt_ddp_create */
     dt_ddp_stats stats[MAXR];
     int buckets[MAXR];
+    float sent[MAXR][1024], got[MAXR][2][MAXR][1024];   /* mode 4: each rank's message; what each received */
+    dt_request reqs[MAXR][2 * MAXR];
+    int user_bad[MAXR];
 } job;
+
+/* Mode 4: the program's own messages in flight while DDP trains, on the user's largest tag and on 32000
+   (the tag DDP's P2P method took from the user's range before it had tags of its own), each as long as
+   the gradient: rank i's send on 32000 to rank 0 and rank 0's to each rank stay pending until after the
+   training, and so do rank 0's receives on DT_TAG_USER_MAX. A DDP message that matched one of them would
+   change the parameters or the messages. */
+#define OLD_DDP_TAG 32000
+static dt_result user_post(dt_comm *c, job *j) {
+    int me = dt_comm_rank(c), p = dt_comm_size(c), i, nr = 0;
+    size_t n = (size_t)j->nparams;
+    dt_result r = DT_OK;
+    for (i = 0; i < (int)n; i++) j->sent[me][i] = 1000.0f + (float)me + (float)i / 1024.0f;
+    if (me != 0) return dt_comm_isend(c, j->sent[me], n, DT_F32, 0, OLD_DDP_TAG, &j->reqs[me][nr]);
+    for (i = 1; i < p && r == DT_OK; i++) r = dt_comm_irecv(c, j->got[0][0][i], n, DT_F32, i, DT_TAG_USER_MAX, &j->reqs[0][nr++]);
+    for (i = 1; i < p && r == DT_OK; i++) r = dt_comm_isend(c, j->sent[0], n, DT_F32, i, OLD_DDP_TAG, &j->reqs[0][nr++]);
+    return r;
+}
+static dt_result user_finish(dt_comm *c, job *j) {
+    int me = dt_comm_rank(c), p = dt_comm_size(c), i;
+    size_t n = (size_t)j->nparams, got = 0;
+    dt_result r;
+    if (me != 0) {
+        if ((r = dt_comm_send(c, j->sent[me], n, DT_F32, 0, DT_TAG_USER_MAX)) != DT_OK ||
+            (r = dt_comm_recv(c, j->got[me][1][0], n, DT_F32, 0, OLD_DDP_TAG, &got)) != DT_OK ||
+            (r = dt_comm_wait(c, &j->reqs[me][0])) != DT_OK) return r;
+        j->user_bad[me] += got != n || memcmp(j->got[me][1][0], j->sent[0], n * sizeof(float)) != 0;
+        return DT_OK;
+    }
+    for (i = 1; i < p; i++) {
+        if ((r = dt_comm_recv(c, j->got[0][1][i], n, DT_F32, i, OLD_DDP_TAG, &got)) != DT_OK) return r;
+        j->user_bad[0] += got != n;
+    }
+    if ((r = dt_comm_waitall(c, j->reqs[0], 2 * (p - 1))) != DT_OK) return r;
+    for (i = 1; i < p; i++)
+        j->user_bad[0] += dt_request_received(&j->reqs[0][i - 1]) != n || memcmp(j->got[0][0][i], j->sent[i], n * sizeof(float)) != 0 ||
+                          memcmp(j->got[0][1][i], j->sent[i], n * sizeof(float)) != 0;
+    return DT_OK;
+}
 
 static dt_result ddp_rank(dt_comm *c, void *arg) {
     job *j = (job *)arg;
@@ -89,6 +131,7 @@ static dt_result ddp_rank(dt_comm *c, void *arg) {
         }
         T(dt_ddp_join(d, o));
     } else {
+        if (j->mode == 4) T(user_post(c, j));
         for (s = 0; s < STEPS; s++) {
             int64_t first = (int64_t)s * B + me * share;
             if (j->mode == 1) {   /* two micro-batches of unequal size, synced on the second */
@@ -109,6 +152,7 @@ static dt_result ddp_rank(dt_comm *c, void *arg) {
             dt_model_zero_grad(m);
         }
         T(dt_ddp_join(d, o));
+        if (j->mode == 4) T(user_finish(c, j));
     }
     T(dt_model_get_params(m, j->params[me], j->nparams));
     j->stats[me] = dt_ddp_get_stats(d);
@@ -374,6 +418,29 @@ static void test_bad_args(void) {
     CHECK(j.got[0] == DT_ERR_PEER && strstr(j.msg[0], "rank 1") && j.got[1] == DT_ERR_IO);
 }
 
+/* DDP's own messages (the parameter server by hand, DT_DDP_P2P) have tags of the library's, which a
+   program cannot use: the program's messages in flight on the user's tags, the largest included, never
+   meet them, and the training ends with the bits of a run without them. */
+static void test_user_tags(void) {
+    static job j, plain;
+    int p, r;
+    for (p = 2; p <= MAXR; p++) {
+        memset(&plain, 0, sizeof plain);
+        plain.nparams = model_params();
+        plain.desc.method = DT_DDP_P2P;
+        run_job(&plain, p);
+        memset(&j, 0, sizeof j);
+        j.nparams = plain.nparams;
+        j.desc.method = DT_DDP_P2P;
+        j.mode = 4;
+        run_job(&j, p);
+        for (r = 0; r < p; r++) {
+            CHECK(memcmp(j.params[r], plain.params[r], sizeof(float) * (size_t)j.nparams) == 0);
+            CHECK(j.user_bad[r] == 0);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     const char *q = getenv("DT_TEST_QUICK");
     quick = q && *q && strcmp(q, "0") != 0;
@@ -384,6 +451,7 @@ int main(int argc, char **argv) {
     RUN(test_broadcast);
     RUN(test_accumulation);
     RUN(test_uneven);
+    RUN(test_user_tags);
     RUN(test_batchnorm_stats);
     RUN(test_bad_args);
     return dt_t_summary();

@@ -180,7 +180,7 @@ static void test_unwritable(void) {
     CHECK(strstr(dt_last_error(), path) != NULL);
     CHECK(enabled[0] == 1 && enabled[1] == 1);
     log_begin();
-    CHECK(dt_launch(&ld, plain_rank, enabled) == 1);   /* the program's exit status */
+    CHECK(dt_launch(&ld, plain_rank, enabled) == DT_ERR_IO);   /* the run fails, and logs why */
     log_end();
     CHECK(strstr(log_text, path) && strstr(log_text, "No such file"));
 }

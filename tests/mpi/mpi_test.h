@@ -63,6 +63,6 @@ static int mt_main(int argc, char **argv, size_t segment_bytes, double timeout, 
     d.comm.segment_bytes = segment_bytes;
     if (d.comm.timeout <= 0) d.comm.timeout = timeout;
     *desc = d.comm;
-    return dt_launch(&d, fn, NULL);
+    return dt_launch(&d, fn, NULL) == DT_OK ? 0 : 1;
 }
 #endif

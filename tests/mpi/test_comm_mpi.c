@@ -284,9 +284,10 @@ static void test_neighbors(void) {
 typedef struct bit_job { dt_algo algo; dt_dtype t; dt_reduce_op op; size_t n; int salt, reduce; void **out; } bit_job;
 static dt_result bit_rank(dt_comm *c, void *arg) {   /* one local rank: random input, then the collective */
     bit_job *j = (bit_job *)arg;
-    fill(j->out[c->rank], j->t, j->n, c->rank, j->salt, 0);
-    if (j->reduce) return dt_comm_reduce(c, j->out[c->rank], j->n, j->t, j->op, c->size - 1, j->algo);
-    return dt_comm_allreduce(c, j->out[c->rank], j->n, j->t, j->op, j->algo);
+    int r = dt_comm_rank(c);
+    fill(j->out[r], j->t, j->n, r, j->salt, 0);
+    if (j->reduce) return dt_comm_reduce(c, j->out[r], j->n, j->t, j->op, dt_comm_size(c) - 1, j->algo);
+    return dt_comm_allreduce(c, j->out[r], j->n, j->t, j->op, j->algo);
 }
 static void test_bits(void) {
     static const dt_algo a3[] = {DT_ALGO_NAIVE, DT_ALGO_RING, DT_ALGO_TREE};

@@ -26,13 +26,13 @@ static dt_result rank_main(dt_comm *c, void *arg) {
 }
 
 static char path_ok[512], path_failed[512];
-static int rc_ok = -1, rc_failed = -1;
+static dt_result rc_ok = DT_RESULT_COUNT, rc_failed = DT_RESULT_COUNT;   /* dt_launch's, on rank 0 */
 
 static void check_one_file(void) {
     trace t;
     char rank_file[600];
     int r;
-    CHECK(rc_ok == 0);
+    CHECK(rc_ok == DT_OK);
     snprintf(rank_file, sizeof rank_file, "%s.rank0", path_ok);
     CHECK(!file_exists(rank_file));
     if (trace_load(path_ok, &t) != 0) { CHECK(0); return; }
@@ -54,7 +54,7 @@ static void check_rank_files(void) {
     trace t;
     char rank_file[600];
     int r, i, others;
-    CHECK(rc_failed == 1);
+    CHECK(rc_failed == DT_ERR_PEER);   /* rank 1 failed; rank 0 because of it */
     CHECK(!file_exists(path_failed));
     for (r = 0; r < np; r++) {
         char name[16];

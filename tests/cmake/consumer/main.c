@@ -41,5 +41,5 @@ int main(void) {
         return 1;
     }
     ld.ranks = 2;
-    return dt_launch(&ld, rank_main, NULL);
+    return dt_launch(&ld, rank_main, NULL) == DT_OK ? 0 : 1;
 }
