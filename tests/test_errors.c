@@ -100,6 +100,44 @@ static void test_builder_errors(void) {
     CHECK_ERR(dt_model_finalize(NULL), DT_ERR_INVALID_ARG);
 }
 
+/* dt_model_set_node_name is a builder call: its errors are kept for finalize, like the layers'. */
+static void test_node_name_errors(void) {
+    char longname[62];
+    const char *bad[3] = {NULL, "", longname};
+    dt_model *m;
+    int i;
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';                          /* 61 characters */
+    for (i = 0; i < 3; i++) {
+        if (!(m = image_model())) return;
+        CHECK(dt_model_set_node_name(m, dt_relu(m, 0), bad[i]) == -1);
+        CHECK(strstr(dt_last_error(), "dt_model_set_node_name") != NULL && strstr(dt_last_error(), "1 to 60") != NULL);
+        CHECK(dt_relu(m, 0) == -1);                                /* sticky */
+        CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+        CHECK(strstr(dt_last_error(), "dt_model_set_node_name") != NULL);
+        dt_model_destroy(m);
+    }
+    if (!(m = image_model())) return;
+    CHECK(dt_model_set_node_name(m, 5, "x") == -1);                /* no such node */
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+    dt_model_destroy(m);
+    if (!(m = image_model())) return;
+    CHECK(dt_model_set_node_name(m, dt_relu(m, 0), longname + 1) == 1);   /* 60 characters: fine */
+    CHECK(strcmp(dt_model_node_name(m, 1), longname + 1) == 0);
+    CHECK(dt_model_set_node_name(m, dt_conv2d(m, 9, 4, 3, 1, 1), "c") == -1);   /* a failed layer: its error is kept */
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "dt_conv2d") != NULL);
+    dt_model_destroy(m);
+    if (!(m = image_model())) return;
+    dt_relu(m, 0);
+    CHECK_OK(dt_model_finalize(m));
+    CHECK(dt_model_set_node_name(m, 1, "late") == -1);             /* after finalize: the names are planned */
+    CHECK(strstr(dt_last_error(), "finalized") != NULL && strcmp(dt_model_node_name(m, 1), "late") != 0);
+    dt_model_destroy(m);
+    CHECK(dt_model_set_node_name(NULL, 0, "x") == -1);
+    CHECK(strstr(dt_last_error(), "NULL") != NULL);
+}
+
 static void test_run_errors(void) {
     dt_model *m = image_model();
     float x[2 * 72], out[20], p[4];
@@ -228,6 +266,7 @@ int main(int argc, char **argv) {
     printf("test_errors\n");
     RUN(test_create_errors);
     RUN(test_builder_errors);
+    RUN(test_node_name_errors);
     RUN(test_run_errors);
     RUN(test_allocator_hooks_and_oom);
     RUN(test_no_allocation_in_the_step);
