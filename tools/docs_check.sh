@@ -4,8 +4,8 @@
 # docs/tutorial/*.md. In a chapter:
 #   <!-- docs-check: run [--FLAG VALUE]... -->   before a ```sh block: every command of the block (lines
 #       ending in a backslash joined) runs, in order, from a scratch directory laid out like the repository
-#       root (build/examples, tools, examples and dtrain.h linked from the repository and BUILD; build/tutorial
-#       and docs/tutorial/img empty, so the committed charts are not touched). Each --FLAG VALUE of the marker
+#       root (build/examples, tools, examples, dtrain.h and dtrain/ linked from the repository and BUILD;
+#       build/tutorial and docs/tutorial/img empty, so the committed charts are not touched). Each --FLAG VALUE of the marker
 #       replaces the value of that flag in every command that has the flag (--epochs 1, --limit 512, ...):
 #       the commands run are the ones the chapter shows, shorter. A command passes when it exits 0 within
 #       $DOCS_CHECK_TIMEOUT seconds (default 600) and every file it names after --csv or -o exists and is not
@@ -113,7 +113,7 @@ for md in "$@"; do
     S=$BABS/docs-check/$name
     rm -rf "$S" && mkdir -p "$S/build" "$S/docs/tutorial/img" || { fail "$md: cannot make $S"; continue; }
     ln -s "$BABS/examples" "$S/build/examples"
-    ln -s "$ROOT/tools" "$S/tools"; ln -s "$ROOT/examples" "$S/examples"; ln -s "$ROOT/dtrain.h" "$S/dtrain.h"
+    ln -s "$ROOT/tools" "$S/tools"; ln -s "$ROOT/examples" "$S/examples"; ln -s "$ROOT/dtrain.h" "$S/dtrain.h"; ln -s "$ROOT/dtrain" "$S/dtrain"
     R=$S
     if [ -n "$DOCS_CHECK_FULL" ]; then R=$ROOT; mkdir -p "$ROOT/build/tutorial" "$ROOT/docs/tutorial/img"; fi
     mkdir -p "$S/build/tutorial"
