@@ -1768,10 +1768,9 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
         const float *x;
         const int32_t *y;
         int64_t nb;
-        int got;
         float loss = 0.0f;
         if ((r = dt_loader_start_epoch(l, round * d->local_epochs + e)) != DT_OK) break;
-        while (r == DT_OK && (got = dt_loader_next(l, &x, &y, &nb)) == 1) {
+        while ((r = dt_loader_next(l, &x, &y, &nb)) == DT_OK && nb > 0) {
             if (flip) {
                 for (j = 0; j < nb; j++)
                     f->ybuf[j] = y[j] >= 0 && y[j] < DT_FED_MAX_CLASSES ? d->flip[y[j]] : y[j];
@@ -1785,7 +1784,6 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
             if ((r = dt_optim_step(o)) != DT_OK) break;
             st[1] += (double)loss * (double)nb;
         }
-        if (r == DT_OK && got < 0) r = DT_ERR_STATE;
     }
     if (r != DT_OK) goto done;
     if (f->behaviour[k] == DT_FED_NOISE) {

@@ -169,7 +169,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         uint64_t sent0 = dt_dpsgd_get_stats(d).bytes_sent;
         dt_result e;
         dt_progress bar;
-        int got;
+        dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         dt_optim_set_lr(o, lr);
         dt_model_train(m, 1);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
@@ -177,7 +177,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         TRY(dt_loader_start_epoch(loader, epoch));
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
         /* every rank has the same number of batches (the sampler pads), so the gossip steps pair up */
-        while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+        while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             TRY(dt_model_forward(m, x, n));
             TRY(dt_model_loss_labels(m, y, &loss));
             TRY(dt_model_backward(m, NULL));
@@ -187,7 +187,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             sums[1] += (double)n;
             dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
         }
-        if (got < 0) { r = DT_ERR_STATE; goto done; }
+        TRY(got);                          /* the error that stopped the loader, if one did */
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
         mb = (double)(dt_dpsgd_get_stats(d).bytes_sent - sent0) / 1e6;   /* this rank's gossip traffic */

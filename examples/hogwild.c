@@ -76,7 +76,7 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {
     const int32_t *y;
     float loss = 0.0f;
     dt_result r = DT_OK;
-    int got;
+    dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
     TRY(dt_sampler_indices(a->data.ntrain, w->index, w->threads, (uint64_t)a->data.seed, a->epoch, 1, 0, ids, &nshare));
     memset(&ld, 0, sizeof ld);
@@ -85,7 +85,7 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {
     TRY(dt_loader_create(&loader, &ld));
     TRY(dt_loader_start_epoch(loader, a->epoch));
     dt_model_zero_grad(rep);
-    while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+    while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
         TRY(dt_hogwild_pull(w->shared, rep));          /* the shared parameters, as they are right now */
         TRY(dt_model_forward(rep, x, n));
         TRY(dt_model_loss_labels(rep, y, &loss));
@@ -95,7 +95,7 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {
         a->sums[w->index][1] += (double)n;
         if (w->index == 0) dt_progress_update(&a->bar, ++b, "loss %.4f", (double)loss);
     }
-    if (got < 0) r = DT_ERR_STATE;
+    TRY(got);
 done:
     dt_loader_destroy(loader);
     free(ids);

@@ -113,13 +113,13 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_comm_stats cs0 = dt_comm_get_stats(c);
         dt_eval_result ev;
         dt_progress bar;
-        int got;
+        dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         dt_model_train(m, 1);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's shard */
         TRY(dt_loader_set_indices(loader, ids, nshare));
         TRY(dt_loader_start_epoch(loader, epoch));
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
-        while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+        while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             TRY(dt_model_forward(m, x, n));
             TRY(dt_model_loss_labels(m, y, &loss));
             dt_model_zero_grad(m);
@@ -130,7 +130,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             sums[1] += (double)n;
             dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
         }
-        if (got < 0) { r = DT_ERR_STATE; goto done; }
+        TRY(got);                          /* the error that stopped the loader, if one did */
         TRY(dt_localsgd_average(d));               /* the epoch ends with one model */
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;

@@ -157,12 +157,12 @@ int main(int argc, char **argv) {
         float lr = dt_sched_lr(&sd, epoch), loss = 0.0f;
         dt_eval_result ev;
         dt_progress bar;
-        int got;
+        dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         dt_optim_set_lr(o, lr);
         dt_model_train(m, 1);
         TRY(dt_loader_start_epoch(loader, epoch));
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
-        while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+        while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             TRY(dt_model_forward(m, x, n));
             TRY(dt_model_loss_labels(m, y, &loss));
             dt_model_zero_grad(m);
@@ -172,7 +172,7 @@ int main(int argc, char **argv) {
             seen += n;
             dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
         }
-        if (got < 0) { fprintf(stderr, "train: %s\n", dt_last_error()); goto fail; }
+        TRY(got);
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
         TRY(dt_evaluate(m, &a.data.test, test_idx, test_idx ? ntest : 0, &a.data.te, 1000, 5, &ev));

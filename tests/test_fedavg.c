@@ -153,7 +153,7 @@ static void test_one_client_equals_plain(void) {
     CHECK_OK(dt_optim_create(&o, m, &od));
     CHECK_OK(dt_loader_create(&l, &ld));
     CHECK_OK(dt_loader_start_epoch(l, 0));
-    while (dt_loader_next(l, &x, &y, &nb) == 1) {
+    while (dt_loader_next(l, &x, &y, &nb) == DT_OK && nb > 0) {
         dt_model_zero_grad(m);
         CHECK_OK(dt_model_forward(m, x, nb));
         CHECK_OK(dt_model_loss_labels(m, y, &loss));
