@@ -107,7 +107,11 @@
      returns a message for the last failure on the calling thread, naming the cause and, when known, the
      fix. The library never calls exit() and never aborts on bad user input. Builder calls (dt_conv2d, ...)
      return a node id, or -1 after an error; the error is also kept in the model and returned by
-     dt_model_finalize, so a chain of builder calls needs one check at the end.
+     dt_model_finalize, so a chain of builder calls needs one check at the end (dt_model_set_node_name too).
+     The trainers' entry points (dt_ddp_create, dt_dpsgd_create, dt_localsgd_create, dt_fed_create,
+     dt_hogwild_run) check their arguments alike: a NULL out, communicator or model is DT_ERR_INVALID_ARG, a
+     model not finalized DT_ERR_STATE; a NULL desc is read as a zeroed one (the defaults), so it is refused
+     only where a zeroed desc is (dt_fed_create's data and part have no default); *out is NULL on failure.
 
    THREADS AND RANKS
      There is no global mutable state except the logger, which is configuration set once before

@@ -60,7 +60,8 @@ typedef struct dt_localsgd_stats {
 
 /* Collective. Wraps model m (finalized, the same architecture on every rank) on communicator c: checks that
    every rank has the same parameter count and broadcasts rank 0's parameters and buffers, so every rank
-   starts equal. c and m must outlive it. Host buffers (the CPU backend). *out is NULL on failure. */
+   starts equal. c and m must outlive it. desc NULL: the defaults. Host buffers (the CPU backend). *out is NULL
+   on failure. */
 dt_result dt_localsgd_create(dt_localsgd **out, dt_comm *c, dt_model *m, const dt_localsgd_desc *desc);
 void      dt_localsgd_destroy(dt_localsgd *d);                 /* NULL is allowed */
 /* Call after each optimizer step. Collective on the calls that average (every period-th since the last
@@ -143,7 +144,8 @@ typedef struct dt_ddp_stats {
 
 /* Collective. Wraps model m (finalized, the same architecture on every rank) for data-parallel training
    on communicator c: broadcasts rank 0's parameters and buffers so every rank starts equal, and plans the
-   buckets. Both c and m must outlive the dt_ddp. Host buffers (the CPU backend). *out is NULL on failure. */
+   buckets. Both c and m must outlive the dt_ddp. desc NULL: the defaults. Host buffers (the CPU backend). *out
+   is NULL on failure. */
 dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc);
 /* Stops the helper thread, removes the backward hook, frees what dt_ddp_create allocated. NULL is allowed. */
 void      dt_ddp_destroy(dt_ddp *d);
@@ -202,7 +204,8 @@ typedef struct dt_dpsgd_stats {
 
 /* Collective. Wraps model m (finalized, the same architecture on every rank) for D-PSGD on communicator c
    over topology t, which must have c's world size; broadcasts rank 0's parameters and buffers so the
-   replicas start equal. c, m and t must outlive the dt_dpsgd. Host buffers. *out is NULL on failure. */
+   replicas start equal. c, m and t must outlive the dt_dpsgd. desc NULL: the defaults. Host buffers. *out is
+   NULL on failure. */
 dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topology *t, const dt_dpsgd_desc *desc);
 /* Frees what dt_dpsgd_create allocated. NULL is allowed. */
 void      dt_dpsgd_destroy(dt_dpsgd *d);
@@ -312,7 +315,8 @@ typedef struct dt_fed_round_info {
 /* Collective. Rank 0 is the server; client k trains on rank 1 + k mod (ranks - 1), or on rank 0 when there
    is one rank. m (finalized, the same architecture on every rank) is the server's global model on rank 0 and
    a rank's working copy elsewhere; rank 0's parameters are the initial global model. c, m, the dataset and
-   the partition must outlive the dt_fed. *out is NULL on failure. */
+   the partition must outlive the dt_fed. desc NULL is refused as a zeroed desc is (data and part have no
+   default). *out is NULL on failure. */
 dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc);
 void      dt_fed_destroy(dt_fed *f);
 /* Collective: one round. Every rank draws the same clients (seeded by (seed, round)) and the same dropouts,
@@ -619,6 +623,22 @@ dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_chec
 
 /* ---- shared by the trainers -------------------------------------------------------------------- */
 
+/* The checks every trainer's create and dt_hogwild_run (and Hogwild's pull and push) start with, so that they
+   refuse the same things alike: a NULL out, communicator (when the trainer has one: has_comm) or model is
+   DT_ERR_INVALID_ARG, a model that is not finalized DT_ERR_STATE. `model` names it in the message ("the
+   model", "the replica"). A NULL desc is no error: every create reads it as a zeroed desc. */
+static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, const dt_comm *c, const dt_model *m,
+                                   const char *model) {
+    char at[32] = "";   /* "rank 3: " */
+    if (has_comm && c) snprintf(at, sizeof at, "rank %d: ", dt_comm_rank(c));
+    if (!has_out) return dt_set_error(DT_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    if (has_comm && !c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
+    if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: %s%s is NULL", fn, at, model);
+    if (!m->finalized)
+        return dt_set_error(DT_ERR_STATE, "%s: %s%s is not finalized: call dt_model_finalize after building it", fn, at, model);
+    return DT_OK;
+}
+
 /* Collective, for every trainer's create: checks that all ranks built a model of the same size (one
    all-reduce of {n, -n} with MAX: both come back unchanged only when every n is equal), then, with
    broadcast set, gives every rank rank 0's parameters and buffers so the replicas start equal. */
@@ -652,15 +672,11 @@ dt_result dt_localsgd_create(dt_localsgd **out, dt_comm *c, dt_model *m, const d
     dt_localsgd_desc dd;
     dt_localsgd *d;
     dt_result r;
-    int me = c ? c->rank : -1;
-    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: out is NULL");
-    *out = NULL;
+    int me = dt_comm_rank(c);
+    if (out) *out = NULL;
+    if ((r = dt__trainer_check("dt_localsgd_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
     memset(&dd, 0, sizeof dd);
     if (desc) dd = *desc;
-    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: the communicator is NULL");
-    if (!m || !m->finalized)
-        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_localsgd_create: rank %d: the model is %s", me,
-                            m ? "not finalized: call dt_model_finalize first" : "NULL");
     if (dd.period < 0 || dd.algo < 0 || dd.algo >= DT_ALGO_COUNT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: rank %d: bad desc (period %d, algo %d): period is >= 0 "
                             "(0 = only at dt_localsgd_average), algo a dt_algo", me, dd.period, (int)dd.algo);
@@ -734,10 +750,9 @@ dt_result dt_hogwild_run(dt_model *shared, int threads, dt_hogwild_fn fn, void *
     dt__hogwild_ctx *x;
     dt_result r = DT_OK;
     int i, started = 0, omp_caller = dt_cpu_threads();
-    if (!shared || !shared->finalized || !fn || threads < 1)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_hogwild_run: %s", !shared ? "the shared model is NULL" :
-                            !shared->finalized ? "the shared model is not finalized: call dt_model_finalize first" :
-                            !fn ? "the worker function is NULL" : "threads must be >= 1");
+    if ((r = dt__trainer_check("dt_hogwild_run", 1, 0, NULL, shared, "the shared model")) != DT_OK) return r;
+    if (!fn || threads < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_hogwild_run: %s", !fn ? "the worker function is NULL" : "threads must be >= 1");
     if (threads == 1) {
         dt_hogwild_worker w;
         w.index = 0; w.threads = 1; w.shared = shared;
@@ -766,8 +781,9 @@ dt_result dt_hogwild_run(dt_model *shared, int threads, dt_hogwild_fn fn, void *
 }
 
 static dt_result dt__hogwild_check(dt_model *shared, dt_model *replica, const char *what) {
-    if (!shared || !replica || !shared->finalized || !replica->finalized)
-        return dt_set_error(DT_ERR_INVALID_ARG, "%s: the shared model and the replica must be finalized models", what);
+    dt_result r;
+    if ((r = dt__trainer_check(what, 1, 0, NULL, shared, "the shared model")) != DT_OK ||
+        (r = dt__trainer_check(what, 1, 0, NULL, replica, "the replica")) != DT_OK) return r;
     if (shared->nparams != replica->nparams)
         return dt_set_error(DT_ERR_MISMATCH, "%s: the replica has %lld parameters but the shared model %lld: build the "
                             "replica with the same architecture", what, (long long)replica->nparams, (long long)shared->nparams);
@@ -998,15 +1014,11 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
     dt_ddp_desc dd;
     dt_ddp *d;
     dt_result r;
-    int me = c ? c->rank : -1;
-    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: out is NULL");
-    *out = NULL;
+    int me = dt_comm_rank(c);
+    if (out) *out = NULL;
+    if ((r = dt__trainer_check("dt_ddp_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
     memset(&dd, 0, sizeof dd);
     if (desc) dd = *desc;
-    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: the communicator is NULL");
-    if (!m || !m->finalized)
-        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: the model is %s", me,
-                            m ? "not finalized: call dt_model_finalize first" : "NULL");
     if (dd.method < 0 || dd.method >= DT_DDP_METHOD_COUNT || dd.algo < 0 || dd.algo >= DT_ALGO_COUNT || dd.bucket_bytes < 0)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: bad desc (method %d, algo %d, bucket_bytes %lld): "
                             "method is a dt_ddp_method, algo a dt_algo, bucket_bytes >= 0", me, (int)dd.method,
@@ -1272,15 +1284,11 @@ dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topo
     dt_dpsgd *d;
     dt_result r;
     int64_t big;
-    int me = c ? c->rank : -1, q;
-    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: out is NULL");
-    *out = NULL;
+    int me = dt_comm_rank(c), q;
+    if (out) *out = NULL;
+    if ((r = dt__trainer_check("dt_dpsgd_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
     memset(&dd, 0, sizeof dd);
     if (desc) dd = *desc;
-    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: the communicator is NULL");
-    if (!m || !m->finalized)
-        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the model is %s", me,
-                            m ? "not finalized: call dt_model_finalize first" : "NULL");
     if (!t || !t->weights || !t->offsets)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology is %s: build it with dt_topology_create", me,
                             t ? "empty" : "NULL");
@@ -1661,15 +1669,17 @@ void dt_fed_destroy(dt_fed *f) {
 dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc) {
     dt_fed *f;
     dt_fed_desc d;
-    int me = c ? c->rank : -1, i, nc;
+    int me = dt_comm_rank(c), i, nc;
     size_t n;
     dt_result r;
-    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: out is NULL");
-    *out = NULL;
-    if (!c || !m || !m->finalized || !desc || !desc->data || !desc->part)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: needs a communicator, a finalized model, a desc, "
-                            "its dataset and its partition", me);
-    d = *desc;
+    if (out) *out = NULL;
+    if ((r = dt__trainer_check("dt_fed_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (!d.data || !d.part)   /* the two fields without a default */
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: desc%s is NULL: FedAvg needs the training set "
+                            "(desc.data) and its partition into the clients' data (desc.part)", me,
+                            !desc ? "" : !d.data ? ".data" : ".part");
     if (!d.clients) d.clients = c->size > 1 ? c->size - 1 : 1;
     if (!d.frac) d.frac = 1.0f;
     if (!d.local_epochs) d.local_epochs = 1;
@@ -1729,7 +1739,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
                             "lower --frac)", me, f->nsel, (long long)f->n);
     }
     for (i = 0; i < nc; i++) {
-        f->behaviour[i] = desc->behaviour ? desc->behaviour[i] : DT_FED_HONEST;
+        f->behaviour[i] = d.behaviour ? d.behaviour[i] : DT_FED_HONEST;
         f->last_kept[i] = 0;
     }
     if ((r = dt__same_model(c, m, "dt_fed_create", 0)) != DT_OK) { dt_fed_destroy(f); return r; }
