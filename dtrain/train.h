@@ -250,10 +250,10 @@ typedef enum dt_fed_agg {
 const char *dt_fed_agg_name(dt_fed_agg k);   /* "mean", "median", "trimmed", "krum", "multikrum", "classmean" */
 dt_result   dt_fed_agg_parse(const char *s, dt_fed_agg *out);
 
-/* Aggregator settings; zero means the default. */
+/* Aggregator settings; zero means the default, except for f, where 0 is a request (DT_DEFAULT in base.h). */
 typedef struct dt_fed_agg_desc {
     float   trim;              /* TRIMMED: fraction cut at each end (default 0.1) */
-    int     f;                 /* KRUM, MULTIKRUM: Byzantine clients tolerated (default 1) */
+    int     f;                 /* KRUM, MULTIKRUM: Byzantine clients tolerated, >= 0 (0: none); DT_DEFAULT: 1 */
     int     m;                 /* MULTIKRUM: updates averaged (0 = n - f) */
     float   k;                 /* CLASSMEAN: outlier threshold in median distances (default 3) */
     int64_t cm_offset;         /* CLASSMEAN: the final linear weight [cm_rows classes, cm_cols] inside each */
@@ -279,7 +279,8 @@ typedef enum dt_fed_behaviour {
 #define DT_FED_MAX_CLASSES 256
 #define DT_FED_TAG 32100       /* the point-to-point tag of the clients' updates */
 
-/* FedAvg settings; zero means the default. */
+/* FedAvg settings; zero means the default, except for noise_std and agg_desc.f, where 0 is a request and
+   DT_DEFAULT asks for the default. */
 typedef struct dt_fed_desc {
     int                clients;          /* N simulated clients (default: ranks - 1, or 1 on one rank) */
     float              frac;             /* C: fraction of the clients sampled each round (default 1; at least 1) */
@@ -298,7 +299,7 @@ typedef struct dt_fed_desc {
     const int         *behaviour;        /* [clients] dt_fed_behaviour, copied; NULL = every client honest */
     int32_t            flip[DT_FED_MAX_CLASSES]; /* LABELFLIP: label y becomes flip[y]; all zeros = identity */
     int                flip_set;         /* 1: flip holds a map (else the identity) */
-    float              noise_std;        /* NOISE: default 1 */
+    float              noise_std;        /* NOISE: the noise's std, >= 0 (0: a zero update); DT_DEFAULT: 1 */
     uint64_t           seed;             /* client sampling, dropouts, loader shuffles, noise */
 } dt_fed_desc;
 
@@ -1526,6 +1527,9 @@ static void dt__fed_classmean(const float *const *u, int n, const dt_fed_agg_des
     }
 }
 
+/* Krum's f: 0 is a request (no Byzantine client), DT_DEFAULT the default, 1. */
+static int dt__fed_krum_f(const dt_fed_agg_desc *a) { return a->f == DT_DEFAULT ? 1 : a->f; }
+
 dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
                            float *out, const dt_fed_agg_desc *desc) {
     dt_fed_agg_desc a;
@@ -1535,7 +1539,7 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
     memset(&a, 0, sizeof a);
     if (desc) a = *desc;
     if (!a.trim) a.trim = 0.1f;
-    if (!a.f) a.f = 1;
+    a.f = dt__fed_krum_f(&a);
     if (!a.k) a.k = 3.0f;
     if (!updates || !out || n < 1 || len < 0 || kind < 0 || kind >= DT_FED_AGG_COUNT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: bad arguments (updates %p, out %p, n %d, len %lld, "
@@ -1553,7 +1557,10 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
             return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: trimmed mean of %d clients with trim %g cuts %d at each "
                                 "end, leaving none: need 2 * floor(trim * n) < n", n, (double)a.trim, t);
     }
-    if ((kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) && (a.f < 0 || n < 2 * a.f + 3))
+    if ((kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) && a.f < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: %s with f = %d: f is the number of Byzantine clients "
+                            "to tolerate, >= 0 (DT_DEFAULT for the default, 1)", dt_fed_agg_name(kind), a.f);
+    if ((kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) && n < 2 * a.f + 3)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: %s with f = %d Byzantine clients needs n >= 2f + 3 = %d clients, "
                             "got %d: sample more clients or lower f", dt_fed_agg_name(kind), a.f, 2 * a.f + 3, n);
     if (kind == DT_FED_MULTIKRUM && (a.m < 0 || a.m > n))
@@ -1595,7 +1602,7 @@ done:
 
 /* The fewest updates the aggregator accepts (Krum's 2f + 3, the class-mean check's 3). */
 static int dt__fed_min_clients(dt_fed_agg kind, const dt_fed_agg_desc *a) {
-    if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * (a->f ? a->f : 1) + 3;
+    if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * dt__fed_krum_f(a) + 3;
     if (kind == DT_FED_CLASSMEAN) return 3;
     if (kind == DT_FED_TRIMMED) { int n = 1; while (2 * (int)floor((double)(a->trim ? a->trim : 0.1f) * n) >= n && n < 1000) n++; return n; }
     return 1;
@@ -1684,7 +1691,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     if (!d.frac) d.frac = 1.0f;
     if (!d.local_epochs) d.local_epochs = 1;
     if (!d.batch) d.batch = 10;
-    if (!d.noise_std) d.noise_std = 1.0f;
+    if (d.noise_std == DT_DEFAULT) d.noise_std = 1.0f;   /* 0 is a request: a noise attacker that sends zeros */
     if (!d.agg_desc.cm_rows) {   /* the class-mean check reads the last linear layer's weight */
         for (i = dt_model_param_tensors(m) - 1; i >= 0; i--) {
             dt_param_info pi = dt_model_param_info(m, i);
@@ -1695,6 +1702,12 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
         }
     }
     nc = d.clients;
+    if (!(d.noise_std >= 0.0f && d.noise_std < INFINITY))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: noise_std is %g: the noise attack's std is a finite "
+                            "number >= 0 (DT_DEFAULT for the default, 1)", me, (double)d.noise_std);
+    if ((d.agg == DT_FED_KRUM || d.agg == DT_FED_MULTIKRUM) && d.agg_desc.f < 0 && d.agg_desc.f != DT_DEFAULT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: agg_desc.f is %d: Krum's f is the number of Byzantine "
+                            "clients to tolerate, >= 0 (DT_DEFAULT for the default, 1)", me, d.agg_desc.f);
     if (nc < 1 || d.part->parts != nc || !(d.frac > 0.0f && d.frac <= 1.0f) || d.local_epochs < 1 || d.batch < 1 ||
         d.prox_mu < 0.0f || !(d.dropout_prob >= 0.0f && d.dropout_prob < 1.0f) || d.agg < 0 || d.agg >= DT_FED_AGG_COUNT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: bad desc (clients %d, partition of %d parts, frac %g, "

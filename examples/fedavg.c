@@ -48,7 +48,7 @@ static int parse_args(int argc, char **argv, args *a) {
     int i, k;
     a->model = "fedavg_2nn"; a->data.dataset = "fashion-mnist"; a->partition = "iid"; a->attack = "none";
     a->clients = 10; a->rounds = 10; a->frac = 1.0; a->local_epochs = 1; a->batch = 10; a->lr = 0.05;
-    a->alpha = 0.5; a->class_acc = -1;
+    a->alpha = 0.5; a->class_acc = -1; a->krum_f = 1; a->noise_std = 1.0;   /* the library's defaults; 0 means 0 */
     for (k = 0; k < DT_FED_MAX_CLASSES; k++) a->flip[k] = k;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
