@@ -258,15 +258,15 @@ typedef struct dt_fed_agg_desc {
     float   k;                 /* CLASSMEAN: outlier threshold in median distances (default 3) */
     int64_t cm_offset;         /* CLASSMEAN: the final linear weight [cm_rows classes, cm_cols] inside each */
     int64_t cm_rows, cm_cols;  /*   update (dt_fed fills these from the model) */
-    int    *kept;              /* out, may be NULL: [n], 1 for each client whose update entered the result
-                                  (all for MEAN, MEDIAN and TRIMMED) */
 } dt_fed_agg_desc;
 
-/* Aggregates n updates, each updates[i][0..len), into out[len] (out may not alias an update). weights [n]
-   (sample counts, > 0) are used by MEAN and CLASSMEAN; NULL means equal weights. Allocates scratch of
-   n * (n + len) doubles at most (Krum's distances, a column for the median). desc may be NULL. */
+/* Aggregates n updates, each updates[i][0..len), into out[len] (out may not alias an update); kept [n] (may
+   be NULL) receives 1 for each client whose update entered the result, 0 for the others (all 1 for MEAN,
+   MEDIAN and TRIMMED). weights [n] (sample counts, > 0) are used by MEAN and CLASSMEAN; NULL means equal
+   weights. Allocates scratch of n * (n + len) doubles at most (Krum's distances, a column for the median).
+   desc may be NULL. */
 dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
-                           float *out, const dt_fed_agg_desc *desc);
+                           float *out, int *kept, const dt_fed_agg_desc *desc);
 
 /* What a client does with its round, for studying attacks. */
 typedef enum dt_fed_behaviour {
@@ -292,7 +292,7 @@ typedef struct dt_fed_desc {
     float              prox_mu;          /* FedProx: mu (w - w_global) added to every local gradient (0 = off) */
     float              dropout_prob;     /* probability that a sampled client drops out of a round */
     dt_fed_agg         agg;
-    dt_fed_agg_desc    agg_desc;         /* kept is set by dt_fed; cm_* from the model when zero */
+    dt_fed_agg_desc    agg_desc;         /* cm_* from the model when zero */
     const dt_dataset  *data;             /* borrowed training set */
     const dt_partition *part;            /* borrowed: part k is client k's samples (parts == clients) */
     const dt_transform *transform;       /* copied; NULL = pixel / 255 */
@@ -1531,7 +1531,7 @@ static void dt__fed_classmean(const float *const *u, int n, const dt_fed_agg_des
 static int dt__fed_krum_f(const dt_fed_agg_desc *a) { return a->f == DT_DEFAULT ? 1 : a->f; }
 
 dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
-                           float *out, const dt_fed_agg_desc *desc) {
+                           float *out, int *kept_out, const dt_fed_agg_desc *desc) {
     dt_fed_agg_desc a;
     double *scratch = NULL;
     int *order = NULL, *kept = NULL, i, t = 0;
@@ -1593,7 +1593,7 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
         dt__fed_mean(updates, weights, kept, n, len, out);
         break;
     }
-    if (a.kept) for (i = 0; i < n; i++) a.kept[i] = kept[i];
+    if (kept_out) for (i = 0; i < n; i++) kept_out[i] = kept[i];
 done:
     DT_FREE(scratch);
     DT_FREE(order);
@@ -1718,7 +1718,6 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     memset(f, 0, sizeof *f);
     f->comm = c; f->model = m; f->desc = d; f->n = m->nparams;
     f->desc.behaviour = NULL;
-    f->desc.agg_desc.kept = NULL;
     f->nsel = (int)floor((double)d.frac * (double)nc + 0.5);
     if (f->nsel < 1) f->nsel = 1;
     if (f->nsel > nc) f->nsel = nc;
@@ -1893,13 +1892,11 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
                    (long long)round, nagg, dt_fed_agg_name(f->desc.agg));
         return DT_OK;
     }
-    f->desc.agg_desc.kept = f->kept;
     dt_trace_begin("aggregate", "optim");
     dt__trace_arg("clients", NULL, nagg);
     dt__trace_arg("aggregator", dt_fed_agg_name(f->desc.agg), 0);
-    r = dt_fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->n, f->delta, &f->desc.agg_desc);
+    r = dt_fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->n, f->delta, f->kept, &f->desc.agg_desc);
     dt_trace_end();
-    f->desc.agg_desc.kept = NULL;
     if (r != DT_OK) return r;
     for (i = 0; i < f->n; i++) w[i] = f->global[i] + f->delta[i];
     for (i = 0; i < nagg; i++) {

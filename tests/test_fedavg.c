@@ -47,37 +47,40 @@ static void test_aggregators(void) {
     const float a[2] = {0, 4}, b[2] = {4, 0}, *ab[2] = {a, b};
     dt_fed_agg_desc d;
     memset(&d, 0, sizeof d);
-    d.kept = kept; d.f = DT_DEFAULT;                                          /* Krum's f: the default, 1 */
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEAN, ab, w, 2, 2, out, &d));            /* (1 * a + 3 * b) / 4 */
+    d.f = DT_DEFAULT;                                                         /* Krum's f: the default, 1 */
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEAN, ab, w, 2, 2, out, kept, &d));            /* (1 * a + 3 * b) / 4 */
     CHECK(out[0] == 3.0f && out[1] == 1.0f && kept[0] && kept[1]);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 5, 2, out, &d));       /* sorted columns: 1 2 [3] 4 100, -100 1 [2] 3 4 */
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 5, 2, out, kept, &d));       /* sorted columns: 1 2 [3] 4 100, -100 1 [2] 3 4 */
     CHECK(out[0] == 3.0f && out[1] == 2.0f);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 4, 2, out, &d));       /* even n: mean of the middle two */
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 4, 2, out, kept, &d));       /* even n: mean of the middle two */
     CHECK(out[0] == 2.5f && out[1] == 2.5f);
     d.trim = 0.2f;                                                            /* 1 cut at each end */
-    CHECK_OK(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 5, 2, out, &d));     /* mean(2,3,4), mean(1,2,3) */
+    CHECK_OK(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 5, 2, out, kept, &d));     /* mean(2,3,4), mean(1,2,3) */
     CHECK(fabsf(out[0] - 3.0f) < 1e-6f && fabsf(out[1] - 2.0f) < 1e-6f);
+    for (i = 0; i < 5; i++) CHECK(kept[i]);                                   /* every update enters a trimmed mean */
     /* Krum, f = 1: scores over the 2 nearest: 10, 4, 4, 10, huge; the tie goes to client 1 */
-    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, &d));
+    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, kept, &d));
     CHECK(out[0] == 2.0f && out[1] == 2.0f);
     CHECK(!kept[0] && kept[1] && !kept[2] && !kept[3] && !kept[4]);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, &d));   /* the n - f = 4 best: all but client 4 */
+    out[0] = out[1] = 0.0f;
+    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, NULL, &d));   /* kept may be NULL */
+    CHECK(out[0] == 2.0f && out[1] == 2.0f);
+    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));   /* the n - f = 4 best: all but client 4 */
     CHECK(out[0] == 2.5f && out[1] == 2.5f && !kept[4]);
     for (i = 0; i < 4; i++) CHECK(kept[i]);
     d.m = 2;                                                                  /* clients 1 and 2 */
-    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, &d));
+    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));
     CHECK(out[0] == 2.5f && out[1] == 2.5f && kept[1] && kept[2] && !kept[0] && !kept[3]);
     /* f = 0 is a request, not the default: Krum on 4 clients (f = 1 needs 5), scores over the 2 nearest:
        10, 4, 4, 10; multi-Krum's m = n - f = 5 keeps everyone, the plain mean */
     d.f = 0; d.m = 0;
-    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 4, 2, out, &d));
+    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 4, 2, out, kept, &d));
     CHECK(out[0] == 2.0f && out[1] == 2.0f && kept[1] && !kept[0] && !kept[2] && !kept[3]);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, &d));
+    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));
     CHECK(fabsf(out[0] - 22.0f) < 1e-4f && fabsf(out[1] + 18.0f) < 1e-4f);
     for (i = 0; i < 5; i++) CHECK(kept[i]);
     memset(&d, 0, sizeof d);                                                  /* a zeroed desc: f = 0 too */
-    d.kept = kept;
-    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 3, 2, out, &d));         /* 3 = 2f + 3 clients; scores 2, 2, 2 */
+    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 3, 2, out, kept, &d));         /* 3 = 2f + 3 clients; scores 2, 2, 2 */
     CHECK(out[0] == 1.0f && out[1] == 1.0f && kept[0] && !kept[1] && !kept[2]);
 }
 
@@ -90,8 +93,8 @@ static void test_classmean(void) {
     int kept[5];
     dt_fed_agg_desc d;
     memset(&d, 0, sizeof d);
-    d.kept = kept; d.cm_offset = 0; d.cm_rows = 2; d.cm_cols = 2;
-    CHECK_OK(dt_fed_aggregate(DT_FED_CLASSMEAN, p, w, 5, 5, out, &d));
+    d.cm_offset = 0; d.cm_rows = 2; d.cm_cols = 2;
+    CHECK_OK(dt_fed_aggregate(DT_FED_CLASSMEAN, p, w, 5, 5, out, kept, &d));
     CHECK(kept[0] && kept[1] && kept[2] && !kept[3] && kept[4]);
     CHECK(fabsf(out[2] - 0.025f) < 1e-6f && fabsf(out[4] - 9.0f) < 1e-6f);
 }
@@ -102,18 +105,18 @@ static void test_refusals(void) {
     dt_fed_agg_desc d;
     memset(&d, 0, sizeof d);
     d.f = DT_DEFAULT;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 4, 2, out, &d), DT_ERR_INVALID_ARG);       /* 4 < 2f + 3 = 5 */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 4, 2, out, NULL, &d), DT_ERR_INVALID_ARG);       /* 4 < 2f + 3 = 5 */
     d.f = -3;                                                                                    /* neither f nor DT_DEFAULT */
-    CHECK_ERR(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, &d), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, NULL, &d), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "f = -3") != NULL && strstr(dt_last_error(), "DT_DEFAULT") != NULL);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 5, 2, out, &d));                         /* f is Krum's alone */
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 5, 2, out, NULL, &d));                         /* f is Krum's alone */
     d.f = 2;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, &d), DT_ERR_INVALID_ARG);  /* 5 < 7 */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, NULL, &d), DT_ERR_INVALID_ARG);  /* 5 < 7 */
     d.trim = 0.5f;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 4, 2, out, &d), DT_ERR_INVALID_ARG);    /* cuts 2 + 2 of 4 */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 4, 2, out, NULL, &d), DT_ERR_INVALID_ARG);    /* cuts 2 + 2 of 4 */
     d.cm_rows = 1; d.cm_cols = 2;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_CLASSMEAN, UP, NULL, 2, 2, out, &d), DT_ERR_INVALID_ARG);  /* needs 3 clients */
-    CHECK_ERR(dt_fed_aggregate(DT_FED_MEAN, UP, bad, 2, 2, out, NULL), DT_ERR_INVALID_ARG);      /* zero weight */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_CLASSMEAN, UP, NULL, 2, 2, out, NULL, &d), DT_ERR_INVALID_ARG);  /* needs 3 clients */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_MEAN, UP, bad, 2, 2, out, NULL, NULL), DT_ERR_INVALID_ARG);      /* zero weight */
 }
 
 /* The desc of fed_once: nclients clients on part, batch 7, lr 0.1, seed 5. */
