@@ -107,14 +107,20 @@
      dt_X_destroy frees (optim, loader, comm, ddp, dpsgd, localsgd, fed; destroy accepts NULL); dataset
      loaders fill a dt_dataset that dt_dataset_free empties, partitioners a dt_partition for
      dt_partition_free, dt_topology_create a dt_topology for dt_topology_free. Pointers in a *_desc are
-     borrowed (they must outlive the object) or copied at create, as each field's comment says.
+     borrowed (they must outlive the object) or copied at create, as each field's comment says. In a *_desc
+     zero means the default, except in the few fields where 0 is a valid request (Krum's f, the noise
+     attack's noise_std): there 0 means 0 and DT_DEFAULT asks for the default.
 
    ERRORS
      Fallible functions return dt_result (DT_OK == 0). dt_result_str(r) names the code; dt_last_error()
      returns a message for the last failure on the calling thread, naming the cause and, when known, the
      fix. The library never calls exit() and never aborts on bad user input. Builder calls (dt_conv2d, ...)
      return a node id, or -1 after an error; the error is also kept in the model and returned by
-     dt_model_finalize, so a chain of builder calls needs one check at the end.
+     dt_model_finalize, so a chain of builder calls needs one check at the end (dt_model_set_node_name too).
+     The trainers' entry points (dt_ddp_create, dt_dpsgd_create, dt_localsgd_create, dt_fed_create,
+     dt_hogwild_run) check their arguments alike: a NULL out, communicator or model is DT_ERR_INVALID_ARG, a
+     model not finalized DT_ERR_STATE; a NULL desc is read as a zeroed one (the defaults), so it is refused
+     only where a zeroed desc is (dt_fed_create's data and part have no default); *out is NULL on failure.
 
    THREADS AND RANKS
      There is no global mutable state except the logger and the CPU tier (dt_cpu_set_tier), which are

@@ -168,8 +168,10 @@ void dt_loader_destroy(dt_loader *l);
    transforms are dt_dataset_batch's for (seed, epoch); timing and prefetch never change them. */
 dt_result dt_loader_start_epoch(dt_loader *l, int64_t epoch);
 /* Next batch of the epoch: x [n, c, h, w] and y [n] point into the loader and stay valid until the next
-   call on l. Returns 1 for a batch, 0 at the end of the epoch, -1 on error (dt_last_error). */
-int dt_loader_next(dt_loader *l, const float **x, const int32_t **y, int64_t *n);
+   call on l. At the end of the epoch it returns DT_OK with *n = 0 (x and y NULL): a batch is never empty, so
+       while ((r = dt_loader_next(l, &x, &y, &n)) == DT_OK && n > 0) { ... }
+   runs the epoch, and r tells after it whether it ended (DT_OK) or failed. */
+dt_result dt_loader_next(dt_loader *l, const float **x, const int32_t **y, int64_t *n);
 /* Batches per epoch: ceil(count / batch), or floor(count / batch) with drop_last. */
 int64_t dt_loader_batches(const dt_loader *l);
 /* Replaces the sample ids (count at most the count at create), e.g. with dt_sampler_indices's for the next
@@ -1712,23 +1714,19 @@ dt_result dt_loader_start_epoch(dt_loader *l, int64_t epoch) {
     return DT_OK;
 }
 
-int dt_loader_next(dt_loader *l, const float **x, const int32_t **y, int64_t *n) {
+dt_result dt_loader_next(dt_loader *l, const float **x, const int32_t **y, int64_t *n) {
     int64_t k, left;
     int slot;
     dt_result r;
     char msg[512];
-    if (!l || !x || !y || !n) {
-        dt_set_error(DT_ERR_INVALID_ARG, "dt_loader_next: NULL argument (the loader, x, y and n are needed)");
-        return -1;
-    }
+    if (!l || !x || !y || !n)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_loader_next: NULL argument (the loader, x, y and n are needed)");
     *x = NULL; *y = NULL; *n = 0;
-    if (l->epoch < 0) {
-        dt_set_error(DT_ERR_STATE, "dt_loader_next: no epoch started; call dt_loader_start_epoch(loader, epoch) first "
-                     "(also after dt_loader_set_indices)");
-        return -1;
-    }
+    if (l->epoch < 0)
+        return dt_set_error(DT_ERR_STATE, "dt_loader_next: no epoch started; call dt_loader_start_epoch(loader, epoch) first "
+                            "(also after dt_loader_set_indices)");
     k = l->next;
-    if (k >= dt_loader_batches(l)) return 0;
+    if (k >= dt_loader_batches(l)) return DT_OK;   /* the end of the epoch: n = 0 */
     dt_trace_begin("next batch", "data");   /* the wait for the prefetched batch, or its conversion */
     if (l->thread_ok) {
         slot = (int)(k & 1);
@@ -1744,13 +1742,13 @@ int dt_loader_next(dt_loader *l, const float **x, const int32_t **y, int64_t *n)
         r = dt__loader_convert(l, k, 0);
     }
     dt_trace_end();
-    if (r != DT_OK) return -1;
+    if (r != DT_OK) return r;
     left = l->count - k * l->batch;
     l->next = k + 1;
     *x = l->x[slot];
     *y = l->y[slot];
     *n = left < l->batch ? left : l->batch;
-    return 1;
+    return DT_OK;
 }
 
 dt_result dt_loader_set_indices(dt_loader *l, const int64_t *indices, int64_t count) {

@@ -80,8 +80,9 @@ int dt_flatten(dt_model *m, int x);                                             
 int dt_add(dt_model *m, int a, int b);                                          /* residual sum, same shapes */
 int dt_pad_shortcut(dt_model *m, int x, int64_t out_channels, int64_t stride);  /* ResNet option A */
 int dt_log_softmax(dt_model *m, int x);                                         /* over [k] */
-/* Names a node; its parameters become "<name>.weight" etc. Returns x. */
-int dt_model_name(dt_model *m, int x, const char *name);
+/* Names node x (the name is copied: 1 to 60 characters); its parameters become "<name>.weight" etc. Returns x, or
+   -1 after an error, kept for finalize like the layers' (dt_model_node_name reads the name back). */
+int dt_model_set_node_name(dt_model *m, int x, const char *name);
 
 /* Plans and allocates the flat buffers and initialises weights as PyTorch does by default
    (kaiming-uniform a=sqrt(5) for conv/linear weights, uniform(+-1/sqrt(fan_in)) biases, batchnorm 1/0).
@@ -586,8 +587,13 @@ int dt_log_softmax(dt_model *m, int x) {
         return dt__fail_build(m, DT_ERR_SHAPE, "dt_log_softmax: input node %d (%s) is an image; flatten it first", x, m->nodes[x].name);
     return dt__unary(m, x, DT_LAYER_LOG_SOFTMAX, "dt_log_softmax");
 }
-int dt_model_name(dt_model *m, int x, const char *name) {
-    if (!m || x < 0 || x >= m->nnodes || !name) return -1;
+int dt_model_set_node_name(dt_model *m, int x, const char *name) {
+    size_t len = name ? strlen(name) : 0;
+    if (dt__check_input(m, x, "dt_model_set_node_name")) return -1;
+    /* at most 60: a parameter's name "<name>.<suffix>" keeps the whole node name (dt__full_names) */
+    if (len < 1 || len > 60)
+        return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_model_set_node_name: node %d (%s): the name is %s; give 1 to 60 "
+                              "characters", x, m->nodes[x].name, !name ? "NULL" : len ? "longer than 60 characters" : "empty");
     snprintf(m->nodes[x].name, sizeof m->nodes[x].name, "%s", name);
     return x;
 }
@@ -1240,9 +1246,11 @@ static int dt__zconv(dt_model *m, int x, int64_t oc, int64_t k, int64_t s, int64
     dt_conv2d_desc d;
     memset(&d, 0, sizeof d);
     d.out_channels = oc; d.kernel = k; d.stride = s; d.pad = p; d.no_bias = no_bias;
-    return dt_model_name(m, dt_conv2d_ex(m, x, &d), name);
+    return dt_model_set_node_name(m, dt_conv2d_ex(m, x, &d), name);
 }
-static int dt__zfc(dt_model *m, int x, int64_t out, const char *name) { return dt_model_name(m, dt_linear(m, x, out, 1), name); }
+static int dt__zfc(dt_model *m, int x, int64_t out, const char *name) {
+    return dt_model_set_node_name(m, dt_linear(m, x, out, 1), name);
+}
 
 static void dt__zoo_build(dt_model *m, dt_zoo_model z, int64_t nc) {
     int x = dt_model_input(m), i;
@@ -1256,8 +1264,8 @@ static void dt__zoo_build(dt_model *m, dt_zoo_model z, int64_t nc) {
     case DT_ZOO_SIMPLE_CNN:
         x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 32, 3, 1, 1, 0, "conv1")), 2, 2, 0);
         x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 64, 3, 1, 1, 0, "conv2")), 2, 2, 0);
-        x = dt_flatten(m, dt_model_name(m, dt_dropout(m, x, 0.25f), "dropout1"));
-        x = dt_model_name(m, dt_dropout(m, dt_relu(m, dt__zfc(m, x, 128, "fc1")), 0.5f), "dropout2");
+        x = dt_flatten(m, dt_model_set_node_name(m, dt_dropout(m, x, 0.25f), "dropout1"));
+        x = dt_model_set_node_name(m, dt_dropout(m, dt_relu(m, dt__zfc(m, x, 128, "fc1")), 0.5f), "dropout2");
         dt_log_softmax(m, dt__zfc(m, x, nc, "fc2"));
         break;
     case DT_ZOO_LENET5:
@@ -1283,7 +1291,7 @@ static void dt__zoo_build(dt_model *m, dt_zoo_model z, int64_t nc) {
             snprintf(nm, sizeof nm, "features.%d", idx);
             x = dt__zconv(m, x, cfg[i], 3, 1, 1, 0, nm);
             snprintf(nm, sizeof nm, "features.%d", idx + 1);
-            x = dt_relu(m, dt_model_name(m, dt_batchnorm(m, x), nm));
+            x = dt_relu(m, dt_model_set_node_name(m, dt_batchnorm(m, x), nm));
             idx += 3;
         }
         dt__zfc(m, dt_flatten(m, x), nc, "classifier");
@@ -1291,7 +1299,7 @@ static void dt__zoo_build(dt_model *m, dt_zoo_model z, int64_t nc) {
     case DT_ZOO_RESNET20: {
         int64_t cin = 16;
         int stage, blk, b = 0;
-        x = dt_relu(m, dt_model_name(m, dt_batchnorm(m, dt__zconv(m, x, 16, 3, 1, 1, 1, "conv1")), "bn1"));
+        x = dt_relu(m, dt_model_set_node_name(m, dt_batchnorm(m, dt__zconv(m, x, 16, 3, 1, 1, 1, "conv1")), "bn1"));
         for (stage = 0; stage < 3; stage++) {
             int64_t cout = 16 << stage;
             for (blk = 0; blk < 3; blk++, b++) {
@@ -1300,11 +1308,11 @@ static void dt__zoo_build(dt_model *m, dt_zoo_model z, int64_t nc) {
                 snprintf(nm, sizeof nm, "layers.%d.conv1", b);
                 y = dt__zconv(m, x, cout, 3, s, 1, 1, nm);
                 snprintf(nm, sizeof nm, "layers.%d.bn1", b);
-                y = dt_relu(m, dt_model_name(m, dt_batchnorm(m, y), nm));
+                y = dt_relu(m, dt_model_set_node_name(m, dt_batchnorm(m, y), nm));
                 snprintf(nm, sizeof nm, "layers.%d.conv2", b);
                 y = dt__zconv(m, y, cout, 3, 1, 1, 1, nm);
                 snprintf(nm, sizeof nm, "layers.%d.bn2", b);
-                y = dt_model_name(m, dt_batchnorm(m, y), nm);
+                y = dt_model_set_node_name(m, dt_batchnorm(m, y), nm);
                 if (s != 1 || cin != cout) sc = dt_pad_shortcut(m, x, cout, s);
                 x = dt_relu(m, dt_add(m, y, sc));
                 cin = cout;

@@ -75,7 +75,8 @@ typedef struct dt_localsgd_stats {
 
 /* Collective. Wraps model m (finalized, the same architecture on every rank) on communicator c: checks that
    every rank has the same parameter count and broadcasts rank 0's parameters and buffers, so every rank
-   starts equal. c and m must outlive it. Host buffers (the CPU backend). *out is NULL on failure. */
+   starts equal. c and m must outlive it. desc NULL: the defaults. Host buffers (the CPU backend). *out is NULL
+   on failure. */
 dt_result dt_localsgd_create(dt_localsgd **out, dt_comm *c, dt_model *m, const dt_localsgd_desc *desc);
 void      dt_localsgd_destroy(dt_localsgd *d);                 /* NULL is allowed */
 /* Call after each optimizer step. Collective on the calls that average (every period-th since the last
@@ -157,7 +158,8 @@ typedef struct dt_ddp_stats {
 
 /* Collective. Wraps model m (finalized, the same architecture on every rank) for data-parallel training
    on communicator c: broadcasts rank 0's parameters and buffers so every rank starts equal, and plans the
-   buckets. Both c and m must outlive the dt_ddp. Host buffers (the CPU backend). *out is NULL on failure. */
+   buckets. Both c and m must outlive the dt_ddp. desc NULL: the defaults. Host buffers (the CPU backend). *out
+   is NULL on failure. */
 dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc);
 /* Stops the helper thread, removes the backward hook, frees what dt_ddp_create allocated. NULL is allowed. */
 void      dt_ddp_destroy(dt_ddp *d);
@@ -216,7 +218,8 @@ typedef struct dt_dpsgd_stats {
 
 /* Collective. Wraps model m (finalized, the same architecture on every rank) for D-PSGD on communicator c
    over topology t, which must have c's world size; broadcasts rank 0's parameters and buffers so the
-   replicas start equal. c, m and t must outlive the dt_dpsgd. Host buffers. *out is NULL on failure. */
+   replicas start equal. c, m and t must outlive the dt_dpsgd. desc NULL: the defaults. Host buffers. *out is
+   NULL on failure. */
 dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topology *t, const dt_dpsgd_desc *desc);
 /* Frees what dt_dpsgd_create allocated. NULL is allowed. */
 void      dt_dpsgd_destroy(dt_dpsgd *d);
@@ -261,23 +264,23 @@ typedef enum dt_fed_agg {
 const char *dt_fed_agg_name(dt_fed_agg k);   /* "mean", "median", "trimmed", "krum", "multikrum", "classmean" */
 dt_result   dt_fed_agg_parse(const char *s, dt_fed_agg *out);
 
-/* Aggregator settings; zero means the default. */
+/* Aggregator settings; zero means the default, except for f, where 0 is a request (DT_DEFAULT in base.h). */
 typedef struct dt_fed_agg_desc {
     float   trim;              /* TRIMMED: fraction cut at each end (default 0.1) */
-    int     f;                 /* KRUM, MULTIKRUM: Byzantine clients tolerated (default 1) */
+    int     f;                 /* KRUM, MULTIKRUM: Byzantine clients tolerated, >= 0 (0: none); DT_DEFAULT: 1 */
     int     m;                 /* MULTIKRUM: updates averaged (0 = n - f) */
     float   k;                 /* CLASSMEAN: outlier threshold in median distances (default 3) */
     int64_t cm_offset;         /* CLASSMEAN: the final linear weight [cm_rows classes, cm_cols] inside each */
     int64_t cm_rows, cm_cols;  /*   update (dt_fed fills these from the model) */
-    int    *kept;              /* out, may be NULL: [n], 1 for each client whose update entered the result
-                                  (all for MEAN, MEDIAN and TRIMMED) */
 } dt_fed_agg_desc;
 
-/* Aggregates n updates, each updates[i][0..len), into out[len] (out may not alias an update). weights [n]
-   (sample counts, > 0) are used by MEAN and CLASSMEAN; NULL means equal weights. Allocates scratch of
-   n * (n + len) doubles at most (Krum's distances, a column for the median). desc may be NULL. */
+/* Aggregates n updates, each updates[i][0..len), into out[len] (out may not alias an update); kept [n] (may
+   be NULL) receives 1 for each client whose update entered the result, 0 for the others (all 1 for MEAN,
+   MEDIAN and TRIMMED). weights [n] (sample counts, > 0) are used by MEAN and CLASSMEAN; NULL means equal
+   weights. Allocates scratch of n * (n + len) doubles at most (Krum's distances, a column for the median).
+   desc may be NULL. */
 dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
-                           float *out, const dt_fed_agg_desc *desc);
+                           float *out, int *kept, const dt_fed_agg_desc *desc);
 
 /* What a client does with its round, for studying attacks. */
 typedef enum dt_fed_behaviour {
@@ -289,7 +292,8 @@ typedef enum dt_fed_behaviour {
 
 #define DT_FED_MAX_CLASSES 256
 
-/* FedAvg settings; zero means the default. */
+/* FedAvg settings; zero means the default, except for noise_std and agg_desc.f, where 0 is a request and
+   DT_DEFAULT asks for the default. */
 typedef struct dt_fed_desc {
     int                clients;          /* N simulated clients (default: ranks - 1, or 1 on one rank) */
     float              frac;             /* C: fraction of the clients sampled each round (default 1; at least 1) */
@@ -301,14 +305,14 @@ typedef struct dt_fed_desc {
     float              prox_mu;          /* FedProx: mu (w - w_global) added to every local gradient (0 = off) */
     float              dropout_prob;     /* probability that a sampled client drops out of a round */
     dt_fed_agg         agg;
-    dt_fed_agg_desc    agg_desc;         /* kept is set by dt_fed; cm_* from the model when zero */
+    dt_fed_agg_desc    agg_desc;         /* cm_* from the model when zero */
     const dt_dataset  *data;             /* borrowed training set */
     const dt_partition *part;            /* borrowed: part k is client k's samples (parts == clients) */
     const dt_transform *transform;       /* copied; NULL = pixel / 255 */
     const int         *behaviour;        /* [clients] dt_fed_behaviour, copied; NULL = every client honest */
     int32_t            flip[DT_FED_MAX_CLASSES]; /* LABELFLIP: label y becomes flip[y]; all zeros = identity */
     int                flip_set;         /* 1: flip holds a map (else the identity) */
-    float              noise_std;        /* NOISE: default 1 */
+    float              noise_std;        /* NOISE: the noise's std, >= 0 (0: a zero update); DT_DEFAULT: 1 */
     uint64_t           seed;             /* client sampling, dropouts, loader shuffles, noise */
 } dt_fed_desc;
 
@@ -325,7 +329,8 @@ typedef struct dt_fed_round_info {
 /* Collective. Rank 0 is the server; client k trains on rank 1 + k mod (ranks - 1), or on rank 0 when there
    is one rank. m (finalized, the same architecture on every rank) is the server's global model on rank 0 and
    a rank's working copy elsewhere; rank 0's parameters are the initial global model. c, m, the dataset and
-   the partition must outlive the dt_fed. *out is NULL on failure. */
+   the partition must outlive the dt_fed. desc NULL is refused as a zeroed desc is (data and part have no
+   default). *out is NULL on failure. */
 dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc);
 void      dt_fed_destroy(dt_fed *f);
 /* Collective: one round. Every rank draws the same clients (seeded by (seed, round)) and the same dropouts,
@@ -632,6 +637,22 @@ dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_chec
 
 /* ---- shared by the trainers -------------------------------------------------------------------- */
 
+/* The checks every trainer's create and dt_hogwild_run (and Hogwild's pull and push) start with, so that they
+   refuse the same things alike: a NULL out, communicator (when the trainer has one: has_comm) or model is
+   DT_ERR_INVALID_ARG, a model that is not finalized DT_ERR_STATE. `model` names it in the message ("the
+   model", "the replica"). A NULL desc is no error: every create reads it as a zeroed desc. */
+static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, const dt_comm *c, const dt_model *m,
+                                   const char *model) {
+    char at[32] = "";   /* "rank 3: " */
+    if (has_comm && c) snprintf(at, sizeof at, "rank %d: ", dt_comm_rank(c));
+    if (!has_out) return dt_set_error(DT_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    if (has_comm && !c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
+    if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: %s%s is NULL", fn, at, model);
+    if (!m->finalized)
+        return dt_set_error(DT_ERR_STATE, "%s: %s%s is not finalized: call dt_model_finalize after building it", fn, at, model);
+    return DT_OK;
+}
+
 /* Collective, for every trainer's create: checks that all ranks built a model of the same size (one
    all-reduce of {n, -n} with MAX: both come back unchanged only when every n is equal), then, with
    broadcast set, gives every rank rank 0's parameters and buffers so the replicas start equal. */
@@ -665,15 +686,11 @@ dt_result dt_localsgd_create(dt_localsgd **out, dt_comm *c, dt_model *m, const d
     dt_localsgd_desc dd;
     dt_localsgd *d;
     dt_result r;
-    int me = c ? c->rank : -1;
-    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: out is NULL");
-    *out = NULL;
+    int me = dt_comm_rank(c);
+    if (out) *out = NULL;
+    if ((r = dt__trainer_check("dt_localsgd_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
     memset(&dd, 0, sizeof dd);
     if (desc) dd = *desc;
-    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: the communicator is NULL");
-    if (!m || !m->finalized)
-        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_localsgd_create: rank %d: the model is %s", me,
-                            m ? "not finalized: call dt_model_finalize first" : "NULL");
     if (dd.period < 0 || dd.algo < 0 || dd.algo >= DT_ALGO_COUNT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: rank %d: bad desc (period %d, algo %d): period is >= 0 "
                             "(0 = only at dt_localsgd_average), algo a dt_algo", me, dd.period, (int)dd.algo);
@@ -747,10 +764,9 @@ dt_result dt_hogwild_run(dt_model *shared, int threads, dt_hogwild_fn fn, void *
     dt__hogwild_ctx *x;
     dt_result r = DT_OK;
     int i, started = 0, omp_caller = dt_cpu_threads();
-    if (!shared || !shared->finalized || !fn || threads < 1)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_hogwild_run: %s", !shared ? "the shared model is NULL" :
-                            !shared->finalized ? "the shared model is not finalized: call dt_model_finalize first" :
-                            !fn ? "the worker function is NULL" : "threads must be >= 1");
+    if ((r = dt__trainer_check("dt_hogwild_run", 1, 0, NULL, shared, "the shared model")) != DT_OK) return r;
+    if (!fn || threads < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_hogwild_run: %s", !fn ? "the worker function is NULL" : "threads must be >= 1");
     if (threads == 1) {
         dt_hogwild_worker w;
         w.index = 0; w.threads = 1; w.shared = shared;
@@ -779,8 +795,9 @@ dt_result dt_hogwild_run(dt_model *shared, int threads, dt_hogwild_fn fn, void *
 }
 
 static dt_result dt__hogwild_check(dt_model *shared, dt_model *replica, const char *what) {
-    if (!shared || !replica || !shared->finalized || !replica->finalized)
-        return dt_set_error(DT_ERR_INVALID_ARG, "%s: the shared model and the replica must be finalized models", what);
+    dt_result r;
+    if ((r = dt__trainer_check(what, 1, 0, NULL, shared, "the shared model")) != DT_OK ||
+        (r = dt__trainer_check(what, 1, 0, NULL, replica, "the replica")) != DT_OK) return r;
     if (shared->nparams != replica->nparams)
         return dt_set_error(DT_ERR_MISMATCH, "%s: the replica has %lld parameters but the shared model %lld: build the "
                             "replica with the same architecture", what, (long long)replica->nparams, (long long)shared->nparams);
@@ -1011,15 +1028,11 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
     dt_ddp_desc dd;
     dt_ddp *d;
     dt_result r;
-    int me = c ? c->rank : -1;
-    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: out is NULL");
-    *out = NULL;
+    int me = dt_comm_rank(c);
+    if (out) *out = NULL;
+    if ((r = dt__trainer_check("dt_ddp_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
     memset(&dd, 0, sizeof dd);
     if (desc) dd = *desc;
-    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: the communicator is NULL");
-    if (!m || !m->finalized)
-        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: the model is %s", me,
-                            m ? "not finalized: call dt_model_finalize first" : "NULL");
     if (dd.method < 0 || dd.method >= DT_DDP_METHOD_COUNT || dd.algo < 0 || dd.algo >= DT_ALGO_COUNT || dd.bucket_bytes < 0)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: bad desc (method %d, algo %d, bucket_bytes %lld): "
                             "method is a dt_ddp_method, algo a dt_algo, bucket_bytes >= 0", me, (int)dd.method,
@@ -1285,15 +1298,11 @@ dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topo
     dt_dpsgd *d;
     dt_result r;
     int64_t big;
-    int me = c ? c->rank : -1, q;
-    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: out is NULL");
-    *out = NULL;
+    int me = dt_comm_rank(c), q;
+    if (out) *out = NULL;
+    if ((r = dt__trainer_check("dt_dpsgd_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
     memset(&dd, 0, sizeof dd);
     if (desc) dd = *desc;
-    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: the communicator is NULL");
-    if (!m || !m->finalized)
-        return dt_set_error(m ? DT_ERR_STATE : DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the model is %s", me,
-                            m ? "not finalized: call dt_model_finalize first" : "NULL");
     if (!t || !t->weights || !t->offsets)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology is %s: build it with dt_topology_create", me,
                             t ? "empty" : "NULL");
@@ -1531,8 +1540,11 @@ static void dt__fed_classmean(const float *const *u, int n, const dt_fed_agg_des
     }
 }
 
+/* Krum's f: 0 is a request (no Byzantine client), DT_DEFAULT the default, 1. */
+static int dt__fed_krum_f(const dt_fed_agg_desc *a) { return a->f == DT_DEFAULT ? 1 : a->f; }
+
 dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
-                           float *out, const dt_fed_agg_desc *desc) {
+                           float *out, int *kept_out, const dt_fed_agg_desc *desc) {
     dt_fed_agg_desc a;
     double *scratch = NULL;
     int *order = NULL, *kept = NULL, i, t = 0;
@@ -1540,7 +1552,7 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
     memset(&a, 0, sizeof a);
     if (desc) a = *desc;
     if (!a.trim) a.trim = 0.1f;
-    if (!a.f) a.f = 1;
+    a.f = dt__fed_krum_f(&a);
     if (!a.k) a.k = 3.0f;
     if (!updates || !out || n < 1 || len < 0 || kind < 0 || kind >= DT_FED_AGG_COUNT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: bad arguments (updates %p, out %p, n %d, len %lld, "
@@ -1558,7 +1570,10 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
             return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: trimmed mean of %d clients with trim %g cuts %d at each "
                                 "end, leaving none: need 2 * floor(trim * n) < n", n, (double)a.trim, t);
     }
-    if ((kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) && (a.f < 0 || n < 2 * a.f + 3))
+    if ((kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) && a.f < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: %s with f = %d: f is the number of Byzantine clients "
+                            "to tolerate, >= 0 (DT_DEFAULT for the default, 1)", dt_fed_agg_name(kind), a.f);
+    if ((kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) && n < 2 * a.f + 3)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: %s with f = %d Byzantine clients needs n >= 2f + 3 = %d clients, "
                             "got %d: sample more clients or lower f", dt_fed_agg_name(kind), a.f, 2 * a.f + 3, n);
     if (kind == DT_FED_MULTIKRUM && (a.m < 0 || a.m > n))
@@ -1591,7 +1606,7 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
         dt__fed_mean(updates, weights, kept, n, len, out);
         break;
     }
-    if (a.kept) for (i = 0; i < n; i++) a.kept[i] = kept[i];
+    if (kept_out) for (i = 0; i < n; i++) kept_out[i] = kept[i];
 done:
     DT_FREE(scratch);
     DT_FREE(order);
@@ -1600,7 +1615,7 @@ done:
 
 /* The fewest updates the aggregator accepts (Krum's 2f + 3, the class-mean check's 3). */
 static int dt__fed_min_clients(dt_fed_agg kind, const dt_fed_agg_desc *a) {
-    if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * (a->f ? a->f : 1) + 3;
+    if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * dt__fed_krum_f(a) + 3;
     if (kind == DT_FED_CLASSMEAN) return 3;
     if (kind == DT_FED_TRIMMED) { int n = 1; while (2 * (int)floor((double)(a->trim ? a->trim : 0.1f) * n) >= n && n < 1000) n++; return n; }
     return 1;
@@ -1674,20 +1689,22 @@ void dt_fed_destroy(dt_fed *f) {
 dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc) {
     dt_fed *f;
     dt_fed_desc d;
-    int me = c ? c->rank : -1, i, nc;
+    int me = dt_comm_rank(c), i, nc;
     size_t n;
     dt_result r;
-    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: out is NULL");
-    *out = NULL;
-    if (!c || !m || !m->finalized || !desc || !desc->data || !desc->part)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: needs a communicator, a finalized model, a desc, "
-                            "its dataset and its partition", me);
-    d = *desc;
+    if (out) *out = NULL;
+    if ((r = dt__trainer_check("dt_fed_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (!d.data || !d.part)   /* the two fields without a default */
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: desc%s is NULL: FedAvg needs the training set "
+                            "(desc.data) and its partition into the clients' data (desc.part)", me,
+                            !desc ? "" : !d.data ? ".data" : ".part");
     if (!d.clients) d.clients = c->size > 1 ? c->size - 1 : 1;
     if (!d.frac) d.frac = 1.0f;
     if (!d.local_epochs) d.local_epochs = 1;
     if (!d.batch) d.batch = 10;
-    if (!d.noise_std) d.noise_std = 1.0f;
+    if (d.noise_std == DT_DEFAULT) d.noise_std = 1.0f;   /* 0 is a request: a noise attacker that sends zeros */
     if (!d.agg_desc.cm_rows) {   /* the class-mean check reads the last linear layer's weight */
         for (i = dt_model_param_tensors(m) - 1; i >= 0; i--) {
             dt_param_info pi = dt_model_param_info(m, i);
@@ -1698,6 +1715,12 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
         }
     }
     nc = d.clients;
+    if (!(d.noise_std >= 0.0f && d.noise_std < INFINITY))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: noise_std is %g: the noise attack's std is a finite "
+                            "number >= 0 (DT_DEFAULT for the default, 1)", me, (double)d.noise_std);
+    if ((d.agg == DT_FED_KRUM || d.agg == DT_FED_MULTIKRUM) && d.agg_desc.f < 0 && d.agg_desc.f != DT_DEFAULT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: agg_desc.f is %d: Krum's f is the number of Byzantine "
+                            "clients to tolerate, >= 0 (DT_DEFAULT for the default, 1)", me, d.agg_desc.f);
     if (nc < 1 || d.part->parts != nc || !(d.frac > 0.0f && d.frac <= 1.0f) || d.local_epochs < 1 || d.batch < 1 ||
         d.prox_mu < 0.0f || !(d.dropout_prob >= 0.0f && d.dropout_prob < 1.0f) || d.agg < 0 || d.agg >= DT_FED_AGG_COUNT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: bad desc (clients %d, partition of %d parts, frac %g, "
@@ -1708,7 +1731,6 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     memset(f, 0, sizeof *f);
     f->comm = c; f->model = m; f->desc = d; f->n = m->nparams;
     f->desc.behaviour = NULL;
-    f->desc.agg_desc.kept = NULL;
     f->nsel = (int)floor((double)d.frac * (double)nc + 0.5);
     if (f->nsel < 1) f->nsel = 1;
     if (f->nsel > nc) f->nsel = nc;
@@ -1742,7 +1764,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
                             "lower --frac)", me, f->nsel, (long long)f->n);
     }
     for (i = 0; i < nc; i++) {
-        f->behaviour[i] = desc->behaviour ? desc->behaviour[i] : DT_FED_HONEST;
+        f->behaviour[i] = d.behaviour ? d.behaviour[i] : DT_FED_HONEST;
         f->last_kept[i] = 0;
     }
     if ((r = dt__same_model(c, m, "dt_fed_create", 0)) != DT_OK) { dt_fed_destroy(f); return r; }
@@ -1781,10 +1803,9 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
         const float *x;
         const int32_t *y;
         int64_t nb;
-        int got;
         float loss = 0.0f;
         if ((r = dt_loader_start_epoch(l, round * d->local_epochs + e)) != DT_OK) break;
-        while (r == DT_OK && (got = dt_loader_next(l, &x, &y, &nb)) == 1) {
+        while ((r = dt_loader_next(l, &x, &y, &nb)) == DT_OK && nb > 0) {
             if (flip) {
                 for (j = 0; j < nb; j++)
                     f->ybuf[j] = y[j] >= 0 && y[j] < DT_FED_MAX_CLASSES ? d->flip[y[j]] : y[j];
@@ -1798,7 +1819,6 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
             if ((r = dt_optim_step(o)) != DT_OK) break;
             st[1] += (double)loss * (double)nb;
         }
-        if (r == DT_OK && got < 0) r = DT_ERR_STATE;
     }
     if (r != DT_OK) goto done;
     if (f->behaviour[k] == DT_FED_NOISE) {
@@ -1885,13 +1905,11 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
                    (long long)round, nagg, dt_fed_agg_name(f->desc.agg));
         return DT_OK;
     }
-    f->desc.agg_desc.kept = f->kept;
     dt_trace_begin("aggregate", "optim");
     dt__trace_arg("clients", NULL, nagg);
     dt__trace_arg("aggregator", dt_fed_agg_name(f->desc.agg), 0);
-    r = dt_fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->n, f->delta, &f->desc.agg_desc);
+    r = dt_fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->n, f->delta, f->kept, &f->desc.agg_desc);
     dt_trace_end();
-    f->desc.agg_desc.kept = NULL;
     if (r != DT_OK) return r;
     for (i = 0; i < f->n; i++) w[i] = f->global[i] + f->delta[i];
     for (i = 0; i < nagg; i++) {

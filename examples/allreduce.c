@@ -12,12 +12,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#define EX_PROG "allreduce"
+#include "common.h"
 
 typedef struct opts { long count, iters; char algos[128]; } opts;
 
 static void usage(FILE *f) {
     fprintf(f, "usage: allreduce [--ranks N] [--count N] [--iters N] [--algos naive,ring,tree,native]\n"
                "                 [--link-latency S] [--link-bandwidth B] [--timeout S] [--log-all-ranks]\n");
+}
+
+static int parse_args(int argc, char **argv, void *arg) {
+    opts *o = (opts *)arg;
+    int i;
+    o->count = 1000000;
+    o->iters = 10;
+    snprintf(o->algos, sizeof o->algos, "naive,ring,tree,native");
+    for (i = 1; i < argc; i++) {
+        char *end = NULL;
+        if (strcmp(argv[i], "--count") == 0 && i + 1 < argc) o->count = strtol(argv[++i], &end, 10);
+        else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) o->iters = strtol(argv[++i], &end, 10);
+        else if (strcmp(argv[i], "--algos") == 0 && i + 1 < argc) snprintf(o->algos, sizeof o->algos, "%s", argv[++i]);
+        else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { usage(stdout); exit(0); }
+        else { fprintf(stderr, "allreduce: unknown argument '%s'\n", argv[i]); usage(stderr); return -1; }
+        if (end && (*end || o->count < 0 || o->iters < 1)) {
+            fprintf(stderr, "allreduce: '%s' is not a valid value for %s (count >= 0, iters >= 1)\n", argv[i], argv[i - 1]);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static dt_result run_algo(dt_comm *c, const opts *o, dt_algo a, float *x) {
@@ -78,27 +101,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     return r;
 }
 
+static const ex_example EXAMPLE = {usage, parse_args, NULL, rank_main};
+
 int main(int argc, char **argv) {
-    dt_launch_desc ld;
-    opts o;
-    int i;
-    memset(&ld, 0, sizeof ld);
-    o.count = 1000000;
-    o.iters = 10;
-    snprintf(o.algos, sizeof o.algos, "naive,ring,tree,native");
-    ld.ranks = 4;
-    if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "allreduce: %s\n", dt_last_error()); usage(stderr); return 2; }
-    for (i = 1; i < argc; i++) {
-        char *end = NULL;
-        if (strcmp(argv[i], "--count") == 0 && i + 1 < argc) o.count = strtol(argv[++i], &end, 10);
-        else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) o.iters = strtol(argv[++i], &end, 10);
-        else if (strcmp(argv[i], "--algos") == 0 && i + 1 < argc) snprintf(o.algos, sizeof o.algos, "%s", argv[++i]);
-        else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { usage(stdout); return 0; }
-        else { fprintf(stderr, "allreduce: unknown argument '%s'\n", argv[i]); usage(stderr); return 2; }
-        if (end && (*end || o.count < 0 || o.iters < 1)) {
-            fprintf(stderr, "allreduce: '%s' is not a valid value for %s (count >= 0, iters >= 1)\n", argv[i], argv[i - 1]);
-            return 2;
-        }
-    }
-    return dt_launch(&ld, rank_main, &o) == DT_OK ? 0 : 1;
+    static opts o;   /* parse_args sets the defaults */
+    return ex_main(argc, argv, &EXAMPLE, &o, NULL);   /* no data to load */
 }

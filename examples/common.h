@@ -1,8 +1,9 @@
-/* common.h - what the training examples share: their data flags, the datasets with their usual transforms,
-   and the end of an epoch (the loss and traffic over the ranks, the test set on rank 0). What an example
-   teaches stays in the example. Define EX_PROG (the program's name, for messages) before including it,
-   after dtrain.h. The functions are static inline, so an example that uses only some of them compiles
-   without warnings. */
+/* common.h - what the examples share: their main() (ex_main: the launcher's flags, the example's own, the
+   data, dt_launch), their data flags, the datasets with their usual transforms, the end of an epoch (the
+   loss and traffic over the ranks, the test set on rank 0) and rank 0's report of it (ex_report: the log line
+   and the CSV row). What an example teaches stays in the example: its rank_main. Define EX_PROG (the
+   program's name, for messages) before including it, after dtrain.h. The functions are static inline, so an
+   example that uses only some of them compiles without warnings. */
 #ifndef EX_COMMON_H
 #define EX_COMMON_H
 #include <stdarg.h>
@@ -129,6 +130,56 @@ static inline dt_result ex_epoch_end(dt_comm *c, double sums[2], double *mb, dt_
     return dt_comm_rank(c) == 0 ? dt_evaluate(m, &d->test, NULL, 0, &d->te, 1000, topk, ev) : DT_OK;
 }
 
+/* One column of what rank 0 reports after an epoch: its CSV name and format, and its text in the log line, a
+   printf format of one double that is given the value times scale (100 shows a fraction as a percentage). */
+typedef struct ex_col { const char *name, *csv, *log; double scale; } ex_col;
+/* The number of elements of an array. */
+#define EX_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+/* The columns most examples report. */
+#define EX_COL_TIME       {"time_s", "%.3f", "%7.2fs", 1}
+#define EX_COL_TRAIN_LOSS {"train_loss", "%.6f", "train loss %.4f", 1}
+#define EX_COL_TEST_LOSS  {"test_loss", "%.6f", "test loss %.4f", 1}
+#define EX_COL_TEST_ACC   {"test_acc", "%.6f", "test acc %6.2f%%", 100}
+#define EX_COL_TOP5       {"test_top5", "%.6f", "top-5 %6.2f%%", 100}
+#define EX_COL_IMG_PER_S  {"img_per_s", "%.1f", "%.0f img/s", 1}
+#define EX_COL_BUSIEST_MB {"busiest_rank_mb", "%.3f", "%.1f MB sent by the busiest rank", 1}
+
+/* Opens path for rank 0's report and writes the CSV header, "epoch" and the n columns' names; append (a
+   resumed run) adds to the file, without a header. Without a path *csv is NULL. */
+static inline dt_result ex_report_open(FILE **csv, const char *path, const ex_col *cols, int n, int append) {
+    int i;
+    *csv = NULL;
+    if (!path) return DT_OK;
+    if (!(*csv = fopen(path, append ? "a" : "w"))) return dt_set_error(DT_ERR_IO, "cannot write %s", path);
+    if (append) return DT_OK;
+    fputs("epoch", *csv);
+    for (i = 0; i < n; i++) fprintf(*csv, ",%s", cols[i].name);
+    fputc('\n', *csv);
+    return DT_OK;
+}
+
+/* Rank 0's report of epoch `epoch` (1-based) of `epochs`: on stdout the line "epoch   E/N" and each column's
+   text, two spaces apart; in csv (if any) the row "E" and each value, comma-separated. v [n] holds the values in
+   the columns' order. Both are flushed: a stopped run keeps the epochs it reported. */
+static inline void ex_report(FILE *csv, int64_t epoch, long epochs, const ex_col *cols, const double *v, int n) {
+    int i;
+    printf("epoch %3lld/%ld", (long long)epoch, epochs);
+    for (i = 0; i < n; i++) {
+        printf("  ");
+        printf(cols[i].log, v[i] * cols[i].scale);
+    }
+    printf("\n");
+    fflush(stdout);
+    if (!csv) return;
+    fprintf(csv, "%lld", (long long)epoch);
+    for (i = 0; i < n; i++) {
+        fputc(',', csv);
+        fprintf(csv, cols[i].csv, v[i]);
+    }
+    fputc('\n', csv);
+    fflush(csv);
+}
+
 /* Opens path for the CSV rows and writes their header (with its newline); without a path *csv is NULL. */
 static inline dt_result ex_csv_open(FILE **csv, const char *path, const char *header) {
     *csv = NULL;
@@ -152,6 +203,37 @@ static inline void ex_csv_row(FILE *csv, const char *fmt, ...) {
     vfprintf(csv, fmt, ap);
     va_end(ap);
     fflush(csv);
+}
+
+/* What ex_main needs of an example: its usage text, its own flags, an optional step after the data is loaded,
+   and the work of one rank. */
+typedef struct ex_example {
+    void      (*usage)(FILE *f);
+    int       (*parse)(int argc, char **argv, void *args);   /* the example's flags: 0, or -1 after saying why */
+    int       (*prepare)(void *args);                        /* NULL, or after loading: 0, or the exit status */
+    dt_result (*rank_main)(dt_comm *c, void *args);          /* one rank's work, run by dt_launch */
+} ex_example;
+
+/* The main() of an example that runs on ranks: takes the launcher's flags out of argv (--ranks N, default 4,
+   --timeout, --link-latency, ...), then ex->parse reads the rest into args; data (NULL: the example reads
+   none) is loaded, ex->prepare runs, and dt_launch runs ex->rank_main(c, args) on every rank. Returns the exit
+   status: 2 for a bad flag, 1 when the data cannot be loaded or a rank failed (dt_launch has logged it), 0. */
+static inline int ex_main(int argc, char **argv, const ex_example *ex, void *args, ex_data *data) {
+    dt_launch_desc ld;
+    int rc;
+    memset(&ld, 0, sizeof ld);
+    ld.ranks = 4;
+    if (dt_launch_parse(&argc, argv, &ld) != DT_OK) {
+        fprintf(stderr, "%s: %s\n", EX_PROG, dt_last_error());
+        ex->usage(stderr);
+        return 2;
+    }
+    if (ex->parse(argc, argv, args)) return 2;
+    if (data && (rc = ex_load(data)) != 0) return rc;
+    rc = ex->prepare ? ex->prepare(args) : 0;
+    if (rc == 0) rc = dt_launch(&ld, ex->rank_main, args) == DT_OK ? 0 : 1;   /* 1 when a rank failed */
+    if (data) ex_free(data);
+    return rc;
 }
 
 #endif

@@ -40,7 +40,8 @@ static void usage(FILE *f) {
                "           [--no-overlap] [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
 }
 
-static int parse_args(int argc, char **argv, args *a) {
+static int parse_args(int argc, char **argv, void *arg) {
+    args *a = (args *)arg;
     int i;
     a->model = "simplecnn"; a->data.dataset = "fashion-mnist";
     a->epochs = 1; a->batch = 128; a->lr = 0.01; a->momentum = 0.5; a->accum = 1;
@@ -72,6 +73,10 @@ static int parse_args(int argc, char **argv, args *a) {
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
 
+/* What rank 0 reports after each epoch, in the log and in the CSV file. */
+static const ex_col COLS[] = {EX_COL_TIME, EX_COL_TRAIN_LOSS, EX_COL_TEST_LOSS, EX_COL_TEST_ACC, EX_COL_TOP5, EX_COL_IMG_PER_S,
+                              {"comm_s", "%.3f", "comm %.2fs", 1}, EX_COL_BUSIEST_MB};
+
 /* One rank: its replica, optimizer, loader and DDP; the loop is the one-process loop of train.c with
    dt_ddp_backward in place of dt_model_backward and dt_ddp_join at the end of each epoch. */
 static dt_result rank_main(dt_comm *c, void *arg) {
@@ -102,7 +107,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
     if (me == 0) {
-        TRY(ex_csv_open(&csv, a->csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s,comm_s,busiest_rank_mb\n"));
+        TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), 0));
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g, batch %ld = %d ranks x %lld%s\n"
                "%s backend, sync %s", a->model, a->data.dataset, (long long)a->data.ntrain, (long long)a->data.test.count,
                (long long)dt_model_param_count(m), a->lr, a->batch, p, (long long)per_rank,
@@ -126,13 +131,13 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_comm_stats cs0 = dt_comm_get_stats(c);
         dt_eval_result ev;
         dt_progress bar;
-        int got;
+        dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         dt_model_train(m, 1);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
         TRY(dt_loader_set_indices(loader, ids, nshare));
         TRY(dt_loader_start_epoch(loader, epoch));
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
-        while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+        while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             int last = ++k == dt_loader_batches(loader);
             TRY(dt_model_forward(m, x, n));
             TRY(dt_model_loss_labels(m, y, &loss));
@@ -146,7 +151,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             sums[1] += (double)n;
             dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
         }
-        if (got < 0) { r = DT_ERR_STATE; goto done; }
+        TRY(got);                          /* the error that stopped the loader, if one did */
         TRY(dt_ddp_join(d, o));            /* ranks with fewer batches shadow the others' last steps */
         TRY(dt_ddp_sync_buffers(d));       /* BatchNorm statistics, if the model has any */
         dt_progress_end(&bar);
@@ -155,12 +160,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         TRY(ex_epoch_end(c, sums, &mb, m, &a->data, 5, &ev));   /* the mean loss over every sample, the test set on rank 0 */
         if (me == 0) {
             double comm = dt_ddp_get_stats(d).comm_seconds - st0.comm_seconds;
-            printf("epoch %3lld/%ld  %7.2fs  train loss %.4f  test loss %.4f  test acc %6.2f%%  top-5 %6.2f%%  %.0f img/s  "
-                   "comm %.2fs  %.1f MB sent by the busiest rank\n", (long long)epoch + 1, a->epochs, secs, sums[0] / sums[1],
-                   ev.loss, 100.0 * ev.top1, 100.0 * ev.topk, sums[1] / secs, comm, mb);
-            fflush(stdout);
-            ex_csv_row(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.3f\n", (long long)epoch + 1, secs, sums[0] / sums[1],
-                       ev.loss, ev.top1, ev.topk, sums[1] / secs, comm, mb);
+            double v[] = {secs, sums[0] / sums[1], ev.loss, ev.top1, ev.topk, sums[1] / secs, comm, mb};   /* COLS' order */
+            ex_report(csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS));
         }
     }
 done:
@@ -173,16 +174,9 @@ done:
     return r;
 }
 
+static const ex_example EXAMPLE = {usage, parse_args, NULL, rank_main};
+
 int main(int argc, char **argv) {
     static args a;   /* zeroed; parse_args sets the defaults */
-    dt_launch_desc ld;
-    int rc;
-    memset(&ld, 0, sizeof ld);
-    ld.ranks = 4;
-    if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); usage(stderr); return 2; }
-    if (parse_args(argc, argv, &a)) return 2;
-    if ((rc = ex_load(&a.data)) != 0) return rc;
-    rc = dt_launch(&ld, rank_main, &a) == DT_OK ? 0 : 1;
-    ex_free(&a.data);
-    return rc;
+    return ex_main(argc, argv, &EXAMPLE, &a, &a.data);
 }

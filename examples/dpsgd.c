@@ -60,7 +60,8 @@ static int parse_milestones(const char *v, dt_sched_desc *s) {
     return 0;
 }
 
-static int parse_args(int argc, char **argv, args *a) {
+static int parse_args(int argc, char **argv, void *arg) {
+    args *a = (args *)arg;
     int i, k;
     a->model = "resnet20";
     a->epochs = 1; a->batch = 32; a->lr = 0.1; a->momentum = 0.9; a->wd = 1e-4;
@@ -115,7 +116,24 @@ static dt_result pad_dataset(dt_dataset *ds, int64_t pad) {
     return DT_OK;
 }
 
+/* After loading: Fashion-MNIST zero-padded to 32x32 unless --no-pad, and --limit applied to the test set too. */
+static int prepare(void *arg) {
+    args *a = (args *)arg;
+    if (!a->no_pad && a->data.train.h < 32 &&
+        (pad_dataset(&a->data.train, (32 - a->data.train.h) / 2) != DT_OK || pad_dataset(&a->data.test, (32 - a->data.test.h) / 2) != DT_OK)) {
+        fprintf(stderr, "dpsgd: %s\n", dt_last_error());
+        return 1;
+    }
+    if (a->data.limit && a->data.limit < a->data.test.count) a->data.test.count = a->data.limit;   /* --limit: of the test set too */
+    return 0;
+}
+
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
+
+/* What rank 0 reports after each epoch, in the log and in the CSV file. */
+static const ex_col COLS[] = {EX_COL_TIME, {"lr", "%.6g", "lr %.4g", 1}, EX_COL_TRAIN_LOSS,
+                              {"test_loss", "%.6f", "averaged model: test loss %.4f", 1}, EX_COL_TEST_ACC,
+                              {"consensus", "%.6g", "consensus %.4g", 1}, EX_COL_BUSIEST_MB};
 
 /* One rank: its replica, optimizer, loader and D-PSGD; the loop is the one-process loop of train.c with
    dt_dpsgd_step in place of dt_optim_step. */
@@ -150,7 +168,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
     if (me == 0) {
-        TRY(ex_csv_open(&csv, a->csv, "epoch,time_s,lr,train_loss,test_loss,test_acc,consensus,busiest_rank_mb\n"));
+        TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), 0));
         printf("%s on %s (%lldx%lld): %lld training and %lld test samples, %lld parameters, sgd lr %g momentum %g wd %g, "
                "batch %ld per rank\nD-PSGD (%s) on %d ranks, %s topology (%s mixing, spectral gap %.4f), %s backend\n",
                a->model, a->data.dataset, (long long)a->data.train.h, (long long)a->data.train.w, (long long)a->data.ntrain,
@@ -169,7 +187,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         uint64_t sent0 = dt_dpsgd_get_stats(d).bytes_sent;
         dt_result e;
         dt_progress bar;
-        int got;
+        dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         dt_optim_set_lr(o, lr);
         dt_model_train(m, 1);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
@@ -177,7 +195,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         TRY(dt_loader_start_epoch(loader, epoch));
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
         /* every rank has the same number of batches (the sampler pads), so the gossip steps pair up */
-        while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+        while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             TRY(dt_model_forward(m, x, n));
             TRY(dt_model_loss_labels(m, y, &loss));
             TRY(dt_model_backward(m, NULL));
@@ -187,7 +205,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             sums[1] += (double)n;
             dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
         }
-        if (got < 0) { r = DT_ERR_STATE; goto done; }
+        TRY(got);                          /* the error that stopped the loader, if one did */
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
         mb = (double)(dt_dpsgd_get_stats(d).bytes_sent - sent0) / 1e6;   /* this rank's gossip traffic */
@@ -197,12 +215,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         TRY(dt_dpsgd_use_average(d, 0));     /* each rank's own replica again */
         TRY(e);
         if (me == 0) {
-            printf("epoch %3lld/%ld  %7.2fs  lr %.4g  train loss %.4f  averaged model: test loss %.4f  test acc %6.2f%%  "
-                   "consensus %.4g  %.1f MB sent by the busiest rank\n", (long long)epoch + 1, a->epochs, secs, (double)lr,
-                   sums[0] / sums[1], ev.loss, 100.0 * ev.top1, dist, mb);
-            fflush(stdout);
-            ex_csv_row(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6g,%.3f\n", (long long)epoch + 1, secs, (double)lr, sums[0] / sums[1],
-                       ev.loss, ev.top1, dist, mb);
+            double v[] = {secs, (double)lr, sums[0] / sums[1], ev.loss, ev.top1, dist, mb};   /* COLS' order */
+            ex_report(csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS));
         }
     }
     /* the end: every replica becomes the average, which is the trained model */
@@ -222,23 +236,9 @@ done:
     return r;
 }
 
+static const ex_example EXAMPLE = {usage, parse_args, prepare, rank_main};
+
 int main(int argc, char **argv) {
     static args a;   /* zeroed; parse_args sets the defaults */
-    dt_launch_desc ld;
-    int rc;
-    memset(&ld, 0, sizeof ld);
-    ld.ranks = 4;
-    if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "dpsgd: %s\n", dt_last_error()); usage(stderr); return 2; }
-    if (parse_args(argc, argv, &a)) return 2;
-    if ((rc = ex_load(&a.data)) != 0) return rc;
-    if (!a.no_pad && a.data.train.h < 32 &&
-        (pad_dataset(&a.data.train, (32 - a.data.train.h) / 2) != DT_OK || pad_dataset(&a.data.test, (32 - a.data.test.h) / 2) != DT_OK)) {
-        fprintf(stderr, "dpsgd: %s\n", dt_last_error());
-        ex_free(&a.data);
-        return 1;
-    }
-    if (a.data.limit && a.data.limit < a.data.test.count) a.data.test.count = a.data.limit;   /* --limit: of the test set too */
-    rc = dt_launch(&ld, rank_main, &a) == DT_OK ? 0 : 1;
-    ex_free(&a.data);
-    return rc;
+    return ex_main(argc, argv, &EXAMPLE, &a, &a.data);
 }

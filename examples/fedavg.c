@@ -44,11 +44,12 @@ static void usage(FILE *f) {
                "              [--seed N] [--limit N] [--csv PATH]\n");
 }
 
-static int parse_args(int argc, char **argv, args *a) {
+static int parse_args(int argc, char **argv, void *arg) {
+    args *a = (args *)arg;
     int i, k;
     a->model = "fedavg_2nn"; a->data.dataset = "fashion-mnist"; a->partition = "iid"; a->attack = "none";
     a->clients = 10; a->rounds = 10; a->frac = 1.0; a->local_epochs = 1; a->batch = 10; a->lr = 0.05;
-    a->alpha = 0.5; a->class_acc = -1;
+    a->alpha = 0.5; a->class_acc = -1; a->krum_f = 1; a->noise_std = 1.0;   /* the library's defaults; 0 means 0 */
     for (k = 0; k < DT_FED_MAX_CLASSES; k++) a->flip[k] = k;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -101,6 +102,14 @@ static int parse_args(int argc, char **argv, args *a) {
     if (!(a->alpha > 0.0)) { fprintf(stderr, "fedavg: --alpha must be > 0 (0.1 = strong label skew, 100 = near IID)\n"); return -1; }
     if (a->attackers > a->clients) { fprintf(stderr, "fedavg: --attackers %ld > --clients %ld\n", a->attackers, a->clients); return -1; }
     return 0;
+}
+
+/* After loading: --class-acc must name a class of the dataset. */
+static int prepare(void *arg) {
+    args *a = (args *)arg;
+    if (a->class_acc < a->data.test.num_classes) return 0;
+    fprintf(stderr, "fedavg: --class-acc %ld: %s has classes 0..%lld\n", a->class_acc, a->data.dataset, (long long)a->data.test.num_classes - 1);
+    return 2;
 }
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
@@ -237,19 +246,9 @@ done:
     return r;
 }
 
+static const ex_example EXAMPLE = {usage, parse_args, prepare, rank_main};
+
 int main(int argc, char **argv) {
     static args a;   /* zeroed; parse_args sets the defaults */
-    dt_launch_desc ld;
-    int rc;
-    memset(&ld, 0, sizeof ld);
-    ld.ranks = 4;
-    if (dt_launch_parse(&argc, argv, &ld) != DT_OK) { fprintf(stderr, "fedavg: %s\n", dt_last_error()); usage(stderr); return 2; }
-    if (parse_args(argc, argv, &a)) return 2;
-    if ((rc = ex_load(&a.data)) != 0) return rc;
-    if (a.class_acc >= a.data.test.num_classes) {
-        fprintf(stderr, "fedavg: --class-acc %ld: %s has classes 0..%lld\n", a.class_acc, a.data.dataset, (long long)a.data.test.num_classes - 1);
-        rc = 2;
-    } else rc = dt_launch(&ld, rank_main, &a) == DT_OK ? 0 : 1;
-    ex_free(&a.data);
-    return rc;
+    return ex_main(argc, argv, &EXAMPLE, &a, &a.data);
 }

@@ -65,6 +65,9 @@ static int parse_args(int argc, char **argv, args *a) {
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
 
+/* What main reports after each epoch, in the log and in the CSV file. */
+static const ex_col COLS[] = {EX_COL_TIME, EX_COL_TRAIN_LOSS, EX_COL_TEST_LOSS, EX_COL_TEST_ACC, EX_COL_TOP5, EX_COL_IMG_PER_S};
+
 /* One worker, one epoch on its shard: pull, forward, backward, push, with no lock anywhere. */
 static dt_result worker(dt_hogwild_worker *w, void *arg) {
     args *a = (args *)arg;
@@ -76,7 +79,7 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {
     const int32_t *y;
     float loss = 0.0f;
     dt_result r = DT_OK;
-    int got;
+    dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
     TRY(dt_sampler_indices(a->data.ntrain, w->index, w->threads, (uint64_t)a->data.seed, a->epoch, 1, 0, ids, &nshare));
     memset(&ld, 0, sizeof ld);
@@ -85,7 +88,7 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {
     TRY(dt_loader_create(&loader, &ld));
     TRY(dt_loader_start_epoch(loader, a->epoch));
     dt_model_zero_grad(rep);
-    while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+    while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
         TRY(dt_hogwild_pull(w->shared, rep));          /* the shared parameters, as they are right now */
         TRY(dt_model_forward(rep, x, n));
         TRY(dt_model_loss_labels(rep, y, &loss));
@@ -95,7 +98,7 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {
         a->sums[w->index][1] += (double)n;
         if (w->index == 0) dt_progress_update(&a->bar, ++b, "loss %.4f", (double)loss);
     }
-    if (got < 0) r = DT_ERR_STATE;
+    TRY(got);
 done:
     dt_loader_destroy(loader);
     free(ids);
@@ -114,13 +117,13 @@ int main(int argc, char **argv) {
     TRY(ex_model_create(&shared, a.model, &a.data, 0));
     for (i = 0; i < a.threads; i++)   /* replicas: only their activations and gradients are used */
         TRY(ex_model_create(&a.replica[i], a.model, &a.data, (uint64_t)i + 1));
-    TRY(ex_csv_open(&csv, a.csv, "epoch,time_s,train_loss,test_loss,test_acc,test_top5,img_per_s\n"));
+    TRY(ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), 0));
     printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g, batch %ld\n"
            "hogwild: %ld threads update one shared parameter buffer without locks\n", a.model, a.data.dataset, (long long)a.data.ntrain,
            (long long)a.data.test.count, (long long)dt_model_param_count(shared), a.lr, a.batch, a.threads);
     fflush(stdout);
     for (a.epoch = 0; a.epoch < a.epochs; a.epoch++) {
-        double t0 = dt_time_now(), loss = 0.0, seen = 0.0, secs;
+        double t0 = dt_time_now(), loss = 0.0, seen = 0.0, secs, v[EX_COUNT(COLS)];
         int64_t nb = (dt_sampler_size(a.data.ntrain, (int)a.threads, 0) + a.batch - 1) / a.batch;
         dt_eval_result ev;
         memset(a.sums, 0, sizeof a.sums);
@@ -131,11 +134,8 @@ int main(int argc, char **argv) {
         secs = dt_time_now() - t0;
         for (i = 0; i < a.threads; i++) { loss += a.sums[i][0]; seen += a.sums[i][1]; }
         TRY(dt_evaluate(shared, &a.data.test, NULL, 0, &a.data.te, 1000, 5, &ev));
-        printf("epoch %3lld/%ld  %7.2fs  train loss %.4f  test loss %.4f  test acc %6.2f%%  top-5 %6.2f%%  %.0f img/s\n",
-               (long long)a.epoch + 1, a.epochs, secs, loss / seen, ev.loss, 100.0 * ev.top1, 100.0 * ev.topk, seen / secs);
-        fflush(stdout);
-        ex_csv_row(csv, "%lld,%.3f,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)a.epoch + 1, secs, loss / seen, ev.loss, ev.top1,
-                   ev.topk, seen / secs);
+        v[0] = secs; v[1] = loss / seen; v[2] = ev.loss; v[3] = ev.top1; v[4] = ev.topk; v[5] = seen / secs;
+        ex_report(csv, a.epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS));
     }
 done:
     if (r != DT_OK) fprintf(stderr, "hogwild: %s\n", dt_last_error());

@@ -25,6 +25,10 @@
 #define TRY(call) do { dt_result r_ = (call); if (r_ != DT_OK) { \
     fprintf(stderr, "train: %s\n", dt_last_error()); goto fail; } } while (0)
 
+/* What main reports after each epoch, in the log and in the CSV file. */
+static const ex_col COLS[] = {EX_COL_TIME, {"lr", "%.6g", "lr %.5f", 1}, EX_COL_TRAIN_LOSS, EX_COL_TEST_LOSS, EX_COL_TEST_ACC,
+                              EX_COL_TOP5, EX_COL_IMG_PER_S};
+
 typedef struct args {
     const char *model, *optim, *sched, *checkpoint, *resume, *csv;
     long epochs, batch, size, warmup;
@@ -140,10 +144,9 @@ int main(int argc, char **argv) {
     ld.dataset = &a.data.train; ld.indices = train_idx; ld.count = train_idx ? ntrain : 0; ld.batch = a.batch; ld.shuffle = 1;
     ld.transform = &a.data.tt; ld.seed = (uint64_t)a.data.seed; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
-    if (a.csv) {
-        int fresh = !a.resume;
-        if (!(csv = fopen(a.csv, fresh ? "w" : "a"))) { fprintf(stderr, "train: cannot write %s\n", a.csv); goto fail; }
-        if (fresh) fprintf(csv, "epoch,time_s,lr,train_loss,test_loss,test_acc,test_top5,img_per_s\n");
+    if (ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), a.resume != NULL) != DT_OK) {   /* a resumed run appends */
+        fprintf(stderr, "train: cannot write %s\n", a.csv);
+        goto fail;
     }
     printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s lr %g, batch %ld, %d threads\n",
            a.model, a.data.dataset, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m), a.optim, a.lr,
@@ -153,16 +156,16 @@ int main(int argc, char **argv) {
         const float *x;
         const int32_t *y;
         int64_t n, b = 0, seen = 0;
-        double t0 = dt_time_now(), loss_sum = 0.0, secs;
+        double t0 = dt_time_now(), loss_sum = 0.0, secs, v[EX_COUNT(COLS)];
         float lr = dt_sched_lr(&sd, epoch), loss = 0.0f;
         dt_eval_result ev;
         dt_progress bar;
-        int got;
+        dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         dt_optim_set_lr(o, lr);
         dt_model_train(m, 1);
         TRY(dt_loader_start_epoch(loader, epoch));
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
-        while ((got = dt_loader_next(loader, &x, &y, &n)) == 1) {
+        while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             TRY(dt_model_forward(m, x, n));
             TRY(dt_model_loss_labels(m, y, &loss));
             dt_model_zero_grad(m);
@@ -172,16 +175,13 @@ int main(int argc, char **argv) {
             seen += n;
             dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
         }
-        if (got < 0) { fprintf(stderr, "train: %s\n", dt_last_error()); goto fail; }
+        TRY(got);
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
         TRY(dt_evaluate(m, &a.data.test, test_idx, test_idx ? ntest : 0, &a.data.te, 1000, 5, &ev));
-        printf("epoch %3lld/%ld  %7.2fs  lr %.5f  train loss %.4f  test loss %.4f  test acc %6.2f%%  top-5 %6.2f%%  %.0f img/s\n",
-               (long long)epoch + 1, a.epochs, secs, (double)lr, loss_sum / (double)seen, ev.loss, 100.0 * ev.top1,
-               100.0 * ev.topk, (double)seen / secs);
-        fflush(stdout);
-        ex_csv_row(csv, "%lld,%.3f,%.6g,%.6f,%.6f,%.6f,%.6f,%.1f\n", (long long)epoch + 1, secs, (double)lr,
-                   loss_sum / (double)seen, ev.loss, ev.top1, ev.topk, (double)seen / secs);
+        v[0] = secs; v[1] = (double)lr; v[2] = loss_sum / (double)seen; v[3] = ev.loss; v[4] = ev.top1; v[5] = ev.topk;
+        v[6] = (double)seen / secs;
+        ex_report(csv, epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS));
         if (a.checkpoint) {
             meta.epoch = epoch + 1;
             TRY(dt_checkpoint_save(a.checkpoint, m, o, &meta));

@@ -172,7 +172,7 @@ static void test_bad_files(void) {
         memset(&d, 0, sizeof d);
         d.in_c = 1; d.in_h = 12; d.in_w = 12;
         CHECK_OK(dt_model_create(&renamed, &d));
-        x = dt_relu(renamed, dt_batchnorm(renamed, dt_model_name(renamed, dt_conv2d(renamed, 0, 4, 3, 1, 1), "c")));
+        x = dt_relu(renamed, dt_batchnorm(renamed, dt_model_set_node_name(renamed, dt_conv2d(renamed, 0, 4, 3, 1, 1), "c")));
         x = dt_dropout(renamed, dt_maxpool2d(renamed, x, 2, 2, 0), 0.3f);
         dt_linear(renamed, dt_flatten(renamed, x), 4, 1);
         CHECK_OK(dt_model_finalize(renamed));

@@ -100,6 +100,44 @@ static void test_builder_errors(void) {
     CHECK_ERR(dt_model_finalize(NULL), DT_ERR_INVALID_ARG);
 }
 
+/* dt_model_set_node_name is a builder call: its errors are kept for finalize, like the layers'. */
+static void test_node_name_errors(void) {
+    char longname[62];
+    const char *bad[3] = {NULL, "", longname};
+    dt_model *m;
+    int i;
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';                          /* 61 characters */
+    for (i = 0; i < 3; i++) {
+        if (!(m = image_model())) return;
+        CHECK(dt_model_set_node_name(m, dt_relu(m, 0), bad[i]) == -1);
+        CHECK(strstr(dt_last_error(), "dt_model_set_node_name") != NULL && strstr(dt_last_error(), "1 to 60") != NULL);
+        CHECK(dt_relu(m, 0) == -1);                                /* sticky */
+        CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+        CHECK(strstr(dt_last_error(), "dt_model_set_node_name") != NULL);
+        dt_model_destroy(m);
+    }
+    if (!(m = image_model())) return;
+    CHECK(dt_model_set_node_name(m, 5, "x") == -1);                /* no such node */
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+    dt_model_destroy(m);
+    if (!(m = image_model())) return;
+    CHECK(dt_model_set_node_name(m, dt_relu(m, 0), longname + 1) == 1);   /* 60 characters: fine */
+    CHECK(strcmp(dt_model_node_name(m, 1), longname + 1) == 0);
+    CHECK(dt_model_set_node_name(m, dt_conv2d(m, 9, 4, 3, 1, 1), "c") == -1);   /* a failed layer: its error is kept */
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "dt_conv2d") != NULL);
+    dt_model_destroy(m);
+    if (!(m = image_model())) return;
+    dt_relu(m, 0);
+    CHECK_OK(dt_model_finalize(m));
+    CHECK(dt_model_set_node_name(m, 1, "late") == -1);             /* after finalize: the names are planned */
+    CHECK(strstr(dt_last_error(), "finalized") != NULL && strcmp(dt_model_node_name(m, 1), "late") != 0);
+    dt_model_destroy(m);
+    CHECK(dt_model_set_node_name(NULL, 0, "x") == -1);
+    CHECK(strstr(dt_last_error(), "NULL") != NULL);
+}
+
 static void test_run_errors(void) {
     dt_model *m = image_model();
     float x[2 * 72], out[20], p[4];
@@ -154,6 +192,70 @@ static void test_run_errors(void) {
 
 /* Everything the library allocates goes through the hooks and is freed; when an allocation fails at
    any point, the call returns DT_ERR_OUT_OF_MEMORY (or succeeds), nothing crashes and nothing leaks. */
+/* The one rule of the trainers' entry points (dtrain.h, ERRORS): a NULL desc is a zeroed desc (the defaults;
+   FedAvg's names its data, so a NULL or zeroed one is refused alike), a NULL out, communicator or model is
+   DT_ERR_INVALID_ARG, a model that is not finalized DT_ERR_STATE naming dt_model_finalize; *out is NULL after
+   any failure. */
+static dt_result hog_noop(dt_hogwild_worker *w, void *arg) { (void)w; (void)arg; return DT_OK; }
+static void test_trainer_create_rule(void) {
+    dt_comm *c = NULL;
+    dt_model *m = image_model(), *raw = image_model();
+    dt_topology t;
+    dt_topology_desc td;
+    dt_fed_desc zero;
+    dt_ddp *ddp = (dt_ddp *)&c;
+    dt_dpsgd *dps = (dt_dpsgd *)&c;
+    dt_localsgd *ls = (dt_localsgd *)&c;
+    dt_fed *fed = (dt_fed *)&c;
+    int k;
+    memset(&t, 0, sizeof t);
+    memset(&td, 0, sizeof td);
+    memset(&zero, 0, sizeof zero);
+    td.world = 1;
+    if (!m || !raw) { dt_model_destroy(m); dt_model_destroy(raw); return; }
+    dt_conv2d(m, 0, 2, 3, 1, 1);
+    CHECK_OK(dt_model_finalize(m));
+    CHECK_OK(dt_comm_create_self(&c, NULL));
+    CHECK_OK(dt_topology_create(&t, &td));
+    /* a NULL desc: the defaults */
+    CHECK_OK(dt_ddp_create(&ddp, c, m, NULL));
+    CHECK_OK(dt_dpsgd_create(&dps, c, m, &t, NULL));
+    CHECK_OK(dt_localsgd_create(&ls, c, m, NULL));
+    CHECK(ddp && dps && ls);
+    dt_ddp_destroy(ddp); dt_dpsgd_destroy(dps); dt_localsgd_destroy(ls);
+    CHECK_ERR(dt_fed_create(&fed, c, m, NULL), DT_ERR_INVALID_ARG);
+    CHECK(fed == NULL && strstr(dt_last_error(), "desc is NULL") != NULL && strstr(dt_last_error(), "desc.data") != NULL);
+    CHECK_ERR(dt_fed_create(&fed, c, m, &zero), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "desc.data is NULL") != NULL);
+    /* an unfinalised model, then a NULL one, a NULL communicator and a NULL out: the same codes everywhere */
+    for (k = 0; k < 4; k++) {
+        dt_model *mk = k == 0 ? raw : k == 1 ? NULL : m;
+        dt_comm *ck = k == 2 ? NULL : c;
+        dt_result want = k == 0 ? DT_ERR_STATE : DT_ERR_INVALID_ARG;
+        const char *says = k == 0 ? "not finalized: call dt_model_finalize" : k == 1 ? "the model is NULL" :
+                           k == 2 ? "the communicator is NULL" : "out is NULL";
+        ddp = (dt_ddp *)&c; dps = (dt_dpsgd *)&c; ls = (dt_localsgd *)&c; fed = (dt_fed *)&c;
+        CHECK_ERR(dt_ddp_create(k == 3 ? NULL : &ddp, ck, mk, NULL), want);
+        CHECK(strstr(dt_last_error(), "dt_ddp_create") != NULL && strstr(dt_last_error(), says) != NULL);
+        CHECK_ERR(dt_dpsgd_create(k == 3 ? NULL : &dps, ck, mk, &t, NULL), want);
+        CHECK(strstr(dt_last_error(), "dt_dpsgd_create") != NULL && strstr(dt_last_error(), says) != NULL);
+        CHECK_ERR(dt_localsgd_create(k == 3 ? NULL : &ls, ck, mk, NULL), want);
+        CHECK(strstr(dt_last_error(), "dt_localsgd_create") != NULL && strstr(dt_last_error(), says) != NULL);
+        CHECK_ERR(dt_fed_create(k == 3 ? NULL : &fed, ck, mk, NULL), want);   /* before its desc is read */
+        CHECK(strstr(dt_last_error(), "dt_fed_create") != NULL && strstr(dt_last_error(), says) != NULL);
+        if (k < 3) CHECK(ddp == NULL && dps == NULL && ls == NULL && fed == NULL);
+    }
+    CHECK_ERR(dt_hogwild_run(raw, 2, hog_noop, NULL), DT_ERR_STATE);
+    CHECK(strstr(dt_last_error(), "the shared model is not finalized: call dt_model_finalize") != NULL);
+    CHECK_ERR(dt_hogwild_run(NULL, 2, hog_noop, NULL), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "the shared model is NULL") != NULL);
+    CHECK_OK(dt_hogwild_run(m, 2, hog_noop, NULL));
+    dt_topology_free(&t);
+    dt_comm_destroy(c);
+    dt_model_destroy(raw);
+    dt_model_destroy(m);
+}
+
 static void test_allocator_hooks_and_oom(void) {
     dt_model *m;
     float x[2 * 784];
@@ -228,7 +330,9 @@ int main(int argc, char **argv) {
     printf("test_errors\n");
     RUN(test_create_errors);
     RUN(test_builder_errors);
+    RUN(test_node_name_errors);
     RUN(test_run_errors);
+    RUN(test_trainer_create_rule);
     RUN(test_allocator_hooks_and_oom);
     RUN(test_no_allocation_in_the_step);
     return dt_t_summary();

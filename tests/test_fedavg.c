@@ -47,26 +47,41 @@ static void test_aggregators(void) {
     const float a[2] = {0, 4}, b[2] = {4, 0}, *ab[2] = {a, b};
     dt_fed_agg_desc d;
     memset(&d, 0, sizeof d);
-    d.kept = kept;
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEAN, ab, w, 2, 2, out, &d));            /* (1 * a + 3 * b) / 4 */
+    d.f = DT_DEFAULT;                                                         /* Krum's f: the default, 1 */
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEAN, ab, w, 2, 2, out, kept, &d));            /* (1 * a + 3 * b) / 4 */
     CHECK(out[0] == 3.0f && out[1] == 1.0f && kept[0] && kept[1]);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 5, 2, out, &d));       /* sorted columns: 1 2 [3] 4 100, -100 1 [2] 3 4 */
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 5, 2, out, kept, &d));       /* sorted columns: 1 2 [3] 4 100, -100 1 [2] 3 4 */
     CHECK(out[0] == 3.0f && out[1] == 2.0f);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 4, 2, out, &d));       /* even n: mean of the middle two */
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 4, 2, out, kept, &d));       /* even n: mean of the middle two */
     CHECK(out[0] == 2.5f && out[1] == 2.5f);
     d.trim = 0.2f;                                                            /* 1 cut at each end */
-    CHECK_OK(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 5, 2, out, &d));     /* mean(2,3,4), mean(1,2,3) */
+    CHECK_OK(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 5, 2, out, kept, &d));     /* mean(2,3,4), mean(1,2,3) */
     CHECK(fabsf(out[0] - 3.0f) < 1e-6f && fabsf(out[1] - 2.0f) < 1e-6f);
+    for (i = 0; i < 5; i++) CHECK(kept[i]);                                   /* every update enters a trimmed mean */
     /* Krum, f = 1: scores over the 2 nearest: 10, 4, 4, 10, huge; the tie goes to client 1 */
-    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, &d));
+    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, kept, &d));
     CHECK(out[0] == 2.0f && out[1] == 2.0f);
     CHECK(!kept[0] && kept[1] && !kept[2] && !kept[3] && !kept[4]);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, &d));   /* the n - f = 4 best: all but client 4 */
+    out[0] = out[1] = 0.0f;
+    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, NULL, &d));   /* kept may be NULL */
+    CHECK(out[0] == 2.0f && out[1] == 2.0f);
+    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));   /* the n - f = 4 best: all but client 4 */
     CHECK(out[0] == 2.5f && out[1] == 2.5f && !kept[4]);
     for (i = 0; i < 4; i++) CHECK(kept[i]);
     d.m = 2;                                                                  /* clients 1 and 2 */
-    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, &d));
+    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));
     CHECK(out[0] == 2.5f && out[1] == 2.5f && kept[1] && kept[2] && !kept[0] && !kept[3]);
+    /* f = 0 is a request, not the default: Krum on 4 clients (f = 1 needs 5), scores over the 2 nearest:
+       10, 4, 4, 10; multi-Krum's m = n - f = 5 keeps everyone, the plain mean */
+    d.f = 0; d.m = 0;
+    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 4, 2, out, kept, &d));
+    CHECK(out[0] == 2.0f && out[1] == 2.0f && kept[1] && !kept[0] && !kept[2] && !kept[3]);
+    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));
+    CHECK(fabsf(out[0] - 22.0f) < 1e-4f && fabsf(out[1] + 18.0f) < 1e-4f);
+    for (i = 0; i < 5; i++) CHECK(kept[i]);
+    memset(&d, 0, sizeof d);                                                  /* a zeroed desc: f = 0 too */
+    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 3, 2, out, kept, &d));         /* 3 = 2f + 3 clients; scores 2, 2, 2 */
+    CHECK(out[0] == 1.0f && out[1] == 1.0f && kept[0] && !kept[1] && !kept[2]);
 }
 
 static void test_classmean(void) {
@@ -78,8 +93,8 @@ static void test_classmean(void) {
     int kept[5];
     dt_fed_agg_desc d;
     memset(&d, 0, sizeof d);
-    d.kept = kept; d.cm_offset = 0; d.cm_rows = 2; d.cm_cols = 2;
-    CHECK_OK(dt_fed_aggregate(DT_FED_CLASSMEAN, p, w, 5, 5, out, &d));
+    d.cm_offset = 0; d.cm_rows = 2; d.cm_cols = 2;
+    CHECK_OK(dt_fed_aggregate(DT_FED_CLASSMEAN, p, w, 5, 5, out, kept, &d));
     CHECK(kept[0] && kept[1] && kept[2] && !kept[3] && kept[4]);
     CHECK(fabsf(out[2] - 0.025f) < 1e-6f && fabsf(out[4] - 9.0f) < 1e-6f);
 }
@@ -89,26 +104,52 @@ static void test_refusals(void) {
     double bad[2] = {1.0, 0.0};
     dt_fed_agg_desc d;
     memset(&d, 0, sizeof d);
-    CHECK_ERR(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 4, 2, out, &d), DT_ERR_INVALID_ARG);       /* 4 < 2f + 3 = 5 */
+    d.f = DT_DEFAULT;
+    CHECK_ERR(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 4, 2, out, NULL, &d), DT_ERR_INVALID_ARG);       /* 4 < 2f + 3 = 5 */
+    d.f = -3;                                                                                    /* neither f nor DT_DEFAULT */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, NULL, &d), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "f = -3") != NULL && strstr(dt_last_error(), "DT_DEFAULT") != NULL);
+    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 5, 2, out, NULL, &d));                         /* f is Krum's alone */
     d.f = 2;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, &d), DT_ERR_INVALID_ARG);  /* 5 < 7 */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, NULL, &d), DT_ERR_INVALID_ARG);  /* 5 < 7 */
     d.trim = 0.5f;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 4, 2, out, &d), DT_ERR_INVALID_ARG);    /* cuts 2 + 2 of 4 */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 4, 2, out, NULL, &d), DT_ERR_INVALID_ARG);    /* cuts 2 + 2 of 4 */
     d.cm_rows = 1; d.cm_cols = 2;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_CLASSMEAN, UP, NULL, 2, 2, out, &d), DT_ERR_INVALID_ARG);  /* needs 3 clients */
-    CHECK_ERR(dt_fed_aggregate(DT_FED_MEAN, UP, bad, 2, 2, out, NULL), DT_ERR_INVALID_ARG);      /* zero weight */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_CLASSMEAN, UP, NULL, 2, 2, out, NULL, &d), DT_ERR_INVALID_ARG);  /* needs 3 clients */
+    CHECK_ERR(dt_fed_aggregate(DT_FED_MEAN, UP, bad, 2, 2, out, NULL, NULL), DT_ERR_INVALID_ARG);      /* zero weight */
 }
 
-/* One round of FedAvg on the self communicator; params [n] receives the new global model. */
-static void fed_once(const dt_partition *part, int nclients, const int *behaviour, int flip_from, int flip_to,
-                     float prox_mu, float *params, int64_t n) {
+/* The desc of fed_once: nclients clients on part, batch 7, lr 0.1, seed 5. */
+static dt_fed_desc fed_desc(const dt_partition *part, int nclients) {
+    dt_fed_desc fd;
+    memset(&fd, 0, sizeof fd);
+    fd.clients = nclients; fd.batch = 7; fd.optim.lr = 0.1f; fd.data = &DS; fd.part = part; fd.seed = 5;
+    return fd;
+}
+
+/* One round of FedAvg of desc fd on the self communicator; params [n] receives the new global model. */
+static void fed_round_once(const dt_fed_desc *fd, float *params, int64_t n) {
     dt_comm *c = NULL;
     dt_model *m = NULL;
     dt_fed *f = NULL;
-    dt_fed_desc fd;
     dt_fed_round_info info;
-    memset(&fd, 0, sizeof fd);
-    fd.clients = nclients; fd.batch = 7; fd.optim.lr = 0.1f; fd.data = &DS; fd.part = part; fd.seed = 5;
+    CHECK_OK(dt_comm_create_self(&c, NULL));
+    CHECK_OK(make_model(&m));
+    CHECK_OK(dt_fed_create(&f, c, m, fd));
+    if (f) {
+        CHECK_OK(dt_fed_round(f, 0, &info));
+        CHECK(info.selected == fd->clients && info.dropped == 0 && info.kept == fd->clients);
+    }
+    CHECK_OK(dt_model_get_params(m, params, n));
+    dt_fed_destroy(f);
+    dt_model_destroy(m);
+    dt_comm_destroy(c);
+}
+
+/* fed_round_once with these behaviours, label flip (flip_from >= 0) and FedProx mu. */
+static void fed_once(const dt_partition *part, int nclients, const int *behaviour, int flip_from, int flip_to,
+                     float prox_mu, float *params, int64_t n) {
+    dt_fed_desc fd = fed_desc(part, nclients);
     fd.behaviour = behaviour; fd.prox_mu = prox_mu;
     if (flip_from >= 0) {
         int i;
@@ -116,17 +157,7 @@ static void fed_once(const dt_partition *part, int nclients, const int *behaviou
         fd.flip[flip_from] = flip_to;
         fd.flip_set = 1;
     }
-    CHECK_OK(dt_comm_create_self(&c, NULL));
-    CHECK_OK(make_model(&m));
-    CHECK_OK(dt_fed_create(&f, c, m, &fd));
-    if (f) {
-        CHECK_OK(dt_fed_round(f, 0, &info));
-        CHECK(info.selected == nclients && info.dropped == 0 && info.kept == nclients);
-    }
-    CHECK_OK(dt_model_get_params(m, params, n));
-    dt_fed_destroy(f);
-    dt_model_destroy(m);
-    dt_comm_destroy(c);
+    fed_round_once(&fd, params, n);
 }
 
 /* FedAvg with one client, C = 1, E = 1: the same parameters as plain training on that client's data. */
@@ -153,7 +184,7 @@ static void test_one_client_equals_plain(void) {
     CHECK_OK(dt_optim_create(&o, m, &od));
     CHECK_OK(dt_loader_create(&l, &ld));
     CHECK_OK(dt_loader_start_epoch(l, 0));
-    while (dt_loader_next(l, &x, &y, &nb) == 1) {
+    while (dt_loader_next(l, &x, &y, &nb) == DT_OK && nb > 0) {
         dt_model_zero_grad(m);
         CHECK_OK(dt_model_forward(m, x, nb));
         CHECK_OK(dt_model_loss_labels(m, y, &loss));
@@ -209,6 +240,59 @@ static void test_label_flip(void) {
         CHECK(memcmp(a, b, sizeof(float) * (size_t)n) != 0);
     }
     free(ids); free(a); free(b);
+}
+
+/* The noise attack's std and Krum's f take 0 as 0 and DT_DEFAULT as the default (1); other negative values,
+   and a std that is not finite, are refused at create. */
+static void test_zero_is_zero(void) {
+    dt_partition part;
+    dt_comm *c = NULL;
+    dt_model *m = NULL;
+    dt_fed *f = NULL;
+    dt_fed_desc fd;
+    int noise = DT_FED_NOISE;
+    int64_t n;
+    float *w0, *a, *b;
+    CHECK_OK(dt_partition_iid(&part, NS, 3, 9));
+    CHECK_OK(make_model(&m));
+    n = dt_model_param_count(m);
+    w0 = (float *)malloc(sizeof(float) * (size_t)n); a = (float *)malloc(sizeof(float) * (size_t)n);
+    b = (float *)malloc(sizeof(float) * (size_t)n);
+    CHECK_OK(dt_model_get_params(m, w0, n));
+    fd = fed_desc(&part, 1);
+    part.parts = 1;                            /* one client: the global model moves by its update alone */
+    fd.behaviour = &noise;
+    fd.noise_std = 0.0f;                       /* a noise attacker that sends zeros: the model stays */
+    fed_round_once(&fd, a, n);
+    CHECK(memcmp(a, w0, sizeof(float) * (size_t)n) == 0);
+    fd.noise_std = DT_DEFAULT;                 /* the default, 1: as asking for 1 */
+    fed_round_once(&fd, a, n);
+    fd.noise_std = 1.0f;
+    fed_round_once(&fd, b, n);
+    CHECK(memcmp(a, b, sizeof(float) * (size_t)n) == 0 && memcmp(a, w0, sizeof(float) * (size_t)n) != 0);
+    part.parts = 3;
+    CHECK_OK(dt_comm_create_self(&c, NULL));
+    fd = fed_desc(&part, 3);
+    fd.noise_std = -2.0f;
+    CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "noise_std is -2") != NULL && strstr(dt_last_error(), "DT_DEFAULT") != NULL);
+    fd.noise_std = NAN;
+    CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+    fd.noise_std = 0.0f;
+    fd.agg = DT_FED_KRUM;                      /* f = 0: Krum takes 3 clients */
+    CHECK_OK(dt_fed_create(&f, c, m, &fd));
+    dt_fed_destroy(f);
+    fd.agg_desc.f = DT_DEFAULT;                /* f = 1 needs 5 */
+    CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "at least 5 clients") != NULL);
+    fd.agg_desc.f = -4;
+    CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "agg_desc.f is -4") != NULL);
+    CHECK(f == NULL);
+    dt_comm_destroy(c);
+    dt_model_destroy(m);
+    dt_partition_free(&part);
+    free(w0); free(a); free(b);
 }
 
 typedef struct run_arg { int clients; float frac, dropout; int rounds; int dropped, kept, selected; } run_arg;
@@ -284,6 +368,7 @@ int main(int argc, char **argv) {
     RUN(test_refusals);
     RUN(test_one_client_equals_plain);
     RUN(test_label_flip);
+    RUN(test_zero_is_zero);
     RUN(test_dropout);
     RUN(test_hundred_clients);
     return dt_t_summary();

@@ -362,7 +362,7 @@ static void test_bad_args(void) {
     memset(&h, 0, sizeof h);
     h.epochs = 1; h.batch = 8; h.lr = 0.1f; h.fail_worker = 2;
     CHECK_ERR(dt_hogwild_run(NULL, 2, hog_worker, &h), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_hogwild_run(raw, 2, hog_worker, &h), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_hogwild_run(raw, 2, hog_worker, &h), DT_ERR_STATE);       /* not finalized */
     CHECK_ERR(dt_hogwild_run(m, 0, hog_worker, &h), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_hogwild_run(m, 2, NULL, &h), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_hogwild_run(m, 3, hog_worker, &h), DT_ERR_STATE);   /* worker 2 fails: named */
@@ -370,7 +370,8 @@ static void test_bad_args(void) {
     CHECK_ERR(dt_hogwild_pull(m, m2), DT_ERR_MISMATCH);
     CHECK_ERR(dt_hogwild_push(m, m2, 0.1f), DT_ERR_MISMATCH);
     CHECK_ERR(dt_hogwild_pull(m, NULL), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_hogwild_push(m, raw, 0.1f), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_hogwild_push(m, raw, 0.1f), DT_ERR_STATE);                /* the replica is not finalized */
+    CHECK(strstr(dt_last_error(), "the replica is not finalized") != NULL);
     CHECK_ERR(dt_hogwild_push(m, m, -1.0f), DT_ERR_INVALID_ARG);
     dt_model_destroy(raw);
     dt_model_destroy(m2);

@@ -419,7 +419,7 @@ static void test_builder(void) {
     CHECK(dt_model_node_shape(m, x, s) == 3 && s[1] == 3 && s[2] == 3);
     x = dt_flatten(m, x);
     CHECK(dt_model_node_size(m, x) == 72 && dt_model_node_kind(m, x) == DT_LAYER_FLATTEN);
-    x = dt_model_name(m, dt_linear(m, x, 5, 1), "head");
+    x = dt_model_set_node_name(m, dt_linear(m, x, 5, 1), "head");
     CHECK(strcmp(dt_model_node_name(m, x), "head") == 0);
     CHECK_OK(dt_model_finalize(m));
     CHECK(strcmp(dt_model_param_info(m, 2).name, "head.weight") == 0);

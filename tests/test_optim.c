@@ -11,7 +11,7 @@ static dt_model *two_linear(void) {
     memset(&d, 0, sizeof d);
     d.in_c = 2;
     CHECK_OK(dt_model_create(&m, &d));
-    dt_model_name(m, dt_linear(m, dt_model_name(m, dt_linear(m, 0, 3, 1), "fc1"), 2, 1), "fc2");
+    dt_model_set_node_name(m, dt_linear(m, dt_model_set_node_name(m, dt_linear(m, 0, 3, 1), "fc1"), 2, 1), "fc2");
     CHECK_OK(dt_model_finalize(m));
     return m;
 }

@@ -504,11 +504,11 @@ static int64_t epoch_ids(dt_loader *l, int64_t epoch, int64_t *ids, int64_t *bat
     const float *x;
     const int32_t *y;
     int64_t n, total = 0, i;
-    int r;
+    dt_result r;
     *batches = 0;
     *last_n = 0;
     CHECK_OK(dt_loader_start_epoch(l, epoch));
-    while ((r = dt_loader_next(l, &x, &y, &n)) == 1) {
+    while ((r = dt_loader_next(l, &x, &y, &n)) == DT_OK && n > 0) {
         for (i = 0; i < n; i++) {
             int64_t id = id_of(x + i * SC * SH * SW);
             if (id < 0 || id >= NS || y[i] != ds_lab[id] || total >= NS) return -1;
@@ -517,8 +517,8 @@ static int64_t epoch_ids(dt_loader *l, int64_t epoch, int64_t *ids, int64_t *bat
         (*batches)++;
         *last_n = n;
     }
-    CHECK(r == 0);
-    CHECK(dt_loader_next(l, &x, &y, &n) == 0 && n == 0);   /* stays at the end */
+    CHECK_OK(r);
+    CHECK(dt_loader_next(l, &x, &y, &n) == DT_OK && n == 0 && x == NULL && y == NULL);   /* stays at the end */
     return total;
 }
 
@@ -613,7 +613,7 @@ static size_t record(dt_loader *l, int epochs, unsigned char *buf, size_t cap) {
     int e;
     for (e = 0; e < epochs; e++) {
         CHECK_OK(dt_loader_start_epoch(l, e));
-        while (dt_loader_next(l, &x, &y, &n) == 1) {
+        while (dt_loader_next(l, &x, &y, &n) == DT_OK && n > 0) {
             bx = sizeof(float) * (size_t)n * SC * SH * SW;
             if (at + bx + sizeof(int32_t) * (size_t)n + sizeof n > cap) { CHECK(0); return at; }
             memcpy(buf + at, &n, sizeof n); at += sizeof n;
@@ -670,7 +670,7 @@ static void test_loader_prefetches_ahead(void) {
     d.dataset = &ds; d.batch = 10; d.prefetch = 1;
     CHECK_OK(dt_loader_create(&l, &d));
     CHECK_OK(dt_loader_start_epoch(l, 0));
-    CHECK(dt_loader_next(l, &x, &y, &n) == 1);
+    CHECK(dt_loader_next(l, &x, &y, &n) == DT_OK && n > 0);
     t0 = dt_time_now();
     while (done != 1 && dt_time_now() - t0 < 10.0) {   /* without calling next again */
         dt__mutex_lock(&l->mu);
@@ -699,13 +699,13 @@ static void test_loader_mid_epoch(void) {
         CHECK_OK(dt_loader_create(&l, &d));
         if (trial % 5 == 4) { dt_loader_destroy(l); continue; }   /* destroy before any epoch */
         CHECK_OK(dt_loader_start_epoch(l, trial));
-        for (k = 0; k < trial % 7; k++) CHECK(dt_loader_next(l, &x, &y, &n) == 1);
+        for (k = 0; k < trial % 7; k++) CHECK(dt_loader_next(l, &x, &y, &n) == DT_OK && n > 0);
         if (trial % 2) {   /* a new epoch in the middle of one: the same batches as a fresh start */
             CHECK(epoch_ids(l, trial + 1, ia, &nb, &last) == NS);
             CHECK(epoch_ids(ref, trial + 1, ib, &nb, &last) == NS);
             CHECK(memcmp(ia, ib, sizeof ia) == 0);
             CHECK_OK(dt_loader_start_epoch(l, 0));
-            for (k = 0; k < trial % 3; k++) CHECK(dt_loader_next(l, &x, &y, &n) == 1);
+            for (k = 0; k < trial % 3; k++) CHECK(dt_loader_next(l, &x, &y, &n) == DT_OK && n > 0);
         }
         dt_loader_destroy(l);   /* mid-epoch: the worker may be converting */
     }
@@ -736,7 +736,7 @@ static void test_loader_with_sampler(void) {
         for (r = 0; r < 3; r++) {
             CHECK_OK(dt_sampler_indices(NS, r, 3, 1, e, 1, 0, want, &n));
             CHECK_OK(dt_loader_set_indices(l[r], want, n));
-            CHECK(dt_loader_next(l[r], &x, &y, &nb) == -1);   /* no epoch after new ids */
+            CHECK_ERR(dt_loader_next(l[r], &x, &y, &nb), DT_ERR_STATE);   /* no epoch after new ids */
             CHECK(strstr(dt_last_error(), "dt_loader_start_epoch") != NULL);
             CHECK_OK(dt_sampler_indices(NS, r, 3, 1, e, 1, 0, want, &n));
             CHECK(epoch_ids(l[r], e, got, &nb, &last) == n && n == 35);
@@ -798,9 +798,9 @@ static void test_loader_errors(void) {
     d.batch = 0;                                                       /* default 64 */
     CHECK_OK(dt_loader_create(&l, &d));
     CHECK(dt_loader_batches(l) == 2);
-    CHECK(dt_loader_next(l, &x, &y, &n) == -1);                        /* no epoch yet */
+    CHECK_ERR(dt_loader_next(l, &x, &y, &n), DT_ERR_STATE);            /* no epoch yet */
     CHECK(strstr(dt_last_error(), "DT_ERR_STATE") != NULL);
-    CHECK(dt_loader_next(l, NULL, &y, &n) == -1);
+    CHECK_ERR(dt_loader_next(l, NULL, &y, &n), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_loader_start_epoch(l, -1), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_loader_start_epoch(NULL, 0), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_loader_set_indices(NULL, idx, 1), DT_ERR_INVALID_ARG);
@@ -817,14 +817,15 @@ static void test_loader_errors(void) {
             CHECK_OK(dt_loader_create(&l, &d));
             shrink.count = 12;   /* batch 0 holds samples 0..9, batch 1 samples 10..19 */
             CHECK_OK(dt_loader_start_epoch(l, 0));
-            CHECK(dt_loader_next(l, &x, &y, &n) == 1);
-            CHECK(dt_loader_next(l, &x, &y, &n) == -1 && x == NULL && n == 0);
+            CHECK(dt_loader_next(l, &x, &y, &n) == DT_OK && n == 10);
+            CHECK(dt_loader_next(l, &x, &y, &n) == DT_ERR_INVALID_ARG && x == NULL && n == 0);
             CHECK(strncmp(dt_last_error(), "DT_ERR_INVALID_ARG: dt_dataset_batch: sample index", 50) == 0);
-            CHECK(dt_loader_next(l, &x, &y, &n) == -1);
+            CHECK_ERR(dt_loader_next(l, &x, &y, &n), DT_ERR_INVALID_ARG);
             shrink.count = NS;
-            CHECK(dt_loader_next(l, &x, &y, &n) == (pf ? -1 : 1));   /* prefetch keeps the failed batch */
+            if (pf) CHECK_ERR(dt_loader_next(l, &x, &y, &n), DT_ERR_INVALID_ARG);   /* prefetch keeps the failed batch */
+            else CHECK(dt_loader_next(l, &x, &y, &n) == DT_OK && n == 10);
             CHECK_OK(dt_loader_start_epoch(l, 1));                    /* a new epoch clears it */
-            CHECK(dt_loader_next(l, &x, &y, &n) == 1 && n == 10);
+            CHECK(dt_loader_next(l, &x, &y, &n) == DT_OK && n == 10);
             dt_loader_destroy(l);
         }
     }

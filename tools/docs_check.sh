@@ -4,8 +4,8 @@
 # docs/tutorial/*.md. In a chapter:
 #   <!-- docs-check: run [--FLAG VALUE]... -->   before a ```sh block: every command of the block (lines
 #       ending in a backslash joined) runs, in order, from a scratch directory laid out like the repository
-#       root (build/examples, tools, examples, dtrain.h and its modules linked from the repository and BUILD; build/tutorial
-#       and docs/tutorial/img empty, so the committed charts are not touched). Each --FLAG VALUE of the marker
+#       root (build/examples, tools, examples, dtrain.h and dtrain/ linked from the repository and BUILD;
+#       build/tutorial and docs/tutorial/img empty, so the committed charts are not touched). Each --FLAG VALUE of the marker
 #       replaces the value of that flag in every command that has the flag (--epochs 1, --limit 512, ...):
 #       the commands run are the ones the chapter shows, shorter. A command passes when it exits 0 within
 #       $DOCS_CHECK_TIMEOUT seconds (default 600) and every file it names after --csv or -o exists and is not
