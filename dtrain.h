@@ -156,8 +156,8 @@
 
    VERSION
      DT_VERSION_MAJOR, DT_VERSION_MINOR, DT_VERSION_PATCH (integers) and DT_VERSION_STRING ("0.1.0") are
-     this release's version, which the first line of each of the three headers repeats: take dtrain.h,
-     dtrain_mpi.h and dtrain_cuda.h from the same release. The library is compiled into the program, so
+     this release's version (defined in dtrain/base.h), which the top comment of every header repeats:
+     take dtrain.h, its modules, dtrain_mpi.h and dtrain_cuda.h from the same release. The library is compiled into the program, so
      the version matters at compile time only: #if DT_VERSION_MAJOR > 0 || DT_VERSION_MINOR >= 2 keeps
      code that needs release 0.2 from older ones. Versioning is semantic: a patch release changes no
      declaration; a minor release adds functions, constants and *_desc fields (zero keeps the old

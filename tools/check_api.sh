@@ -19,7 +19,9 @@
 # Checks that
 #   1. every name is documented in API_MD (default docs/api.md): it begins a code span (`name` or
 #      `name(...)`) in the text outside fenced code blocks; a declaration inside a code block alone does
-#      not count, so every name has its sentence;
+#      not count, so every name has its sentence; and (but configuration macros and environment
+#      variables, which have their own section) it does so in the section of the header that declares it,
+#      the one headed "## dtrain/comm.h: ..." for a name of dtrain/comm.h;
 #   2. every config macro and environment variable is named in the top comment (the manual) of a header
 #      that reads it; dtrain.h's manual counts for every module.
 # Prints each name missing, then "N public names, N missing"; the exit status is 1 when any is missing or
@@ -104,10 +106,18 @@ if [ ! -f "$API" ]; then echo "FAIL $API does not exist"; exit 1; fi
 # 1. names that begin a code span in the text (fenced blocks left out)
 awk '/^[[:space:]]*(```|~~~)/ { fence = !fence; next } !fence' "$API" |
     grep -oE '`[A-Za-z_][A-Za-z0-9_]*' | sed 's/^`//' | sort -u > "$T/documented"
+# and the headers whose sections they are named in: "HEADER NAME" for each code span under a heading
+# "## HEADER: ..." (a module of dtrain/, dtrain_mpi.h or dtrain_cuda.h)
+awk '/^[[:space:]]*(```|~~~)/ { fence = !fence; next }
+     !fence && /^## / { h = $2; sub(/:$/, "", h); next }
+     !fence && h != "" { s = $0; while (match(s, /`[A-Za-z_][A-Za-z0-9_]*/)) { print h, substr(s, RSTART + 1, RLENGTH - 1); s = substr(s, RSTART + RLENGTH) } }' \
+    "$API" | sort -u > "$T/sections"
 missing=0
 while read -r name kind header; do
     if ! grep -qxF "$name" "$T/documented"; then
         echo "missing from $API: $name ($kind, $header)"; missing=$((missing + 1))
+    elif [ "$kind" != config ] && [ "$kind" != env ] && [ "$header" != dtrain.h ] && ! grep -qxF "$header $name" "$T/sections"; then
+        echo "in $API but not in the section of the header that declares it (## $header: ...): $name ($kind)"; missing=$((missing + 1))
     fi
 done < "$T/names"
 # 2. configuration macros and environment variables in the manual of a header that reads them
