@@ -229,12 +229,16 @@ const char *dt_result_str(dt_result r) {
 
 const char *dt_last_error(void) { return dt__errmsg; }
 
+/* Formats into a buffer of its own first: a caller may pass dt_last_error() as an argument, to wrap the
+   cause in its own context, and writing straight into dt__errmsg would overwrite the cause while reading it. */
 dt_result dt_set_error(dt_result r, const char *fmt, ...) {
-    int n = snprintf(dt__errmsg, sizeof dt__errmsg, "%s: ", dt_result_str(r));
+    char msg[sizeof dt__errmsg];
+    int n = snprintf(msg, sizeof msg, "%s: ", dt_result_str(r));
     va_list ap;
     va_start(ap, fmt);
-    if (n > 0 && (size_t)n < sizeof dt__errmsg) vsnprintf(dt__errmsg + n, sizeof dt__errmsg - (size_t)n, fmt, ap);
+    if (n > 0 && (size_t)n < sizeof msg) vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
     va_end(ap);
+    memcpy(dt__errmsg, msg, sizeof msg);
     return r;
 }
 

@@ -325,10 +325,21 @@ static void test_no_allocation_in_the_step(void) {
     }
 }
 
+/* A message that wraps the last error (dt_set_error(r, "context: %s", dt_last_error())) keeps the cause whole:
+   the wrapper reads the message it replaces. */
+static void test_error_wraps_last_error(void) {
+    dt_set_error(DT_ERR_IO, "cannot open %s", "x.idx");
+    dt_set_error(DT_ERR_STATE, "client %d failed: %s", 3, dt_last_error());
+    CHECK(strstr(dt_last_error(), "client 3 failed: ") != NULL);
+    CHECK(strstr(dt_last_error(), "cannot open x.idx") != NULL);
+    CHECK(strncmp(dt_last_error(), dt_result_str(DT_ERR_STATE), strlen(dt_result_str(DT_ERR_STATE))) == 0);
+}
+
 int main(int argc, char **argv) {
     dt_t_only = argc > 1 ? argv[1] : NULL;
     printf("test_errors\n");
     RUN(test_create_errors);
+    RUN(test_error_wraps_last_error);
     RUN(test_builder_errors);
     RUN(test_node_name_errors);
     RUN(test_run_errors);
