@@ -2306,11 +2306,15 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
     x = (dt__rank_ctx *)DT_MALLOC((size_t)n * sizeof *x);
     comms = (dt_comm **)DT_MALLOC((size_t)n * sizeof *comms);
     if (d.trace_path) lanes = dt__trace_lanes(n, d.trace_max_events);
-    if (!x || !comms || (d.trace_path && !lanes)) {
+    if (!x || !comms || (d.trace_path && !lanes))
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: no memory for %d ranks", n);
+    else
+        r = dt_comm_create_local(comms, n, &d.comm);
+    if (r != DT_OK) {   /* no rank ran: logged like a rank's failure, so a program that prints nothing else says why */
+        if (log) dt_log(DT_LOG_ERROR, "%s", dt_last_error());
         DT_FREE(x); DT_FREE(comms); DT_FREE(lanes);
-        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: no memory for %d ranks", n);
+        return r;
     }
-    if ((r = dt_comm_create_local(comms, n, &d.comm)) != DT_OK) { DT_FREE(x); DT_FREE(comms); DT_FREE(lanes); return r; }
     memset(x, 0, (size_t)n * sizeof *x);
     dt__log_all_ranks = d.log_all_ranks;
     for (i = 0; i < n; i++) {

@@ -514,6 +514,13 @@ static void test_launch_and_log(void) {
     a.fail_rank = -1;
     CHECK(dt_launch(&d, launch_rank, &a) == DT_OK && a.seen_rank[0] == 0);
     CHECK_ERR(dt_launch_local(&d, NULL, &a, NULL), DT_ERR_INVALID_ARG);
+    /* no rank can start (a bad $DT_COMM_TIMEOUT): dt_launch fails and logs why, naming the variable */
+    cap.n = 0;
+    d.ranks = 2;
+    setenv("DT_COMM_TIMEOUT", "abc", 1);
+    CHECK(dt_launch(&d, launch_rank, &a) == DT_ERR_INVALID_ARG);
+    unsetenv("DT_COMM_TIMEOUT");
+    CHECK(cap.n == 1 && cap.levels[0] == DT_LOG_ERROR && strstr(cap.lines[0], "DT_COMM_TIMEOUT='abc'"));
     dt_log_configure(NULL, NULL, DT_LOG_INFO);
     pthread_mutex_destroy(&cap.mu);
 }
