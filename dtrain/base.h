@@ -163,6 +163,9 @@ static inline DT__HD float dt_body_hash_uniform(uint64_t key, uint64_t counter) 
 #include <time.h>
 #include <float.h>
 #include <errno.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/stat.h>
+#endif
 
 #if defined(_OPENMP) && !defined(DT_NO_OPENMP)
 #include <omp.h>
@@ -240,6 +243,23 @@ dt_result dt_set_error(dt_result r, const char *fmt, ...) {
     va_end(ap);
     memcpy(dt__errmsg, msg, sizeof msg);
     return r;
+}
+
+/* Opens a file the library reads (a data set, a checkpoint): fopen(path, "rb"), after refusing what is not a
+   regular file, since opening a FIFO blocks until a writer comes and a device may never end. NULL on failure,
+   with *why saying why (strerror's text, or what the path is) for the caller's message. */
+static inline FILE *dt__open_read(const char *path, const char **why) {
+    FILE *fp;
+#if defined(__unix__) || defined(__APPLE__)
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        *why = S_ISDIR(st.st_mode) ? "it is a directory, not a file"
+                                   : "it is not a regular file (a FIFO, socket or device, which would block or never end)";
+        return NULL;
+    }
+#endif
+    if (!(fp = fopen(path, "rb"))) *why = strerror(errno);
+    return fp;
 }
 
 static dt_log_fn dt__log_fn = NULL;

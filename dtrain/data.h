@@ -291,10 +291,11 @@ static char *dt__path(const char *dir, const char *name) {
 static uint32_t dt__be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
 }
-static int dt__file_exists(const char *path) {
-    FILE *fp = fopen(path, "rb");
+static int dt__file_exists(const char *path) {   /* a FIFO "exists": dt__in_open then says what it is */
+    const char *why;
+    FILE *fp = dt__open_read(path, &why);
     if (fp) fclose(fp);
-    return fp != NULL;
+    return fp != NULL || strstr(why, "regular") != NULL;
 }
 /* Size of an open regular file (the position is restored to the start), or -1. The first read fails on
    a directory, whose "size" could be anything. */
@@ -326,9 +327,10 @@ static void dt__in_close(dt__in *in) {
 static dt_result dt__in_open(dt__in *in, const char *path) {
     uint8_t m[2];
     size_t n;
+    const char *why;
     memset(in, 0, sizeof *in);
     in->path = path;
-    if (!(in->fp = fopen(path, "rb"))) return dt_set_error(DT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (!(in->fp = dt__open_read(path, &why))) return dt_set_error(DT_ERR_IO, "cannot open %s: %s", path, why);
     n = fread(m, 1, 2, in->fp);
     if (ferror(in->fp)) { dt__in_close(in); return dt_set_error(DT_ERR_IO, "cannot read %s: %s", path, strerror(errno)); }
     if (n == 2 && m[0] == 0x1f && m[1] == 0x8b) {
@@ -552,6 +554,7 @@ dt_result dt_dataset_load_cifar10(dt_dataset *ds, const char *dir, int train) {
     enum { REC = 3073, MAXF = 5 };
     FILE *fp[MAXF] = {NULL, NULL, NULL, NULL, NULL}, *mf = NULL;
     char *path[MAXF] = {NULL, NULL, NULL, NULL, NULL}, *meta = NULL, *text = NULL;
+    const char *why;
     int64_t recs[MAXF], total = 0, i, done = 0;
     int nf = train ? 5 : 1, f;
     dt_result r = DT_OK;
@@ -565,9 +568,9 @@ dt_result dt_dataset_load_cifar10(dt_dataset *ds, const char *dir, int train) {
         if (train) snprintf(name, sizeof name, "data_batch_%d.bin", f + 1);
         else snprintf(name, sizeof name, "test_batch.bin");
         if (!(path[f] = dt__path(dir, name))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory for a path"); goto done; }
-        if (!(fp[f] = fopen(path[f], "rb"))) {
+        if (!(fp[f] = dt__open_read(path[f], &why))) {
             r = dt_set_error(DT_ERR_IO, "cannot open %s: %s; CIFAR-10 needs the binary version (cifar-10-binary.tar.gz, "
-                             "unpacked)", path[f], strerror(errno));
+                             "unpacked)", path[f], why);
             goto done;
         }
         if ((size = dt__file_size(fp[f])) < 0) {
@@ -614,7 +617,7 @@ dt_result dt_dataset_load_cifar10(dt_dataset *ds, const char *dir, int train) {
     ds->num_classes = 10;
     snprintf(ds->source, sizeof ds->source, "%s", dir);
     if (!(meta = dt__path(dir, "batches.meta.txt"))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory for a path"); goto done; }
-    if ((mf = fopen(meta, "rb")) != NULL) {   /* class names: one per non-blank line, trimmed */
+    if ((mf = dt__open_read(meta, &why)) != NULL) {   /* class names, if the file is there: one per non-blank line, trimmed */
         int64_t size = dt__file_size(mf), k = 0;
         char *p, *line;
         if (size < 0 || size > 65536) {
@@ -917,13 +920,13 @@ static void dt__image_free(uint8_t *img, int pnm) {
 }
 static dt_result dt__image_load(const char *path, int64_t h, int64_t w, int64_t ch, uint8_t **buf, int64_t *bufcap,
                                 uint8_t *tmp, uint8_t *dst) {
-    FILE *fp = fopen(path, "rb");
+    const char *why;
+    FILE *fp = dt__open_read(path, &why);
     int64_t size, i, c, np;
     int iw = 0, ih = 0, comp = 0, pnm = 0;
     uint8_t *img = NULL, *conv = NULL;
     const uint8_t *src;
-    const char *why;
-    if (!fp) return dt_set_error(DT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (!fp) return dt_set_error(DT_ERR_IO, "cannot open %s: %s", path, why);
     if ((size = dt__file_size(fp)) < 0 || size > INT32_MAX) {
         fclose(fp);
         return dt_set_error(size < 0 ? DT_ERR_IO : DT_ERR_FORMAT, "%s: %s", path,

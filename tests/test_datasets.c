@@ -547,6 +547,31 @@ static void test_cifar10_errors(void) {
     CHECK(live_allocs == 0);
 }
 
+/* A FIFO (or device) where a data file should be is refused at once, naming the path and what it is; opening
+   it would block until a writer came. alarm() turns a regression (a hang) into a failure the runner sees. */
+static void test_fifo_refused(void) {
+    dt_dataset ds;
+    memset(&ds, 0, sizeof ds);
+    alarm(60);
+    make_cifar_dir("cfifo", 0);
+    unlink(tp("cfifo/test_batch.bin"));
+    CHECK(mkfifo(tp("cfifo/test_batch.bin"), 0600) == 0);
+    EXPECT_FAIL(dt_dataset_load_cifar10(&ds, tp("cfifo"), 0), DT_ERR_IO, "test_batch.bin");
+    CHECK_MSG("not a regular file");
+    write_idx_pair("fifo-img", "fifo-lab", 0);
+    CHECK(mkfifo(tp("fifo-pipe"), 0600) == 0);
+    EXPECT_FAIL(dt_dataset_load_idx(&ds, tp("fifo-pipe"), tp("fifo-lab")), DT_ERR_IO, "fifo-pipe");
+    CHECK_MSG("not a regular file");
+    EXPECT_FAIL(dt_dataset_load_idx(&ds, tp("fifo-img"), tp("fifo-pipe")), DT_ERR_IO, "fifo-pipe");
+    mkdir_rel("mfifo");   /* a data set directory whose training images are a FIFO */
+    write_idx_pair("mfifo/train-images-idx3-ubyte", "mfifo/train-labels-idx1-ubyte", 0);
+    unlink(tp("mfifo/train-images-idx3-ubyte"));
+    CHECK(mkfifo(tp("mfifo/train-images-idx3-ubyte"), 0600) == 0);
+    EXPECT_FAIL(dt_dataset_load_mnist_dir(&ds, tp("mfifo"), 1), DT_ERR_IO, "train-images-idx3-ubyte");
+    CHECK_MSG("not a regular file");
+    alarm(0);
+}
+
 static dt_result load_cifar(dt_dataset *ds, const void *arg) { return dt_dataset_load_cifar10(ds, tp((const char *)arg), 1); }
 static void test_cifar10_out_of_memory(void) {
     make_cifar_dir("cifar-oom", 1);
@@ -966,6 +991,7 @@ int main(int argc, char **argv) {
     }
     RUN(test_cifar10);
     RUN(test_cifar10_errors);
+    RUN(test_fifo_refused);
     RUN(test_cifar10_out_of_memory);
 #ifdef DT_USE_STB_IMAGE
     RUN(test_image_folder);
