@@ -165,6 +165,7 @@ static inline DT__HD float dt_body_hash_uniform(uint64_t key, uint64_t counter) 
 #include <errno.h>
 #if defined(__unix__) || defined(__APPLE__)
 #include <sys/stat.h>
+#include <unistd.h>
 #endif
 
 #if defined(_OPENMP) && !defined(DT_NO_OPENMP)
@@ -260,6 +261,17 @@ static inline FILE *dt__open_read(const char *path, const char **why) {
 #endif
     if (!(fp = fopen(path, "rb"))) *why = strerror(errno);
     return fp;
+}
+
+/* The machine's physical memory in bytes, 0 where it cannot be told: what memory planned in one piece must fit
+   in. malloc may grant more than there is (overcommit), and the kernel then kills the process, saying nothing,
+   when the memory is first written; asking first turns that into DT_ERR_OUT_OF_MEMORY with a message. */
+static inline double dt__phys_bytes(void) {
+#if (defined(__unix__) || defined(__APPLE__)) && defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && size > 0) return (double)pages * (double)size;
+#endif
+    return 0.0;
 }
 
 static dt_log_fn dt__log_fn = NULL;

@@ -609,6 +609,16 @@ static void dt__full_names(dt_model *m, dt__pinfo *arr, int count) {
     }
 }
 
+/* DT_ERR_OUT_OF_MEMORY, naming what and how much, when `bytes` of host memory planned for m (the CPU backend's
+   buffers, the staging copies) cannot fit in the machine: refused before allocating, instead of the kernel's
+   silent kill when the pages are first written. */
+static dt_result dt__fits_memory(double bytes, const char *fn, const char *what, const char *fix) {
+    double phys = dt__phys_bytes();
+    if (phys <= 0.0 || bytes <= phys) return DT_OK;
+    return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: %s need %.1f GB, more than this machine's %.1f GB of memory; %s", fn, what,
+                        bytes / 1e9, phys / 1e9, fix);
+}
+
 dt_result dt_model_finalize(dt_model *m) {
     float *hp = NULL, *hb = NULL;
     dt_rng rng;
@@ -620,6 +630,10 @@ dt_result dt_model_finalize(dt_model *m) {
     if (m->nnodes < 2) return dt_set_error(DT_ERR_STATE, "dt_model_finalize: the model has no layers; add some with dt_linear, dt_conv2d, ...");
     dt__full_names(m, m->pinfo, m->npinfo);
     dt__full_names(m, m->binfo, m->nbinfo);
+    /* the staging copies on the host, and on the CPU backend the parameters, gradients and buffers too */
+    r = dt__fits_memory(4.0 * (double)(m->nparams + m->nbuffers) + (m->ctx == &m->cpu ? 4.0 * (double)(2 * m->nparams + m->nbuffers) : 0.0),
+                        "dt_model_finalize", "the parameters, their gradients, the buffers and their copies for initialisation", "build a smaller model");
+    if (r != DT_OK) return r;
     m->params = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * m->nparams);
     m->grads = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * m->nparams);
     m->buffers = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * m->nbuffers);
@@ -731,6 +745,7 @@ static void dt__plan(dt_model *m) {
 static dt_result dt__reserve(dt_model *m, int64_t batch) {
     int64_t total = 0, itotal = 0, ws = 0, outsz;
     int i;
+    dt_result r;
     float *a;
     int32_t *ia;
     if (batch <= m->cap_batch) return DT_OK;
@@ -755,6 +770,9 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
     total += ws + batch * outsz;
     if (m->ctx == &m->cpu) total += dt__gemm_ws_count(dt_cpu_threads());
     itotal += batch;
+    if (m->ctx == &m->cpu &&
+        (r = dt__fits_memory(4.0 * (double)(total + itotal), "dt_model_forward", "the activations of the batch",
+                             "use a smaller batch")) != DT_OK) return r;
     a = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * total);
     ia = (int32_t *)m->ops->alloc(m->ctx, (int64_t)sizeof(int32_t) * itotal);
     if (!a || !ia) {

@@ -335,6 +335,41 @@ static void test_error_wraps_last_error(void) {
     CHECK(strncmp(dt_last_error(), dt_result_str(DT_ERR_STATE), strlen(dt_result_str(DT_ERR_STATE))) == 0);
 }
 
+/* A model or a batch larger than the machine's memory is refused before anything that large is allocated
+   (malloc may grant it, and the kernel would kill the process when the pages are first written). */
+static void test_larger_than_memory(void) {
+    dt_model *m = NULL;
+    dt_model_desc d;
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    double phys = (double)pages * (double)psize;
+    int64_t side;
+    float x[4] = {0};
+    refuse_above = (size_t)1 << 30;   /* should the check be missing, nothing that large is really allocated */
+    /* a linear layer whose weights alone take 60% of the memory: each buffer fits, all of them do not */
+    side = (int64_t)sqrt(0.6 * phys / 4.0);
+    memset(&d, 0, sizeof d);
+    d.in_c = side; d.in_h = 1; d.in_w = 1;
+    CHECK_OK(dt_model_create(&m, &d));
+    CHECK(dt_linear(m, dt_flatten(m, 0), side, 0) > 0);
+    largest_request = 0;
+    CHECK_ERR(dt_model_finalize(m), DT_ERR_OUT_OF_MEMORY);
+    CHECK(strstr(dt_last_error(), "GB of memory") && strstr(dt_last_error(), "dt_model_finalize"));
+    CHECK(largest_request < (size_t)1 << 30);   /* refused before the allocation, not by it */
+    dt_model_destroy(m);
+    /* a small model whose batch would not fit: refused by the forward pass, which names the batch */
+    m = NULL;
+    d.in_c = 4;
+    CHECK_OK(dt_model_create(&m, &d));
+    CHECK(dt_linear(m, dt_flatten(m, 0), 4, 1) > 0);
+    CHECK_OK(dt_model_finalize(m));
+    largest_request = 0;
+    CHECK_ERR(dt_model_forward(m, x, (int64_t)(phys / 16.0)), DT_ERR_OUT_OF_MEMORY);
+    CHECK(strstr(dt_last_error(), "smaller batch") != NULL);
+    CHECK(largest_request < (size_t)1 << 30);
+    dt_model_destroy(m);
+    refuse_above = 0;
+}
+
 int main(int argc, char **argv) {
     dt_t_only = argc > 1 ? argv[1] : NULL;
     printf("test_errors\n");
@@ -345,6 +380,8 @@ int main(int argc, char **argv) {
     RUN(test_run_errors);
     RUN(test_trainer_create_rule);
     RUN(test_allocator_hooks_and_oom);
+    if (sysconf(_SC_PHYS_PAGES) > 0) RUN(test_larger_than_memory);
+    else dt_t_skip("test_larger_than_memory", "the machine's memory cannot be told");
     RUN(test_no_allocation_in_the_step);
     return dt_t_summary();
 }
