@@ -371,7 +371,7 @@ static __global__ void dt__k_gap_bwd(const float *dy, float *dx, int64_t nc, int
 }
 
 /* activations and dropout */
-static __global__ void dt__k_relu_fwd(const float *x, float *y, int64_t n) { DT__CU_FOR(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f; }
+static __global__ void dt__k_relu_fwd(const float *x, float *y, int64_t n) { DT__CU_FOR(i, n) y[i] = dt_body_relu(x[i]); }
 static __global__ void dt__k_relu_bwd(const float *y, const float *dy, float *dx, int64_t n) {
     DT__CU_FOR(i, n) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
 }

@@ -181,7 +181,7 @@ int dt_cpu_threads(void);
 
 /* FOR BACKENDS: the loop bodies. The ops whose bodies are more than a line have them as functions that a
    backend calls in its own loops, so that every backend computes the same numbers from one definition:
-   dt_body_maxpool_window, dt_body_avgpool_window, dt_body_log_softmax_row, dt_body_log_softmax_row_bwd,
+   dt_body_relu, dt_body_maxpool_window, dt_body_avgpool_window, dt_body_log_softmax_row, dt_body_log_softmax_row_bwd,
    dt_body_softmax_xent_row, dt_body_argmax_row, dt_body_sgd_update, dt_body_adam_update (below, after
    these declarations) and dt_body_hash_uniform (dtrain/base.h). They are static inline, host and device
    functions under nvcc, and are defined where DTRAIN_IMPLEMENTATION or DTRAIN_CUDA_IMPLEMENTATION is:
@@ -201,6 +201,11 @@ int dt_cpu_threads(void);
 #if (defined(DTRAIN_IMPLEMENTATION) || defined(DTRAIN_CUDA_IMPLEMENTATION)) && !defined(DTRAIN_SHARED_DONE)
 #define DTRAIN_SHARED_DONE
 #include <math.h>
+/* ReLU: max(0, v), with NaN kept, as in PyTorch: a NaN that a ReLU turned into 0 would hide a diverged
+   model from the loss's check (NaN weights feeding ReLUs gave a finite loss). -0 becomes 0. The backward
+   passes keep their mask y > 0 (a NaN output's gradient is 0: the loss is NaN by then and training stops). */
+static inline DT__HD float dt_body_relu(float v) { return v <= 0.0f ? 0.0f : v; }
+
 /* Max pooling of window (oy, ox) of the plane xp [h, w], checking every tap against the borders: the
    maximum, and its offset in *at (-1 when the window holds no pixel). The first maximum wins and NaN
    propagates, as in PyTorch. */
@@ -778,7 +783,7 @@ static void dt__cpu_relu_fwd(void *ctx, const float *x, float *y, int64_t n) {
     int64_t i;
     (void)ctx;
     DT__OMP(parallel for if (n > DT__PAR_MIN))
-    for (i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    for (i = 0; i < n; i++) y[i] = dt_body_relu(x[i]);
 }
 static void dt__cpu_relu_bwd(void *ctx, const float *y, const float *dy, float *dx, int64_t n) {
     int64_t i;
@@ -876,12 +881,12 @@ static void dt__bn_fwd(const dt__kernel *kt, int training, int relu, const float
             if (relu && res)
                 for (k = 0; k < s; k++) {
                     float v = (xp[k] * g + b) + res[(i * c + ch) * s + k];
-                    yp[k] = v > 0.0f ? v : 0.0f;
+                    yp[k] = dt_body_relu(v);
                 }
             else if (relu)
                 for (k = 0; k < s; k++) {
                     float v = xp[k] * g + b;
-                    yp[k] = v > 0.0f ? v : 0.0f;
+                    yp[k] = dt_body_relu(v);
                 }
             else
                 for (k = 0; k < s; k++) yp[k] = xp[k] * g + b;
@@ -940,8 +945,7 @@ static void dt__cpu_add_relu_fwd(void *ctx, float *y, const float *a, const floa
     (void)ctx;
     DT__OMP(parallel for if (n > DT__PAR_MIN))
     for (i = 0; i < n; i++) {
-        float v = a[i] + b[i];
-        y[i] = v > 0.0f ? v : 0.0f;
+        y[i] = dt_body_relu(a[i] + b[i]);
     }
 }
 /* d = dy where y > 0, else 0, written (acc 0) or added (acc 1) to each of da, db that is not NULL */

@@ -497,6 +497,32 @@ static void test_dropout(void) {
     dt_model_destroy(m2);
 }
 
+/* NaN goes through a ReLU, as in PyTorch, in the op and in the fused batch norm and residual add, so a model
+   with a NaN weight gives a NaN loss that dt_model_loss_labels refuses (a ReLU that turned NaN into 0 hid it). */
+static void test_relu_keeps_nan(void) {
+    const dt_ops *ops = dt_cpu_ops();
+    float x[4] = {NAN, -1.0f, 2.0f, -0.0f}, y[4], one[4] = {1, 1, 1, 1}, xi[2 * 3 * 32 * 32], loss = 0.0f;
+    int32_t labels[2] = {1, 2};
+    int z, k;
+    ops->relu_fwd(NULL, x, y, 4);
+    CHECK(isnan(y[0]) && y[1] == 0.0f && y[2] == 2.0f && y[3] == 0.0f && !signbit(y[3]));
+    ops->add_relu_fwd(NULL, y, x, one, 4);
+    CHECK(isnan(y[0]) && y[1] == 0.0f && y[2] == 3.0f && y[3] == 1.0f);
+    for (k = 0; k < 2 * 3 * 32 * 32; k++) xi[k] = (float)(k % 7) * 0.1f;
+    for (z = 0; z < 2; z++) {   /* SimpleCNN (ReLU layers) and ResNet-20 (ReLU fused into batch norm and the add) */
+        dt_model *m = NULL;
+        dt_model_desc md;
+        memset(&md, 0, sizeof md);
+        md.in_c = 3; md.in_h = 32; md.in_w = 32;
+        CHECK_OK(dt_zoo_create(&m, z ? DT_ZOO_RESNET20 : DT_ZOO_SIMPLE_CNN, 10, &md));
+        if (!m) continue;
+        dt_model_params(m, NULL)[0] = NAN;   /* one weight of the first convolution */
+        CHECK_OK(dt_model_forward(m, xi, 2));
+        CHECK_ERR(dt_model_loss_labels(m, labels, &loss), DT_ERR_NUMERIC);
+        dt_model_destroy(m);
+    }
+}
+
 int main(int argc, char **argv) {
     dt_t_only = argc > 1 ? argv[1] : NULL;
     printf("test_layers\n");
@@ -513,5 +539,6 @@ int main(int argc, char **argv) {
     RUN(test_gradcheck_misc);
     RUN(test_gradcheck_losses);
     RUN(test_dropout);
+    RUN(test_relu_keeps_nan);
     return dt_t_summary();
 }
