@@ -277,10 +277,10 @@ static inline DT__HD double dt_body_softmax_xent_row(const float *x, int64_t lab
     return label >= 0 && label < k ? lse - (double)x[label] : (double)NAN;
 }
 /* index of the first maximum of a row x [k] */
-static inline DT__HD int64_t dt_body_argmax_row(const float *x, int64_t k) {
+static inline DT__HD int64_t dt_body_argmax_row(const float *x, int64_t k) {   /* the first NaN wins, as in PyTorch */
     int64_t best = 0, j;
-    for (j = 1; j < k; j++)
-        if (x[j] > x[best]) best = j;
+    for (j = 1; j < k && x[best] == x[best]; j++)
+        if (x[j] > x[best] || x[j] != x[j]) best = j;
     return best;
 }
 

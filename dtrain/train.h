@@ -410,7 +410,7 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
             const float *row = scores + i * k;
             int64_t above = 0;                    /* classes scoring strictly higher than the label, or equal and earlier */
             for (j = 0; j < k; j++)
-                above += row[j] > row[y[i]] || (row[j] == row[y[i]] && j < y[i]);
+                above += row[j] > row[y[i]] || (row[j] == row[y[i]] && j < y[i]) || row[j] != row[j];   /* NaN: wrong */
             top1 += above == 0;
             topk_hits += above < topk;
         }

@@ -508,6 +508,14 @@ static void test_relu_keeps_nan(void) {
     CHECK(isnan(y[0]) && y[1] == 0.0f && y[2] == 2.0f && y[3] == 0.0f && !signbit(y[3]));
     ops->add_relu_fwd(NULL, y, x, one, 4);
     CHECK(isnan(y[0]) && y[1] == 0.0f && y[2] == 3.0f && y[3] == 1.0f);
+    {   /* the accuracy op's argmax takes the first NaN, as PyTorch's, so a NaN row is right only by its position */
+        float sc[8] = {0.1f, 0.9f, NAN, 0.2f, 0.5f, 0.2f, 0.1f, 0.0f};
+        int32_t lab[2] = {1, 0};
+        int64_t right = -1;
+        CHECK(dt_body_argmax_row(sc, 4) == 2 && dt_body_argmax_row(sc + 4, 4) == 0);
+        ops->count_correct(NULL, sc, lab, 2, 4, &right);
+        CHECK(right == 1);
+    }
     for (k = 0; k < 2 * 3 * 32 * 32; k++) xi[k] = (float)(k % 7) * 0.1f;
     for (z = 0; z < 2; z++) {   /* SimpleCNN (ReLU layers) and ResNet-20 (ReLU fused into batch norm and the add) */
         dt_model *m = NULL;
@@ -519,6 +527,16 @@ static void test_relu_keeps_nan(void) {
         dt_model_params(m, NULL)[0] = NAN;   /* one weight of the first convolution */
         CHECK_OK(dt_model_forward(m, xi, 2));
         CHECK_ERR(dt_model_loss_labels(m, labels, &loss), DT_ERR_NUMERIC);
+        {   /* evaluation: the loss is NaN and no NaN score counts as a correct prediction */
+            dt_dataset ds;
+            dt_eval_result ev;
+            uint8_t pix[2 * 3 * 32 * 32];
+            memset(&ds, 0, sizeof ds);
+            memset(pix, 100, sizeof pix);
+            ds.count = 2; ds.c = 3; ds.h = 32; ds.w = 32; ds.num_classes = 10; ds.pixels = pix; ds.labels = labels;
+            CHECK_OK(dt_evaluate(m, &ds, NULL, 0, NULL, 2, 5, &ev));
+            CHECK(isnan(ev.loss) && ev.top1 == 0.0 && ev.topk == 0.0);
+        }
         dt_model_destroy(m);
     }
 }
