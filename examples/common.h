@@ -1,11 +1,13 @@
 /* common.h - what the examples share: their main() (ex_main: the launcher's flags, the example's own, the
-   data, dt_launch), their data flags, the datasets with their usual transforms, the end of an epoch (the
+   data, dt_launch), their data flags (--pad-to too), their optimizer and schedule flags (ex_recipe: the
+   recipe, checked and printed whole), the datasets with their usual transforms, the end of an epoch (the
    loss and traffic over the ranks, the test set on rank 0) and rank 0's report of it (ex_report: the log line
    and the CSV row). What an example teaches stays in the example: its rank_main. Define EX_PROG (the
    program's name, for messages) before including it, after dtrain.h. The functions are static inline, so an
    example that uses only some of them compiles without warnings. */
 #ifndef EX_COMMON_H
 #define EX_COMMON_H
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +23,10 @@ static inline int parse_long(const char *flag, const char *v, long lo, long *out
 static inline int parse_double(const char *flag, const char *v, double *out) {
     char *end;
     double x = v ? strtod(v, &end) : 0;
-    if (!v || !*v || *end || !(x >= 0.0)) { fprintf(stderr, "%s: %s needs a number >= 0, got '%s'\n", EX_PROG, flag, v ? v : ""); return -1; }
+    if (!v || !*v || *end || !(x >= 0.0) || !isfinite(x)) {   /* "inf" and "nan" parse too */
+        fprintf(stderr, "%s: %s needs a finite number >= 0, got '%s'\n", EX_PROG, flag, v ? v : "");
+        return -1;
+    }
     *out = x;
     return 0;
 }
