@@ -44,8 +44,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: fedavg [--ranks N] [--clients N] [--rounds N] [--frac C] [--local-epochs E] [--batch B] [--model NAME]\n"
                "              [--dataset fashion-mnist|mnist] [--data DIR] [--pad-to S] [--partition iid|shards|dirichlet] [--alpha A]\n");
     ex_recipe_usage(f, 14, 0);
-    fprintf(f, "              [--agg mean|median|trimmed|krum|multikrum|classmean]\n"
-               "              [--trim F] [--krum-f F] [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
+    fprintf(f, "              [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim F] [--krum-f F]\n"
+               "              [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
                "              [--noise-std S] [--prox-mu MU] [--dropout-prob P] [--class-acc C] [--per-class]\n"
                "              [--seed N] [--limit N] [--csv PATH]\n");
 }
