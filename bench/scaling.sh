@@ -1,6 +1,7 @@
 #!/bin/sh
 # bench/scaling.sh BUILD - DDP scaling on this machine: SimpleCNN on Fashion-MNIST, one epoch of LIMIT samples
-# (default 16384) at global batch 128, with 1, 2, ..., MAX_RANKS local ranks (default 4), each rank on
+# (default 16384) at global batch 128 (on 3 ranks 126: ddp refuses a batch that does not divide over the
+# ranks), with 1, 2, ..., MAX_RANKS local ranks (default 4), each rank on
 # THREADS OpenMP threads (default 1, so that N ranks use N cores' worth of threads). Writes BUILD/bench/scaling.csv (ranks, seconds per epoch,
 # images/s, speed-up and efficiency against 1 rank) and, when gnuplot is installed, BUILD/bench/scaling.png.
 B=${1:-build}
@@ -13,7 +14,7 @@ echo "ranks,time_s,img_per_s,speedup,efficiency" > "$OUT/scaling.csv"
 t1=
 n=1
 while [ "$n" -le "$MAX" ]; do
-    "$B/examples/ddp" --ranks $n --threads-per-rank $THREADS --epochs 1 --limit $LIMIT --csv "$OUT/scaling-$n.csv" > "$OUT/scaling-$n.log" 2>&1 ||
+    "$B/examples/ddp" --ranks $n --batch $((128 / n * n)) --threads-per-rank $THREADS --epochs 1 --limit $LIMIT --csv "$OUT/scaling-$n.csv" > "$OUT/scaling-$n.log" 2>&1 ||
         { cat "$OUT/scaling-$n.log"; exit 1; }
     t=$(awk -F, 'NR == 2 { print $2 }' "$OUT/scaling-$n.csv")
     [ -z "$t1" ] && t1=$t

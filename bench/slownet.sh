@@ -4,7 +4,7 @@
 # (default 128: D-PSGD takes BATCH / RANKS per rank), under each network of SETTINGS (the local backend's
 # link model, one full-duplex port per rank), with three trainers:
 #   dpsgd         D-PSGD on a ring (each step, every rank sends its replica to its 2 neighbours), on the
-#                 28x28 images (--no-pad) so that its SimpleCNN is DDP's
+#                 28x28 images (--pad-to 0) so that its SimpleCNN is DDP's
 #   ddp-flat      DDP, one ring all-reduce of the whole gradient after backward
 #   ddp-buckets   DDP, ring all-reduces of buckets (DT_DDP_BUCKET_BYTES), overlapped with backward
 # Every configuration runs REPEAT times (default 3), interleaved. Writes BUILD/bench/slownet-runs.csv (every
@@ -31,7 +31,7 @@ while [ "$rep" -le "$REPEAT" ]; do
         for t in $TRAINERS; do
             log="$OUT/slownet-$t.log" csv="$OUT/slownet-$t.csv"
             case $t in
-            dpsgd) set -- "$B/examples/dpsgd" --no-pad --model simplecnn --batch $((BATCH / RANKS)) --lr 0.01 --momentum 0.5 --wd 0 --milestones 100 ;;
+            dpsgd) set -- "$B/examples/dpsgd" --pad-to 0 --model simplecnn --batch $((BATCH / RANKS)) --lr 0.01 --momentum 0.5 --wd 0 --milestones 100 ;;
             ddp-flat) set -- "$B/examples/ddp" --data "$OUT/fmnist-test$LIMIT" --batch $BATCH --sync flat ;;
             ddp-buckets) set -- "$B/examples/ddp" --data "$OUT/fmnist-test$LIMIT" --batch $BATCH --sync buckets ;;
             esac

@@ -1,11 +1,13 @@
 /* common.h - what the examples share: their main() (ex_main: the launcher's flags, the example's own, the
-   data, dt_launch), their data flags, the datasets with their usual transforms, the end of an epoch (the
+   data, dt_launch), their data flags (--pad-to too), their optimizer and schedule flags (ex_recipe: the
+   recipe, checked and printed whole), the datasets with their usual transforms, the end of an epoch (the
    loss and traffic over the ranks, the test set on rank 0) and rank 0's report of it (ex_report: the log line
    and the CSV row). What an example teaches stays in the example: its rank_main. Define EX_PROG (the
    program's name, for messages) before including it, after dtrain.h. The functions are static inline, so an
    example that uses only some of them compiles without warnings. */
 #ifndef EX_COMMON_H
 #define EX_COMMON_H
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,9 +23,155 @@ static inline int parse_long(const char *flag, const char *v, long lo, long *out
 static inline int parse_double(const char *flag, const char *v, double *out) {
     char *end;
     double x = v ? strtod(v, &end) : 0;
-    if (!v || !*v || *end || !(x >= 0.0)) { fprintf(stderr, "%s: %s needs a number >= 0, got '%s'\n", EX_PROG, flag, v ? v : ""); return -1; }
+    if (!v || !*v || *end || !(x >= 0.0) || !isfinite(x)) {   /* "inf" and "nan" parse too */
+        fprintf(stderr, "%s: %s needs a finite number >= 0, got '%s'\n", EX_PROG, flag, v ? v : "");
+        return -1;
+    }
     *out = x;
     return 0;
+}
+
+/* The training recipe every example that trains with SGD shares: the optimizer and its learning-rate schedule,
+   from one set of flags (ex_recipe_flag), checked in one place (ex_recipe_check), turned into the library's descs
+   (ex_recipe_optim, ex_recipe_sched) and printed whole in the example's header line (ex_recipe_str). The schedule
+   is stepped once per epoch (per round in fedavg). Each example sets its defaults, and what its step cannot do,
+   before reading the flags. */
+typedef struct ex_recipe {
+    dt_optim_kind kind;                   /* --optim sgd|adam|adamw */
+    double lr, momentum, wd, min_lr;      /* --lr, --momentum (SGD), --wd, --min-lr (the floor of --cosine) */
+    int nesterov, cosine;                 /* --nesterov (SGD, momentum > 0), --cosine */
+    long warmup;                          /* --warmup N: N epochs (rounds) of linear warm-up from lr / 3 */
+    int64_t milestones[DT_SCHED_MAX_MILESTONES];   /* --milestones A,B,...: lr x 0.1 at each, counted after the warm-up */
+    int plain;                            /* set by the example: its step is plain SGD (no --optim, --momentum, --wd, --nesterov) */
+    int lr_zero;                          /* set by the example: --lr 0 means something there */
+    int momentum_given, wd_given, min_lr_given;   /* which of these the flags set, for the checks */
+} ex_recipe;
+
+/* Prints the recipe's flags for a usage text, each line after `indent` spaces. */
+static inline void ex_recipe_usage(FILE *f, int indent, int plain) {
+    if (!plain) fprintf(f, "%*s[--optim sgd|adam|adamw] [--lr X] [--momentum X] [--nesterov] [--wd X]\n", indent, "");
+    fprintf(f, "%*s%s[--milestones A,B,...] [--cosine] [--min-lr X] [--warmup N]\n", indent, "", plain ? "[--lr X] " : "");
+}
+
+/* --milestones A,B,...: up to DT_SCHED_MAX_MILESTONES ascending epochs > 0. Returns 0, or -1 after saying why. */
+static inline int ex_parse_milestones(const char *v, int64_t *ms) {
+    const char *p = v;
+    char *end;
+    int k = 0;
+    memset(ms, 0, sizeof(int64_t) * DT_SCHED_MAX_MILESTONES);
+    for (;;) {
+        long e = strtol(p, &end, 10);
+        if (end == p || e < 1 || k == DT_SCHED_MAX_MILESTONES || (k > 0 && e <= ms[k - 1]) || (*end && *end != ',') ||
+            (*end == ',' && !end[1])) {
+            fprintf(stderr, "%s: --milestones needs up to %d ascending epochs > 0 separated by commas (e.g. 80,120), got '%s'\n",
+                    EX_PROG, DT_SCHED_MAX_MILESTONES, v);
+            return -1;
+        }
+        ms[k++] = e;
+        if (!*end) return 0;
+        p = end + 1;
+    }
+}
+
+/* One of the recipe's flags: returns the words of argv it takes (1 for --nesterov and --cosine, 2 with a value),
+   0 when f is not one of them. *bad is nonzero when its value v is wrong (it says why). */
+static inline int ex_recipe_flag(const char *f, const char *v, ex_recipe *r, int *bad) {
+    if (!strcmp(f, "--nesterov")) { r->nesterov = 1; return 1; }
+    if (!strcmp(f, "--cosine")) { r->cosine = 1; return 1; }
+    if (strcmp(f, "--optim") && strcmp(f, "--lr") && strcmp(f, "--momentum") && strcmp(f, "--wd") && strcmp(f, "--min-lr") &&
+        strcmp(f, "--warmup") && strcmp(f, "--milestones")) return 0;
+    if (!v) { fprintf(stderr, "%s: %s needs a value\n", EX_PROG, f); *bad = 1; return 2; }
+    if (!strcmp(f, "--optim")) {
+        if (!strcmp(v, "sgd")) r->kind = DT_OPTIM_SGD;
+        else if (!strcmp(v, "adam")) r->kind = DT_OPTIM_ADAM;
+        else if (!strcmp(v, "adamw")) r->kind = DT_OPTIM_ADAMW;
+        else { fprintf(stderr, "%s: --optim needs sgd, adam or adamw, got '%s'\n", EX_PROG, v); *bad = 1; }
+    }
+    else if (!strcmp(f, "--lr")) *bad = parse_double(f, v, &r->lr);
+    else if (!strcmp(f, "--momentum")) { *bad = parse_double(f, v, &r->momentum); r->momentum_given = 1; }
+    else if (!strcmp(f, "--wd")) { *bad = parse_double(f, v, &r->wd); r->wd_given = 1; }
+    else if (!strcmp(f, "--min-lr")) { *bad = parse_double(f, v, &r->min_lr); r->min_lr_given = 1; }
+    else if (!strcmp(f, "--warmup")) *bad = parse_long(f, v, 0, &r->warmup);
+    else *bad = ex_parse_milestones(v, r->milestones);
+    return 2;
+}
+
+/* The checks of a recipe as a whole, for a run of `total` epochs (rounds: unit). Returns 0, or -1 after saying why
+   on stderr. AdamW without --wd gets the library's default decay (0.01), so that the header line is true. */
+static inline int ex_recipe_check(ex_recipe *r, long total, const char *unit) {
+    const char *optim = r->kind == DT_OPTIM_SGD ? "sgd" : r->kind == DT_OPTIM_ADAM ? "adam" : "adamw";
+    const char *why = NULL;
+    if (r->plain && (r->kind != DT_OPTIM_SGD || r->momentum != 0.0 || r->wd != 0.0 || r->nesterov))
+        why = r->kind != DT_OPTIM_SGD ? "--optim" : r->momentum != 0.0 ? "--momentum" : r->wd != 0.0 ? "--wd" : "--nesterov";
+    if (why) {
+        fprintf(stderr, "%s: %s: this example's step is plain SGD (parameters -= lr x gradient); it takes --lr and the schedule's "
+                        "flags only\n", EX_PROG, why);
+        return -1;
+    }
+    if (!(r->lr > 0.0) && !r->lr_zero) {
+        fprintf(stderr, "%s: --lr needs a number > 0: with lr 0 the model would not train, got %g\n", EX_PROG, r->lr);
+        return -1;
+    }
+    if (r->kind != DT_OPTIM_SGD && (r->momentum_given || r->nesterov)) {
+        fprintf(stderr, "%s: %s is SGD's: --optim %s has no momentum (its betas are 0.9 and 0.999); drop it or use --optim sgd\n",
+                EX_PROG, r->nesterov ? "--nesterov" : "--momentum", optim);
+        return -1;
+    }
+    if (r->nesterov && r->momentum == 0.0) {
+        fprintf(stderr, "%s: --nesterov needs --momentum > 0 (e.g. --momentum 0.9)\n", EX_PROG);
+        return -1;
+    }
+    if (r->kind == DT_OPTIM_ADAMW && r->wd == 0.0) {
+        if (r->wd_given) { fprintf(stderr, "%s: --optim adamw with --wd 0 is Adam: use --optim adam, or a --wd > 0\n", EX_PROG); return -1; }
+        r->wd = 0.01;   /* the library's default for AdamW */
+    }
+    if (r->kind != DT_OPTIM_SGD) r->momentum = 0.0;   /* an example's SGD default does not apply */
+    if (r->cosine && r->milestones[0]) {
+        fprintf(stderr, "%s: --milestones and --cosine are two schedules: give one of them\n", EX_PROG);
+        return -1;
+    }
+    if (r->min_lr_given && !r->cosine) {
+        fprintf(stderr, "%s: --min-lr is the floor of the cosine schedule: give --cosine too, or drop --min-lr\n", EX_PROG);
+        return -1;
+    }
+    if (r->warmup >= total) {
+        fprintf(stderr, "%s: --warmup %ld needs more %s than that: the run has %ld\n", EX_PROG, r->warmup, unit, total);
+        return -1;
+    }
+    return 0;
+}
+
+/* The optimizer of the recipe. */
+static inline void ex_recipe_optim(const ex_recipe *r, dt_optim_desc *od) {
+    memset(od, 0, sizeof *od);
+    od->kind = r->kind;
+    od->lr = (float)r->lr; od->momentum = (float)r->momentum; od->nesterov = r->nesterov; od->weight_decay = (float)r->wd;
+}
+
+/* The schedule of the recipe, for a run of `total` epochs (rounds): the cosine spans what the warm-up leaves. */
+static inline void ex_recipe_sched(const ex_recipe *r, long total, dt_sched_desc *sd) {
+    memset(sd, 0, sizeof *sd);
+    sd->kind = r->cosine ? DT_SCHED_COSINE : r->milestones[0] ? DT_SCHED_MULTISTEP : DT_SCHED_CONSTANT;
+    sd->base_lr = (float)r->lr; sd->min_lr = (float)r->min_lr; sd->warmup = r->warmup; sd->t_max = total - r->warmup;
+    memcpy(sd->milestones, r->milestones, sizeof sd->milestones);
+}
+
+/* The whole recipe in words, for the header line, e.g. "sgd lr 0.1 momentum 0.9 nesterov wd 0.0005, lr x0.1 at
+   epochs 80,120 after 5 warm-up epochs". Returns buf. */
+static inline const char *ex_recipe_str(const ex_recipe *r, long total, const char *unit, char *buf, size_t size) {
+    size_t n;
+    int i;
+    if (r->kind == DT_OPTIM_SGD)
+        n = (size_t)snprintf(buf, size, "sgd lr %g momentum %g%s wd %g", r->lr, r->momentum, r->nesterov ? " nesterov" : "", r->wd);
+    else n = (size_t)snprintf(buf, size, "%s lr %g wd %g", r->kind == DT_OPTIM_ADAM ? "adam" : "adamw", r->lr, r->wd);
+    if (n < size && r->cosine) n += (size_t)snprintf(buf + n, size - n, ", cosine to %g over %ld %s", r->min_lr, total - r->warmup, unit);
+    else if (n < size && r->milestones[0]) {
+        n += (size_t)snprintf(buf + n, size - n, ", lr x0.1 at %s ", unit);
+        for (i = 0; i < DT_SCHED_MAX_MILESTONES && r->milestones[i] && n < size; i++)
+            n += (size_t)snprintf(buf + n, size - n, "%s%lld", i ? "," : "", (long long)r->milestones[i]);
+    } else if (n < size) n += (size_t)snprintf(buf + n, size - n, ", constant lr");
+    if (n < size && r->warmup) snprintf(buf + n, size - n, " after %ld warm-up %s", r->warmup, unit);
+    return buf;
 }
 
 /* Loads train and test sets; transforms as torchvision's usual recipes for each dataset. */
@@ -65,26 +213,28 @@ static inline dt_result load_data(const char *dataset, const char *data, long si
 }
 
 /* The data a training example reads: the flags that choose it and, after ex_load, the two sets. Each
-   example's args embeds one, zeroed, with the default dataset set before the flags are read. */
+   example's args embeds one, zeroed, with the default dataset (and padding) set before the flags are read. */
 typedef struct ex_data {
     const char *dataset, *dir;    /* --dataset (NULL where the example has no such flag), --data DIR */
     long limit, seed;             /* --limit N: the first N training samples; --seed */
+    long pad_to;                  /* --pad-to S: smaller images zero-padded to S x S (e.g. 28x28 to 32x32 for VGG-11); 0: kept */
     dt_dataset train, test;       /* loaded once by main, read by every local rank */
     dt_transform tt, te;          /* the training transform (with its augmentation) and the test one */
     int64_t ntrain;               /* the training samples used: --limit or all */
+    char name[128];               /* the data as the header line names it, e.g. "fashion-mnist 28x28 zero-padded to 32x32" */
 } ex_data;
 
-/* The flags every training example takes: --dataset, --data, --limit, --seed, --batch, and --epochs and
-   --lr (> 0) where the example gives them a place. Returns 1 when f is one of them (*bad is then nonzero
-   when its value v is wrong; parse_long and parse_double say why), 0 when it is not. */
-static inline int ex_flag(const char *f, const char *v, ex_data *d, long *epochs, long *batch, double *lr, int *bad) {
+/* The flags every training example takes: --dataset, --data, --limit, --seed, --pad-to, --batch, and --epochs
+   where the example gives it a place (the optimizer's flags are ex_recipe_flag's). Returns 1 when f is one of
+   them (*bad is then nonzero when its value v is wrong; parse_long says why), 0 when it is not. */
+static inline int ex_flag(const char *f, const char *v, ex_data *d, long *epochs, long *batch, int *bad) {
     if (!strcmp(f, "--dataset") && d->dataset) d->dataset = v;
     else if (!strcmp(f, "--data")) d->dir = v;
     else if (!strcmp(f, "--limit")) *bad = parse_long(f, v, 1, &d->limit);
     else if (!strcmp(f, "--seed")) *bad = parse_long(f, v, 0, &d->seed);
+    else if (!strcmp(f, "--pad-to")) *bad = parse_long(f, v, 0, &d->pad_to);
     else if (!strcmp(f, "--batch")) *bad = parse_long(f, v, 1, batch);
     else if (!strcmp(f, "--epochs") && epochs) *bad = parse_long(f, v, 1, epochs);
-    else if (!strcmp(f, "--lr") && lr) *bad = parse_double(f, v, lr) || !(*lr > 0.0);
     else return 0;
     return 1;
 }
@@ -95,10 +245,48 @@ static inline void ex_free(ex_data *d) {
     dt_dataset_free(&d->train);
 }
 
-/* Loads d->dataset (an image folder's images at 32x32) and sets d->ntrain. Returns the exit status: 0, or 1 after
-   saying why on stderr, with nothing left loaded. */
+/* Zero-pads every image of ds to size x size, centred (torchvision's Pad before ToTensor), in place. */
+static inline dt_result ex_pad_dataset(dt_dataset *ds, int64_t size) {
+    int64_t top = (size - ds->h) / 2, left = (size - ds->w) / 2, i, y;
+    uint8_t *p = (uint8_t *)DT_MALLOC((size_t)(ds->count * ds->c * size * size));
+    if (!p) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to pad %s to %lldx%lld", ds->source, (long long)size, (long long)size);
+    memset(p, 0, (size_t)(ds->count * ds->c * size * size));
+    for (i = 0; i < ds->count * ds->c; i++)
+        for (y = 0; y < ds->h; y++)
+            memcpy(p + (i * size + y + top) * size + left, ds->pixels + (i * ds->h + y) * ds->w, (size_t)ds->w);
+    DT_FREE(ds->pixels);
+    ds->pixels = p;
+    ds->h = ds->w = size;
+    return DT_OK;
+}
+
+/* After loading: --pad-to, and d->name. Returns the exit status: 0; 2 when the images are larger than --pad-to;
+   1 when there is no memory (said on stderr). */
+static inline int ex_pad(ex_data *d) {
+    int64_t h = d->train.h, w = d->train.w, s = d->pad_to;
+    int shared = d->test.pixels == d->train.pixels;   /* an image folder's test set is its training set */
+    snprintf(d->name, sizeof d->name, "%s %lldx%lld", d->dataset, (long long)h, (long long)w);
+    if (!s || (h == s && w == s)) return 0;
+    if (h > s || w > s) {
+        fprintf(stderr, "%s: --pad-to %ld: the images of %s are %lldx%lld already; give a size of at least %lld, or 0\n", EX_PROG,
+                d->pad_to, d->dataset, (long long)h, (long long)w, (long long)(h > w ? h : w));
+        return 2;
+    }
+    if (ex_pad_dataset(&d->train, s) != DT_OK || (!shared && ex_pad_dataset(&d->test, s) != DT_OK)) {
+        fprintf(stderr, "%s: %s\n", EX_PROG, dt_last_error());
+        return 1;
+    }
+    if (shared) d->test = d->train;
+    snprintf(d->name, sizeof d->name, "%s %lldx%lld zero-padded to %lldx%lld", d->dataset, (long long)h, (long long)w,
+             (long long)s, (long long)s);
+    return 0;
+}
+
+/* Loads d->dataset (an image folder's images at 32x32), pads it (--pad-to) and sets d->ntrain. Returns the exit
+   status: 0, or 1 (2 for a --pad-to smaller than the images) after saying why on stderr, with nothing left loaded. */
 static inline int ex_load(ex_data *d) {
     dt_partition none;   /* an image folder's 90/10 split, which only train.c uses */
+    int rc;
     memset(&none, 0, sizeof none);
     if (load_data(d->dataset, d->dir, 32, d->seed, &d->train, &d->test, &d->tt, &d->te, &none) != DT_OK) {
         fprintf(stderr, "%s: %s\n", EX_PROG, dt_last_error());
@@ -106,17 +294,25 @@ static inline int ex_load(ex_data *d) {
         return 1;
     }
     dt_partition_free(&none);
+    if ((rc = ex_pad(d)) != 0) { ex_free(d); return rc; }
     d->ntrain = d->limit && d->limit < d->train.count ? d->limit : d->train.count;   /* --limit: the first N samples */
     return 0;
 }
 
 /* Creates the zoo model `name` for d's images and classes; its weights come from --seed, and stream (e.g.
-   the rank) picks its random stream. */
+   the rank) picks its random stream. A model that needs larger images (VGG-11 on 28x28) is refused naming
+   --pad-to. */
 static inline dt_result ex_model_create(dt_model **m, const char *name, const ex_data *d, uint64_t stream) {
     dt_model_desc md;
+    dt_result r;
+    char why[1024];
     memset(&md, 0, sizeof md);
     md.in_c = d->train.c; md.in_h = d->train.h; md.in_w = d->train.w; md.seed = (uint64_t)d->seed; md.stream = stream;
-    return dt_zoo_create(m, (dt_zoo_model)dt_zoo_from_name(name), d->train.num_classes, &md);
+    if ((r = dt_zoo_create(m, (dt_zoo_model)dt_zoo_from_name(name), d->train.num_classes, &md)) != DT_ERR_SHAPE || d->train.h >= 32)
+        return r;
+    snprintf(why, sizeof why, "%s", dt_last_error());   /* dt_set_error writes over the message it would quote */
+    return dt_set_error(r, "%s does not fit %s's %lldx%lld images: zero-pad them with --pad-to 32 (%s)", name, d->dataset,
+                        (long long)d->train.h, (long long)d->train.w, why);
 }
 
 /* The end of an epoch, on every rank (collective): sums (loss x samples, samples) are summed over the

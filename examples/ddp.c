@@ -2,19 +2,23 @@
    batch, and the gradients are averaged before every optimizer step, so the replicas stay equal and the
    run follows one process training with the global batch.
 
-   usage: ddp [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]
-              [--epochs 1] [--batch 128] [--lr 0.01] [--momentum 0.5] [--seed 0] [--limit N] [--accum 1]
+   usage: ddp [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
+              [--epochs 1] [--batch 128] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
+              [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--limit N] [--accum 1]
               [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb 256]
               [--no-overlap] [--csv PATH]   (and the launcher's flags: --timeout, --link-latency, ...)
    e.g.   ./build/examples/ddp --ranks 4 --epochs 3
           ./build/examples/ddp --ranks 4 --sync ps --limit 6000              (the parameter server)
+          ./build/examples/ddp --ranks 4 --model vgg11 --pad-to 32 --lr 0.05 --momentum 0.9 --wd 5e-4 \
+                               --milestones 15,25 --epochs 30                 (VGG-11 on Fashion-MNIST at 32x32)
           ./build/examples/ddp --ranks 8 --sync flat --algo ring --link-latency 0.001 --link-bandwidth 100M
           mpiexec -n 4 ./build-mpi/examples/ddp --epochs 3                    (built with make MPI=1)
 
    --batch is the global batch: each of the p ranks takes batch / p samples of it (the distributed
-   sampler gives every rank a disjoint share of a seeded permutation each epoch). With --accum k each rank
-   splits its share into k micro-batches and communicates once per step. Rank 0 logs each epoch (the
-   test set is evaluated there) and writes the CSV. */
+   sampler gives every rank a disjoint share of a seeded permutation each epoch), so it must divide by p.
+   With --accum k each rank splits its share into k micro-batches and communicates once per step. The
+   optimizer and schedule flags are every example's (examples/common.h); the schedule steps once per epoch.
+   Rank 0 logs each epoch (the test set is evaluated there) and writes the CSV. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,28 +32,30 @@
 typedef struct args {
     const char *model, *csv;
     long epochs, batch, accum, bucket_kb;
-    double lr, momentum;
+    ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     dt_ddp_desc ddp;
     ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
 } args;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ddp [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--epochs N]\n"
-               "           [--batch N] [--lr X] [--momentum X] [--seed N] [--limit N] [--accum K]\n"
-               "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb N]\n"
+    fprintf(f, "usage: ddp [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
+               "           [--epochs N] [--batch N] [--seed N] [--limit N] [--accum K]\n");
+    ex_recipe_usage(f, 11, 0);
+    fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb N]\n"
                "           [--no-overlap] [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
 }
 
 static int parse_args(int argc, char **argv, void *arg) {
     args *a = (args *)arg;
-    int i;
+    int i, k;
     a->model = "simplecnn"; a->data.dataset = "fashion-mnist";
-    a->epochs = 1; a->batch = 128; a->lr = 0.01; a->momentum = 0.5; a->accum = 1;
+    a->epochs = 1; a->batch = 128; a->recipe.lr = 0.01; a->recipe.momentum = 0.5; a->accum = 1;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--no-overlap")) { a->ddp.no_overlap = 1; continue; }
+        if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "ddp: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
@@ -58,8 +64,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         }
         else if (!strcmp(f, "--accum")) bad = parse_long(f, v, 1, &a->accum);
         else if (!strcmp(f, "--bucket-kb")) bad = parse_long(f, v, 1, &a->bucket_kb);
-        else if (!strcmp(f, "--momentum")) bad = parse_double(f, v, &a->momentum);
-        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &a->lr, &bad)) {   /* not one of the common flags */
+        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &bad)) {   /* not one of the common flags */
             fprintf(stderr, "ddp: unknown flag '%s'\n", f); usage(stderr); return -1;
         }
         if (bad) return -1;
@@ -67,6 +72,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "ddp: unknown model '%s'\n", a->model); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "ddp: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
+    if (ex_recipe_check(&a->recipe, a->epochs, "epochs")) return -1;
     a->ddp.bucket_bytes = (int64_t)a->bucket_kb * 1024;
     return 0;
 }
@@ -82,22 +88,30 @@ static const ex_col COLS[] = {EX_COL_TIME, EX_COL_TRAIN_LOSS, EX_COL_TEST_LOSS, 
 static dt_result rank_main(dt_comm *c, void *arg) {
     args *a = (args *)arg;
     int me = dt_comm_rank(c), p = dt_comm_size(c), tty = me == 0 && isatty(fileno(stderr));
-    int64_t per_rank = a->batch / p, micro = (per_rank + a->accum - 1) / a->accum;
+    int64_t per_rank = a->batch / p, micro = per_rank / a->accum;
     int64_t nshare = dt_sampler_size(a->data.ntrain, p, 0), *ids = NULL, epoch;
     dt_model *m = NULL;
     dt_optim *o = NULL;
     dt_ddp *d = NULL;
     dt_loader *loader = NULL;
     dt_optim_desc od;
+    dt_sched_desc sd;
     dt_loader_desc ld;
     FILE *csv = NULL;
+    char recipe[256];
     dt_result r = DT_OK;
 
     if (per_rank < 1)
         return dt_set_error(DT_ERR_INVALID_ARG, "rank %d: --batch %ld is smaller than the %d ranks: give each rank a sample", me, a->batch, p);
+    if (a->batch % p)   /* an even split, or the log's "batch = ranks x share" and the step would disagree */
+        return dt_set_error(DT_ERR_INVALID_ARG, "rank %d: --batch %ld does not divide over the %d ranks: give a batch divisible by %d, "
+                            "e.g. --batch %lld", me, a->batch, p, p, (long long)(per_rank * p));
+    if (per_rank % a->accum)
+        return dt_set_error(DT_ERR_INVALID_ARG, "rank %d: --accum %ld does not divide the %lld samples each rank takes of --batch %ld: "
+                            "give a batch divisible by ranks x accum (%ld)", me, a->accum, (long long)per_rank, a->batch, (long)p * a->accum);
     TRY(ex_model_create(&m, a->model, &a->data, (uint64_t)me));
-    memset(&od, 0, sizeof od);
-    od.lr = (float)a->lr; od.momentum = (float)a->momentum;
+    ex_recipe_optim(&a->recipe, &od);
+    ex_recipe_sched(&a->recipe, a->epochs, &sd);
     TRY(dt_optim_create(&o, m, &od));
     TRY(dt_ddp_create(&d, c, m, &a->ddp));      /* rank 0's initial weights everywhere */
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "rank %d: no memory", me); goto done; }
@@ -108,9 +122,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     TRY(dt_loader_create(&loader, &ld));
     if (me == 0) {
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), 0));
-        printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g, batch %ld = %d ranks x %lld%s\n"
-               "%s backend, sync %s", a->model, a->data.dataset, (long long)a->data.ntrain, (long long)a->data.test.count,
-               (long long)dt_model_param_count(m), a->lr, a->batch, p, (long long)per_rank,
+        printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld = %d ranks x %lld%s\n"
+               "%s backend, sync %s", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
+               (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, p, (long long)per_rank,
                a->accum > 1 ? " in micro-batches" : "", dt_comm_backend_name(c), dt_ddp_method_name(a->ddp.method));
         if (a->ddp.method == DT_DDP_BUCKETS)
             printf(" (%d buckets of %lld KiB%s)", dt_ddp_buckets(d), (long long)(a->bucket_kb ? a->bucket_kb : DT_DDP_BUCKET_BYTES / 1024),
@@ -132,6 +146,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_eval_result ev;
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
+        dt_optim_set_lr(o, dt_sched_lr(&sd, epoch));
         dt_model_train(m, 1);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
         TRY(dt_loader_set_indices(loader, ids, nshare));

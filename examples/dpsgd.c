@@ -4,8 +4,9 @@
    average is the model: it is evaluated each epoch and at the end, as the original workload does.
 
    usage: dpsgd [--ranks 4] [--model resnet20] [--data DIR] [--topology ring|torus|exponential|full]
-                [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--lr 0.1]
-                [--momentum 0.9] [--wd 1e-4] [--milestones 50,75] [--seed 0] [--limit N] [--no-pad] [--csv PATH]
+                [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.1]
+                [--momentum 0.9] [--nesterov] [--wd 1e-4] [--milestones 50,75] [--cosine] [--min-lr 0] [--warmup 0]
+                [--seed 0] [--limit N] [--pad-to 32] [--csv PATH]
                 (and the launcher's flags: --timeout, --link-latency, --link-bandwidth, ...)
    e.g.   ./build/examples/dpsgd --ranks 4 --limit 2000                        (Fashion-MNIST padded to 32x32)
           ./build/examples/dpsgd --ranks 4 --data cifar-10-batches-bin --epochs 100 --milestones 50,75
@@ -13,10 +14,11 @@
 
    With --data DIR (CIFAR-10's cifar-10-batches-bin) it trains on CIFAR-10 with random crops and flips;
    without, on Fashion-MNIST from its default directory, zero-padded to 32x32 as ResNet-20 expects
-   (--no-pad keeps its 28x28, the input of SimpleCNN as ddp.c trains it, for comparisons with DDP).
-   --batch is per rank; every rank takes a disjoint share of a seeded permutation each epoch. The learning
-   rate is multiplied by 0.1 at each epoch of --milestones. --limit N keeps the first N samples of the
-   training and of the test set. Rank 0 logs the epochs and writes the CSV. */
+   (--pad-to 0 keeps its 28x28, the input of SimpleCNN as ddp.c trains it, for comparisons with DDP).
+   --batch is per rank; every rank takes a disjoint share of a seeded permutation each epoch. The optimizer
+   and schedule flags are every example's (examples/common.h): the learning rate is multiplied by 0.1 at
+   each epoch of --milestones. --limit N keeps the first N samples of the training and of the test set.
+   Rank 0 logs the epochs and writes the CSV. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,9 +32,7 @@
 typedef struct args {
     const char *model, *csv;
     long epochs, batch;
-    int no_pad;
-    double lr, momentum, wd;
-    dt_sched_desc sched;
+    ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     dt_topology_desc topo;
     dt_dpsgd_desc dpsgd;
     ex_data data;   /* --data, --limit, --seed and the sets main loads (no --dataset: --data DIR is CIFAR-10) */
@@ -40,37 +40,22 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: dpsgd [--ranks N] [--model NAME] [--data DIR] [--topology ring|torus|exponential|full]\n"
-               "             [--mixing uniform|metropolis] [--order cta|atc] [--epochs N] [--batch N] [--lr X]\n"
-               "             [--momentum X] [--wd X] [--milestones E1,E2,...] [--seed N] [--limit N] [--no-pad] [--csv PATH]\n"
-               "             [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
-}
-
-static int parse_milestones(const char *v, dt_sched_desc *s) {
-    int n = 0;
-    char *end;
-    while (*v) {
-        long e = strtol(v, &end, 10);
-        if (end == v || e < 1 || n == DT_SCHED_MAX_MILESTONES) {
-            fprintf(stderr, "dpsgd: --milestones takes up to %d ascending epochs, e.g. 50,75\n", DT_SCHED_MAX_MILESTONES);
-            return 1;
-        }
-        s->milestones[n++] = e;
-        v = *end == ',' ? end + 1 : end;
-    }
-    return 0;
+               "             [--mixing uniform|metropolis] [--order cta|atc] [--epochs N] [--batch N]\n"
+               "             [--seed N] [--limit N] [--pad-to S] [--csv PATH]\n");
+    ex_recipe_usage(f, 13, 0);
+    fprintf(f, "             [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
 }
 
 static int parse_args(int argc, char **argv, void *arg) {
     args *a = (args *)arg;
     int i, k;
-    a->model = "resnet20";
-    a->epochs = 1; a->batch = 32; a->lr = 0.1; a->momentum = 0.9; a->wd = 1e-4;
-    a->sched.kind = DT_SCHED_MULTISTEP;
+    a->model = "resnet20"; a->data.pad_to = 32;
+    a->epochs = 1; a->batch = 32; a->recipe.lr = 0.1; a->recipe.momentum = 0.9; a->recipe.wd = 1e-4;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
-        if (!strcmp(f, "--no-pad")) { a->no_pad = 1; continue; }
+        if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "dpsgd: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
@@ -86,45 +71,21 @@ static int parse_args(int argc, char **argv, void *arg) {
         else if (!strcmp(f, "--order")) {
             if (dt_dpsgd_order_parse(v, &a->dpsgd.order) != DT_OK) { fprintf(stderr, "dpsgd: %s\n", dt_last_error()); return -1; }
         }
-        else if (!strcmp(f, "--milestones")) bad = parse_milestones(v, &a->sched);
-        else if (!strcmp(f, "--momentum")) bad = parse_double(f, v, &a->momentum);
-        else if (!strcmp(f, "--wd")) bad = parse_double(f, v, &a->wd);
-        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &a->lr, &bad)) {   /* not one of the common flags */
+        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &bad)) {   /* not one of the common flags */
             fprintf(stderr, "dpsgd: unknown flag '%s'\n", f); usage(stderr); return -1;
         }
         if (bad) return -1;
         i++;
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "dpsgd: unknown model '%s'\n", a->model); return -1; }
-    a->sched.base_lr = (float)a->lr;
     a->data.dataset = a->data.dir ? "cifar10" : "fashion-mnist";
-    return 0;
+    return ex_recipe_check(&a->recipe, a->epochs, "epochs");
 }
 
-/* Zero-pads every image of ds by pad pixels on each side (torchvision's Pad before ToTensor), in place. */
-static dt_result pad_dataset(dt_dataset *ds, int64_t pad) {
-    int64_t h = ds->h + 2 * pad, w = ds->w + 2 * pad, i, y;
-    uint8_t *p = (uint8_t *)calloc((size_t)(ds->count * ds->c * h * w), 1);
-    if (!p) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to pad %s", ds->source);
-    for (i = 0; i < ds->count * ds->c; i++)
-        for (y = 0; y < ds->h; y++)
-            memcpy(p + (i * h + y + pad) * w + pad, ds->pixels + (i * ds->h + y) * ds->w, (size_t)ds->w);
-    free(ds->pixels);
-    ds->pixels = p;
-    ds->h = h;
-    ds->w = w;
-    return DT_OK;
-}
-
-/* After loading: Fashion-MNIST zero-padded to 32x32 unless --no-pad, and --limit applied to the test set too. */
+/* After loading: --limit applied to the test set too. */
 static int prepare(void *arg) {
     args *a = (args *)arg;
-    if (!a->no_pad && a->data.train.h < 32 &&
-        (pad_dataset(&a->data.train, (32 - a->data.train.h) / 2) != DT_OK || pad_dataset(&a->data.test, (32 - a->data.test.h) / 2) != DT_OK)) {
-        fprintf(stderr, "dpsgd: %s\n", dt_last_error());
-        return 1;
-    }
-    if (a->data.limit && a->data.limit < a->data.test.count) a->data.test.count = a->data.limit;   /* --limit: of the test set too */
+    if (a->data.limit && a->data.limit < a->data.test.count) a->data.test.count = a->data.limit;
     return 0;
 }
 
@@ -148,17 +109,19 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_topology topo;
     dt_topology_desc td = a->topo;
     dt_optim_desc od;
+    dt_sched_desc sd;
     dt_loader_desc ld;
     dt_eval_result ev;
     FILE *csv = NULL;
+    char recipe[256];
     dt_result r = DT_OK;
 
     memset(&topo, 0, sizeof topo);
     td.world = p;
     TRY(dt_topology_create(&topo, &td));
     TRY(ex_model_create(&m, a->model, &a->data, (uint64_t)me));
-    memset(&od, 0, sizeof od);
-    od.lr = (float)a->lr; od.momentum = (float)a->momentum; od.weight_decay = (float)a->wd;
+    ex_recipe_optim(&a->recipe, &od);
+    ex_recipe_sched(&a->recipe, a->epochs, &sd);
     TRY(dt_optim_create(&o, m, &od));
     TRY(dt_dpsgd_create(&d, c, m, &topo, &a->dpsgd));      /* rank 0's initial weights everywhere */
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "rank %d: no memory", me); goto done; }
@@ -169,10 +132,10 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     TRY(dt_loader_create(&loader, &ld));
     if (me == 0) {
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), 0));
-        printf("%s on %s (%lldx%lld): %lld training and %lld test samples, %lld parameters, sgd lr %g momentum %g wd %g, "
+        printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, "
                "batch %ld per rank\nD-PSGD (%s) on %d ranks, %s topology (%s mixing, spectral gap %.4f), %s backend\n",
-               a->model, a->data.dataset, (long long)a->data.train.h, (long long)a->data.train.w, (long long)a->data.ntrain,
-               (long long)a->data.test.count, (long long)dt_model_param_count(m), a->lr, a->momentum, a->wd, a->batch,
+               a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count, (long long)dt_model_param_count(m),
+               ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch,
                dt_dpsgd_order_name(a->dpsgd.order), p, dt_topology_name(td.kind),
                td.mixing == DT_MIXING_METROPOLIS ? "metropolis" : "uniform", topo.spectral_gap, dt_comm_backend_name(c));
         fflush(stdout);
@@ -183,7 +146,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         const int32_t *y;
         int64_t n, b = 0;
         double t0 = dt_time_now(), sums[2] = {0.0, 0.0}, secs, mb, dist;
-        float loss = 0.0f, lr = dt_sched_lr(&a->sched, epoch);
+        float loss = 0.0f, lr = dt_sched_lr(&sd, epoch);
         uint64_t sent0 = dt_dpsgd_get_stats(d).bytes_sent;
         dt_result e;
         dt_progress bar;

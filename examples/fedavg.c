@@ -4,7 +4,8 @@
 
    usage: fedavg [--ranks 4] [--clients 10] [--rounds 10] [--frac 1] [--local-epochs 1] [--batch 10]
                  [--model fedavg_cnn|fedavg_2nn|simplecnn|...] [--dataset fashion-mnist|mnist] [--data DIR]
-                 [--partition iid|shards|dirichlet] [--alpha 0.5] [--optim sgd|adam] [--lr 0.05] [--cosine]
+                 [--pad-to 0] [--partition iid|shards|dirichlet] [--alpha 0.5] [--optim sgd] [--lr 0.05] [--momentum 0]
+                 [--nesterov] [--wd 0] [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0]
                  [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim 0.1] [--krum-f 1]
                  [--attack none|labelflip|signflip|noise] [--attackers 0] [--flip 1:4] [--noise-std 1]
                  [--prox-mu 0] [--dropout-prob 0] [--class-acc C] [--per-class] [--seed 0] [--limit N] [--csv PATH]
@@ -14,7 +15,10 @@
    Clients 0 .. attackers-1 are the attackers. --flip a:b maps label a to b (repeat --flip for a
    permutation). The accuracy on class --class-acc (default: the first flipped label) is logged each round,
    with the share of its test images predicted as its flipped label, and the clients the aggregator left out;
-   --per-class prints the final accuracy of every class and how many rounds each client was left out. */
+   --per-class prints the final accuracy of every class and how many rounds each client was left out.
+   The optimizer and schedule flags are every example's (examples/common.h): each client's optimizer is fresh
+   every round, and the schedule steps once per round (--milestones counts rounds). --lr 0 is allowed: the
+   honest clients then send no change, and what moves the model is the attackers' updates alone. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +31,9 @@
 typedef struct args {
     const char *model, *csv, *partition, *attack;
     long clients, rounds, local_epochs, batch, attackers, krum_f, class_acc;
-    double frac, alpha, lr, prox_mu, dropout_prob, trim, noise_std;
-    int adam, cosine, per_class;
+    double frac, alpha, prox_mu, dropout_prob, trim, noise_std;
+    int per_class;
+    ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     dt_fed_agg agg;
     int32_t flip[DT_FED_MAX_CLASSES];
     int flip_set;
@@ -37,9 +42,10 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: fedavg [--ranks N] [--clients N] [--rounds N] [--frac C] [--local-epochs E] [--batch B] [--model NAME]\n"
-               "              [--dataset fashion-mnist|mnist] [--data DIR] [--partition iid|shards|dirichlet] [--alpha A]\n"
-               "              [--optim sgd|adam] [--lr X] [--cosine] [--agg mean|median|trimmed|krum|multikrum|classmean]\n"
-               "              [--trim F] [--krum-f F] [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
+               "              [--dataset fashion-mnist|mnist] [--data DIR] [--pad-to S] [--partition iid|shards|dirichlet] [--alpha A]\n");
+    ex_recipe_usage(f, 14, 0);
+    fprintf(f, "              [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim F] [--krum-f F]\n"
+               "              [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
                "              [--noise-std S] [--prox-mu MU] [--dropout-prob P] [--class-acc C] [--per-class]\n"
                "              [--seed N] [--limit N] [--csv PATH]\n");
 }
@@ -48,21 +54,21 @@ static int parse_args(int argc, char **argv, void *arg) {
     args *a = (args *)arg;
     int i, k;
     a->model = "fedavg_2nn"; a->data.dataset = "fashion-mnist"; a->partition = "iid"; a->attack = "none";
-    a->clients = 10; a->rounds = 10; a->frac = 1.0; a->local_epochs = 1; a->batch = 10; a->lr = 0.05;
+    a->clients = 10; a->rounds = 10; a->frac = 1.0; a->local_epochs = 1; a->batch = 10; a->recipe.lr = 0.05;
+    a->recipe.lr_zero = 1;   /* see the top comment */
     a->alpha = 0.5; a->class_acc = -1; a->krum_f = 1; a->noise_std = 1.0;   /* the library's defaults; 0 means 0 */
     for (k = 0; k < DT_FED_MAX_CLASSES; k++) a->flip[k] = k;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
-        if (!strcmp(f, "--cosine")) { a->cosine = 1; continue; }
         if (!strcmp(f, "--per-class")) { a->per_class = 1; continue; }
+        if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "fedavg: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--partition")) a->partition = v;
         else if (!strcmp(f, "--attack")) a->attack = v;
-        else if (!strcmp(f, "--optim")) { a->adam = !strcmp(v, "adam"); bad = !a->adam && strcmp(v, "sgd") != 0; }
         else if (!strcmp(f, "--agg")) {
             if (dt_fed_agg_parse(v, &a->agg) != DT_OK) { fprintf(stderr, "fedavg: %s\n", dt_last_error()); return -1; }
         }
@@ -79,12 +85,11 @@ static int parse_args(int argc, char **argv, void *arg) {
         else if (!strcmp(f, "--class-acc")) bad = parse_long(f, v, 0, &a->class_acc);
         else if (!strcmp(f, "--frac")) bad = parse_double(f, v, &a->frac) || !(a->frac > 0.0 && a->frac <= 1.0);
         else if (!strcmp(f, "--alpha")) bad = parse_double(f, v, &a->alpha);
-        else if (!strcmp(f, "--lr")) bad = parse_double(f, v, &a->lr);   /* its own: 0 is allowed here */
         else if (!strcmp(f, "--prox-mu")) bad = parse_double(f, v, &a->prox_mu);
         else if (!strcmp(f, "--dropout-prob")) bad = parse_double(f, v, &a->dropout_prob) || a->dropout_prob >= 1.0;
         else if (!strcmp(f, "--trim")) bad = parse_double(f, v, &a->trim);
         else if (!strcmp(f, "--noise-std")) bad = parse_double(f, v, &a->noise_std);
-        else if (!ex_flag(f, v, &a->data, NULL, &a->batch, NULL, &bad)) {   /* not one of the common flags */
+        else if (!ex_flag(f, v, &a->data, NULL, &a->batch, &bad)) {   /* not one of the common flags */
             fprintf(stderr, "fedavg: unknown flag '%s'\n", f); usage(stderr); return -1;
         }
         if (bad) { fprintf(stderr, "fedavg: bad value '%s' for %s\n", v, f); return -1; }
@@ -101,7 +106,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     }
     if (!(a->alpha > 0.0)) { fprintf(stderr, "fedavg: --alpha must be > 0 (0.1 = strong label skew, 100 = near IID)\n"); return -1; }
     if (a->attackers > a->clients) { fprintf(stderr, "fedavg: --attackers %ld > --clients %ld\n", a->attackers, a->clients); return -1; }
-    return 0;
+    return ex_recipe_check(&a->recipe, a->rounds, "rounds");
 }
 
 /* After loading: --class-acc must name a class of the dataset. */
@@ -159,6 +164,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_partition part;
     dt_fed_desc fd;
     FILE *csv = NULL;
+    char recipe[256];
     dt_result r = DT_OK;
     long k;
 
@@ -180,8 +186,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
 
     memset(&fd, 0, sizeof fd);
     fd.clients = (int)a->clients; fd.frac = (float)a->frac; fd.local_epochs = (int)a->local_epochs; fd.batch = a->batch;
-    fd.optim.kind = a->adam ? DT_OPTIM_ADAM : DT_OPTIM_SGD; fd.optim.lr = (float)a->lr;
-    if (a->cosine) { fd.sched.kind = DT_SCHED_COSINE; fd.sched.base_lr = (float)a->lr; fd.sched.t_max = a->rounds; }
+    ex_recipe_optim(&a->recipe, &fd.optim);
+    ex_recipe_sched(&a->recipe, a->rounds, &fd.sched);   /* stepped once per round */
     fd.prox_mu = (float)a->prox_mu; fd.dropout_prob = (float)a->dropout_prob;
     fd.agg = a->agg; fd.agg_desc.trim = (float)a->trim; fd.agg_desc.f = (int)a->krum_f;
     fd.data = &a->data.train; fd.part = &part; fd.transform = &a->data.tt; fd.behaviour = behaviour;
@@ -190,11 +196,11 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     TRY(dt_fed_create(&f, c, m, &fd));
     if (me == 0) {
         TRY(ex_csv_open(&csv, a->csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n"));
-        printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s lr %g%s; "
-               "aggregator %s; attack %s by %ld clients; %d ranks (%s)\n", a->model, a->data.dataset, (long long)ntrain,
+        printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s; "
+               "aggregator %s; attack %s by %ld clients; %d ranks (%s)\n", a->model, a->data.name, (long long)ntrain,
                a->clients, a->partition, (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
-               a->adam ? "adam" : "sgd", a->lr, a->cosine ? " cosine" : "", dt_fed_agg_name(a->agg), a->attack, a->attackers,
-               dt_comm_size(c), dt_comm_backend_name(c));
+               ex_recipe_str(&a->recipe, a->rounds, "rounds", recipe, sizeof recipe), dt_fed_agg_name(a->agg), a->attack,
+               a->attackers, dt_comm_size(c), dt_comm_backend_name(c));
         fflush(stdout);
     }
     for (t = 0; t < a->rounds; t++) {

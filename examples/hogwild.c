@@ -3,15 +3,18 @@
    read parameters another is halfway through updating, or overwrite another's update of the same element:
    the races are the algorithm, traded for never waiting.
 
-   usage: hogwild [--threads 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]
-                  [--epochs 1] [--batch 32] [--lr 0.01] [--seed 0] [--limit N] [--csv PATH]
+   usage: hogwild [--threads 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
+                  [--epochs 1] [--batch 32] [--lr 0.01] [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0]
+                  [--seed 0] [--limit N] [--csv PATH]
    e.g.   ./build/examples/hogwild --threads 4 --epochs 3
           ./build/examples/hogwild --threads 1 --limit 6000        (plain SGD: the baseline)
 
    Each worker thread has its own replica of the model for activations and gradients; a step pulls the
    shared parameters into it, runs forward and backward on the worker's batch, and pushes
    shared -= lr * gradient. Every epoch the sampler deals the (limited) training set into one disjoint
-   shard per thread; after it the shared model is evaluated on the test set. */
+   shard per thread; after it the shared model is evaluated on the test set. The step is plain SGD (a lock-free
+   update has no optimizer state), so of the examples' optimizer flags (examples/common.h) it takes --lr and
+   the schedule's, which sets the rate of each epoch. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,32 +30,35 @@
 typedef struct args {
     const char *model, *csv;
     long threads, epochs, batch;
-    double lr;
+    ex_recipe recipe;                 /* --lr and the schedule (plain SGD) */
     ex_data data;                     /* --dataset, --data, --limit, --seed and the sets main loads */
     int64_t epoch;
+    float lr;                         /* this epoch's rate */
     dt_model *replica[MAX_THREADS];   /* one per worker, made by main */
     double sums[MAX_THREADS][2];      /* each worker's loss sum and samples this epoch */
     dt_progress bar;                  /* drawn by worker 0, from its own batches */
 } args;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: hogwild [--threads N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--epochs N]\n"
-               "               [--batch N] [--lr X] [--seed N] [--limit N] [--csv PATH]\n");
+    fprintf(f, "usage: hogwild [--threads N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
+               "               [--epochs N] [--batch N] [--seed N] [--limit N] [--csv PATH]\n");
+    ex_recipe_usage(f, 15, 1);
 }
 
 static int parse_args(int argc, char **argv, args *a) {
-    int i;
+    int i, k;
     a->model = "simplecnn"; a->data.dataset = "fashion-mnist";
-    a->threads = 4; a->epochs = 1; a->batch = 32; a->lr = 0.01;
+    a->threads = 4; a->epochs = 1; a->batch = 32; a->recipe.lr = 0.01; a->recipe.plain = 1;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "hogwild: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--threads")) bad = parse_long(f, v, 1, &a->threads) || (a->threads > MAX_THREADS && fprintf(stderr, "hogwild: at most %d threads\n", MAX_THREADS));
-        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &a->lr, &bad)) {   /* not one of the common flags */
+        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &bad)) {   /* not one of the common flags */
             fprintf(stderr, "hogwild: unknown flag '%s'\n", f); usage(stderr); return -1;
         }
         if (bad) return -1;
@@ -60,7 +66,7 @@ static int parse_args(int argc, char **argv, args *a) {
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "hogwild: unknown model '%s'\n", a->model); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "hogwild: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
-    return 0;
+    return ex_recipe_check(&a->recipe, a->epochs, "epochs");
 }
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
@@ -93,7 +99,7 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {
         TRY(dt_model_forward(rep, x, n));
         TRY(dt_model_loss_labels(rep, y, &loss));
         TRY(dt_model_backward(rep, NULL));
-        TRY(dt_hogwild_push(w->shared, rep, (float)a->lr));   /* shared -= lr * gradient, unlocked */
+        TRY(dt_hogwild_push(w->shared, rep, a->lr));   /* shared -= lr * gradient, unlocked */
         a->sums[w->index][0] += (double)loss * (double)n;
         a->sums[w->index][1] += (double)n;
         if (w->index == 0) dt_progress_update(&a->bar, ++b, "loss %.4f", (double)loss);
@@ -108,7 +114,9 @@ done:
 int main(int argc, char **argv) {
     static args a;
     dt_model *shared = NULL;
+    dt_sched_desc sd;
     FILE *csv = NULL;
+    char recipe[256];
     dt_result r = DT_OK;
     long i;
     int rc, tty = isatty(fileno(stderr));
@@ -118,15 +126,18 @@ int main(int argc, char **argv) {
     for (i = 0; i < a.threads; i++)   /* replicas: only their activations and gradients are used */
         TRY(ex_model_create(&a.replica[i], a.model, &a.data, (uint64_t)i + 1));
     TRY(ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), 0));
-    printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g, batch %ld\n"
-           "hogwild: %ld threads update one shared parameter buffer without locks\n", a.model, a.data.dataset, (long long)a.data.ntrain,
-           (long long)a.data.test.count, (long long)dt_model_param_count(shared), a.lr, a.batch, a.threads);
+    ex_recipe_sched(&a.recipe, a.epochs, &sd);
+    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld\n"
+           "hogwild: %ld threads update one shared parameter buffer without locks\n", a.model, a.data.name, (long long)a.data.ntrain,
+           (long long)a.data.test.count, (long long)dt_model_param_count(shared),
+           ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, a.threads);
     fflush(stdout);
     for (a.epoch = 0; a.epoch < a.epochs; a.epoch++) {
         double t0 = dt_time_now(), loss = 0.0, seen = 0.0, secs, v[EX_COUNT(COLS)];
         int64_t nb = (dt_sampler_size(a.data.ntrain, (int)a.threads, 0) + a.batch - 1) / a.batch;
         dt_eval_result ev;
         memset(a.sums, 0, sizeof a.sums);
+        a.lr = dt_sched_lr(&sd, a.epoch);
         for (i = 0; i < a.threads; i++) dt_model_train(a.replica[i], 1);
         dt_progress_begin(&a.bar, stderr, nb, tty);
         TRY(dt_hogwild_run(shared, (int)a.threads, worker, &a));

@@ -3,16 +3,18 @@
    the end of every epoch) the replicas' parameters are replaced by their mean. Between averages the ranks
    do not talk at all, so they send K times less than DDP; with --period 0 they average once per epoch.
 
-   usage: localsgd [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]
-                   [--epochs 1] [--batch 32] [--lr 0.01] [--momentum 0.5] [--period 0] [--seed 0] [--limit N]
+   usage: localsgd [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
+                   [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
+                   [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--period 0] [--seed 0] [--limit N]
                    [--csv PATH]   (and the launcher's flags: --algo, --timeout, --link-latency, ...)
    e.g.   ./build/examples/localsgd --ranks 4 --epochs 3                 (average once per epoch)
           ./build/examples/localsgd --ranks 4 --period 8 --limit 12000   (every 8 steps)
 
    --batch is each rank's batch: with p ranks a step consumes p x batch samples. The distributed sampler
    gives every rank a disjoint shard of a seeded permutation each epoch, and the same number of steps, so
-   the ranks meet at every K-th step. Momentum stays on its rank (it is never averaged). Rank 0 evaluates
-   the averaged model on the test set after each epoch and writes the CSV. */
+   the ranks meet at every K-th step. Momentum stays on its rank (it is never averaged). The optimizer and
+   schedule flags are every example's (examples/common.h); the schedule steps once per epoch. Rank 0
+   evaluates the averaged model on the test set after each epoch and writes the CSV. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,31 +28,32 @@
 typedef struct args {
     const char *model, *csv;
     long epochs, batch, period;
-    double lr, momentum;
+    ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
 } args;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: localsgd [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--epochs N]\n"
-               "                [--batch N] [--lr X] [--momentum X] [--period K] [--seed N] [--limit N] [--csv PATH]\n"
-               "                [--algo naive|ring|tree|native] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
+    fprintf(f, "usage: localsgd [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
+               "                [--epochs N] [--batch N] [--period K] [--seed N] [--limit N] [--csv PATH]\n");
+    ex_recipe_usage(f, 16, 0);
+    fprintf(f, "                [--algo naive|ring|tree|native] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
 }
 
 static int parse_args(int argc, char **argv, void *arg) {
     args *a = (args *)arg;
-    int i;
+    int i, k;
     a->model = "simplecnn"; a->data.dataset = "fashion-mnist";
-    a->epochs = 1; a->batch = 32; a->lr = 0.01; a->momentum = 0.5;
+    a->epochs = 1; a->batch = 32; a->recipe.lr = 0.01; a->recipe.momentum = 0.5;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "localsgd: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--period")) bad = parse_long(f, v, 0, &a->period);
-        else if (!strcmp(f, "--momentum")) bad = parse_double(f, v, &a->momentum);
-        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &a->lr, &bad)) {   /* not one of the common flags */
+        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &bad)) {   /* not one of the common flags */
             fprintf(stderr, "localsgd: unknown flag '%s'\n", f); usage(stderr); return -1;
         }
         if (bad) return -1;
@@ -59,7 +62,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "localsgd: unknown model '%s'\n", a->model); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "localsgd: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     if (a->period > 1000000) { fprintf(stderr, "localsgd: --period %ld is too large\n", a->period); return -1; }
-    return 0;
+    return ex_recipe_check(&a->recipe, a->epochs, "epochs");
 }
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
@@ -79,14 +82,16 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_localsgd *d = NULL;
     dt_loader *loader = NULL;
     dt_optim_desc od;
+    dt_sched_desc lr_sched;
     dt_loader_desc ld;
     dt_localsgd_desc sd;
     FILE *csv = NULL;
+    char recipe[256];
     dt_result r = DT_OK;
 
     TRY(ex_model_create(&m, a->model, &a->data, (uint64_t)me));
-    memset(&od, 0, sizeof od);
-    od.lr = (float)a->lr; od.momentum = (float)a->momentum;
+    ex_recipe_optim(&a->recipe, &od);
+    ex_recipe_sched(&a->recipe, a->epochs, &lr_sched);
     TRY(dt_optim_create(&o, m, &od));
     memset(&sd, 0, sizeof sd);
     sd.period = (int)a->period;
@@ -100,9 +105,10 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     TRY(dt_loader_create(&loader, &ld));
     if (me == 0) {
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), 0));
-        printf("%s on %s: %lld training and %lld test samples, %lld parameters, sgd lr %g momentum %g, %d ranks x batch %ld\n"
-               "%s backend, local SGD: parameters averaged ", a->model, a->data.dataset, (long long)a->data.ntrain, (long long)a->data.test.count,
-               (long long)dt_model_param_count(m), a->lr, a->momentum, p, a->batch, dt_comm_backend_name(c));
+        printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, %d ranks x batch %ld\n"
+               "%s backend, local SGD: parameters averaged ", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
+               (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), p, a->batch,
+               dt_comm_backend_name(c));
         if (a->period) printf("every %ld steps and ", a->period);
         printf("at the end of each epoch, %d threads per rank\n", dt_cpu_threads());
         fflush(stdout);
@@ -119,6 +125,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_eval_result ev;
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
+        dt_optim_set_lr(o, dt_sched_lr(&lr_sched, epoch));
         dt_model_train(m, 1);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's shard */
         TRY(dt_loader_set_indices(loader, ids, nshare));

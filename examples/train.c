@@ -1,15 +1,16 @@
 /* train.c - trains a zoo model in one process: the loop every distributed trainer builds on.
 
-   usage: train [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR]
-                [--epochs 3] [--batch 128] [--optim sgd|adam|adamw] [--lr 0.01] [--momentum 0.5] [--wd 0]
-                [--sched none|multistep|cosine] [--milestones 80,120] [--min-lr 0] [--warmup 0]
+   usage: train [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR] [--pad-to 0]
+                [--epochs 3] [--batch 128] [--optim sgd|adam|adamw] [--lr 0.01] [--momentum 0.5] [--nesterov]
+                [--wd 0] [--milestones 80,120] [--cosine] [--min-lr 0] [--warmup 0]
                 [--seed 0] [--limit N] [--size 32] [--checkpoint PATH] [--resume PATH] [--csv PATH]
    e.g.   ./build/examples/train --model simplecnn --epochs 3                    (Fashion-MNIST)
           ./build/examples/train --model resnet20 --dataset cifar10 --data ~/cifar-10-batches-bin \
-                                 --lr 0.1 --momentum 0.9 --wd 5e-4 --sched multistep --epochs 160
+                                 --lr 0.1 --momentum 0.9 --wd 5e-4 --milestones 80,120 --epochs 160
 
    Each epoch: shuffle (seeded by seed and epoch), forward, loss, backward, optimizer step per batch;
-   then the test set in eval mode. One log line per epoch; the same figures go to the CSV file. With
+   then the test set in eval mode. The optimizer and schedule flags are every example's (examples/common.h):
+   --milestones for the step schedule, --cosine for the cosine one; the schedule steps once per epoch. One log line per epoch; the same figures go to the CSV file. With
    --checkpoint the state is saved after every epoch; --resume continues from such a file and ends with
    the same parameters, bit for bit, as a run that was never stopped. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
@@ -30,69 +31,48 @@ static const ex_col COLS[] = {EX_COL_TIME, {"lr", "%.6g", "lr %.5f", 1}, EX_COL_
                               EX_COL_TOP5, EX_COL_IMG_PER_S};
 
 typedef struct args {
-    const char *model, *optim, *sched, *checkpoint, *resume, *csv;
-    long epochs, batch, size, warmup;
-    double lr, momentum, wd, min_lr;
-    int64_t milestones[DT_SCHED_MAX_MILESTONES];
+    const char *model, *checkpoint, *resume, *csv;
+    long epochs, batch, size;
+    ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
 } args;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: train [--model NAME] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR] [--epochs N]\n"
-               "             [--batch N] [--optim sgd|adam|adamw] [--lr X] [--momentum X] [--wd X]\n"
-               "             [--sched none|multistep|cosine] [--milestones A,B,...] [--min-lr X] [--warmup N]\n"
-               "             [--seed N] [--limit N] [--size N] [--checkpoint PATH] [--resume PATH] [--csv PATH]\n");
+    fprintf(f, "usage: train [--model NAME] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR] [--pad-to S]\n"
+               "             [--epochs N] [--batch N]\n");
+    ex_recipe_usage(f, 13, 0);
+    fprintf(f, "             [--seed N] [--limit N] [--size N] [--checkpoint PATH] [--resume PATH] [--csv PATH]\n");
 }
 
 static int parse_args(int argc, char **argv, args *a) {
-    int i;
+    int i, k;
     memset(a, 0, sizeof *a);
-    a->model = "simplecnn"; a->data.dataset = "fashion-mnist"; a->optim = "sgd"; a->sched = "none";
-    a->epochs = 3; a->batch = 128; a->size = 32; a->lr = 0.01; a->momentum = 0.5;
+    a->model = "simplecnn"; a->data.dataset = "fashion-mnist";
+    a->epochs = 3; a->batch = 128; a->size = 32; a->recipe.lr = 0.01; a->recipe.momentum = 0.5;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
+        if (!strcmp(f, "--sched")) {   /* the spelling before the examples shared their flags */
+            fprintf(stderr, "train: --sched is no longer a flag: --milestones A,B,... gives the step schedule, --cosine the "
+                            "cosine one, and neither a constant rate\n");
+            return -1;
+        }
         if (!v) { fprintf(stderr, "train: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
-        else if (!strcmp(f, "--optim")) a->optim = v;
-        else if (!strcmp(f, "--sched")) a->sched = v;
         else if (!strcmp(f, "--checkpoint")) a->checkpoint = v;
         else if (!strcmp(f, "--resume")) a->resume = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--size")) bad = parse_long(f, v, 1, &a->size);
-        else if (!strcmp(f, "--warmup")) bad = parse_long(f, v, 0, &a->warmup);
-        else if (!strcmp(f, "--momentum")) bad = parse_double(f, v, &a->momentum);
-        else if (!strcmp(f, "--wd")) bad = parse_double(f, v, &a->wd);
-        else if (!strcmp(f, "--min-lr")) bad = parse_double(f, v, &a->min_lr);
-        else if (!strcmp(f, "--milestones")) {
-            char *end;
-            const char *p = v;
-            int k = 0;
-            while (*p && k < DT_SCHED_MAX_MILESTONES) {
-                long x = strtol(p, &end, 10);
-                if (end == p || x <= 0) { bad = 1; break; }
-                a->milestones[k++] = x;
-                p = *end == ',' ? end + 1 : end;
-                if (*end && *end != ',') { bad = 1; break; }
-            }
-            if (bad || *p) { fprintf(stderr, "train: --milestones needs positive integers separated by commas, got '%s'\n", v); return -1; }
-        } else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &a->lr, &bad)) {   /* not one of the common flags */
+        else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &bad)) {   /* not one of the common flags */
             fprintf(stderr, "train: unknown flag '%s'\n", f); usage(stderr); return -1;
         }
         if (bad) return -1;
         i++;
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "train: unknown model '%s'\n", a->model); return -1; }
-    if (strcmp(a->optim, "sgd") && strcmp(a->optim, "adam") && strcmp(a->optim, "adamw")) {
-        fprintf(stderr, "train: --optim must be sgd, adam or adamw, got '%s'\n", a->optim);
-        return -1;
-    }
-    if (strcmp(a->sched, "none") && strcmp(a->sched, "multistep") && strcmp(a->sched, "cosine")) {
-        fprintf(stderr, "train: --sched must be none, multistep or cosine, got '%s'\n", a->sched);
-        return -1;
-    }
-    return 0;
+    return ex_recipe_check(&a->recipe, a->epochs, "epochs");
 }
 
 int main(int argc, char **argv) {
@@ -110,10 +90,13 @@ int main(int argc, char **argv) {
     int64_t *limit_idx = NULL;
     int64_t ntrain, ntest, epoch, first_epoch = 0;
     int rc = 1, tty = isatty(fileno(stderr));
+    char recipe[256];
 
     memset(&split, 0, sizeof split);
     if (parse_args(argc, argv, &a)) return 2;
     TRY(load_data(a.data.dataset, a.data.dir, a.size, a.data.seed, &a.data.train, &a.data.test, &a.data.tt, &a.data.te, &split));
+    if ((rc = ex_pad(&a.data)) != 0) goto fail;   /* --pad-to (2: images larger than it) */
+    rc = 1;                                        /* the status of every failure below */
     ntrain = split.parts ? split.offsets[1] : a.data.train.count;
     ntest = split.parts ? split.offsets[2] - split.offsets[1] : a.data.test.count;
     if (split.parts) { train_idx = split.indices; test_idx = split.indices + split.offsets[1]; }
@@ -126,14 +109,9 @@ int main(int argc, char **argv) {
     }
 
     TRY(ex_model_create(&m, a.model, &a.data, 0));
-    memset(&od, 0, sizeof od);
-    od.kind = !strcmp(a.optim, "sgd") ? DT_OPTIM_SGD : !strcmp(a.optim, "adam") ? DT_OPTIM_ADAM : DT_OPTIM_ADAMW;
-    od.lr = (float)a.lr; od.momentum = od.kind == DT_OPTIM_SGD ? (float)a.momentum : 0.0f; od.weight_decay = (float)a.wd;
+    ex_recipe_optim(&a.recipe, &od);
     TRY(dt_optim_create(&o, m, &od));
-    memset(&sd, 0, sizeof sd);
-    sd.kind = !strcmp(a.sched, "multistep") ? DT_SCHED_MULTISTEP : !strcmp(a.sched, "cosine") ? DT_SCHED_COSINE : DT_SCHED_CONSTANT;
-    sd.base_lr = (float)a.lr; sd.t_max = a.epochs - a.warmup; sd.min_lr = (float)a.min_lr; sd.warmup = a.warmup;
-    memcpy(sd.milestones, a.milestones, sizeof sd.milestones);
+    ex_recipe_sched(&a.recipe, a.epochs, &sd);
     memset(&meta, 0, sizeof meta);
     if (a.resume) {
         TRY(dt_checkpoint_load(a.resume, m, o, &meta));
@@ -148,9 +126,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train: cannot write %s\n", a.csv);
         goto fail;
     }
-    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s lr %g, batch %ld, %d threads\n",
-           a.model, a.data.dataset, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m), a.optim, a.lr,
-           a.batch, dt_cpu_threads());
+    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld, %d threads\n",
+           a.model, a.data.name, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m),
+           ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, dt_cpu_threads());
 
     for (epoch = first_epoch; epoch < a.epochs; epoch++) {
         const float *x;

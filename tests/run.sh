@@ -20,8 +20,10 @@
 #       ThreadSanitizer
 # Sections 3, 4 and 4b set DT_TEST_QUICK=1: test_comm leaves out its million-element cases there, test_ddp
 # most all-reduce algorithms.
-#   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one; --trace
-#      writes a timeline
+#   5. the examples: bad flags are refused (the optimizer and schedule flags they share, in each); a resumed
+#      training run ends as an uninterrupted one; --trace writes a timeline; ddp refuses a batch that does not
+#      split over the ranks, runs VGG-11 on Fashion-MNIST padded to 32x32, and --wd and --milestones change its
+#      run; every header line states the whole recipe
 #   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
 #       (tools/docs_check.sh, as make docs-check)
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
@@ -188,6 +190,22 @@ done
 for args in "--partition shardz" "--alpha 0"; do
     check "fedavg $args: exit 2 with a message" expect_status 2 "$B/examples/fedavg" $args
 done
+# the optimizer and schedule flags every SGD example shares (examples/common.h): each wrong value refused, saying why
+for ex in train ddp dpsgd localsgd fedavg hogwild; do
+    for args in "--optim rmsprop" "--momentum -1" "--wd x" "--milestones 5,3" "--milestones 5," "--cosine --milestones 5" \
+                "--warmup 1000" "--min-lr 0.001" "--nesterov --momentum 0" "--optim adam --momentum 0.9" "--optim adamw --wd 0" \
+                "--pad-to -1" "--lr inf" "--lr"; do
+        check "$ex $args: exit 2 with a message" expect_status 2 "$B/examples/$ex" $args
+    done
+done
+for ex in train ddp dpsgd localsgd hogwild; do   # fedavg takes --lr 0: its honest clients then send no change
+    check "$ex --lr 0: exit 2 with a message" expect_status 2 "$B/examples/$ex" --lr 0
+done
+for args in "--momentum 0.9" "--wd 5e-4" "--nesterov" "--optim adam"; do   # Hogwild's lock-free step is plain SGD
+    check "hogwild $args: exit 2 with a message" expect_status 2 "$B/examples/hogwild" $args
+done
+check "train --sched multistep (the old spelling): exit 2 naming --milestones" sh -c "
+    '$B/examples/train' --sched multistep > '$T/s.out' 2>&1; [ \$? -eq 2 ] && grep -q -- '--milestones' '$T/s.out'"
 check "train on a missing directory: exit 1 naming it" sh -c "'$B/examples/train' --data '$T/none' 2>&1 >/dev/null | grep -q '$T/none'"
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     # stopped after epoch 1 and resumed = never stopped: the CSV rows agree to the last digit
@@ -210,6 +228,41 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         '$B/examples/ddp' --ranks 2 --limit 256 --trace '$T/t.json' >/dev/null 2>&1 &&
         head -c 16 '$T/t.json' | grep -q '^{\"traceEvents\":\[' && grep -q '\"rank 1\"' '$T/t.json'"
     check "ddp --batch 2 on 4 ranks: exit 1 naming the cause" sh -c "'$B/examples/ddp' --ranks 4 --batch 2 --limit 64 2>&1 >/dev/null | grep -q 'smaller than the 4 ranks'"
+    # a global batch that does not split evenly is refused, not trained with fewer samples than the log says
+    check "ddp --batch 128 on 3 ranks: exit 1 naming a batch divisible by 3" sh -c "
+        '$B/examples/ddp' --ranks 3 --batch 128 --limit 64 > '$T/b.out' 2>&1; [ \$? -eq 1 ] && grep -q 'divisible by 3' '$T/b.out'"
+    check "ddp --accum 3 with 32 samples per rank: exit 1 naming the cause" sh -c "
+        '$B/examples/ddp' --ranks 4 --batch 128 --accum 3 --limit 64 > '$T/b.out' 2>&1; [ \$? -eq 1 ] && grep -q 'accum 3 does not divide' '$T/b.out'"
+    check "ddp --pad-to 20 on 28x28 images: exit 2 naming the size" sh -c "
+        '$B/examples/ddp' --pad-to 20 --limit 64 > '$T/b.out' 2>&1; [ \$? -eq 2 ] && grep -q 'at least 28' '$T/b.out'"
+    # VGG-11 needs 32x32: on Fashion-MNIST it is refused naming --pad-to, and runs with it
+    check "ddp --model vgg11 on 28x28: exit 1 naming --pad-to 32" sh -c "
+        '$B/examples/ddp' --model vgg11 --ranks 2 --limit 64 > '$T/v.out' 2>&1; [ \$? -eq 1 ] && grep -q 'pad-to 32' '$T/v.out'"
+    check "ddp --model vgg11 --pad-to 32 on Fashion-MNIST: runs" sh -c "
+        '$B/examples/ddp' --model vgg11 --pad-to 32 --limit 256 --epochs 1 --ranks 2 > '$T/v.out' 2>&1 &&
+        grep -q '^vgg11 on fashion-mnist 28x28 zero-padded to 32x32: ' '$T/v.out' && grep -q '^epoch   1/1 ' '$T/v.out'"
+    # --wd changes the first epoch; --milestones 1 leaves it and changes the second (lr x0.1 from epoch 1 on)
+    check "ddp: --wd and --milestones change the run where they should" sh -c "
+        set -e
+        '$B/examples/ddp' --ranks 2 --epochs 2 --limit 512 --csv '$T/r0.csv' >/dev/null
+        '$B/examples/ddp' --ranks 2 --epochs 2 --limit 512 --wd 5e-3 --csv '$T/rw.csv' >/dev/null
+        '$B/examples/ddp' --ranks 2 --epochs 2 --limit 512 --milestones 1 --csv '$T/rm.csv' >/dev/null
+        for f in r0 rw rm; do cut -d, -f3-5 '$T/'\$f.csv | sed -n 2p > '$T/'\$f.1; cut -d, -f3-5 '$T/'\$f.csv | sed -n 3p > '$T/'\$f.2; done
+        ! cmp -s '$T/r0.1' '$T/rw.1'
+        cmp '$T/r0.1' '$T/rm.1'
+        ! cmp -s '$T/r0.2' '$T/rm.2'"
+    # the header line states the whole recipe, in every example
+    check "every SGD example's header states the whole recipe" sh -c "
+        set -e
+        R='--lr 0.05 --momentum 0.9 --nesterov --wd 0.0005 --milestones 3,5 --warmup 1'
+        S='sgd lr 0.05 momentum 0.9 nesterov wd 0.0005, lr x0.1 at epochs 3,5 after 1 warm-up epochs'
+        '$B/examples/train' \$R --epochs 2 --limit 128 | grep -qF \"\$S\"
+        '$B/examples/ddp' \$R --epochs 2 --ranks 2 --limit 128 | grep -qF \"\$S\"
+        '$B/examples/localsgd' \$R --epochs 2 --ranks 2 --limit 128 | grep -qF \"\$S\"
+        '$B/examples/dpsgd' \$R --epochs 2 --ranks 2 --limit 128 --model simplecnn | grep -qF \"\$S\"
+        '$B/examples/fedavg' \$R --rounds 2 --ranks 2 --clients 2 --limit 128 | grep -qF 'sgd lr 0.05 momentum 0.9 nesterov wd 0.0005, lr x0.1 at rounds 3,5 after 1 warm-up rounds'
+        '$B/examples/hogwild' --lr 0.05 --cosine --min-lr 0.001 --warmup 1 --epochs 2 --threads 2 --limit 128 |
+            grep -qF 'sgd lr 0.05 momentum 0 wd 0, cosine to 0.001 over 1 epochs after 1 warm-up epochs'"
 else
     echo "skipped train resume check: dataset-fashion-mnist is not installed"
 fi
