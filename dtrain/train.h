@@ -299,9 +299,10 @@ typedef struct dt_fed_desc {
     float              frac;             /* C: fraction of the clients sampled each round (default 1; at least 1) */
     int                local_epochs;     /* E (default 1) */
     int64_t            batch;            /* B (default 10) */
-    dt_optim_desc      optim;            /* each client's optimizer, fresh every round (SGD or Adam) */
-    dt_sched_desc      sched;            /* learning rate of round t = dt_sched_lr(&sched, t) when sched.kind or
-                                            sched.base_lr is set (e.g. cosine with t_max = rounds); else optim.lr */
+    dt_optim_desc      optim;            /* each client's optimizer, fresh every round (SGD or Adam); optim.lr
+                                            0 is 0, DT_DEFAULT the optimizer's default */
+    dt_sched_desc      sched;            /* learning rate of round t = dt_sched_lr(&sched, t) when any field of
+                                            sched is set (e.g. cosine with t_max = rounds); zeroed: optim.lr */
     float              prox_mu;          /* FedProx: mu (w - w_global) added to every local gradient (0 = off) */
     float              dropout_prob;     /* probability that a sampled client drops out of a round */
     dt_fed_agg         agg;
@@ -1641,6 +1642,12 @@ struct dt_fed {
     int32_t       *ybuf;         /* [batch] flipped labels */
 };
 
+/* A schedule is set when any of its fields is: a zeroed sched leaves the rate to optim.lr. */
+static int dt__sched_set(const dt_sched_desc *s) {
+    return s->kind != DT_SCHED_CONSTANT || s->base_lr != 0.0f || s->milestones[0] != 0 || s->gamma != 0.0f || s->t_max != 0 ||
+           s->min_lr != 0.0f || s->warmup != 0 || s->warmup_start != 0.0f;
+}
+
 static void dt__fed_rng(dt_rng *r, const dt_fed *f, int64_t round, uint64_t what, uint64_t stream) {
     dt_rng_init(r, f->desc.seed ^ (0x9E3779B97F4A7C15ULL * (uint64_t)(round + 1)) ^ (what << 56), stream);
 }
@@ -1705,6 +1712,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     if (!d.local_epochs) d.local_epochs = 1;
     if (!d.batch) d.batch = 10;
     if (d.noise_std == DT_DEFAULT) d.noise_std = 1.0f;   /* 0 is a request: a noise attacker that sends zeros */
+    if (d.optim.lr == DT_DEFAULT) d.optim.lr = dt__optim_default_lr(d.optim.kind);   /* 0 is a request too */
     if (!d.agg_desc.cm_rows) {   /* the class-mean check reads the last linear layer's weight */
         for (i = dt_model_param_tensors(m) - 1; i >= 0; i--) {
             dt_param_info pi = dt_model_param_info(m, i);
@@ -1718,6 +1726,12 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     if (!(d.noise_std >= 0.0f && d.noise_std < INFINITY))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: noise_std is %g: the noise attack's std is a finite "
                             "number >= 0 (DT_DEFAULT for the default, 1)", me, (double)d.noise_std);
+    if (!(d.optim.lr >= 0.0f && d.optim.lr < INFINITY) ||
+        (dt__sched_set(&d.sched) && !(d.sched.base_lr >= 0.0f && d.sched.base_lr < INFINITY && d.sched.min_lr >= 0.0f)))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: the clients' rate is %s %g: a learning rate is a "
+                            "finite number >= 0 (0 leaves the model; optim.lr DT_DEFAULT: the optimizer's default)", me,
+                            dt__sched_set(&d.sched) ? "sched.base_lr" : "optim.lr",
+                            (double)(dt__sched_set(&d.sched) ? d.sched.base_lr : d.optim.lr));
     if ((d.agg == DT_FED_KRUM || d.agg == DT_FED_MULTIKRUM) && d.agg_desc.f < 0 && d.agg_desc.f != DT_DEFAULT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: agg_desc.f is %d: Krum's f is the number of Byzantine "
                             "clients to tolerate, >= 0 (DT_DEFAULT for the default, 1)", me, d.agg_desc.f);
@@ -1848,8 +1862,7 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
     if (!f) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_round: fed is NULL");
     c = f->comm; me = c->rank; p = c->size;
     w = dt_model_params(f->model, NULL);
-    lr = (f->desc.sched.kind != DT_SCHED_CONSTANT || f->desc.sched.base_lr > 0.0f) ? dt_sched_lr(&f->desc.sched, round)
-                                                                                     : f->desc.optim.lr;
+    lr = dt__sched_set(&f->desc.sched) ? dt_sched_lr(&f->desc.sched, round) : f->desc.optim.lr;
     if (info) memset(info, 0, sizeof *info);
     nsel = dt_fed_draw(f, round, f->sel, f->drop);
     if (me == 0) memcpy(f->global, w, sizeof(float) * (size_t)f->n);

@@ -243,14 +243,16 @@ static void test_label_flip(void) {
 }
 
 /* The noise attack's std and Krum's f take 0 as 0 and DT_DEFAULT as the default (1); other negative values,
-   and a std that is not finite, are refused at create. */
+   and a std that is not finite, are refused at create. So does the clients' learning rate: a round at rate 0
+   (optim.lr 0 with SGD and momentum, with Adam; a cosine schedule from 0) leaves the global model as it was,
+   optim.lr DT_DEFAULT is the optimizer's default (SGD's 0.01), and a negative rate is refused. */
 static void test_zero_is_zero(void) {
     dt_partition part;
     dt_comm *c = NULL;
     dt_model *m = NULL;
     dt_fed *f = NULL;
     dt_fed_desc fd;
-    int noise = DT_FED_NOISE;
+    int noise = DT_FED_NOISE, k;
     int64_t n;
     float *w0, *a, *b;
     CHECK_OK(dt_partition_iid(&part, NS, 3, 9));
@@ -288,6 +290,27 @@ static void test_zero_is_zero(void) {
     fd.agg_desc.f = -4;
     CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "agg_desc.f is -4") != NULL);
+    for (k = 0; k < 3; k++) {
+        fd = fed_desc(&part, 3);
+        fd.optim.lr = 0.0f;
+        if (k == 0) fd.optim.momentum = 0.9f;
+        if (k == 1) fd.optim.kind = DT_OPTIM_ADAM;
+        if (k == 2) { fd.optim.lr = 0.1f; fd.sched.kind = DT_SCHED_COSINE; fd.sched.t_max = 4; }   /* base_lr 0 */
+        fed_round_once(&fd, a, n);
+        CHECK(memcmp(a, w0, sizeof(float) * (size_t)n) == 0);
+    }
+    fd = fed_desc(&part, 3);
+    fd.optim.lr = DT_DEFAULT;
+    fed_round_once(&fd, a, n);
+    fd.optim.lr = 0.01f;
+    fed_round_once(&fd, b, n);
+    CHECK(memcmp(a, b, sizeof(float) * (size_t)n) == 0 && memcmp(a, w0, sizeof(float) * (size_t)n) != 0);
+    fd.optim.lr = -3.0f;
+    CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "optim.lr -3") != NULL && strstr(dt_last_error(), "DT_DEFAULT") != NULL);
+    fd.optim.lr = 0.1f; fd.sched.kind = DT_SCHED_COSINE; fd.sched.base_lr = -1.0f;
+    CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "sched.base_lr -1") != NULL);
     CHECK(f == NULL);
     dt_comm_destroy(c);
     dt_model_destroy(m);
