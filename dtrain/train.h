@@ -93,8 +93,9 @@ dt_localsgd_stats dt_localsgd_get_stats(const dt_localsgd *d);   /* zeros for NU
    them; for sparse or convex problems this costs little and removes all waiting. (So ThreadSanitizer
    reports dt_hogwild_pull and dt_hogwild_push, and the tests keep Hogwild out of its runs.)
    Each worker owns a replica: a dt_model of the same architecture for its activations and gradients. A
-   step is: dt_hogwild_pull (shared parameters -> replica), forward, loss, backward on the replica,
-   dt_hogwild_push (shared -= lr * gradient). */
+   step is: dt_hogwild_pull (shared parameters and buffers -> replica), forward, loss, backward on the
+   replica, dt_hogwild_push (shared -= lr * gradient; the replica's buffers, the BatchNorm statistics its
+   forward updated, published to the shared model). */
 typedef struct dt_hogwild_worker {
     int       index, threads;   /* this worker, of `threads` */
     dt_model *shared;           /* the model whose parameters every worker updates */
@@ -105,10 +106,12 @@ typedef dt_result (*dt_hogwild_fn)(dt_hogwild_worker *w, void *arg);
    cores / threads OpenMP threads. threads = 1 runs fn on the caller's thread; without thread support the
    workers run one after another. Returns DT_OK, or the lowest failed worker's result with its message. */
 dt_result dt_hogwild_run(dt_model *shared, int threads, dt_hogwild_fn fn, void *arg);
-/* Copies the shared model's parameters into the replica's (no lock: see above). Same parameter count. */
+/* Copies the shared model's parameters and buffers into the replica's (no lock: see above). Same parameter
+   and buffer counts. */
 dt_result dt_hogwild_pull(dt_model *shared, dt_model *replica);
 /* shared -= lr * the replica's gradient, element by element and without a lock, then zeroes the
-   replica's gradient. With one worker this is exactly dt_optim_step with SGD (no momentum). */
+   replica's gradient; the shared buffers become the replica's (a later push overwrites them, as it may
+   overwrite an update). With one worker this is exactly dt_optim_step with SGD (no momentum). */
 dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr);
 
 /* ---- DDP: data-parallel SGD over the flat gradient buffer ------------------------------------ */
@@ -799,16 +802,20 @@ static dt_result dt__hogwild_check(dt_model *shared, dt_model *replica, const ch
     dt_result r;
     if ((r = dt__trainer_check(what, 1, 0, NULL, shared, "the shared model")) != DT_OK ||
         (r = dt__trainer_check(what, 1, 0, NULL, replica, "the replica")) != DT_OK) return r;
-    if (shared->nparams != replica->nparams)
-        return dt_set_error(DT_ERR_MISMATCH, "%s: the replica has %lld parameters but the shared model %lld: build the "
-                            "replica with the same architecture", what, (long long)replica->nparams, (long long)shared->nparams);
+    if (shared->nparams != replica->nparams || shared->nbuffers != replica->nbuffers)
+        return dt_set_error(DT_ERR_MISMATCH, "%s: the replica has %lld parameters and %lld buffer elements but the shared "
+                            "model %lld and %lld: build the replica with the same architecture", what,
+                            (long long)replica->nparams, (long long)replica->nbuffers, (long long)shared->nparams,
+                            (long long)shared->nbuffers);
     return DT_OK;
 }
 
 dt_result dt_hogwild_pull(dt_model *shared, dt_model *replica) {
     dt_result r = dt__hogwild_check(shared, replica, "dt_hogwild_pull");
-    if (r == DT_OK) memcpy(replica->params, shared->params, sizeof(float) * (size_t)shared->nparams);
-    return r;
+    if (r != DT_OK) return r;
+    memcpy(replica->params, shared->params, sizeof(float) * (size_t)shared->nparams);
+    memcpy(replica->buffers, shared->buffers, sizeof(float) * (size_t)shared->nbuffers);
+    return DT_OK;
 }
 
 dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr) {
@@ -819,6 +826,8 @@ dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr) {
     if (!(lr >= 0.0f)) return dt_set_error(DT_ERR_INVALID_ARG, "dt_hogwild_push: lr %g must be >= 0", (double)lr);
     p = shared->params; g = replica->grads; n = shared->nparams;
     for (i = 0; i < n; i++) p[i] -= lr * g[i];   /* the same arithmetic as the SGD step */
+    /* publishes the statistics the replica's forward updated: the shared model is evaluated with them */
+    memcpy(shared->buffers, replica->buffers, sizeof(float) * (size_t)shared->nbuffers);
     dt_model_zero_grad(replica);
     return DT_OK;
 }
