@@ -332,16 +332,18 @@ typedef struct dt_fed_round_info {
 
 /* Collective. Rank 0 is the server; client k trains on rank 1 + k mod (ranks - 1), or on rank 0 when there
    is one rank. m (finalized, the same architecture on every rank) is the server's global model on rank 0 and
-   a rank's working copy elsewhere; rank 0's parameters are the initial global model. c, m, the dataset and
-   the partition must outlive the dt_fed. desc NULL is refused as a zeroed desc is (data and part have no
-   default). *out is NULL on failure. */
+   a rank's working copy elsewhere; rank 0's parameters and buffers are the initial global model. c, m, the
+   dataset and the partition must outlive the dt_fed. desc NULL is refused as a zeroed desc is (data and part
+   have no default). *out is NULL on failure. */
 dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc);
 void      dt_fed_destroy(dt_fed *f);
 /* Collective: one round. Every rank draws the same clients (seeded by (seed, round)) and the same dropouts,
    so nobody waits for a client that dropped; the global model is broadcast from rank 0; each host trains its
    sampled clients in client order, E epochs of batch B from the global model (client k's loader shuffles with
-   stream k and epoch round * E + e), and sends delta = w_local - w_global and its sample count to rank 0,
-   which aggregates and adds the result to the global model. Rank 0's model holds the new global model after.
+   stream k and epoch round * E + e), and sends delta = local - global and its sample count to rank 0, which
+   aggregates and adds the result to the global model. The model is its parameters and its buffers (BatchNorm
+   statistics): they travel, train and aggregate together, the aggregator's choice of clients made on the
+   parameters. Rank 0's model holds the new global model after.
    When dropouts leave fewer reports than the aggregator needs, the round keeps the global model (a warning);
    dt_fed_create refuses a C that samples too few clients for it in the first place. */
 dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info);
@@ -1553,8 +1555,11 @@ static void dt__fed_classmean(const float *const *u, int n, const dt_fed_agg_des
 /* Krum's f: 0 is a request (no Byzantine client), DT_DEFAULT the default, 1. */
 static int dt__fed_krum_f(const dt_fed_agg_desc *a) { return a->f == DT_DEFAULT ? 1 : a->f; }
 
-dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
-                           float *out, int *kept_out, const dt_fed_agg_desc *desc) {
+/* dt_fed_aggregate, where only the first sel_len of the len coordinates choose the clients (Krum's distances,
+   the class-mean rows): dt_fed's updates are the parameters followed by the buffers, and the buffers go
+   through the same aggregator without a say in whom it keeps (docs/design.md, "BatchNorm statistics"). */
+static dt_result dt__fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
+                                   int64_t sel_len, float *out, int *kept_out, const dt_fed_agg_desc *desc) {
     dt_fed_agg_desc a;
     double *scratch = NULL;
     int *order = NULL, *kept = NULL, i, t = 0;
@@ -1589,10 +1594,10 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
     if (kind == DT_FED_MULTIKRUM && (a.m < 0 || a.m > n))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: multikrum m = %d, need 0 <= m <= n = %d", a.m, n);
     if (kind == DT_FED_CLASSMEAN && (n < 3 || a.k < 1.0f || a.cm_rows < 1 || a.cm_cols < 1 || a.cm_offset < 0 ||
-                                     a.cm_offset + a.cm_rows * a.cm_cols > len))
+                                     a.cm_offset + a.cm_rows * a.cm_cols > sel_len))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: classmean needs n >= 3 clients (got %d), k >= 1 (got %g) and "
                             "the last layer's weight [%lld, %lld] at offset %lld inside the update of %lld", n, (double)a.k,
-                            (long long)a.cm_rows, (long long)a.cm_cols, (long long)a.cm_offset, (long long)len);
+                            (long long)a.cm_rows, (long long)a.cm_cols, (long long)a.cm_offset, (long long)sel_len);
     scratch = (double *)DT_MALLOC(sizeof(double) * (size_t)(n * (n + 4) + (kind == DT_FED_CLASSMEAN ? a.cm_cols : 0)));
     order = (int *)DT_MALLOC(sizeof(int) * (size_t)n * 2);
     if (!scratch || !order) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_aggregate: no memory for %d clients", n); goto done; }
@@ -1605,7 +1610,7 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
     case DT_FED_KRUM:
     case DT_FED_MULTIKRUM: {
         int m = kind == DT_FED_KRUM ? 1 : (a.m ? a.m : n - a.f);
-        dt__fed_krum(updates, n, len, a.f, scratch, scratch + n * n, scratch + n * n + n, order);
+        dt__fed_krum(updates, n, sel_len, a.f, scratch, scratch + n * n, scratch + n * n + n, order);
         for (i = 0; i < n; i++) kept[i] = 0;
         for (i = 0; i < m; i++) kept[order[i]] = 1;
         dt__fed_mean(updates, NULL, kept, n, len, out);
@@ -1623,6 +1628,11 @@ done:
     return r;
 }
 
+dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
+                           float *out, int *kept, const dt_fed_agg_desc *desc) {
+    return dt__fed_aggregate(kind, updates, weights, n, len, len, out, kept, desc);
+}
+
 /* The fewest updates the aggregator accepts (Krum's 2f + 3, the class-mean check's 3). */
 static int dt__fed_min_clients(dt_fed_agg kind, const dt_fed_agg_desc *a) {
     if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * dt__fed_krum_f(a) + 3;
@@ -1635,14 +1645,14 @@ struct dt_fed {
     dt_comm       *comm;
     dt_model      *model;
     dt_fed_desc    desc;
-    int64_t        n;            /* parameters */
+    int64_t        n, len;       /* parameters; parameters and buffers: a model or an update [len] */
     int            nsel;         /* clients sampled per round */
     int           *behaviour;    /* [clients] */
     int           *sel, *drop;   /* [clients] the round's draw */
     int           *kept, *last_kept; /* [nsel] of the aggregate; [clients] by client id */
-    float         *global;       /* [n] the round's global model */
-    float         *delta;        /* [n] a host's update being sent */
-    float         *updates;      /* rank 0: [nsel * n] the reported updates */
+    float         *global;       /* [len] the round's global model */
+    float         *delta;        /* [len] a host's update being sent */
+    float         *updates;      /* rank 0: [nsel * len] the reported updates */
     double        *stats;        /* rank 0: [nsel * 2] samples and loss sum of each report */
     double        *weights;      /* rank 0: [nsel] */
     const float  **ptrs;         /* rank 0: [nsel] */
@@ -1650,6 +1660,16 @@ struct dt_fed {
     dt_request    *reqs;         /* rank 0: [nsel * 2] */
     int32_t       *ybuf;         /* [batch] flipped labels */
 };
+
+/* The model as FedAvg moves it: its parameters, then its buffers (BatchNorm running statistics), [len]. */
+static void dt__fed_get(dt_fed *f, float *dst) {
+    memcpy(dst, dt_model_params(f->model, NULL), sizeof(float) * (size_t)f->n);
+    memcpy(dst + f->n, dt_model_buffers(f->model, NULL), sizeof(float) * (size_t)(f->len - f->n));
+}
+static void dt__fed_put(dt_fed *f, const float *src) {
+    memcpy(dt_model_params(f->model, NULL), src, sizeof(float) * (size_t)f->n);
+    memcpy(dt_model_buffers(f->model, NULL), src + f->n, sizeof(float) * (size_t)(f->len - f->n));
+}
 
 /* A schedule is set when any of its fields is: a zeroed sched leaves the rate to optim.lr. */
 static int dt__sched_set(const dt_sched_desc *s) {
@@ -1752,7 +1772,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
                             d.local_epochs, (long long)d.batch, (double)d.prox_mu, (double)d.dropout_prob);
     if (!(f = (dt_fed *)DT_MALLOC(sizeof *f))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory", me);
     memset(f, 0, sizeof *f);
-    f->comm = c; f->model = m; f->desc = d; f->n = m->nparams;
+    f->comm = c; f->model = m; f->desc = d; f->n = m->nparams; f->len = m->nparams + m->nbuffers;
     f->desc.behaviour = NULL;
     f->nsel = (int)floor((double)d.frac * (double)nc + 0.5);
     if (f->nsel < 1) f->nsel = 1;
@@ -1763,7 +1783,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
                             "clients samples %d: raise --frac or --clients", me, dt_fed_agg_name(d.agg),
                             dt__fed_min_clients(d.agg, &d.agg_desc), (double)d.frac, nc, (int)floor((double)d.frac * nc + 0.5));
     }
-    n = (size_t)(f->n ? f->n : 1);
+    n = (size_t)(f->len ? f->len : 1);
     f->behaviour = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
     f->sel = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
     f->drop = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
@@ -1784,7 +1804,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
         (me == 0 && (!f->updates || !f->stats || !f->weights || !f->ptrs || !f->who || !f->reqs))) {
         dt_fed_destroy(f);
         return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory (the server keeps %d updates of %lld floats: "
-                            "lower --frac)", me, f->nsel, (long long)f->n);
+                            "lower --frac)", me, f->nsel, (long long)f->len);
     }
     for (i = 0; i < nc; i++) {
         f->behaviour[i] = d.behaviour ? d.behaviour[i] : DT_FED_HONEST;
@@ -1795,8 +1815,9 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     return DT_OK;
 }
 
-/* Client k's local training from f->global: E epochs of batch B with a fresh optimizer at rate lr. Leaves
-   delta = w_local - w_global (after the client's behaviour) and st = {samples, loss sum over the epochs}. */
+/* Client k's local training from f->global (parameters and buffers): E epochs of batch B with a fresh
+   optimizer at rate lr. Leaves delta [len] = local - global (after the client's behaviour: an attacker
+   controls all it sends, statistics included) and st = {samples, loss sum over the epochs}. */
 static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr, float *delta, double *st) {
     const dt_fed_desc *d = &f->desc;
     dt_model *m = f->model;
@@ -1810,13 +1831,13 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
     int flip = f->behaviour[k] == DT_FED_LABELFLIP && d->flip_set;
     st[0] = (double)cnt;
     st[1] = 0.0;
-    for (j = 0; j < f->n; j++) delta[j] = 0.0f;
+    for (j = 0; j < f->len; j++) delta[j] = 0.0f;
     if (cnt == 0) return DT_OK;
     dt_trace_begin("client training", "compute");
     dt__trace_arg("client", NULL, k);
     dt__trace_arg("round", NULL, round);
     dt__trace_arg("samples", NULL, cnt);
-    memcpy(w, f->global, sizeof(float) * (size_t)f->n);
+    dt__fed_put(f, f->global);   /* every client starts from the global statistics too, not the last client's */
     od.lr = lr;
     memset(&ld, 0, sizeof ld);
     ld.dataset = d->data; ld.indices = d->part->indices + off; ld.count = cnt; ld.batch = d->batch;
@@ -1847,10 +1868,11 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
     if (f->behaviour[k] == DT_FED_NOISE) {
         dt_rng nr;
         dt__fed_rng(&nr, f, round, 3, (uint64_t)k);
-        for (j = 0; j < f->n; j++) delta[j] = d->noise_std * dt_rng_normal(&nr);
+        for (j = 0; j < f->len; j++) delta[j] = d->noise_std * dt_rng_normal(&nr);
     } else {
         float s = f->behaviour[k] == DT_FED_SIGNFLIP ? -1.0f : 1.0f;
-        for (j = 0; j < f->n; j++) delta[j] = s * (w[j] - f->global[j]);
+        dt__fed_get(f, delta);
+        for (j = 0; j < f->len; j++) delta[j] = s * (delta[j] - f->global[j]);
     }
 done:
     dt_trace_end();
@@ -1865,17 +1887,17 @@ done:
 dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
     dt_comm *c;
     int me, p, nsel, i, nrep = 0, nreq = 0, nagg = 0;
-    float lr, *w;
+    float lr;
+    int64_t j;
     double loss = 0.0, samples = 0.0;
     dt_result r = DT_OK;
     if (!f) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_round: fed is NULL");
     c = f->comm; me = c->rank; p = c->size;
-    w = dt_model_params(f->model, NULL);
     lr = dt__sched_set(&f->desc.sched) ? dt_sched_lr(&f->desc.sched, round) : f->desc.optim.lr;
     if (info) memset(info, 0, sizeof *info);
     nsel = dt_fed_draw(f, round, f->sel, f->drop);
-    if (me == 0) memcpy(f->global, w, sizeof(float) * (size_t)f->n);
-    if ((r = dt_comm_broadcast(c, f->global, (size_t)f->n, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    if (me == 0) dt__fed_get(f, f->global);
+    if ((r = dt_comm_broadcast(c, f->global, (size_t)f->len, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
     /* the server posts a receive for every remote client that reports, in client order */
     for (i = 0; i < nsel && me == 0; i++) {
         int k = f->sel[i], host = p == 1 ? 0 : 1 + k % (p - 1);
@@ -1883,7 +1905,7 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         f->who[nrep] = k;
         if (host != 0) {
             if ((r = dt__lib_irecv(c, f->stats + 2 * nrep, 2, DT_F64, host, DT__TAG_FEDAVG, &f->reqs[nreq++])) != DT_OK ||
-                (r = dt__lib_irecv(c, f->updates + (int64_t)nrep * f->n, (size_t)f->n, DT_F32, host, DT__TAG_FEDAVG,
+                (r = dt__lib_irecv(c, f->updates + (int64_t)nrep * f->len, (size_t)f->len, DT_F32, host, DT__TAG_FEDAVG,
                                    &f->reqs[nreq++])) != DT_OK) return r;
         }
         nrep++;
@@ -1895,12 +1917,12 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         if (p == 1) {
             int slot, s;
             for (slot = 0, s = 0; s < i; s++) slot += !f->drop[s];
-            r = dt__fed_train_client(f, k, round, lr, f->updates + (int64_t)slot * f->n, f->stats + 2 * slot);
+            r = dt__fed_train_client(f, k, round, lr, f->updates + (int64_t)slot * f->len, f->stats + 2 * slot);
             continue;
         }
         if ((r = dt__fed_train_client(f, k, round, lr, f->delta, st)) != DT_OK) break;
         if ((r = dt__lib_send(c, st, 2, DT_F64, 0, DT__TAG_FEDAVG)) != DT_OK) break;
-        r = dt__lib_send(c, f->delta, (size_t)f->n, DT_F32, 0, DT__TAG_FEDAVG);
+        r = dt__lib_send(c, f->delta, (size_t)f->len, DT_F32, 0, DT__TAG_FEDAVG);
     }
     if (r != DT_OK || me != 0) return r;
     if (nreq && (r = dt_comm_waitall(c, f->reqs, nreq)) != DT_OK) return r;
@@ -1909,7 +1931,7 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         loss += f->stats[2 * i + 1];
         samples += f->stats[2 * i];
         if (f->stats[2 * i] <= 0.0) continue;
-        f->ptrs[nagg] = f->updates + (int64_t)i * f->n;
+        f->ptrs[nagg] = f->updates + (int64_t)i * f->len;
         f->weights[nagg] = f->stats[2 * i];
         f->who[nagg++] = f->who[i];
     }
@@ -1920,7 +1942,7 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         info->train_loss = samples > 0.0 ? loss / (samples * f->desc.local_epochs) : 0.0;
         info->lr = lr;
     }
-    memcpy(w, f->global, sizeof(float) * (size_t)f->n);
+    dt__fed_put(f, f->global);
     if (nagg < dt__fed_min_clients(f->desc.agg, &f->desc.agg_desc)) {   /* too many dropped: the global model stays */
         if (nagg > 0)
             dt_log(DT_LOG_WARN, "dt_fed_round: round %lld: %d clients reported, fewer than %s needs; the global model is kept",
@@ -1930,10 +1952,11 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
     dt_trace_begin("aggregate", "optim");
     dt__trace_arg("clients", NULL, nagg);
     dt__trace_arg("aggregator", dt_fed_agg_name(f->desc.agg), 0);
-    r = dt_fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->n, f->delta, f->kept, &f->desc.agg_desc);
+    r = dt__fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->len, f->n, f->delta, f->kept, &f->desc.agg_desc);
     dt_trace_end();
     if (r != DT_OK) return r;
-    for (i = 0; i < f->n; i++) w[i] = f->global[i] + f->delta[i];
+    for (j = 0; j < f->len; j++) f->delta[j] += f->global[j];   /* global + the aggregate, as global[j] + delta[j] */
+    dt__fed_put(f, f->delta);
     for (i = 0; i < nagg; i++) {
         f->last_kept[f->who[i]] = f->kept[i];
         if (info) info->kept += f->kept[i];
