@@ -295,8 +295,8 @@ typedef enum dt_fed_behaviour {
 
 #define DT_FED_MAX_CLASSES 256
 
-/* FedAvg settings; zero means the default, except for noise_std and agg_desc.f, where 0 is a request and
-   DT_DEFAULT asks for the default. */
+/* FedAvg settings; zero means the default, except for noise_std, agg_desc.f and optim.lr, where 0 is a request
+   and DT_DEFAULT asks for the default. */
 typedef struct dt_fed_desc {
     int                clients;          /* N simulated clients (default: ranks - 1, or 1 on one rank) */
     float              frac;             /* C: fraction of the clients sampled each round (default 1; at least 1) */
@@ -1557,7 +1557,8 @@ static int dt__fed_krum_f(const dt_fed_agg_desc *a) { return a->f == DT_DEFAULT 
 
 /* dt_fed_aggregate, where only the first sel_len of the len coordinates choose the clients (Krum's distances,
    the class-mean rows): dt_fed's updates are the parameters followed by the buffers, and the buffers go
-   through the same aggregator without a say in whom it keeps (docs/design.md, "BatchNorm statistics"). */
+   through the same aggregator without a say in whom it keeps (docs/design.md, "BatchNorm statistics in
+   the trainers"). */
 static dt_result dt__fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
                                    int64_t sel_len, float *out, int *kept_out, const dt_fed_agg_desc *desc) {
     dt_fed_agg_desc a;
