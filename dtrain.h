@@ -108,8 +108,8 @@
      loaders fill a dt_dataset that dt_dataset_free empties, partitioners a dt_partition for
      dt_partition_free, dt_topology_create a dt_topology for dt_topology_free. Pointers in a *_desc are
      borrowed (they must outlive the object) or copied at create, as each field's comment says. In a *_desc
-     zero means the default, except in the few fields where 0 is a valid request (Krum's f, the noise
-     attack's noise_std): there 0 means 0 and DT_DEFAULT asks for the default.
+     zero means the default, except in the few fields where 0 is a valid request (a learning rate, Krum's
+     f, the noise attack's noise_std): there 0 means 0 and DT_DEFAULT asks for the default.
 
    ERRORS
      Fallible functions return dt_result (DT_OK == 0). dt_result_str(r) names the code; dt_last_error()

@@ -48,8 +48,9 @@ typedef enum dt_result {
     DT_RESULT_COUNT
 } dt_result;
 
-/* In a *_desc, zero means the default. Where 0 is itself a valid request (Krum's f, the noise attack's
-   noise_std), the field takes 0 as 0 and DT_DEFAULT asks for its default; the field's comment says so. */
+/* In a *_desc, zero means the default. Where 0 is itself a valid request (dt_optim_desc.lr, Krum's f, the
+   noise attack's noise_std), the field takes 0 as 0 and DT_DEFAULT asks for its default; the field's
+   comment says so. */
 #define DT_DEFAULT (-1)
 
 /* Name of a result code, e.g. "DT_ERR_SHAPE". Never NULL. */

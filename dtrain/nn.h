@@ -94,7 +94,8 @@ void dt_model_train(dt_model *m, int training);
 int  dt_model_is_training(const dt_model *m);
 
 /* Forward pass on a host batch x [batch, in_c, in_h, in_w]. Grows the activation arena the first
-   time a larger batch is seen. */
+   time a larger batch is seen. In training mode a batch norm with one value per channel (batch 1 of a
+   vector or of 1 x 1 maps) is refused (DT_ERR_SHAPE), as in PyTorch. */
 dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch);
 /* Losses on the output node of the last forward, mean over the batch. They return the loss in *loss and
    set the output's gradient for dt_model_backward. labels: host int32 [batch] in [0, k). */
@@ -980,12 +981,28 @@ static dt_result dt__need_final(const dt_model *m, const char *what) {
     return DT_OK;
 }
 
+/* Train-mode batch norm needs more than one value per channel: the variance of one value is 0, so the layer
+   would output beta and pass back no gradient (PyTorch refuses too). */
+static dt_result dt__bn_batch_check(const dt_model *m, int64_t batch) {
+    int i;
+    for (i = 1; i < m->nnodes && m->training; i++) {
+        const dt__node *n = &m->nodes[i];
+        if (n->kind != DT_LAYER_BATCHNORM || batch * n->h * n->w > 1) continue;
+        return dt_set_error(DT_ERR_SHAPE, "dt_model_forward: batch norm node %d (%s) in training mode gets 1 value per channel "
+                            "(a batch of 1 of [%lld, %lld, %lld]): its batch statistics are undefined; train with batches of "
+                            "at least 2 (drop_last in dt_loader_desc drops a last batch of 1), or put the model in eval "
+                            "mode (dt_model_train(m, 0))", i, n->name, (long long)n->c, (long long)n->h, (long long)n->w);
+    }
+    return DT_OK;
+}
+
 dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch) {
     dt_result r;
     int i;
     if ((r = dt__need_final(m, "dt_model_forward")) != DT_OK) return r;
     if (!x) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_forward: input x is NULL");
     if (batch <= 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_forward: batch is %lld; it must be > 0", (long long)batch);
+    if ((r = dt__bn_batch_check(m, batch)) != DT_OK) return r;
     if ((r = dt__reserve(m, batch)) != DT_OK) return r;
     dt_trace_begin("forward", "compute");
     dt__trace_arg("batch", NULL, batch);

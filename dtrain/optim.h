@@ -21,10 +21,11 @@ extern "C" {
 
 typedef enum dt_optim_kind { DT_OPTIM_SGD = 0, DT_OPTIM_ADAM, DT_OPTIM_ADAMW } dt_optim_kind;
 
-/* Optimizer settings, zero = default. The semantics are torch.optim's SGD, Adam and AdamW. */
+/* Optimizer settings, zero = default except for lr, where 0 is a request (DT_DEFAULT in base.h). The semantics
+   are torch.optim's SGD, Adam and AdamW. */
 typedef struct dt_optim_desc {
     dt_optim_kind kind;
-    float lr;                      /* default 0.01 (SGD), 0.001 (Adam, AdamW) */
+    float lr;                      /* >= 0 (0: the parameters stay); DT_DEFAULT: 0.01 (SGD), 0.001 (Adam, AdamW) */
     float momentum, dampening;     /* SGD */
     int   nesterov;                /* SGD; needs momentum > 0 and dampening 0 */
     float weight_decay;            /* L2 added to the gradient (SGD, Adam); decoupled (AdamW, default 0.01) */
@@ -34,13 +35,14 @@ typedef struct dt_optim_desc {
 typedef struct dt_optim dt_optim;
 
 /* Creates an optimizer for the model's parameters, with its state (momentum, Adam moments) in flat
-   buffers of the parameters' layout. The model must be finalized and must outlive the optimizer. */
+   buffers of the parameters' layout. The model must be finalized and must outlive the optimizer. desc NULL:
+   every default (SGD, lr 0.01). */
 dt_result dt_optim_create(dt_optim **out, dt_model *m, const dt_optim_desc *desc);
 void      dt_optim_destroy(dt_optim *o);
 /* One update of every trainable parameter from dt_model_grads(). One loop over the flat buffer (or over
    each stretch between frozen tensors). */
 dt_result dt_optim_step(dt_optim *o);
-void      dt_optim_set_lr(dt_optim *o, float lr);
+void      dt_optim_set_lr(dt_optim *o, float lr);   /* lr >= 0 (0 is 0: a schedule may end there) */
 float     dt_optim_lr(const dt_optim *o);
 /* Freezes (frozen = 1) or unfreezes the parameter tensors whose name starts with prefix ("" or NULL =
    all); frozen tensors are neither updated nor clipped. Returns the number of tensors matched, or -1. */
@@ -84,6 +86,9 @@ float dt_sched_lr(const dt_sched_desc *s, int64_t t);
 extern "C" {
 #endif
 
+/* The rate DT_DEFAULT stands for: torch.optim's SGD has none, so 0.01 as the common course default; Adam's. */
+static inline float dt__optim_default_lr(dt_optim_kind k) { return k == DT_OPTIM_SGD ? 0.01f : 0.001f; }
+
 struct dt_optim {
     dt_model *m;
     dt_optim_desc d;
@@ -101,20 +106,21 @@ dt_result dt_optim_create(dt_optim **out, dt_model *m, const dt_optim_desc *desc
     *out = NULL;
     if (!m || !m->finalized) return dt_set_error(DT_ERR_STATE, "dt_optim_create: the model is NULL or not finalized");
     if (desc) d = *desc;
-    else memset(&d, 0, sizeof d);
+    else { memset(&d, 0, sizeof d); d.lr = DT_DEFAULT; }
     if (d.kind < DT_OPTIM_SGD || d.kind > DT_OPTIM_ADAMW)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_create: unknown optimizer kind %d", (int)d.kind);
-    if (d.lr == 0.0f) d.lr = d.kind == DT_OPTIM_SGD ? 0.01f : 0.001f;
+    if (d.lr == DT_DEFAULT) d.lr = dt__optim_default_lr(d.kind);   /* 0 is a request: no update */
     if (d.kind != DT_OPTIM_SGD) {
         if (d.beta1 == 0.0f) d.beta1 = 0.9f;
         if (d.beta2 == 0.0f) d.beta2 = 0.999f;
         if (d.eps == 0.0f) d.eps = 1e-8f;
         if (d.kind == DT_OPTIM_ADAMW && d.weight_decay == 0.0f) d.weight_decay = 0.01f;
     }
-    if (!(d.lr > 0.0f) || d.momentum < 0.0f || d.weight_decay < 0.0f || d.dampening < 0.0f ||
+    if (!(d.lr >= 0.0f && d.lr < INFINITY) || d.momentum < 0.0f || d.weight_decay < 0.0f || d.dampening < 0.0f ||
         !(d.beta1 >= 0.0f && d.beta1 < 1.0f) || !(d.beta2 >= 0.0f && d.beta2 < 1.0f) || d.eps < 0.0f)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_create: invalid setting (lr %g, momentum %g, dampening %g, weight "
-                            "decay %g, betas %g %g, eps %g): lr must be > 0, the others >= 0 and betas < 1",
+                            "decay %g, betas %g %g, eps %g): lr must be a finite number >= 0 (DT_DEFAULT for the default), "
+                            "the others >= 0 and betas < 1",
                             (double)d.lr, (double)d.momentum, (double)d.dampening, (double)d.weight_decay,
                             (double)d.beta1, (double)d.beta2, (double)d.eps);
     if (d.nesterov && (d.momentum <= 0.0f || d.dampening != 0.0f))

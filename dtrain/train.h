@@ -93,8 +93,9 @@ dt_localsgd_stats dt_localsgd_get_stats(const dt_localsgd *d);   /* zeros for NU
    them; for sparse or convex problems this costs little and removes all waiting. (So ThreadSanitizer
    reports dt_hogwild_pull and dt_hogwild_push, and the tests keep Hogwild out of its runs.)
    Each worker owns a replica: a dt_model of the same architecture for its activations and gradients. A
-   step is: dt_hogwild_pull (shared parameters -> replica), forward, loss, backward on the replica,
-   dt_hogwild_push (shared -= lr * gradient). */
+   step is: dt_hogwild_pull (shared parameters and buffers -> replica), forward, loss, backward on the
+   replica, dt_hogwild_push (shared -= lr * gradient; the replica's buffers, the BatchNorm statistics its
+   forward updated, published to the shared model). */
 typedef struct dt_hogwild_worker {
     int       index, threads;   /* this worker, of `threads` */
     dt_model *shared;           /* the model whose parameters every worker updates */
@@ -105,10 +106,12 @@ typedef dt_result (*dt_hogwild_fn)(dt_hogwild_worker *w, void *arg);
    cores / threads OpenMP threads. threads = 1 runs fn on the caller's thread; without thread support the
    workers run one after another. Returns DT_OK, or the lowest failed worker's result with its message. */
 dt_result dt_hogwild_run(dt_model *shared, int threads, dt_hogwild_fn fn, void *arg);
-/* Copies the shared model's parameters into the replica's (no lock: see above). Same parameter count. */
+/* Copies the shared model's parameters and buffers into the replica's (no lock: see above). Same parameter
+   and buffer counts. */
 dt_result dt_hogwild_pull(dt_model *shared, dt_model *replica);
 /* shared -= lr * the replica's gradient, element by element and without a lock, then zeroes the
-   replica's gradient. With one worker this is exactly dt_optim_step with SGD (no momentum). */
+   replica's gradient; the shared buffers become the replica's (a later push overwrites them, as it may
+   overwrite an update). With one worker this is exactly dt_optim_step with SGD (no momentum). */
 dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr);
 
 /* ---- DDP: data-parallel SGD over the flat gradient buffer ------------------------------------ */
@@ -292,16 +295,17 @@ typedef enum dt_fed_behaviour {
 
 #define DT_FED_MAX_CLASSES 256
 
-/* FedAvg settings; zero means the default, except for noise_std and agg_desc.f, where 0 is a request and
-   DT_DEFAULT asks for the default. */
+/* FedAvg settings; zero means the default, except for noise_std, agg_desc.f and optim.lr, where 0 is a request
+   and DT_DEFAULT asks for the default. */
 typedef struct dt_fed_desc {
     int                clients;          /* N simulated clients (default: ranks - 1, or 1 on one rank) */
     float              frac;             /* C: fraction of the clients sampled each round (default 1; at least 1) */
     int                local_epochs;     /* E (default 1) */
     int64_t            batch;            /* B (default 10) */
-    dt_optim_desc      optim;            /* each client's optimizer, fresh every round (SGD or Adam) */
-    dt_sched_desc      sched;            /* learning rate of round t = dt_sched_lr(&sched, t) when sched.kind or
-                                            sched.base_lr is set (e.g. cosine with t_max = rounds); else optim.lr */
+    dt_optim_desc      optim;            /* each client's optimizer, fresh every round (SGD or Adam); optim.lr
+                                            0 is 0, DT_DEFAULT the optimizer's default */
+    dt_sched_desc      sched;            /* learning rate of round t = dt_sched_lr(&sched, t) when any field of
+                                            sched is set (e.g. cosine with t_max = rounds); zeroed: optim.lr */
     float              prox_mu;          /* FedProx: mu (w - w_global) added to every local gradient (0 = off) */
     float              dropout_prob;     /* probability that a sampled client drops out of a round */
     dt_fed_agg         agg;
@@ -328,16 +332,18 @@ typedef struct dt_fed_round_info {
 
 /* Collective. Rank 0 is the server; client k trains on rank 1 + k mod (ranks - 1), or on rank 0 when there
    is one rank. m (finalized, the same architecture on every rank) is the server's global model on rank 0 and
-   a rank's working copy elsewhere; rank 0's parameters are the initial global model. c, m, the dataset and
-   the partition must outlive the dt_fed. desc NULL is refused as a zeroed desc is (data and part have no
-   default). *out is NULL on failure. */
+   a rank's working copy elsewhere; rank 0's parameters and buffers are the initial global model. c, m, the
+   dataset and the partition must outlive the dt_fed. desc NULL is refused as a zeroed desc is (data and part
+   have no default). *out is NULL on failure. */
 dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc);
 void      dt_fed_destroy(dt_fed *f);
 /* Collective: one round. Every rank draws the same clients (seeded by (seed, round)) and the same dropouts,
    so nobody waits for a client that dropped; the global model is broadcast from rank 0; each host trains its
    sampled clients in client order, E epochs of batch B from the global model (client k's loader shuffles with
-   stream k and epoch round * E + e), and sends delta = w_local - w_global and its sample count to rank 0,
-   which aggregates and adds the result to the global model. Rank 0's model holds the new global model after.
+   stream k and epoch round * E + e), and sends delta = local - global and its sample count to rank 0, which
+   aggregates and adds the result to the global model. The model is its parameters and its buffers (BatchNorm
+   statistics): they travel, train and aggregate together, the aggregator's choice of clients made on the
+   parameters. Rank 0's model holds the new global model after.
    When dropouts leave fewer reports than the aggregator needs, the round keeps the global model (a warning);
    dt_fed_create refuses a C that samples too few clients for it in the first place. */
 dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info);
@@ -798,16 +804,20 @@ static dt_result dt__hogwild_check(dt_model *shared, dt_model *replica, const ch
     dt_result r;
     if ((r = dt__trainer_check(what, 1, 0, NULL, shared, "the shared model")) != DT_OK ||
         (r = dt__trainer_check(what, 1, 0, NULL, replica, "the replica")) != DT_OK) return r;
-    if (shared->nparams != replica->nparams)
-        return dt_set_error(DT_ERR_MISMATCH, "%s: the replica has %lld parameters but the shared model %lld: build the "
-                            "replica with the same architecture", what, (long long)replica->nparams, (long long)shared->nparams);
+    if (shared->nparams != replica->nparams || shared->nbuffers != replica->nbuffers)
+        return dt_set_error(DT_ERR_MISMATCH, "%s: the replica has %lld parameters and %lld buffer elements but the shared "
+                            "model %lld and %lld: build the replica with the same architecture", what,
+                            (long long)replica->nparams, (long long)replica->nbuffers, (long long)shared->nparams,
+                            (long long)shared->nbuffers);
     return DT_OK;
 }
 
 dt_result dt_hogwild_pull(dt_model *shared, dt_model *replica) {
     dt_result r = dt__hogwild_check(shared, replica, "dt_hogwild_pull");
-    if (r == DT_OK) memcpy(replica->params, shared->params, sizeof(float) * (size_t)shared->nparams);
-    return r;
+    if (r != DT_OK) return r;
+    memcpy(replica->params, shared->params, sizeof(float) * (size_t)shared->nparams);
+    memcpy(replica->buffers, shared->buffers, sizeof(float) * (size_t)shared->nbuffers);
+    return DT_OK;
 }
 
 dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr) {
@@ -818,6 +828,8 @@ dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr) {
     if (!(lr >= 0.0f)) return dt_set_error(DT_ERR_INVALID_ARG, "dt_hogwild_push: lr %g must be >= 0", (double)lr);
     p = shared->params; g = replica->grads; n = shared->nparams;
     for (i = 0; i < n; i++) p[i] -= lr * g[i];   /* the same arithmetic as the SGD step */
+    /* publishes the statistics the replica's forward updated: the shared model is evaluated with them */
+    memcpy(shared->buffers, replica->buffers, sizeof(float) * (size_t)shared->nbuffers);
     dt_model_zero_grad(replica);
     return DT_OK;
 }
@@ -1543,8 +1555,12 @@ static void dt__fed_classmean(const float *const *u, int n, const dt_fed_agg_des
 /* Krum's f: 0 is a request (no Byzantine client), DT_DEFAULT the default, 1. */
 static int dt__fed_krum_f(const dt_fed_agg_desc *a) { return a->f == DT_DEFAULT ? 1 : a->f; }
 
-dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
-                           float *out, int *kept_out, const dt_fed_agg_desc *desc) {
+/* dt_fed_aggregate, where only the first sel_len of the len coordinates choose the clients (Krum's distances,
+   the class-mean rows): dt_fed's updates are the parameters followed by the buffers, and the buffers go
+   through the same aggregator without a say in whom it keeps (docs/design.md, "BatchNorm statistics in
+   the trainers"). */
+static dt_result dt__fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
+                                   int64_t sel_len, float *out, int *kept_out, const dt_fed_agg_desc *desc) {
     dt_fed_agg_desc a;
     double *scratch = NULL;
     int *order = NULL, *kept = NULL, i, t = 0;
@@ -1579,10 +1595,10 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
     if (kind == DT_FED_MULTIKRUM && (a.m < 0 || a.m > n))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: multikrum m = %d, need 0 <= m <= n = %d", a.m, n);
     if (kind == DT_FED_CLASSMEAN && (n < 3 || a.k < 1.0f || a.cm_rows < 1 || a.cm_cols < 1 || a.cm_offset < 0 ||
-                                     a.cm_offset + a.cm_rows * a.cm_cols > len))
+                                     a.cm_offset + a.cm_rows * a.cm_cols > sel_len))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: classmean needs n >= 3 clients (got %d), k >= 1 (got %g) and "
                             "the last layer's weight [%lld, %lld] at offset %lld inside the update of %lld", n, (double)a.k,
-                            (long long)a.cm_rows, (long long)a.cm_cols, (long long)a.cm_offset, (long long)len);
+                            (long long)a.cm_rows, (long long)a.cm_cols, (long long)a.cm_offset, (long long)sel_len);
     scratch = (double *)DT_MALLOC(sizeof(double) * (size_t)(n * (n + 4) + (kind == DT_FED_CLASSMEAN ? a.cm_cols : 0)));
     order = (int *)DT_MALLOC(sizeof(int) * (size_t)n * 2);
     if (!scratch || !order) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_aggregate: no memory for %d clients", n); goto done; }
@@ -1595,7 +1611,7 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
     case DT_FED_KRUM:
     case DT_FED_MULTIKRUM: {
         int m = kind == DT_FED_KRUM ? 1 : (a.m ? a.m : n - a.f);
-        dt__fed_krum(updates, n, len, a.f, scratch, scratch + n * n, scratch + n * n + n, order);
+        dt__fed_krum(updates, n, sel_len, a.f, scratch, scratch + n * n, scratch + n * n + n, order);
         for (i = 0; i < n; i++) kept[i] = 0;
         for (i = 0; i < m; i++) kept[order[i]] = 1;
         dt__fed_mean(updates, NULL, kept, n, len, out);
@@ -1613,6 +1629,11 @@ done:
     return r;
 }
 
+dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
+                           float *out, int *kept, const dt_fed_agg_desc *desc) {
+    return dt__fed_aggregate(kind, updates, weights, n, len, len, out, kept, desc);
+}
+
 /* The fewest updates the aggregator accepts (Krum's 2f + 3, the class-mean check's 3). */
 static int dt__fed_min_clients(dt_fed_agg kind, const dt_fed_agg_desc *a) {
     if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * dt__fed_krum_f(a) + 3;
@@ -1625,14 +1646,14 @@ struct dt_fed {
     dt_comm       *comm;
     dt_model      *model;
     dt_fed_desc    desc;
-    int64_t        n;            /* parameters */
+    int64_t        n, len;       /* parameters; parameters and buffers: a model or an update [len] */
     int            nsel;         /* clients sampled per round */
     int           *behaviour;    /* [clients] */
     int           *sel, *drop;   /* [clients] the round's draw */
     int           *kept, *last_kept; /* [nsel] of the aggregate; [clients] by client id */
-    float         *global;       /* [n] the round's global model */
-    float         *delta;        /* [n] a host's update being sent */
-    float         *updates;      /* rank 0: [nsel * n] the reported updates */
+    float         *global;       /* [len] the round's global model */
+    float         *delta;        /* [len] a host's update being sent */
+    float         *updates;      /* rank 0: [nsel * len] the reported updates */
     double        *stats;        /* rank 0: [nsel * 2] samples and loss sum of each report */
     double        *weights;      /* rank 0: [nsel] */
     const float  **ptrs;         /* rank 0: [nsel] */
@@ -1640,6 +1661,22 @@ struct dt_fed {
     dt_request    *reqs;         /* rank 0: [nsel * 2] */
     int32_t       *ybuf;         /* [batch] flipped labels */
 };
+
+/* The model as FedAvg moves it: its parameters, then its buffers (BatchNorm running statistics), [len]. */
+static void dt__fed_get(dt_fed *f, float *dst) {
+    memcpy(dst, dt_model_params(f->model, NULL), sizeof(float) * (size_t)f->n);
+    memcpy(dst + f->n, dt_model_buffers(f->model, NULL), sizeof(float) * (size_t)(f->len - f->n));
+}
+static void dt__fed_put(dt_fed *f, const float *src) {
+    memcpy(dt_model_params(f->model, NULL), src, sizeof(float) * (size_t)f->n);
+    memcpy(dt_model_buffers(f->model, NULL), src + f->n, sizeof(float) * (size_t)(f->len - f->n));
+}
+
+/* A schedule is set when any of its fields is: a zeroed sched leaves the rate to optim.lr. */
+static int dt__sched_set(const dt_sched_desc *s) {
+    return s->kind != DT_SCHED_CONSTANT || s->base_lr != 0.0f || s->milestones[0] != 0 || s->gamma != 0.0f || s->t_max != 0 ||
+           s->min_lr != 0.0f || s->warmup != 0 || s->warmup_start != 0.0f;
+}
 
 static void dt__fed_rng(dt_rng *r, const dt_fed *f, int64_t round, uint64_t what, uint64_t stream) {
     dt_rng_init(r, f->desc.seed ^ (0x9E3779B97F4A7C15ULL * (uint64_t)(round + 1)) ^ (what << 56), stream);
@@ -1705,6 +1742,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     if (!d.local_epochs) d.local_epochs = 1;
     if (!d.batch) d.batch = 10;
     if (d.noise_std == DT_DEFAULT) d.noise_std = 1.0f;   /* 0 is a request: a noise attacker that sends zeros */
+    if (d.optim.lr == DT_DEFAULT) d.optim.lr = dt__optim_default_lr(d.optim.kind);   /* 0 is a request too */
     if (!d.agg_desc.cm_rows) {   /* the class-mean check reads the last linear layer's weight */
         for (i = dt_model_param_tensors(m) - 1; i >= 0; i--) {
             dt_param_info pi = dt_model_param_info(m, i);
@@ -1718,6 +1756,12 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     if (!(d.noise_std >= 0.0f && d.noise_std < INFINITY))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: noise_std is %g: the noise attack's std is a finite "
                             "number >= 0 (DT_DEFAULT for the default, 1)", me, (double)d.noise_std);
+    if (!(d.optim.lr >= 0.0f && d.optim.lr < INFINITY) ||
+        (dt__sched_set(&d.sched) && !(d.sched.base_lr >= 0.0f && d.sched.base_lr < INFINITY && d.sched.min_lr >= 0.0f)))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: the clients' rate is %s %g: a learning rate is a "
+                            "finite number >= 0 (0 leaves the model; optim.lr DT_DEFAULT: the optimizer's default)", me,
+                            dt__sched_set(&d.sched) ? "sched.base_lr" : "optim.lr",
+                            (double)(dt__sched_set(&d.sched) ? d.sched.base_lr : d.optim.lr));
     if ((d.agg == DT_FED_KRUM || d.agg == DT_FED_MULTIKRUM) && d.agg_desc.f < 0 && d.agg_desc.f != DT_DEFAULT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: agg_desc.f is %d: Krum's f is the number of Byzantine "
                             "clients to tolerate, >= 0 (DT_DEFAULT for the default, 1)", me, d.agg_desc.f);
@@ -1729,7 +1773,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
                             d.local_epochs, (long long)d.batch, (double)d.prox_mu, (double)d.dropout_prob);
     if (!(f = (dt_fed *)DT_MALLOC(sizeof *f))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory", me);
     memset(f, 0, sizeof *f);
-    f->comm = c; f->model = m; f->desc = d; f->n = m->nparams;
+    f->comm = c; f->model = m; f->desc = d; f->n = m->nparams; f->len = m->nparams + m->nbuffers;
     f->desc.behaviour = NULL;
     f->nsel = (int)floor((double)d.frac * (double)nc + 0.5);
     if (f->nsel < 1) f->nsel = 1;
@@ -1740,7 +1784,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
                             "clients samples %d: raise --frac or --clients", me, dt_fed_agg_name(d.agg),
                             dt__fed_min_clients(d.agg, &d.agg_desc), (double)d.frac, nc, (int)floor((double)d.frac * nc + 0.5));
     }
-    n = (size_t)(f->n ? f->n : 1);
+    n = (size_t)(f->len ? f->len : 1);
     f->behaviour = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
     f->sel = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
     f->drop = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
@@ -1761,7 +1805,7 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
         (me == 0 && (!f->updates || !f->stats || !f->weights || !f->ptrs || !f->who || !f->reqs))) {
         dt_fed_destroy(f);
         return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory (the server keeps %d updates of %lld floats: "
-                            "lower --frac)", me, f->nsel, (long long)f->n);
+                            "lower --frac)", me, f->nsel, (long long)f->len);
     }
     for (i = 0; i < nc; i++) {
         f->behaviour[i] = d.behaviour ? d.behaviour[i] : DT_FED_HONEST;
@@ -1772,8 +1816,9 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     return DT_OK;
 }
 
-/* Client k's local training from f->global: E epochs of batch B with a fresh optimizer at rate lr. Leaves
-   delta = w_local - w_global (after the client's behaviour) and st = {samples, loss sum over the epochs}. */
+/* Client k's local training from f->global (parameters and buffers): E epochs of batch B with a fresh
+   optimizer at rate lr. Leaves delta [len] = local - global (after the client's behaviour: an attacker
+   controls all it sends, statistics included) and st = {samples, loss sum over the epochs}. */
 static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr, float *delta, double *st) {
     const dt_fed_desc *d = &f->desc;
     dt_model *m = f->model;
@@ -1787,13 +1832,13 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
     int flip = f->behaviour[k] == DT_FED_LABELFLIP && d->flip_set;
     st[0] = (double)cnt;
     st[1] = 0.0;
-    for (j = 0; j < f->n; j++) delta[j] = 0.0f;
+    for (j = 0; j < f->len; j++) delta[j] = 0.0f;
     if (cnt == 0) return DT_OK;
     dt_trace_begin("client training", "compute");
     dt__trace_arg("client", NULL, k);
     dt__trace_arg("round", NULL, round);
     dt__trace_arg("samples", NULL, cnt);
-    memcpy(w, f->global, sizeof(float) * (size_t)f->n);
+    dt__fed_put(f, f->global);   /* every client starts from the global statistics too, not the last client's */
     od.lr = lr;
     memset(&ld, 0, sizeof ld);
     ld.dataset = d->data; ld.indices = d->part->indices + off; ld.count = cnt; ld.batch = d->batch;
@@ -1824,10 +1869,11 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
     if (f->behaviour[k] == DT_FED_NOISE) {
         dt_rng nr;
         dt__fed_rng(&nr, f, round, 3, (uint64_t)k);
-        for (j = 0; j < f->n; j++) delta[j] = d->noise_std * dt_rng_normal(&nr);
+        for (j = 0; j < f->len; j++) delta[j] = d->noise_std * dt_rng_normal(&nr);
     } else {
         float s = f->behaviour[k] == DT_FED_SIGNFLIP ? -1.0f : 1.0f;
-        for (j = 0; j < f->n; j++) delta[j] = s * (w[j] - f->global[j]);
+        dt__fed_get(f, delta);
+        for (j = 0; j < f->len; j++) delta[j] = s * (delta[j] - f->global[j]);
     }
 done:
     dt_trace_end();
@@ -1842,18 +1888,17 @@ done:
 dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
     dt_comm *c;
     int me, p, nsel, i, nrep = 0, nreq = 0, nagg = 0;
-    float lr, *w;
+    float lr;
+    int64_t j;
     double loss = 0.0, samples = 0.0;
     dt_result r = DT_OK;
     if (!f) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_round: fed is NULL");
     c = f->comm; me = c->rank; p = c->size;
-    w = dt_model_params(f->model, NULL);
-    lr = (f->desc.sched.kind != DT_SCHED_CONSTANT || f->desc.sched.base_lr > 0.0f) ? dt_sched_lr(&f->desc.sched, round)
-                                                                                     : f->desc.optim.lr;
+    lr = dt__sched_set(&f->desc.sched) ? dt_sched_lr(&f->desc.sched, round) : f->desc.optim.lr;
     if (info) memset(info, 0, sizeof *info);
     nsel = dt_fed_draw(f, round, f->sel, f->drop);
-    if (me == 0) memcpy(f->global, w, sizeof(float) * (size_t)f->n);
-    if ((r = dt_comm_broadcast(c, f->global, (size_t)f->n, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    if (me == 0) dt__fed_get(f, f->global);
+    if ((r = dt_comm_broadcast(c, f->global, (size_t)f->len, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
     /* the server posts a receive for every remote client that reports, in client order */
     for (i = 0; i < nsel && me == 0; i++) {
         int k = f->sel[i], host = p == 1 ? 0 : 1 + k % (p - 1);
@@ -1861,7 +1906,7 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         f->who[nrep] = k;
         if (host != 0) {
             if ((r = dt__lib_irecv(c, f->stats + 2 * nrep, 2, DT_F64, host, DT__TAG_FEDAVG, &f->reqs[nreq++])) != DT_OK ||
-                (r = dt__lib_irecv(c, f->updates + (int64_t)nrep * f->n, (size_t)f->n, DT_F32, host, DT__TAG_FEDAVG,
+                (r = dt__lib_irecv(c, f->updates + (int64_t)nrep * f->len, (size_t)f->len, DT_F32, host, DT__TAG_FEDAVG,
                                    &f->reqs[nreq++])) != DT_OK) return r;
         }
         nrep++;
@@ -1873,12 +1918,12 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         if (p == 1) {
             int slot, s;
             for (slot = 0, s = 0; s < i; s++) slot += !f->drop[s];
-            r = dt__fed_train_client(f, k, round, lr, f->updates + (int64_t)slot * f->n, f->stats + 2 * slot);
+            r = dt__fed_train_client(f, k, round, lr, f->updates + (int64_t)slot * f->len, f->stats + 2 * slot);
             continue;
         }
         if ((r = dt__fed_train_client(f, k, round, lr, f->delta, st)) != DT_OK) break;
         if ((r = dt__lib_send(c, st, 2, DT_F64, 0, DT__TAG_FEDAVG)) != DT_OK) break;
-        r = dt__lib_send(c, f->delta, (size_t)f->n, DT_F32, 0, DT__TAG_FEDAVG);
+        r = dt__lib_send(c, f->delta, (size_t)f->len, DT_F32, 0, DT__TAG_FEDAVG);
     }
     if (r != DT_OK || me != 0) return r;
     if (nreq && (r = dt_comm_waitall(c, f->reqs, nreq)) != DT_OK) return r;
@@ -1887,7 +1932,7 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         loss += f->stats[2 * i + 1];
         samples += f->stats[2 * i];
         if (f->stats[2 * i] <= 0.0) continue;
-        f->ptrs[nagg] = f->updates + (int64_t)i * f->n;
+        f->ptrs[nagg] = f->updates + (int64_t)i * f->len;
         f->weights[nagg] = f->stats[2 * i];
         f->who[nagg++] = f->who[i];
     }
@@ -1898,7 +1943,7 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         info->train_loss = samples > 0.0 ? loss / (samples * f->desc.local_epochs) : 0.0;
         info->lr = lr;
     }
-    memcpy(w, f->global, sizeof(float) * (size_t)f->n);
+    dt__fed_put(f, f->global);
     if (nagg < dt__fed_min_clients(f->desc.agg, &f->desc.agg_desc)) {   /* too many dropped: the global model stays */
         if (nagg > 0)
             dt_log(DT_LOG_WARN, "dt_fed_round: round %lld: %d clients reported, fewer than %s needs; the global model is kept",
@@ -1908,10 +1953,11 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
     dt_trace_begin("aggregate", "optim");
     dt__trace_arg("clients", NULL, nagg);
     dt__trace_arg("aggregator", dt_fed_agg_name(f->desc.agg), 0);
-    r = dt_fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->n, f->delta, f->kept, &f->desc.agg_desc);
+    r = dt__fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->len, f->n, f->delta, f->kept, &f->desc.agg_desc);
     dt_trace_end();
     if (r != DT_OK) return r;
-    for (i = 0; i < f->n; i++) w[i] = f->global[i] + f->delta[i];
+    for (j = 0; j < f->len; j++) f->delta[j] += f->global[j];   /* global + the aggregate, as global[j] + delta[j] */
+    dt__fed_put(f, f->delta);
     for (i = 0; i < nagg; i++) {
         f->last_kept[f->who[i]] = f->kept[i];
         if (info) info->kept += f->kept[i];

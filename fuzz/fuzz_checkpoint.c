@@ -25,7 +25,7 @@ static void setup(void) {
     dt_linear(model, dt_flatten(model, x), 3, 1);
     if (dt_model_finalize(model) != DT_OK) abort();
     memset(&od, 0, sizeof od);
-    od.kind = DT_OPTIM_SGD; od.momentum = 0.9f;
+    od.kind = DT_OPTIM_SGD; od.lr = DT_DEFAULT; od.momentum = 0.9f;
     if (dt_optim_create(&optim, model, &od) != DT_OK) abort();
     snprintf(path, sizeof path, "/tmp/dt_fuzz_ckpt_%d.bin", (int)getpid());
     if (getenv("DT_FUZZ_WRITE_SEED") && dt_checkpoint_save(getenv("DT_FUZZ_WRITE_SEED"), model, optim, NULL) != DT_OK) abort();

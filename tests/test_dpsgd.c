@@ -2,7 +2,8 @@
    against replicas stepped by hand on one thread); each step follows the formula of its order on a ring
    of 4 (combine-then-adapt, adapt-then-combine); pure gossip on a ring keeps the mean, keeps the replicas
    different and shrinks the consensus distance at least as fast as the spectral gap says; the average of
-   the replicas; the gossip traffic; bad arguments. */
+   the replicas; the gossip traffic; BatchNorm statistics gossiped with mix_buffers and averaged by
+   dt_dpsgd_average; bad arguments. */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
@@ -236,6 +237,72 @@ static void test_gossip_rate(void) {
     dt_topology_free(&topo);
 }
 
+/* BatchNorm statistics: with mix_buffers every step gossips them like the parameters, x_i <- sum_j W[i][j] x_j
+   (checked against the formula on a ring of 4); without, the step leaves them; either way dt_dpsgd_average
+   gives every replica the mean of the ranks' statistics, with the mean parameters. */
+#define BNB (2 * K)   /* running mean and variance of K channels */
+typedef struct bn_job {
+    int mix;
+    dt_topology topo;
+    float before[MAXR][BNB], after[MAXR][BNB], avg[MAXR][BNB];
+} bn_job;
+
+static dt_result bn_rank(dt_comm *c, void *arg) {
+    bn_job *j = (bn_job *)arg;
+    int me = dt_comm_rank(c);
+    dt_model *m = NULL;
+    dt_dpsgd *d = NULL;
+    dt_dpsgd_desc dd;
+    dt_model_desc md;
+    dt_result r;
+    memset(&dd, 0, sizeof dd);
+    dd.mix_buffers = j->mix;
+    memset(&md, 0, sizeof md);
+    md.in_c = IN; md.seed = 100;
+    if ((r = dt_model_create(&m, &md)) != DT_OK) return r;
+    dt_batchnorm(m, dt_linear(m, dt_model_input(m), K, 1));
+    if ((r = dt_model_finalize(m)) == DT_OK && (r = dt_dpsgd_create(&d, c, m, &j->topo, &dd)) == DT_OK &&
+        (r = dt_model_forward(m, X + (int64_t)me * B * IN, B)) == DT_OK &&   /* each rank's statistics move apart */
+        (r = dt_model_get_buffers(m, j->before[me], BNB)) == DT_OK && (r = dt_dpsgd_step(d, NULL)) == DT_OK &&
+        (r = dt_model_get_buffers(m, j->after[me], BNB)) == DT_OK && (r = dt_dpsgd_average(d, NULL)) == DT_OK)
+        r = dt_model_get_buffers(m, j->avg[me], BNB);
+    dt_dpsgd_destroy(d);
+    dt_model_destroy(m);
+    return r;
+}
+
+static void test_buffers(void) {
+    static bn_job j;
+    dt_topology_desc td;
+    dt_launch_desc ld;
+    int i, k, q, p = 4;
+    for (j.mix = 0; j.mix < 2; j.mix++) {
+        float want[BNB], mean[BNB];
+        memset(&td, 0, sizeof td);
+        td.kind = DT_TOPO_RING; td.world = p;
+        CHECK_OK(dt_topology_create(&j.topo, &td));
+        memset(&ld, 0, sizeof ld);
+        ld.ranks = p; ld.comm.timeout = 20;
+        CHECK_OK(dt_launch_local(&ld, bn_rank, &j, NULL));
+        CHECK(memcmp(j.before[0], j.before[1], sizeof j.before[0]) != 0);
+        for (k = 0; k < BNB; k++) {
+            double s = 0.0;
+            for (q = 0; q < p; q++) s += j.after[q][k];
+            mean[k] = (float)(s / p);
+        }
+        for (i = 0; i < p; i++) {
+            for (k = 0; k < BNB; k++) {
+                double acc = 0.0;
+                for (q = 0; q < p; q++) acc += j.topo.weights[i * p + q] * (double)j.before[q][k];
+                want[k] = j.mix ? (float)acc : j.before[i][k];
+            }
+            CHECK_CLOSE(j.after[i], want, BNB, 1e-6, j.mix ? "buffers gossiped" : "buffers left by the step");
+            CHECK_CLOSE(j.avg[i], mean, BNB, 1e-6, "the average's buffers");
+        }
+        dt_topology_free(&j.topo);
+    }
+}
+
 static void test_bad_args(void) {
     dt_comm *c = NULL;
     dt_model *m = NULL, *raw = NULL;
@@ -314,6 +381,7 @@ int main(int argc, char **argv) {
     RUN(test_full_is_averaging);
     RUN(test_orders_on_ring);
     RUN(test_gossip_rate);
+    RUN(test_buffers);
     RUN(test_bad_args);
     return dt_t_summary();
 }

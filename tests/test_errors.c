@@ -307,7 +307,7 @@ static void test_no_allocation_in_the_step(void) {
         fail_after = -1;
         CHECK_OK(dt_zoo_create(&m, z ? DT_ZOO_RESNET20 : DT_ZOO_LENET5, 0, NULL));
         memset(&od, 0, sizeof od);
-        od.kind = z ? DT_OPTIM_ADAM : DT_OPTIM_SGD; od.momentum = z ? 0.0f : 0.9f;
+        od.kind = z ? DT_OPTIM_ADAM : DT_OPTIM_SGD; od.lr = DT_DEFAULT; od.momentum = z ? 0.0f : 0.9f;
         CHECK_OK(dt_optim_create(&o, m, &od));
         for (i = 0; i < 4; i++) {
             int64_t batch = i == 3 ? 5 : 16;       /* a smaller last batch reuses the arena too */

@@ -1,6 +1,8 @@
 /* test_fedavg.c - FedAvg: each aggregator against a hand computation, the minimum-client refusals, one client
    with C = 1 and E = 1 equal to plain training on its data, label flipping touching only the flipped labels,
-   sign flipping, dropouts that leave clients out without hanging, and 100 clients over 4 local ranks. */
+   sign flipping, zero that means zero (the noise std, Krum's f, the learning rate), a batchnorm model's global
+   parameters and statistics the same on 1 and 3 ranks, dropouts that leave clients out without hanging, and
+   100 clients over 4 local ranks. */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
@@ -23,7 +25,8 @@ static void make_data(void) {
     DS.count = NS; DS.c = IN; DS.h = 1; DS.w = 1; DS.num_classes = K; DS.pixels = PIX; DS.labels = LAB;
 }
 
-static dt_result make_model(dt_model **m) {
+/* IN -> 8 (-> batchnorm) -> relu -> K */
+static dt_result make_model_bn(dt_model **m, int bn) {
     dt_model_desc d;
     int x;
     memset(&d, 0, sizeof d);
@@ -31,10 +34,12 @@ static dt_result make_model(dt_model **m) {
     if (dt_model_create(m, &d) != DT_OK) return DT_ERR_OUT_OF_MEMORY;
     x = dt_model_input(*m);
     x = dt_linear(*m, x, 8, 1);
+    if (bn) x = dt_batchnorm(*m, x);
     x = dt_relu(*m, x);
     x = dt_linear(*m, x, K, 1);
     return dt_model_finalize(*m);
 }
+static dt_result make_model(dt_model **m) { return make_model_bn(m, 0); }
 
 /* 5 clients, 2 coordinates, client 4 the outlier. */
 static const float U[5][2] = {{1, 1}, {2, 2}, {3, 3}, {4, 4}, {100, -100}};
@@ -243,14 +248,16 @@ static void test_label_flip(void) {
 }
 
 /* The noise attack's std and Krum's f take 0 as 0 and DT_DEFAULT as the default (1); other negative values,
-   and a std that is not finite, are refused at create. */
+   and a std that is not finite, are refused at create. So does the clients' learning rate: a round at rate 0
+   (optim.lr 0 with SGD and momentum, with Adam; a cosine schedule from 0) leaves the global model as it was,
+   optim.lr DT_DEFAULT is the optimizer's default (SGD's 0.01), and a negative rate is refused. */
 static void test_zero_is_zero(void) {
     dt_partition part;
     dt_comm *c = NULL;
     dt_model *m = NULL;
     dt_fed *f = NULL;
     dt_fed_desc fd;
-    int noise = DT_FED_NOISE;
+    int noise = DT_FED_NOISE, k;
     int64_t n;
     float *w0, *a, *b;
     CHECK_OK(dt_partition_iid(&part, NS, 3, 9));
@@ -288,6 +295,27 @@ static void test_zero_is_zero(void) {
     fd.agg_desc.f = -4;
     CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "agg_desc.f is -4") != NULL);
+    for (k = 0; k < 3; k++) {
+        fd = fed_desc(&part, 3);
+        fd.optim.lr = 0.0f;
+        if (k == 0) fd.optim.momentum = 0.9f;
+        if (k == 1) fd.optim.kind = DT_OPTIM_ADAM;
+        if (k == 2) { fd.optim.lr = 0.1f; fd.sched.kind = DT_SCHED_COSINE; fd.sched.t_max = 4; }   /* base_lr 0 */
+        fed_round_once(&fd, a, n);
+        CHECK(memcmp(a, w0, sizeof(float) * (size_t)n) == 0);
+    }
+    fd = fed_desc(&part, 3);
+    fd.optim.lr = DT_DEFAULT;
+    fed_round_once(&fd, a, n);
+    fd.optim.lr = 0.01f;
+    fed_round_once(&fd, b, n);
+    CHECK(memcmp(a, b, sizeof(float) * (size_t)n) == 0 && memcmp(a, w0, sizeof(float) * (size_t)n) != 0);
+    fd.optim.lr = -3.0f;
+    CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "optim.lr -3") != NULL && strstr(dt_last_error(), "DT_DEFAULT") != NULL);
+    fd.optim.lr = 0.1f; fd.sched.kind = DT_SCHED_COSINE; fd.sched.base_lr = -1.0f;
+    CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "sched.base_lr -1") != NULL);
     CHECK(f == NULL);
     dt_comm_destroy(c);
     dt_model_destroy(m);
@@ -339,6 +367,77 @@ static dt_result launch(int ranks, run_arg *ra) {
     return dt_launch_local(&ld, run_rank, ra, NULL);
 }
 
+/* BatchNorm statistics are aggregated with the parameters: FedAvg of a batchnorm model on 1 and on 3 local
+   ranks (5 clients, 2 rounds) ends with the same global parameters and buffers, bit for bit, and so with the
+   same evaluation, for the mean and for two robust aggregators (the median, multi-Krum); and the buffers
+   moved from their initial values. Before, rank 0 of 3 (which trains no client) kept its initial statistics. */
+#define BN_MAX 256
+typedef struct bn_arg { dt_fed_agg agg; int64_t n, nb; float params[BN_MAX], bufs[BN_MAX]; double acc, loss; } bn_arg;
+
+static dt_result bn_rank(dt_comm *c, void *arg) {
+    bn_arg *ba = (bn_arg *)arg;
+    dt_model *m = NULL;
+    dt_fed *f = NULL;
+    dt_partition part;
+    dt_fed_desc fd;
+    dt_eval_result ev;
+    dt_result r;
+    int64_t t;
+    memset(&part, 0, sizeof part);
+    if ((r = make_model_bn(&m, 1)) != DT_OK || (r = dt_partition_iid(&part, NS, 5, 1)) != DT_OK) goto done;
+    fd = fed_desc(&part, 5);
+    fd.batch = 8;                              /* 40 samples a client: no batch of 1, which batch norm refuses */
+    fd.agg = ba->agg; fd.agg_desc.f = DT_DEFAULT;
+    if ((r = dt_fed_create(&f, c, m, &fd)) != DT_OK) goto done;
+    for (t = 0; t < 2 && r == DT_OK; t++) r = dt_fed_round(f, t, NULL);
+    if (r == DT_OK && dt_comm_rank(c) == 0) {
+        ba->n = dt_model_param_count(m);
+        dt_model_buffers(m, &ba->nb);
+        if (ba->n > BN_MAX || ba->nb > BN_MAX) { r = dt_set_error(DT_ERR_STATE, "raise BN_MAX"); goto done; }
+        if ((r = dt_model_get_params(m, ba->params, ba->n)) != DT_OK || (r = dt_model_get_buffers(m, ba->bufs, ba->nb)) != DT_OK ||
+            (r = dt_evaluate(m, &DS, NULL, 0, NULL, 64, 1, &ev)) != DT_OK) goto done;
+        ba->acc = ev.top1; ba->loss = ev.loss;
+    }
+done:
+    dt_fed_destroy(f);
+    dt_model_destroy(m);
+    dt_partition_free(&part);
+    return r;
+}
+
+static void test_batchnorm_ranks(void) {
+    static const dt_fed_agg aggs[] = {DT_FED_MEAN, DT_FED_MEDIAN, DT_FED_MULTIKRUM};
+    static bn_arg one, three;
+    dt_launch_desc ld;
+    float init[BN_MAX];
+    dt_model *m = NULL;
+    int a;
+    int64_t nb = 0;
+    CHECK_OK(make_model_bn(&m, 1));
+    if (!m) return;
+    dt_model_buffers(m, &nb);
+    CHECK(nb > 0 && nb <= BN_MAX);
+    CHECK_OK(dt_model_get_buffers(m, init, nb));
+    dt_model_destroy(m);
+    memset(&ld, 0, sizeof ld);
+    ld.threads_per_rank = 1; ld.comm.timeout = 20.0;
+    for (a = 0; a < 3; a++) {
+        memset(&one, 0, sizeof one); memset(&three, 0, sizeof three);
+        one.agg = three.agg = aggs[a];
+        ld.ranks = 1;
+        CHECK_OK(dt_launch_local(&ld, bn_rank, &one, NULL));
+        ld.ranks = 3;
+        CHECK_OK(dt_launch_local(&ld, bn_rank, &three, NULL));
+        CHECK(one.nb == nb && three.nb == nb && one.n == three.n);
+        CHECK(memcmp(one.params, three.params, sizeof(float) * (size_t)one.n) == 0);
+        CHECK(memcmp(one.bufs, three.bufs, sizeof(float) * (size_t)nb) == 0);
+        CHECK(memcmp(one.bufs, init, sizeof(float) * (size_t)nb) != 0);
+        CHECK(one.acc == three.acc && one.loss == three.loss);
+        if (memcmp(one.bufs, three.bufs, sizeof(float) * (size_t)nb) != 0 || one.acc != three.acc)
+            printf("    %s: accuracy %.4f on 1 rank, %.4f on 3\n", dt_fed_agg_name(aggs[a]), one.acc, three.acc);
+    }
+}
+
 static void test_dropout(void) {
     run_arg ra;
     memset(&ra, 0, sizeof ra);
@@ -369,6 +468,7 @@ int main(int argc, char **argv) {
     RUN(test_one_client_equals_plain);
     RUN(test_label_flip);
     RUN(test_zero_is_zero);
+    RUN(test_batchnorm_ranks);
     RUN(test_dropout);
     RUN(test_hundred_clients);
     return dt_t_summary();

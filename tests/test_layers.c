@@ -264,6 +264,30 @@ static void test_torch_batchnorm(void) {
     bn_case("bn1d_eval", 0, 0);
 }
 
+/* Train-mode batch norm refuses one value per channel (a batch of 1 of a vector or of 1 x 1 maps), naming the
+   layer, its shape and the fixes, as PyTorch refuses it; two values (a batch of 2, or a 2 x 1 map), and eval
+   mode, are fine. */
+static void test_batchnorm_one_value(void) {
+    static const int64_t shapes[][4] = {{3, 0, 0, 1}, {3, 1, 1, 1}, {3, 0, 0, 2}, {3, 2, 1, 1}};   /* c h w batch */
+    float x[12] = {0.5f, -1.0f, 2.0f, 0.25f, 1.5f, -0.75f, 1.0f, 2.0f, -3.0f, 0.0f, 0.5f, 1.0f};
+    int s;
+    for (s = 0; s < 4; s++) {
+        dt_model *m = new_model(shapes[s][0], shapes[s][1], shapes[s][2]);
+        int one = s < 2;
+        dt_model_set_node_name(m, dt_batchnorm(m, 0), "bn_one");
+        CHECK_OK(dt_model_finalize(m));
+        if (one) {
+            CHECK_ERR(dt_model_forward(m, x, shapes[s][3]), DT_ERR_SHAPE);
+            CHECK(strstr(dt_last_error(), "bn_one") && strstr(dt_last_error(), "1 value per channel") &&
+                  strstr(dt_last_error(), "[3, 1, 1]") && strstr(dt_last_error(), "at least 2") &&
+                  strstr(dt_last_error(), "eval mode"));
+            dt_model_train(m, 0);
+        }
+        CHECK_OK(dt_model_forward(m, x, shapes[s][3]));
+        dt_model_destroy(m);
+    }
+}
+
 /* Losses on an identity network (flatten of a vector input is the input itself). */
 static void test_torch_losses(void) {
     const char *cases[] = {"xent_a", "nll_a", "mse_a"};
@@ -551,6 +575,7 @@ int main(int argc, char **argv) {
     RUN(test_torch_avgpool);
     RUN(test_torch_gap_relu_logsoftmax_shortcut);
     RUN(test_torch_batchnorm);
+    RUN(test_batchnorm_one_value);
     RUN(test_torch_losses);
     RUN(test_gradcheck_conv);
     RUN(test_gradcheck_pools);

@@ -203,8 +203,13 @@ static void test_explicit_and_buffers(void) {
 
 /* ---- Hogwild ---- */
 
+static int64_t nbuf(dt_model *m) { int64_t n = 0; dt_model_buffers(m, &n); return n; }
+
+#define HOG_MAXB 64       /* buffers of the batchnorm classifier, at most */
 typedef struct hog {
     int     mode;         /* 0: the classifier on X, Y; 1: linear regression on RX, RY */
+    int     bn;           /* the classifier with batchnorm */
+    float   published[MAXR][HOG_MAXB];   /* each worker's buffers as of its last dt_hogwild_push */
     int     epochs;
     int64_t batch;
     float   lr;
@@ -251,7 +256,8 @@ static dt_result hog_worker(dt_hogwild_worker *w, void *arg) {
     float loss;
     if (h->batch > 64) return dt_set_error(DT_ERR_INVALID_ARG, "batch %lld > 64", (long long)h->batch);
     if (w->index == h->fail_worker) return dt_set_error(DT_ERR_STATE, "worker %d gives up", w->index);
-    if ((r = h->mode ? make_regressor(&rep, 99) : make_model(&rep, 99, 0, 16)) != DT_OK) return r;
+    if ((r = h->mode ? make_regressor(&rep, 99) : make_model(&rep, 99, h->bn, 16)) != DT_OK) return r;
+    if (w->index >= MAXR || nbuf(rep) > HOG_MAXB) r = dt_set_error(DT_ERR_STATE, "raise MAXR or HOG_MAXB");
     dt_model_zero_grad(rep);
     for (e = 0; e < h->epochs && r == DT_OK; e++)
         for (start = w->index; start < nsamp && r == DT_OK; start += h->batch * w->threads) {
@@ -265,31 +271,63 @@ static dt_result hog_worker(dt_hogwild_worker *w, void *arg) {
             r = h->mode ? dt_model_loss_mse(rep, yb, &loss) : dt_model_loss_labels(rep, lb, &loss);
             if (r == DT_OK) r = dt_model_backward(rep, NULL);
             if (r == DT_OK) r = dt_hogwild_push(w->shared, rep, h->lr);
+            if (r == DT_OK) r = dt_model_get_buffers(rep, h->published[w->index], nbuf(rep));
         }
     dt_model_destroy(rep);
     return r;
 }
 
-/* one worker: exactly dt_optim's SGD (no momentum) over the same batches */
+/* one worker: exactly dt_optim's SGD (no momentum) over the same batches, with and without batchnorm: the
+   parameters and the published BatchNorm statistics */
 static void test_hogwild_one_thread(void) {
-    hog h;
+    static hog h;
     dt_model *shared = NULL, *m = NULL;
     dt_optim *o = NULL;
     int64_t s, n;
-    memset(&h, 0, sizeof h);
-    h.epochs = 2; h.batch = 8; h.lr = 0.1f; h.fail_worker = -1;
-    CHECK_OK(make_model(&shared, 1, 0, 16));
-    CHECK_OK(make_model(&m, 1, 0, 16));
-    CHECK_OK(make_optim(&o, m, 0.0f));
-    CHECK_OK(dt_hogwild_run(shared, 1, hog_worker, &h));
-    for (s = 0; s < h.epochs * NSAMP && o; s += h.batch) {
-        int64_t first = s % NSAMP;
-        CHECK_OK(sgd_step(m, o, first, NSAMP - first < h.batch ? NSAMP - first : h.batch));
+    int bn;
+    for (bn = 0; bn < 2; bn++) {
+        memset(&h, 0, sizeof h);
+        h.epochs = 2; h.batch = 8; h.lr = 0.1f; h.fail_worker = -1; h.bn = bn;
+        CHECK_OK(make_model(&shared, 1, bn, 16));
+        CHECK_OK(make_model(&m, 1, bn, 16));
+        CHECK_OK(make_optim(&o, m, 0.0f));
+        CHECK_OK(dt_hogwild_run(shared, 1, hog_worker, &h));
+        for (s = 0; s < h.epochs * NSAMP && o; s += h.batch) {
+            int64_t first = s % NSAMP;
+            CHECK_OK(sgd_step(m, o, first, NSAMP - first < h.batch ? NSAMP - first : h.batch));
+        }
+        n = dt_model_param_count(m);
+        CHECK(shared && m && same(dt_model_params(shared, NULL), dt_model_params(m, NULL), n));
+        CHECK(shared && m && nbuf(m) == 2 * bn * 16 &&
+              same(dt_model_buffers(shared, NULL), dt_model_buffers(m, NULL), nbuf(m)));
+        dt_optim_destroy(o);
+        dt_model_destroy(m);
+        dt_model_destroy(shared);
     }
-    n = dt_model_param_count(m);
-    CHECK(shared && m && same(dt_model_params(shared, NULL), dt_model_params(m, NULL), n));
-    dt_optim_destroy(o);
-    dt_model_destroy(m);
+}
+
+/* Hogwild publishes the BatchNorm statistics: after two racing workers the shared buffers have moved from
+   their initial values, and each element is what one of the workers published last (the last write wins,
+   element by element, as for the parameters) */
+static void test_hogwild_buffers(void) {
+    static hog h;
+    dt_model *shared = NULL;
+    float init[HOG_MAXB];
+    int64_t nb, k, bad = 0;
+    memset(&h, 0, sizeof h);
+    h.epochs = 2; h.batch = 6; h.lr = 0.1f; h.fail_worker = -1; h.bn = 1;
+    CHECK_OK(make_model(&shared, 1, 1, 16));
+    if (!shared) return;
+    nb = nbuf(shared);
+    CHECK(nb > 0 && nb <= HOG_MAXB);
+    CHECK_OK(dt_model_get_buffers(shared, init, nb));
+    CHECK_OK(dt_hogwild_run(shared, 2, hog_worker, &h));
+    CHECK(!same(dt_model_buffers(shared, NULL), init, nb));
+    for (k = 0; k < nb; k++) {
+        float v = dt_model_buffers(shared, NULL)[k];
+        bad += v != h.published[0][k] && v != h.published[1][k];
+    }
+    CHECK(bad == 0);
     dt_model_destroy(shared);
 }
 
@@ -389,6 +427,7 @@ int main(int argc, char **argv) {
     RUN(test_broadcast);
     RUN(test_explicit_and_buffers);
     RUN(test_hogwild_one_thread);
+    RUN(test_hogwild_buffers);
     RUN(test_hogwild_converges);
     RUN(test_bad_args);
     return dt_t_summary();

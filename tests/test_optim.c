@@ -95,8 +95,9 @@ static void test_freeze_and_state(void) {
     int64_t n, sn, i;
     float before[17];
     memset(&d, 0, sizeof d);
-    d.kind = DT_OPTIM_ADAM;
+    d.kind = DT_OPTIM_ADAM; d.lr = DT_DEFAULT;
     CHECK_OK(dt_optim_create(&o, m, &d));
+    CHECK(dt_optim_lr(o) == 0.001f);
     CHECK(dt_optim_state(o, &sn) != NULL && sn == 2 * dt_model_param_count(m));
     CHECK(dt_optim_freeze(o, NULL, 1) == 4);
     CHECK(dt_optim_freeze(o, "fc2", 0) == 2);
@@ -133,7 +134,10 @@ static void test_optim_errors(void) {
     CHECK_ERR(dt_optim_create(NULL, m, &d), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_optim_create(&o, NULL, &d), DT_ERR_STATE);
     CHECK(o == NULL);
-    d.lr = -1.0f;
+    d.lr = -2.0f;                              /* neither a rate nor DT_DEFAULT */
+    CHECK_ERR(dt_optim_create(&o, m, &d), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "lr -2") != NULL && strstr(dt_last_error(), "DT_DEFAULT") != NULL);
+    d.lr = INFINITY;
     CHECK_ERR(dt_optim_create(&o, m, &d), DT_ERR_INVALID_ARG);
     d.lr = 0.1f; d.nesterov = 1;
     CHECK_ERR(dt_optim_create(&o, m, &d), DT_ERR_INVALID_ARG);
@@ -150,6 +154,41 @@ static void test_optim_errors(void) {
     CHECK_ERR(dt_optim_step(NULL), DT_ERR_INVALID_ARG);
     dt_optim_destroy(o);
     dt_optim_destroy(NULL);
+    dt_model_destroy(m);
+}
+
+/* lr 0 is 0, not the default: SGD (momentum, weight decay, Nesterov), Adam and AdamW leave every parameter
+   as it was, from create and from dt_optim_set_lr (a schedule that ends at 0); a NULL desc is every default. */
+static void test_lr_zero(void) {
+    dt_model *m = two_linear();
+    dt_optim *o = NULL;
+    dt_optim_desc d;
+    int64_t n, i;
+    int kind, step;
+    float before[17];
+    dt_model_params(m, &n);
+    CHECK(n <= 17);
+    for (kind = DT_OPTIM_SGD; kind <= DT_OPTIM_ADAMW + 1; kind++) {
+        memset(&d, 0, sizeof d);
+        d.kind = kind > DT_OPTIM_ADAMW ? DT_OPTIM_SGD : (dt_optim_kind)kind;
+        d.lr = kind > DT_OPTIM_ADAMW ? 0.1f : 0.0f;   /* the last: 0.1, then set to 0 */
+        d.weight_decay = 0.01f;
+        if (d.kind == DT_OPTIM_SGD) { d.momentum = 0.9f; d.nesterov = 1; }
+        CHECK_OK(dt_optim_create(&o, m, &d));
+        if (!o) continue;
+        if (kind > DT_OPTIM_ADAMW) dt_optim_set_lr(o, 0.0f);
+        CHECK(dt_optim_lr(o) == 0.0f);
+        memcpy(before, dt_model_params(m, NULL), sizeof(float) * (size_t)n);
+        for (step = 0; step < 3; step++) {
+            for (i = 0; i < n; i++) dt_model_grads(m, NULL)[i] = 0.5f - 0.1f * (float)i;
+            CHECK_OK(dt_optim_step(o));
+        }
+        CHECK(memcmp(before, dt_model_params(m, NULL), sizeof(float) * (size_t)n) == 0);
+        dt_optim_destroy(o);
+    }
+    CHECK_OK(dt_optim_create(&o, m, NULL));
+    CHECK(dt_optim_lr(o) == 0.01f);
+    dt_optim_destroy(o);
     dt_model_destroy(m);
 }
 
@@ -177,6 +216,7 @@ int main(int argc, char **argv) {
     RUN(test_torch_clip_and_frozen);
     RUN(test_freeze_and_state);
     RUN(test_optim_errors);
+    RUN(test_lr_zero);
     RUN(test_schedules_by_hand);
     return dt_t_summary();
 }

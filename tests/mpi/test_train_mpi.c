@@ -330,6 +330,29 @@ static void compare(const job *j, const char *what, const rec *mpi, const rec *l
     }
 }
 
+/* FedAvg: rank 0's global model (parameters and buffers, which moved) is the one the same run ends with on
+   one local rank, where rank 0 trains every client itself. */
+static void same_global(job *j, const char *what, const rec *mpi) {
+    rec *one = (rec *)calloc(1, sizeof(rec));
+    dt_launch_desc d;
+    dt_model *m = NULL;
+    float init[MAXB];
+    if (!one) { printf("out of memory\n"); exit(2); }
+    memset(&d, 0, sizeof d);
+    memset(init, 0, sizeof init);
+    CHECK_OK(tc_mlp(&m, IN, K, 1, 1, 16, 10));   /* the initial statistics */
+    CHECK_OK(dt_model_get_buffers(m, init, 32));
+    dt_model_destroy(m);
+    d.ranks = 1;
+    j->local = 1;
+    j->out = one;
+    CHECK_OK(dt_launch_local(&d, train_rank, j, NULL));
+    same_floats(what, "global parameters (one local rank)", 0, mpi[0].params, one->params, MAXP, 1);
+    same_floats(what, "global buffers (one local rank)", 0, mpi[0].bufs, one->bufs, MAXB, 1);
+    CHECK(memcmp(one->bufs, init, sizeof init) != 0);
+    free(one);
+}
+
 /* Runs the case on MPI (every rank), then on np local ranks (rank 0), and compares on rank 0. */
 static void run_case(job *j, const char *what) {
     rec *mine = (rec *)calloc(1, sizeof(rec)), *mpi = (rec *)calloc((size_t)np, sizeof(rec)), *loc = (rec *)calloc((size_t)np, sizeof(rec));
@@ -362,6 +385,7 @@ static void run_case(job *j, const char *what) {
             if (j->ddp.method == DT_DDP_BUCKETS && j->ddp.bucket_bytes == 200) CHECK(mpi[0].count[2] == 3);
         }
         compare(j, what, mpi, loc);
+        if (j->trainer == TR_FED && j->bn) same_global(j, what, mpi);
     }
     free(mine); free(mpi); free(loc);
 }
@@ -501,7 +525,9 @@ static void test_dpsgd(void) {
 
 /* CLIENTS clients over the ranks (on 2 ranks all on rank 1): the mean with seeded dropouts and a fraction;
    multi-Krum against a sign-flipping client; the trimmed mean with dropouts; on RING and NATIVE
-   communicators alike (FedAvg broadcasts and sends; nothing it does is reduced) */
+   communicators alike (FedAvg broadcasts and sends; nothing it does is reduced). With batchnorm (the mean,
+   and the median against a sign-flipping client) run_case also holds rank 0's global parameters and
+   statistics to those of the same run on one local rank: aggregated, they do not depend on the world size */
 static void test_fedavg(void) {
     job j = base(TR_FED, DT_ALGO_RING);
     j.agg = DT_FED_MEAN; j.frac = 6.0f / 7.0f; j.dropout = 0.3f;
@@ -512,6 +538,12 @@ static void test_fedavg(void) {
     j = base(TR_FED, DT_ALGO_TREE);
     j.agg = DT_FED_TRIMMED; j.trim = 0.2f; j.frac = 1.0f; j.dropout = 0.25f;
     run_case(&j, "fedavg trimmed mean 0.2, dropout 0.25");
+    j = base(TR_FED, DT_ALGO_RING);
+    j.agg = DT_FED_MEAN; j.frac = 1.0f; j.dropout = 0.3f; j.bn = 1;
+    run_case(&j, "fedavg mean, dropout 0.3, batchnorm");
+    j = base(TR_FED, DT_ALGO_RING);
+    j.agg = DT_FED_MEDIAN; j.frac = 1.0f; j.attacker = 3; j.bn = 1;
+    run_case(&j, "fedavg median, client 2 flips signs, batchnorm");
 }
 
 static dt_result rank_main(dt_comm *c, void *arg) {
