@@ -54,10 +54,13 @@
      needs at least FUNNELED; below SERIALIZED, DDP reduces its buckets after backward, on the rank's
      thread (it says so in a warning). Waiting ranks poll with MPI_Test and back off (sched_yield for
      50 ms, then naps growing to 1 ms), so ranks oversubscribing the cores leave them to the ranks that
-     work. MPI makes progress on a non-blocking collective only inside MPI calls (MPICH's default build
-     has no progress thread), so the yield phase is long enough for a large one to run at full speed
-     (naps from the start slowed a 16 MiB all-reduce of 2 ranks from 3 to 17 ms); DDP's helper is such a
-     waiting thread, which is what moves its buckets while backward computes.
+     work. MPI makes progress on a non-blocking collective only inside MPI calls, so the yield phase is
+     long enough for a large one to run at full speed (naps from the start slowed a 16 MiB all-reduce of
+     2 ranks from 3 to 17 ms). A thread other than
+     the communicator's creator (DDP's helper, while the rank's thread runs backward) polls every 50 us
+     and naps in between instead: its polls are what move the buckets (MPICH's default build has no
+     progress thread), and its naps leave the cores to backward (yielding, it slowed backward more than
+     it hid: docs/performance.md, "DDP under MPI").
 
    VERSION
      dtrain.h's (DT_VERSION_*; see its VERSION section): take the three headers from the same release.
@@ -94,6 +97,7 @@ dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
 #if defined(DTRAIN_IMPLEMENTATION) && defined(DTRAIN_MPI_DECLARED) && !defined(DTRAIN_MPI_IMPLEMENTATION_DONE)
 #define DTRAIN_MPI_IMPLEMENTATION_DONE
 #include <limits.h>
+#include <pthread.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -110,6 +114,7 @@ extern "C" {
 #define DT__MPI_CANCEL_WAIT 0.5         /* seconds, after a failure, that cancels may wait for MPI in all */
 #define DT__MPI_YIELD_SECONDS 5e-2      /* seconds a wait yields before it naps */
 #define DT__MPI_ORDER_GRACE 0.2         /* seconds a message of a later collective must stay first in line */
+#define DT__MPI_HELPER_NAP 5e-5         /* seconds between polls of a thread that is not the communicator's creator */
 
 typedef char dt__mpi_request_fits[sizeof(MPI_Request) <= sizeof(((dt_message *)0)->impl) ? 1 : -1];
 
@@ -131,6 +136,7 @@ typedef struct dt__mpi {
     uint64_t       sig_in[2], sig_out[2];  /* the signature check's buffers: MPI may write them after a failure */
     int            stuck;               /* a native collective failed: MPI still holds its request (and M) */
     int            serialized;          /* MPI runs at MPI_THREAD_SERIALIZED or above: any thread may call c */
+    pthread_t      owner;               /* the thread that created c */
 } dt__mpi;
 
 static dt__mpi *dt__mpi_of(const dt_comm *c) { return (dt__mpi *)dt_comm_impl(c); }
@@ -208,7 +214,8 @@ static dt_result dt__mpi_probe(dt_comm *c, int src, int *ahead) {
    or the probe of rank probe (-1: all, -2: none) finds a mismatch. The probe drives MPI's progress, so
    what it sees may have arrived after this request completed: the request is tested again first. A
    message of a later collective may also overtake the completion of a large message still being copied,
-   so that verdict must hold for DT__MPI_ORDER_GRACE seconds. */
+   so that verdict must hold for DT__MPI_ORDER_GRACE seconds. Between polls the creator's thread backs
+   off (dt__mpi_backoff), any other thread naps DT__MPI_HELPER_NAP. */
 static dt_result dt__mpi_poll(dt_comm *c, MPI_Request *rq, MPI_Status *st, double deadline, int probe, int *rc) {
     int flag = 0, ahead = 0;
     double since = 0;
@@ -226,7 +233,8 @@ static dt_result dt__mpi_poll(dt_comm *c, MPI_Request *rq, MPI_Status *st, doubl
             if (suspect == 0) suspect = now;
         } else suspect = 0;
         if (now >= deadline) return DT_ERR_TIMEOUT;
-        dt__mpi_backoff(&since);
+        if (pthread_equal(pthread_self(), dt__mpi_of(c)->owner)) dt__mpi_backoff(&since);
+        else dt_sleep(DT__MPI_HELPER_NAP);   /* another thread (DDP's helper) waits while the owner computes */
     }
 }
 
@@ -496,6 +504,7 @@ static dt_result dt__mpi_setup(dt__mpi *M, int *rank, int *size, int *tag_ub) {
     DT__MPI_TRY(MPI_Comm_set_errhandler(M->comm, MPI_ERRORS_RETURN));
     DT__MPI_TRY(MPI_Query_thread(&level));
     M->serialized = level >= MPI_THREAD_SERIALIZED;
+    M->owner = pthread_self();
     DT__MPI_TRY(MPI_Comm_rank(M->comm, rank));
     DT__MPI_TRY(MPI_Comm_size(M->comm, size));
     DT__MPI_TRY(MPI_Comm_get_attr(M->comm, MPI_TAG_UB, &ub, &flag));

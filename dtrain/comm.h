@@ -726,7 +726,7 @@ static dt_result dt__comm_broken(const dt_comm *c) {
 }
 
 /* 1 when a thread other than c's creator may call c, one thread at a time (the backend's any_thread). */
-static int dt__comm_any_thread(const dt_comm *c) { return c->backend->any_thread && c->backend->any_thread(c); }
+static inline int dt__comm_any_thread(const dt_comm *c) { return c->backend->any_thread && c->backend->any_thread(c); }
 
 /* Scratch memory kept by the communicator: grown outside the steady state, reused by every call. */
 static dt_result dt__comm_scratch(dt_comm *c, size_t bytes, void **out) {
