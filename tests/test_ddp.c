@@ -356,6 +356,8 @@ static dt_result bad_rank(dt_comm *c, void *arg) {
         if ((r = dt_ddp_create(&d, c, m, NULL)) == DT_OK && (r = fwd(m, 0, 4)) == DT_OK) {
             if (j->case_ == 1 && me == 1) {   /* leaves before the buckets */
                 r = dt_set_error(DT_ERR_IO, "rank 1 could not read its data");
+            } else if (j->case_ == 2) {       /* 2^23 samples each: 2^24 in one sync, more than a float counts */
+                r = dt_ddp_sync(d, (int64_t)1 << 23);
             } else {
                 r = dt_ddp_backward(d, NULL, 4, 1);
             }
@@ -427,6 +429,12 @@ static void test_bad_args(void) {
     j.case_ = 1;
     CHECK(tc_launch(bad_rank, &j, 2) != DT_OK);
     CHECK(j.got[0] == DT_ERR_PEER && strstr(j.msg[0], "rank 1") && j.got[1] == DT_ERR_IO);
+    /* the sample counts travel as floats: a sync of 2^24 samples is refused on every rank, saying why */
+    memset(&j, 0, sizeof j);
+    j.case_ = 2;
+    CHECK(tc_launch(bad_rank, &j, 2) != DT_OK);
+    CHECK(j.got[0] == DT_ERR_INVALID_ARG && j.got[1] == DT_ERR_INVALID_ARG);
+    CHECK(strstr(j.msg[0], "16777216 samples") && strstr(j.msg[1], "sync more often"));
 }
 
 /* DDP's own messages (the parameter server by hand, DT_DDP_P2P) have tags of the library's, which a
