@@ -171,8 +171,8 @@ void      dt_ddp_destroy(dt_ddp *d);
    (dy as there). With sync = 0 nothing is communicated: the gradient accumulates, weighted by samples.
    With sync = 1 (collective) the accumulated gradients of all ranks are averaged, each sample weighing the
    same: afterwards every rank's dt_model_grads holds the gradient of the mean loss over all the samples
-   of all ranks since the last sync (at most 2^24 samples per sync: the count travels as a float; more is
-   DT_ERR_INVALID_ARG). Then step the optimizer and zero the gradients. */
+   of all ranks since the last sync (fewer than 2^24 samples per sync: the count travels as a float; more
+   is DT_ERR_INVALID_ARG). Then step the optimizer and zero the gradients. */
 dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync);
 /* Collective: the same averaging for a gradient computed by plain dt_model_backward calls, which the
    caller states is the mean over `samples` samples. Never overlapped. */
@@ -853,7 +853,7 @@ dt_result dt_ddp_method_parse(const char *s, dt_ddp_method *out) {
     return r;
 }
 
-/* Samples of one sync travel as a float: exact up to 2^24. */
+/* Samples of one sync travel as a float: exact below 2^24 (a sum that reaches it may have rounded). */
 #define DT__DDP_MAX_SAMPLES 16777216.0
 
 struct dt_ddp {
@@ -967,7 +967,7 @@ static dt_result dt__ddp_reduce(dt_ddp *d, int i) {
     d->total = d->carry[cnt];
     d->nactive = (int64_t)d->carry[cnt + 1];
     if (d->total >= DT__DDP_MAX_SAMPLES)
-        return dt_set_error(DT_ERR_INVALID_ARG, "DDP sync: rank %d: %.0f samples in one sync, not below the %.0f a float counts exactly: "
+        return dt_set_error(DT_ERR_INVALID_ARG, "DDP sync: rank %d: %.0f samples in one sync, but a float counts them exactly only below %.0f: "
                             "sync more often (fewer micro-batches per sync, or smaller batches)", d->comm->rank, d->total, DT__DDP_MAX_SAMPLES);
     return DT_OK;
 }
