@@ -1119,9 +1119,9 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
        MPI_THREAD_SERIALIZED or above) */
 #if DT__HAVE_THREADS
     if (dd.method == DT_DDP_BUCKETS && !dd.no_overlap && c->size > 1 && d->nbuckets > 0 && !dt__comm_any_thread(c)) {
-        dt_log(DT_LOG_WARN, "dt_ddp_create: rank %d: the %s backend lets only its creator's thread call it (MPI below "
-               "MPI_THREAD_SERIALIZED); buckets are reduced after backward: initialise MPI with MPI_THREAD_SERIALIZED "
-               "(dt_launch does) for overlap", me, dt_comm_backend_name(c));
+        dt_log(DT_LOG_WARN, "dt_ddp_create: rank %d: the %s communicator may be called only by the thread that created it "
+               "(MPI: initialised below MPI_THREAD_SERIALIZED), so buckets are reduced after backward; for overlap, "
+               "initialise MPI with MPI_THREAD_SERIALIZED (dt_launch does)", me, dt_comm_backend_name(c));
     } else if (dd.method == DT_DDP_BUCKETS && !dd.no_overlap && c->size > 1 && d->nbuckets > 0) {
         if (dt__mutex_init(&d->mu) == 0 && dt__cond_init(&d->cv) == 0 && dt__thread_start(&d->thread, dt__ddp_helper, d) == 0) {
             d->overlap = 1;
