@@ -23,6 +23,7 @@
 #   make bench-slownet D-PSGD against DDP on 8 local ranks behind an emulated slow network, with a chart
 #                     (build/bench/slownet.png; about 5 minutes)
 #   make bench-buckets DDP time per epoch over bucket sizes, ranks and emulated networks (about 25 minutes)
+#   make bench-ddp-mpi DDP under mpiexec -n 2 and 4: overlapped, after backward, PyTorch DDP (gloo) (minutes)
 #   make docs-check   the tutorial's experiments (docs/tutorial), shortened, and its quotations of the examples
 #                     (tools/docs_check.sh; DOCS_CHECK_FULL=1: at full length, redrawing docs/tutorial/img)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
@@ -140,6 +141,11 @@ bench-slownet: $(B)/examples/ddp $(B)/examples/dpsgd
 bench-buckets: $(B)/examples/ddp
 	sh bench/buckets.sh $(B)
 
+# DDP under mpiexec (2 and 4 processes): overlapped, after backward, and PyTorch DDP with gloo (a few minutes)
+bench-ddp-mpi:
+	$(MAKE) MPI=1 build-mpi/examples/ddp
+	sh bench/ddp_mpi.sh build-mpi
+
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures
 	/usr/bin/python3 tests/gen_optim_fixtures.py tests/fixtures
@@ -147,7 +153,7 @@ fixtures:
 clean:
 	rm -rf build build-mpi
 
-.PHONY: all test demo scaling bench bench-comm bench-slownet bench-buckets fixtures clean
+.PHONY: all test demo scaling bench bench-comm bench-slownet bench-buckets bench-ddp-mpi fixtures clean
 
 # the GPU backend: one object from nvcc, a prerequisite of every program (the rules above link it: LDLIBS)
 ifdef CUDA

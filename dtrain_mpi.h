@@ -25,7 +25,7 @@
    QUICK START
      dt_launch does all of this for a rank function; a program that runs MPI itself:
          int provided;
-         MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+         MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
          dt_comm *c;
          if (dt_comm_create_mpi(&c, MPI_COMM_WORLD, NULL) != DT_OK) { puts(dt_last_error()); return 1; }
          float g[1000] = {0};                                  // e.g. this rank's gradient
@@ -48,13 +48,19 @@
      cannot give its context to a new communicator that would then receive stale messages).
 
    THREADS
-     One thread per process calls MPI: the one that uses the dt_comm. dt_launch initialises MPI with
-     MPI_THREAD_FUNNELED (OpenMP threads inside kernels never call MPI). A program that initialises MPI
-     itself needs at least FUNNELED, or SERIALIZED when different threads use different communicators
-     one at a time. Waiting ranks poll with MPI_Test and back off (sched_yield for 50 ms, then naps growing to
-     1 ms), so ranks oversubscribing the cores leave them to the ranks that work. MPI makes progress on a
-     non-blocking collective only inside MPI calls, so the yield phase is long enough for a large one
-     to run at full speed (naps from the start slowed a 16 MiB all-reduce of 2 ranks from 3 to 17 ms).
+     One thread at a time calls MPI. dt_launch initialises MPI with MPI_THREAD_SERIALIZED: DDP's helper
+     thread reduces buckets while the rank's thread runs backward (the two hand the communicator over
+     through a mutex; OpenMP threads inside kernels never call MPI). A program that initialises MPI itself
+     needs at least FUNNELED; below SERIALIZED, DDP reduces its buckets after backward, on the rank's
+     thread (it says so in a warning). Waiting ranks poll with MPI_Test and back off (sched_yield for
+     50 ms, then naps growing to 1 ms), so ranks oversubscribing the cores leave them to the ranks that
+     work. MPI makes progress on a non-blocking collective only inside MPI calls, so the yield phase is
+     long enough for a large one to run at full speed (naps from the start slowed a 16 MiB all-reduce of
+     2 ranks from 3 to 17 ms). A thread other than
+     the communicator's creator (DDP's helper, while the rank's thread runs backward) polls every 50 us
+     and naps in between instead: its polls are what move the buckets (MPICH's default build has no
+     progress thread), and its naps leave the cores to backward (yielding, it slowed backward more than
+     it hid: docs/performance.md, "DDP under MPI").
 
    VERSION
      dtrain.h's (DT_VERSION_*; see its VERSION section): take the three headers from the same release.
@@ -76,7 +82,7 @@ dt_result dt_comm_create_mpi(dt_comm **out, MPI_Comm comm, const dt_comm_desc *d
 /* The MPI communicator c uses (owned by c), or MPI_COMM_NULL when c is not an MPI communicator. */
 MPI_Comm  dt_comm_mpi_handle(const dt_comm *c);
 /* What dt_launch does under mpiexec: runs fn as this process's rank of MPI_COMM_WORLD (MPI initialised
-   with MPI_THREAD_FUNNELED unless the program did, and then finalized here too). Collective over
+   with MPI_THREAD_SERIALIZED unless the program did, and then finalized here too). Collective over
    MPI_COMM_WORLD. Returns fn's result (or the launcher's failure), logged when it is not DT_OK. */
 dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
 
@@ -91,6 +97,7 @@ dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
 #if defined(DTRAIN_IMPLEMENTATION) && defined(DTRAIN_MPI_DECLARED) && !defined(DTRAIN_MPI_IMPLEMENTATION_DONE)
 #define DTRAIN_MPI_IMPLEMENTATION_DONE
 #include <limits.h>
+#include <pthread.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -107,6 +114,7 @@ extern "C" {
 #define DT__MPI_CANCEL_WAIT 0.5         /* seconds, after a failure, that cancels may wait for MPI in all */
 #define DT__MPI_YIELD_SECONDS 5e-2      /* seconds a wait yields before it naps */
 #define DT__MPI_ORDER_GRACE 0.2         /* seconds a message of a later collective must stay first in line */
+#define DT__MPI_HELPER_NAP 5e-5         /* seconds between polls of a thread that is not the communicator's creator */
 
 typedef char dt__mpi_request_fits[sizeof(MPI_Request) <= sizeof(((dt_message *)0)->impl) ? 1 : -1];
 
@@ -127,6 +135,8 @@ typedef struct dt__mpi {
     double         cancel_until;        /* 0, or the end of the time cancels may wait */
     uint64_t       sig_in[2], sig_out[2];  /* the signature check's buffers: MPI may write them after a failure */
     int            stuck;               /* a native collective failed: MPI still holds its request (and M) */
+    int            serialized;          /* MPI runs at MPI_THREAD_SERIALIZED or above: any thread may call c */
+    pthread_t      owner;               /* the thread that created c */
 } dt__mpi;
 
 static dt__mpi *dt__mpi_of(const dt_comm *c) { return (dt__mpi *)dt_comm_impl(c); }
@@ -204,7 +214,8 @@ static dt_result dt__mpi_probe(dt_comm *c, int src, int *ahead) {
    or the probe of rank probe (-1: all, -2: none) finds a mismatch. The probe drives MPI's progress, so
    what it sees may have arrived after this request completed: the request is tested again first. A
    message of a later collective may also overtake the completion of a large message still being copied,
-   so that verdict must hold for DT__MPI_ORDER_GRACE seconds. */
+   so that verdict must hold for DT__MPI_ORDER_GRACE seconds. Between polls the creator's thread backs
+   off (dt__mpi_backoff), any other thread naps DT__MPI_HELPER_NAP. */
 static dt_result dt__mpi_poll(dt_comm *c, MPI_Request *rq, MPI_Status *st, double deadline, int probe, int *rc) {
     int flag = 0, ahead = 0;
     double since = 0;
@@ -222,7 +233,8 @@ static dt_result dt__mpi_poll(dt_comm *c, MPI_Request *rq, MPI_Status *st, doubl
             if (suspect == 0) suspect = now;
         } else suspect = 0;
         if (now >= deadline) return DT_ERR_TIMEOUT;
-        dt__mpi_backoff(&since);
+        if (pthread_equal(pthread_self(), dt__mpi_of(c)->owner)) dt__mpi_backoff(&since);
+        else dt_sleep(DT__MPI_HELPER_NAP);   /* another thread (DDP's helper) waits while the owner computes */
     }
 }
 
@@ -472,9 +484,12 @@ static void dt__mpi_destroy(dt_comm *c) {
     if (!pending && !M->stuck) DT_FREE(M);   /* else MPI may still read M->out or write M->sig_out */
 }
 
+/* Another thread may call MPI, one at a time, when MPI was initialised SERIALIZED (dt_launch does) or MULTIPLE. */
+static int dt__mpi_any_thread(const dt_comm *c) { return dt__mpi_of(c)->serialized; }
+
 static const dt_comm_backend dt__mpi_backend = {
     "mpi", dt__mpi_post, dt__mpi_post, dt__mpi_wait, dt__mpi_test, dt__mpi_cancel,
-    dt__mpi_barrier, dt__mpi_allreduce, dt__mpi_broadcast, NULL, dt__mpi_leave, dt__mpi_destroy};
+    dt__mpi_barrier, dt__mpi_allreduce, dt__mpi_broadcast, NULL, dt__mpi_leave, dt__mpi_destroy, dt__mpi_any_thread};
 
 MPI_Comm dt_comm_mpi_handle(const dt_comm *c) {
     return dt_comm_get_backend(c) == &dt__mpi_backend && dt_comm_impl(c) ? dt__mpi_of(c)->comm : MPI_COMM_NULL;
@@ -483,10 +498,13 @@ MPI_Comm dt_comm_mpi_handle(const dt_comm *c) {
 /* The part of create that may fail after the duplicate exists: this rank, the world, the largest tag, the
    identity abort notices carry, the notices' requests. */
 static dt_result dt__mpi_setup(dt__mpi *M, int *rank, int *size, int *tag_ub) {
-    int flag = 0, *ub = NULL, k;
+    int flag = 0, *ub = NULL, k, level = MPI_THREAD_SINGLE;
     static uint64_t made = 0;
     dt_rng g;
     DT__MPI_TRY(MPI_Comm_set_errhandler(M->comm, MPI_ERRORS_RETURN));
+    DT__MPI_TRY(MPI_Query_thread(&level));
+    M->serialized = level >= MPI_THREAD_SERIALIZED;
+    M->owner = pthread_self();
     DT__MPI_TRY(MPI_Comm_rank(M->comm, rank));
     DT__MPI_TRY(MPI_Comm_size(M->comm, size));
     DT__MPI_TRY(MPI_Comm_get_attr(M->comm, MPI_TAG_UB, &ub, &flag));
@@ -528,7 +546,7 @@ dt_result dt_comm_create_mpi(dt_comm **out, MPI_Comm comm, const dt_comm_desc *d
 
 /* ---- the launcher under mpiexec ---------------------------------------------------------------- */
 
-/* Each process is one rank of MPI_COMM_WORLD: MPI_Init_thread (FUNNELED) unless the program did, the
+/* Each process is one rank of MPI_COMM_WORLD: MPI_Init_thread (SERIALIZED) unless the program did, the
    communicator, then dt_launch_rank (the logger's rank, OpenMP threads for this node's cores over its
    ranks, the timeline, fn, a failure logged and announced). MPI_Finalize only when this call initialised
    MPI. */
@@ -539,7 +557,7 @@ dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
     dt_result r = DT_OK;
     if (desc) d = *desc; else memset(&d, 0, sizeof d);
     if (MPI_Initialized(&had) != MPI_SUCCESS) had = 0;
-    if (!had && (rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided)) != MPI_SUCCESS) {
+    if (!had && (rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided)) != MPI_SUCCESS) {
         r = dt__mpi_error(rc, "MPI_Init_thread");
         dt_log(DT_LOG_ERROR, "%s", dt_last_error());
         return r;

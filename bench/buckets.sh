@@ -37,9 +37,9 @@ while [ "$rep" -le "$REPEAT" ]; do
                 # shellcheck disable=SC2086  # $flags and $link are lists of flags
                 "$B/examples/ddp" --model "${m%%:*}" --limit "${m#*:}" --data "$OUT/fmnist-test$TEST" --ranks $first \
                     --batch $BATCH --epochs 1 --csv "$csv" $flags $link > "$log" 2>&1 || { cat "$log"; exit 1; }
-                nb=$(grep -o '(\([0-9]*\) buckets of [0-9]*' "$log" | tr -d '(' | cut -d' ' -f1,4)
-                [ -z "$nb" ] && nb="1 all"
-                echo "${m%%:*},$first,$lat,$bw,$sync,${nb#* },${nb%% *},$(csv_get "$csv" time_s),$(csv_get "$csv" comm_s),$(csv_get "$csv" test_acc)"
+                nb=$(grep -o '([0-9]* buckets:' "$log" | tr -d '(:' | cut -d' ' -f1)   # the log's "(N buckets: sizes"
+                case $v in flat) kb=all nb=1 ;; default-after) kb=256 ;; *) kb=$v ;; esac   # 256: DT_DDP_BUCKET_BYTES
+                echo "${m%%:*},$first,$lat,$bw,$sync,$kb,$nb,$(csv_get "$csv" time_s),$(csv_get "$csv" comm_s),$(csv_get "$csv" test_acc)"
             done
         done
     done | tee -a "$OUT/buckets-runs.csv"

@@ -286,6 +286,10 @@ typedef struct dt_comm_backend {
        the transport can, so that they stop waiting for it */
     void      (*leave)(dt_comm *c, dt_result r, const char *msg);
     void      (*destroy)(dt_comm *c);                               /* frees impl (dt_comm_destroy calls it) */
+    /* 1 when a thread other than the one that created c may call c while that one does not (calls on c
+       stay one at a time, handed over through a mutex): DDP's helper thread then reduces buckets during
+       backward. NULL: only the creating thread (DDP reduces after backward). */
+    int       (*any_thread)(const dt_comm *c);
 } dt_comm_backend;
 
 /* A communicator of rank `rank` of `size` over backend, whose state is impl (freed by backend->destroy
@@ -720,6 +724,9 @@ static dt_result dt__comm_fail(dt_comm *c, dt_result r, const char *cause) {
 static dt_result dt__comm_broken(const dt_comm *c) {
     return dt_set_error(c->broken, "this communicator failed earlier and cannot be used (destroy it): %s", c->broken_msg);
 }
+
+/* 1 when a thread other than c's creator may call c, one thread at a time (the backend's any_thread). */
+static inline int dt__comm_any_thread(const dt_comm *c) { return c->backend->any_thread && c->backend->any_thread(c); }
 
 /* Scratch memory kept by the communicator: grown outside the steady state, reused by every call. */
 static dt_result dt__comm_scratch(dt_comm *c, size_t bytes, void **out) {
@@ -1882,12 +1889,16 @@ static void dt__local_destroy(dt_comm *c) {
     if (last) dt__local_free_world(W);
 }
 
+/* Local ranks are threads that share memory behind a mutex: any thread may call a rank's communicator. */
+static int dt__local_any_thread(const dt_comm *c) { (void)c; return 1; }
+
 static const dt_comm_backend dt__local_backend = {
     "local", dt__local_isend, dt__local_irecv, dt__local_wait, dt__local_test, dt__local_cancel,
-    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_gone, dt__local_destroy};
+    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_gone, dt__local_destroy,
+    dt__local_any_thread};
 static const dt_comm_backend dt__self_backend = {
     "self", dt__local_isend, dt__local_irecv, dt__local_wait, dt__local_test, dt__local_cancel,
-    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_gone, dt__local_destroy};
+    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_gone, dt__local_destroy, NULL};
 
 /* ---- creating and destroying communicators ------------------------------------------------------
    Every backend's communicators are made here, from desc (and the environment): the local and self

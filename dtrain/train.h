@@ -119,16 +119,19 @@ dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr);
 /* How dt_ddp averages the gradients of the ranks. Each is a few lines over the flat buffer; they give the
    same average (up to float rounding) and differ in who sends what:
      BUCKETS       one all-reduce per bucket of about bucket_bytes of consecutive tensors, taken from the
-                   end of the buffer (backward finishes the last layers first); with dt_ddp_backward on the
-                   local backend a helper thread reduces each bucket as soon as backward has finished its
-                   layers, so communication overlaps the rest of the backward pass (the default)
+                   end of the buffer (backward finishes the last layers first); with dt_ddp_backward a
+                   helper thread reduces each bucket as soon as backward has finished its layers, so
+                   communication overlaps the rest of the backward pass (the default; on local ranks, and
+                   under MPI initialised MPI_THREAD_SERIALIZED or above, as dt_launch does)
      FLAT          one all-reduce over the whole gradient buffer, after backward
      PER_LAYER     one all-reduce per parameter tensor, last tensor first
      PARAM_SERVER  dt_comm_gather of every gradient to rank 0, which sums them in rank order, then
                    dt_comm_broadcast (naive: rank 0 sends to each) of the result
      P2P           the same by hand: each rank isends its gradient to rank 0 and receives the sum back;
                    rank 0 irecvs from everyone, sums, isends to everyone (on a tag of the library's own)
-   The all-reduce methods use desc.algo (naive, ring, tree, native; 0 = the communicator's default). */
+   The all-reduce methods use desc.algo (naive, ring, tree, native; 0 = the communicator's default).
+   Each sync is that and nothing more: the ranks' sample counts travel as two floats after the first
+   bucket (or tensor, or buffer), not in an all-reduce of their own. */
 typedef enum dt_ddp_method {
     DT_DDP_BUCKETS = 0, DT_DDP_FLAT, DT_DDP_PER_LAYER, DT_DDP_PARAM_SERVER, DT_DDP_P2P, DT_DDP_METHOD_COUNT
 } dt_ddp_method;
@@ -156,6 +159,7 @@ typedef struct dt_ddp dt_ddp;
    caller's thread spent blocked in communication (with overlap: only the part backward did not hide). */
 typedef struct dt_ddp_stats {
     int64_t syncs, joined_rounds;
+    int64_t early_buckets;   /* buckets whose sum began while backward still ran (overlap at work) */
     double  comm_seconds;
 } dt_ddp_stats;
 
@@ -170,7 +174,8 @@ void      dt_ddp_destroy(dt_ddp *d);
    (dy as there). With sync = 0 nothing is communicated: the gradient accumulates, weighted by samples.
    With sync = 1 (collective) the accumulated gradients of all ranks are averaged, each sample weighing the
    same: afterwards every rank's dt_model_grads holds the gradient of the mean loss over all the samples
-   of all ranks since the last sync. Then step the optimizer and zero the gradients. */
+   of all ranks since the last sync (fewer than 2^24 samples per sync: the count travels as a float; more
+   is DT_ERR_INVALID_ARG). Then step the optimizer and zero the gradients. */
 dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync);
 /* Collective: the same averaging for a gradient computed by plain dt_model_backward calls, which the
    caller states is the mean over `samples` samples. Never overlapped. */
@@ -178,7 +183,8 @@ dt_result dt_ddp_sync(dt_ddp *d, int64_t samples);
 /* Collective: call when this rank has no more batches (e.g. at the end of every epoch, on every rank).
    Until every rank has joined, it takes part in the others' gradient syncs with a zero gradient and zero
    weight and steps o (may be NULL) with the average, so its replica stays equal to theirs. Ranks with
-   unequal numbers of batches thus finish the epoch without hanging. */
+   unequal numbers of batches thus finish the epoch without hanging. The ranks learn that all have joined
+   from the first collective of a sync, so the last round costs that one (a bucket, or FLAT's buffer). */
 dt_result dt_ddp_join(dt_ddp *d, dt_optim *o);
 /* Collective: averages the model's buffers (BatchNorm running mean and variance) over the ranks. */
 dt_result dt_ddp_sync_buffers(dt_ddp *d);
@@ -187,6 +193,9 @@ dt_result dt_ddp_broadcast_params(dt_ddp *d);
 dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d);       /* zeros for NULL */
 int          dt_ddp_buckets(const dt_ddp *d);         /* buckets planned (BUCKETS), else 0 */
 int          dt_ddp_overlapped(const dt_ddp *d);      /* 1 when buckets are reduced during backward */
+/* Bytes of gradient in bucket i (0 = the first reduced: the end of the buffer) of a BUCKETS dt_ddp; buckets
+   hold whole tensors, so one may be far above desc.bucket_bytes. 0 when i is not a bucket. */
+int64_t      dt_ddp_bucket_bytes(const dt_ddp *d, int i);
 
 /* ---- D-PSGD ---------------------------------------------------------------------------------- */
 
@@ -835,14 +844,16 @@ dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr) {
 }
 
 /* ---- DDP ---------------------------------------------------------------------------------------
-   Every sync has two halves. First the ranks agree, in one all-reduce of two integers, on the samples
-   behind the gradients (and on how many ranks still have data: dt_ddp_join's ranks say 0); each rank then
-   scales its gradient by its share, last micro-batch's samples / all samples (its buffer holds a mean over
-   its last micro-batch, see dt_ddp_backward), so that the SUM over ranks is the mean over every sample.
-   Then the method sums: the same collectives in the same order on every rank, so a joined rank that
-   contributes zeros can shadow the others. With BUCKETS and overlap, a helper thread owns the communicator
-   from the agreement to the end of backward: the backward hook moves `ready` down the buffer and the
-   helper reduces each bucket as soon as `ready` has passed its start. */
+   A sync is one sequence of collectives, the same on every rank (so a joined rank that contributes zeros
+   can shadow the others): the buckets (BUCKETS), the tensors (PER_LAYER), or the whole buffer. Each rank
+   weighs its gradient by its samples (its buffer holds a mean over its last micro-batch, see
+   dt_ddp_backward, so the weight is that micro-batch's size), and the first collective carries two more
+   floats, this rank's samples and whether it still has data (dt_ddp_join's ranks say 0): after it every
+   rank knows the samples of all and divides the summed buffer by them at the end, one collective per
+   bucket and nothing else. When no rank has data any more, the ranks see it after that first collective
+   and all stop there. With BUCKETS and overlap, a helper thread owns the communicator from the start of
+   backward to its end: the backward hook moves `ready` down the buffer and the helper reduces each bucket
+   as soon as `ready` has passed its start. */
 
 static const char *const dt__ddp_method_names[DT_DDP_METHOD_COUNT] = {"buckets", "flat", "per-layer", "ps", "p2p"};
 const char *dt_ddp_method_name(dt_ddp_method k) { return dt__enum_name(dt__ddp_method_names, DT_DDP_METHOD_COUNT, (int)k); }
@@ -854,6 +865,9 @@ dt_result dt_ddp_method_parse(const char *s, dt_ddp_method *out) {
     return r;
 }
 
+/* Samples of one sync travel as a float: exact below 2^24 (a sum that reaches it may have rounded). */
+#define DT__DDP_MAX_SAMPLES 16777216.0
+
 struct dt_ddp {
     dt_comm     *comm;
     dt_model    *model;
@@ -863,21 +877,26 @@ struct dt_ddp {
     int64_t     *toff, *tcnt;       /* [ntensors] parameter tensors, last first (the order backward ends them) */
     int64_t     *boff, *bcnt;       /* [nbuckets] buckets of whole tensors, last first */
     int64_t     *ready_at;          /* [nodes]: after node i's backward the gradients [ready_at[i], n) are final */
-    float       *gathered;          /* PARAM_SERVER and P2P, rank 0: [size * n] everyone's gradient */
+    float       *gathered;          /* PARAM_SERVER and P2P, rank 0: [size * (n + 2)] everyone's gradient */
     dt_request  *reqs;              /* P2P, rank 0: [size] */
+    float       *carry;             /* [first collective's count + 2]: its slice, then samples and active */
     int64_t      acc_samples;       /* samples accumulated since the last sync */
     int64_t      last_samples;      /* the last micro-batch's: the buffer is (sum of gradients) / this */
     float        scale;             /* this rank's weight in the sum of the current sync */
+    int          active;            /* this rank has data in the current sync */
+    double       total;             /* after the first collective: the samples of all ranks */
+    int64_t      nactive;           /* ... and the ranks with data */
     dt_ddp_stats stats;
     int          tls_rank;          /* the creator's rank for log prefixes, given to the helper thread */
     dt__trace_lane *trace;          /* the creator's rank's lane for the helper thread, or NULL */
-    /* overlap (BUCKETS on local ranks) */
+    /* overlap (BUCKETS where the backend lets another thread call the communicator) */
     int          overlap, in_sync;  /* in_sync: the caller's thread is in an overlapped backward */
     int64_t      ready_seen;        /* caller's copy of `ready` */
     dt__thread   thread;
     dt__mutex    mu;
     dt__cond     cv;
     int          quit, job;         /* under mu */
+    int          bw_done;           /* under mu: the caller's backward has returned */
     int64_t      ready;             /* under mu: gradients [ready, n) are final */
     dt_result    herr;              /* under mu: the helper's failure and message */
     char         hmsg[512];
@@ -891,16 +910,11 @@ static void dt__ddp_sum_slots(float *g, const float *gathered, int p, int64_t cn
         for (j = 0; j < cnt; j++) g[j] += gathered[(int64_t)i * cnt + j];
 }
 
-/* Weighs this rank's gradients [off, off + cnt) and sums them over the ranks by the chosen method. */
-static dt_result dt__ddp_reduce(dt_ddp *d, int64_t off, int64_t cnt) {
+/* Sums g [cnt] over the ranks by the chosen method. */
+static dt_result dt__ddp_sum(dt_ddp *d, float *g, int64_t cnt) {
     dt_comm *c = d->comm;
-    float *g = d->model->grads + off;
     int p = c->size, me = c->rank, i;
-    int64_t j;
     dt_result r = DT_OK;
-    if (d->scale != 1.0f)
-        for (j = 0; j < cnt; j++) g[j] *= d->scale;
-    if (p == 1) return DT_OK;
     switch (d->desc.method) {
     case DT_DDP_PARAM_SERVER:   /* everyone to rank 0, which sums and sends the result to everyone */
         if ((r = dt_comm_gather(c, g, me == 0 ? d->gathered : NULL, (size_t)cnt, DT_F32, 0)) != DT_OK) return r;
@@ -924,29 +938,61 @@ static dt_result dt__ddp_reduce(dt_ddp *d, int64_t off, int64_t cnt) {
     }
 }
 
-/* The whole buffer, in the method's order of collectives, buckets from `from` on. */
-static dt_result dt__ddp_reduce_all(dt_ddp *d, int from) {
-    dt_result r = DT_OK;
-    int i;
-    if (d->desc.method == DT_DDP_BUCKETS)
-        for (i = from; i < d->nbuckets && r == DT_OK; i++) r = dt__ddp_reduce(d, d->boff[i], d->bcnt[i]);
-    else if (d->desc.method == DT_DDP_PER_LAYER)
-        for (i = 0; i < d->ntensors && r == DT_OK; i++) r = dt__ddp_reduce(d, d->toff[i], d->tcnt[i]);
-    else
-        r = dt__ddp_reduce(d, 0, d->n);
-    return r;
+/* The collectives of a sync: buckets, tensors (PER_LAYER) or the whole buffer; collective i's slice. */
+static int dt__ddp_ncoll(const dt_ddp *d) {
+    if (d->desc.method == DT_DDP_BUCKETS && d->nbuckets) return d->nbuckets;
+    return d->desc.method == DT_DDP_PER_LAYER && d->ntensors ? d->ntensors : 1;
+}
+static void dt__ddp_slice(const dt_ddp *d, int i, int64_t *off, int64_t *cnt) {
+    if (d->desc.method == DT_DDP_BUCKETS && d->nbuckets) { *off = d->boff[i]; *cnt = d->bcnt[i]; }
+    else if (d->desc.method == DT_DDP_PER_LAYER && d->ntensors) { *off = d->toff[i]; *cnt = d->tcnt[i]; }
+    else { *off = 0; *cnt = d->n; }
 }
 
-/* First half of a sync: the samples of all ranks and the number of ranks with data; sets this rank's weight. */
-static dt_result dt__ddp_agree(dt_ddp *d, int active, int64_t *nactive) {
-    int64_t v[2];
+/* This rank's part in a sync: its weight, and what the first collective carries (one rank: no sum, so the
+   weight is the share of the last micro-batch in the samples accumulated). */
+static void dt__ddp_begin(dt_ddp *d, int active) {
+    d->active = active;
+    if (d->comm->size > 1) { d->scale = active ? (float)d->last_samples : 0.0f; return; }
+    d->scale = active ? (float)((double)d->last_samples / (double)d->acc_samples) : 0.0f;
+    d->total = (double)d->acc_samples;
+    d->nactive = active;
+}
+
+/* Weighs this rank's gradients of collective i and sums them over the ranks; the first collective goes
+   through carry with this rank's samples and activity after the slice. */
+static dt_result dt__ddp_reduce(dt_ddp *d, int i) {
+    int64_t off, cnt, j;
+    float *g;
     dt_result r;
-    v[0] = active ? d->acc_samples : 0;
-    v[1] = active;
-    if ((r = dt_comm_allreduce(d->comm, v, 2, DT_I64, DT_SUM, DT_ALGO_AUTO)) != DT_OK) return r;
-    *nactive = v[1];
-    d->scale = active && v[0] > 0 ? (float)((double)d->last_samples / (double)v[0]) : 0.0f;
+    dt__ddp_slice(d, i, &off, &cnt);
+    g = d->model->grads + off;
+    if (d->scale != 1.0f)
+        for (j = 0; j < cnt; j++) g[j] *= d->scale;
+    if (d->comm->size == 1) return DT_OK;
+    if (i > 0) return dt__ddp_sum(d, g, cnt);
+    memcpy(d->carry, g, sizeof(float) * (size_t)cnt);
+    d->carry[cnt] = d->active ? (float)d->acc_samples : 0.0f;
+    d->carry[cnt + 1] = (float)d->active;
+    if ((r = dt__ddp_sum(d, d->carry, cnt + 2)) != DT_OK) return r;
+    memcpy(g, d->carry, sizeof(float) * (size_t)cnt);
+    d->total = d->carry[cnt];
+    d->nactive = (int64_t)d->carry[cnt + 1];
+    if (d->total >= DT__DDP_MAX_SAMPLES)
+        return dt_set_error(DT_ERR_INVALID_ARG, "DDP sync: rank %d: %.0f samples in one sync, but a float counts them exactly only below %.0f: "
+                            "sync more often (fewer micro-batches per sync, or smaller batches)", d->comm->rank, d->total, DT__DDP_MAX_SAMPLES);
     return DT_OK;
+}
+
+/* The whole sequence; everyone stops after the first collective once no rank has data. */
+static dt_result dt__ddp_reduce_all(dt_ddp *d) {
+    dt_result r = DT_OK;
+    int i, n = dt__ddp_ncoll(d);
+    for (i = 0; i < n && r == DT_OK; i++) {
+        r = dt__ddp_reduce(d, i);
+        if (i == 0 && r == DT_OK && d->nactive == 0) break;
+    }
+    return r;
 }
 
 #if DT__HAVE_THREADS
@@ -962,11 +1008,12 @@ static void dt__ddp_helper(void *arg) {
         for (b = 0; b < d->nbuckets && d->herr == DT_OK; b++) {
             dt_result r;
             while (d->ready > d->boff[b]) dt__cond_wait(&d->cv, &d->mu);
+            d->stats.early_buckets += !d->bw_done;   /* the caller's thread reads stats only once job is 0 */
             dt__mutex_unlock(&d->mu);
             dt_trace_begin("bucket", "comm");
             dt__trace_arg("bucket", NULL, b);
             dt__trace_arg("bytes", NULL, d->bcnt[b] * (int64_t)sizeof(float));
-            r = dt__ddp_reduce(d, d->boff[b], d->bcnt[b]);
+            r = dt__ddp_reduce(d, b);
             dt_trace_end();
             dt__mutex_lock(&d->mu);
             if (r != DT_OK) {
@@ -994,7 +1041,7 @@ static void dt__ddp_hook(void *user, dt_model *m, int node) {
 
 static void dt__ddp_free(dt_ddp *d) {
     DT_FREE(d->toff); DT_FREE(d->tcnt); DT_FREE(d->boff); DT_FREE(d->bcnt); DT_FREE(d->ready_at);
-    DT_FREE(d->gathered); DT_FREE(d->reqs);
+    DT_FREE(d->gathered); DT_FREE(d->reqs); DT_FREE(d->carry);
     DT_FREE(d);
 }
 
@@ -1062,8 +1109,16 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
         dt__ddp_free(d);
         return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for the plan", me);
     }
+    if (c->size > 1) {   /* the first collective's slice and the two counts after it */
+        int64_t off, cnt;
+        dt__ddp_slice(d, 0, &off, &cnt);
+        if (!(d->carry = (float *)DT_MALLOC(sizeof(float) * (size_t)(cnt + 2)))) {
+            dt__ddp_free(d);
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for %lld floats", me, (long long)cnt + 2);
+        }
+    }
     if ((dd.method == DT_DDP_PARAM_SERVER || dd.method == DT_DDP_P2P) && me == 0 && c->size > 1) {
-        d->gathered = (float *)DT_MALLOC(sizeof(float) * (size_t)(c->size * (d->n ? d->n : 1)));
+        d->gathered = (float *)DT_MALLOC(sizeof(float) * (size_t)(c->size * (d->n + 2)));
         d->reqs = (dt_request *)DT_MALLOC(sizeof(dt_request) * (size_t)c->size);
         if (!d->gathered || !d->reqs) {
             dt__ddp_free(d);
@@ -1072,9 +1127,14 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
         }
     }
     if ((r = dt__same_model(c, m, "dt_ddp_create", 1)) != DT_OK) { dt__ddp_free(d); return r; }
-    /* the helper thread calls the communicator: local ranks only (MPI is initialised FUNNELED) */
+    /* the helper thread calls the communicator: where its backend allows that (local ranks; MPI at
+       MPI_THREAD_SERIALIZED or above) */
 #if DT__HAVE_THREADS
-    if (dd.method == DT_DDP_BUCKETS && !dd.no_overlap && c->size > 1 && strcmp(dt_comm_backend_name(c), "local") == 0) {
+    if (dd.method == DT_DDP_BUCKETS && !dd.no_overlap && c->size > 1 && d->nbuckets > 0 && !dt__comm_any_thread(c)) {
+        dt_log(DT_LOG_WARN, "dt_ddp_create: rank %d: the %s communicator may be called only by the thread that created it "
+               "(MPI: initialised below MPI_THREAD_SERIALIZED), so buckets are reduced after backward; for overlap, "
+               "initialise MPI with MPI_THREAD_SERIALIZED (dt_launch does)", me, dt_comm_backend_name(c));
+    } else if (dd.method == DT_DDP_BUCKETS && !dd.no_overlap && c->size > 1 && d->nbuckets > 0) {
         if (dt__mutex_init(&d->mu) == 0 && dt__cond_init(&d->cv) == 0 && dt__thread_start(&d->thread, dt__ddp_helper, d) == 0) {
             d->overlap = 1;
             dt_model_set_backward_hook(m, dt__ddp_hook, d);
@@ -1112,8 +1172,12 @@ static dt_result dt__ddp_bad(const dt_ddp *d, int64_t samples, const char *what)
     return DT_OK;
 }
 
-/* After the sum: buffers if asked, counters, and a fresh accumulation. */
+/* After the sum: the division by all samples, buffers if asked, counters, and a fresh accumulation. */
 static dt_result dt__ddp_done(dt_ddp *d, dt_result r, double t0) {
+    float *g = d->model->grads, total = (float)d->total;
+    int64_t j;
+    if (r == DT_OK && d->comm->size > 1 && total > 0)
+        for (j = 0; j < d->n; j++) g[j] /= total;
     if (r == DT_OK && d->desc.sync_buffers) r = dt_ddp_sync_buffers(d);
     d->stats.comm_seconds += dt_time_now() - t0;
     d->stats.syncs += r == DT_OK;
@@ -1123,19 +1187,19 @@ static dt_result dt__ddp_done(dt_ddp *d, dt_result r, double t0) {
 
 dt_result dt_ddp_sync(dt_ddp *d, int64_t samples) {
     dt_result r;
-    int64_t nactive;
     double t0 = dt_time_now();
     if ((r = dt__ddp_bad(d, samples, "dt_ddp_sync")) != DT_OK) return r;
     d->acc_samples = d->last_samples = samples;
     dt_trace_begin("ddp sync", "comm");
-    if ((r = dt__ddp_agree(d, 1, &nactive)) == DT_OK) r = dt__ddp_reduce_all(d, 0);
+    dt__ddp_begin(d, 1);
+    r = dt__ddp_reduce_all(d);
     dt_trace_end();
     return dt__ddp_done(d, r, t0);
 }
 
 dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync) {
     dt_result r, rb;
-    int64_t j, nactive;
+    int64_t j;
     double t0;
     if ((r = dt__ddp_bad(d, samples, "dt_ddp_backward")) != DT_OK) return r;
     if (d->last_samples > 0 && d->last_samples != samples) {   /* keep the buffer = sum of gradients / samples */
@@ -1145,15 +1209,12 @@ dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync)
     d->acc_samples += samples;
     d->last_samples = samples;
     if (!sync) return dt_model_backward(d->model, dy);
-    t0 = dt_time_now();
-    if ((r = dt__ddp_agree(d, 1, &nactive)) != DT_OK) return dt__ddp_done(d, r, t0);
+    dt__ddp_begin(d, 1);
     if (!d->overlap) {
-        t0 -= dt_time_now();   /* backward's time is not communication */
-        rb = dt_model_backward(d->model, dy);
-        t0 += dt_time_now();
-        if (rb != DT_OK) return rb;
+        if ((rb = dt_model_backward(d->model, dy)) != DT_OK) return rb;
+        t0 = dt_time_now();
         dt_trace_begin("ddp sync", "comm");
-        r = dt__ddp_reduce_all(d, 0);
+        r = dt__ddp_reduce_all(d);
         dt_trace_end();
         return dt__ddp_done(d, r, t0);
     }
@@ -1162,16 +1223,17 @@ dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync)
     d->ready = d->ready_seen = d->n;
     d->herr = DT_OK;
     d->job = 1;
+    d->bw_done = 0;
     dt__cond_broadcast(&d->cv);
     dt__mutex_unlock(&d->mu);
     d->in_sync = 1;
-    t0 -= dt_time_now();
     rb = dt_model_backward(d->model, dy);
-    t0 += dt_time_now();
+    t0 = dt_time_now();   /* from here on the caller's thread waits for communication */
     d->in_sync = 0;
     dt_trace_begin("wait for buckets", "comm");   /* the communication backward did not hide */
     dt__mutex_lock(&d->mu);
     d->ready = 0;
+    d->bw_done = 1;
     dt__cond_broadcast(&d->cv);
     while (d->job) dt__cond_wait(&d->cv, &d->mu);
     r = d->herr;
@@ -1185,13 +1247,12 @@ dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync)
 /* dt_ddp_join's rounds: until no rank has data, the others' syncs with a zero gradient. */
 static dt_result dt__ddp_join_rounds(dt_ddp *d, dt_optim *o) {
     dt_result r;
-    int64_t nactive;
     for (;;) {
         double t0 = dt_time_now();
-        if ((r = dt__ddp_agree(d, 0, &nactive)) != DT_OK) return r;
-        if (nactive == 0) { d->stats.comm_seconds += dt_time_now() - t0; return DT_OK; }   /* everyone has joined */
         dt_model_zero_grad(d->model);
-        r = dt__ddp_reduce_all(d, 0);
+        dt__ddp_begin(d, 0);
+        r = dt__ddp_reduce_all(d);
+        if (r == DT_OK && d->nactive == 0) { d->stats.comm_seconds += dt_time_now() - t0; return DT_OK; }   /* everyone has joined */
         if ((r = dt__ddp_done(d, r, t0)) != DT_OK) return r;
         d->stats.syncs--;
         d->stats.joined_rounds++;
@@ -1226,6 +1287,9 @@ dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d) {
 
 int dt_ddp_buckets(const dt_ddp *d) { return d ? d->nbuckets : 0; }
 int dt_ddp_overlapped(const dt_ddp *d) { return d ? d->overlap : 0; }
+int64_t dt_ddp_bucket_bytes(const dt_ddp *d, int i) {
+    return d && i >= 0 && i < d->nbuckets ? d->bcnt[i] * (int64_t)sizeof(float) : 0;
+}
 
 /* ---- D-PSGD ------------------------------------------------------------------------------------
    One neighbour exchange per step sends the replica (n floats) to each neighbour and receives theirs

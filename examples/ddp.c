@@ -126,9 +126,15 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                "%s backend, sync %s", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
                (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, p, (long long)per_rank,
                a->accum > 1 ? " in micro-batches" : "", dt_comm_backend_name(c), dt_ddp_method_name(a->ddp.method));
-        if (a->ddp.method == DT_DDP_BUCKETS)
-            printf(" (%d buckets of %lld KiB%s)", dt_ddp_buckets(d), (long long)(a->bucket_kb ? a->bucket_kb : DT_DDP_BUCKET_BYTES / 1024),
-                   dt_ddp_overlapped(d) ? ", overlapped with backward" : ", after backward");
+        if (a->ddp.method == DT_DDP_BUCKETS) {   /* buckets hold whole tensors: their real sizes, first reduced first */
+            int b;
+            printf(" (%d buckets:", dt_ddp_buckets(d));
+            for (b = 0; b < dt_ddp_buckets(d); b++) {
+                double kb = (double)dt_ddp_bucket_bytes(d, b) / 1e3;
+                printf(kb < 1e3 ? "%s %.1f kB" : "%s %.1f MB", b ? "," : "", kb < 1e3 ? kb : kb / 1e3);
+            }
+            printf(", %s)", dt_ddp_overlapped(d) ? "overlapped with backward" : "after backward");
+        }
         if (a->ddp.method <= DT_DDP_PER_LAYER)   /* what "auto" means on this communicator */
             printf(", all-reduce %s", dt_algo_name(dt_comm_algo(c, a->ddp.algo)));
         printf(", %d threads per rank\n", dt_cpu_threads());

@@ -587,7 +587,7 @@ static dt_result backend_rank(dt_comm *c, void *arg) {
     return DT_OK;
 }
 static void test_backend_interface(void) {
-    static const dt_comm_backend none = {"none", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    static const dt_comm_backend none = {"none", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     dt_launch_desc d;
     dt_comm *c, *cs[2];
     int bad[3] = {0, 0, 0};

@@ -63,7 +63,9 @@ typedef struct job {
     float params[MAXR][1024];  /* each rank's parameters at the end */
     float first[MAXR][1024];   /* right after dt_ddp_create */
     dt_ddp_stats stats[MAXR];
-    int buckets[MAXR];
+    int buckets[MAXR], tensors[MAXR];
+    int64_t bucket_bytes[MAXR];   /* the sum of dt_ddp_bucket_bytes over the buckets, -1 if out of range gave non-zero */
+    uint64_t colls[MAXR];      /* equal shares: collectives of the STEPS syncs (the join's excluded) */
     float sent[MAXR][1024], got[MAXR][2][MAXR][1024];   /* mode 4: each rank's message; what each received */
     dt_request reqs[MAXR][2 * MAXR];
     int user_bad[MAXR];
@@ -121,6 +123,9 @@ static dt_result ddp_rank(dt_comm *c, void *arg) {
     T(dt_ddp_create(&d, c, m, &j->desc));
     T(dt_model_get_params(m, j->first[me], j->nparams));
     j->buckets[me] = dt_ddp_buckets(d);
+    j->tensors[me] = dt_model_param_tensors(m);
+    for (s = 0; s < j->buckets[me]; s++) j->bucket_bytes[me] += dt_ddp_bucket_bytes(d, s);
+    if (dt_ddp_bucket_bytes(d, -1) || dt_ddp_bucket_bytes(d, j->buckets[me])) j->bucket_bytes[me] = -1;
     if (j->mode == 2) {   /* rank 0: 3 batches of 4; rank 1: 1 batch of 2 (samples 4 + 12 s .. and 16..17) */
         int nb = me == 0 ? STEPS : 1;
         for (s = 0; s < nb; s++) {
@@ -131,6 +136,7 @@ static dt_result ddp_rank(dt_comm *c, void *arg) {
         }
         T(dt_ddp_join(d, o));
     } else {
+        uint64_t c0 = dt_comm_get_stats(c).collectives;
         if (j->mode == 4) T(user_post(c, j));
         for (s = 0; s < STEPS; s++) {
             int64_t first = (int64_t)s * B + me * share;
@@ -151,6 +157,7 @@ static dt_result ddp_rank(dt_comm *c, void *arg) {
             T(dt_optim_step(o));
             dt_model_zero_grad(m);
         }
+        j->colls[me] = dt_comm_get_stats(c).collectives - c0;
         T(dt_ddp_join(d, o));
         if (j->mode == 4) T(user_finish(c, j));
     }
@@ -205,6 +212,12 @@ static void test_equivalence(void) {
                         CHECK_CLOSE(j.params[r], ref, n, 1e-5, what);
                     }
                     if (meth == DT_DDP_BUCKETS) CHECK(j.buckets[0] == (mode == 0 ? 6 : mode == 1 ? 3 : 1));
+                    CHECK(j.bucket_bytes[0] == (meth == DT_DDP_BUCKETS ? n * (int64_t)sizeof(float) : 0));   /* the buckets tile the buffer */
+                    /* the samples ride with the gradient: a sync is a bucket's or tensor's all-reduce each,
+                       one all-reduce of the buffer (FLAT), a gather and a broadcast (PS), or messages (P2P) */
+                    for (r = 0; r < p; r++)
+                        CHECK(j.colls[r] == STEPS * (uint64_t)(meth == DT_DDP_BUCKETS ? j.buckets[0] : meth == DT_DDP_PER_LAYER ? j.tensors[0]
+                                                               : meth == DT_DDP_FLAT ? 1 : meth == DT_DDP_PARAM_SERVER ? 2 : 0));
                 }
         }
 }
@@ -341,10 +354,10 @@ static dt_result bad_rank(dt_comm *c, void *arg) {
     dt_result r = make_model(&m, 1, 0, j->case_ == 0 && me == 1 ? 17 : 16);
     if (r == DT_OK) {
         if ((r = dt_ddp_create(&d, c, m, NULL)) == DT_OK && (r = fwd(m, 0, 4)) == DT_OK) {
-            if (j->case_ == 1 && me == 1) {   /* agrees on the samples, then leaves before the buckets */
-                int64_t v[2] = {4, 1};
-                r = dt_comm_allreduce(c, v, 2, DT_I64, DT_SUM, DT_ALGO_AUTO);
-                if (r == DT_OK) r = dt_set_error(DT_ERR_IO, "rank 1 could not read its data");
+            if (j->case_ == 1 && me == 1) {   /* leaves before the buckets */
+                r = dt_set_error(DT_ERR_IO, "rank 1 could not read its data");
+            } else if (j->case_ == 2) {       /* 2^23 samples each: 2^24 in one sync, more than a float counts */
+                r = dt_ddp_sync(d, (int64_t)1 << 23);
             } else {
                 r = dt_ddp_backward(d, NULL, 4, 1);
             }
@@ -390,7 +403,7 @@ static void test_bad_args(void) {
     CHECK_ERR(dt_ddp_join(NULL, NULL), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_ddp_sync_buffers(NULL), DT_ERR_INVALID_ARG);
     dt_ddp_destroy(NULL);
-    CHECK(dt_ddp_get_stats(NULL).syncs == 0 && dt_ddp_buckets(NULL) == 0 && dt_ddp_overlapped(NULL) == 0);
+    CHECK(dt_ddp_get_stats(NULL).syncs == 0 && dt_ddp_buckets(NULL) == 0 && dt_ddp_overlapped(NULL) == 0 && dt_ddp_bucket_bytes(NULL, 0) == 0);
     if (c && m && dt_ddp_create(&d, c, m, NULL) == DT_OK) {
         CHECK_ERR(dt_ddp_backward(d, NULL, 0, 1), DT_ERR_INVALID_ARG);
         CHECK(strstr(dt_last_error(), "rank 0") != NULL);
@@ -416,6 +429,12 @@ static void test_bad_args(void) {
     j.case_ = 1;
     CHECK(tc_launch(bad_rank, &j, 2) != DT_OK);
     CHECK(j.got[0] == DT_ERR_PEER && strstr(j.msg[0], "rank 1") && j.got[1] == DT_ERR_IO);
+    /* the sample counts travel as floats: a sync of 2^24 samples is refused on every rank, saying why */
+    memset(&j, 0, sizeof j);
+    j.case_ = 2;
+    CHECK(tc_launch(bad_rank, &j, 2) != DT_OK);
+    CHECK(j.got[0] == DT_ERR_INVALID_ARG && j.got[1] == DT_ERR_INVALID_ARG);
+    CHECK(strstr(j.msg[0], "16777216 samples") && strstr(j.msg[1], "sync more often"));
 }
 
 /* DDP's own messages (the parameter server by hand, DT_DDP_P2P) have tags of the library's, which a

@@ -44,7 +44,7 @@ static void check_one_file(void) {
         CHECK(count(&t, "X", r, 0, "forward") == 2 && count(&t, "X", r, 0, "backward") == 2);
         CHECK(count(&t, "X", r, 0, "optimizer step") == 2 && count(&t, "X", r, 0, "all-reduce") >= 4);
         CHECK(count(&t, "X", r, 0, TRACE_ODD_NAME) == 1 && count(&t, "X", r, 0, "step") == 2);
-        CHECK(count(&t, "X", r, 1, "bucket") == 0);   /* MPI (FUNNELED): DDP reduces after backward */
+        CHECK(count(&t, "X", r, 1, "bucket") == 0);   /* main initialised MPI FUNNELED: DDP reduces after backward */
     }
     CHECK(check_lanes(&t, 0) == 0);
     trace_free(&t);

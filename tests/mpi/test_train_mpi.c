@@ -139,7 +139,7 @@ static dt_result ddp_rank(dt_comm *c, const job *j, dt_model *m, dt_optim *o, re
     out->count[0] = st.syncs;
     out->count[1] = st.joined_rounds;
     out->count[2] = dt_ddp_buckets(d);
-    out->count[3] = dt_ddp_overlapped(d);   /* BUCKETS: 1 on local ranks, 0 on MPI (run_case checks, then clears it) */
+    out->count[3] = dt_ddp_overlapped(d);   /* BUCKETS: 1 on local ranks and on MPI (dt_launch's MPI_THREAD_SERIALIZED) */
 done:
     dt_ddp_destroy(d);
     return r;
@@ -376,12 +376,9 @@ static void run_case(job *j, const char *what) {
         j->local = 1;
         j->out = loc;
         CHECK_OK(dt_launch_local(&d, train_rank, j, NULL));
-        if (j->trainer == TR_DDP) {   /* the one thing that differs: who reduces the buckets, and when */
+        if (j->trainer == TR_DDP) {   /* overlapped with backward on both, or on neither */
             int r, over = j->ddp.method == DT_DDP_BUCKETS && !j->ddp.no_overlap;
-            for (r = 0; r < np; r++) {
-                CHECK(mpi[r].count[3] == 0 && loc[r].count[3] == over);
-                mpi[r].count[3] = loc[r].count[3] = 0;
-            }
+            for (r = 0; r < np; r++) CHECK(mpi[r].count[3] == over && loc[r].count[3] == over);
             if (j->ddp.method == DT_DDP_BUCKETS && j->ddp.bucket_bytes == 200) CHECK(mpi[0].count[2] == 3);
         }
         compare(j, what, mpi, loc);
@@ -405,7 +402,7 @@ static const dt_algo algos[] = {DT_ALGO_NAIVE, DT_ALGO_RING, DT_ALGO_TREE, DT_AL
 #define N_OF(a) (sizeof(a) / sizeof(a[0]))
 
 /* every averaging method; the all-reduce methods with every algorithm. BUCKETS: 200 bytes a bucket
-   (three buckets), overlapped with backward on local ranks only, and once without overlap */
+   (three buckets), overlapped with backward, and once without overlap */
 static void test_ddp_methods(void) {
     int meth;
     size_t a;
@@ -466,6 +463,77 @@ static void test_ddp_modes(void) {
                                         are NATIVE's, but they carry integers and copies: the same bits */
         run_case(&j, "ddp buckets ring on a native communicator, batchnorm");
     }
+}
+
+/* DDP under MPI sums buckets while backward runs, and ends with the bits of summing them after it. The
+   model's first layer (2048 x 256, its backward some milliseconds) comes last in backward, after the two
+   small buckets of the layers above it are final: their all-reduces must begin before backward returns
+   (dt_ddp_stats.early_buckets), on every rank, in at least one of the steps; a DDP that reduced after
+   backward counts none. The same steps without overlap give the same parameters, bit for bit. */
+#define OV_IN 2048
+#define OV_B 64
+#define OV_STEPS 6
+static dt_result overlap_rank(dt_comm *c, int no_overlap, float *params, int64_t *early, int *overlapped) {
+    float *x = (float *)malloc(sizeof(float) * OV_B * OV_IN);
+    int32_t y[OV_B];
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_ddp *d = NULL;
+    dt_optim_desc od;
+    dt_ddp_desc dd;
+    dt_rng g;
+    float loss;
+    int s, i;
+    dt_result r = x ? DT_OK : DT_ERR_OUT_OF_MEMORY;
+    memset(&od, 0, sizeof od);
+    memset(&dd, 0, sizeof dd);
+    od.lr = 0.01f;
+    dd.algo = DT_ALGO_RING;
+    dd.bucket_bytes = 128;   /* three buckets: the last layer, the middle one, the first */
+    dd.no_overlap = no_overlap;
+    dt_rng_init(&g, 11, (uint64_t)dt_comm_rank(c));
+    for (i = 0; x && i < OV_B * OV_IN; i++) x[i] = dt_rng_uniform(&g) - 0.5f;
+    for (i = 0; i < OV_B; i++) y[i] = (int32_t)dt_rng_below(&g, K);
+#define T(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
+    if (r != DT_OK) goto done;
+    T(tc_mlp(&m, OV_IN, K, 3, 0, 256, 8));
+    T(dt_optim_create(&o, m, &od));
+    T(dt_ddp_create(&d, c, m, &dd));
+    for (s = 0; s < OV_STEPS; s++) {
+        T(dt_model_forward(m, x, OV_B));
+        T(dt_model_loss_labels(m, y, &loss));
+        T(dt_ddp_backward(d, NULL, OV_B, 1));
+        T(dt_optim_step(o));
+        dt_model_zero_grad(m);
+    }
+    T(dt_model_get_params(m, params, dt_model_param_count(m)));
+    *early = dt_ddp_get_stats(d).early_buckets;
+    *overlapped = dt_ddp_overlapped(d);
+#undef T
+done:
+    dt_ddp_destroy(d);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    free(x);
+    return r;
+}
+static void test_ddp_overlap(void) {
+    int64_t n = OV_IN * 256 + 256 + 256 * 8 + 8 + 8 * K + K, early[2] = {-1, -1};
+    float *p[2];
+    int ov[2] = {-1, -1}, k;
+    p[0] = (float *)calloc((size_t)n, sizeof(float));
+    p[1] = (float *)calloc((size_t)n, sizeof(float));
+    for (k = 0; k < 2 && p[0] && p[1]; k++) {
+        dt_comm *c = NULL;
+        CHECK_OK(dt_comm_create_mpi(&c, MPI_COMM_WORLD, &Wdesc));
+        if (c) CHECK_OK(overlap_rank(c, k, p[k], &early[k], &ov[k]));
+        dt_comm_destroy(c);
+    }
+    CHECK(ov[0] == 1 && early[0] > 0);
+    CHECK(ov[1] == 0 && early[1] == 0);
+    CHECK(p[0] && p[1] && memcmp(p[0], p[1], sizeof(float) * (size_t)n) == 0);
+    if (me == 0) printf("    %lld of %d buckets began during backward on rank 0\n", (long long)early[0], 3 * OV_STEPS);
+    free(p[0]); free(p[1]);
 }
 
 /* period 2 over 5 steps and a final average, every algorithm; BatchNorm buffers averaged too */
@@ -558,6 +626,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     if (me == 0) printf("%d MPI ranks against %d local ranks\n", np, np);
     mt_run("ddp_methods", test_ddp_methods);
     mt_run("ddp_modes", test_ddp_modes);
+    mt_run("ddp_overlap", test_ddp_overlap);
     mt_run("localsgd", test_localsgd);
     mt_run("dpsgd", test_dpsgd);
     mt_run("fedavg", test_fedavg);
