@@ -2,7 +2,8 @@
    Part of dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
-     Evaluation; checkpoints (magic, version, checksum, atomic writes); and thin objects over the flat
+     Evaluation; checkpoints of every rank in one file (magic, version, checksum, atomic writes by rank 0,
+     a save and load for each trainer); and thin objects over the flat
      buffers that keep each algorithm visible: local SGD (average every K steps), Hogwild (lock-free
      updates of one shared buffer), DDP (the gradient buffer averaged by a parameter server,
      point-to-point, per layer, flat, or in buckets overlapped with backward; accumulation, uneven data,
@@ -718,7 +719,7 @@ static dt_result dt__ckpt_read_file(const dt__ckpt *k, unsigned char **file, int
 static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *file, int64_t bytes, int64_t *sizes) {
     uint64_t version, world, trainer, i;
     int64_t head, sum = 0;
-    if (bytes < 8 + 8 * DT__CKPT_HEAD_WORDS || memcmp(file, DT__CKPT_MAGIC, 8) != 0)
+    if (bytes < 8 + 8 * DT__CKPT_HEAD_WORDS + 8 || memcmp(file, DT__CKPT_MAGIC, 8) != 0)   /* + the checksum */
         return dt_set_error(DT_ERR_FORMAT, "%s: %s is not a dtrain checkpoint (wrong magic number or too short)", k->fn, k->path);
     version = dt__get_u64(file + 8); world = dt__get_u64(file + 16); trainer = dt__get_u64(file + 24);
     if (version != DT__CKPT_VERSION)
