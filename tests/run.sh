@@ -31,7 +31,8 @@
 #      tests/mpi/test_train_mpi.c under mpiexec -n 2, 3 and 4: DDP, local SGD, D-PSGD and FedAvg end with
 #      the bits of the same run on local ranks (within a tolerance where MPI_Allreduce does the sums);
 #      tests/mpi/test_resume_mpi.c: DDP under mpiexec -n 2, 3 and 4, local SGD, D-PSGD and FedAvg under -n 3,
-#      killed with SIGKILL at a random step and resumed, end with the bytes of an uninterrupted run;
+#      killed with SIGKILL at a random step and resumed, end with the bytes of an uninterrupted run; a checkpoint
+#      of another world size, a damaged one and another trainer's are refused, naming the cause;
 #      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
 #      they log on as many local ranks (with the Fashion-MNIST dataset)
 #   8. tests/install.sh: make install PREFIX, pkg-config, CMake find_package and add_subdirectory, cmake --install,
@@ -280,6 +281,19 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         for t in localsgd dpsgd fedavg; do
             check "$t under mpiexec -n 3: killed and resumed, ends as the uninterrupted run" mpi_resume $t 3
         done
+        # refusals under mpiexec, on every rank, naming the cause: the last DDP checkpoint (4 ranks) under -n 3,
+        # damaged (a byte flipped), and read by another trainer
+        mpi_refused() {   # mpi_refused FILE N TRAINER CAUSE: exit 1, CAUSE in the output
+            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$3" --steps 14 --every 3 --ckpt "$1" \
+                --out "$RT/x" --resume > "$RT/err" 2>&1 && { echo "the run resumed from $1"; return 1; }
+            grep -q "$4" "$RT/err" || { cat "$RT/err"; return 1; }
+        }
+        cp "$RT/ddp.ckpt" "$RT/bad.ckpt" && printf 'X' | dd of="$RT/bad.ckpt" bs=1 seek=200 conv=notrunc 2>/dev/null
+        check "a DDP checkpoint of 4 ranks under mpiexec -n 3: refused, naming the world sizes" \
+            mpi_refused "$RT/ddp.ckpt" 3 ddp "holds the state of 4 ranks but this run has 3"
+        check "a damaged DDP checkpoint under mpiexec -n 4: refused, naming the checksum" mpi_refused "$RT/bad.ckpt" 4 ddp checksum
+        check "a DDP checkpoint read by D-PSGD under mpiexec -n 4: refused, naming its writer" \
+            mpi_refused "$RT/ddp.ckpt" 4 dpsgd "written by dt_ddp_save"
         rm -rf "$RT"
     else echo "FAIL build of tests/mpi/test_resume_mpi.c with mpicc"; failed=$((failed + 1)); fi
     check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl.o' &&
