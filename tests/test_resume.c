@@ -6,10 +6,12 @@
 /* Resume on local ranks: for each trainer (the single-process loop, DDP, local SGD, D-PSGD, FedAvg) a run
    killed with SIGKILL at a random step and resumed from its last checkpoint ends with the bytes of an
    uninterrupted run (every rank's parameters and buffers, and loss sums); each run is this program again
-   (--child, tests/resume_checks.h), so the kill is a real one. The step is drawn from the clock and printed;
-   DT_TEST_KILL_AT=K replays it. Also: a loader that seeks to a batch hands out the batches an uninterrupted
-   epoch does; and collective checkpoints that are damaged, foreign, of another world size, writer or model
-   are refused on every rank with a message naming the cause, and no rank's model changes. */
+   (--child, tests/resume_checks.h), so the kill is a real one; a partial "<checkpoint>.tmp", as a crash in
+   the middle of a save leaves it, is put beside the checkpoint before the resume. The step is drawn from the
+   clock and printed; DT_TEST_KILL_AT=K replays it. Also: a loader that seeks to a batch hands out the
+   batches an uninterrupted epoch does; and collective checkpoints that are damaged, foreign, of another
+   world size, writer or model are refused on every rank with a message naming the cause, and no rank's
+   model changes. */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
@@ -50,11 +52,12 @@ static int same_files(const char *a, const char *b) {
 
 /* uninterrupted, killed at a random step, resumed: the resumed run ends with the uninterrupted run's bytes */
 static void kill_and_resume(const char *trainer, const char *ranks) {
-    char ckpt[160], ref[160], out[160], kill[16], from[16], steps[16], every[16];
+    char ckpt[160], tmp[170], ref[160], out[160], kill[16], from[16], steps[16], every[16];
     const char *env = getenv("DT_TEST_KILL_AT");
     unsigned h = (unsigned)time(NULL) ^ (unsigned)strlen(trainer) * 40503u;   /* another step for each trainer */
     int k = env ? atoi(env) : EVERY + (int)(h * 2654435761u % (STEPS - EVERY)), st;   /* after a checkpoint */
     snprintf(ckpt, sizeof ckpt, "%s/%s.ckpt", dir, trainer);
+    snprintf(tmp, sizeof tmp, "%s.tmp", ckpt);
     snprintf(ref, sizeof ref, "%s/%s.ref", dir, trainer);
     snprintf(out, sizeof out, "%s/%s.out", dir, trainer);
     snprintf(kill, sizeof kill, "%d", k);
@@ -76,6 +79,10 @@ static void kill_and_resume(const char *trainer, const char *ranks) {
         st = child(a);
         CHECK(st != -1 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
     }
+    {   /* what a crash in the middle of a save leaves beside the last checkpoint: a partial temporary file */
+        FILE *f;
+        if ((f = fopen(tmp, "wb")) != NULL) { fputs("DTCKPT\r\n half", f); fclose(f); }
+    }
     {
         const char *a[] = {"--trainer", trainer, "--ranks", ranks, "--steps", steps, "--every", every, "--ckpt", ckpt,
                            "--out", out, "--resume", "--expect-from", from, NULL};
@@ -84,6 +91,7 @@ static void kill_and_resume(const char *trainer, const char *ranks) {
     }
     CHECK(same_files(ref, out));
     remove(ckpt); remove(ref); remove(out);
+    remove(tmp);
 }
 
 static void test_resume_single(void) { kill_and_resume("single", "1"); }
