@@ -740,10 +740,10 @@ static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *fil
     if (dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)) != dt__get_u64(file + bytes - 8))
         return dt_set_error(DT_ERR_FORMAT, "%s: %s is damaged (checksum mismatch); use an earlier checkpoint", k->fn, k->path);
     if (world != (uint64_t)k->world)
-        return dt_set_error(DT_ERR_MISMATCH, "%s: %s holds the state of %llu ranks but this run has %d: resume on %llu ranks",
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s holds the state of %llu ranks but this run has %d: resume on %llu ranks",
                             k->fn, k->path, (unsigned long long)world, k->world, (unsigned long long)world);
     if (trainer != (uint64_t)k->trainer)
-        return dt_set_error(DT_ERR_MISMATCH, "%s: %s was written by %s; %s reads what %s writes: resume with the trainer that "
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s was written by %s; %s reads what %s writes: resume with the trainer that "
                             "wrote it", k->fn, k->path, trainer < DT__CKPT_TRAINERS ? dt__ckpt_writers[trainer] : "an unknown trainer",
                             k->fn, dt__ckpt_writers[k->trainer]);
     for (i = 0; i < world; i++) sizes[i] = (int64_t)dt__get_u64(file + 32 + 8 * i);

@@ -249,13 +249,13 @@ static void test_refusals(void) {
     {
         struct { const char *file; long keep, flip; int other, want; const char *cause; } cases[] = {
             {good, 0, -1, 1, DT_ERR_FORMAT, "another model"},              /* rank 1's model differs */
-            {two, 0, -1, 0, DT_ERR_MISMATCH, "holds the state of 2 ranks"},
+            {two, 0, -1, 0, DT_ERR_FORMAT, "holds the state of 2 ranks"},
             {bad, -1, n / 2, 0, DT_ERR_FORMAT, "checksum"},                /* a byte flipped in a section */
             {bad, -1, n - 3, 0, DT_ERR_FORMAT, "checksum"},                /* ... in the checksum */
             {bad, n - 100, -1, 0, DT_ERR_FORMAT, "truncated"},
             {bad, 6, -1, 0, DT_ERR_FORMAT, "not a dtrain checkpoint"},
             {bad, -1, 2, 0, DT_ERR_FORMAT, "not a dtrain checkpoint"},     /* the magic */
-            {dp, 0, -1, 0, DT_ERR_MISMATCH, "written by dt_checkpoint_save"},
+            {dp, 0, -1, 0, DT_ERR_FORMAT, "written by dt_checkpoint_save"},
             {"/nonexistent/x.ckpt", 0, -1, 0, DT_ERR_IO, "/nonexistent/x.ckpt"},
         };
         int i;
