@@ -30,14 +30,18 @@ typedef struct rs_args {
 static uint8_t rs_pix[RS_N * 64];
 static int32_t rs_lab[RS_N];
 
-static dt_dataset rs_data(void) {
-    dt_dataset ds;
+/* Generates the samples; once, before the ranks start (they only read them). */
+static void rs_fill(void) {
     dt_rng r;
     int i;
     dt_rng_init(&r, 17, 0);
     for (i = 0; i < RS_N; i++) rs_lab[i] = (int32_t)dt_rng_below(&r, 4);
     for (i = 0; i < RS_N * 64; i++)   /* a class's pixels are brighter in its quarter of the image */
         rs_pix[i] = (uint8_t)(dt_rng_below(&r, 128) + ((i % 64) / 16 == rs_lab[i / 64] ? 100 : 0));
+}
+
+static dt_dataset rs_data(void) {
+    dt_dataset ds;
     memset(&ds, 0, sizeof ds);
     ds.count = RS_N; ds.c = 1; ds.h = 8; ds.w = 8; ds.num_classes = 4; ds.pixels = rs_pix; ds.labels = rs_lab;
     return ds;
@@ -297,6 +301,7 @@ static int rs_main(int argc, char **argv) {
         fprintf(stderr, "--ckpt, --out and --trainer single|ddp|localsgd|dpsgd|fedavg are needed, --every >= 1\n");
         return 2;
     }
+    rs_fill();
     memset(&ld, 0, sizeof ld);
     ld.ranks = a.ranks;
     ld.threads_per_rank = 1;

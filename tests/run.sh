@@ -16,8 +16,8 @@
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
-#   4b. the loader's prefetch thread, the communicator's local ranks and DDP's helper thread under
-#       ThreadSanitizer
+#   4b. the loader's prefetch thread, the communicator's local ranks, DDP's helper thread and the collective
+#       checkpoints (test_resume) under ThreadSanitizer
 # Sections 3, 4 and 4b set DT_TEST_QUICK=1: test_comm leaves out its million-element cases there, test_ddp
 # most all-reduce algorithms.
 #   5. the examples: bad flags are refused; a resumed training run ends as an uninterrupted one; --trace
@@ -169,7 +169,7 @@ done
 # the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
 # rank's thread runs backward, recording into its own trace lane) under ThreadSanitizer (no OpenMP, whose
 # runtime TSan cannot see into)
-for t in test_partition test_comm test_ddp test_dpsgd test_trace; do
+for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume; do
     if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/$t.c" -o "$B/asan/${t}_tsan" $LDLIBS; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan $t" env DT_TEST_QUICK=1 "$B/asan/${t}_tsan"
     else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi

@@ -145,7 +145,7 @@ typedef struct rf_case {
     int         other;   /* 1: rank 1 builds another model */
     int         want;    /* the result every rank must return */
     const char *cause;   /* in every rank's message */
-    int         failed;  /* ranks that got something else, or whose model changed */
+    int         failed[3]; /* per rank: 1 when it got something else, or its model changed */
 } rf_case;
 
 /* a model of the same sizes and another layer name: only the signature tells it apart */
@@ -178,7 +178,7 @@ static dt_result rf_rank(dt_comm *c, void *arg) {
         memcmp(before, dt_model_params(m, NULL), sizeof(float) * (size_t)(np < 1024 ? np : 1024)) != 0) {
         printf("    rank %d: %s: %s (wanted %s, naming \"%s\")\n", dt_comm_rank(c), k->path, dt_last_error(),
                dt_result_str((dt_result)k->want), k->cause);
-        k->failed++;
+        k->failed[dt_comm_rank(c)] = 1;
     }
     r = DT_OK;
 done:
@@ -265,16 +265,61 @@ static void test_refusals(void) {
             memset(&k, 0, sizeof k);
             k.path = cases[i].file; k.other = cases[i].other; k.want = cases[i].want; k.cause = cases[i].cause;
             CHECK_OK(on_ranks(rf_rank, &k, 3));
-            CHECK(k.failed == 0);
+            CHECK(k.failed[0] == 0 && k.failed[1] == 0 && k.failed[2] == 0);
         }
     }
     remove(good); remove(two); remove(bad); remove(dp);
+}
+
+/* What a trainer cannot save: DDP's gradient accumulated and not synchronised (a checkpoint holds none),
+   D-PSGD's model while it holds the average instead of the replica. Every rank gets the refusal. */
+static dt_result st_rank(dt_comm *c, void *arg) {
+    int me = dt_comm_rank(c), *failed = (int *)arg + me;   /* each rank counts its own */
+    dt_model *m = NULL;
+    dt_ddp *d = NULL;
+    dt_dpsgd *g = NULL;
+    dt_topology topo;
+    dt_topology_desc td;
+    dt_result r = rs_model(&m, me);
+    float x[2 * 64], loss;
+    int32_t y[2] = {0, 1};
+    int i;
+    memset(&topo, 0, sizeof topo);
+    memset(&td, 0, sizeof td);
+    td.kind = DT_TOPO_RING; td.world = dt_comm_size(c);
+    for (i = 0; i < 2 * 64; i++) x[i] = (float)(i % 7) / 7.0f;
+    if (r == DT_OK && (r = dt_ddp_create(&d, c, m, NULL)) == DT_OK && (r = dt_model_forward(m, x, 2)) == DT_OK &&
+        (r = dt_model_loss_labels(m, y, &loss)) == DT_OK && (r = dt_ddp_backward(d, NULL, 2, 0)) == DT_OK) {
+        r = dt_ddp_save(d, dir, NULL, NULL);   /* refused before any file is touched */
+        if (r != DT_ERR_STATE || !strstr(dt_last_error(), "not synchronised")) (*failed)++;
+        r = DT_OK;
+    }
+    if (r == DT_OK && (r = dt_topology_create(&topo, &td)) == DT_OK && (r = dt_dpsgd_create(&g, c, m, &topo, NULL)) == DT_OK &&
+        (r = dt_dpsgd_use_average(g, 1)) == DT_OK) {
+        r = dt_dpsgd_save(g, dir, NULL, NULL);
+        if (r != DT_ERR_STATE || !strstr(dt_last_error(), "dt_dpsgd_use_average(d, 0)")) (*failed)++;
+        r = dt_dpsgd_load(g, dir, NULL, NULL);
+        if (r != DT_ERR_STATE) (*failed)++;
+        r = DT_OK;
+    }
+    dt_dpsgd_destroy(g);
+    dt_topology_free(&topo);
+    dt_ddp_destroy(d);
+    dt_model_destroy(m);
+    return r;
+}
+
+static void test_trainer_state_refused(void) {
+    int failed[3] = {0, 0, 0};
+    CHECK_OK(on_ranks(st_rank, failed, 3));
+    CHECK(failed[0] == 0 && failed[1] == 0 && failed[2] == 0);
 }
 
 int main(int argc, char **argv) {
     int rc;
     if (argc > 1 && !strcmp(argv[1], "--child")) return rs_main(argc - 1, argv + 1);
     dt_t_only = argc > 1 ? argv[1] : NULL;
+    rs_fill();
     snprintf(self, sizeof self, "%s", argv[0]);
     snprintf(dir, sizeof dir, "/tmp/dt_resume_test_XXXXXX");
     if (!mkdtemp(dir)) { printf("cannot create a temporary directory\n0 passed, 1 failed\n"); return 1; }
@@ -286,6 +331,7 @@ int main(int argc, char **argv) {
     RUN(test_resume_dpsgd);
     RUN(test_resume_fedavg);
     RUN(test_refusals);
+    RUN(test_trainer_state_refused);
     rc = dt_t_summary();
     rmdir(dir);
     return rc;
