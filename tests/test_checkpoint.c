@@ -193,10 +193,13 @@ static void test_bad_files(void) {
         }
         CHECK(memcmp(before, dt_model_params(m, NULL), sizeof before) == 0);
     }
-    /* a version from the future: the version word (after the 8-byte magic) 1 -> 9 */
-    damaged_copy(path, bad, n, 8, 1 ^ 9);
+    /* a version from the future and one from the past: the version word (after the 8-byte magic) 2 -> 9, 2 -> 1 */
+    damaged_copy(path, bad, n, 8, 0x2 ^ 0x9);
     CHECK_ERR(dt_checkpoint_load(bad, m, o, NULL), DT_ERR_FORMAT);
     CHECK(strstr(dt_last_error(), "version 9") != NULL);
+    damaged_copy(path, bad, n, 8, 0x2 ^ 0x1);
+    CHECK_ERR(dt_checkpoint_load(bad, m, o, NULL), DT_ERR_FORMAT);
+    CHECK(strstr(dt_last_error(), "version 1") != NULL);
     {   /* saving when the temporary file cannot be created leaves the previous checkpoint intact */
         char tmpdir[160];
         snprintf(tmpdir, sizeof tmpdir, "%s.tmp", path);
