@@ -47,7 +47,9 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
    checks everything before it changes anything: a file that is not a checkpoint, of another version,
    truncated or damaged (the checksum), of another world size, writer or model, or with an optimizer state
    that does not fit is refused with a message naming the file and the cause, on every rank, and no rank's
-   model or optimizer changes. Rank 0 stages the whole file in memory (one section per rank). */
+   model or optimizer changes. A model holding NaN or infinity (a diverged run) is never saved: every rank
+   gets DT_ERR_NUMERIC and the checkpoint already at path stays; a file holding such values, or negative
+   counters, is refused on load. Rank 0 stages the whole file in memory (one section per rank). */
 #define DT_CHECKPOINT_VALUES 8
 typedef struct dt_checkpoint_meta {
     int64_t epoch, step, round;   /* the caller's counters: e.g. epochs completed */
@@ -618,6 +620,33 @@ static void dt__ckpt_write_section(const dt__ckpt *k, const dt_checkpoint_meta *
     for (i = 0; k->o && i < k->o->ntensors; i++) dt__put_u64(p + 8 * i, (uint64_t)k->o->steps[i]);
 }
 
+/* The values of a section [len] that must be finite (parameters, buffers, optimizer state: the floats after its
+   words, `nf` of them) and its counters, which are never negative: a section that holds NaN or infinity
+   comes from a diverged run, and saving it would replace a good checkpoint with a useless one. `doing` says
+   "save" or "load" for the message. */
+static dt_result dt__ckpt_check_values(const dt__ckpt *k, const unsigned char *sec, int64_t nf, const char *doing) {
+    const unsigned char *p = sec + 8 * DT__CKPT_SEC_WORDS;
+    int64_t i, bad = 0, first = -1;
+    for (i = 0; i < nf; i++) {
+        float v;
+        memcpy(&v, p + 4 * i, sizeof v);
+        if (!(v - v == 0.0f)) { bad++; if (first < 0) first = i; }   /* NaN or infinity */
+    }
+    for (i = 11; i <= 14; i++)   /* epoch, step, round, batch */
+        if ((int64_t)dt__get_u64(sec + 8 * i) < 0)
+            return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds a negative epoch, step, round or batch: the file is "
+                                "damaged or was not written by dtrain", k->fn, k->rank, k->path);
+    if (!bad) return DT_OK;
+    if (doing[0] == 's')
+        return dt_set_error(DT_ERR_NUMERIC, "%s: rank %d: %lld of its %lld values (parameters, buffers, optimizer state; the first "
+                            "at %lld) are NaN or infinite: the model diverged; nothing is written (a checkpoint already at %s is "
+                            "kept: resume from it with a lower learning rate)", k->fn, k->rank, (long long)bad,
+                            (long long)nf, (long long)first, k->path);
+    return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %lld NaN or infinite values (the first at %lld): it was saved "
+                        "from a diverged run or is damaged; use an earlier checkpoint", k->fn, k->rank, k->path, (long long)bad,
+                        (long long)first);
+}
+
 /* Collective agreement on a result: every rank returns DT_OK, or the result and message of the lowest rank
    that failed (so all ranks report the same cause). */
 static dt_result dt__ckpt_agree(const dt__ckpt *k, dt_result r) {
@@ -685,6 +714,9 @@ static dt_result dt__ckpt_save(dt__ckpt *k, const dt_checkpoint_meta *meta) {
     if ((r = dt__ckpt_agree(k, r)) == DT_OK) {
         memset(sec, 0, (size_t)most);
         dt__ckpt_write_section(k, meta, sec);
+        r = dt__ckpt_agree(k, dt__ckpt_check_values(k, sec, k->m->nparams + k->m->nbuffers + dt__ckpt_state(k), "save"));
+    }
+    if (r == DT_OK) {
         if (k->c && k->world > 1) r = dt_comm_gather(k->c, sec, slots, (size_t)most, DT_U8, 0);
         else memcpy(slots, sec, (size_t)most);
     }
@@ -785,7 +817,7 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: the optimizer state in %s (kind %llu, %llu values) does not fit this "
                             "optimizer (kind %d, %lld values)", k->fn, k->rank, k->path, (unsigned long long)w[6],
                             (unsigned long long)w[4], (int)k->o->d.kind, (long long)dt__ckpt_state(k));
-    return DT_OK;
+    return dt__ckpt_check_values(k, sec, (int64_t)(w[2] + w[3] + w[4]), "load");
 }
 
 /* Each rank, after every rank's checks passed: its section into its model, optimizer, meta and word. */
