@@ -514,7 +514,8 @@ static inline dt_result ex_ckpt_save(const ex_ckpt *k, dt_comm *c, ex_trainer ki
     if (c) r = dt_comm_allreduce(c, &bad, 1, DT_F64, DT_MAX, DT_ALGO_AUTO);   /* every rank saves, or none */
     if (r == DT_OK && bad)
         r = dt_set_error(DT_ERR_STATE, "the model holds NaN or infinite values after step %lld (the run diverged): not saved, "
-                         "so %s keeps the last good state; resume from it with a lower --lr", (long long)meta->step, k->path);
+                         "so %s keeps the last good state, if any; resume from it with a lower --lr (or other fix)",
+                         (long long)meta->step, k->path);
     if (r == DT_OK) switch (kind) {
     case EX_SINGLE:   r = dt_checkpoint_save(k->path, m, o, meta); break;
     case EX_DDP:      r = dt_ddp_save((dt_ddp *)t, k->path, o, meta); break;
