@@ -20,8 +20,9 @@
 #       checkpoints (test_resume) under ThreadSanitizer
 # Sections 3, 4 and 4b set DT_TEST_QUICK=1: test_comm leaves out its million-element cases there, test_ddp
 # most all-reduce algorithms.
-#   5. the examples: bad flags are refused (the optimizer and schedule flags they share, in each); a resumed
-#      training run ends as an uninterrupted one; --trace writes a timeline; ddp refuses a batch that does not
+#   5. the examples: bad flags are refused (the optimizer and schedule flags they share, in each, and the
+#      checkpoint flags); each training example killed with SIGKILL and resumed ends as an uninterrupted run
+#      (CSV rows and the last checkpoint's bytes), and refuses damaged, foreign or mismatched checkpoints; --trace writes a timeline; ddp refuses a batch that does not
 #      split over the ranks, runs VGG-11 on Fashion-MNIST padded to 32x32, and --wd and --milestones change its
 #      run; every header line states the whole recipe
 #   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
@@ -36,7 +37,8 @@
 #      killed with SIGKILL at a random step and resumed, end with the bytes of an uninterrupted run; a checkpoint
 #      of another world size, a damaged one and another trainer's are refused, naming the cause;
 #      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
-#      they log on as many local ranks (with the Fashion-MNIST dataset)
+#      they log on as many local ranks (with the Fashion-MNIST dataset); examples/ddp under mpiexec -n 3 with
+#      --checkpoint, a rank killed with SIGKILL and the job resumed, ends as a job never stopped
 #   8. tests/install.sh: make install PREFIX, pkg-config, CMake find_package and add_subdirectory, cmake --install,
 #      make uninstall
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
@@ -435,6 +437,21 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         check "fedavg: mpiexec -n 3 logs the rounds, losses and accuracy of 3 local ranks" \
             mpi_example fedavg 1,3-10 3 --clients 7 --rounds 2 --frac 0.9 --dropout-prob 0.3 --agg median --attack signflip \
             --attackers 1 --model fedavg_2nn --limit 700
+        # ddp under mpiexec -n 3 with --checkpoint-every, one rank killed with SIGKILL a random time after the first
+        # checkpoint (the job ends with it), then resumed: the CSV rows and checkpoint bytes of a job never stopped
+        mpi_kill_resume() {
+            set -- --batch 48 --epochs 2 --limit 512 --checkpoint-every 3 --algo ring
+            timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.a.csv" --checkpoint "$MT/k.a.ckpt" >/dev/null || return 1
+            timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" >/dev/null 2>&1 & pid=$!
+            while [ ! -e "$MT/k.b.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
+            delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.5 }'); sleep "$delay"
+            rank=$(pgrep -f "^$B/mpi/ddp " | head -n 1); [ -n "$rank" ] && kill -9 "$rank"; wait $pid
+            timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" --resume > "$MT/k.out" || return 1
+            echo "a rank killed $delay s after the first checkpoint; $(head -n 1 "$MT/k.out")"
+            cut -d, -f1,3-6,9 "$MT/k.a.csv" > "$MT/k.a.cut"; cut -d, -f1,3-6,9 "$MT/k.b.csv" > "$MT/k.b.cut"
+            [ "$(wc -l < "$MT/k.a.cut")" -eq 3 ] && cmp "$MT/k.a.cut" "$MT/k.b.cut" && cmp "$MT/k.a.ckpt" "$MT/k.b.ckpt"
+        }
+        check "ddp under mpiexec -n 3: a rank killed, the job resumed, ends as the unstopped job" mpi_kill_resume
         rm -rf "$MT"
     else
         echo "skipped the examples under mpiexec: dataset-fashion-mnist is not installed"
