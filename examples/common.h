@@ -1,8 +1,9 @@
 /* common.h - what the examples share: their main() (ex_main: the launcher's flags, the example's own, the
    data, dt_launch), their data flags (--pad-to too), their optimizer and schedule flags (ex_recipe: the
-   recipe, checked and printed whole), the datasets with their usual transforms, the end of an epoch (the
-   loss and traffic over the ranks, the test set on rank 0) and rank 0's report of it (ex_report: the log line
-   and the CSV row). What an example teaches stays in the example: its rank_main. Define EX_PROG (the
+   recipe, checked and printed whole), their checkpoint flags (ex_ckpt: --checkpoint, --checkpoint-every,
+   --resume; the saves and loads through each trainer), the datasets with their usual transforms, the end of
+   an epoch (the loss and traffic over the ranks, the test set on rank 0) and rank 0's report of it
+   (ex_report: the log line and the CSV row). What an example teaches stays in the example: its rank_main. Define EX_PROG (the
    program's name, for messages) before including it, after dtrain.h. The functions are static inline, so an
    example that uses only some of them compiles without warnings. */
 #ifndef EX_COMMON_H
