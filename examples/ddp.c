@@ -105,7 +105,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_optim_desc od;
     dt_sched_desc sd;
     dt_loader_desc ld;
-    dt_checkpoint_meta meta;   /* epoch, batch and step reached; values: the epoch's loss sum, samples and MB so far */
+    dt_checkpoint_meta meta;   /* epoch, batch, step reached; values: the epoch's loss sum, samples, MB, -, seconds */
     uint64_t ck_sent = 0;      /* bytes the checkpoints sent, left out of the reported traffic */
     FILE *csv = NULL;
     char recipe[256];
@@ -159,7 +159,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         const float *x;
         const int32_t *y;
         int64_t n, k = meta.batch;
-        double t0 = dt_time_now(), *sums = meta.values, secs, mb;   /* sums: loss x samples, samples */
+        double t0 = dt_time_now() - meta.values[4], *sums = meta.values, secs, mb;   /* sums: loss x samples, samples */
         float loss = 0.0f;
         dt_ddp_stats st0 = dt_ddp_get_stats(d);
         uint64_t sent0 = dt_comm_get_stats(c).bytes_sent - ck_sent - (uint64_t)meta.values[2];   /* the epoch's start */
@@ -188,6 +188,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             dt_progress_update(&bar, k, "loss %.4f", (double)loss);
             if (sync && ex_ckpt_due(&a->ckpt, ++meta.step, 0, 0)) {   /* only after a step: a checkpoint holds no gradient */
                 meta.values[2] = (double)(dt_comm_get_stats(c).bytes_sent - ck_sent - sent0);
+                meta.values[4] = dt_time_now() - t0;   /* the epoch's seconds so far, for its time */
                 TRY(ex_ckpt_save(&a->ckpt, c, EX_DDP, d, m, o, &meta, &ck_sent));
             }
         }

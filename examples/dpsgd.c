@@ -119,7 +119,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_sched_desc sd;
     dt_loader_desc ld;
     dt_eval_result ev;
-    dt_checkpoint_meta meta;   /* epoch, batch and step reached; values: the epoch's loss sum, samples and MB so far */
+    dt_checkpoint_meta meta;   /* epoch, batch, step reached; values: the epoch's loss sum, samples, MB, -, seconds */
     FILE *csv = NULL;
     char recipe[256];
     dt_result r = DT_OK;
@@ -157,7 +157,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         const float *x;
         const int32_t *y;
         int64_t n;
-        double t0 = dt_time_now(), *sums = meta.values, secs, mb, dist;   /* sums: loss x samples, samples */
+        double t0 = dt_time_now() - meta.values[4], *sums = meta.values, secs, mb, dist;   /* sums: loss x samples, samples */
         float loss = 0.0f, lr = dt_sched_lr(&sd, epoch);
         uint64_t sent0 = dt_dpsgd_get_stats(d).bytes_sent - (uint64_t)meta.values[2];   /* gossip only: no checkpoint's */
         dt_result e;
@@ -181,6 +181,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             dt_progress_update(&bar, ++meta.batch, "loss %.4f", (double)loss);
             if (ex_ckpt_due(&a->ckpt, ++meta.step, 0, 0)) {
                 meta.values[2] = (double)(dt_dpsgd_get_stats(d).bytes_sent - sent0);
+                meta.values[4] = dt_time_now() - t0;   /* the epoch's seconds so far, for its time */
                 TRY(ex_ckpt_save(&a->ckpt, c, EX_DPSGD, d, m, o, &meta, NULL));
             }
         }

@@ -93,7 +93,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_sched_desc lr_sched;
     dt_loader_desc ld;
     dt_localsgd_desc sd;
-    dt_checkpoint_meta meta;   /* epoch, batch and step reached; values: the epoch's loss sum, samples, MB, averages */
+    dt_checkpoint_meta meta;   /* epoch, batch, step reached; values: the epoch's loss sum, samples, MB, averages, seconds */
     uint64_t ck_sent = 0;      /* bytes the checkpoints sent, left out of the reported traffic */
     FILE *csv = NULL;
     char recipe[256];
@@ -132,7 +132,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         const float *x;
         const int32_t *y;
         int64_t n;
-        double t0 = dt_time_now(), *sums = meta.values, secs, mb;   /* sums: loss x samples, samples */
+        double t0 = dt_time_now() - meta.values[4], *sums = meta.values, secs, mb;   /* sums: loss x samples, samples */
         float loss = 0.0f;
         dt_localsgd_stats st0 = dt_localsgd_get_stats(d), st;
         uint64_t sent0 = dt_comm_get_stats(c).bytes_sent - ck_sent - (uint64_t)meta.values[2];   /* the epoch's start */
@@ -159,6 +159,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             if (ex_ckpt_due(&a->ckpt, ++meta.step, 0, 0)) {
                 meta.values[2] = (double)(dt_comm_get_stats(c).bytes_sent - ck_sent - sent0);
                 meta.values[3] = (double)(dt_localsgd_get_stats(d).averages - avg0);
+                meta.values[4] = dt_time_now() - t0;   /* the epoch's seconds so far, for its time */
                 TRY(ex_ckpt_save(&a->ckpt, c, EX_LOCALSGD, d, m, o, &meta, &ck_sent));
             }
         }

@@ -117,7 +117,7 @@ int main(int argc, char **argv) {
     ex_recipe_optim(&a.recipe, &od);
     TRY(dt_optim_create(&o, m, &od));
     ex_recipe_sched(&a.recipe, a.epochs, &sd);
-    memset(&meta, 0, sizeof meta);   /* the epoch and batch reached, the steps, the epoch's loss sum and samples */
+    memset(&meta, 0, sizeof meta);   /* epoch, batch, step reached; values: the epoch's loss sum, samples, -, -, seconds */
     if (a.ckpt.resume) {
         TRY(ex_ckpt_load(&a.ckpt, NULL, EX_SINGLE, NULL, m, o, &meta, NULL));
         ex_ckpt_resumed(&a.ckpt, &meta, "epoch");
@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
         const float *x;
         const int32_t *y;
         int64_t n;
-        double t0 = dt_time_now(), secs, v[EX_COUNT(COLS)];
+        double t0 = dt_time_now() - meta.values[4], secs, v[EX_COUNT(COLS)];
         float lr = dt_sched_lr(&sd, epoch), loss = 0.0f;
         dt_eval_result ev;
         dt_progress bar;
@@ -158,7 +158,10 @@ int main(int argc, char **argv) {
             meta.values[1] += (double)n;
             meta.batch++;
             dt_progress_update(&bar, meta.batch, "loss %.4f", (double)loss);
-            if (ex_ckpt_due(&a.ckpt, ++meta.step, 0, 0)) TRY(ex_ckpt_save(&a.ckpt, NULL, EX_SINGLE, NULL, m, o, &meta, NULL));
+            if (ex_ckpt_due(&a.ckpt, ++meta.step, 0, 0)) {
+                meta.values[4] = dt_time_now() - t0;   /* the epoch's seconds so far, for its time and img/s */
+                TRY(ex_ckpt_save(&a.ckpt, NULL, EX_SINGLE, NULL, m, o, &meta, NULL));
+            }
         }
         TRY(got);
         dt_progress_end(&bar);
