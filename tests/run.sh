@@ -237,15 +237,16 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         [ \$(wc -l < '$T/a.csv') -eq 3 ]
         cut -d, -f1,3-7 '$T/a.csv' > '$T/a.cut'; cut -d, -f1,3-7 '$T/b.csv' > '$T/b.cut'
         cmp '$T/a.cut' '$T/b.cut'"
-    # --checkpoint, killed with SIGKILL a random time (up to 0.5 s) after its first checkpoint, and --resume: the
+    # --checkpoint, killed with SIGKILL a random time (up to 0.3 s) after its first checkpoint, and --resume: the
     # CSV rows (COLUMNS: the time columns left out) and the last checkpoint's bytes of a run never stopped
     kill_resume() {   # kill_resume NAME COLUMNS ARGS...
         name=$1; cols=$2; shift 2
         "$B/examples/$name" "$@" --csv "$T/$name.a.csv" --checkpoint "$T/$name.a.ckpt" >/dev/null || return 1
         "$B/examples/$name" "$@" --csv "$T/$name.b.csv" --checkpoint "$T/$name.b.ckpt" >/dev/null & pid=$!
         while [ ! -e "$T/$name.b.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
-        delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.5 }'); sleep "$delay"
-        kill -9 $pid 2>/dev/null; wait $pid
+        delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.3 }'); sleep "$delay"
+        kill -9 $pid 2>/dev/null; wait $pid; st=$?
+        [ $st -eq 137 ] || { echo "the run ended with status $st before the kill"; return 1; }
         "$B/examples/$name" "$@" --csv "$T/$name.b.csv" --checkpoint "$T/$name.b.ckpt" --resume > "$T/$name.b.out" || return 1
         echo "killed $delay s after the first checkpoint; $(head -n 1 "$T/$name.b.out")"
         cut -d, -f"$cols" "$T/$name.a.csv" > "$T/$name.a.cut"; cut -d, -f"$cols" "$T/$name.b.csv" > "$T/$name.b.cut"
@@ -260,7 +261,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     check "dpsgd: killed and resumed on 3 ranks, ends as the unstopped run" \
         kill_resume dpsgd 1,3-8 --ranks 3 --epochs 2 --limit 256 --model simplecnn --batch 16 --checkpoint-every 2
     check "fedavg: killed between rounds and resumed, ends as the unstopped run" \
-        kill_resume fedavg 1,3-12 --ranks 3 --clients 7 --rounds 4 --frac 0.9 --dropout-prob 0.3 --agg median \
+        kill_resume fedavg 1,3-12 --ranks 3 --clients 7 --rounds 10 --frac 0.9 --dropout-prob 0.3 --agg median \
         --attack signflip --attackers 1 --limit 700 --batch 20
     # the library's refusals of a checkpoint that cannot resume the run, named in the example's message
     check "ddp --resume of a missing checkpoint: exit 1 naming it" sh -c "
@@ -444,8 +445,9 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
             timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.a.csv" --checkpoint "$MT/k.a.ckpt" >/dev/null || return 1
             timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" >/dev/null 2>&1 & pid=$!
             while [ ! -e "$MT/k.b.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
-            delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.5 }'); sleep "$delay"
+            delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.3 }'); sleep "$delay"
             rank=$(pgrep -f "^$B/mpi/ddp " | head -n 1); [ -n "$rank" ] && kill -9 "$rank"; wait $pid
+            [ $? -ne 0 ] || { echo "the job ended before a rank was killed"; return 1; }
             timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" --resume > "$MT/k.out" || return 1
             echo "a rank killed $delay s after the first checkpoint; $(head -n 1 "$MT/k.out")"
             cut -d, -f1,3-6,9 "$MT/k.a.csv" > "$MT/k.a.cut"; cut -d, -f1,3-6,9 "$MT/k.b.csv" > "$MT/k.b.cut"
