@@ -1,12 +1,14 @@
 /* common.h - what the examples share: their main() (ex_main: the launcher's flags, the example's own, the
    data, dt_launch), their data flags (--pad-to too), their optimizer and schedule flags (ex_recipe: the
-   recipe, checked and printed whole), the datasets with their usual transforms, the end of an epoch (the
-   loss and traffic over the ranks, the test set on rank 0) and rank 0's report of it (ex_report: the log line
-   and the CSV row). What an example teaches stays in the example: its rank_main. Define EX_PROG (the
+   recipe, checked and printed whole), their checkpoint flags (ex_ckpt: --checkpoint, --checkpoint-every,
+   --resume; the saves and loads through each trainer), the datasets with their usual transforms, the end of
+   an epoch (the loss and traffic over the ranks, the test set on rank 0) and rank 0's report of it
+   (ex_report: the log line and the CSV row). What an example teaches stays in the example: its rank_main. Define EX_PROG (the
    program's name, for messages) before including it, after dtrain.h. The functions are static inline, so an
    example that uses only some of them compiles without warnings. */
 #ifndef EX_COMMON_H
 #define EX_COMMON_H
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -341,13 +343,13 @@ typedef struct ex_col { const char *name, *csv, *log; double scale; } ex_col;
 #define EX_COL_BUSIEST_MB {"busiest_rank_mb", "%.3f", "%.1f MB sent by the busiest rank", 1}
 
 /* Opens path for rank 0's report and writes the CSV header, "epoch" and the n columns' names; append (a
-   resumed run) adds to the file, without a header. Without a path *csv is NULL. */
+   resumed run) adds to the file, with the header only if the file is empty. Without a path *csv is NULL. */
 static inline dt_result ex_report_open(FILE **csv, const char *path, const ex_col *cols, int n, int append) {
     int i;
     *csv = NULL;
     if (!path) return DT_OK;
     if (!(*csv = fopen(path, append ? "a" : "w"))) return dt_set_error(DT_ERR_IO, "cannot write %s", path);
-    if (append) return DT_OK;
+    if (append && fseek(*csv, 0, SEEK_END) == 0 && ftell(*csv) > 0) return DT_OK;
     fputs("epoch", *csv);
     for (i = 0; i < n; i++) fprintf(*csv, ",%s", cols[i].name);
     fputc('\n', *csv);
@@ -376,11 +378,13 @@ static inline void ex_report(FILE *csv, int64_t epoch, long epochs, const ex_col
     fflush(csv);
 }
 
-/* Opens path for the CSV rows and writes their header (with its newline); without a path *csv is NULL. */
-static inline dt_result ex_csv_open(FILE **csv, const char *path, const char *header) {
+/* Opens path for the CSV rows and writes their header (with its newline); append (a resumed run) adds to the
+   file, with the header only if the file is empty. Without a path *csv is NULL. */
+static inline dt_result ex_csv_open(FILE **csv, const char *path, const char *header, int append) {
     *csv = NULL;
     if (!path) return DT_OK;
-    if (!(*csv = fopen(path, "w"))) return dt_set_error(DT_ERR_IO, "cannot write %s", path);
+    if (!(*csv = fopen(path, append ? "a" : "w"))) return dt_set_error(DT_ERR_IO, "cannot write %s", path);
+    if (append && fseek(*csv, 0, SEEK_END) == 0 && ftell(*csv) > 0) return DT_OK;
     fputs(header, *csv);
     return DT_OK;
 }
@@ -399,6 +403,180 @@ static inline void ex_csv_row(FILE *csv, const char *fmt, ...) {
     vfprintf(csv, fmt, ap);
     va_end(ap);
     fflush(csv);
+}
+
+/* Checkpoints, the flags every training example shares: --checkpoint PATH saves the run's whole state to PATH
+   every --checkpoint-every N steps (rounds in fedavg; default: at the end of every epoch, or round) and at the
+   end; --resume continues from PATH and ends with the parameters, bit for bit, of a run that was never stopped,
+   appending to its CSV. A fresh run refuses a PATH that exists (it would write over a previous run's state). */
+typedef struct ex_ckpt {
+    const char *path;   /* --checkpoint PATH; NULL: no checkpoints */
+    long every;         /* --checkpoint-every N; 0: at the end of every epoch (round) */
+    int resume;         /* --resume */
+} ex_ckpt;
+
+/* Prints the checkpoint flags for a usage text, after `indent` spaces. */
+static inline void ex_ckpt_usage(FILE *f, int indent) {
+    fprintf(f, "%*s[--checkpoint PATH] [--checkpoint-every N] [--resume]\n", indent, "");
+}
+
+/* One of the checkpoint flags: returns the words of argv it takes (1 for --resume, 2 with a value), 0 when f is
+   not one of them. *bad is nonzero when its value v is wrong (it says why). */
+static inline int ex_ckpt_flag(const char *f, const char *v, ex_ckpt *k, int *bad) {
+    if (!strcmp(f, "--resume")) {
+        if (v && strncmp(v, "--", 2)) {   /* the spelling "--resume PATH" */
+            fprintf(stderr, "%s: --resume takes no value: it continues from the --checkpoint file (--checkpoint %s --resume)\n",
+                    EX_PROG, v);
+            *bad = 1;
+        }
+        k->resume = 1;
+        return 1;
+    }
+    if (strcmp(f, "--checkpoint") && strcmp(f, "--checkpoint-every")) return 0;
+    if (!v) { fprintf(stderr, "%s: %s needs a value\n", EX_PROG, f); *bad = 1; return 2; }
+    if (!strcmp(f, "--checkpoint")) k->path = v;
+    else *bad = parse_long(f, v, 1, &k->every);
+    return 2;
+}
+
+/* The checks of the checkpoint flags as a whole, before any data is loaded: the flags agree, a fresh run does
+   not write over an existing checkpoint, and PATH.tmp (what every save writes first) can be created, so that an
+   unwritable directory is found now and not after the first epoch. Returns 0, or -1 after saying why. */
+static inline int ex_ckpt_check(const ex_ckpt *k) {
+    char tmp[4096];
+    FILE *f;
+    int had;
+    if (!k->path) {
+        if (k->every || k->resume) {
+            fprintf(stderr, "%s: %s needs --checkpoint PATH (%s)\n", EX_PROG, k->every ? "--checkpoint-every" : "--resume",
+                    k->every ? "the file to save to" : "the file to continue from");
+            return -1;
+        }
+        return 0;
+    }
+    if (!k->resume && (f = fopen(k->path, "rb")) != NULL) {
+        fclose(f);
+        fprintf(stderr, "%s: --checkpoint %s exists: a fresh run would write over it; continue that run with --resume, "
+                        "or remove the file\n", EX_PROG, k->path);
+        return -1;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp", k->path);
+    if ((f = fopen(tmp, "rb")) != NULL) fclose(f);   /* a crashed save's leftover: the next save replaces it */
+    had = f != NULL;
+    if (!(f = fopen(tmp, "ab"))) {
+        fprintf(stderr, "%s: --checkpoint %s: cannot create %s (%s): give a path in an existing, writable directory\n", EX_PROG,
+                k->path, tmp, strerror(errno));
+        return -1;
+    }
+    fclose(f);
+    if (!had) remove(tmp);
+    return 0;
+}
+
+/* Whether a checkpoint is due: after step `step` (1-based) inside an epoch (end 0), or at the end of an epoch
+   or round (end 1; last: the run's last), where it is due without --checkpoint-every, and at the end of the run. */
+static inline int ex_ckpt_due(const ex_ckpt *k, int64_t step, int end, int last) {
+    if (!k->path) return 0;
+    if (end) return !k->every || last;
+    return k->every && step % k->every == 0;
+}
+
+/* The meta of a run at the start of epoch (round) `epoch`: the running sums of the epoch before are cleared. */
+static inline void ex_ckpt_next_epoch(dt_checkpoint_meta *meta, int64_t epoch) {
+    meta->epoch = epoch;
+    meta->batch = 0;
+    memset(meta->values, 0, sizeof meta->values);
+}
+
+/* Says on stdout where a resumed run continues (unit: "epoch" or "round"). */
+static inline void ex_ckpt_resumed(const ex_ckpt *k, const dt_checkpoint_meta *meta, const char *unit) {
+    if (meta->batch) printf("resumed from %s in %s %lld after its batch %lld (step %lld)\n", k->path, unit, (long long)meta->epoch + 1,
+                            (long long)meta->batch, (long long)meta->step);
+    else printf("resumed from %s after %s %lld (step %lld)\n", k->path, unit, (long long)meta->epoch, (long long)meta->step);
+    fflush(stdout);
+}
+
+/* Which trainer's save and load a checkpoint goes through (t is its object; NULL for EX_SINGLE). */
+typedef enum ex_trainer { EX_SINGLE, EX_DDP, EX_LOCALSGD, EX_DPSGD, EX_FED } ex_trainer;
+
+/* Saves the run's state to k->path through trainer t (collective on c, which is NULL in one process), after
+   checking on every rank that m's parameters and buffers are finite: the library saves NaN as it saves any
+   number, and a run that diverged must not write over the last good checkpoint. *sent (may be NULL) grows by
+   the bytes this rank sent for it, which the examples leave out of the traffic they report. */
+static inline dt_result ex_ckpt_save(const ex_ckpt *k, dt_comm *c, ex_trainer kind, void *t, dt_model *m, dt_optim *o,
+                                     const dt_checkpoint_meta *meta, uint64_t *sent) {
+    int64_t np = 0, nb = 0, i;
+    const float *p = dt_model_params(m, &np), *b = dt_model_buffers(m, &nb);
+    uint64_t s0 = c ? dt_comm_get_stats(c).bytes_sent : 0;
+    double bad = 0.0;
+    dt_result r = DT_OK;
+    for (i = 0; i < np && !bad; i++) bad = !isfinite(p[i]);
+    for (i = 0; i < nb && !bad; i++) bad = !isfinite(b[i]);
+    if (c) r = dt_comm_allreduce(c, &bad, 1, DT_F64, DT_MAX, DT_ALGO_AUTO);   /* every rank saves, or none */
+    if (r == DT_OK && bad)
+        r = dt_set_error(DT_ERR_STATE, "the model holds NaN or infinite values after step %lld (the run diverged): not saved, "
+                         "so %s keeps the last good state, if any; resume from it with a lower --lr (or other fix)",
+                         (long long)meta->step, k->path);
+    if (r == DT_OK) switch (kind) {
+    case EX_SINGLE:   r = dt_checkpoint_save(k->path, m, o, meta); break;
+    case EX_DDP:      r = dt_ddp_save((dt_ddp *)t, k->path, o, meta); break;
+    case EX_LOCALSGD: r = dt_localsgd_save((dt_localsgd *)t, k->path, o, meta); break;
+    case EX_DPSGD:    r = dt_dpsgd_save((dt_dpsgd *)t, k->path, o, meta); break;
+    default:          r = dt_fed_save((dt_fed *)t, k->path, meta); break;
+    }
+    if (c && sent) *sent += dt_comm_get_stats(c).bytes_sent - s0;
+    return r;
+}
+
+/* Loads k->path into the run through trainer t (collective on c; NULL in one process): a missing, damaged or
+   mismatched file is refused with the library's message. *sent grows as ex_ckpt_save's does. */
+static inline dt_result ex_ckpt_load(const ex_ckpt *k, dt_comm *c, ex_trainer kind, void *t, dt_model *m, dt_optim *o,
+                                     dt_checkpoint_meta *meta, uint64_t *sent) {
+    uint64_t s0 = c ? dt_comm_get_stats(c).bytes_sent : 0;
+    dt_result r;
+    switch (kind) {
+    case EX_SINGLE:   r = dt_checkpoint_load(k->path, m, o, meta); break;
+    case EX_DDP:      r = dt_ddp_load((dt_ddp *)t, k->path, o, meta); break;
+    case EX_LOCALSGD: r = dt_localsgd_load((dt_localsgd *)t, k->path, o, meta); break;
+    case EX_DPSGD:    r = dt_dpsgd_load((dt_dpsgd *)t, k->path, o, meta); break;
+    default:          r = dt_fed_load((dt_fed *)t, k->path, meta); break;
+    }
+    if (c && sent) *sent += dt_comm_get_stats(c).bytes_sent - s0;
+    return r;
+}
+
+/* A resumed run's CSV: keeps the header and the rows of the first `done` epochs (rounds), the ones the checkpoint
+   covers, and drops any row written after it, so that the rows the run appends are not there twice. A missing
+   file is left missing (ex_report_open then writes the header). */
+static inline dt_result ex_csv_keep(const char *path, int64_t done) {
+    FILE *f;
+    char *buf, *line, *next;
+    long size;
+    size_t kept = 0, got;
+    if (!path || !(f = fopen(path, "rb"))) return DT_OK;
+    fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    rewind(f);
+    if (size < 0 || !(buf = (char *)malloc((size_t)size + 1))) { fclose(f); return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to read %s", path); }
+    got = fread(buf, 1, (size_t)size, f);
+    fclose(f);
+    buf[got] = '\0';
+    for (line = buf; *line; line = next) {   /* the header, then rows whose first field is an epoch <= done */
+        next = strchr(line, '\n');
+        next = next ? next + 1 : line + strlen(line);
+        if (line == buf || strtoll(line, NULL, 10) <= done) {
+            memmove(buf + kept, line, (size_t)(next - line));
+            kept += (size_t)(next - line);
+        }
+    }
+    if (!(f = fopen(path, "wb")) || fwrite(buf, 1, kept, f) != kept) {
+        if (f) fclose(f);
+        free(buf);
+        return dt_set_error(DT_ERR_IO, "cannot rewrite %s", path);
+    }
+    fclose(f);
+    free(buf);
+    return DT_OK;
 }
 
 /* What ex_main needs of an example: its usage text, its own flags, an optional step after the data is loaded,

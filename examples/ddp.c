@@ -6,7 +6,8 @@
               [--epochs 1] [--batch 128] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
               [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--limit N] [--accum 1]
               [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb 256]
-              [--no-overlap] [--csv PATH]   (and the launcher's flags: --timeout, --link-latency, ...)
+              [--no-overlap] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
+              (and the launcher's flags: --timeout, --link-latency, ...)
    e.g.   ./build/examples/ddp --ranks 4 --epochs 3
           ./build/examples/ddp --ranks 4 --sync ps --limit 6000              (the parameter server)
           ./build/examples/ddp --ranks 4 --model vgg11 --pad-to 32 --lr 0.05 --momentum 0.9 --wd 5e-4 \
@@ -18,7 +19,11 @@
    sampler gives every rank a disjoint share of a seeded permutation each epoch), so it must divide by p.
    With --accum k each rank splits its share into k micro-batches and communicates once per step. The
    optimizer and schedule flags are every example's (examples/common.h); the schedule steps once per epoch.
-   Rank 0 logs each epoch (the test set is evaluated there) and writes the CSV. */
+   Rank 0 logs each epoch (the test set is evaluated there) and writes the CSV. --checkpoint PATH saves every
+   rank's state in one file (dt_ddp_save) at the end of every epoch, or every N optimizer steps with
+   --checkpoint-every N, and at the end; --resume continues from it, also in the middle of an epoch, and ends
+   with the parameters and CSV rows (appended) of a run that was never stopped. A fresh run refuses a PATH
+   that exists; a model with NaN is never saved over the last good checkpoint. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +40,7 @@ typedef struct args {
     ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     dt_ddp_desc ddp;
     ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
+    ex_ckpt ckpt;   /* --checkpoint, --checkpoint-every, --resume */
 } args;
 
 static void usage(FILE *f) {
@@ -43,6 +49,7 @@ static void usage(FILE *f) {
     ex_recipe_usage(f, 11, 0);
     fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb N]\n"
                "           [--no-overlap] [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
+    ex_ckpt_usage(f, 11);
 }
 
 static int parse_args(int argc, char **argv, void *arg) {
@@ -56,6 +63,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--no-overlap")) { a->ddp.no_overlap = 1; continue; }
         if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
+        if ((k = ex_ckpt_flag(f, v, &a->ckpt, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "ddp: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
@@ -72,7 +80,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "ddp: unknown model '%s'\n", a->model); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "ddp: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
-    if (ex_recipe_check(&a->recipe, a->epochs, "epochs")) return -1;
+    if (ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt)) return -1;
     a->ddp.bucket_bytes = (int64_t)a->bucket_kb * 1024;
     return 0;
 }
@@ -97,6 +105,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_optim_desc od;
     dt_sched_desc sd;
     dt_loader_desc ld;
+    dt_checkpoint_meta meta;   /* epoch, batch, step reached; values: the epoch's loss sum, samples, MB, -, seconds */
+    uint64_t ck_sent = 0;      /* bytes the checkpoints sent, left out of the reported traffic */
     FILE *csv = NULL;
     char recipe[256];
     dt_result r = DT_OK;
@@ -120,8 +130,12 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     ld.dataset = &a->data.train; ld.indices = ids; ld.count = nshare; ld.batch = micro;
     ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
+    memset(&meta, 0, sizeof meta);
+    if (a->ckpt.resume) TRY(ex_ckpt_load(&a->ckpt, c, EX_DDP, d, m, o, &meta, &ck_sent));
     if (me == 0) {
-        TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), 0));
+        if (a->ckpt.resume) ex_ckpt_resumed(&a->ckpt, &meta, "epoch");
+        if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
+        TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld = %d ranks x %lld%s\n"
                "%s backend, sync %s", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
                (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, p, (long long)per_rank,
@@ -141,14 +155,14 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         fflush(stdout);
     }
 
-    for (epoch = 0; epoch < a->epochs && r == DT_OK; epoch++) {
+    for (epoch = meta.epoch; epoch < a->epochs && r == DT_OK; epoch++) {
         const float *x;
         const int32_t *y;
-        int64_t n, b = 0, k = 0;
-        double t0 = dt_time_now(), sums[2] = {0.0, 0.0}, secs, mb;
+        int64_t n, k = meta.batch;
+        double t0 = dt_time_now() - meta.values[4], *sums = meta.values, secs, mb;   /* sums: loss x samples, samples */
         float loss = 0.0f;
         dt_ddp_stats st0 = dt_ddp_get_stats(d);
-        dt_comm_stats cs0 = dt_comm_get_stats(c);
+        uint64_t sent0 = dt_comm_get_stats(c).bytes_sent - ck_sent - (uint64_t)meta.values[2];   /* the epoch's start */
         dt_eval_result ev;
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
@@ -156,34 +170,42 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_model_train(m, 1);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
         TRY(dt_loader_set_indices(loader, ids, nshare));
-        TRY(dt_loader_start_epoch(loader, epoch));
+        TRY(dt_loader_seek(loader, epoch, meta.batch));   /* batch 0, or where a resumed epoch stopped */
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
         while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
-            int last = ++k == dt_loader_batches(loader);
+            int last = ++k == dt_loader_batches(loader), sync = k % a->accum == 0 || last;
             TRY(dt_model_forward(m, x, n));
             TRY(dt_model_loss_labels(m, y, &loss));
             /* the gradients of all ranks are averaged every accum micro-batches (and at the end) */
-            TRY(dt_ddp_backward(d, NULL, n, k % a->accum == 0 || last));
-            if (k % a->accum == 0 || last) {
+            TRY(dt_ddp_backward(d, NULL, n, sync));
+            if (sync) {
                 TRY(dt_optim_step(o));
                 dt_model_zero_grad(m);
             }
             sums[0] += (double)loss * (double)n;
             sums[1] += (double)n;
-            dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
+            meta.batch = k;
+            dt_progress_update(&bar, k, "loss %.4f", (double)loss);
+            if (sync && ex_ckpt_due(&a->ckpt, ++meta.step, 0, 0)) {   /* only after a step: a checkpoint holds no gradient */
+                meta.values[2] = (double)(dt_comm_get_stats(c).bytes_sent - ck_sent - sent0);
+                meta.values[4] = dt_time_now() - t0;   /* the epoch's seconds so far, for its time */
+                TRY(ex_ckpt_save(&a->ckpt, c, EX_DDP, d, m, o, &meta, &ck_sent));
+            }
         }
         TRY(got);                          /* the error that stopped the loader, if one did */
         TRY(dt_ddp_join(d, o));            /* ranks with fewer batches shadow the others' last steps */
         TRY(dt_ddp_sync_buffers(d));       /* BatchNorm statistics, if the model has any */
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
-        mb = (double)(dt_comm_get_stats(c).bytes_sent - cs0.bytes_sent) / 1e6;
+        mb = (double)(dt_comm_get_stats(c).bytes_sent - ck_sent - sent0) / 1e6;
         TRY(ex_epoch_end(c, sums, &mb, m, &a->data, 5, &ev));   /* the mean loss over every sample, the test set on rank 0 */
         if (me == 0) {
             double comm = dt_ddp_get_stats(d).comm_seconds - st0.comm_seconds;
             double v[] = {secs, sums[0] / sums[1], ev.loss, ev.top1, ev.topk, sums[1] / secs, comm, mb};   /* COLS' order */
             ex_report(csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS));
         }
+        ex_ckpt_next_epoch(&meta, epoch + 1);
+        if (ex_ckpt_due(&a->ckpt, meta.step, 1, epoch + 1 == a->epochs)) TRY(ex_ckpt_save(&a->ckpt, c, EX_DDP, d, m, o, &meta, &ck_sent));
     }
 done:
     if (csv) fclose(csv);

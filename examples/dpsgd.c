@@ -6,7 +6,7 @@
    usage: dpsgd [--ranks 4] [--model resnet20] [--data DIR] [--topology ring|torus|exponential|full]
                 [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.1]
                 [--momentum 0.9] [--nesterov] [--wd 1e-4] [--milestones 50,75] [--cosine] [--min-lr 0] [--warmup 0]
-                [--seed 0] [--limit N] [--pad-to 32] [--csv PATH]
+                [--seed 0] [--limit N] [--pad-to 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
                 (and the launcher's flags: --timeout, --link-latency, --link-bandwidth, ...)
    e.g.   ./build/examples/dpsgd --ranks 4 --limit 2000                        (Fashion-MNIST padded to 32x32)
           ./build/examples/dpsgd --ranks 4 --data cifar-10-batches-bin --epochs 100 --milestones 50,75
@@ -18,7 +18,11 @@
    --batch is per rank; every rank takes a disjoint share of a seeded permutation each epoch. The optimizer
    and schedule flags are every example's (examples/common.h): the learning rate is multiplied by 0.1 at
    each epoch of --milestones. --limit N keeps the first N samples of the training and of the test set.
-   Rank 0 logs the epochs and writes the CSV. */
+   Rank 0 logs the epochs and writes the CSV. --checkpoint PATH saves every rank's replica (they differ) and
+   optimizer in one file (dt_dpsgd_save) at the end of every epoch, or every N steps with --checkpoint-every N,
+   and at the end (before the final average); --resume continues from it and ends with the parameters and
+   CSV rows (appended) of a run that was never stopped. A fresh run refuses a PATH that exists; a model with
+   NaN is never saved over the last good checkpoint. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +39,7 @@ typedef struct args {
     ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     dt_topology_desc topo;
     dt_dpsgd_desc dpsgd;
+    ex_ckpt ckpt;   /* --checkpoint, --checkpoint-every, --resume */
     ex_data data;   /* --data, --limit, --seed and the sets main loads (no --dataset: --data DIR is CIFAR-10) */
 } args;
 
@@ -44,6 +49,7 @@ static void usage(FILE *f) {
                "             [--seed N] [--limit N] [--pad-to S] [--csv PATH]\n");
     ex_recipe_usage(f, 13, 0);
     fprintf(f, "             [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
+    ex_ckpt_usage(f, 13);
 }
 
 static int parse_args(int argc, char **argv, void *arg) {
@@ -56,6 +62,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
+        if ((k = ex_ckpt_flag(f, v, &a->ckpt, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "dpsgd: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
@@ -79,7 +86,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "dpsgd: unknown model '%s'\n", a->model); return -1; }
     a->data.dataset = a->data.dir ? "cifar10" : "fashion-mnist";
-    return ex_recipe_check(&a->recipe, a->epochs, "epochs");
+    return ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) ? -1 : 0;
 }
 
 /* After loading: --limit applied to the test set too. */
@@ -112,6 +119,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_sched_desc sd;
     dt_loader_desc ld;
     dt_eval_result ev;
+    dt_checkpoint_meta meta;   /* epoch, batch, step reached; values: the epoch's loss sum, samples, MB, -, seconds */
     FILE *csv = NULL;
     char recipe[256];
     dt_result r = DT_OK;
@@ -130,8 +138,12 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     ld.dataset = &a->data.train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
     ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
+    memset(&meta, 0, sizeof meta);
+    if (a->ckpt.resume) TRY(ex_ckpt_load(&a->ckpt, c, EX_DPSGD, d, m, o, &meta, NULL));
     if (me == 0) {
-        TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), 0));
+        if (a->ckpt.resume) ex_ckpt_resumed(&a->ckpt, &meta, "epoch");
+        if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
+        TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, "
                "batch %ld per rank\nD-PSGD (%s) on %d ranks, %s topology (%s mixing, spectral gap %.4f), %s backend\n",
                a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count, (long long)dt_model_param_count(m),
@@ -141,13 +153,13 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         fflush(stdout);
     }
 
-    for (epoch = 0; epoch < a->epochs && r == DT_OK; epoch++) {
+    for (epoch = meta.epoch; epoch < a->epochs && r == DT_OK; epoch++) {
         const float *x;
         const int32_t *y;
-        int64_t n, b = 0;
-        double t0 = dt_time_now(), sums[2] = {0.0, 0.0}, secs, mb, dist;
+        int64_t n;
+        double t0 = dt_time_now() - meta.values[4], *sums = meta.values, secs, mb, dist;   /* sums: loss x samples, samples */
         float loss = 0.0f, lr = dt_sched_lr(&sd, epoch);
-        uint64_t sent0 = dt_dpsgd_get_stats(d).bytes_sent;
+        uint64_t sent0 = dt_dpsgd_get_stats(d).bytes_sent - (uint64_t)meta.values[2];   /* gossip only: no checkpoint's */
         dt_result e;
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
@@ -155,7 +167,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_model_train(m, 1);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
         TRY(dt_loader_set_indices(loader, ids, nshare));
-        TRY(dt_loader_start_epoch(loader, epoch));
+        TRY(dt_loader_seek(loader, epoch, meta.batch));   /* batch 0, or where a resumed epoch stopped */
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
         /* every rank has the same number of batches (the sampler pads), so the gossip steps pair up */
         while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
@@ -166,7 +178,12 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             dt_model_zero_grad(m);
             sums[0] += (double)loss * (double)n;
             sums[1] += (double)n;
-            dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
+            dt_progress_update(&bar, ++meta.batch, "loss %.4f", (double)loss);
+            if (ex_ckpt_due(&a->ckpt, ++meta.step, 0, 0)) {
+                meta.values[2] = (double)(dt_dpsgd_get_stats(d).bytes_sent - sent0);
+                meta.values[4] = dt_time_now() - t0;   /* the epoch's seconds so far, for its time */
+                TRY(ex_ckpt_save(&a->ckpt, c, EX_DPSGD, d, m, o, &meta, NULL));
+            }
         }
         TRY(got);                          /* the error that stopped the loader, if one did */
         dt_progress_end(&bar);
@@ -181,6 +198,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             double v[] = {secs, (double)lr, sums[0] / sums[1], ev.loss, ev.top1, dist, mb};   /* COLS' order */
             ex_report(csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS));
         }
+        ex_ckpt_next_epoch(&meta, epoch + 1);
+        if (ex_ckpt_due(&a->ckpt, meta.step, 1, epoch + 1 == a->epochs)) TRY(ex_ckpt_save(&a->ckpt, c, EX_DPSGD, d, m, o, &meta, NULL));
     }
     /* the end: every replica becomes the average, which is the trained model */
     TRY(dt_dpsgd_average(d, NULL));

@@ -9,6 +9,7 @@
                  [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim 0.1] [--krum-f 1]
                  [--attack none|labelflip|signflip|noise] [--attackers 0] [--flip 1:4] [--noise-std 1]
                  [--prox-mu 0] [--dropout-prob 0] [--class-acc C] [--per-class] [--seed 0] [--limit N] [--csv PATH]
+                 [--checkpoint PATH] [--checkpoint-every N] [--resume]
    e.g.   ./build/examples/fedavg --ranks 4 --clients 10 --rounds 10 --model fedavg_2nn
           ./build/examples/fedavg --clients 5 --attack labelflip --attackers 1 --flip 1:4 --agg median
 
@@ -18,7 +19,13 @@
    --per-class prints the final accuracy of every class and how many rounds each client was left out.
    The optimizer and schedule flags are every example's (examples/common.h): each client's optimizer is fresh
    every round, and the schedule steps once per round (--milestones counts rounds). --lr 0 is allowed: the
-   honest clients then send no change, and what moves the model is the attackers' updates alone. */
+   honest clients then send no change, and what moves the model is the attackers' updates alone.
+   --checkpoint PATH saves the run between rounds (dt_fed_save: the server's model, every rank's buffers and
+   dropout stream, the round) after every round, or every N rounds with --checkpoint-every N, and at the end;
+   --resume continues from it and ends with the model and CSV rows (appended) of a run that was never
+   stopped (the draw of each round is a function of the seed and the round). --per-class's rounds left out
+   per client count the rounds since the resume. A fresh run refuses a PATH that exists; a model with NaN is
+   never saved over the last good checkpoint. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +44,7 @@ typedef struct args {
     dt_fed_agg agg;
     int32_t flip[DT_FED_MAX_CLASSES];
     int flip_set;
+    ex_ckpt ckpt;   /* --checkpoint, --checkpoint-every (rounds), --resume */
     ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
 } args;
 
@@ -48,6 +56,7 @@ static void usage(FILE *f) {
                "              [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
                "              [--noise-std S] [--prox-mu MU] [--dropout-prob P] [--class-acc C] [--per-class]\n"
                "              [--seed N] [--limit N] [--csv PATH]\n");
+    ex_ckpt_usage(f, 14);
 }
 
 static int parse_args(int argc, char **argv, void *arg) {
@@ -64,6 +73,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--per-class")) { a->per_class = 1; continue; }
         if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
+        if ((k = ex_ckpt_flag(f, v, &a->ckpt, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "fedavg: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
@@ -106,7 +116,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     }
     if (!(a->alpha > 0.0)) { fprintf(stderr, "fedavg: --alpha must be > 0 (0.1 = strong label skew, 100 = near IID)\n"); return -1; }
     if (a->attackers > a->clients) { fprintf(stderr, "fedavg: --attackers %ld > --clients %ld\n", a->attackers, a->clients); return -1; }
-    return ex_recipe_check(&a->recipe, a->rounds, "rounds");
+    return ex_recipe_check(&a->recipe, a->rounds, "rounds") || ex_ckpt_check(&a->ckpt) ? -1 : 0;
 }
 
 /* After loading: --class-acc must name a class of the dataset. */
@@ -163,6 +173,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_fed *f = NULL;
     dt_partition part;
     dt_fed_desc fd;
+    dt_checkpoint_meta meta;   /* the rounds done (round and step) */
     FILE *csv = NULL;
     char recipe[256];
     dt_result r = DT_OK;
@@ -194,8 +205,13 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     memcpy(fd.flip, a->flip, sizeof fd.flip); fd.flip_set = a->flip_set;
     fd.noise_std = (float)a->noise_std; fd.seed = (uint64_t)a->data.seed;
     TRY(dt_fed_create(&f, c, m, &fd));
+    memset(&meta, 0, sizeof meta);
+    if (a->ckpt.resume) TRY(ex_ckpt_load(&a->ckpt, c, EX_FED, f, m, NULL, &meta, NULL));
     if (me == 0) {
-        TRY(ex_csv_open(&csv, a->csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n"));
+        if (a->ckpt.resume) ex_ckpt_resumed(&a->ckpt, &meta, "round");
+        if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.round));   /* the rows the checkpoint covers */
+        TRY(ex_csv_open(&csv, a->csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n",
+                        a->ckpt.resume));
         printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s; "
                "aggregator %s; attack %s by %ld clients; %d ranks (%s)\n", a->model, a->data.name, (long long)ntrain,
                a->clients, a->partition, (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
@@ -203,37 +219,41 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                a->attackers, dt_comm_size(c), dt_comm_backend_name(c));
         fflush(stdout);
     }
-    for (t = 0; t < a->rounds; t++) {
+    for (t = meta.round; t < a->rounds; t++) {
         dt_fed_round_info info;
         dt_eval_result ev;
         double t0 = dt_time_now(), secs, cacc = 0.0, frate = 0.0;
         char out[512] = "";   /* the clients whose reports the aggregator left out, e.g. "0 3" */
         TRY(dt_fed_round(f, t, &info));
         secs = dt_time_now() - t0;
-        if (me != 0) continue;
-        TRY(dt_evaluate(m, &a->data.test, NULL, 0, &a->data.te, 1000, 1, &ev));
-        if (a->class_acc >= 0) {
-            TRY(confusion(m, a, conf));
-            cacc = conf_rate(conf, K, a->class_acc, a->class_acc);
-            frate = a->flip[a->class_acc] != a->class_acc ? conf_rate(conf, K, a->class_acc, a->flip[a->class_acc]) : 0.0;
+        if (me == 0) {   /* the server's model: evaluated, logged and written to the CSV */
+            TRY(dt_evaluate(m, &a->data.test, NULL, 0, &a->data.te, 1000, 1, &ev));
+            if (a->class_acc >= 0) {
+                TRY(confusion(m, a, conf));
+                cacc = conf_rate(conf, K, a->class_acc, a->class_acc);
+                frate = a->flip[a->class_acc] != a->class_acc ? conf_rate(conf, K, a->class_acc, a->flip[a->class_acc]) : 0.0;
+            }
+            nsel = dt_fed_draw(f, t, sel, dropped);
+            dt_fed_last_kept(f, kept);
+            for (i = 0; i < nsel; i++) {
+                if (dropped[i] || kept[sel[i]] || info.kept == 0) continue;
+                left[sel[i]]++;
+                if (strlen(out) + 12 < sizeof out) sprintf(out + strlen(out), "%s%d", *out ? " " : "", sel[i]);
+            }
+            printf("round %3lld/%ld  %6.2fs  lr %.4g  clients %d (dropped %d, kept %d)  train loss %.4f  test loss %.4f  "
+                   "test acc %6.2f%%", (long long)t + 1, a->rounds, secs, (double)info.lr, info.selected, info.dropped, info.kept,
+                   info.train_loss, ev.loss, 100.0 * ev.top1);
+            if (a->class_acc >= 0) printf("  class %ld acc %6.2f%%", a->class_acc, 100.0 * cacc);
+            if (a->class_acc >= 0 && a->flip[a->class_acc] != a->class_acc) printf(" (as %d: %.2f%%)", (int)a->flip[a->class_acc], 100.0 * frate);
+            if (*out) printf("  left out %s", out);
+            printf("\n");
+            fflush(stdout);
+            ex_csv_row(csv, "%lld,%.3f,%g,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%s\n", (long long)t + 1, secs, (double)info.lr,
+                       info.selected, info.dropped, info.kept, info.train_loss, ev.loss, ev.top1, cacc, frate, out);
         }
-        nsel = dt_fed_draw(f, t, sel, dropped);
-        dt_fed_last_kept(f, kept);
-        for (i = 0; i < nsel; i++) {
-            if (dropped[i] || kept[sel[i]] || info.kept == 0) continue;
-            left[sel[i]]++;
-            if (strlen(out) + 12 < sizeof out) sprintf(out + strlen(out), "%s%d", *out ? " " : "", sel[i]);
-        }
-        printf("round %3lld/%ld  %6.2fs  lr %.4g  clients %d (dropped %d, kept %d)  train loss %.4f  test loss %.4f  "
-               "test acc %6.2f%%", (long long)t + 1, a->rounds, secs, (double)info.lr, info.selected, info.dropped, info.kept,
-               info.train_loss, ev.loss, 100.0 * ev.top1);
-        if (a->class_acc >= 0) printf("  class %ld acc %6.2f%%", a->class_acc, 100.0 * cacc);
-        if (a->class_acc >= 0 && a->flip[a->class_acc] != a->class_acc) printf(" (as %d: %.2f%%)", (int)a->flip[a->class_acc], 100.0 * frate);
-        if (*out) printf("  left out %s", out);
-        printf("\n");
-        fflush(stdout);
-        ex_csv_row(csv, "%lld,%.3f,%g,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%s\n", (long long)t + 1, secs, (double)info.lr,
-                   info.selected, info.dropped, info.kept, info.train_loss, ev.loss, ev.top1, cacc, frate, out);
+        meta.round = meta.step = meta.epoch = t + 1;   /* epoch too: ex_ckpt_resumed says the round */
+        if (ex_ckpt_due(&a->ckpt, t + 1, 0, 0) || ex_ckpt_due(&a->ckpt, t + 1, 1, t + 1 == a->rounds))   /* every N, or each round; the last */
+            TRY(ex_ckpt_save(&a->ckpt, c, EX_FED, f, m, NULL, &meta, NULL));
     }
     if (me == 0 && a->per_class) {   /* the final model's accuracy on each class, and the rounds each client was left out */
         TRY(confusion(m, a, conf));
@@ -241,6 +261,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         for (t = 0; t < K; t++) printf(" %lld:%.2f%%", (long long)t, 100.0 * conf_rate(conf, K, t, t));
         printf("\nrounds left out of the aggregate, per client:");
         for (k = 0; k < a->clients; k++) printf(" %ld", left[k]);
+        if (a->ckpt.resume) printf(" (since the resume)");
         printf("\n");
     }
 done:

@@ -14,7 +14,9 @@
    shared -= lr * gradient. Every epoch the sampler deals the (limited) training set into one disjoint
    shard per thread; after it the shared model is evaluated on the test set. The step is plain SGD (a lock-free
    update has no optimizer state), so of the examples' optimizer flags (examples/common.h) it takes --lr and
-   the schedule's, which sets the rate of each epoch. */
+   the schedule's, which sets the rate of each epoch. --checkpoint and --resume, which the other training
+   examples take, are refused: the threads' unlocked updates land in an order the scheduler picks, so no
+   resumed run could end with the parameters of one that was never stopped. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +56,12 @@ static int parse_args(int argc, char **argv, args *a) {
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
+        if (!strcmp(f, "--checkpoint") || !strcmp(f, "--checkpoint-every") || !strcmp(f, "--resume")) {
+            fprintf(stderr, "hogwild: %s: Hogwild cannot resume exactly: its threads update the shared model without locks, in "
+                            "an order the scheduler picks, so no two runs end with the same parameters; the other training "
+                            "examples take --checkpoint and --resume\n", f);
+            return -1;
+        }
         if (!v) { fprintf(stderr, "hogwild: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;

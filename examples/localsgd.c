@@ -6,7 +6,8 @@
    usage: localsgd [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
                    [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
                    [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--period 0] [--seed 0] [--limit N]
-                   [--csv PATH]   (and the launcher's flags: --algo, --timeout, --link-latency, ...)
+                   [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
+                   (and the launcher's flags: --algo, --timeout, --link-latency, ...)
    e.g.   ./build/examples/localsgd --ranks 4 --epochs 3                 (average once per epoch)
           ./build/examples/localsgd --ranks 4 --period 8 --limit 12000   (every 8 steps)
 
@@ -14,7 +15,11 @@
    gives every rank a disjoint shard of a seeded permutation each epoch, and the same number of steps, so
    the ranks meet at every K-th step. Momentum stays on its rank (it is never averaged). The optimizer and
    schedule flags are every example's (examples/common.h); the schedule steps once per epoch. Rank 0
-   evaluates the averaged model on the test set after each epoch and writes the CSV. */
+   evaluates the averaged model on the test set after each epoch and writes the CSV. --checkpoint PATH saves
+   every rank's replica, optimizer and steps since the last average in one file (dt_localsgd_save) at the end
+   of every epoch, or every N steps with --checkpoint-every N (between averages too), and at the end;
+   --resume continues from it and ends with the parameters and CSV rows (appended) of a run that was never
+   stopped. A fresh run refuses a PATH that exists; a model with NaN is never saved over a good checkpoint. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +34,7 @@ typedef struct args {
     const char *model, *csv;
     long epochs, batch, period;
     ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
+    ex_ckpt ckpt;   /* --checkpoint, --checkpoint-every, --resume */
     ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
 } args;
 
@@ -37,6 +43,7 @@ static void usage(FILE *f) {
                "                [--epochs N] [--batch N] [--period K] [--seed N] [--limit N] [--csv PATH]\n");
     ex_recipe_usage(f, 16, 0);
     fprintf(f, "                [--algo naive|ring|tree|native] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
+    ex_ckpt_usage(f, 16);
 }
 
 static int parse_args(int argc, char **argv, void *arg) {
@@ -49,6 +56,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
+        if ((k = ex_ckpt_flag(f, v, &a->ckpt, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "localsgd: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
@@ -62,7 +70,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "localsgd: unknown model '%s'\n", a->model); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "localsgd: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     if (a->period > 1000000) { fprintf(stderr, "localsgd: --period %ld is too large\n", a->period); return -1; }
-    return ex_recipe_check(&a->recipe, a->epochs, "epochs");
+    return ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) ? -1 : 0;
 }
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
@@ -85,6 +93,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_sched_desc lr_sched;
     dt_loader_desc ld;
     dt_localsgd_desc sd;
+    dt_checkpoint_meta meta;   /* epoch, batch, step reached; values: the epoch's loss sum, samples, MB, averages, seconds */
+    uint64_t ck_sent = 0;      /* bytes the checkpoints sent, left out of the reported traffic */
     FILE *csv = NULL;
     char recipe[256];
     dt_result r = DT_OK;
@@ -103,8 +113,12 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     ld.dataset = &a->data.train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
     ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
+    memset(&meta, 0, sizeof meta);
+    if (a->ckpt.resume) TRY(ex_ckpt_load(&a->ckpt, c, EX_LOCALSGD, d, m, o, &meta, &ck_sent));
     if (me == 0) {
-        TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), 0));
+        if (a->ckpt.resume) ex_ckpt_resumed(&a->ckpt, &meta, "epoch");
+        if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
+        TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, %d ranks x batch %ld\n"
                "%s backend, local SGD: parameters averaged ", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
                (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), p, a->batch,
@@ -114,14 +128,15 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         fflush(stdout);
     }
 
-    for (epoch = 0; epoch < a->epochs && r == DT_OK; epoch++) {
+    for (epoch = meta.epoch; epoch < a->epochs && r == DT_OK; epoch++) {
         const float *x;
         const int32_t *y;
-        int64_t n, b = 0;
-        double t0 = dt_time_now(), sums[2] = {0.0, 0.0}, secs, mb;
+        int64_t n;
+        double t0 = dt_time_now() - meta.values[4], *sums = meta.values, secs, mb;   /* sums: loss x samples, samples */
         float loss = 0.0f;
         dt_localsgd_stats st0 = dt_localsgd_get_stats(d), st;
-        dt_comm_stats cs0 = dt_comm_get_stats(c);
+        uint64_t sent0 = dt_comm_get_stats(c).bytes_sent - ck_sent - (uint64_t)meta.values[2];   /* the epoch's start */
+        int64_t avg0 = st0.averages - (int64_t)meta.values[3];
         dt_eval_result ev;
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
@@ -129,7 +144,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_model_train(m, 1);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's shard */
         TRY(dt_loader_set_indices(loader, ids, nshare));
-        TRY(dt_loader_start_epoch(loader, epoch));
+        TRY(dt_loader_seek(loader, epoch, meta.batch));   /* batch 0, or where a resumed epoch stopped */
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
         while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             TRY(dt_model_forward(m, x, n));
@@ -140,20 +155,29 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             TRY(dt_localsgd_step(d));              /* every period-th step: the replicas are averaged */
             sums[0] += (double)loss * (double)n;
             sums[1] += (double)n;
-            dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
+            dt_progress_update(&bar, ++meta.batch, "loss %.4f", (double)loss);
+            if (ex_ckpt_due(&a->ckpt, ++meta.step, 0, 0)) {
+                meta.values[2] = (double)(dt_comm_get_stats(c).bytes_sent - ck_sent - sent0);
+                meta.values[3] = (double)(dt_localsgd_get_stats(d).averages - avg0);
+                meta.values[4] = dt_time_now() - t0;   /* the epoch's seconds so far, for its time */
+                TRY(ex_ckpt_save(&a->ckpt, c, EX_LOCALSGD, d, m, o, &meta, &ck_sent));
+            }
         }
         TRY(got);                          /* the error that stopped the loader, if one did */
         TRY(dt_localsgd_average(d));               /* the epoch ends with one model */
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
-        mb = (double)(dt_comm_get_stats(c).bytes_sent - cs0.bytes_sent) / 1e6;
+        mb = (double)(dt_comm_get_stats(c).bytes_sent - ck_sent - sent0) / 1e6;
         TRY(ex_epoch_end(c, sums, &mb, m, &a->data, 5, &ev));   /* the mean loss over every sample, the test set on rank 0 */
         st = dt_localsgd_get_stats(d);
         if (me == 0) {
             double v[] = {secs, sums[0] / sums[1], ev.loss, ev.top1, ev.topk, sums[1] / secs, st.comm_seconds - st0.comm_seconds,
-                          (double)(st.averages - st0.averages), mb};   /* COLS' order */
+                          (double)(st.averages - avg0), mb};   /* COLS' order */
             ex_report(csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS));
         }
+        ex_ckpt_next_epoch(&meta, epoch + 1);
+        if (ex_ckpt_due(&a->ckpt, meta.step, 1, epoch + 1 == a->epochs))
+            TRY(ex_ckpt_save(&a->ckpt, c, EX_LOCALSGD, d, m, o, &meta, &ck_sent));
     }
 done:
     if (csv) fclose(csv);

@@ -3,16 +3,19 @@
    usage: train [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR] [--pad-to 0]
                 [--epochs 3] [--batch 128] [--optim sgd|adam|adamw] [--lr 0.01] [--momentum 0.5] [--nesterov]
                 [--wd 0] [--milestones 80,120] [--cosine] [--min-lr 0] [--warmup 0]
-                [--seed 0] [--limit N] [--size 32] [--checkpoint PATH] [--resume PATH] [--csv PATH]
+                [--seed 0] [--limit N] [--size 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
    e.g.   ./build/examples/train --model simplecnn --epochs 3                    (Fashion-MNIST)
           ./build/examples/train --model resnet20 --dataset cifar10 --data ~/cifar-10-batches-bin \
                                  --lr 0.1 --momentum 0.9 --wd 5e-4 --milestones 80,120 --epochs 160
 
    Each epoch: shuffle (seeded by seed and epoch), forward, loss, backward, optimizer step per batch;
    then the test set in eval mode. The optimizer and schedule flags are every example's (examples/common.h):
-   --milestones for the step schedule, --cosine for the cosine one; the schedule steps once per epoch. One log line per epoch; the same figures go to the CSV file. With
-   --checkpoint the state is saved after every epoch; --resume continues from such a file and ends with
-   the same parameters, bit for bit, as a run that was never stopped. */
+   --milestones for the step schedule, --cosine for the cosine one; the schedule steps once per epoch. One
+   log line per epoch; the same figures go to the CSV file. With --checkpoint PATH the whole state (model,
+   optimizer, the epoch and batch reached, the epoch's loss so far) is saved to PATH at the end of every epoch,
+   or every N steps with --checkpoint-every N, and at the end; --resume continues from PATH and ends with the
+   same parameters, bit for bit, and the same CSV rows (appended) as a run that was never stopped. A fresh
+   run refuses a PATH that exists, and a model with NaN is never saved over the last good checkpoint. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,17 +34,19 @@ static const ex_col COLS[] = {EX_COL_TIME, {"lr", "%.6g", "lr %.5f", 1}, EX_COL_
                               EX_COL_TOP5, EX_COL_IMG_PER_S};
 
 typedef struct args {
-    const char *model, *checkpoint, *resume, *csv;
+    const char *model, *csv;
     long epochs, batch, size;
     ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
+    ex_ckpt ckpt;   /* --checkpoint, --checkpoint-every, --resume */
 } args;
 
 static void usage(FILE *f) {
     fprintf(f, "usage: train [--model NAME] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR] [--pad-to S]\n"
                "             [--epochs N] [--batch N]\n");
     ex_recipe_usage(f, 13, 0);
-    fprintf(f, "             [--seed N] [--limit N] [--size N] [--checkpoint PATH] [--resume PATH] [--csv PATH]\n");
+    fprintf(f, "             [--seed N] [--limit N] [--size N] [--csv PATH]\n");
+    ex_ckpt_usage(f, 13);
 }
 
 static int parse_args(int argc, char **argv, args *a) {
@@ -54,6 +59,7 @@ static int parse_args(int argc, char **argv, args *a) {
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
+        if ((k = ex_ckpt_flag(f, v, &a->ckpt, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!strcmp(f, "--sched")) {   /* the spelling before the examples shared their flags */
             fprintf(stderr, "train: --sched is no longer a flag: --milestones A,B,... gives the step schedule, --cosine the "
                             "cosine one, and neither a constant rate\n");
@@ -61,8 +67,6 @@ static int parse_args(int argc, char **argv, args *a) {
         }
         if (!v) { fprintf(stderr, "train: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
-        else if (!strcmp(f, "--checkpoint")) a->checkpoint = v;
-        else if (!strcmp(f, "--resume")) a->resume = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--size")) bad = parse_long(f, v, 1, &a->size);
         else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &bad)) {   /* not one of the common flags */
@@ -72,6 +76,7 @@ static int parse_args(int argc, char **argv, args *a) {
         i++;
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "train: unknown model '%s'\n", a->model); return -1; }
+    if (ex_ckpt_check(&a->ckpt)) return -1;
     return ex_recipe_check(&a->recipe, a->epochs, "epochs");
 }
 
@@ -88,7 +93,7 @@ int main(int argc, char **argv) {
     FILE *csv = NULL;
     const int64_t *train_idx = NULL, *test_idx = NULL;
     int64_t *limit_idx = NULL;
-    int64_t ntrain, ntest, epoch, first_epoch = 0;
+    int64_t ntrain, ntest, epoch;
     int rc = 1, tty = isatty(fileno(stderr));
     char recipe[256];
 
@@ -112,17 +117,17 @@ int main(int argc, char **argv) {
     ex_recipe_optim(&a.recipe, &od);
     TRY(dt_optim_create(&o, m, &od));
     ex_recipe_sched(&a.recipe, a.epochs, &sd);
-    memset(&meta, 0, sizeof meta);
-    if (a.resume) {
-        TRY(dt_checkpoint_load(a.resume, m, o, &meta));
-        first_epoch = meta.epoch;
-        printf("resumed from %s after epoch %lld\n", a.resume, (long long)first_epoch);
+    memset(&meta, 0, sizeof meta);   /* epoch, batch, step reached; values: the epoch's loss sum, samples, -, -, seconds */
+    if (a.ckpt.resume) {
+        TRY(ex_ckpt_load(&a.ckpt, NULL, EX_SINGLE, NULL, m, o, &meta, NULL));
+        ex_ckpt_resumed(&a.ckpt, &meta, "epoch");
     }
     memset(&ld, 0, sizeof ld);
     ld.dataset = &a.data.train; ld.indices = train_idx; ld.count = train_idx ? ntrain : 0; ld.batch = a.batch; ld.shuffle = 1;
     ld.transform = &a.data.tt; ld.seed = (uint64_t)a.data.seed; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
-    if (ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), a.resume != NULL) != DT_OK) {   /* a resumed run appends */
+    if (a.ckpt.resume) TRY(ex_csv_keep(a.csv, meta.epoch));   /* the rows the checkpoint covers; the run appends the rest */
+    if (ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), a.ckpt.resume) != DT_OK) {
         fprintf(stderr, "train: cannot write %s\n", a.csv);
         goto fail;
     }
@@ -130,18 +135,18 @@ int main(int argc, char **argv) {
            a.model, a.data.name, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m),
            ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, dt_cpu_threads());
 
-    for (epoch = first_epoch; epoch < a.epochs; epoch++) {
+    for (epoch = meta.epoch; epoch < a.epochs; epoch++) {
         const float *x;
         const int32_t *y;
-        int64_t n, b = 0, seen = 0;
-        double t0 = dt_time_now(), loss_sum = 0.0, secs, v[EX_COUNT(COLS)];
+        int64_t n;
+        double t0 = dt_time_now() - meta.values[4], secs, v[EX_COUNT(COLS)];
         float lr = dt_sched_lr(&sd, epoch), loss = 0.0f;
         dt_eval_result ev;
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         dt_optim_set_lr(o, lr);
         dt_model_train(m, 1);
-        TRY(dt_loader_start_epoch(loader, epoch));
+        TRY(dt_loader_seek(loader, epoch, meta.batch));   /* batch 0, or where a resumed epoch stopped */
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
         while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             TRY(dt_model_forward(m, x, n));
@@ -149,21 +154,25 @@ int main(int argc, char **argv) {
             dt_model_zero_grad(m);
             TRY(dt_model_backward(m, NULL));
             TRY(dt_optim_step(o));
-            loss_sum += (double)loss * (double)n;
-            seen += n;
-            dt_progress_update(&bar, ++b, "loss %.4f", (double)loss);
+            meta.values[0] += (double)loss * (double)n;   /* the epoch's loss sum and samples, kept by a checkpoint */
+            meta.values[1] += (double)n;
+            meta.batch++;
+            dt_progress_update(&bar, meta.batch, "loss %.4f", (double)loss);
+            if (ex_ckpt_due(&a.ckpt, ++meta.step, 0, 0)) {
+                meta.values[4] = dt_time_now() - t0;   /* the epoch's seconds so far, for its time and img/s */
+                TRY(ex_ckpt_save(&a.ckpt, NULL, EX_SINGLE, NULL, m, o, &meta, NULL));
+            }
         }
         TRY(got);
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
         TRY(dt_evaluate(m, &a.data.test, test_idx, test_idx ? ntest : 0, &a.data.te, 1000, 5, &ev));
-        v[0] = secs; v[1] = (double)lr; v[2] = loss_sum / (double)seen; v[3] = ev.loss; v[4] = ev.top1; v[5] = ev.topk;
-        v[6] = (double)seen / secs;
+        v[0] = secs; v[1] = (double)lr; v[2] = meta.values[0] / meta.values[1]; v[3] = ev.loss; v[4] = ev.top1; v[5] = ev.topk;
+        v[6] = meta.values[1] / secs;
         ex_report(csv, epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS));
-        if (a.checkpoint) {
-            meta.epoch = epoch + 1;
-            TRY(dt_checkpoint_save(a.checkpoint, m, o, &meta));
-        }
+        ex_ckpt_next_epoch(&meta, epoch + 1);
+        if (ex_ckpt_due(&a.ckpt, meta.step, 1, epoch + 1 == a.epochs))
+            TRY(ex_ckpt_save(&a.ckpt, NULL, EX_SINGLE, NULL, m, o, &meta, NULL));
     }
     rc = 0;
 fail:

@@ -20,8 +20,9 @@
 #       checkpoints (test_resume) under ThreadSanitizer
 # Sections 3, 4 and 4b set DT_TEST_QUICK=1: test_comm leaves out its million-element cases there, test_ddp
 # most all-reduce algorithms.
-#   5. the examples: bad flags are refused (the optimizer and schedule flags they share, in each); a resumed
-#      training run ends as an uninterrupted one; --trace writes a timeline; ddp refuses a batch that does not
+#   5. the examples: bad flags are refused (the optimizer and schedule flags they share, in each, and the
+#      checkpoint flags); each training example killed with SIGKILL and resumed ends as an uninterrupted run
+#      (CSV rows and the last checkpoint's bytes), and refuses damaged, foreign or mismatched checkpoints; --trace writes a timeline; ddp refuses a batch that does not
 #      split over the ranks, runs VGG-11 on Fashion-MNIST padded to 32x32, and --wd and --milestones change its
 #      run; every header line states the whole recipe
 #   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
@@ -36,7 +37,8 @@
 #      killed with SIGKILL at a random step and resumed, end with the bytes of an uninterrupted run; a checkpoint
 #      of another world size, a damaged one and another trainer's are refused, naming the cause;
 #      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
-#      they log on as many local ranks (with the Fashion-MNIST dataset)
+#      they log on as many local ranks (with the Fashion-MNIST dataset); examples/ddp under mpiexec -n 3 with
+#      --checkpoint, a rank killed with SIGKILL and the job resumed, ends as a job never stopped
 #   8. tests/install.sh: make install PREFIX, pkg-config, CMake find_package and add_subdirectory, cmake --install,
 #      make uninstall
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
@@ -207,6 +209,21 @@ done
 for args in "--momentum 0.9" "--wd 5e-4" "--nesterov" "--optim adam"; do   # Hogwild's lock-free step is plain SGD
     check "hogwild $args: exit 2 with a message" expect_status 2 "$B/examples/hogwild" $args
 done
+# the checkpoint flags every training example shares: refused before any data is loaded, naming the fix
+: > "$T/old.ckpt"
+for ex in train ddp dpsgd localsgd fedavg; do
+    check "$ex --checkpoint-every 2 without --checkpoint: exit 2 naming it" sh -c "
+        '$B/examples/$ex' --checkpoint-every 2 > '$T/c.out' 2>&1; [ \$? -eq 2 ] && grep -q 'needs --checkpoint PATH' '$T/c.out'"
+    check "$ex --resume without --checkpoint: exit 2" expect_status 2 "$B/examples/$ex" --resume
+    check "$ex --resume PATH (a value): exit 2 naming --checkpoint PATH --resume" sh -c "
+        '$B/examples/$ex' --resume '$T/old.ckpt' > '$T/c.out' 2>&1; [ \$? -eq 2 ] && grep -q -- '--checkpoint $T/old.ckpt --resume' '$T/c.out'"
+    check "$ex --checkpoint of an existing file, without --resume: exit 2 naming --resume" sh -c "
+        '$B/examples/$ex' --checkpoint '$T/old.ckpt' > '$T/c.out' 2>&1; [ \$? -eq 2 ] && grep -q 'with --resume, or remove' '$T/c.out'"
+    check "$ex --checkpoint in a missing directory: exit 2 before training" sh -c "
+        '$B/examples/$ex' --checkpoint '$T/none/x.ckpt' > '$T/c.out' 2>&1; [ \$? -eq 2 ] && grep -q 'cannot create $T/none/x.ckpt.tmp' '$T/c.out'"
+done
+check "hogwild --checkpoint: exit 2 saying why it cannot resume exactly" sh -c "
+    '$B/examples/hogwild' --checkpoint '$T/h.ckpt' > '$T/c.out' 2>&1; [ \$? -eq 2 ] && grep -q 'cannot resume exactly' '$T/c.out'"
 check "train --sched multistep (the old spelling): exit 2 naming --milestones" sh -c "
     '$B/examples/train' --sched multistep > '$T/s.out' 2>&1; [ \$? -eq 2 ] && grep -q -- '--milestones' '$T/s.out'"
 check "train on a missing directory: exit 1 naming it" sh -c "'$B/examples/train' --data '$T/none' 2>&1 >/dev/null | grep -q '$T/none'"
@@ -216,10 +233,53 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         set -e
         '$B/examples/train' --epochs 2 --limit 1024 --csv '$T/a.csv' >/dev/null
         '$B/examples/train' --epochs 1 --limit 1024 --csv '$T/b.csv' --checkpoint '$T/b.ckpt' >/dev/null
-        '$B/examples/train' --epochs 2 --limit 1024 --csv '$T/b.csv' --resume '$T/b.ckpt' >/dev/null
+        '$B/examples/train' --epochs 2 --limit 1024 --csv '$T/b.csv' --checkpoint '$T/b.ckpt' --resume >/dev/null
         [ \$(wc -l < '$T/a.csv') -eq 3 ]
         cut -d, -f1,3-7 '$T/a.csv' > '$T/a.cut'; cut -d, -f1,3-7 '$T/b.csv' > '$T/b.cut'
         cmp '$T/a.cut' '$T/b.cut'"
+    # --checkpoint, killed with SIGKILL a random time (up to 0.3 s) after its first checkpoint, and --resume: the
+    # CSV rows (COLUMNS: the time columns left out) and the last checkpoint's bytes of a run never stopped
+    kill_resume() {   # kill_resume NAME COLUMNS ARGS...
+        name=$1; cols=$2; shift 2
+        "$B/examples/$name" "$@" --csv "$T/$name.a.csv" --checkpoint "$T/$name.a.ckpt" >/dev/null || return 1
+        "$B/examples/$name" "$@" --csv "$T/$name.b.csv" --checkpoint "$T/$name.b.ckpt" >/dev/null & pid=$!
+        while [ ! -e "$T/$name.b.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
+        delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.3 }'); sleep "$delay"
+        kill -9 $pid 2>/dev/null; wait $pid; st=$?
+        [ $st -eq 137 ] || { echo "the run ended with status $st before the kill"; return 1; }
+        "$B/examples/$name" "$@" --csv "$T/$name.b.csv" --checkpoint "$T/$name.b.ckpt" --resume > "$T/$name.b.out" || return 1
+        echo "killed $delay s after the first checkpoint; $(head -n 1 "$T/$name.b.out")"
+        cut -d, -f"$cols" "$T/$name.a.csv" > "$T/$name.a.cut"; cut -d, -f"$cols" "$T/$name.b.csv" > "$T/$name.b.cut"
+        [ "$(wc -l < "$T/$name.a.cut")" -ge 3 ] && cmp "$T/$name.a.cut" "$T/$name.b.cut" && cmp "$T/$name.a.ckpt" "$T/$name.b.ckpt"
+    }
+    check "train: killed mid-epoch (--checkpoint-every 5) and resumed, ends as the unstopped run" \
+        kill_resume train 1,3-7 --epochs 2 --limit 512 --batch 16 --checkpoint-every 5
+    check "ddp: killed and resumed on 3 ranks (--checkpoint-every 3), ends as the unstopped run" \
+        kill_resume ddp 1,3-6,9 --ranks 3 --batch 48 --epochs 2 --limit 512 --checkpoint-every 3
+    check "localsgd: killed and resumed between averages, ends as the unstopped run" \
+        kill_resume localsgd 1,3-6,9,10 --ranks 3 --epochs 2 --limit 512 --batch 16 --period 4 --checkpoint-every 3
+    check "dpsgd: killed and resumed on 3 ranks, ends as the unstopped run" \
+        kill_resume dpsgd 1,3-8 --ranks 3 --epochs 2 --limit 256 --model simplecnn --batch 16 --checkpoint-every 2
+    check "fedavg: killed between rounds and resumed, ends as the unstopped run" \
+        kill_resume fedavg 1,3-12 --ranks 3 --clients 7 --rounds 10 --frac 0.9 --dropout-prob 0.3 --agg median \
+        --attack signflip --attackers 1 --limit 700 --batch 20
+    # the library's refusals of a checkpoint that cannot resume the run, named in the example's message
+    check "ddp --resume of a missing checkpoint: exit 1 naming it" sh -c "
+        '$B/examples/ddp' --ranks 2 --limit 64 --checkpoint '$T/none.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q '$T/none.ckpt' '$T/c.out'"
+    check "ddp --resume of a damaged checkpoint: exit 1 naming the checksum" sh -c "
+        cp '$T/ddp.a.ckpt' '$T/bad.ckpt' && printf 'xx' | dd of='$T/bad.ckpt' bs=1 seek=5000 conv=notrunc 2>/dev/null &&
+        '$B/examples/ddp' --ranks 3 --batch 48 --limit 512 --checkpoint '$T/bad.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q checksum '$T/c.out'"
+    check "ddp --resume of a checkpoint of 3 ranks on 2: exit 1 naming the world sizes" sh -c "
+        '$B/examples/ddp' --ranks 2 --batch 48 --limit 512 --checkpoint '$T/ddp.a.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q 'state of 3 ranks' '$T/c.out'"
+    check "localsgd --resume of a DDP checkpoint: exit 1 naming its writer" sh -c "
+        '$B/examples/localsgd' --ranks 3 --limit 512 --checkpoint '$T/ddp.a.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q dt_ddp_save '$T/c.out'"
+    check "ddp --resume with another model: exit 1 naming the model" sh -c "
+        '$B/examples/ddp' --ranks 3 --batch 48 --limit 512 --model fedavg_2nn --checkpoint '$T/ddp.a.ckpt' --resume > '$T/c.out' 2>&1
+        [ \$? -eq 1 ] && grep -q 'another model' '$T/c.out'"
+    # a model that diverged (noise of 1e38 from the attackers) is not saved: the run stops, saying why
+    check "fedavg: a model with NaN is not checkpointed: exit 1 naming it" sh -c "
+        '$B/examples/fedavg' --ranks 2 --clients 3 --rounds 2 --attack noise --attackers 2 --noise-std 1e38 --limit 300 \
+            --checkpoint '$T/nan.ckpt' > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q 'NaN or infinite' '$T/c.out' && [ ! -e '$T/nan.ckpt' ]"
     # the same 4 local ranks twice: the same bits (fixed-order reductions); and a batch no rank can share
     check "ddp: two runs on 4 ranks log the same losses and accuracy" sh -c "
         set -e
@@ -378,6 +438,22 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         check "fedavg: mpiexec -n 3 logs the rounds, losses and accuracy of 3 local ranks" \
             mpi_example fedavg 1,3-10 3 --clients 7 --rounds 2 --frac 0.9 --dropout-prob 0.3 --agg median --attack signflip \
             --attackers 1 --model fedavg_2nn --limit 700
+        # ddp under mpiexec -n 3 with --checkpoint-every, one rank killed with SIGKILL a random time after the first
+        # checkpoint (the job ends with it), then resumed: the CSV rows and checkpoint bytes of a job never stopped
+        mpi_kill_resume() {
+            set -- --batch 48 --epochs 2 --limit 512 --checkpoint-every 3 --algo ring
+            timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.a.csv" --checkpoint "$MT/k.a.ckpt" >/dev/null || return 1
+            timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" >/dev/null 2>&1 & pid=$!
+            while [ ! -e "$MT/k.b.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
+            delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.3 }'); sleep "$delay"
+            rank=$(pgrep -f "^$B/mpi/ddp " | head -n 1); [ -n "$rank" ] && kill -9 "$rank"; wait $pid
+            [ $? -ne 0 ] || { echo "the job ended before a rank was killed"; return 1; }
+            timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" --resume > "$MT/k.out" || return 1
+            echo "a rank killed $delay s after the first checkpoint; $(head -n 1 "$MT/k.out")"
+            cut -d, -f1,3-6,9 "$MT/k.a.csv" > "$MT/k.a.cut"; cut -d, -f1,3-6,9 "$MT/k.b.csv" > "$MT/k.b.cut"
+            [ "$(wc -l < "$MT/k.a.cut")" -eq 3 ] && cmp "$MT/k.a.cut" "$MT/k.b.cut" && cmp "$MT/k.a.ckpt" "$MT/k.b.ckpt"
+        }
+        check "ddp under mpiexec -n 3: a rank killed, the job resumed, ends as the unstopped job" mpi_kill_resume
         rm -rf "$MT"
     else
         echo "skipped the examples under mpiexec: dataset-fashion-mnist is not installed"
