@@ -235,9 +235,15 @@ typedef struct dt_launch_desc {
    Returns DT_ERR_INVALID_ARG naming a bad value. */
 dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d);
 
-/* Runs fn on every rank and returns DT_OK when every rank returned DT_OK, else, after logging each failed
-   rank's error, the failure: the cause's result (a failure other than DT_ERR_PEER, which only follows from
-   another rank's), its message in dt_last_error(); under MPI, this process's rank's. A program's main
+/* Runs fn on every rank and returns DT_OK when every rank returned DT_OK, else, after logging the failure,
+   the cause's result (a failure other than DT_ERR_PEER, which only follows from another rank's), its
+   message, naming the rank, in dt_last_error(); under MPI, this process's rank's. The cause is logged
+   once: ranks that failed the same way are named on one line (local ranks) or say nothing (MPI), and
+   DT_ERR_PEER is logged at DT_LOG_DEBUG. Every failure ends in bounded time: once a rank has failed the
+   others have the communicator's timeout and a second more to end. On local ranks a rank that has not
+   is reported as stalled (DT_ERR_TIMEOUT) and its thread left running, so the program must then exit
+   without freeing what the ranks use; under MPI the job is ended with MPI_Abort (MPI_Finalize would wait
+   for the stalled process). A program's main
    returns `dt_launch(...) == DT_OK ? 0 : 1`: exit status 0, or 1 after a failure. Under mpiexec (built
    with DT_USE_MPI) each process is one rank on MPI_COMM_WORLD (dt_launch_mpi); otherwise desc->ranks
    threads on the local backend (1 rank: the self backend). Log lines of rank r > 0 are prefixed
@@ -246,8 +252,9 @@ dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d);
    the run fail (DT_ERR_IO) with a message naming the path. Under MPI rank 0 gathers every rank's events
    and writes the file; when that fails (a rank has died) each rank writes PATH.rank<r>. */
 dt_result dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
-/* The same on local ranks, returning each rank's result in results[ranks] (may be NULL) and the first
-   failure (the lowest failed rank's) as the return value, with its message in dt_last_error(). */
+/* The same on local ranks without logging, returning each rank's result in results[ranks] (may be NULL)
+   and the cause as the return value (the lowest rank's failure of its own, else a stalled rank's, else a
+   timeout's, else DT_ERR_PEER), with its message in dt_last_error(). */
 dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results);
 /* The rank of the calling thread inside dt_launch (-1 outside): what the logger prefixes. */
 int dt_current_rank(void);
@@ -331,8 +338,9 @@ int       dt_comm_tag_seq(int tag);
 /* Runs fn as this process's one rank on c, for a backend's launcher (dt_launch_mpi): the logger's rank,
    OpenMP threads (desc->threads_per_rank, or the node's cores over local_ranks), the timeline (with
    desc->trace_path: a barrier aligns the clocks; at the end rank 0 gathers every rank's events and writes
-   the file, and a rank that cannot take part writes PATH.rank<r>), and a failure logged and announced
-   (dt_comm_leave). Collective over c. Returns fn's result, or the trace's failure. */
+   the file, and a rank that cannot take part writes PATH.rank<r>), and a failure announced (dt_comm_leave)
+   and left in dt_last_error(), naming the rank, for the backend's launcher to log (dt_launch_mpi logs
+   each failure once, not once per rank). Collective over c. Returns fn's result, or the trace's failure. */
 dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks, dt_rank_fn fn, void *arg);
 
 #ifdef __cplusplus
@@ -1055,7 +1063,8 @@ static dt_result dt__fault_fire(dt_comm *c, void *data, size_t count, dt_dtype t
     if (f->kind == DT__FAULT_NONE || c->rank != f->rank || c->seq != f->coll) return DT_OK;
     dt_comm_describe(c, what, sizeof what);
     dt_log(DT_LOG_WARN, "rank %d: %s: DT_FAULT injects kind=%s here (a test aid)", c->rank, what, names[f->kind]);
-    if (f->kind == DT__FAULT_STALL || f->kind == DT__FAULT_HANG) DT__ATOMIC_STORE(&c->seq, c->seq - 1);   /* not arrived: reports say so */
+    if (f->kind == DT__FAULT_STALL || f->kind == DT__FAULT_HANG || f->kind == DT__FAULT_RETURN)
+        DT__ATOMIC_STORE(&c->seq, c->seq - 1);   /* this rank has not arrived: the others' reports say so */
     switch (f->kind) {
     case DT__FAULT_FAIL: return dt__comm_fail(c, DT_ERR_STATE, "an injected failure (DT_FAULT kind=fail, a test aid)");
     case DT__FAULT_RETURN:   /* gone as a finished rank; this rank's own later calls fail */
@@ -2367,8 +2376,8 @@ static void dt__rank_exit(void *p) {   /* the thread ended inside fn (pthread_ex
 static void dt__rank_msg(char *out, size_t cap, int rank, dt_result r, const char *m) {
     m = dt__cause(m, r);
     if (!m[0]) snprintf(out, cap, "%s: rank %d's function failed", dt_result_str(r), rank);
-    else if (strncmp(m, "rank ", 5) == 0) snprintf(out, cap, "%s: %s", dt_result_str(r), m);
-    else snprintf(out, cap, "%s: rank %d: %s", dt_result_str(r), rank, m);
+    else if (strncmp(m, "rank ", 5) == 0) snprintf(out, cap, "%s: %.470s", dt_result_str(r), m);
+    else snprintf(out, cap, "%s: rank %d: %.460s", dt_result_str(r), rank, m);
 }
 static void dt__rank_body(dt__rank_ctx *x) {
     x->result = x->fn(x->comm, x->arg);
@@ -2632,6 +2641,7 @@ static dt_result dt__launch_trace_finish(dt_comm *c, const char *path, dt__trace
 dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks, dt_rank_fn fn, void *arg) {
     dt__trace_lane *lanes = NULL;
     dt_result r = DT_OK, rt = DT_OK;
+    char m[512];
     if (!c || !desc || !fn) return dt_set_error(DT_ERR_INVALID_ARG, "dt_launch_rank: communicator, desc and rank function must not be NULL");
     dt__tls_rank = c->rank;
     dt__log_all_ranks = desc->log_all_ranks;
@@ -2644,14 +2654,13 @@ dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks
     dt__tls_trace = lanes;
     if (r == DT_OK) r = fn(c, arg);
     dt__tls_trace = NULL;
-    if (r != DT_OK) {
-        const char *m = dt_last_error();
-        if (!m[0]) m = "its rank function failed";
-        dt_log(DT_LOG_ERROR, "%s", m);
+    if (r != DT_OK) {   /* logged by the backend's launcher, once for every rank that failed the same way */
+        dt__rank_msg(m, sizeof m, c->rank, r, dt_last_error());
         dt_comm_leave(c, r, dt__cause(m, r));
     }
     if (lanes && (rt = dt__launch_trace_finish(c, desc->trace_path, lanes, r != DT_OK)) != DT_OK)
         dt_log(DT_LOG_ERROR, "%s", dt_last_error());
+    if (r != DT_OK) dt_set_error(r, "%s", dt__cause(m, r));   /* the rank's failure, not the trace's */
     dt__trace_lanes_free(lanes, 1);
     dt__tls_rank = -1;
     return r != DT_OK ? r : rt;

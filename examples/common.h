@@ -428,7 +428,7 @@ static inline int ex_main(int argc, char **argv, const ex_example *ex, void *arg
     if (data && (rc = ex_load(data)) != 0) return rc;
     rc = ex->prepare ? ex->prepare(args) : 0;
     if (rc == 0) rc = dt_launch(&ld, ex->rank_main, args) == DT_OK ? 0 : 1;   /* 1 when a rank failed */
-    if (data) ex_free(data);
+    if (data && rc == 0) ex_free(data);   /* after a failure a stalled rank's thread may still read it: exit now */
     return rc;
 }
 
