@@ -2531,8 +2531,9 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
         r = x[cause].result;
         dt_set_error(r, "%s", dt__cause(x[cause].msg, r));
     }
-    if (stalled) {   /* the stalled threads may still use all of it */
+    if (stalled) {   /* the stalled threads may still use all of it but the array of pointers */
         if (lanes && log) dt_log(DT_LOG_WARN, "the timeline was not written to %s: a rank is still running", d.trace_path);
+        DT_FREE(comms);
         return r;
     }
     if (lanes) {   /* also after a failure: the trace of a failed run shows where each rank was */
