@@ -1724,7 +1724,11 @@ static dt_result dt__local_req_error(dt__req *q) {
 }
 static dt_result dt__local_finish(dt__lworld *W, int me, dt__req *q) {
     if (q->not_before > 0 && dt_time_now() < q->not_before) dt__local_sleep_until(W, me, q->not_before);
-    if (q->error != DT_OK) { q->m.kind = DT_REQ_NONE; return dt__local_req_error(q); }
+    if (q->error != DT_OK) {   /* the report reads the kind: which side this rank was */
+        dt_result r = dt__local_req_error(q);
+        q->m.kind = DT_REQ_NONE;
+        return r;
+    }
     return DT_OK;
 }
 

@@ -322,7 +322,9 @@ static void test_fault_message_too_big(void) {
     fault_init(&a, F_P2P_TOO_BIG, -1, DT_ALGO_AUTO, 50);
     CHECK(run_fault(&a, 3, 10.0, res, msg, sizeof msg) == DT_ERR_MISMATCH);
     CHECK(a.res[0] == DT_ERR_MISMATCH && a.res[1] == DT_ERR_MISMATCH && a.res[2] == DT_ERR_PEER);
-    CHECK(strstr(a.msg[1], "200") && strstr(a.msg[1], "196"));
+    /* each side as it was: the receiver names the sender and its own size, the sender the receiver's */
+    CHECK(strstr(a.msg[1], "rank 0 sent 200 bytes, more than the 196 this receive accepts") != NULL);
+    CHECK(strstr(a.msg[0], "rank 1 accepts only 196 bytes and this message has 200") != NULL);
     check_others_failed(&a, 3, -1, BIT(DT_ERR_MISMATCH) | BIT(DT_ERR_PEER), 3.0);
 }
 
