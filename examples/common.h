@@ -410,6 +410,16 @@ typedef struct ex_example {
     dt_result (*rank_main)(dt_comm *c, void *args);          /* one rank's work, run by dt_launch */
 } ex_example;
 
+/* A training step's failure with where it happened in front of its cause ("epoch 2, step 17: ... the loss
+   is nan"), so that a diverged run says when; epoch and step count from 1. DT_OK passes through. */
+static inline dt_result ex_at(dt_result r, long long epoch, long long step) {
+    if (r != DT_OK) {
+        const char *m = dt_last_error(), *c = strchr(m, ':');
+        dt_set_error(r, "epoch %lld, step %lld: %s", epoch, step, c && strncmp(m, "DT_", 3) == 0 ? c + 2 : m);
+    }
+    return r;
+}
+
 /* The main() of an example that runs on ranks: takes the launcher's flags out of argv (--ranks N, default 4,
    --timeout, --link-latency, ...), then ex->parse reads the rest into args; data (NULL: the example reads
    none) is loaded, ex->prepare runs, and dt_launch runs ex->rank_main(c, args) on every rank. Returns the exit

@@ -321,6 +321,13 @@ if $CC $WARN -O2 -pthread $DEFS tests/mpi/fault_ddp.c -o "$B/faults/fault_ddp" $
     check "DT_FAULT that is not a fault: exit 1 naming the form" sh -c "
         DT_FAULT='rank=1,coll=0,kind=fail' '$B/faults/fault_ddp' 2>&1 | grep -q 'is not rank=R,coll=N,kind=K'"
 else echo "FAIL build of tests/mpi/fault_ddp.c"; failed=$((failed + 1)); fi
+if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then   # the same through an example
+    check "ddp: a NaN in rank 2's gradient (DT_FAULT) ends the run: exit 1, DT_ERR_NUMERIC naming rank, epoch and step, once" \
+        fault_ends "DT_ERR_NUMERIC: rank [0-9]+: epoch 1, step [0-9]+: .*the loss is nan" \
+        env DT_FAULT="rank=2,coll=6,kind=nan" "$B/examples/ddp" --ranks 3 --limit 600 --batch 60 --timeout 2
+    check "ddp: rank 1 stalled for good (DT_FAULT) ends the run: exit 1 within 15 s, naming it" \
+        fault_ends "rank 1 has not returned" env DT_FAULT="rank=1,coll=6,kind=hang" "$B/examples/ddp" --ranks 3 --limit 600 --batch 60 --timeout 1
+fi
 
 echo "== 6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
 mkdir -p "$B/fuzz"
