@@ -26,12 +26,16 @@
 #      run; every header line states the whole recipe
 #   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
 #       (tools/docs_check.sh, as make docs-check)
+#   5c. faults (DT_FAULT) on 2, 3 and 4 local ranks: tests/mpi/fault_ddp.c with each kind (fail, return,
+#       stall, hang, nan) and a NaN pixel ends with exit status 1 within 15 s, naming the cause and the rank,
+#       the NaN loss once; the ddp example the same with a NaN gradient and a rank stalled for good
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
 #      tests/mpi/test_trace_mpi.c (the timeline gathered on rank 0) under mpiexec -n 2;
 #      a program built without MPI and started by mpiexec fails, saying to rebuild it (needs mpich);
 #      tests/mpi/test_train_mpi.c under mpiexec -n 2, 3 and 4: DDP, local SGD, D-PSGD and FedAvg end with
 #      the bits of the same run on local ranks (within a tolerance where MPI_Allreduce does the sums);
+#      section 5c's faults under mpiexec -n 2, 3 and 4 (a stalled rank ends the job with MPI_Abort);
 #      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
 #      they log on as many local ranks (with the Fashion-MNIST dataset)
 #   8. tests/install.sh: make install PREFIX, pkg-config, CMake find_package and add_subdirectory, cmake --install,
