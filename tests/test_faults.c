@@ -121,11 +121,27 @@ static void test_no_fire(void) {
     CHECK_OK(run(3, "rank=1,coll=500,kind=fail", &j, msg, sizeof msg, &secs));
 }
 
+/* Rank 0 works on (without the communicator) for longer than the timeout after the others have returned
+   DT_OK: no rank has failed, so dt_launch waits for it, however long it takes. */
+static dt_result slow_rank0(dt_comm *c, void *arg) {
+    (void)arg;
+    if (dt_comm_rank(c) == 0) dt_sleep(4 * TIMEOUT);
+    return DT_OK;
+}
+static void test_slow_rank_waited_for(void) {
+    dt_launch_desc d;
+    memset(&d, 0, sizeof d);
+    d.ranks = 3;
+    d.comm.timeout = TIMEOUT;
+    CHECK_OK(dt_launch_local(&d, slow_rank0, NULL, NULL));
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) dt_t_only = argv[1];
     dt_log_configure(NULL, NULL, DT_LOG_ERROR);
     RUN(test_bad_specs);
     RUN(test_no_fire);
+    RUN(test_slow_rank_waited_for);
     RUN(test_kinds);
     RUN(test_nan_pixel);
     return dt_t_summary();
