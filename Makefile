@@ -1,7 +1,8 @@
 # dtrain - build the examples and tests, run the tests.
 #   make              build examples and tests (build/)
 #   make MPI=1        the same with mpicc and -DDT_USE_MPI (build-mpi/), plus the MPI tests
-#                     (build-mpi/tests/mpi/test_comm_mpi, test_train_mpi: run them with mpiexec -n 2, 3 or 4)
+#                     (build-mpi/tests/mpi/test_comm_mpi, test_train_mpi: run them with mpiexec -n 2, 3 or 4;
+#                     test_resume_mpi: one run of tests/resume_checks.h, which tests/run.sh kills and resumes)
 #   make CUDA=1       the same with the GPU backend (build-cuda/): dtrain_cuda.cu compiled once by nvcc, linked
 #                     into every program, which gcc builds with -DDT_USE_CUDA; models then run on the GPU.
 #                     With MPI=1 too: build-mpi-cuda/. CUDA_HOME (default /usr/local/cuda), CUDA_ARCH
@@ -57,6 +58,7 @@ B        := build-mpi
 MPITESTS := $(B)/tests/mpi/test_comm_mpi
 MPITESTS += $(B)/tests/mpi/test_trace_mpi
 MPITESTS += $(B)/tests/mpi/test_train_mpi
+MPITESTS += $(B)/tests/mpi/test_resume_mpi
 endif
 
 # make CUDA=1 (and make test-cuda): the GPU backend (dtrain_cuda.h) in every program
@@ -92,6 +94,7 @@ $(MPITESTS): tests/mpi/mpi_test.h tests/comm_checks.h
 $(B)/tests/test_ddp $(B)/tests/test_localsgd: tests/train_checks.h
 $(B)/tests/test_faults: tests/train_checks.h tests/fault_ddp.h
 $(B)/tests/mpi/test_train_mpi: tests/train_checks.h
+$(B)/tests/test_resume $(B)/tests/mpi/test_resume_mpi: tests/resume_checks.h
 
 $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h tests/comm_checks.h tests/dt_test_trace.h \
              $(HEADERS)

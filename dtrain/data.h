@@ -167,6 +167,10 @@ void dt_loader_destroy(dt_loader *l);
    function of (desc, epoch): the order is the indices shuffled by (seed, rank, epoch) (or as given), the
    transforms are dt_dataset_batch's for (seed, epoch); timing and prefetch never change them. */
 dt_result dt_loader_start_epoch(dt_loader *l, int64_t epoch);
+/* Begins epoch `epoch` at its batch `batch` (0 .. dt_loader_batches): the batches skipped are not converted,
+   and the ones after are those an uninterrupted epoch hands out (same order, same transforms), so a run
+   resumed from a checkpoint in the middle of an epoch sees the data it would have seen. */
+dt_result dt_loader_seek(dt_loader *l, int64_t epoch, int64_t batch);
 /* Next batch of the epoch: x [n, c, h, w] and y [n] point into the loader and stay valid until the next
    call on l. At the end of the epoch it returns DT_OK with *n = 0 (x and y NULL): a batch is never empty, so
        while ((r = dt_loader_next(l, &x, &y, &n)) == DT_OK && n > 0) { ... }
@@ -1700,11 +1704,15 @@ int64_t dt_loader_batches(const dt_loader *l) {
     return l->count / l->batch + (!l->drop_last && l->count % l->batch != 0 ? 1 : 0);
 }
 
-dt_result dt_loader_start_epoch(dt_loader *l, int64_t epoch) {
+/* dt_loader_start_epoch and dt_loader_seek: fn names the caller in messages */
+static dt_result dt__loader_begin(dt_loader *l, int64_t epoch, int64_t batch, const char *fn) {
     dt_rng r;
-    if (!l) return dt_set_error(DT_ERR_INVALID_ARG, "dt_loader_start_epoch: the loader is NULL");
+    if (!l) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the loader is NULL", fn);
     if (epoch < 0)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_loader_start_epoch: epoch is %lld; it must be >= 0", (long long)epoch);
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: epoch is %lld; it must be >= 0", fn, (long long)epoch);
+    if (batch < 0 || batch > dt_loader_batches(l))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: batch is %lld; an epoch of this loader has batches 0 .. %lld (the last "
+                            "one: the epoch's end)", fn, (long long)batch, (long long)dt_loader_batches(l));
     dt__loader_quiesce(l);
     if (l->count > 0) memcpy(l->order, l->ids, (size_t)l->count * sizeof(int64_t));
     if (l->shuffle) {   /* from the given order each epoch: the order depends on (seed, rank, epoch) only */
@@ -1712,10 +1720,13 @@ dt_result dt_loader_start_epoch(dt_loader *l, int64_t epoch) {
         dt__shuffle(l->order, l->count, &r);
     }
     l->epoch = epoch;
-    l->next = 0;
-    if (l->thread_ok && dt_loader_batches(l) > 0) dt__loader_request(l, 0);
+    l->next = batch;   /* the order and the transforms depend on (seed, rank, epoch) only: skipping costs nothing */
+    if (l->thread_ok && batch < dt_loader_batches(l)) dt__loader_request(l, batch);
     return DT_OK;
 }
+
+dt_result dt_loader_start_epoch(dt_loader *l, int64_t epoch) { return dt__loader_begin(l, epoch, 0, "dt_loader_start_epoch"); }
+dt_result dt_loader_seek(dt_loader *l, int64_t epoch, int64_t batch) { return dt__loader_begin(l, epoch, batch, "dt_loader_seek"); }
 
 dt_result dt_loader_next(dt_loader *l, const float **x, const int32_t **y, int64_t *n) {
     int64_t k, left;

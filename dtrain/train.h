@@ -2,7 +2,8 @@
    Part of dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
-     Evaluation; checkpoints (magic, version, checksum, atomic writes); and thin objects over the flat
+     Evaluation; checkpoints of every rank in one file (magic, version, checksum, atomic writes by rank 0,
+     a save and load for each trainer); and thin objects over the flat
      buffers that keep each algorithm visible: local SGD (average every K steps), Hogwild (lock-free
      updates of one shared buffer), DDP (the gradient buffer averaged by a parameter server,
      point-to-point, per layer, flat, or in buckets overlapped with backward; accumulation, uneven data,
@@ -36,20 +37,37 @@ typedef struct dt_eval_result {
 dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
                       int64_t batch, int topk, dt_eval_result *out);
 
-/* Checkpoints: parameters, buffers, the model's dropout RNG (seed, stream, step), optimizer state and step
-   counts, and the caller's progress (epoch, step, round, an RNG). The file has a magic number, a version,
-   the sizes, a signature of the model's parameter names and shapes, and a checksum. Saving writes
-   "<path>.tmp", flushes it to disk and renames it over path, so a crash never leaves a half-written file
-   in place. Loading checks everything before it changes the model: a file of another model, of another
-   version, truncated or damaged is refused with a message naming the file and the cause. */
+/* Checkpoints: parameters, buffers, the model's dropout RNG (seed, stream, step), optimizer state, step
+   counts and learning rate, and the caller's progress (dt_checkpoint_meta) - of every rank, in one file.
+   The file has a magic number, a version, the world size, the writer (dt_checkpoint_save, or which
+   trainer's save), one section per rank with a signature of the model's parameter names and shapes, and a
+   checksum. Rank 0 alone writes it: "<path>.tmp", flushed to disk, renamed over path, the directory synced;
+   the call returns on every rank only after that, with rank 0's result, so every rank agrees which
+   checkpoint is the last complete one and a crash at any moment leaves the previous one whole. Loading
+   checks everything before it changes anything: a file that is not a checkpoint, of another version,
+   truncated or damaged (the checksum), of another world size, writer or model, or with an optimizer state
+   that does not fit is refused with a message naming the file and the cause, on every rank, and no rank's
+   model or optimizer changes. A model holding NaN or infinity (a diverged run) is never saved: every rank
+   gets DT_ERR_NUMERIC and the checkpoint already at path stays; a file holding such values, or negative
+   counters, is refused on load. Rank 0 stages the whole file in memory (one section per rank). */
+#define DT_CHECKPOINT_VALUES 8
 typedef struct dt_checkpoint_meta {
     int64_t epoch, step, round;   /* the caller's counters: e.g. epochs completed */
+    int64_t batch;                /* batches of the current epoch done: where dt_loader_seek resumes */
     dt_rng  rng;                  /* any RNG the caller wants restored */
+    double  values[DT_CHECKPOINT_VALUES];  /* any numbers the caller wants restored, e.g. running loss sums */
 } dt_checkpoint_meta;
-/* o may be NULL (no optimizer state saved); meta may be NULL (zeros). */
+/* One process (the single-process loop): a checkpoint of one rank. o may be NULL (no optimizer state saved);
+   meta may be NULL (zeros). */
 dt_result dt_checkpoint_save(const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta);
 /* o NULL skips the optimizer state in the file; meta NULL skips the counters. */
 dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta);
+/* Collective: the same for every rank of c (its model m, optimizer o, meta), e.g. a loop of your own over the
+   communicator; on one rank the file is dt_checkpoint_save's. Each rank gets its own section back. */
+dt_result dt_checkpoint_save_comm(dt_comm *c, const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta);
+dt_result dt_checkpoint_load_comm(dt_comm *c, const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta);
+/* Each trainer saves and resumes through its own pair (dt_ddp_save, dt_localsgd_save, dt_dpsgd_save,
+   dt_fed_save and their _load), declared with it below: the same file with the trainer's state added. */
 
 /* ---- local SGD and Hogwild ---------------------------------------------------------------------- */
 
@@ -86,6 +104,10 @@ dt_result dt_localsgd_step(dt_localsgd *d);
    and restarts the count of steps. */
 dt_result dt_localsgd_average(dt_localsgd *d);
 dt_localsgd_stats dt_localsgd_get_stats(const dt_localsgd *d);   /* zeros for NULL */
+/* Collective checkpoint of every rank's model, optimizer o (may be NULL) and meta, and the steps since the
+   last average, so a resumed run averages at the same steps (see dt_checkpoint_save_comm). */
+dt_result dt_localsgd_save(dt_localsgd *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta);
+dt_result dt_localsgd_load(dt_localsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta);
 
 /* Hogwild (Recht et al., 2011): several threads of one process update ONE shared parameter buffer with
    plain SGD, without any lock, each on its own data. The races are intended: a worker may read parameters
@@ -196,6 +218,11 @@ int          dt_ddp_overlapped(const dt_ddp *d);      /* 1 when buckets are redu
 /* Bytes of gradient in bucket i (0 = the first reduced: the end of the buffer) of a BUCKETS dt_ddp; buckets
    hold whole tensors, so one may be far above desc.bucket_bytes. 0 when i is not a bucket. */
 int64_t      dt_ddp_bucket_bytes(const dt_ddp *d, int i);
+/* Collective checkpoint of every rank's model, optimizer o (may be NULL) and meta: the replicas are equal,
+   but each rank's dropout RNG and data position are its own. Save after a step that synchronised (a
+   checkpoint holds no gradients: accumulated ones are refused). Loading also starts a fresh accumulation. */
+dt_result dt_ddp_save(dt_ddp *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta);
+dt_result dt_ddp_load(dt_ddp *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta);
 
 /* ---- D-PSGD ---------------------------------------------------------------------------------- */
 
@@ -252,6 +279,10 @@ dt_result dt_dpsgd_average(dt_dpsgd *d, float *out);
    aside and loads the mean parameters and buffers into the model; use = 0 (local) puts the replica back. */
 dt_result dt_dpsgd_use_average(dt_dpsgd *d, int use);
 dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d);    /* zeros for NULL */
+/* Collective checkpoint of every rank's replica (they differ), optimizer o (may be NULL) and meta. Not while
+   the model holds the average (dt_dpsgd_use_average). */
+dt_result dt_dpsgd_save(dt_dpsgd *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta);
+dt_result dt_dpsgd_load(dt_dpsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta);
 
 /* ---- FedAvg ---------------------------------------------------------------------------------- */
 
@@ -361,6 +392,12 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info);
 int       dt_fed_draw(const dt_fed *f, int64_t round, int *sel, int *dropped);
 /* Rank 0: which clients of the last round entered the aggregate, kept [clients] (1/0); others get zeros. */
 void      dt_fed_last_kept(const dt_fed *f, int *kept);
+/* Collective checkpoint between rounds: rank 0's global model, every rank's working model (its buffers and
+   dropout RNG carry over from round to round) and meta (put the next round in meta.round). Nothing else
+   persists: the draw of each round is a function of (seed, round), and the clients' optimizers and loaders
+   are made afresh every round (FedProx's reference is the round's global model). */
+dt_result dt_fed_save(dt_fed *f, const char *path, const dt_checkpoint_meta *meta);
+dt_result dt_fed_load(dt_fed *f, const char *path, dt_checkpoint_meta *meta);
 
 #ifdef __cplusplus
 }
@@ -444,10 +481,24 @@ done:
     return r;
 }
 
-/* ---- checkpoints ---- */
+/* ---- checkpoints ----
+   Version 2. One file holds every rank's state, written by rank 0 alone, so that its atomicity is one
+   rename: a crash before the rename leaves the previous checkpoint whole, and no file ever mixes ranks of
+   two checkpoints. The file: the magic, then little-endian 64-bit words: the version, the world size, the
+   trainer (DT__CKPT_PLAIN, ...), each rank's section size in bytes [world]; then the sections in rank
+   order; then the FNV-1a checksum of everything before it. A section: DT__CKPT_SEC_WORDS words (see
+   dt__ckpt_words), then the parameters, buffers and optimizer state (float32) and the per-tensor step
+   counts (int64). Everything is staged in memory: rank 0 holds the whole file while it writes or reads. */
 
 #define DT__CKPT_MAGIC "DTCKPT\r\n"
-#define DT__CKPT_VERSION 1u
+#define DT__CKPT_VERSION 2u
+#define DT__CKPT_HEAD_WORDS 3          /* version, world, trainer; then the sizes */
+#define DT__CKPT_SEC_WORDS (19 + DT_CHECKPOINT_VALUES)
+
+/* Which call wrote a checkpoint: each trainer's resume reads only its own. */
+enum { DT__CKPT_PLAIN = 0, DT__CKPT_DDP, DT__CKPT_LOCALSGD, DT__CKPT_DPSGD, DT__CKPT_FEDAVG, DT__CKPT_TRAINERS };
+static const char *const dt__ckpt_writers[DT__CKPT_TRAINERS] = {
+    "dt_checkpoint_save(_comm)", "dt_ddp_save", "dt_localsgd_save", "dt_dpsgd_save", "dt_fed_save"};
 
 /* FNV-1a, 64-bit, over bytes: the checksum and the model signature */
 static uint64_t dt__fnv(uint64_t h, const void *data, size_t n) {
@@ -467,12 +518,6 @@ static uint64_t dt__model_signature(const dt_model *m) {
     return h;
 }
 
-/* The header: magic, then 15 little-endian 64-bit words: version, model signature, nparams, nbuffers,
-   nstate, ntensors, optimizer kind, the model's dropout seed, stream and step, the caller's epoch, step,
-   round, and RNG state and increment. Then params, buffers, optimizer state (float32), per-tensor step
-   counts (int64), and the FNV-1a checksum of everything before it. */
-#define DT__CKPT_HEAD_WORDS 15
-
 static void dt__put_u64(unsigned char *p, uint64_t v) {
     int i;
     for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
@@ -488,7 +533,8 @@ static int dt__little_endian(void) {
     return *(const unsigned char *)&one == 1;
 }
 
-/* Makes the data of f durable before the rename. POSIX fsync where the platform has it. */
+/* Makes the data of f, and then the rename in its directory, durable. POSIX fsync where the platform has
+   it; a directory that cannot be synced (some file systems refuse) is no error: the rename itself is. */
 #if defined(__unix__) || defined(__APPLE__)
 #if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX)
 extern int fileno(FILE *stream);
@@ -497,157 +543,398 @@ extern int fileno(FILE *stream);
 extern int fsync(int fd);
 #endif
 #include <unistd.h>
+#include <fcntl.h>
 static int dt__sync_file(FILE *f) { return fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -1; }
+static void dt__sync_dir(const char *path) {
+    char dir[1024];
+    const char *slash = strrchr(path, '/');
+    int fd;
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if ((fd = open(dir, O_RDONLY)) < 0) return;
+    (void)fsync(fd);
+    close(fd);
+}
 #else
 static int dt__sync_file(FILE *f) { return fflush(f) == 0 ? 0 : -1; }
+static void dt__sync_dir(const char *path) { (void)path; }
 #endif
 
-dt_result dt_checkpoint_save(const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta) {
+/* One rank's part of a checkpoint call. */
+typedef struct dt__ckpt {
+    dt_comm   *c;          /* NULL: one process, no communicator */
+    int        rank, world, trainer;
+    const char *fn, *path;
+    dt_model  *m;
+    dt_optim  *o;
+    int64_t    word;       /* the trainer's own state (local SGD: steps since the last average) */
+} dt__ckpt;
+
+static int64_t dt__ckpt_state(const dt__ckpt *k) {
+    int64_t n = 0;
+    if (k->o) dt_optim_state(k->o, &n);
+    return n;
+}
+static int64_t dt__ckpt_section_bytes(const dt__ckpt *k) {
+    return 8 * DT__CKPT_SEC_WORDS + 4 * (k->m->nparams + k->m->nbuffers + dt__ckpt_state(k)) +
+           8 * (int64_t)(k->o ? k->o->ntensors : 0);
+}
+
+/* The words of a section: rank, model signature, parameters, buffer values, optimizer state values and
+   tensors (0: no optimizer), optimizer kind and learning rate (its float's bits), the model's dropout RNG
+   (seed, stream, step), the meta (epoch, step, round, batch, RNG state and increment, the values' bits),
+   the trainer's word. */
+static void dt__ckpt_words(const dt__ckpt *k, const dt_checkpoint_meta *meta, uint64_t *w) {
+    dt_checkpoint_meta z;
+    uint32_t lr = 0;
+    float f = k->o ? k->o->d.lr : 0.0f;
+    int i;
+    memset(&z, 0, sizeof z);
+    if (!meta) meta = &z;
+    memcpy(&lr, &f, sizeof lr);
+    w[0] = (uint64_t)k->rank; w[1] = dt__model_signature(k->m); w[2] = (uint64_t)k->m->nparams;
+    w[3] = (uint64_t)k->m->nbuffers; w[4] = (uint64_t)dt__ckpt_state(k); w[5] = (uint64_t)(k->o ? k->o->ntensors : 0);
+    w[6] = k->o ? (uint64_t)k->o->d.kind : 0; w[7] = lr;
+    w[8] = k->m->seed; w[9] = k->m->stream; w[10] = k->m->step;
+    w[11] = (uint64_t)meta->epoch; w[12] = (uint64_t)meta->step; w[13] = (uint64_t)meta->round;
+    w[14] = (uint64_t)meta->batch; w[15] = meta->rng.state; w[16] = meta->rng.inc;
+    w[17] = (uint64_t)k->word; w[18] = 0;
+    for (i = 0; i < DT_CHECKPOINT_VALUES; i++) memcpy(&w[19 + i], &meta->values[i], sizeof(double));
+}
+
+/* This rank's section into sec [dt__ckpt_section_bytes]. */
+static void dt__ckpt_write_section(const dt__ckpt *k, const dt_checkpoint_meta *meta, unsigned char *sec) {
+    uint64_t w[DT__CKPT_SEC_WORDS];
+    dt_model *m = k->m;
+    int64_t ns = dt__ckpt_state(k), i;
+    unsigned char *p = sec + 8 * DT__CKPT_SEC_WORDS;
+    dt__ckpt_words(k, meta, w);
+    for (i = 0; i < DT__CKPT_SEC_WORDS; i++) dt__put_u64(sec + 8 * i, w[i]);
+    m->ops->download(m->ctx, p, m->params, 4 * m->nparams);
+    p += 4 * m->nparams;
+    if (m->nbuffers) m->ops->download(m->ctx, p, m->buffers, 4 * m->nbuffers);
+    p += 4 * m->nbuffers;
+    if (ns) m->ops->download(m->ctx, p, k->o->state, 4 * ns);
+    p += 4 * ns;
+    for (i = 0; k->o && i < k->o->ntensors; i++) dt__put_u64(p + 8 * i, (uint64_t)k->o->steps[i]);
+}
+
+/* The values of a section [len] that must be finite (parameters, buffers, optimizer state: the floats after its
+   words, `nf` of them) and its counters, which are never negative: a section that holds NaN or infinity
+   comes from a diverged run, and saving it would replace a good checkpoint with a useless one. `doing` says
+   "save" or "load" for the message. */
+static dt_result dt__ckpt_check_values(const dt__ckpt *k, const unsigned char *sec, int64_t nf, const char *doing) {
+    const unsigned char *p = sec + 8 * DT__CKPT_SEC_WORDS;
+    int64_t i, bad = 0, first = -1;
+    for (i = 0; i < nf; i++) {
+        float v;
+        memcpy(&v, p + 4 * i, sizeof v);
+        if (!(v - v == 0.0f)) { bad++; if (first < 0) first = i; }   /* NaN or infinity */
+    }
+    for (i = 11; i <= 14; i++)   /* epoch, step, round, batch */
+        if ((int64_t)dt__get_u64(sec + 8 * i) < 0)
+            return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds a negative epoch, step, round or batch: the file is "
+                                "damaged or was not written by dtrain", k->fn, k->rank, k->path);
+    if (!bad) return DT_OK;
+    if (doing[0] == 's')
+        return dt_set_error(DT_ERR_NUMERIC, "%s: rank %d: %lld of its %lld values (parameters, buffers, optimizer state; the first "
+                            "at %lld) are NaN or infinite: the model diverged; nothing is written (a checkpoint already at %s is "
+                            "kept: resume from it with a lower learning rate)", k->fn, k->rank, (long long)bad,
+                            (long long)nf, (long long)first, k->path);
+    return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %lld NaN or infinite values (the first at %lld): it was saved "
+                        "from a diverged run or is damaged; use an earlier checkpoint", k->fn, k->rank, k->path, (long long)bad,
+                        (long long)first);
+}
+
+/* Collective agreement on a result: every rank returns DT_OK, or the result and message of the lowest rank
+   that failed (so all ranks report the same cause). */
+static dt_result dt__ckpt_agree(const dt__ckpt *k, dt_result r) {
+    int64_t first = r != DT_OK ? k->rank : k->world, code = (int64_t)r;
+    char msg[512];
+    dt_result e;
+    if (!k->c || k->world == 1) return r;
+    if ((e = dt_comm_allreduce(k->c, &first, 1, DT_I64, DT_MIN, DT_ALGO_AUTO)) != DT_OK) return e;
+    if (first == k->world) return DT_OK;
+    memset(msg, 0, sizeof msg);
+    if (first == k->rank) {
+        const char *s = dt_last_error();
+        size_t pre = strlen(dt_result_str(r));   /* without its "DT_ERR_...: ", which dt_set_error adds back */
+        if (strncmp(s, dt_result_str(r), pre) == 0 && s[pre] == ':') s += pre + (s[pre + 1] == ' ' ? 2 : 1);
+        snprintf(msg, sizeof msg, "%s", s);
+    }
+    if ((e = dt_comm_broadcast(k->c, &code, 1, DT_I64, (int)first, DT_ALGO_AUTO)) != DT_OK ||
+        (e = dt_comm_broadcast(k->c, msg, sizeof msg, DT_U8, (int)first, DT_ALGO_AUTO)) != DT_OK) return e;
+    msg[sizeof msg - 1] = 0;
+    return dt_set_error((dt_result)code, "%s", msg);
+}
+
+/* Rank 0: writes file [bytes] to "<path>.tmp", flushes it to disk, renames it over path, syncs the directory. */
+static dt_result dt__ckpt_write_file(const dt__ckpt *k, const unsigned char *file, int64_t bytes) {
     char tmp[1024];
-    unsigned char head[8 + 8 * DT__CKPT_HEAD_WORDS], tail[8];
-    uint64_t words[DT__CKPT_HEAD_WORDS], sum = 0xcbf29ce484222325ULL;
-    int64_t nstate = 0, total, i;
-    float *host = NULL;
-    int64_t *steps = NULL;
     FILE *f;
-    dt_result r;
-    if ((r = dt__need_final(m, "dt_checkpoint_save")) != DT_OK) return r;
-    if (!path || !*path) return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_save: path is empty");
-    if (o && o->m != m) return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_save: the optimizer belongs to another model");
-    if (!dt__little_endian()) return dt_set_error(DT_ERR_UNSUPPORTED, "dt_checkpoint_save: big-endian hosts are not supported");
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_save: path is too long");
-    if (o) dt_optim_state(o, &nstate);
-    total = m->nparams + m->nbuffers + nstate;
-    host = (float *)DT_MALLOC(sizeof(float) * (size_t)(total + 1));
-    steps = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)((o ? o->ntensors : 0) + 1));
-    if (!host || !steps) {
-        DT_FREE(host); DT_FREE(steps);
-        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_checkpoint_save: no memory to stage %lld values", (long long)total);
-    }
-    m->ops->download(m->ctx, host, m->params, (int64_t)sizeof(float) * m->nparams);
-    m->ops->download(m->ctx, host + m->nparams, m->buffers, (int64_t)sizeof(float) * m->nbuffers);
-    if (nstate) m->ops->download(m->ctx, host + m->nparams + m->nbuffers, o->state, (int64_t)sizeof(float) * nstate);
-    for (i = 0; o && i < o->ntensors; i++) steps[i] = o->steps[i];
-    words[0] = DT__CKPT_VERSION; words[1] = dt__model_signature(m); words[2] = (uint64_t)m->nparams;
-    words[3] = (uint64_t)m->nbuffers; words[4] = (uint64_t)nstate; words[5] = (uint64_t)(o ? o->ntensors : 0);
-    words[6] = o ? (uint64_t)o->d.kind : 0; words[7] = m->seed; words[8] = m->stream; words[9] = m->step;
-    words[10] = (uint64_t)(meta ? meta->epoch : 0); words[11] = (uint64_t)(meta ? meta->step : 0);
-    words[12] = (uint64_t)(meta ? meta->round : 0);
-    words[13] = meta ? meta->rng.state : 0; words[14] = meta ? meta->rng.inc : 0;
-    memcpy(head, DT__CKPT_MAGIC, 8);
-    for (i = 0; i < DT__CKPT_HEAD_WORDS; i++) dt__put_u64(head + 8 + 8 * i, words[i]);
-    sum = dt__fnv(sum, head, sizeof head);
-    sum = dt__fnv(sum, host, sizeof(float) * (size_t)total);
-    sum = dt__fnv(sum, steps, sizeof(int64_t) * (size_t)(o ? o->ntensors : 0));
-    dt__put_u64(tail, sum);
-    if (!(f = fopen(tmp, "wb"))) {
-        DT_FREE(host); DT_FREE(steps);
-        return dt_set_error(DT_ERR_IO, "dt_checkpoint_save: cannot create %s (does the directory exist and is it writable?)", tmp);
-    }
-    r = DT_OK;
-    if (fwrite(head, 1, sizeof head, f) != sizeof head || fwrite(host, sizeof(float), (size_t)total, f) != (size_t)total ||
-        fwrite(steps, sizeof(int64_t), (size_t)(o ? o->ntensors : 0), f) != (size_t)(o ? o->ntensors : 0) ||
-        fwrite(tail, 1, sizeof tail, f) != sizeof tail || dt__sync_file(f) != 0)
-        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_save: writing %s failed (disk full?); the previous %s is untouched", tmp, path);
+    dt_result r = DT_OK;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", k->path) >= (int)sizeof tmp)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: path is too long", k->fn);
+    if (!(f = fopen(tmp, "wb")))
+        return dt_set_error(DT_ERR_IO, "%s: cannot create %s (does the directory exist and is it writable?)", k->fn, tmp);
+    if (fwrite(file, 1, (size_t)bytes, f) != (size_t)bytes || dt__sync_file(f) != 0)
+        r = dt_set_error(DT_ERR_IO, "%s: writing %s failed (disk full?); the previous %s is untouched", k->fn, tmp, k->path);
     if (fclose(f) != 0 && r == DT_OK)
-        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_save: closing %s failed; the previous %s is untouched", tmp, path);
-    if (r == DT_OK && rename(tmp, path) != 0)
-        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_save: cannot rename %s to %s", tmp, path);
+        r = dt_set_error(DT_ERR_IO, "%s: closing %s failed; the previous %s is untouched", k->fn, tmp, k->path);
+    if (r == DT_OK && rename(tmp, k->path) != 0)
+        r = dt_set_error(DT_ERR_IO, "%s: cannot rename %s to %s", k->fn, tmp, k->path);
     if (r != DT_OK) remove(tmp);
-    DT_FREE(host); DT_FREE(steps);
+    else dt__sync_dir(k->path);
     return r;
 }
 
-dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta) {
-    unsigned char head[8 + 8 * DT__CKPT_HEAD_WORDS], tail[8];
-    uint64_t w[DT__CKPT_HEAD_WORDS], sum = 0xcbf29ce484222325ULL;
-    int64_t total, nt, i, have_state = 0;
-    long size;
-    float *host = NULL;
-    int64_t *steps = NULL;
+/* Collective (or one process with k->c NULL): every rank's section, gathered by rank 0, which writes the file.
+   Every rank returns rank 0's result: the checkpoint exists for all of them once the file is complete. */
+static dt_result dt__ckpt_save(dt__ckpt *k, const dt_checkpoint_meta *meta) {
+    int64_t mine = dt__ckpt_section_bytes(k), most = 0, head, bytes = 0, off, i;
+    int64_t *sizes = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)k->world);
+    unsigned char *sec = NULL, *file = NULL, *slots = NULL;
+    dt_result r = DT_OK;
+    if (!sizes) r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", k->fn, k->rank);
+    if ((r = dt__ckpt_agree(k, r)) != DT_OK) { DT_FREE(sizes); return r; }
+    sizes[0] = mine;
+    if (k->c && k->world > 1 && (r = dt_comm_allgather(k->c, &mine, sizes, 1, DT_I64)) != DT_OK) { DT_FREE(sizes); return r; }
+    head = 8 + 8 * (DT__CKPT_HEAD_WORDS + k->world);
+    for (i = 0; i < k->world; i++) { most = sizes[i] > most ? sizes[i] : most; bytes += sizes[i]; }
+    bytes += head + 8;
+    sec = (unsigned char *)DT_MALLOC((size_t)most);   /* padded to the largest, for one gather */
+    if (k->rank == 0) {
+        file = (unsigned char *)DT_MALLOC((size_t)bytes);
+        slots = (unsigned char *)DT_MALLOC((size_t)(most * k->world));
+    }
+    if (!sec || (k->rank == 0 && (!file || !slots)))
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory to stage %lld bytes of checkpoint", k->fn, k->rank,
+                         (long long)(k->rank == 0 ? bytes + most * (k->world + 1) : most));
+    if ((r = dt__ckpt_agree(k, r)) == DT_OK) {
+        memset(sec, 0, (size_t)most);
+        dt__ckpt_write_section(k, meta, sec);
+        r = dt__ckpt_agree(k, dt__ckpt_check_values(k, sec, k->m->nparams + k->m->nbuffers + dt__ckpt_state(k), "save"));
+    }
+    if (r == DT_OK) {
+        if (k->c && k->world > 1) r = dt_comm_gather(k->c, sec, slots, (size_t)most, DT_U8, 0);
+        else memcpy(slots, sec, (size_t)most);
+    }
+    if (r == DT_OK && k->rank == 0) {
+        memcpy(file, DT__CKPT_MAGIC, 8);
+        dt__put_u64(file + 8, DT__CKPT_VERSION);
+        dt__put_u64(file + 16, (uint64_t)k->world);
+        dt__put_u64(file + 24, (uint64_t)k->trainer);
+        for (i = 0, off = head; i < k->world; off += sizes[i], i++) {
+            dt__put_u64(file + 32 + 8 * i, (uint64_t)sizes[i]);
+            memcpy(file + off, slots + i * most, (size_t)sizes[i]);
+        }
+        dt__put_u64(file + bytes - 8, dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)));
+        r = dt__ckpt_write_file(k, file, bytes);
+    }
+    DT_FREE(sizes); DT_FREE(sec); DT_FREE(file); DT_FREE(slots);
+    return dt__ckpt_agree(k, r);
+}
+
+/* Rank 0: the whole file into *file [*bytes]. */
+static dt_result dt__ckpt_read_file(const dt__ckpt *k, unsigned char **file, int64_t *bytes) {
     FILE *f;
-    dt_result r;
-    if ((r = dt__need_final(m, "dt_checkpoint_load")) != DT_OK) return r;
-    if (!path) return dt_set_error(DT_ERR_INVALID_ARG, "dt_checkpoint_load: path is NULL");
-    if (!(f = fopen(path, "rb"))) return dt_set_error(DT_ERR_IO, "dt_checkpoint_load: cannot open %s (no such file, or no permission)", path);
+    long size;
+    *file = NULL;
+    if (!(f = fopen(k->path, "rb")))
+        return dt_set_error(DT_ERR_IO, "%s: cannot open %s (no such file, or no permission)", k->fn, k->path);
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
-        return dt_set_error(DT_ERR_IO, "dt_checkpoint_load: cannot read %s", path);
+        return dt_set_error(DT_ERR_IO, "%s: cannot read %s", k->fn, k->path);
     }
-    if (fread(head, 1, sizeof head, f) != sizeof head || memcmp(head, DT__CKPT_MAGIC, 8) != 0) {
+    if (!(*file = (unsigned char *)DT_MALLOC((size_t)size + 1))) {
         fclose(f);
-        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is not a dtrain checkpoint (wrong magic number or too short)", path);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: no memory to stage %s (%ld bytes)", k->fn, k->path, size);
     }
-    for (i = 0; i < DT__CKPT_HEAD_WORDS; i++) w[i] = dt__get_u64(head + 8 + 8 * i);
-    if (w[0] != DT__CKPT_VERSION) {
+    *bytes = (int64_t)size;
+    if (fread(*file, 1, (size_t)size, f) != (size_t)size) {
         fclose(f);
-        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s has format version %llu; this dtrain reads version %u",
-                            path, (unsigned long long)w[0], DT__CKPT_VERSION);
-    }
-    if (w[2] != (uint64_t)m->nparams || w[3] != (uint64_t)m->nbuffers || w[1] != dt__model_signature(m)) {
-        fclose(f);
-        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s holds another model (%llu parameters, %llu buffer values, "
-                            "signature %016llx) than this one (%lld, %lld, %016llx): build the same model to load it",
-                            path, (unsigned long long)w[2], (unsigned long long)w[3], (unsigned long long)w[1],
-                            (long long)m->nparams, (long long)m->nbuffers, (unsigned long long)dt__model_signature(m));
-    }
-    if (w[4] > (uint64_t)(2 * m->nparams) || w[5] > 1000000u) {
-        fclose(f);
-        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is damaged (impossible optimizer sizes)", path);
-    }
-    total = m->nparams + m->nbuffers + (int64_t)w[4];
-    nt = (int64_t)w[5];
-    if ((int64_t)size != (int64_t)sizeof head + 4 * total + 8 * nt + 8) {
-        fclose(f);
-        return dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is %ld bytes but its header describes %lld: the file is "
-                            "truncated or damaged", path, size, (long long)((int64_t)sizeof head + 4 * total + 8 * nt + 8));
-    }
-    if (o) {
-        int64_t want;
-        dt_optim_state(o, &want);
-        if (w[5] == 0)
-            r = dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s has no optimizer state; pass NULL for the optimizer "
-                             "to load the model alone", path);
-        else if (w[6] != (uint64_t)o->d.kind || (int64_t)w[4] != want || nt != o->ntensors)
-            r = dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: the optimizer state in %s (kind %llu, %llu values) does not "
-                             "fit this optimizer (kind %d, %lld values)", path, (unsigned long long)w[6],
-                             (unsigned long long)w[4], (int)o->d.kind, (long long)want);
-        if (r != DT_OK) { fclose(f); return r; }
-        have_state = 1;
-    }
-    host = (float *)DT_MALLOC(sizeof(float) * (size_t)(total + 1));
-    steps = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
-    if (!host || !steps) {
-        fclose(f); DT_FREE(host); DT_FREE(steps);
-        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_checkpoint_load: no memory to stage %s", path);
-    }
-    if (fread(host, sizeof(float), (size_t)total, f) != (size_t)total || fread(steps, sizeof(int64_t), (size_t)nt, f) != (size_t)nt ||
-        fread(tail, 1, 8, f) != 8) {
-        r = dt_set_error(DT_ERR_IO, "dt_checkpoint_load: reading %s failed", path);
-    } else {
-        sum = dt__fnv(sum, head, sizeof head);
-        sum = dt__fnv(sum, host, sizeof(float) * (size_t)total);
-        sum = dt__fnv(sum, steps, sizeof(int64_t) * (size_t)nt);
-        if (sum != dt__get_u64(tail))
-            r = dt_set_error(DT_ERR_FORMAT, "dt_checkpoint_load: %s is damaged (checksum mismatch); use an earlier checkpoint", path);
+        return dt_set_error(DT_ERR_IO, "%s: reading %s failed", k->fn, k->path);
     }
     fclose(f);
-    if (r == DT_OK) {   /* everything checked: only now does the model change */
-        m->ops->upload(m->ctx, m->params, host, (int64_t)sizeof(float) * m->nparams);
-        m->ops->upload(m->ctx, m->buffers, host + m->nparams, (int64_t)sizeof(float) * m->nbuffers);
-        m->seed = w[7]; m->stream = w[8]; m->step = w[9];
-        if (have_state) {
-            if (w[4]) m->ops->upload(m->ctx, o->state, host + m->nparams + m->nbuffers, (int64_t)sizeof(float) * (int64_t)w[4]);
-            memcpy(o->steps, steps, sizeof(int64_t) * (size_t)nt);
-        }
-        if (meta) {
-            meta->epoch = (int64_t)w[10]; meta->step = (int64_t)w[11]; meta->round = (int64_t)w[12];
-            meta->rng.state = w[13]; meta->rng.inc = w[14];
-        }
+    return DT_OK;
+}
+
+/* Rank 0: the checks of the whole file, in the order that makes each message true: what it is (magic,
+   version), whether it is whole (sizes, checksum), then whether it fits this run (world size, trainer).
+   sizes [k->world] receives the sections' sizes. */
+static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *file, int64_t bytes, int64_t *sizes) {
+    uint64_t version, world, trainer, i;
+    int64_t head, sum = 0;
+    if (bytes < 8 + 8 * DT__CKPT_HEAD_WORDS + 8 || memcmp(file, DT__CKPT_MAGIC, 8) != 0)   /* + the checksum */
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s is not a dtrain checkpoint (wrong magic number or too short)", k->fn, k->path);
+    version = dt__get_u64(file + 8); world = dt__get_u64(file + 16); trainer = dt__get_u64(file + 24);
+    if (version != DT__CKPT_VERSION)
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s has format version %llu; this dtrain reads version %u%s", k->fn, k->path,
+                            (unsigned long long)version, DT__CKPT_VERSION,
+                            version == 1 ? " (version 1 held one model; save it again with this dtrain)" : "");
+    if (world < 1 || world > (uint64_t)(bytes - 8 - 8 * DT__CKPT_HEAD_WORDS - 8) / 8)
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s is truncated or damaged (a world of %llu ranks in %lld bytes)", k->fn,
+                            k->path, (unsigned long long)world, (long long)bytes);
+    head = 8 + 8 * (DT__CKPT_HEAD_WORDS + (int64_t)world);
+    for (i = 0; i < world && sum <= bytes; i++) {
+        uint64_t s = dt__get_u64(file + 32 + 8 * i);
+        sum = s < 8 * DT__CKPT_SEC_WORDS || s > (uint64_t)bytes ? bytes + 1 : sum + (int64_t)s;
     }
-    DT_FREE(host); DT_FREE(steps);
+    if (sum + head + 8 != bytes)
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s is %lld bytes, which is not what its header describes: the file is "
+                            "truncated or damaged; use an earlier checkpoint", k->fn, k->path, (long long)bytes);
+    if (dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)) != dt__get_u64(file + bytes - 8))
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s is damaged (checksum mismatch); use an earlier checkpoint", k->fn, k->path);
+    if (world != (uint64_t)k->world)
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s holds the state of %llu ranks but this run has %d: resume on %llu ranks",
+                            k->fn, k->path, (unsigned long long)world, k->world, (unsigned long long)world);
+    if (trainer != (uint64_t)k->trainer)
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s was written by %s; %s reads what %s writes: resume with the trainer that "
+                            "wrote it", k->fn, k->path, trainer < DT__CKPT_TRAINERS ? dt__ckpt_writers[trainer] : "an unknown trainer",
+                            k->fn, dt__ckpt_writers[k->trainer]);
+    for (i = 0; i < world; i++) sizes[i] = (int64_t)dt__get_u64(file + 32 + 8 * i);
+    return DT_OK;
+}
+
+/* Each rank: its section [len] against its model and optimizer; w receives the section's words. */
+static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *sec, int64_t len, uint64_t *w) {
+    dt_model *m = k->m;
+    int i;
+    for (i = 0; i < DT__CKPT_SEC_WORDS; i++) w[i] = dt__get_u64(sec + 8 * i);
+    if (w[0] != (uint64_t)k->rank || w[4] > (uint64_t)len || w[5] > (uint64_t)len ||
+        (int64_t)(8 * DT__CKPT_SEC_WORDS + 4 * (w[2] + w[3] + w[4]) + 8 * w[5]) != len)
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: its section of %s is damaged (impossible sizes)", k->fn, k->rank, k->path);
+    if (w[2] != (uint64_t)m->nparams || w[3] != (uint64_t)m->nbuffers || w[1] != dt__model_signature(m))
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds another model (%llu parameters, %llu buffer values, signature "
+                            "%016llx) than this one (%lld, %lld, %016llx): build the same model to load it", k->fn, k->rank,
+                            k->path, (unsigned long long)w[2], (unsigned long long)w[3], (unsigned long long)w[1],
+                            (long long)m->nparams, (long long)m->nbuffers, (unsigned long long)dt__model_signature(m));
+    if (k->o && w[5] == 0)
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s has no optimizer state; pass NULL for the optimizer to load the "
+                            "model alone", k->fn, k->rank, k->path);
+    if (k->o && (w[6] != (uint64_t)k->o->d.kind || w[4] != (uint64_t)dt__ckpt_state(k) || w[5] != (uint64_t)k->o->ntensors))
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: the optimizer state in %s (kind %llu, %llu values) does not fit this "
+                            "optimizer (kind %d, %lld values)", k->fn, k->rank, k->path, (unsigned long long)w[6],
+                            (unsigned long long)w[4], (int)k->o->d.kind, (long long)dt__ckpt_state(k));
+    return dt__ckpt_check_values(k, sec, (int64_t)(w[2] + w[3] + w[4]), "load");
+}
+
+/* Each rank, after every rank's checks passed: its section into its model, optimizer, meta and word. */
+static void dt__ckpt_apply(dt__ckpt *k, const unsigned char *sec, const uint64_t *w, dt_checkpoint_meta *meta) {
+    dt_model *m = k->m;
+    const unsigned char *p = sec + 8 * DT__CKPT_SEC_WORDS;
+    uint32_t lr = (uint32_t)w[7];
+    int64_t i;
+    int j;
+    m->ops->upload(m->ctx, m->params, p, 4 * m->nparams);
+    p += 4 * m->nparams;
+    if (m->nbuffers) m->ops->upload(m->ctx, m->buffers, p, 4 * m->nbuffers);
+    p += 4 * m->nbuffers;
+    m->seed = w[8]; m->stream = w[9]; m->step = w[10];
+    if (k->o) {
+        if (w[4]) m->ops->upload(m->ctx, k->o->state, p, 4 * (int64_t)w[4]);
+        p += 4 * (int64_t)w[4];
+        for (i = 0; i < k->o->ntensors; i++) k->o->steps[i] = (int64_t)dt__get_u64(p + 8 * i);
+        memcpy(&k->o->d.lr, &lr, sizeof lr);
+    }
+    if (meta) {
+        meta->epoch = (int64_t)w[11]; meta->step = (int64_t)w[12]; meta->round = (int64_t)w[13];
+        meta->batch = (int64_t)w[14]; meta->rng.state = w[15]; meta->rng.inc = w[16];
+        for (j = 0; j < DT_CHECKPOINT_VALUES; j++) memcpy(&meta->values[j], &w[19 + j], sizeof(double));
+    }
+    k->word = (int64_t)w[17];
+}
+
+/* Collective (or one process with k->c NULL): rank 0 reads and checks the file and hands each rank its
+   section; each rank checks its own; only when every check passed on every rank does any rank change. */
+static dt_result dt__ckpt_load(dt__ckpt *k, dt_checkpoint_meta *meta) {
+    int64_t *sizes = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)k->world), bytes = 0, most = 0, i, off;
+    unsigned char *file = NULL, *slots = NULL, *sec = NULL;
+    uint64_t w[DT__CKPT_SEC_WORDS];
+    int packed = 0;
+    dt_result r = DT_OK;
+    if (!sizes) r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", k->fn, k->rank);
+    else if (k->rank == 0 && (r = dt__ckpt_read_file(k, &file, &bytes)) == DT_OK) r = dt__ckpt_check_file(k, file, bytes, sizes);
+    if ((r = dt__ckpt_agree(k, r)) != DT_OK) goto done;
+    if (k->c && k->world > 1 && (r = dt_comm_broadcast(k->c, sizes, (size_t)k->world, DT_I64, 0, DT_ALGO_AUTO)) != DT_OK)
+        goto done;
+    for (i = 0; i < k->world; i++) most = sizes[i] > most ? sizes[i] : most;
+    if (k->rank == 0) {   /* the sections as slots of the largest one's size: in place when they are equal */
+        slots = file + 8 + 8 * (DT__CKPT_HEAD_WORDS + k->world);
+        for (i = 0; i < k->world; i++) packed |= sizes[i] != most;
+        if (packed && (slots = (unsigned char *)DT_MALLOC((size_t)(most * k->world))) != NULL)
+            for (i = 0, off = 8 + 8 * (DT__CKPT_HEAD_WORDS + k->world); i < k->world; off += sizes[i], i++)
+                memcpy(slots + i * most, file + off, (size_t)sizes[i]);
+    }
+    sec = (unsigned char *)DT_MALLOC((size_t)most);
+    if (!sec || (k->rank == 0 && !slots))
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory to stage %lld bytes of checkpoint", k->fn, k->rank,
+                         (long long)most);
+    if ((r = dt__ckpt_agree(k, r)) != DT_OK) goto done;
+    if (k->c && k->world > 1) r = dt_comm_scatter(k->c, slots, sec, (size_t)most, DT_U8, 0);
+    else memcpy(sec, slots, (size_t)most);
+    if (r == DT_OK) r = dt__ckpt_check_section(k, sec, sizes[k->rank], w);
+    if ((r = dt__ckpt_agree(k, r)) == DT_OK) dt__ckpt_apply(k, sec, w, meta);   /* everything checked everywhere */
+done:
+    if (packed) DT_FREE(slots);
+    DT_FREE(sizes); DT_FREE(file); DT_FREE(sec);
     return r;
+}
+
+/* Fills the call's description; refuses what no rank can save or load. */
+static dt_result dt__ckpt_init(dt__ckpt *k, dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m,
+                               dt_optim *o) {
+    dt_result r;
+    memset(k, 0, sizeof *k);
+    k->c = c; k->fn = fn; k->trainer = trainer; k->path = path; k->m = m; k->o = o;
+    k->rank = c ? dt_comm_rank(c) : 0;
+    k->world = c ? dt_comm_size(c) : 1;
+    if ((r = dt__need_final(m, fn)) != DT_OK) return r;
+    if (!path || !*path) return dt_set_error(DT_ERR_INVALID_ARG, "%s: path is empty", fn);
+    if (o && o->m != m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the optimizer belongs to another model", fn);
+    if (!dt__little_endian()) return dt_set_error(DT_ERR_UNSUPPORTED, "%s: big-endian hosts are not supported", fn);
+    return DT_OK;
+}
+
+dt_result dt_checkpoint_save(const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta) {
+    dt__ckpt k;
+    dt_result r = dt__ckpt_init(&k, NULL, "dt_checkpoint_save", DT__CKPT_PLAIN, path, m, o);
+    return r != DT_OK ? r : dt__ckpt_save(&k, meta);
+}
+
+dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta) {
+    dt__ckpt k;
+    dt_result r = dt__ckpt_init(&k, NULL, "dt_checkpoint_load", DT__CKPT_PLAIN, path, m, o);
+    return r != DT_OK ? r : dt__ckpt_load(&k, meta);
+}
+
+/* The collective entry points: each rank's refusal of its own arguments is agreed like any other failure, so
+   no rank waits in a collective that another never enters. */
+static dt_result dt__ckpt_save_comm(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
+                                    const dt_checkpoint_meta *meta, int64_t word, dt_result pre) {
+    dt__ckpt k;
+    dt_result r = dt__ckpt_init(&k, c, fn, trainer, path, m, o);
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
+    k.word = word;
+    if ((r = dt__ckpt_agree(&k, pre != DT_OK ? pre : r)) != DT_OK) return r;
+    return dt__ckpt_save(&k, meta);
+}
+static dt_result dt__ckpt_load_comm(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
+                                    dt_checkpoint_meta *meta, int64_t *word, dt_result pre) {
+    dt__ckpt k;
+    dt_result r = dt__ckpt_init(&k, c, fn, trainer, path, m, o);
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
+    if ((r = dt__ckpt_agree(&k, pre != DT_OK ? pre : r)) != DT_OK || (r = dt__ckpt_load(&k, meta)) != DT_OK) return r;
+    if (word) *word = k.word;
+    return DT_OK;
+}
+
+dt_result dt_checkpoint_save_comm(dt_comm *c, const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta) {
+    return dt__ckpt_save_comm(c, "dt_checkpoint_save_comm", DT__CKPT_PLAIN, path, m, o, meta, 0, DT_OK);
+}
+dt_result dt_checkpoint_load_comm(dt_comm *c, const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta) {
+    return dt__ckpt_load_comm(c, "dt_checkpoint_load_comm", DT__CKPT_PLAIN, path, m, o, meta, NULL, DT_OK);
 }
 
 /* ---- shared by the trainers -------------------------------------------------------------------- */
@@ -751,6 +1038,16 @@ dt_localsgd_stats dt_localsgd_get_stats(const dt_localsgd *d) {
     dt_localsgd_stats s;
     memset(&s, 0, sizeof s);
     return d ? d->stats : s;
+}
+
+dt_result dt_localsgd_save(dt_localsgd *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta) {
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_save: localsgd is NULL");
+    return dt__ckpt_save_comm(d->comm, "dt_localsgd_save", DT__CKPT_LOCALSGD, path, d->model, o, meta, d->since, DT_OK);
+}
+
+dt_result dt_localsgd_load(dt_localsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta) {
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_load: localsgd is NULL");
+    return dt__ckpt_load_comm(d->comm, "dt_localsgd_load", DT__CKPT_LOCALSGD, path, d->model, o, meta, &d->since, DT_OK);
 }
 
 /* Hogwild. The shared buffer is read and written by every worker with plain loads and stores: that is the
@@ -1291,6 +1588,24 @@ int64_t dt_ddp_bucket_bytes(const dt_ddp *d, int i) {
     return d && i >= 0 && i < d->nbuckets ? d->bcnt[i] * (int64_t)sizeof(float) : 0;
 }
 
+dt_result dt_ddp_save(dt_ddp *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta) {
+    dt_result pre = DT_OK;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_save: ddp is NULL");
+    if (d->acc_samples)
+        pre = dt_set_error(DT_ERR_STATE, "dt_ddp_save: rank %d: the gradient of %lld samples is accumulated but not synchronised, "
+                           "and a checkpoint holds no gradients: save after a step that synchronised", d->comm->rank,
+                           (long long)d->acc_samples);
+    return dt__ckpt_save_comm(d->comm, "dt_ddp_save", DT__CKPT_DDP, path, d->model, o, meta, 0, pre);
+}
+
+dt_result dt_ddp_load(dt_ddp *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta) {
+    dt_result r;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_load: ddp is NULL");
+    r = dt__ckpt_load_comm(d->comm, "dt_ddp_load", DT__CKPT_DDP, path, d->model, o, meta, NULL, DT_OK);
+    if (r == DT_OK) d->acc_samples = d->last_samples = 0;
+    return r;
+}
+
 /* ---- D-PSGD ------------------------------------------------------------------------------------
    One neighbour exchange per step sends the replica (n floats) to each neighbour and receives theirs
    into recv. The mix sums W[i][j] x_j over a fixed list (the ranks j = 0, 1, ... with an edge to i, and i
@@ -1499,6 +1814,24 @@ dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d) {
     dt_dpsgd_stats s;
     memset(&s, 0, sizeof s);
     return d ? d->stats : s;
+}
+
+/* The replica is the model's parameters, except while it holds the average. */
+static dt_result dt__dpsgd_own_replica(const dt_dpsgd *d, const char *fn) {
+    return d->using_avg ? dt_set_error(DT_ERR_STATE, "%s: rank %d: the model holds the average, not the replica: call "
+                                       "dt_dpsgd_use_average(d, 0) first", fn, d->comm->rank) : DT_OK;
+}
+
+dt_result dt_dpsgd_save(dt_dpsgd *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta) {
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_save: dpsgd is NULL");
+    return dt__ckpt_save_comm(d->comm, "dt_dpsgd_save", DT__CKPT_DPSGD, path, d->model, o, meta, 0,
+                              dt__dpsgd_own_replica(d, "dt_dpsgd_save"));
+}
+
+dt_result dt_dpsgd_load(dt_dpsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta) {
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_load: dpsgd is NULL");
+    return dt__ckpt_load_comm(d->comm, "dt_dpsgd_load", DT__CKPT_DPSGD, path, d->model, o, meta, NULL,
+                              dt__dpsgd_own_replica(d, "dt_dpsgd_load"));
 }
 
 /* ---- FedAvg ------------------------------------------------------------------------------------
@@ -1777,6 +2110,16 @@ void dt_fed_last_kept(const dt_fed *f, int *kept) {
     int i;
     if (!f || !kept) return;
     for (i = 0; i < f->desc.clients; i++) kept[i] = f->last_kept ? f->last_kept[i] : 0;
+}
+
+dt_result dt_fed_save(dt_fed *f, const char *path, const dt_checkpoint_meta *meta) {
+    if (!f) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_save: fed is NULL");
+    return dt__ckpt_save_comm(f->comm, "dt_fed_save", DT__CKPT_FEDAVG, path, f->model, NULL, meta, 0, DT_OK);
+}
+
+dt_result dt_fed_load(dt_fed *f, const char *path, dt_checkpoint_meta *meta) {
+    if (!f) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_load: fed is NULL");
+    return dt__ckpt_load_comm(f->comm, "dt_fed_load", DT__CKPT_FEDAVG, path, f->model, NULL, meta, NULL, DT_OK);
 }
 
 void dt_fed_destroy(dt_fed *f) {

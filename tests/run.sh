@@ -16,8 +16,8 @@
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
-#   4b. the loader's prefetch thread, the communicator's local ranks and DDP's helper thread under
-#       ThreadSanitizer
+#   4b. the loader's prefetch thread, the communicator's local ranks, DDP's helper thread and the collective
+#       checkpoints (test_resume) under ThreadSanitizer
 # Sections 3, 4 and 4b set DT_TEST_QUICK=1: test_comm leaves out its million-element cases there, test_ddp
 # most all-reduce algorithms.
 #   5. the examples: bad flags are refused (the optimizer and schedule flags they share, in each); a resumed
@@ -35,6 +35,9 @@
 #      a program built without MPI and started by mpiexec fails, saying to rebuild it (needs mpich);
 #      tests/mpi/test_train_mpi.c under mpiexec -n 2, 3 and 4: DDP, local SGD, D-PSGD and FedAvg end with
 #      the bits of the same run on local ranks (within a tolerance where MPI_Allreduce does the sums);
+#      tests/mpi/test_resume_mpi.c: DDP under mpiexec -n 2, 3 and 4, local SGD, D-PSGD and FedAvg under -n 3,
+#      killed with SIGKILL at a random step and resumed, end with the bytes of an uninterrupted run; a checkpoint
+#      of another world size, a damaged one and another trainer's are refused, naming the cause;
 #      section 5c's faults under mpiexec -n 2, 3 and 4 (a stalled rank ends the job with MPI_Abort);
 #      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
 #      they log on as many local ranks (with the Fashion-MNIST dataset)
@@ -172,7 +175,7 @@ done
 # the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
 # rank's thread runs backward, recording into its own trace lane) under ThreadSanitizer (no OpenMP, whose
 # runtime TSan cannot see into); and the launcher's count of ended ranks, which leaves a stalled one behind
-for t in test_partition test_comm test_ddp test_dpsgd test_trace test_faults; do
+for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume test_faults; do
     if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/$t.c" -o "$B/asan/${t}_tsan" $LDLIBS; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan $t" env DT_TEST_QUICK=1 "$B/asan/${t}_tsan"
     else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi
@@ -358,6 +361,43 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_train_mpi.c" -o "$B/mpi/test_train_mpi" $LDLIBS; then
         for n in 2 3 4; do run "mpi train -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_train_mpi"; done
     else echo "FAIL build of tests/mpi/test_train_mpi.c with mpicc"; failed=$((failed + 1)); fi
+    # resume under mpiexec (tests/mpi/test_resume_mpi.c): a run killed with SIGKILL after a random step K (one
+    # rank kills itself, which ends the job) and resumed from its last checkpoint writes the bytes of an
+    # uninterrupted run; K is printed with a failure, and DT_TEST_KILL_AT=K replays it
+    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_resume_mpi.c" -o "$B/mpi/test_resume_mpi" $LDLIBS; then
+        RT=$(mktemp -d)
+        mpi_resume() {   # mpi_resume TRAINER N
+            k=${DT_TEST_KILL_AT:-$((3 + $(od -An -N2 -tu2 /dev/urandom) % 11))}
+            echo "$1 under mpiexec -n $2: killed after step $k (DT_TEST_KILL_AT=$k replays it)"
+            rm -f "$RT/$1.ckpt"
+            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$1" --steps 14 --every 3 --ckpt "$RT/$1.ckpt" \
+                --out "$RT/$1.ref" || return 1
+            rm -f "$RT/$1.ckpt"
+            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$1" --steps 14 --every 3 --ckpt "$RT/$1.ckpt" \
+                --out "$RT/$1.out" --kill-at "$k" >/dev/null 2>&1 && { echo "the run was not killed"; return 1; }
+            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$1" --steps 14 --every 3 --ckpt "$RT/$1.ckpt" \
+                --out "$RT/$1.out" --resume --expect-from $((k / 3 * 3)) || return 1
+            cmp "$RT/$1.ref" "$RT/$1.out"
+        }
+        for n in 2 3 4; do check "ddp under mpiexec -n $n: killed and resumed, ends as the uninterrupted run" mpi_resume ddp $n; done
+        for t in localsgd dpsgd fedavg; do
+            check "$t under mpiexec -n 3: killed and resumed, ends as the uninterrupted run" mpi_resume $t 3
+        done
+        # refusals under mpiexec, on every rank, naming the cause: the last DDP checkpoint (4 ranks) under -n 3,
+        # damaged (a byte flipped), and read by another trainer
+        mpi_refused() {   # mpi_refused FILE N TRAINER CAUSE: exit 1, CAUSE in the output
+            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$3" --steps 14 --every 3 --ckpt "$1" \
+                --out "$RT/x" --resume > "$RT/err" 2>&1 && { echo "the run resumed from $1"; return 1; }
+            grep -q "$4" "$RT/err" || { cat "$RT/err"; return 1; }
+        }
+        cp "$RT/ddp.ckpt" "$RT/bad.ckpt" && printf 'X' | dd of="$RT/bad.ckpt" bs=1 seek=200 conv=notrunc 2>/dev/null
+        check "a DDP checkpoint of 4 ranks under mpiexec -n 3: refused, naming the world sizes" \
+            mpi_refused "$RT/ddp.ckpt" 3 ddp "holds the state of 4 ranks but this run has 3"
+        check "a damaged DDP checkpoint under mpiexec -n 4: refused, naming the checksum" mpi_refused "$RT/bad.ckpt" 4 ddp checksum
+        check "a DDP checkpoint read by D-PSGD under mpiexec -n 4: refused, naming its writer" \
+            mpi_refused "$RT/ddp.ckpt" 4 dpsgd "written by dt_ddp_save"
+        rm -rf "$RT"
+    else echo "FAIL build of tests/mpi/test_resume_mpi.c with mpicc"; failed=$((failed + 1)); fi
     # faults under mpiexec: each kind ends the job (a stalled rank with MPI_Abort) with exit status 1 and a message
     # naming the cause and the rank (fault_cases, section 5c)
     if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS tests/mpi/fault_ddp.c -o "$B/mpi/fault_ddp" $LDLIBS; then

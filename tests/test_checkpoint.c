@@ -193,10 +193,13 @@ static void test_bad_files(void) {
         }
         CHECK(memcmp(before, dt_model_params(m, NULL), sizeof before) == 0);
     }
-    /* a version from the future: the version word (after the 8-byte magic) 1 -> 9 */
-    damaged_copy(path, bad, n, 8, 1 ^ 9);
+    /* a version from the future and one from the past: the version word (after the 8-byte magic) 2 -> 9, 2 -> 1 */
+    damaged_copy(path, bad, n, 8, 0x2 ^ 0x9);
     CHECK_ERR(dt_checkpoint_load(bad, m, o, NULL), DT_ERR_FORMAT);
     CHECK(strstr(dt_last_error(), "version 9") != NULL);
+    damaged_copy(path, bad, n, 8, 0x2 ^ 0x1);
+    CHECK_ERR(dt_checkpoint_load(bad, m, o, NULL), DT_ERR_FORMAT);
+    CHECK(strstr(dt_last_error(), "version 1") != NULL);
     {   /* saving when the temporary file cannot be created leaves the previous checkpoint intact */
         char tmpdir[160];
         snprintf(tmpdir, sizeof tmpdir, "%s.tmp", path);
@@ -213,6 +216,57 @@ static void test_bad_files(void) {
     CHECK_ERR(dt_checkpoint_save(path, NULL, o, NULL), DT_ERR_INVALID_ARG);
     remove(bad);
     dt_optim_destroy(o); dt_optim_destroy(adam);
+    dt_model_destroy(m);
+}
+
+/* NaN or infinity in a model is never saved (a diverged run must not replace a good checkpoint: the file is left
+   byte for byte), and a file that holds such values (with a valid checksum) is refused on load. */
+static unsigned char *read_all(const char *p, long *n) {
+    FILE *f = fopen(p, "rb");
+    unsigned char *b;
+    *n = file_size(p);
+    if (!f || *n <= 0 || !(b = (unsigned char *)malloc((size_t)*n))) { if (f) fclose(f); return NULL; }
+    if (fread(b, 1, (size_t)*n, f) != (size_t)*n) { free(b); b = NULL; }
+    fclose(f);
+    return b;
+}
+static void test_nonfinite_refused(void) {
+    dt_model *m = small_model(1);
+    dt_optim *o = make_optim(m, DT_OPTIM_SGD);
+    float *w = dt_model_params(m, NULL), keep = w[3], nan = NAN, before[64];
+    long n = 0, n2 = 0;
+    unsigned char *good, *again;
+    char tmp[160], bad[160];
+    CHECK_OK(dt_checkpoint_save(path, m, o, NULL));
+    good = read_all(path, &n);
+    w[3] = INFINITY;
+    CHECK_ERR(dt_checkpoint_save(path, m, o, NULL), DT_ERR_NUMERIC);
+    CHECK(strstr(dt_last_error(), "NaN or infinite") != NULL && strstr(dt_last_error(), "the first at 3") != NULL);
+    w[3] = nan;
+    CHECK_ERR(dt_checkpoint_save(path, m, o, NULL), DT_ERR_NUMERIC);
+    again = read_all(path, &n2);
+    CHECK(good && again && n == n2 && memcmp(good, again, (size_t)n) == 0);   /* the good checkpoint, untouched */
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    CHECK(file_size(tmp) < 0);
+    w[3] = keep;
+    memcpy(before, w, sizeof before);
+    if (good) {   /* parameter 5 of the only section made NaN, the checksum made right again */
+        long at = 8 + 8 * (DT__CKPT_HEAD_WORDS + 1) + 8 * DT__CKPT_SEC_WORDS + 4 * 5;
+        uint64_t sum;
+        FILE *f;
+        int i;
+        snprintf(bad, sizeof bad, "%s.nan", path);
+        memcpy(good + at, &nan, sizeof nan);
+        sum = dt__fnv(0xcbf29ce484222325ULL, good, (size_t)(n - 8));
+        for (i = 0; i < 8; i++) good[n - 8 + i] = (unsigned char)(sum >> (8 * i));
+        if ((f = fopen(bad, "wb")) != NULL) { fwrite(good, 1, (size_t)n, f); fclose(f); }
+        CHECK_ERR(dt_checkpoint_load(bad, m, o, NULL), DT_ERR_FORMAT);
+        CHECK(strstr(dt_last_error(), "NaN or infinite") != NULL && strstr(dt_last_error(), "the first at 5") != NULL);
+        CHECK(memcmp(before, w, sizeof before) == 0);
+        remove(bad);
+    }
+    free(good); free(again);
+    dt_optim_destroy(o);
     dt_model_destroy(m);
 }
 
@@ -261,6 +315,7 @@ int main(int argc, char **argv) {
     RUN(test_resume_bit_identical);
     RUN(test_round_trip_without_optimizer);
     RUN(test_bad_files);
+    RUN(test_nonfinite_refused);
     RUN(test_evaluate);
     rc = dt_t_summary();
     remove(path);
