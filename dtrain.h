@@ -84,6 +84,7 @@
      |                          |                  | whose desc.ops is NULL run on the GPU; link      |
      |                          |                  | dtrain_cuda.cu's object (nvcc), -lcublas -lcudart|
    The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s);
+   DT_FAULT (a test aid, "rank=R,coll=N,kind=fail|return|stall:S|hang|nan") injects a fault (dt_comm_desc);
    DT_CPU (avx512, avx2, portable) the CPU kernels' tier (default: the fastest this CPU runs; dtrain/cpu.h).
    dtrain_cuda.h's DTRAIN_CUDA_IMPLEMENTATION, DT_CUDA_EMULATE and DT_CUDA_DEVICE are in its own manual.
 
@@ -140,6 +141,9 @@
      communicator's timeout: a rank that fails, returns or stops calling makes the others fail with
      DT_ERR_PEER or DT_ERR_TIMEOUT naming the operation, its sequence number and the missing ranks, and
      ranks that call different collectives get DT_ERR_MISMATCH. A communicator that failed stays failed.
+     A failed run ends in bounded time, its cause logged once and naming the rank: a rank that has not
+     ended the timeout and a second after the failure is reported as stalled (left running on local
+     ranks, so the program must exit; under MPI the job ends with MPI_Abort).
      Logging: rank 0's lines are the log; other ranks' warnings and errors are shown prefixed "[rank r]"
      (all their lines with --log-all-ranks). Timeline: with --trace PATH (dt_launch_desc.trace_path) every
      rank records spans of its compute and communication, written to PATH as a Chrome trace (JSON) for

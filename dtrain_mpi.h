@@ -40,7 +40,11 @@
      the MPI call and MPI's own message, never an abort. Every wait has the communicator's deadline
      (DT_ERR_TIMEOUT names the rank waited for). A rank whose communicator fails, or whose rank function
      returns an error under dt_launch, sends every other rank an abort notice; their waits then fail at
-     once with DT_ERR_PEER "rank K has failed (...): <its message>". Collectives called differently on
+     once with DT_ERR_PEER "rank K has failed (...): <its message>". At the end of dt_launch the ranks tell
+     each other how they ended: each failure is logged once (by the lowest rank that failed that way), a
+     timeout's message gains the ranks that had not reached its collective, and when a rank has not ended
+     the timeout and a second after the run failed (stalled), the job ends with MPI_Abort, exit status 1,
+     naming it (MPI_Finalize would wait for it forever). Collectives called differently on
      different ranks (kind, order, count, type, op, root, algorithm) fail with DT_ERR_MISMATCH: the point-
      to-point algorithms see it in the message tags, NATIVE collectives in a signature check (one small
      all-reduce before each; see docs/design.md). A communicator that has failed may leave MPI requests
@@ -546,12 +550,80 @@ dt_result dt_comm_create_mpi(dt_comm **out, MPI_Comm comm, const dt_comm_desc *d
 
 /* ---- the launcher under mpiexec ---------------------------------------------------------------- */
 
+/* The end of a run. Every rank sends every other how it ended (its result) on a communicator of its own
+   (end). While no failure is known a rank waits as long as the others work; once this rank has failed,
+   or another's abort notice has come, it waits the timeout and a second more (the others' waits end by
+   their timeout), and a rank that has not ended by then is stalled: MPI_Finalize would wait for it
+   forever, so this rank logs its failure and the stalled ranks, and ends the job with MPI_Abort (exit
+   status 1, every process). Otherwise returns 1 when this rank's failure (message m) is the one to log:
+   the lowest rank's of its result, as every rank's NaN loss is one report; DT_ERR_PEER, which only
+   follows from another rank's failure, only when no rank failed otherwise. A timeout's message gains the
+   ranks that had not reached its collective (MPI cannot tell which rank a native collective misses). */
+static int dt__mpi_end(dt_comm *c, MPI_Comm end, dt_result r, char *m, size_t cap) {
+    int me = dt_comm_rank(c), n = dt_comm_size(c), k, done = 0, mine[2], first = me, other = 0, *res;
+    double since = 0, heard = r != DT_OK ? dt_time_now() : 0, grace = dt_comm_get_desc(c).timeout + 1.0;
+    MPI_Request *rq;
+    if (r == DT_OK || r == DT_ERR_PEER) grace += 0.5;   /* the failed rank that caused it goes first and reports the cause */
+    char late[160] = "";
+    size_t len = 0;
+    mine[0] = (int)r;
+    mine[1] = (int)dt_comm_seq(c);   /* the collective this rank reached */
+    res = (int *)DT_MALLOC((size_t)n * 2 * sizeof *res);
+    rq = (MPI_Request *)DT_MALLOC((size_t)n * 2 * sizeof *rq);
+    if (!res || !rq) { DT_FREE(res); DT_FREE(rq); return r != DT_OK; }   /* no memory to compare: log it */
+    for (k = 0; k < 2 * n; k++) rq[k] = MPI_REQUEST_NULL;
+    for (k = 0; k < n; k++) {
+        res[2 * k] = k == me ? mine[0] : -1;
+        res[2 * k + 1] = mine[1];
+        if (k != me && (MPI_Irecv(&res[2 * k], 2, MPI_INT, k, 0, end, &rq[k]) != MPI_SUCCESS ||
+                        MPI_Isend(mine, 2, MPI_INT, k, 0, end, &rq[n + k]) != MPI_SUCCESS)) heard = heard > 0 ? heard : dt_time_now();
+    }
+    while (!done) {
+        for (k = 0, done = 1; k < 2 * n; k++) {
+            int flag = 1;
+            if (rq[k] != MPI_REQUEST_NULL && MPI_Test(&rq[k], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) rq[k] = MPI_REQUEST_NULL;
+            done &= flag;
+        }
+        if (heard == 0 && dt__mpi_notices(c) != DT_OK) heard = dt_time_now();
+        if (!done && heard > 0 && dt_time_now() > heard + grace) break;
+        if (!done) dt__mpi_backoff(&since);
+    }
+    if (!done) {
+        for (k = 0; k < n && len + 16 < sizeof late; k++)
+            if (k != me && res[2 * k] < 0) {
+                int w = snprintf(late + len, sizeof late - len, "%s%d", len ? ", " : "", k);
+                if (w > 0) len += (size_t)w;
+            }
+        if (r != DT_OK) dt_log(r == DT_ERR_PEER ? DT_LOG_DEBUG : DT_LOG_ERROR, "%s", m);
+        dt_log(DT_LOG_ERROR, "rank %d: the run has failed and rank%s %s %s not ended %.3g s later (stalled): ending the job (MPI_Abort), "
+               "since MPI_Finalize would wait for %s forever", me, strchr(late, ',') ? "s" : "", late[0] ? late : "?",
+               strchr(late, ',') ? "have" : "has", grace, strchr(late, ',') ? "them" : "it");
+        fflush(NULL);
+        dt_sleep(0.2);   /* mpiexec forwards the lines before it tears the job down (they were lost now and then) */
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (k = n - 1; k >= 0; k--) {
+        if (res[2 * k] == mine[0]) first = k;
+        other |= res[2 * k] != DT_OK && res[2 * k] != DT_ERR_PEER;
+    }
+    for (k = 0, len = strlen(m); r == DT_ERR_TIMEOUT && k < n && len + 40 < cap; k++)
+        if (res[2 * k + 1] < mine[1]) {
+            int w = snprintf(m + len, cap - len, "%s%d (at #%d)", strstr(m, "; ranks not in it: ") ? ", " : "; ranks not in it: ", k, res[2 * k + 1]);
+            if (w > 0) len += (size_t)w;
+        }
+    DT_FREE(res);
+    DT_FREE(rq);
+    return r != DT_OK && first == me && (r != DT_ERR_PEER || !other);
+}
+
 /* Each process is one rank of MPI_COMM_WORLD: MPI_Init_thread (SERIALIZED) unless the program did, the
    communicator, then dt_launch_rank (the logger's rank, OpenMP threads for this node's cores over its
-   ranks, the timeline, fn, a failure logged and announced). MPI_Finalize only when this call initialised
-   MPI. */
+   ranks, the timeline, fn, a failure logged and announced), then the end (dt__mpi_end: a stalled rank
+   ends the job). MPI_Finalize only when this call initialised MPI. */
 dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
     int had = 0, provided = 0, rc, local = 1;
+    MPI_Comm end = MPI_COMM_NULL;   /* the end's all-reduce (dt__mpi_end) */
+    char msg[sizeof dt__errmsg];
     dt_comm *c = NULL;
     dt_launch_desc d;
     dt_result r = DT_OK;
@@ -565,6 +637,7 @@ dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
     if (!fn) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_launch: the rank function is NULL");
     else if ((rc = MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN)) != MPI_SUCCESS) r = dt__mpi_error(rc, "MPI_Comm_set_errhandler");
     else r = dt_comm_create_mpi(&c, MPI_COMM_WORLD, &d.comm);
+    if (r == DT_OK && (rc = MPI_Comm_dup(MPI_COMM_WORLD, &end)) != MPI_SUCCESS) r = dt__mpi_error(rc, "MPI_Comm_dup");
     if (r == DT_OK) {
         MPI_Comm node;   /* the ranks sharing this node's cores */
         if (MPI_Comm_split_type(dt_comm_mpi_handle(c), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
@@ -572,6 +645,10 @@ dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
             MPI_Comm_free(&node);
         }
         r = dt_launch_rank(c, &d, local, fn, arg);
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        if (dt__mpi_end(c, end, r, msg, sizeof msg)) dt_log(DT_LOG_ERROR, "%s", msg);
+        snprintf(dt__errmsg, sizeof dt__errmsg, "%s", msg);   /* this rank's failure, also when another's was logged */
+        MPI_Comm_free(&end);
     } else dt_log(DT_LOG_ERROR, "%s", dt_last_error()[0] ? dt_last_error() : "its rank function failed");
     dt_comm_destroy(c);
     if (!had) MPI_Finalize();

@@ -127,6 +127,17 @@ typedef struct dt_comm_desc {
        where the model makes that faster: short messages), so a NATIVE float sum rounds as that one's */
     double  link_latency;
     double  link_bandwidth;
+    /* a fault to inject, a test aid: NULL = $DT_FAULT (unset: none). "rank=R,coll=N,kind=K": rank R, at
+       the start of its collective number N (1 for the first; the number error reports give), and K is
+         fail      the collective fails (DT_ERR_STATE) and the rank's communicator with it
+         return    the rank leaves the run as if its function had returned DT_OK there; its own later
+                   calls fail with DT_ERR_PEER
+         stall:S   the rank sleeps S seconds, then goes on
+         hang      the rank sleeps for good (the others time out; dt_launch returns without it)
+         nan       the first element of the rank's f32 data in that collective becomes NaN (DDP: the
+                   gradient), so the run must stop at a NaN loss
+       A bad spec fails the creation with DT_ERR_INVALID_ARG. See docs/design.md, "Faults". */
+    const char *fault;
 } dt_comm_desc;
 
 int  dt_comm_rank(const dt_comm *c);
@@ -224,9 +235,15 @@ typedef struct dt_launch_desc {
    Returns DT_ERR_INVALID_ARG naming a bad value. */
 dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d);
 
-/* Runs fn on every rank and returns DT_OK when every rank returned DT_OK, else, after logging each failed
-   rank's error, the failure: the cause's result (a failure other than DT_ERR_PEER, which only follows from
-   another rank's), its message in dt_last_error(); under MPI, this process's rank's. A program's main
+/* Runs fn on every rank and returns DT_OK when every rank returned DT_OK, else, after logging the failure,
+   the cause's result (a failure other than DT_ERR_PEER, which only follows from another rank's), its
+   message, naming the rank, in dt_last_error(); under MPI, this process's rank's. The cause is logged
+   once: ranks that failed the same way are named on one line (local ranks) or say nothing (MPI), and
+   DT_ERR_PEER is logged at DT_LOG_DEBUG. Every failure ends in bounded time: once a rank has failed the
+   others have the communicator's timeout and a second more to end. On local ranks a rank that has not
+   is reported as stalled (DT_ERR_TIMEOUT) and its thread left running, so the program must then exit
+   without freeing what the ranks use; under MPI the job is ended with MPI_Abort (MPI_Finalize would wait
+   for the stalled process). A program's main
    returns `dt_launch(...) == DT_OK ? 0 : 1`: exit status 0, or 1 after a failure. Under mpiexec (built
    with DT_USE_MPI) each process is one rank on MPI_COMM_WORLD (dt_launch_mpi); otherwise desc->ranks
    threads on the local backend (1 rank: the self backend). Log lines of rank r > 0 are prefixed
@@ -235,8 +252,9 @@ dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d);
    the run fail (DT_ERR_IO) with a message naming the path. Under MPI rank 0 gathers every rank's events
    and writes the file; when that fails (a rank has died) each rank writes PATH.rank<r>. */
 dt_result dt_launch(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
-/* The same on local ranks, returning each rank's result in results[ranks] (may be NULL) and the first
-   failure (the lowest failed rank's) as the return value, with its message in dt_last_error(). */
+/* The same on local ranks without logging, returning each rank's result in results[ranks] (may be NULL)
+   and the cause as the return value (the lowest rank's failure of its own, else a stalled rank's, else a
+   timeout's, else DT_ERR_PEER), with its message in dt_last_error(). */
 dt_result dt_launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results);
 /* The rank of the calling thread inside dt_launch (-1 outside): what the logger prefixes. */
 int dt_current_rank(void);
@@ -320,8 +338,9 @@ int       dt_comm_tag_seq(int tag);
 /* Runs fn as this process's one rank on c, for a backend's launcher (dt_launch_mpi): the logger's rank,
    OpenMP threads (desc->threads_per_rank, or the node's cores over local_ranks), the timeline (with
    desc->trace_path: a barrier aligns the clocks; at the end rank 0 gathers every rank's events and writes
-   the file, and a rank that cannot take part writes PATH.rank<r>), and a failure logged and announced
-   (dt_comm_leave). Collective over c. Returns fn's result, or the trace's failure. */
+   the file, and a rank that cannot take part writes PATH.rank<r>), and a failure announced (dt_comm_leave)
+   and left in dt_last_error(), naming the rank, for the backend's launcher to log (dt_launch_mpi logs
+   each failure once, not once per rank). Collective over c. Returns fn's result, or the trace's failure. */
 dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks, dt_rank_fn fn, void *arg);
 
 #ifdef __cplusplus
@@ -540,6 +559,14 @@ done:
 #endif
 
 /* The communicator of one rank: private to the library (a backend reads it through the backend interface). */
+/* A fault to inject (dt_comm_desc.fault), parsed. */
+enum { DT__FAULT_NONE = 0, DT__FAULT_FAIL, DT__FAULT_RETURN, DT__FAULT_STALL, DT__FAULT_HANG, DT__FAULT_NAN };
+typedef struct dt__fault {
+    int      kind, rank;
+    uint64_t coll;
+    double   seconds;   /* stall */
+} dt__fault;
+
 struct dt_comm {
     int                    rank, size;
     const dt_comm_backend *backend;
@@ -557,6 +584,7 @@ struct dt_comm {
     size_t                 scratch_bytes;
     dt_request            *reqs;            /* reused by the algorithms */
     int                    nreqs;
+    dt__fault              fault;           /* desc.fault parsed: kind 0 = none */
 };
 
 /* What a dt_request holds: the message its backend sees, then what only the library (and its local
@@ -1026,8 +1054,58 @@ static dt_result dt__tag_check(const char *fn, int tag, int lib) {
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: the library's tag %d is outside its own %d..%d", fn, tag, DT_TAG_USER_MAX + 1, DT__TAG_LIB_END - 1);
     return DT_OK;
 }
-/* Starts collective number c->seq + 1: its signature, its counter; the seq is published for reports. */
-static void dt__coll_start(dt_comm *c, int kind, size_t count, dt_dtype t, int op, int root, dt_algo algo) {
+/* The fault dt_comm_desc.fault asks for, when this is its rank and collective. data: the rank's own f32
+   elements in the collective (NULL: none), where kind nan writes. */
+static dt_result dt__fault_fire(dt_comm *c, void *data, size_t count, dt_dtype t) {
+    static const char *names[] = {"", "fail", "return", "stall", "hang", "nan"};
+    const dt__fault *f = &c->fault;
+    char what[160];
+    if (f->kind == DT__FAULT_NONE || c->rank != f->rank || c->seq != f->coll) return DT_OK;
+    dt_comm_describe(c, what, sizeof what);
+    dt_log(DT_LOG_WARN, "rank %d: %s: DT_FAULT injects kind=%s here (a test aid)", c->rank, what, names[f->kind]);
+    if (f->kind == DT__FAULT_STALL || f->kind == DT__FAULT_HANG || f->kind == DT__FAULT_RETURN)
+        DT__ATOMIC_STORE(&c->seq, c->seq - 1);   /* this rank has not arrived: the others' reports say so */
+    switch (f->kind) {
+    case DT__FAULT_FAIL: return dt__comm_fail(c, DT_ERR_STATE, "an injected failure (DT_FAULT kind=fail, a test aid)");
+    case DT__FAULT_RETURN:   /* gone as a finished rank; this rank's own later calls fail */
+        if (c->backend->leave) c->backend->leave(c, DT_OK, "");
+        snprintf(c->broken_msg, sizeof c->broken_msg, "rank %d: %s: this rank has left the run (DT_FAULT kind=return, a test aid)", c->rank, what);
+        c->broken = DT_ERR_PEER;
+        return dt__comm_broken(c);
+    case DT__FAULT_STALL: dt_sleep(f->seconds); DT__ATOMIC_STORE(&c->seq, c->seq + 1); return DT_OK;
+    case DT__FAULT_HANG: for (;;) dt_sleep(3600.0);
+    default:
+        if (data && count > 0 && t == DT_F32) ((float *)data)[0] = NAN;
+        return DT_OK;
+    }
+}
+
+/* Parses a fault spec (dt_comm_desc.fault) into *f; name: the constructor, for the report. */
+static dt_result dt__fault_parse(const char *s, dt__fault *f, const char *name) {
+    long long rank = -1, coll = 0;
+    char kind[16] = "", rest[2];
+    double secs = 0;
+    memset(f, 0, sizeof *f);
+    if (!s || !*s) return DT_OK;
+    if (sscanf(s, "rank=%lld,coll=%lld,kind=stall:%lf%1s", &rank, &coll, &secs, rest) == 3) {
+        if (secs > 0 && secs < 1e6) f->kind = DT__FAULT_STALL;
+    } else if (sscanf(s, "rank=%lld,coll=%lld,kind=%15[a-z]%1s", &rank, &coll, kind, rest) != 3) kind[0] = 0;
+    if (strcmp(kind, "fail") == 0) f->kind = DT__FAULT_FAIL;
+    else if (strcmp(kind, "return") == 0) f->kind = DT__FAULT_RETURN;
+    else if (strcmp(kind, "hang") == 0) f->kind = DT__FAULT_HANG;
+    else if (strcmp(kind, "nan") == 0) f->kind = DT__FAULT_NAN;
+    if (f->kind == DT__FAULT_NONE || rank < 0 || rank >= (1LL << 30) || coll < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_%s: the fault '%s' (DT_FAULT or dt_comm_desc.fault) is not rank=R,coll=N,kind=K "
+                            "with R >= 0, N >= 1 and K one of fail, return, stall:SECONDS, hang, nan", name, s);
+    f->rank = (int)rank;
+    f->coll = (uint64_t)coll;
+    f->seconds = secs;
+    return DT_OK;
+}
+
+/* Starts collective number c->seq + 1: its signature, its counter; the seq is published for reports.
+   Then the injected fault, if this is its collective (the only failure: the caller returns it). */
+static dt_result dt__coll_start(dt_comm *c, int kind, const void *data, size_t count, dt_dtype t, int op, int root, dt_algo algo) {
     DT__ATOMIC_STORE(&c->seq, c->seq + 1);
     dt__comm_begin(c, kind, count, (int)t, op, root, (int)algo);
     DT__ATOMIC_STORE(&c->coll_sig[0], UINT64_MAX);   /* readers that see this ignore the rest */
@@ -1041,6 +1119,7 @@ static void dt__coll_start(dt_comm *c, int kind, size_t count, dt_dtype t, int o
         dt__trace_arg("algo", dt_algo_name(algo), 0);
         dt__trace_arg("seq", NULL, (int64_t)c->seq);
     }
+    return dt__fault_fire(c, (void *)(uintptr_t)data, count, t);
 }
 static dt_result dt__algo_check(const char *fn, dt_algo a) {
     if (a < DT_ALGO_AUTO || a >= DT_ALGO_COUNT)
@@ -1162,7 +1241,7 @@ static dt_result dt__coll_barrier(dt_comm *c) {
     dt_algo a;
     if (r != DT_OK) return r;
     a = dt__algo_resolve(c, DT_ALGO_AUTO, c->backend->barrier != NULL);
-    dt__coll_start(c, DT__OP_BARRIER, 0, DT_U8, 0, -1, a);
+    if ((r = dt__coll_start(c, DT__OP_BARRIER, NULL, 0, DT_U8, 0, -1, a)) != DT_OK) return r;
     if (c->size == 1) return DT_OK;
     if (a == DT_ALGO_NATIVE) return dt__native(c, c->backend->barrier(c, dt_time_now() + c->desc.timeout));
     /* dissemination: in round k everyone signals rank + 2^k and hears from rank - 2^k */
@@ -1179,7 +1258,7 @@ static dt_result dt__coll_broadcast(dt_comm *c, void *buf, size_t count, dt_dtyp
     if (!count) buf = dt__nonnull(buf);
     bytes = count * dt_dtype_size(t);
     algo = dt__algo_resolve(c, algo, c->backend->broadcast != NULL);
-    dt__coll_start(c, DT__OP_BROADCAST, count, t, 0, root, algo);
+    if ((r = dt__coll_start(c, DT__OP_BROADCAST, buf, count, t, 0, root, algo)) != DT_OK) return r;
     if (c->size == 1) return DT_OK;
     switch (algo) {
     case DT_ALGO_NATIVE:
@@ -1209,7 +1288,7 @@ static dt_result dt__coll_allreduce(dt_comm *c, void *buf, size_t count, dt_dtyp
     es = dt_dtype_size(t);
     bytes = count * es;
     algo = dt__algo_resolve(c, algo, c->backend->allreduce != NULL);
-    dt__coll_start(c, DT__OP_ALLREDUCE, count, t, op, -1, algo);
+    if ((r = dt__coll_start(c, DT__OP_ALLREDUCE, buf, count, t, op, -1, algo)) != DT_OK) return r;
     if (c->size == 1) return DT_OK;
     switch (algo) {
     case DT_ALGO_NATIVE:
@@ -1242,7 +1321,7 @@ static dt_result dt__coll_reduce(dt_comm *c, void *buf, size_t count, dt_dtype t
     es = dt_dtype_size(t);
     bytes = count * es;
     algo = dt__algo_resolve(c, algo, 0);   /* no backend has a native reduce: NATIVE and AUTO mean RING */
-    dt__coll_start(c, DT__OP_REDUCE, count, t, op, root, algo);
+    if ((r = dt__coll_start(c, DT__OP_REDUCE, buf, count, t, op, root, algo)) != DT_OK) return r;
     if (c->size == 1) return DT_OK;
     if ((r = dt__comm_scratch(c, 2 * bytes + es + 1, (void **)&s)) != DT_OK) return r;
     if (algo == DT_ALGO_NAIVE) {
@@ -1274,7 +1353,7 @@ static dt_result dt__coll_scatter(dt_comm *c, const void *send, void *recv, size
     if (r != DT_OK) return r;
     if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
-    dt__coll_start(c, DT__OP_SCATTER, count, t, 0, root, DT_ALGO_NAIVE);
+    if ((r = dt__coll_start(c, DT__OP_SCATTER, NULL, count, t, 0, root, DT_ALGO_NAIVE)) != DT_OK) return r;
     if (c->rank != root) return dt__recv(c, recv, bytes, root, t);
     for (k = 0; k < c->size && r == DT_OK; k++) {
         if (k == root) { if (bytes) memmove(recv, (const char *)send + (size_t)k * bytes, bytes); }
@@ -1291,7 +1370,7 @@ static dt_result dt__coll_gather(dt_comm *c, const void *send, void *recv, size_
     if (r != DT_OK) return r;
     if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
-    dt__coll_start(c, DT__OP_GATHER, count, t, 0, root, DT_ALGO_NAIVE);
+    if ((r = dt__coll_start(c, DT__OP_GATHER, NULL, count, t, 0, root, DT_ALGO_NAIVE)) != DT_OK) return r;
     if (c->rank != root) return dt__send(c, send, bytes, root, t);
     for (k = 0; k < c->size && r == DT_OK; k++) {
         if (k == root) { if (bytes) memmove((char *)recv + (size_t)k * bytes, send, bytes); }
@@ -1307,7 +1386,7 @@ static dt_result dt__coll_allgather(dt_comm *c, const void *send, void *recv, si
     if (r != DT_OK) return r;
     if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
-    dt__coll_start(c, DT__OP_ALLGATHER, count, t, 0, -1, DT_ALGO_RING);
+    if ((r = dt__coll_start(c, DT__OP_ALLGATHER, NULL, count, t, 0, -1, DT_ALGO_RING)) != DT_OK) return r;
     if (bytes) memmove((char *)recv + (size_t)c->rank * bytes, send, bytes);
     if (c->size == 1) return DT_OK;
     return dt__ring_allgather(c, recv, count * (size_t)c->size, t);   /* p equal chunks of count */
@@ -1323,7 +1402,7 @@ static dt_result dt__coll_reduce_scatter(dt_comm *c, const void *send, void *rec
     if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     es = dt_dtype_size(t);
     bytes = count * es;
-    dt__coll_start(c, DT__OP_REDUCE_SCATTER, count, t, op, -1, DT_ALGO_RING);
+    if ((r = dt__coll_start(c, DT__OP_REDUCE_SCATTER, NULL, count, t, op, -1, DT_ALGO_RING)) != DT_OK) return r;
     if ((r = dt__comm_scratch(c, bytes * (size_t)(c->size + 1) + 1, (void **)&s)) != DT_OK) return r;
     if (bytes) memcpy(s, send, bytes * (size_t)c->size);
     if (c->size > 1) r = dt__ring_reduce_scatter(c, s, count * (size_t)c->size, t, op, s + bytes * (size_t)c->size);
@@ -1348,7 +1427,7 @@ static dt_result dt__coll_neighbor_exchange(dt_comm *c, const void *send, void *
     if (r != DT_OK) return r;
     if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
     bytes = count * dt_dtype_size(t);
-    dt__coll_start(c, DT__OP_NEIGHBOR, count, t, 0, -1, DT_ALGO_NAIVE);
+    if ((r = dt__coll_start(c, DT__OP_NEIGHBOR, NULL, count, t, 0, -1, DT_ALGO_NAIVE)) != DT_OK) return r;
     if (nto + nfrom == 0) return DT_OK;   /* a rank with no neighbours has nothing to do (and no requests) */
     if ((r = dt__comm_reqs(c, nto + nfrom, &q)) != DT_OK) return r;
     memset(q, 0, (size_t)(nto + nfrom) * sizeof *q);
@@ -1645,7 +1724,11 @@ static dt_result dt__local_req_error(dt__req *q) {
 }
 static dt_result dt__local_finish(dt__lworld *W, int me, dt__req *q) {
     if (q->not_before > 0 && dt_time_now() < q->not_before) dt__local_sleep_until(W, me, q->not_before);
-    if (q->error != DT_OK) { q->m.kind = DT_REQ_NONE; return dt__local_req_error(q); }
+    if (q->error != DT_OK) {   /* the report reads the kind: which side this rank was */
+        dt_result r = dt__local_req_error(q);
+        q->m.kind = DT_REQ_NONE;
+        return r;
+    }
     return DT_OK;
 }
 
@@ -1909,6 +1992,7 @@ dt_result dt_comm_create_backend(dt_comm **out, const dt_comm_backend *backend, 
     const char *env = getenv("DT_COMM_TIMEOUT"), *name;
     int tag_min = DT__TAG_COLL + (4 << DT__TAG_HASH_BITS);
     dt_comm_desc d;
+    dt__fault fault;
     dt_comm *c;
     if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_backend: out is NULL");
     *out = NULL;
@@ -1932,6 +2016,8 @@ dt_result dt_comm_create_backend(dt_comm **out, const dt_comm_backend *backend, 
     }
     if (d.timeout == 0) d.timeout = DT_TIMEOUT_DEFAULT;
     if (d.segment_bytes == 0) d.segment_bytes = (size_t)256 << 10;
+    if (!d.fault) d.fault = getenv("DT_FAULT");
+    if (dt__fault_parse(d.fault, &fault, name) != DT_OK) return DT_ERR_INVALID_ARG;
     if (!(c = (dt_comm *)DT_MALLOC(sizeof *c))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_%s: no memory", name);
     memset(c, 0, sizeof *c);
     c->rank = rank;
@@ -1940,6 +2026,7 @@ dt_result dt_comm_create_backend(dt_comm **out, const dt_comm_backend *backend, 
     c->impl = impl;
     c->desc = d;
     c->tag_ub = tag_ub;
+    c->fault = fault;
     *out = c;
     return DT_OK;
 }
@@ -2247,7 +2334,18 @@ static dt_result dt__trace_finish_local(const char *path, dt__trace_lane *lanes,
     return r;
 }
 
+/* How the ranks of dt_launch end: counted as they do, and the time of the first failure, after which
+   the launcher waits a bounded time for the rest (a rank stalled for good is left behind). */
+typedef struct dt__launch_end {
+    dt__mutex mu;
+    dt__cond  cv;
+    int       ended;
+    double    failed_at;   /* 0: no rank has failed yet */
+} dt__launch_end;
+
 typedef struct dt__rank_ctx {
+    dt__launch_end *end;
+    int         ended;     /* under end->mu */
     dt_comm    *comm;
     dt_rank_fn  fn;
     void       *arg;
@@ -2258,6 +2356,15 @@ typedef struct dt__rank_ctx {
     dt__trace_lane *trace;   /* the rank's lanes when tracing, else NULL */
 } dt__rank_ctx;
 
+/* The rank has ended (returned, or its thread exited): the launcher counts it. */
+static void dt__rank_ended(dt__rank_ctx *x) {
+    dt__mutex_lock(&x->end->mu);
+    x->ended = 1;
+    x->end->ended++;
+    if (x->result != DT_OK && x->end->failed_at == 0) x->end->failed_at = dt_time_now();
+    dt__cond_broadcast(&x->end->cv);
+    dt__mutex_unlock(&x->end->mu);
+}
 #if DT__HAVE_THREADS
 static void dt__rank_exit(void *p) {   /* the thread ended inside fn (pthread_exit): the rank has gone */
     dt__rank_ctx *x = (dt__rank_ctx *)p;
@@ -2265,14 +2372,20 @@ static void dt__rank_exit(void *p) {   /* the thread ended inside fn (pthread_ex
     x->result = DT_ERR_STATE;
     snprintf(x->msg, sizeof x->msg, "DT_ERR_STATE: rank %d: its thread exited before its rank function returned", x->comm->rank);
     dt_comm_leave(x->comm, x->result, x->msg + strlen("DT_ERR_STATE: "));
+    dt__rank_ended(x);
 }
 #endif
+/* A rank's failure as the launcher reports it: "CODE: rank R: message", the rank added where the
+   message does not begin with one (a NaN loss, a file that cannot be read). */
+static void dt__rank_msg(char *out, size_t cap, int rank, dt_result r, const char *m) {
+    m = dt__cause(m, r);
+    if (!m[0]) snprintf(out, cap, "%s: rank %d's function failed", dt_result_str(r), rank);
+    else if (strncmp(m, "rank ", 5) == 0) snprintf(out, cap, "%s: %.470s", dt_result_str(r), m);
+    else snprintf(out, cap, "%s: rank %d: %.460s", dt_result_str(r), rank, m);
+}
 static void dt__rank_body(dt__rank_ctx *x) {
     x->result = x->fn(x->comm, x->arg);
-    if (x->result != DT_OK) {
-        snprintf(x->msg, sizeof x->msg, "%s", dt_last_error());
-        if (!x->msg[0]) snprintf(x->msg, sizeof x->msg, "%s: rank %d's function failed", dt_result_str(x->result), x->comm->rank);
-    }
+    if (x->result != DT_OK) dt__rank_msg(x->msg, sizeof x->msg, x->comm->rank, x->result, dt_last_error());
     x->finished = 1;
     dt_comm_leave(x->comm, x->result, dt__cause(x->msg, x->result));   /* without the code's name: the others' reports add it */
 }
@@ -2292,6 +2405,7 @@ static void dt__rank_main(void *p) {
 #endif
     dt__tls_rank = -1;
     dt__tls_trace = NULL;
+    dt__rank_ended(x);
 }
 
 static int dt__default_threads(int ranks) {
@@ -2302,33 +2416,86 @@ static int dt__default_threads(int ranks) {
     return cores / ranks > 1 ? cores / ranks : 1;
 }
 
-/* Runs the ranks; with log set, logs every failed rank's message, the likely cause (a failure other than
-   DT_ERR_PEER, which only follows from another rank's) first. */
+/* How likely rank i's failure is the run's cause: an error of its own, then a rank that never returned
+   (stalled), then a timeout (which may only be the wait for a stalled rank), then DT_ERR_PEER (which
+   only follows from another rank's failure). */
+static int dt__cause_rank(const dt__rank_ctx *x) {
+    if (x->result == DT_OK) return -1;
+    if (!x->ended) return 2;
+    return x->result == DT_ERR_PEER ? 0 : x->result == DT_ERR_TIMEOUT ? 1 : 3;
+}
+
+/* Waits for the ranks to end; once one has failed, only grace seconds more (the others' waits end by
+   their timeout). Returns how many have not ended: stalled, left running. */
+static int dt__launch_wait(dt__launch_end *e, int started, double grace) {
+    int left;
+    dt__mutex_lock(&e->mu);
+    while (e->ended < started) {
+        double now = dt_time_now();
+        if (e->failed_at > 0 && now >= e->failed_at + grace) break;
+        dt__cond_wait_for(&e->cv, &e->mu, e->failed_at > 0 ? e->failed_at + grace - now : 1.0);
+    }
+    left = started - e->ended;
+    dt__mutex_unlock(&e->mu);
+    return left;
+}
+
+/* Logs the failed ranks: the cause in full; the others' that say the same (every rank's NaN loss) on one
+   line; other failures in full; DT_ERR_PEER, which only repeats the cause, at DT_LOG_DEBUG. */
+static void dt__launch_log(const dt__rank_ctx *x, int n, int cause) {
+    char same[256] = "";
+    size_t len = 0;
+    int i;
+    const char *cm = strchr(x[cause].msg, ':');
+    dt_log(DT_LOG_ERROR, "%s", x[cause].msg);
+    for (i = 0; i < n; i++) {
+        const char *m = strchr(x[i].msg, ':');
+        if (i == cause || x[i].result == DT_OK) continue;
+        if (x[i].result == DT_ERR_PEER) dt_log(DT_LOG_DEBUG, "%s", x[i].msg);
+        else if (x[i].result == x[cause].result && m && cm && strchr(m + 2, ':') && strchr(cm + 2, ':') &&
+                 strcmp(strchr(m + 2, ':'), strchr(cm + 2, ':')) == 0 && len + 16 < sizeof same) {
+            int k = snprintf(same + len, sizeof same - len, "%s%d", len ? ", " : "", i);
+            if (k > 0) len += (size_t)k;
+        } else dt_log(DT_LOG_ERROR, "%s", x[i].msg);
+    }
+    if (len) dt_log(DT_LOG_ERROR, "rank%s %s failed the same way", strchr(same, ',') ? "s" : "", same);
+}
+
+/* Runs the ranks; with log set, logs the failures (dt__launch_log). After the first failure the others
+   have their communicator's timeout and a second more to end; a rank that has not (stalled outside the
+   communicator, or for good) is reported as the failure and its thread left running: its communicator,
+   context and the caller's data stay as they are, and the process must exit. */
 static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, void *arg, dt_result *results, int log) {
     dt_launch_desc d;
     dt__rank_ctx *x;
     dt_comm **comms;
     dt__trace_lane *lanes = NULL;
-    int n, i, cause = -1;
+    dt__launch_end *e;
+    int n, i, cause = -1, stalled = 0;
     dt_result r;
     if (!fn) return dt_set_error(DT_ERR_INVALID_ARG, "dt_launch: the rank function is NULL");
     if (desc) d = *desc; else memset(&d, 0, sizeof d);
     n = d.ranks > 0 ? d.ranks : 1;
     x = (dt__rank_ctx *)DT_MALLOC((size_t)n * sizeof *x);
     comms = (dt_comm **)DT_MALLOC((size_t)n * sizeof *comms);
+    e = (dt__launch_end *)DT_MALLOC(sizeof *e);
     if (d.trace_path) lanes = dt__trace_lanes(n, d.trace_max_events);
-    if (!x || !comms || (d.trace_path && !lanes))
+    if (!x || !comms || !e || (d.trace_path && !lanes))
         r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: no memory for %d ranks", n);
     else
         r = dt_comm_create_local(comms, n, &d.comm);
     if (r != DT_OK) {   /* no rank ran: logged like a rank's failure, so a program that prints nothing else says why */
         if (log) dt_log(DT_LOG_ERROR, "%s", dt_last_error());
-        DT_FREE(x); DT_FREE(comms); DT_FREE(lanes);
+        DT_FREE(x); DT_FREE(comms); DT_FREE(lanes); DT_FREE(e);
         return r;
     }
     memset(x, 0, (size_t)n * sizeof *x);
+    memset(e, 0, sizeof *e);
+    dt__mutex_init(&e->mu);
+    dt__cond_init(&e->cv);
     dt__log_all_ranks = d.log_all_ranks;
     for (i = 0; i < n; i++) {
+        x[i].end = e;
         x[i].comm = comms[i];
         x[i].fn = fn;
         x[i].arg = arg;
@@ -2344,21 +2511,34 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
             x[i].result = DT_ERR_OUT_OF_MEMORY;
             snprintf(x[i].msg, sizeof x[i].msg, "DT_ERR_OUT_OF_MEMORY: rank %d: its thread could not be started", i);
             dt_comm_leave(comms[i], x[i].result, x[i].msg + 22);
+            x[i].ended = 1;
         }
-        for (i = 0; i < started; i++) dt__thread_join(&x[i].thread);
+        stalled = dt__launch_wait(e, started, dt_comm_get_desc(comms[0]).timeout + 1.0);
+        for (i = 0; i < started; i++) {
+            dt__mutex_lock(&e->mu);
+            if (!x[i].ended) {   /* read under the mutex: the thread may end just now, and is then joined */
+                x[i].result = DT_ERR_TIMEOUT;
+                snprintf(x[i].msg, sizeof x[i].msg, "DT_ERR_TIMEOUT: rank %d has not returned %.3g s after the run failed: it is stalled (its "
+                         "thread is left running, so the process must exit now)", i, dt_comm_get_desc(comms[0]).timeout + 1.0);
+            }
+            dt__mutex_unlock(&e->mu);
+            if (x[i].result != DT_ERR_TIMEOUT || x[i].finished) dt__thread_join(&x[i].thread);
+        }
     }
     for (i = 0; i < n; i++) {
         if (results) results[i] = x[i].result;
-        if (x[i].result != DT_OK && (cause < 0 || (x[cause].result == DT_ERR_PEER && x[i].result != DT_ERR_PEER))) cause = i;
+        if (dt__cause_rank(&x[i]) > (cause < 0 ? -1 : dt__cause_rank(&x[cause]))) cause = i;
     }
     r = DT_OK;
     if (cause >= 0) {
-        if (log) {
-            dt_log(DT_LOG_ERROR, "%s", x[cause].msg);
-            for (i = 0; i < n; i++) if (i != cause && x[i].result != DT_OK) dt_log(DT_LOG_ERROR, "%s", x[i].msg);
-        }
+        if (log) dt__launch_log(x, n, cause);
         r = x[cause].result;
         dt_set_error(r, "%s", dt__cause(x[cause].msg, r));
+    }
+    if (stalled) {   /* the stalled threads may still use all of it but the array of pointers */
+        if (lanes && log) dt_log(DT_LOG_WARN, "the timeline was not written to %s: a rank is still running", d.trace_path);
+        DT_FREE(comms);
+        return r;
     }
     if (lanes) {   /* also after a failure: the trace of a failed run shows where each rank was */
         char cause_msg[512];
@@ -2371,6 +2551,9 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
         dt__trace_lanes_free(lanes, n);
     }
     for (i = 0; i < n; i++) dt_comm_destroy(comms[i]);
+    dt__cond_destroy(&e->cv);
+    dt__mutex_destroy(&e->mu);
+    DT_FREE(e);
     DT_FREE(comms);
     DT_FREE(x);
     return r;
@@ -2463,6 +2646,7 @@ static dt_result dt__launch_trace_finish(dt_comm *c, const char *path, dt__trace
 dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks, dt_rank_fn fn, void *arg) {
     dt__trace_lane *lanes = NULL;
     dt_result r = DT_OK, rt = DT_OK;
+    char m[512];
     if (!c || !desc || !fn) return dt_set_error(DT_ERR_INVALID_ARG, "dt_launch_rank: communicator, desc and rank function must not be NULL");
     dt__tls_rank = c->rank;
     dt__log_all_ranks = desc->log_all_ranks;
@@ -2475,14 +2659,13 @@ dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks
     dt__tls_trace = lanes;
     if (r == DT_OK) r = fn(c, arg);
     dt__tls_trace = NULL;
-    if (r != DT_OK) {
-        const char *m = dt_last_error();
-        if (!m[0]) m = "its rank function failed";
-        dt_log(DT_LOG_ERROR, "%s", m);
+    if (r != DT_OK) {   /* logged by the backend's launcher, once for every rank that failed the same way */
+        dt__rank_msg(m, sizeof m, c->rank, r, dt_last_error());
         dt_comm_leave(c, r, dt__cause(m, r));
     }
     if (lanes && (rt = dt__launch_trace_finish(c, desc->trace_path, lanes, r != DT_OK)) != DT_OK)
         dt_log(DT_LOG_ERROR, "%s", dt_last_error());
+    if (r != DT_OK) dt_set_error(r, "%s", dt__cause(m, r));   /* the rank's failure, not the trace's */
     dt__trace_lanes_free(lanes, 1);
     dt__tls_rank = -1;
     return r != DT_OK ? r : rt;

@@ -588,6 +588,16 @@ typedef struct ex_example {
     dt_result (*rank_main)(dt_comm *c, void *args);          /* one rank's work, run by dt_launch */
 } ex_example;
 
+/* A training step's failure with where it happened in front of its cause ("epoch 2, step 17: ... the loss
+   is nan"), so that a diverged run says when; epoch and step count from 1. DT_OK passes through. */
+static inline dt_result ex_at(dt_result r, long long epoch, long long step) {
+    if (r != DT_OK) {
+        const char *m = dt_last_error(), *c = strchr(m, ':');
+        dt_set_error(r, "epoch %lld, step %lld: %s", epoch, step, c && strncmp(m, "DT_", 3) == 0 ? c + 2 : m);
+    }
+    return r;
+}
+
 /* The main() of an example that runs on ranks: takes the launcher's flags out of argv (--ranks N, default 4,
    --timeout, --link-latency, ...), then ex->parse reads the rest into args; data (NULL: the example reads
    none) is loaded, ex->prepare runs, and dt_launch runs ex->rank_main(c, args) on every rank. Returns the exit
@@ -606,7 +616,7 @@ static inline int ex_main(int argc, char **argv, const ex_example *ex, void *arg
     if (data && (rc = ex_load(data)) != 0) return rc;
     rc = ex->prepare ? ex->prepare(args) : 0;
     if (rc == 0) rc = dt_launch(&ld, ex->rank_main, args) == DT_OK ? 0 : 1;   /* 1 when a rank failed */
-    if (data) ex_free(data);
+    if (data && rc == 0) ex_free(data);   /* after a failure a stalled rank's thread may still read it: exit now */
     return rc;
 }
 

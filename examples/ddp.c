@@ -175,7 +175,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             int last = ++k == dt_loader_batches(loader), sync = k % a->accum == 0 || last;
             TRY(dt_model_forward(m, x, n));
-            TRY(dt_model_loss_labels(m, y, &loss));
+            TRY(ex_at(dt_model_loss_labels(m, y, &loss), epoch + 1, k));   /* a NaN loss says when */
             /* the gradients of all ranks are averaged every accum micro-batches (and at the end) */
             TRY(dt_ddp_backward(d, NULL, n, sync));
             if (sync) {

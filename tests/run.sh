@@ -27,6 +27,9 @@
 #      run; every header line states the whole recipe
 #   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
 #       (tools/docs_check.sh, as make docs-check)
+#   5c. faults (DT_FAULT) on 2, 3 and 4 local ranks: tests/mpi/fault_ddp.c with each kind (fail, return,
+#       stall, hang, nan) and a NaN pixel ends with exit status 1 within 15 s, naming the cause and the rank,
+#       the NaN loss once; the ddp example the same with a NaN gradient and a rank stalled for good
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
 #      tests/mpi/test_trace_mpi.c (the timeline gathered on rank 0) under mpiexec -n 2;
@@ -36,6 +39,7 @@
 #      tests/mpi/test_resume_mpi.c: DDP under mpiexec -n 2, 3 and 4, local SGD, D-PSGD and FedAvg under -n 3,
 #      killed with SIGKILL at a random step and resumed, end with the bytes of an uninterrupted run; a checkpoint
 #      of another world size, a damaged one and another trainer's are refused, naming the cause;
+#      section 5c's faults under mpiexec -n 2, 3 and 4 (a stalled rank ends the job with MPI_Abort);
 #      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
 #      they log on as many local ranks (with the Fashion-MNIST dataset); examples/ddp under mpiexec -n 3 with
 #      --checkpoint, a rank killed with SIGKILL and the job resumed, ends as a job never stopped
@@ -172,8 +176,8 @@ done
 
 # the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
 # rank's thread runs backward, recording into its own trace lane) under ThreadSanitizer (no OpenMP, whose
-# runtime TSan cannot see into)
-for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume; do
+# runtime TSan cannot see into); and the launcher's count of ended ranks, which leaves a stalled one behind
+for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume test_faults; do
     if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/$t.c" -o "$B/asan/${t}_tsan" $LDLIBS; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan $t" env DT_TEST_QUICK=1 "$B/asan/${t}_tsan"
     else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi
@@ -348,6 +352,51 @@ for md in docs/tutorial/*.md; do
     check "$md: its commands run and its quotations are current" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
 done
 
+echo "== 5c. faults on local ranks (DT_FAULT, tests/mpi/fault_ddp.c)"
+# fault_ends PATTERN COMMAND...: the run ends with exit status 1 within 15 s, its output matches PATTERN
+# (grep -E) and says "the loss is nan" at most once (every rank's NaN loss is one report)
+fault_ends() {
+    pat=$1; shift
+    start=$(date +%s)
+    out=$(timeout 60 "$@" 2>&1); rc=$?
+    secs=$(( $(date +%s) - start ))
+    printf '%s\n' "$out" | grep -v 'UCX  WARN'
+    [ "$rc" -eq 1 ] && [ "$secs" -le 15 ] && printf '%s\n' "$out" | grep -Eq "$pat" &&
+        [ "$(printf '%s\n' "$out" | grep -c 'the loss is nan')" -le 1 ] || { echo "exit status $rc after $secs s"; return 1; }
+}
+# fault_cases RUNNER...: each fault on the last rank at its 5th collective (a DDP step), and one NaN pixel
+# in its batch at step 3, run by RUNNER (mpiexec -n N prog, or prog --ranks N) with a 0.5 s timeout
+fault_cases() {
+    r=$1; shift
+    check "$* DT_FAULT kind=fail on rank $r: exit 1 naming the injected failure and rank $r" \
+        fault_ends "DT_ERR_STATE: rank $r: all-reduce #5 .*injected failure" env DT_FAULT="rank=$r,coll=5,kind=fail" "$@" --timeout 0.5
+    check "$* DT_FAULT kind=return on rank $r: exit 1 naming rank $r as gone" \
+        fault_ends "rank $r has finished|ranks not in it: ([0-9]+ \([a-z0-9# ]*\), )*$r \((at #4|finished)\)" env DT_FAULT="rank=$r,coll=5,kind=return" "$@" --timeout 0.5
+    check "$* DT_FAULT kind=stall:3 on rank $r: exit 1 within 15 s naming rank $r" \
+        fault_ends "rank $r has not (returned|ended)" env DT_FAULT="rank=$r,coll=5,kind=stall:3" "$@" --timeout 0.5
+    check "$* DT_FAULT kind=hang on rank $r: exit 1 within 15 s naming rank $r" \
+        fault_ends "rank $r has not (returned|ended)" env DT_FAULT="rank=$r,coll=5,kind=hang" "$@" --timeout 0.5
+    # (over the ring: with MPI's native all-reduce, 4 processes whose runs all fail after a fault fired on
+    # DDP's helper thread corrupt the heap now and then, a bug of its own)
+    check "$* DT_FAULT kind=nan on rank $r (the gradient): exit 1, DT_ERR_NUMERIC with rank, epoch and step, once" \
+        fault_ends "DT_ERR_NUMERIC: rank [0-9]+: epoch 1, step [0-9]+: .*the loss is nan" env DT_FAULT="rank=$r,coll=5,kind=nan" "$@" --timeout 0.5 --algo ring
+    check "$* one NaN pixel in rank $r's batch at step 3: exit 1, DT_ERR_NUMERIC naming rank $r, epoch 1, step 3, once" \
+        fault_ends "DT_ERR_NUMERIC: rank $r: epoch 1, step 3: .*the loss is nan" "$@" --timeout 0.5 --nan-pixel "$r:3"
+}
+mkdir -p "$B/faults"
+if $CC $WARN -O2 -pthread $DEFS tests/mpi/fault_ddp.c -o "$B/faults/fault_ddp" $LDLIBS; then
+    for n in 2 3 4; do fault_cases $((n - 1)) "$B/faults/fault_ddp" --ranks $n; done
+    check "DT_FAULT that is not a fault: exit 1 naming the form" sh -c "
+        DT_FAULT='rank=1,coll=0,kind=fail' '$B/faults/fault_ddp' 2>&1 | grep -q 'is not rank=R,coll=N,kind=K'"
+else echo "FAIL build of tests/mpi/fault_ddp.c"; failed=$((failed + 1)); fi
+if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then   # the same through an example
+    check "ddp: a NaN in rank 2's gradient (DT_FAULT) ends the run: exit 1, DT_ERR_NUMERIC naming rank, epoch and step, once" \
+        fault_ends "DT_ERR_NUMERIC: rank [0-9]+: epoch 1, step [0-9]+: .*the loss is nan" \
+        env DT_FAULT="rank=2,coll=6,kind=nan" "$B/examples/ddp" --ranks 3 --limit 600 --batch 60 --timeout 2
+    check "ddp: rank 1 stalled for good (DT_FAULT) ends the run: exit 1 within 15 s, naming it" \
+        fault_ends "rank 1 has not returned" env DT_FAULT="rank=1,coll=6,kind=hang" "$B/examples/ddp" --ranks 3 --limit 600 --batch 60 --timeout 1
+fi
+
 echo "== 6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
 mkdir -p "$B/fuzz"
 for f in ${FUZZ:-}; do
@@ -409,6 +458,11 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
             mpi_refused "$RT/ddp.ckpt" 4 dpsgd "written by dt_ddp_save"
         rm -rf "$RT"
     else echo "FAIL build of tests/mpi/test_resume_mpi.c with mpicc"; failed=$((failed + 1)); fi
+    # faults under mpiexec: each kind ends the job (a stalled rank with MPI_Abort) with exit status 1 and a message
+    # naming the cause and the rank (fault_cases, section 5c)
+    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS tests/mpi/fault_ddp.c -o "$B/mpi/fault_ddp" $LDLIBS; then
+        for n in 2 3 4; do fault_cases $((n - 1)) mpiexec -n $n "$B/mpi/fault_ddp"; done
+    else echo "FAIL build of tests/mpi/fault_ddp.c with mpicc"; failed=$((failed + 1)); fi
     check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl.o' &&
         mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl-cxx.o'"
     printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL) == DT_OK ? 0 : 1; }\n' > "$B/mpi/nompi.c"

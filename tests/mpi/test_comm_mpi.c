@@ -412,6 +412,23 @@ static void test_fault_leave(void) {
     }
     dt_comm_destroy(c);
 }
+/* rank 0 sends 100 floats where rank 1 receives at most 99: rank 1's report names rank 0 as the sender and
+   its own size as the receive's (MPI completes the send without the receiver, so rank 0 learns it at its
+   next wait, from rank 1's notice) */
+static void test_fault_p2p_too_big(void) {
+    dt_comm *c = fresh(10, DT_ALGO_RING);
+    static float buf[100];   /* static: MPI may still own it after the failure (see dtrain_mpi.h) */
+    dt_result r = DT_OK;
+    if (!c) return;
+    if (me == 0) r = dt_comm_send(c, buf, 100, DT_F32, 1, 5);
+    else if (me == 1) {
+        CHECK_ERR(dt_comm_recv(c, buf, 99, DT_F32, 0, 5, NULL), DT_ERR_MISMATCH);
+        CHECK(strstr(dt_last_error(), "rank 0 sent more than the 396 bytes this receive accepts") != NULL);
+        if (dt_t_checks_failed) printf("    rank 1: %s\n", dt_last_error());
+    }
+    if (me == 0 && r == DT_OK) CHECK(dt_comm_barrier(c) == DT_ERR_PEER && strstr(dt_last_error(), "this receive accepts") != NULL);
+    dt_comm_destroy(c);
+}
 static void test_errors(void) {
     dt_comm *c = NULL;
     CHECK_ERR(dt_comm_create_mpi(&c, MPI_COMM_NULL, NULL), DT_ERR_INVALID_ARG);
@@ -466,6 +483,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     mt_run("fault_mismatch", test_fault_mismatch);
     mt_run("fault_stall", test_fault_stall);
     mt_run("fault_leave", test_fault_leave);
+    mt_run("fault_p2p_too_big", test_fault_p2p_too_big);
     return mt_end();
 }
 

@@ -1,0 +1,148 @@
+/* test_faults.c - faults end cleanly on local ranks: each kind of DT_FAULT (dt_comm_desc.fault) ends
+   dt_launch_local with an error that names the cause and the rank, in bounded time (a rank stalled for
+   good is left behind, not waited for); one NaN pixel in one rank's batch under DDP ends the run with
+   DT_ERR_NUMERIC naming that rank, the epoch and the step, logged once; bad fault specs are refused.
+   (tests/run.sh runs tests/mpi/fault_ddp.c with the same faults as a program, on local ranks and under
+   mpiexec, for the exit status.) */
+#define DTRAIN_IMPLEMENTATION
+#include "../dtrain.h"
+#include "dt_test.h"
+#include "train_checks.h"
+#include "fault_ddp.h"
+
+#define TIMEOUT 0.3   /* seconds: the communicator's, short so that every case ends in about a second */
+
+/* Runs fault_ddp's DDP on n local ranks with fault (NULL: none); returns dt_launch_local's result, its
+   message in msg and the seconds it took in *secs. */
+static dt_result run(int n, const char *fault, const fd_job *j, char *msg, size_t cap, double *secs) {
+    dt_launch_desc d;
+    dt_result r;
+    double t0 = dt_time_now();
+    memset(&d, 0, sizeof d);
+    d.ranks = n;
+    d.threads_per_rank = 1;
+    d.comm.timeout = TIMEOUT;
+    d.comm.fault = fault;
+    r = dt_launch_local(&d, fd_rank, (void *)(uintptr_t)j, NULL);
+    *secs = dt_time_now() - t0;
+    snprintf(msg, cap, "%s", dt_last_error());
+    return r;
+}
+
+/* One fault on rank 2 of 3 at collective 5 (a DDP step): result want, every fragment in the message,
+   done within limit seconds. */
+static void expect(const char *fault, dt_result want, const char *frag1, const char *frag2, double limit) {
+    fd_job j = {20, 0, 0};
+    char msg[512];
+    double secs;
+    dt_result r = run(3, fault, &j, msg, sizeof msg, &secs);
+    CHECK(r == want);
+    CHECK(strstr(msg, frag1) != NULL);
+    CHECK(!frag2 || strstr(msg, frag2) != NULL);
+    CHECK(secs < limit);
+    if (r != want || !strstr(msg, frag1) || (frag2 && !strstr(msg, frag2)) || secs >= limit)
+        printf("    %s: %s after %.2f s: %s\n", fault, dt_result_str(r), secs, msg);
+}
+
+static void test_kinds(void) {
+    expect("rank=2,coll=5,kind=fail", DT_ERR_STATE, "rank 2: all-reduce #5", "injected failure", 2.0);
+    expect("rank=2,coll=5,kind=return", DT_ERR_PEER, "2 (finished)", NULL, 2.0);   /* "ranks not in it: ..., 2 (finished)" */
+    /* the stalled rank has not arrived: the others' timeouts name it */
+    expect("rank=2,coll=5,kind=stall:0.8", DT_ERR_TIMEOUT, "2 (at #4)", NULL, 3.0);
+    /* stalled longer than the timeout and a second after the failure: reported, left behind */
+    expect("rank=2,coll=5,kind=stall:60", DT_ERR_TIMEOUT, "rank 2 has not returned", "the process must exit", TIMEOUT + 3.0);
+    expect("rank=2,coll=5,kind=hang", DT_ERR_TIMEOUT, "rank 2 has not returned", NULL, TIMEOUT + 3.0);
+    /* a NaN in rank 2's gradient reaches every rank's parameters: the next step's loss, on every rank */
+    expect("rank=2,coll=5,kind=nan", DT_ERR_NUMERIC, "epoch 1, step ", "the loss is nan", 2.0);
+}
+
+/* Counts the error lines the launcher logs. */
+typedef struct lines { int errors, nan; } lines;
+static void count_lines(void *user, int level, const char *msg) {
+    lines *l = (lines *)user;
+    l->errors += level == DT_LOG_ERROR;
+    l->nan += level == DT_LOG_ERROR && strstr(msg, "the loss is nan") != NULL;
+}
+
+static void test_nan_pixel(void) {
+    fd_job j = {20, 1, 3};
+    char msg[512];
+    double secs;
+    lines l = {0, 0};
+    dt_launch_desc d;
+    dt_result r = run(3, NULL, &j, msg, sizeof msg, &secs);
+    CHECK(r == DT_ERR_NUMERIC);
+    CHECK(strstr(msg, "rank 1: epoch 1, step 3: ") != NULL && strstr(msg, "the loss is nan") != NULL);
+    /* through dt_launch, which logs: the NaN once, and the others' DT_ERR_PEER not as errors */
+    memset(&d, 0, sizeof d);
+    d.ranks = 4;
+    d.threads_per_rank = 1;
+    d.comm.timeout = TIMEOUT;
+    dt_log_configure(count_lines, &l, DT_LOG_ERROR);
+    r = dt_launch(&d, fd_rank, &j);
+    dt_log_configure(NULL, NULL, DT_LOG_ERROR);
+    CHECK(r == DT_ERR_NUMERIC);
+    CHECK(l.nan == 1 && l.errors == 1);
+    /* every rank's NaN loss (the gradient's NaN): the cause once, the others on one line */
+    l.errors = l.nan = 0;
+    d.comm.fault = "rank=3,coll=5,kind=nan";
+    j.nan_step = 0;
+    dt_log_configure(count_lines, &l, DT_LOG_ERROR);
+    r = dt_launch(&d, fd_rank, &j);
+    dt_log_configure(NULL, NULL, DT_LOG_ERROR);
+    CHECK(r == DT_ERR_NUMERIC);
+    CHECK(l.nan == 1 && l.errors == 2);
+}
+
+static void test_bad_specs(void) {
+    static const char *bad[] = {"rank=1", "rank=1,coll=0,kind=fail", "rank=-1,coll=3,kind=fail", "rank=1,coll=3,kind=boom",
+                                "rank=1,coll=3,kind=stall:0", "rank=1,coll=3,kind=stall:x", "rank=1,coll=3,kind=failx1", "rank=1,coll=3,kind=hang,"};
+    dt_comm *c[2] = {NULL, NULL};
+    dt_comm_desc d;
+    size_t i;
+    memset(&d, 0, sizeof d);
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        d.fault = bad[i];
+        CHECK_ERR(dt_comm_create_local(c, 2, &d), DT_ERR_INVALID_ARG);
+        CHECK(strstr(dt_last_error(), "rank=R,coll=N,kind=K") != NULL);
+    }
+    d.fault = "rank=1,coll=3,kind=stall:0.5";   /* a good one; a rank the run lacks never fires */
+    CHECK_OK(dt_comm_create_local(c, 2, &d));
+    dt_comm_destroy(c[0]);
+    dt_comm_destroy(c[1]);
+}
+
+/* A fault on a rank the run does not have, or at a collective it never reaches, changes nothing. */
+static void test_no_fire(void) {
+    fd_job j = {5, 0, 0};
+    char msg[512];
+    double secs;
+    CHECK_OK(run(3, "rank=7,coll=2,kind=hang", &j, msg, sizeof msg, &secs));
+    CHECK_OK(run(3, "rank=1,coll=500,kind=fail", &j, msg, sizeof msg, &secs));
+}
+
+/* Rank 0 works on (without the communicator) for longer than the timeout after the others have returned
+   DT_OK: no rank has failed, so dt_launch waits for it, however long it takes. */
+static dt_result slow_rank0(dt_comm *c, void *arg) {
+    (void)arg;
+    if (dt_comm_rank(c) == 0) dt_sleep(TIMEOUT + 1.5);   /* past the bounded wait that follows a failure */
+    return DT_OK;
+}
+static void test_slow_rank_waited_for(void) {
+    dt_launch_desc d;
+    memset(&d, 0, sizeof d);
+    d.ranks = 3;
+    d.comm.timeout = TIMEOUT;
+    CHECK_OK(dt_launch_local(&d, slow_rank0, NULL, NULL));
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) dt_t_only = argv[1];
+    dt_log_configure(NULL, NULL, DT_LOG_ERROR);
+    RUN(test_bad_specs);
+    RUN(test_no_fire);
+    RUN(test_slow_rank_waited_for);
+    RUN(test_kinds);
+    RUN(test_nan_pixel);
+    return dt_t_summary();
+}
