@@ -172,7 +172,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         /* every rank has the same number of batches (the sampler pads), so the gossip steps pair up */
         while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             TRY(dt_model_forward(m, x, n));
-            TRY(ex_at(dt_model_loss_labels(m, y, &loss), epoch + 1, b + 1));   /* a NaN loss says when */
+            TRY(ex_at(dt_model_loss_labels(m, y, &loss), epoch + 1, meta.batch + 1));   /* a NaN loss says when */
             TRY(dt_model_backward(m, NULL));
             TRY(dt_dpsgd_step(d, o));        /* the local update and the average with the neighbours */
             dt_model_zero_grad(m);

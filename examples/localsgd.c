@@ -148,7 +148,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
         while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
             TRY(dt_model_forward(m, x, n));
-            TRY(ex_at(dt_model_loss_labels(m, y, &loss), epoch + 1, b + 1));   /* a NaN loss says when */
+            TRY(ex_at(dt_model_loss_labels(m, y, &loss), epoch + 1, meta.batch + 1));   /* a NaN loss says when */
             dt_model_zero_grad(m);
             TRY(dt_model_backward(m, NULL));       /* this rank's gradient only: nothing is communicated */
             TRY(dt_optim_step(o));
