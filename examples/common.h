@@ -17,8 +17,14 @@
 
 static inline int parse_long(const char *flag, const char *v, long lo, long *out) {
     char *end;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || x < lo) { fprintf(stderr, "%s: %s needs an integer >= %ld, got '%s'\n", EX_PROG, flag, lo, v ? v : ""); return -1; }
+    long x;
+    errno = 0;
+    x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || x < lo || errno == ERANGE) {   /* ERANGE: past LONG_MAX, which strtol would return */
+        fprintf(stderr, "%s: %s needs an integer >= %ld%s, got '%s'\n", EX_PROG, flag, lo, errno == ERANGE ? " that fits a long" : "",
+                v ? v : "");
+        return -1;
+    }
     *out = x;
     return 0;
 }

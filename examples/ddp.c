@@ -71,7 +71,13 @@ static int parse_args(int argc, char **argv, void *arg) {
             if (dt_ddp_method_parse(v, &a->ddp.method) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); return -1; }
         }
         else if (!strcmp(f, "--accum")) bad = parse_long(f, v, 1, &a->accum);
-        else if (!strcmp(f, "--bucket-kb")) bad = parse_long(f, v, 1, &a->bucket_kb);
+        else if (!strcmp(f, "--bucket-kb")) {   /* at most 1 TiB, so that the bytes (x 1024) cannot overflow */
+            if (!(bad = parse_long(f, v, 1, &a->bucket_kb)) && a->bucket_kb > (1L << 30)) {
+                fprintf(stderr, "ddp: --bucket-kb %ld is more than 1 TiB (1073741824 KiB); a bucket larger than the model is "
+                        "the whole gradient: give at most the model's size\n", a->bucket_kb);
+                bad = 1;
+            }
+        }
         else if (!ex_flag(f, v, &a->data, &a->epochs, &a->batch, &bad)) {   /* not one of the common flags */
             fprintf(stderr, "ddp: unknown flag '%s'\n", f); usage(stderr); return -1;
         }
