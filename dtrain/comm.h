@@ -2288,6 +2288,21 @@ static void dt__trace_format(dt__text *t, const dt__trace_lane *lanes, int rank,
     *dropped += lost;
 }
 
+/* Before a run: that path.tmp can be created (and is removed again), so an unwritable --trace fails at
+   once, not after the training it was to record. */
+static dt_result dt__trace_check_path(const char *path) {
+    char tmp[1024];
+    FILE *f;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return dt_set_error(DT_ERR_INVALID_ARG, "trace %s: the path is too long", path);
+    if (!(f = fopen(tmp, "wb")))
+        return dt_set_error(DT_ERR_IO, "cannot write the trace %s: creating %s failed: %s (does the directory exist and is "
+                            "it writable?); nothing was run", path, tmp, strerror(errno));
+    fclose(f);
+    remove(tmp);
+    return DT_OK;
+}
+
 /* Writes the trace file: the events of body (as dt__trace_format made them) in one JSON object, into
    path.tmp, renamed over path once complete, so a reader never sees half a file. Logs where it went. */
 static dt_result dt__trace_write(const char *path, const dt__text *body, int ranks, int64_t events, int64_t dropped, int64_t max) {
@@ -2482,7 +2497,7 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
     if (d.trace_path) lanes = dt__trace_lanes(n, d.trace_max_events);
     if (!x || !comms || !e || (d.trace_path && !lanes))
         r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: no memory for %d ranks", n);
-    else
+    else if (!d.trace_path || (r = dt__trace_check_path(d.trace_path)) == DT_OK)
         r = dt_comm_create_local(comms, n, &d.comm);
     if (r != DT_OK) {   /* no rank ran: logged like a rank's failure, so a program that prints nothing else says why */
         if (log) dt_log(DT_LOG_ERROR, "%s", dt_last_error());
@@ -2579,8 +2594,12 @@ static int dt__mpiexec_size(void) {
 #define DT__TRACE_CHUNK (1 << 26)      /* bytes per message, well below MPI's INT_MAX */
 
 static dt_result dt__launch_trace_start(dt_comm *c, const dt_launch_desc *desc, dt__trace_lane **lanes) {
-    dt_result r;
+    dt_result r = c->rank == 0 ? dt__trace_check_path(desc->trace_path) : DT_OK;   /* rank 0 writes the file */
+    int64_t bad = r != DT_OK;
+    dt_result e;
     int i;
+    if ((e = dt_comm_allreduce(c, &bad, 1, DT_I64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return e;
+    if (bad) return r != DT_OK ? r : dt_set_error(DT_ERR_PEER, "dt_launch: rank 0 cannot write the trace %s", desc->trace_path);
     if (!(*lanes = dt__trace_lanes(1, desc->trace_max_events)))
         return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: rank %d: no memory for the trace", c->rank);
     if ((r = dt_comm_barrier(c)) != DT_OK) return r;

@@ -193,7 +193,8 @@ expect_status() {   # expect_status CODE COMMAND...: the command exits with CODE
 for args in "--bogus 1" "--model resnet56" "--optim rmsprop" "--epochs 0" "--lr -1" "--milestones 5,x" "--batch"; do
     check "train $args: exit 2 with a message" expect_status 2 "$B/examples/train" $args
 done
-for args in "--sync allgather" "--bucket-kb 0" "--accum" "--dataset folder" "--ranks 0"; do
+for args in "--sync allgather" "--bucket-kb 0" "--bucket-kb 9007199254740993" "--bucket-kb 99999999999999999999" "--accum" \
+            "--dataset folder" "--ranks 0"; do
     check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
 for args in "--partition shardz" "--alpha 0"; do
@@ -294,6 +295,10 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     check "ddp --trace: one Chrome-trace file with every rank" sh -c "
         '$B/examples/ddp' --ranks 2 --limit 256 --trace '$T/t.json' >/dev/null 2>&1 &&
         head -c 16 '$T/t.json' | grep -q '^{\"traceEvents\":\[' && grep -q '\"rank 1\"' '$T/t.json'"
+    # an unwritable --trace is found before the run, not after the training it was to record (no epoch line)
+    check "ddp --trace into a missing directory: exit 1 before training, naming the path" sh -c "
+        '$B/examples/ddp' --ranks 2 --limit 256 --trace '$T/no-such-dir/t.json' > '$T/tr.out' 2>&1; [ \$? -eq 1 ] &&
+        grep -q 'no-such-dir/t.json' '$T/tr.out' && ! grep -q '^epoch' '$T/tr.out'"
     check "ddp --batch 2 on 4 ranks: exit 1 naming the cause" sh -c "'$B/examples/ddp' --ranks 4 --batch 2 --limit 64 2>&1 >/dev/null | grep -q 'smaller than the 4 ranks'"
     # a global batch that does not split evenly is refused, not trained with fewer samples than the log says
     check "ddp --batch 128 on 3 ranks: exit 1 naming a batch divisible by 3" sh -c "
@@ -508,6 +513,10 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
             [ "$(wc -l < "$MT/k.a.cut")" -eq 3 ] && cmp "$MT/k.a.cut" "$MT/k.b.cut" && cmp "$MT/k.a.ckpt" "$MT/k.b.ckpt"
         }
         check "ddp under mpiexec -n 3: a rank killed, the job resumed, ends as the unstopped job" mpi_kill_resume
+        # rank 0 writes the trace; every rank learns before the run that it cannot, and the job ends naming the path
+        check "ddp --trace into a missing directory under mpiexec -n 2: exit 1 before training, naming the path" sh -c "
+            timeout 120 mpiexec -n 2 '$B/mpi/ddp' --limit 256 --trace '$MT/no-such-dir/t.json' > '$MT/tr.out' 2>&1;
+            [ \$? -eq 1 ] && grep -q 'no-such-dir/t.json' '$MT/tr.out' && ! grep -q '^epoch' '$MT/tr.out'"
         rm -rf "$MT"
     else
         echo "skipped the examples under mpiexec: dataset-fashion-mnist is not installed"
