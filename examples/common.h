@@ -207,6 +207,9 @@ static inline dt_result load_data(const char *dataset, const char *data, long si
         if ((r = dt_dataset_load_image_folder(train, data, size, size, 3)) != DT_OK) return r;
         /* one folder: a seeded 90/10 split; the test set shares the training set's pixels */
         if ((r = dt_partition_fractions(split, train->count, frac, 2, (uint64_t)seed)) != DT_OK) return r;
+        if (split->offsets[1] == 0 || split->offsets[2] == split->offsets[1])   /* found now, not at the first evaluation */
+            return dt_set_error(DT_ERR_INVALID_ARG, "%s holds %lld images: too few for a 90/10 split into training and test "
+                                "images (each needs one); give a folder of at least 10 images", data, (long long)train->count);
         *test = *train;
         tt->mean[0] = tt->mean[1] = tt->mean[2] = 0.5f;
         tt->std[0] = tt->std[1] = tt->std[2] = 0.5f;
@@ -214,6 +217,12 @@ static inline dt_result load_data(const char *dataset, const char *data, long si
     } else {
         return dt_set_error(DT_ERR_INVALID_ARG, "unknown --dataset '%s': use fashion-mnist, mnist, cifar10 or folder", dataset);
     }
+    if (test->c != train->c || test->h != train->h || test->w != train->w || test->num_classes != train->num_classes)
+        return dt_set_error(DT_ERR_FORMAT, "the test images (%s: %lldx%lldx%lld, %lld classes) are not of the training images' "   /* found now, not after training */
+                            "kind (%s: %lldx%lldx%lld, %lld classes): give a directory whose two sets belong together",
+                            test->source, (long long)test->c, (long long)test->h, (long long)test->w, (long long)test->num_classes,
+                            train->source, (long long)train->c, (long long)train->h, (long long)train->w,
+                            (long long)train->num_classes);
     *te = *tt;
     te->crop_pad = 0;
     te->flip = 0;

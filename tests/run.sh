@@ -197,6 +197,25 @@ for args in "--sync allgather" "--bucket-kb 0" "--bucket-kb 9007199254740993" "-
             "--dataset folder" "--ranks 0"; do
     check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
+# data that cannot serve a run is refused when it is loaded, not at the first evaluation after an epoch of training:
+# test images of another size than the training images (IDX files written here: 8 of 28x28, 4 of 20x20), and an
+# image folder of one image (a 90/10 split leaves no test image)
+mkdir -p "$T/odd" "$T/one/cls"
+{ printf '\000\000\010\003\000\000\000\010\000\000\000\034\000\000\000\034'; head -c 6272 /dev/zero; } > "$T/odd/train-images-idx3-ubyte"
+printf '\000\000\010\001\000\000\000\010\000\001\002\003\004\005\006\007' > "$T/odd/train-labels-idx1-ubyte"
+{ printf '\000\000\010\003\000\000\000\004\000\000\000\024\000\000\000\024'; head -c 1600 /dev/zero; } > "$T/odd/t10k-images-idx3-ubyte"
+printf '\000\000\010\001\000\000\000\004\000\001\002\003' > "$T/odd/t10k-labels-idx1-ubyte"
+{ printf 'P6\n2 2\n255\n'; head -c 12 /dev/zero; } > "$T/one/cls/a.ppm"
+check "train on test images of another size than the training images: exit 1 before training, naming both" sh -c "
+    '$B/examples/train' --data '$T/odd' --epochs 1 > '$T/odd.out' 2>&1; [ \$? -eq 1 ] && grep -q '1x20x20' '$T/odd.out' &&
+    grep -q '1x28x28' '$T/odd.out' && ! grep -q '^epoch' '$T/odd.out'"
+check "ddp on test images of another size: exit 1 naming both" sh -c "
+    '$B/examples/ddp' --ranks 2 --data '$T/odd' > '$T/odd.out' 2>&1; [ \$? -eq 1 ] && grep -q 'are not of the training images' '$T/odd.out'"
+case " $DEFS " in *" -DDT_USE_STB_IMAGE "*)
+    check "train on an image folder of one image: exit 1 before training, saying it is too few" sh -c "
+        '$B/examples/train' --dataset folder --data '$T/one' --epochs 1 > '$T/one.out' 2>&1; [ \$? -eq 1 ] &&
+        grep -q 'holds 1 images: too few' '$T/one.out' && ! grep -q '^epoch' '$T/one.out'" ;;
+esac
 for args in "--partition shardz" "--alpha 0"; do
     check "fedavg $args: exit 2 with a message" expect_status 2 "$B/examples/fedavg" $args
 done
