@@ -514,25 +514,15 @@ static inline void ex_ckpt_resumed(const ex_ckpt *k, const dt_checkpoint_meta *m
 /* Which trainer's save and load a checkpoint goes through (t is its object; NULL for EX_SINGLE). */
 typedef enum ex_trainer { EX_SINGLE, EX_DDP, EX_LOCALSGD, EX_DPSGD, EX_FED } ex_trainer;
 
-/* Saves the run's state to k->path through trainer t (collective on c, which is NULL in one process), after
-   checking on every rank that m's parameters and buffers are finite: the library saves NaN as it saves any
-   number, and a run that diverged must not write over the last good checkpoint. *sent (may be NULL) grows by
-   the bytes this rank sent for it, which the examples leave out of the traffic they report. */
+/* Saves the run's state to k->path through trainer t (collective on c, which is NULL in one process). A model
+   that diverged (NaN or infinite values on any rank) is refused by the library on every rank, and the last
+   good checkpoint stays. *sent (may be NULL) grows by the bytes this rank sent for it, which the examples
+   leave out of the traffic they report. */
 static inline dt_result ex_ckpt_save(const ex_ckpt *k, dt_comm *c, ex_trainer kind, void *t, dt_model *m, dt_optim *o,
                                      const dt_checkpoint_meta *meta, uint64_t *sent) {
-    int64_t np = 0, nb = 0, i;
-    const float *p = dt_model_params(m, &np), *b = dt_model_buffers(m, &nb);
     uint64_t s0 = c ? dt_comm_get_stats(c).bytes_sent : 0;
-    double bad = 0.0;
-    dt_result r = DT_OK;
-    for (i = 0; i < np && !bad; i++) bad = !isfinite(p[i]);
-    for (i = 0; i < nb && !bad; i++) bad = !isfinite(b[i]);
-    if (c) r = dt_comm_allreduce(c, &bad, 1, DT_F64, DT_MAX, DT_ALGO_AUTO);   /* every rank saves, or none */
-    if (r == DT_OK && bad)
-        r = dt_set_error(DT_ERR_STATE, "the model holds NaN or infinite values after step %lld (the run diverged): not saved, "
-                         "so %s keeps the last good state, if any; resume from it with a lower --lr (or other fix)",
-                         (long long)meta->step, k->path);
-    if (r == DT_OK) switch (kind) {
+    dt_result r;
+    switch (kind) {
     case EX_SINGLE:   r = dt_checkpoint_save(k->path, m, o, meta); break;
     case EX_DDP:      r = dt_ddp_save((dt_ddp *)t, k->path, o, meta); break;
     case EX_LOCALSGD: r = dt_localsgd_save((dt_localsgd *)t, k->path, o, meta); break;
