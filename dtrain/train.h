@@ -740,9 +740,10 @@ static dt_result dt__ckpt_save(dt__ckpt *k, const dt_checkpoint_meta *meta) {
 static dt_result dt__ckpt_read_file(const dt__ckpt *k, unsigned char **file, int64_t *bytes) {
     FILE *f;
     long size;
+    const char *why;
     *file = NULL;
-    if (!(f = fopen(k->path, "rb")))
-        return dt_set_error(DT_ERR_IO, "%s: cannot open %s (no such file, or no permission)", k->fn, k->path);
+    if (!(f = dt__open_read(k->path, &why)))   /* a FIFO is refused, not waited on */
+        return dt_set_error(DT_ERR_IO, "%s: cannot open %s: %s", k->fn, k->path, why);
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
         return dt_set_error(DT_ERR_IO, "%s: cannot read %s", k->fn, k->path);

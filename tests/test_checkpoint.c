@@ -213,6 +213,14 @@ static void test_bad_files(void) {
     }
     CHECK_ERR(dt_checkpoint_save(NULL, m, o, NULL), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_checkpoint_load(NULL, m, o, NULL), DT_ERR_INVALID_ARG);
+    {   /* a FIFO where the checkpoint should be: refused at once (opening it would wait for a writer) */
+        alarm(60);
+        remove(bad);
+        CHECK(mkfifo(bad, 0600) == 0);
+        CHECK_ERR(dt_checkpoint_load(bad, m, o, NULL), DT_ERR_IO);
+        CHECK(strstr(dt_last_error(), "not a regular file") != NULL);
+        alarm(0);
+    }
     CHECK_ERR(dt_checkpoint_save(path, NULL, o, NULL), DT_ERR_INVALID_ARG);
     remove(bad);
     dt_optim_destroy(o); dt_optim_destroy(adam);
