@@ -13,6 +13,8 @@
 #       declarations as C11 and C++; and, where nvcc is installed, dtrain_cuda.cu compiled for the GPU and
 #       linked into examples/train.c and test_cuda, which without a GPU must report its tests skipped
 #       (they count neither as passed nor as failed; make test-cuda runs them on a GPU)
+#   2c. ARM64: test_core, test_layers, test_models and test_comm cross-compiled for aarch64 with Debian's
+#       gcc-aarch64-linux-gnu and run under qemu-user (their results count; qemu's timings mean nothing)
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
@@ -151,6 +153,19 @@ if [ -x "$CUDA_HOME/bin/nvcc" ]; then
     else echo "FAIL build of tests/cuda/test_cuda.c with the GPU backend"; failed=$((failed + 1)); fi
 else
     echo "skipped: nvcc not installed (at $CUDA_HOME/bin/nvcc): the GPU backend was not compiled for the GPU"
+fi
+
+echo "== 2c. ARM64 (aarch64, cross-compiled, run under qemu-user)"
+if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
+    mkdir -p "$B/aarch64"
+    for t in test_core test_layers test_models test_comm; do
+        if aarch64-linux-gnu-gcc $WARN -O2 -fopenmp -pthread "tests/$t.c" -o "$B/aarch64/$t" -lm; then
+            run "aarch64 $t" env DT_TEST_QUICK=1 qemu-aarch64 -L /usr/aarch64-linux-gnu "$B/aarch64/$t"
+        else echo "FAIL build of $t for aarch64"; failed=$((failed + 1)); fi
+    done
+else
+    echo "FAIL aarch64-linux-gnu-gcc or qemu-aarch64 is not installed (run tools/deps.sh: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user)"
+    failed=$((failed + 1))
 fi
 
 echo "== 3. without OpenMP, portable kernels"
