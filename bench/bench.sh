@@ -4,10 +4,13 @@
 #   2. training step (forward, loss, backward, SGD) of SimpleCNN, ResNet-20 and VGG-11 at batch 128, dtrain
 #      (bench_models) and PyTorch (bench/torch_models.py, when python3-torch is installed) taking turns model by
 #      model, each in its own process; median img/s of 7 windows after warm-up, and the memory a step takes;
+#      for every CPU tier the machine runs (DT_CPU=avx512, avx2, portable), dtrain's against PyTorch held to the
+#      same instructions (ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA), with GFLOP/s and the share of the FMA peak;
 #   3. GEMM at the models' shapes, dtrain against OpenBLAS (when libopenblas-dev is installed), window by window;
 #   4. all-reduce: bench/comm.sh up to 1 MiB (local backend, MPICH, gloo).
 # Every program runs on THREADS threads (default: the number of cores). MODELS (default
-# "simplecnn resnet20 vgg11"), WINDOWS (default 7) and COMM=0 (no all-reduce part) shorten it.
+# "simplecnn resnet20 vgg11"), TIERS (default: every tier this CPU runs), WINDOWS (default 7) and COMM=0 (no
+# all-reduce part) shorten it.
 # Writes BUILD/bench/bench.csv (section,name,dtrain,peer,ratio,unit) and, with gnuplot, BUILD/bench/bench.png.
 B=${1:-build}
 THREADS=${THREADS:-$(nproc)}
@@ -26,21 +29,42 @@ grep '^#' "$OUT/machine.csv" | sed 's/^# //'
 grep -v '^#' "$OUT/machine.csv" | awk -F, '{ printf "  %-10s %8.1f %s\n", $1, $2, $3; printf "machine,%s,%s,,,%s\n", $1, $2, $3 >> "'"$CSV"'" }'
 peak=$(awk -F, '$1 == "peak_fma" { print $2 }' "$OUT/machine.csv")
 
-echo "== training step, batch 128, $THREADS threads: images per second (median of $WINDOWS windows)"
+# the CPU tiers this machine runs (bench_machine names its widest FMA), each next to PyTorch held to the same
+# instruction set; TIERS="avx2" (or any list) measures fewer
+isa=$(sed -n 's/^# FMA peak with \([a-z0-9]*\) on .*/\1/p' "$OUT/machine.csv")
+case $isa in avx512) all_tiers="avx512 avx2 portable" ;; avx2) all_tiers="avx2 portable" ;; *) all_tiers="portable" ;; esac
+TIERS=${TIERS:-$all_tiers}
+torch_tier() {   # the environment that holds PyTorch to tier $1's instructions
+    case $1 in
+    avx512) echo "ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE" ;;
+    avx2) echo "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2" ;;
+    *) echo "ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41" ;;
+    esac
+}
+echo "== training step, batch 128, $THREADS threads: images per second (median of $WINDOWS windows), per CPU tier"
+echo "   (dtrain with DT_CPU=tier; PyTorch held to the same instructions: avx512, avx2 and for portable SSE4.1;"
+echo "    GFLOP/s from the useful FLOPs of a step: 25.4, 243 and 917 MFLOP per image; share of the FMA peak above)"
 [ $torch = 1 ] || echo "  note: python3-torch is not installed: dtrain's figures alone (apt-get install python3-torch)"
-printf "  %-10s %12s %12s %7s %6s %12s %12s\n" model dtrain PyTorch ratio goal "dtrain MB" "PyTorch MB"
+printf "  %-10s %-8s %10s %10s %7s %6s %8s %7s %10s %10s\n" model tier dtrain PyTorch ratio goal GFLOP/s "of peak" "dtrain MB" "PyTorch MB"
 for m in $MODELS; do
-    d=$("$B/bench/bench_models" --model $m --windows $WINDOWS) || exit 1
-    p=""
-    [ $torch = 1 ] && { p=$(/usr/bin/python3 bench/torch_models.py --model $m --threads $THREADS --windows $WINDOWS) || exit 1; }
-    echo "$d|$p" | awk -F'[,|]' -v csv="$CSV" '{
-        goal = $1 == "simplecnn" ? 1.5 : 1.2
-        dm = $9 - $8; pm = $18 - $17
-        if ($10 == "") { printf "  %-10s %12.1f %12s %7s %6s %12.1f %12s\n", $1, $5, "-", "-", goal "x", dm, "-"
-                         printf "train_step,%s,%s,,,img/s\ntrain_step_memory,%s,%.1f,,,MB\n", $1, $5, $1, dm >> csv }
-        else { printf "  %-10s %12.1f %12.1f %6.2fx %6s %12.1f %12.1f\n", $1, $5, $14, $5 / $14, goal "x", dm, pm
-               printf "train_step,%s,%s,%s,%.3f,img/s\ntrain_step_memory,%s,%.1f,%.1f,%.3f,MB\n", $1, $5, $14, $5 / $14, $1, dm, pm, dm / pm >> csv }
-    }'
+    for t in $TIERS; do
+        d=$(DT_CPU=$t "$B/bench/bench_models" --model $m --windows $WINDOWS) || exit 1
+        p=""
+        # shellcheck disable=SC2046
+        [ $torch = 1 ] && { p=$(env $(torch_tier $t) /usr/bin/python3 bench/torch_models.py --model $m --threads $THREADS \
+                                 --windows $WINDOWS) || exit 1; }
+        echo "$d|$p" | awk -F'[,|]' -v csv="$CSV" -v tier=$t -v peak="$peak" '{
+            goal = tier == "avx512" ? ($1 == "simplecnn" ? 1.5 : 1.2) : 1.0
+            mflop = $1 == "simplecnn" ? 25.4 : $1 == "resnet20" ? 243 : $1 == "vgg11" ? 917 : 0
+            gf = $5 * mflop / 1000; share = peak > 0 ? 100 * gf / peak : 0
+            dm = $9 - $8; pm = $18 - $17; name = $1 "/" tier
+            if ($10 == "") { printf "  %-10s %-8s %10.1f %10s %7s %6s %8.1f %6.0f%% %10.1f %10s\n", $1, tier, $5, "-", "-", goal "x", gf, share, dm, "-"
+                             printf "train_step,%s,%s,,,img/s\ntrain_step_memory,%s,%.1f,,,MB\n", name, $5, name, dm >> csv }
+            else { printf "  %-10s %-8s %10.1f %10.1f %6.2fx %6s %8.1f %6.0f%% %10.1f %10.1f\n", $1, tier, $5, $14, $5 / $14, goal "x", gf, share, dm, pm
+                   printf "train_step,%s,%s,%s,%.3f,img/s\ntrain_step_memory,%s,%.1f,%.1f,%.3f,MB\n", name, $5, $14, $5 / $14, name, dm, pm, dm / pm >> csv }
+            if (mflop > 0) printf "train_step_gflops,%s,%.1f,,%.3f,GFLOP/s (ratio: share of the FMA peak)\n", name, gf, share / 100 >> csv
+        }'
+    done
 done
 echo "  memory: peak resident memory of the process minus what it held before the model was built"
 
@@ -76,7 +100,7 @@ set output "$OUT/bench.png"
 set title "dtrain / peer, same machine, same run, $THREADS threads (training step: PyTorch; GEMM: OpenBLAS)"
 set style fill solid 0.6
 set boxwidth 0.7
-set yrange [0:1.6]
+set yrange [0:*]
 set ylabel "ratio (> 1: dtrain is faster)"
 set xtics rotate by -40 font ",8"
 set grid ytics
