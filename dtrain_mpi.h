@@ -138,7 +138,9 @@ typedef struct dt__mpi {
     MPI_Request   *out_reqs;            /* [size] the notice's sends */
     double         cancel_until;        /* 0, or the end of the time cancels may wait */
     uint64_t       sig_in[2], sig_out[2];  /* the signature check's buffers: MPI may write them after a failure */
-    int            stuck;               /* a native collective failed: MPI still holds its request (and M) */
+    void          *stage;               /* the native collectives' data, [stage_bytes]: MPI may write it after a failure */
+    size_t         stage_bytes;
+    int            stuck;               /* a native collective failed: MPI still holds its request (and M, stage) */
     int            serialized;          /* MPI runs at MPI_THREAD_SERIALIZED or above: any thread may call c */
     pthread_t      owner;               /* the thread that created c */
 } dt__mpi;
@@ -372,6 +374,22 @@ static dt_result dt__mpi_sigcheck(dt_comm *c, double deadline) {
 
 static dt_result dt__mpi_barrier(dt_comm *c, double deadline) { return dt__mpi_sigcheck(c, deadline); }
 
+/* The native collectives run on M->stage, a buffer of the communicator's, never on the caller's: a
+   collective that failed (a peer gone, the deadline passed) leaves its request with MPI, which may complete
+   it later and write the result; by then the caller may have freed its buffer (a model destroyed as its
+   rank ends), and MPI's write corrupted the heap. The stage, like M, is kept while MPI holds a request.
+   The price is a copy in and out of each native collective's data. */
+static void *dt__mpi_stage(dt__mpi *M, size_t bytes) {
+    if (bytes > M->stage_bytes) {
+        void *p = DT_MALLOC(bytes);
+        if (!p) return NULL;
+        DT_FREE(M->stage);
+        M->stage = p;
+        M->stage_bytes = bytes;
+    }
+    return M->stage;
+}
+
 static dt_result dt__mpi_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype t, dt_reduce_op op, double deadline) {
     dt__mpi *M = dt__mpi_of(c);
     static const int opn[] = {0, 0, 1, 2};
@@ -383,29 +401,43 @@ static dt_result dt__mpi_allreduce(dt_comm *c, void *buf, size_t count, dt_dtype
        (max(84, 169) = 84). Flipping the top bit maps unsigned order onto signed order, so max/min of
        bytes run as MPI_INT8_T on x ^ 0x80 and flip back. */
     int flip = t == DT_U8 && (op == DT_MAX || op == DT_MIN);
-    if (flip) { for (off = 0; off < count; off++) ((unsigned char *)buf)[off] ^= 0x80; types[DT_U8] = MPI_INT8_T; }
+    size_t part = count < (size_t)INT_MAX ? count : (size_t)INT_MAX;   /* MPI counts are int */
+    unsigned char *st;
+    if (r != DT_OK) return r;
+    if (!(st = (unsigned char *)dt__mpi_stage(M, part * es + 1)))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "MPI all-reduce: no memory to stage %zu bytes", part * es);
+    if (flip) types[DT_U8] = MPI_INT8_T;
     dt_comm_count_native(c, count * es, 2);
-    for (off = 0; r == DT_OK && off < count; ) {   /* MPI counts are int: parts of at most INT_MAX elements */
-        size_t n = count - off < (size_t)INT_MAX ? count - off : (size_t)INT_MAX;
+    for (off = 0; r == DT_OK && off < count; ) {
+        size_t n = count - off < part ? count - off : part, i;
         MPI_Request rq = MPI_REQUEST_NULL;
-        DT__MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)n, types[t], ops[opn[op]], M->comm, &rq));
-        r = dt__mpi_native_wait(c, &rq, deadline, "MPI_Iallreduce");
+        memcpy(st, (char *)buf + off * es, n * es);
+        if (flip) for (i = 0; i < n; i++) st[i] ^= 0x80;
+        DT__MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, st, (int)n, types[t], ops[opn[op]], M->comm, &rq));
+        if ((r = dt__mpi_native_wait(c, &rq, deadline, "MPI_Iallreduce")) != DT_OK) break;
+        if (flip) for (i = 0; i < n; i++) st[i] ^= 0x80;
+        memcpy((char *)buf + off * es, st, n * es);
         off += n;
     }
-    if (flip) for (off = 0; off < count; off++) ((unsigned char *)buf)[off] ^= 0x80;
     return r;
 }
 
 static dt_result dt__mpi_broadcast(dt_comm *c, void *buf, size_t bytes, int root, double deadline) {
     dt__mpi *M = dt__mpi_of(c);
-    size_t off;
+    size_t off, part = bytes < ((size_t)1 << 30) ? bytes : ((size_t)1 << 30);
     dt_result r = dt__mpi_sigcheck(c, deadline);
+    char *st;
+    if (r != DT_OK) return r;
+    if (!(st = (char *)dt__mpi_stage(M, part + 1)))   /* see dt__mpi_stage */
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "MPI broadcast: no memory to stage %zu bytes", part);
     dt_comm_count_native(c, bytes, 1);
     for (off = 0; r == DT_OK && off < bytes; ) {
-        size_t n = bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30);
+        size_t n = bytes - off < part ? bytes - off : part;
         MPI_Request rq = MPI_REQUEST_NULL;
-        DT__MPI_TRY(MPI_Ibcast((char *)buf + off, (int)n, MPI_BYTE, root, M->comm, &rq));
-        r = dt__mpi_native_wait(c, &rq, deadline, "MPI_Ibcast");
+        if (dt_comm_rank(c) == root) memcpy(st, (char *)buf + off, n);
+        DT__MPI_TRY(MPI_Ibcast(st, (int)n, MPI_BYTE, root, M->comm, &rq));
+        if ((r = dt__mpi_native_wait(c, &rq, deadline, "MPI_Ibcast")) != DT_OK) break;
+        if (dt_comm_rank(c) != root) memcpy((char *)buf + off, st, n);
         off += n;
     }
     return r;
@@ -485,7 +517,7 @@ static void dt__mpi_destroy(dt_comm *c) {
         MPI_Comm_free(&M->comm);
     } else dt__mpi_keep(M->comm);
     DT_FREE(M->out_reqs);
-    if (!pending && !M->stuck) DT_FREE(M);   /* else MPI may still read M->out or write M->sig_out */
+    if (!pending && !M->stuck) { DT_FREE(M->stage); DT_FREE(M); }   /* else MPI may still read M->out or write M->sig_out, M->stage */
 }
 
 /* Another thread may call MPI, one at a time, when MPI was initialised SERIALIZED (dt_launch does) or MULTIPLE. */

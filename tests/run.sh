@@ -415,10 +415,10 @@ fault_cases() {
         fault_ends "rank $r has not (returned|ended)" env DT_FAULT="rank=$r,coll=5,kind=stall:3" "$@" --timeout 0.5
     check "$* DT_FAULT kind=hang on rank $r: exit 1 within 15 s naming rank $r" \
         fault_ends "rank $r has not (returned|ended)" env DT_FAULT="rank=$r,coll=5,kind=hang" "$@" --timeout 0.5
-    # (over the ring: with MPI's native all-reduce, 4 processes whose runs all fail after a fault fired on
-    # DDP's helper thread corrupt the heap now and then, a bug of its own)
+    # (under MPI, with MPI's native all-reduce: its collectives left with MPI by the failure once wrote into
+    # gradients freed as the ranks ended, and corrupted the heap in about 1 run of 14; dtrain_mpi.h stages them)
     check "$* DT_FAULT kind=nan on rank $r (the gradient): exit 1, DT_ERR_NUMERIC with rank, epoch and step, once" \
-        fault_ends "DT_ERR_NUMERIC: rank [0-9]+: epoch 1, step [0-9]+: .*the loss is nan" env DT_FAULT="rank=$r,coll=5,kind=nan" "$@" --timeout 0.5 --algo ring
+        fault_ends "DT_ERR_NUMERIC: rank [0-9]+: epoch 1, step [0-9]+: .*the loss is nan" env DT_FAULT="rank=$r,coll=5,kind=nan" "$@" --timeout 0.5
     check "$* one NaN pixel in rank $r's batch at step 3: exit 1, DT_ERR_NUMERIC naming rank $r, epoch 1, step 3, once" \
         fault_ends "DT_ERR_NUMERIC: rank $r: epoch 1, step 3: .*the loss is nan" "$@" --timeout 0.5 --nan-pixel "$r:3"
 }
