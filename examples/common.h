@@ -343,6 +343,22 @@ static inline dt_result ex_epoch_end(dt_comm *c, double sums[2], double *mb, dt_
     return dt_comm_rank(c) == 0 ? dt_evaluate(m, &d->test, NULL, 0, &d->te, 1000, topk, ev) : DT_OK;
 }
 
+/* After an epoch's report, before its checkpoint: a run whose mean training loss or test loss (ev, rank 0's) is
+   not finite has diverged, even while its weights are still finite numbers (so large that the forward pass
+   overflows), and stops here, so that the epoch's checkpoint does not replace the last good one. Collective
+   on c (NULL: one process): every rank follows rank 0's verdict. */
+static inline dt_result ex_stop_if_diverged(dt_comm *c, int64_t epoch, double train_loss, const dt_eval_result *ev) {
+    int root = !c || dt_comm_rank(c) == 0;
+    double bad = root && !(isfinite(train_loss) && isfinite(ev->loss));
+    dt_result r;
+    if (c && (r = dt_comm_broadcast(c, &bad, 1, DT_F64, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    if (!bad) return DT_OK;
+    if (!root) return dt_set_error(DT_ERR_PEER, "rank 0 found that the run diverged in epoch %lld", (long long)epoch);
+    return dt_set_error(DT_ERR_NUMERIC, "epoch %lld: the %s loss is %g: the model diverged; the run stops before saving it, "
+                        "so the last checkpoint, if any, is kept: resume from it with a lower --lr", (long long)epoch,
+                        isfinite(train_loss) ? "test" : "training", isfinite(train_loss) ? ev->loss : train_loss);
+}
+
 /* One column of what rank 0 reports after an epoch: its CSV name and format, and its text in the log line, a
    printf format of one double that is given the value times scale (100 shows a fraction as a percentage). */
 typedef struct ex_col { const char *name, *csv, *log; double scale; } ex_col;

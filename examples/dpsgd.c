@@ -198,6 +198,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             double v[] = {secs, (double)lr, sums[0] / sums[1], ev.loss, ev.top1, dist, mb};   /* COLS' order */
             ex_report(csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS));
         }
+        TRY(ex_stop_if_diverged(c, epoch + 1, sums[0] / sums[1], &ev));   /* before the epoch's checkpoint */
         ex_ckpt_next_epoch(&meta, epoch + 1);
         if (ex_ckpt_due(&a->ckpt, meta.step, 1, epoch + 1 == a->epochs)) TRY(ex_ckpt_save(&a->ckpt, c, EX_DPSGD, d, m, o, &meta, NULL));
     }

@@ -170,6 +170,7 @@ int main(int argc, char **argv) {
         v[0] = secs; v[1] = (double)lr; v[2] = meta.values[0] / meta.values[1]; v[3] = ev.loss; v[4] = ev.top1; v[5] = ev.topk;
         v[6] = meta.values[1] / secs;
         ex_report(csv, epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS));
+        TRY(ex_stop_if_diverged(NULL, epoch + 1, meta.values[0] / meta.values[1], &ev));   /* before the epoch's checkpoint */
         ex_ckpt_next_epoch(&meta, epoch + 1);
         if (ex_ckpt_due(&a.ckpt, meta.step, 1, epoch + 1 == a.epochs))
             TRY(ex_ckpt_save(&a.ckpt, NULL, EX_SINGLE, NULL, m, o, &meta, NULL));

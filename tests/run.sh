@@ -329,6 +329,18 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     check "ddp --trace: one Chrome-trace file with every rank" sh -c "
         '$B/examples/ddp' --ranks 2 --limit 256 --trace '$T/t.json' >/dev/null 2>&1 &&
         head -c 16 '$T/t.json' | grep -q '^{\"traceEvents\":\[' && grep -q '\"rank 1\"' '$T/t.json'"
+    # a run that diverges stops, exit 1, before the checkpoint of the epoch whose loss is not finite (its weights
+    # may still be finite, but so large that the forward pass overflows): a checkpoint left is of an epoch whose
+    # losses were finite, before the one that diverged
+    check "train --lr 0.8: stops at the diverged epoch, keeping the last good checkpoint" sh -c "
+        rm -f '$T/div.ckpt'; '$B/examples/train' --limit 2000 --epochs 3 --lr 0.8 --checkpoint '$T/div.ckpt' > '$T/div.out' 2>&1
+        [ \$? -eq 1 ] && grep -q 'diverged' '$T/div.out' || exit 1
+        [ -e '$T/div.ckpt' ] || exit 0
+        bad=\$(sed -n 's/.*: epoch \\([0-9]*\\)[:,].*diverged.*/\\1/p' '$T/div.out' | head -n 1)
+        '$B/examples/train' --limit 2000 --epochs 3 --lr 0.8 --checkpoint '$T/div.ckpt' --resume > '$T/div2.out' 2>&1
+        got=\$(sed -n 's/^resumed from .* after epoch \\([0-9]*\\).*/\\1/p' '$T/div2.out')
+        [ -n \"\$bad\" ] && [ -n \"\$got\" ] && [ \"\$got\" -lt \"\$bad\" ] &&
+            grep -E \"^epoch +\$got/\" '$T/div.out' | grep -q 'test loss' && ! grep -E \"^epoch +\$got/\" '$T/div.out' | grep -q nan"
     # an unwritable --trace is found before the run, not after the training it was to record (no epoch line)
     check "ddp --trace into a missing directory: exit 1 before training, naming the path" sh -c "
         '$B/examples/ddp' --ranks 2 --limit 256 --trace '$T/no-such-dir/t.json' > '$T/tr.out' 2>&1; [ \$? -eq 1 ] &&
