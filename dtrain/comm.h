@@ -61,6 +61,31 @@ typedef struct dt_topology {
 dt_result dt_topology_create(dt_topology *t, const dt_topology_desc *desc);
 void      dt_topology_free(dt_topology *t);
 const char *dt_topology_name(dt_topology_kind k);   /* "ring", "torus", ... */
+/* Checks one mixing matrix, as a time-varying topology must pass it at every step: t has world ranks,
+   ascending neighbour lists that match (j lists i exactly when i lists j), and W is non-negative,
+   symmetric, doubly stochastic and zero off the edges. Connectivity is not asked of a single graph (see
+   dt_topology_check_union). DT_ERR_INVALID_ARG naming the rank and what fails; fn prefixes the message. */
+dt_result dt_topology_check(const dt_topology *t, int world, const char *fn);
+/* Checks each of g[0..n) with dt_topology_check and that their union is connected: gossip over graphs used
+   in turn then reaches every rank, though no single graph need connect them. */
+dt_result dt_topology_check_union(const dt_topology *const *g, int n, int world, const char *fn);
+
+/* A time-varying topology: step t gossips over graphs[t mod period] (D-PSGD's dt_dpsgd_desc.schedule). */
+typedef struct dt_topology_schedule {
+    int          world, period;
+    dt_topology *graphs;         /* [period], each with weights 1/2 on its one edge per rank */
+} dt_topology_schedule;
+/* The one-peer exponential graph: at step t, rank i exchanges with the one peer i xor 2^k, k = t mod period,
+   period = ceil(log2 world), with weights 1/2 (itself) and 1/2 (the peer). Each W_t is symmetric and doubly
+   stochastic; no single one is connected, their union (the hypercube's edges) is. For world a power of two
+   the product of the period's W_t is exactly the averaging matrix (1/world everywhere): any values reach
+   their mean in log2 world steps, each rank sending one replica a step. For other worlds a rank whose
+   partner i xor 2^k is not a rank sits step k out (W_t[i][i] = 1): the mixing is still symmetric and
+   doubly stochastic and reaches consensus geometrically, never exactly. *s is zeroed on failure. */
+dt_result dt_topology_one_peer_exp(dt_topology_schedule *s, int world);
+void      dt_topology_schedule_free(dt_topology_schedule *s);
+/* graphs[step mod period] of the dt_topology_schedule *s: a dt_dpsgd_desc.schedule function. */
+const dt_topology *dt_topology_schedule_at(int64_t step, void *s);
 
 /* ---- the communicator ------------------------------------------------------------------------ */
 
@@ -399,10 +424,32 @@ static void dt__sym_eigenvalues(double *a, int n, double *ev) {
     for (k = 0; k < n; k++) ev[k] = a[k * n + k];
 }
 
-dt_result dt_topology_create(dt_topology *t, const dt_topology_desc *desc) {
+/* How many ranks a search from rank 0 reaches over the union of the edges of g[0..ng), all of world ranks;
+   *missing is the first rank it does not reach. -1 when there is no memory for the search. */
+static int dt__topology_reach(const dt_topology *const *g, int ng, int world, int *missing) {
+    int *stack = (int *)DT_MALLOC(sizeof(int) * (size_t)world), *seen = (int *)DT_MALLOC(sizeof(int) * (size_t)world);
+    int top = 0, reached = 1, q, k;
+    if (!stack || !seen) { DT_FREE(stack); DT_FREE(seen); return -1; }
+    memset(seen, 0, sizeof(int) * (size_t)world);
+    seen[0] = 1;
+    stack[top++] = 0;
+    while (top) {
+        int v = stack[--top];
+        for (q = 0; q < ng; q++)
+            for (k = g[q]->offsets[v]; k < g[q]->offsets[v + 1]; k++)
+                if (!seen[g[q]->neighbors[k]]) { seen[g[q]->neighbors[k]] = 1; reached++; stack[top++] = g[q]->neighbors[k]; }
+    }
+    for (k = 0; k < world && seen[k]; k++) {}
+    *missing = k;
+    DT_FREE(stack); DT_FREE(seen);
+    return reached;
+}
+
+/* Builds desc's graph and mixing matrix and checks them. part = 1: one graph of a time-varying topology,
+   which need not be connected alone; its spectrum is left to the caller. */
+static dt_result dt__topology_build(dt_topology *t, const dt_topology_desc *desc, int part) {
     int n, i, j, rows = 0, cols = 0, nedges = 0;
     uint8_t *adj = NULL;
-    int *stack = NULL, *seen = NULL;
     double *work = NULL, *ev = NULL;
     dt_result r = DT_OK;
     if (!t) return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: topology is NULL");
@@ -502,30 +549,20 @@ dt_result dt_topology_create(dt_topology *t, const dt_topology_desc *desc) {
             goto done;
         }
     }
-    /* connected: a search from rank 0 reaches everyone */
-    stack = (int *)DT_MALLOC(sizeof(int) * (size_t)n);
-    seen = (int *)DT_MALLOC(sizeof(int) * (size_t)n);
-    if (!stack || !seen) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_create: no memory"); goto done; }
-    {
-        int top = 0, reached = 1, k;
-        memset(seen, 0, sizeof(int) * (size_t)n);
-        seen[0] = 1;
-        stack[top++] = 0;
-        while (top) {
-            int v = stack[--top];
-            for (k = t->offsets[v]; k < t->offsets[v + 1]; k++)
-                if (!seen[t->neighbors[k]]) { seen[t->neighbors[k]] = 1; reached++; stack[top++] = t->neighbors[k]; }
-        }
+    t->world = n;
+    if (part) goto done;
+    {   /* connected: a search from rank 0 reaches everyone */
+        const dt_topology *one = t;
+        int missing = 0, reached = dt__topology_reach(&one, 1, n, &missing);
+        if (reached < 0) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_create: no memory"); goto done; }
         if (reached != n) {
-            for (k = 0; k < n && seen[k]; k++) {}
             r = dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_create: the graph is not connected (rank %d cannot be reached from "
-                             "rank 0): gossip would never reach consensus; add edges", k);
+                             "rank 0): gossip would never reach consensus; add edges", missing);
             goto done;
         }
     }
     /* spectral gap from the eigenvalues of W (symmetric, so real); Jacobi costs O(world^3) per sweep, so
        beyond 1024 ranks the gap is left at -1 (not computed) */
-    t->world = n;
     if (n > 1024) { t->spectral_gap = t->lambda2 = -1.0; goto done; }
     work = (double *)DT_MALLOC(sizeof(double) * (size_t)n * (size_t)n);
     ev = (double *)DT_MALLOC(sizeof(double) * (size_t)n);
@@ -543,9 +580,125 @@ dt_result dt_topology_create(dt_topology *t, const dt_topology_desc *desc) {
     }
     t->world = n;
 done:
-    DT_FREE(adj); DT_FREE(stack); DT_FREE(seen); DT_FREE(work); DT_FREE(ev);
+    DT_FREE(adj); DT_FREE(work); DT_FREE(ev);
     if (r != DT_OK) dt_topology_free(t);
     return r;
+}
+
+dt_result dt_topology_create(dt_topology *t, const dt_topology_desc *desc) { return dt__topology_build(t, desc, 0); }
+
+/* Whether rank i's ascending neighbour list holds j. */
+static int dt__topology_lists(const dt_topology *t, int i, int j) {
+    int lo = t->offsets[i], hi = t->offsets[i + 1];
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (t->neighbors[mid] == j) return 1;
+        if (t->neighbors[mid] < j) lo = mid + 1; else hi = mid;
+    }
+    return 0;
+}
+
+dt_result dt_topology_check(const dt_topology *t, int world, const char *fn) {
+    int n, i, j, k;
+    if (!fn) fn = "dt_topology_check";
+    if (!t || !t->weights || !t->offsets || !t->neighbors)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: the topology is %s: build it with dt_topology_create", fn, t ? "empty" : "NULL");
+    if ((n = t->world) != world)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: the topology has %d ranks, not %d: give dt_topology_desc.world = %d", fn, n,
+                            world, world);
+    for (i = 0; i < n; i++) {
+        double row = 0.0;
+        if (t->offsets[i] < 0 || t->offsets[i + 1] < t->offsets[i] || (i == 0 && t->offsets[0] != 0))
+            return dt_set_error(DT_ERR_INVALID_ARG, "%s: the neighbour offsets of rank %d do not ascend from 0", fn, i);
+        for (k = t->offsets[i]; k < t->offsets[i + 1]; k++) {
+            j = t->neighbors[k];
+            if (j < 0 || j >= n || j == i || (k > t->offsets[i] && j <= t->neighbors[k - 1]))
+                return dt_set_error(DT_ERR_INVALID_ARG, "%s: rank %d's neighbour list must hold other ranks in ascending order, "
+                                    "and holds %d at position %d", fn, i, j, k - t->offsets[i]);
+            if (!dt__topology_lists(t, j, i))
+                return dt_set_error(DT_ERR_INVALID_ARG, "%s: rank %d lists %d as a neighbour but %d does not list %d: gossip needs "
+                                    "undirected edges", fn, i, j, j, i);
+        }
+        for (j = 0; j < n; j++) {
+            double w = t->weights[(int64_t)i * n + j];
+            row += w;
+            if (!(w >= 0.0))
+                return dt_set_error(DT_ERR_INVALID_ARG, "%s: W[%d][%d] is %g: mixing weights must be >= 0", fn, i, j, w);
+            if (fabs(w - t->weights[(int64_t)j * n + i]) > 1e-12)
+                return dt_set_error(DT_ERR_INVALID_ARG, "%s: the mixing matrix is not symmetric: W[%d][%d] = %g but W[%d][%d] = %g",
+                                    fn, i, j, w, j, i, t->weights[(int64_t)j * n + i]);
+            if (w != 0.0 && j != i && !dt__topology_lists(t, i, j))
+                return dt_set_error(DT_ERR_INVALID_ARG, "%s: W[%d][%d] = %g but %d is not a neighbour of %d: a weight off the "
+                                    "graph mixes a replica that is never sent", fn, i, j, w, j, i);
+        }
+        if (fabs(row - 1.0) > 1e-9)
+            return dt_set_error(DT_ERR_INVALID_ARG, "%s: the mixing matrix is not doubly stochastic: row %d (and, W being "
+                                "symmetric, column %d) sums to %.17g, not 1, so gossip would not keep the mean", fn, i, i, row);
+    }
+    return DT_OK;
+}
+
+dt_result dt_topology_check_union(const dt_topology *const *g, int n, int world, const char *fn) {
+    int q, missing = 0, reached;
+    dt_result r;
+    if (!fn) fn = "dt_topology_check_union";
+    if (!g || n < 1) return dt_set_error(DT_ERR_INVALID_ARG, "%s: no graphs to check (%d)", fn, n);
+    for (q = 0; q < n; q++)
+        if ((r = dt_topology_check(g[q], world, fn)) != DT_OK) return r;
+    if ((reached = dt__topology_reach(g, n, world, &missing)) < 0) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (reached != world)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: the union of the %d graphs is not connected (rank %d cannot be reached from "
+                            "rank 0): gossip would never reach consensus; add edges or graphs", fn, n, missing);
+    return DT_OK;
+}
+
+void dt_topology_schedule_free(dt_topology_schedule *s) {
+    int k;
+    if (!s) return;
+    for (k = 0; s->graphs && k < s->period; k++) dt_topology_free(&s->graphs[k]);
+    DT_FREE(s->graphs);
+    memset(s, 0, sizeof *s);
+}
+
+dt_result dt_topology_one_peer_exp(dt_topology_schedule *s, int world) {
+    dt_topology_desc d;
+    uint8_t *adj;
+    int k, i, period = 1;
+    dt_result r = DT_OK;
+    if (!s) return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_one_peer_exp: schedule is NULL");
+    memset(s, 0, sizeof *s);
+    if (world < 1 || world > 65536)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_topology_one_peer_exp: world is %d; it must be in 1..65536", world);
+    while ((1 << period) < world) period++;   /* ceil(log2 world), at least 1 */
+    adj = (uint8_t *)DT_MALLOC((size_t)world * (size_t)world);
+    s->graphs = (dt_topology *)DT_MALLOC(sizeof(dt_topology) * (size_t)period);
+    if (!adj || !s->graphs) {
+        DT_FREE(adj); DT_FREE(s->graphs); s->graphs = NULL;
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_topology_one_peer_exp: no memory for %d ranks", world);
+    }
+    memset(s->graphs, 0, sizeof(dt_topology) * (size_t)period);
+    s->world = world;
+    s->period = period;
+    memset(&d, 0, sizeof d);
+    d.kind = DT_TOPO_CUSTOM; d.world = world; d.adjacency = adj;   /* uniform: 1/2 on both ends of each edge */
+    for (k = 0; k < period && r == DT_OK; k++) {
+        memset(adj, 0, (size_t)world * (size_t)world);
+        for (i = 0; i < world; i++)
+            if ((i ^ (1 << k)) < world) adj[(int64_t)i * world + (i ^ (1 << k))] = 1;
+        r = dt__topology_build(&s->graphs[k], &d, 1);
+        /* W is a pairing: eigenvalue 1 for each pair's mean and each rank alone, 0 for each pair's difference */
+        s->graphs[k].lambda2 = world > 2 ? 1.0 : 0.0;
+        s->graphs[k].spectral_gap = 1.0 - s->graphs[k].lambda2;
+    }
+    DT_FREE(adj);
+    if (r != DT_OK) dt_topology_schedule_free(s);
+    return r;
+}
+
+const dt_topology *dt_topology_schedule_at(int64_t step, void *s) {
+    const dt_topology_schedule *q = (const dt_topology_schedule *)s;
+    if (!q || !q->graphs || q->period < 1 || step < 0) return NULL;
+    return &q->graphs[step % q->period];
 }
 
 /* ---- communicator: the generic layer ----------------------------------------------------------- */

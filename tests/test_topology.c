@@ -1,5 +1,7 @@
 /* Gossip topologies: neighbours, mixing weights (uniform 1/(deg+1), Metropolis-Hastings), the checks
-   (symmetric, doubly stochastic, connected) and the spectral gap against closed forms. */
+   (symmetric, doubly stochastic, connected) and the spectral gap against closed forms; the one-peer
+   exponential schedule (its product over a period is exactly the averaging matrix for a power of two),
+   dt_topology_check's refusals and the union's connectivity. */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
@@ -153,6 +155,119 @@ static void test_mixing_converges(void) {
     dt_topology_free(&t);
 }
 
+/* c = a b, n x n */
+static void matmul(const double *a, const double *b, double *c, int n) {
+    int i, j, k;
+    for (i = 0; i < n; i++)
+        for (j = 0; j < n; j++) {
+            double s = 0.0;
+            for (k = 0; k < n; k++) s += a[i * n + k] * b[k * n + j];
+            c[i * n + j] = s;
+        }
+}
+
+/* The product of a period's W_t: exactly 1/p everywhere (in doubles) for p a power of two, and not for other
+   p, whose repeated periods still converge to it. Each W_t pairs i with i xor 2^t, weights 1/2. */
+static void test_one_peer_exp(void) {
+    int p;
+    for (p = 1; p <= 16; p++) {
+        dt_topology_schedule s;
+        const dt_topology *g[8];
+        double prod[256], tmp[256], far = 0.0;
+        int i, k, pow2 = (p & (p - 1)) == 0, period = 1, exact = 1, rep;
+        while ((1 << period) < p) period++;
+        CHECK_OK(dt_topology_one_peer_exp(&s, p));
+        if (!s.graphs) continue;
+        CHECK(s.world == p && s.period == period);
+        for (i = 0; i < p * p; i++) prod[i] = i % (p + 1) == 0;   /* identity */
+        for (k = 0; k < s.period; k++) {
+            const dt_topology *t = &s.graphs[k];
+            g[k] = t;
+            CHECK(dt_topology_schedule_at(k, &s) == t && dt_topology_schedule_at(k + 5 * period, &s) == t);
+            CHECK_OK(dt_topology_check(t, p, NULL));
+            check_mixing(t);
+            for (i = 0; i < p; i++) {
+                int peer = i ^ (1 << k), has = peer < p;
+                CHECK(degree(t, i) == has && (!has || t->neighbors[t->offsets[i]] == peer));
+                CHECK(t->weights[i * p + i] == (has ? 0.5 : 1.0) && (!has || t->weights[i * p + peer] == 0.5));
+            }
+            matmul(prod, t->weights, tmp, p);
+            memcpy(prod, tmp, sizeof(double) * (size_t)(p * p));
+        }
+        CHECK_OK(dt_topology_check_union(g, s.period, p, NULL));
+        if (p > 2) {   /* one graph alone does not connect the ranks */
+            CHECK_ERR(dt_topology_check_union(g, 1, p, "one graph"), DT_ERR_INVALID_ARG);
+            CHECK(strstr(dt_last_error(), "one graph: the union of the 1 graphs is not connected") != NULL);
+        }
+        for (i = 0; i < p * p; i++) exact &= prod[i] == 1.0 / p;
+        CHECK(exact == pow2);
+        for (rep = 0; rep < 60; rep++) {   /* 60 more periods */
+            for (k = 0; k < s.period; k++) {
+                matmul(prod, s.graphs[k].weights, tmp, p);
+                memcpy(prod, tmp, sizeof(double) * (size_t)(p * p));
+            }
+        }
+        for (i = 0; i < p * p; i++) far = fabs(prod[i] - 1.0 / p) > far ? fabs(prod[i] - 1.0 / p) : far;
+        CHECK(far < 1e-9);
+        dt_topology_schedule_free(&s);
+        CHECK(s.graphs == NULL && s.period == 0);
+    }
+    {
+        dt_topology_schedule s;
+        CHECK_ERR(dt_topology_one_peer_exp(&s, 0), DT_ERR_INVALID_ARG);
+        CHECK_ERR(dt_topology_one_peer_exp(NULL, 4), DT_ERR_INVALID_ARG);
+        CHECK(dt_topology_schedule_at(0, NULL) == NULL);
+        CHECK_OK(dt_topology_one_peer_exp(&s, 4));
+        CHECK(dt_topology_schedule_at(-1, &s) == NULL);
+        dt_topology_schedule_free(&s);
+        dt_topology_schedule_free(NULL);
+    }
+}
+
+/* dt_topology_check refuses each way a hand-made W can be wrong, naming it. */
+static void test_check(void) {
+    dt_topology t, bad;
+    dt_topology_desc d;
+    double w[16];
+    int nb[16], off[5], i;
+    memset(&d, 0, sizeof d);
+    d.kind = DT_TOPO_RING; d.world = 4;
+    CHECK_OK(dt_topology_create(&t, &d));
+    CHECK_OK(dt_topology_check(&t, 4, "ring"));
+    CHECK_ERR(dt_topology_check(&t, 5, "ring"), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "ring: the topology has 4 ranks, not 5") != NULL);
+    CHECK_ERR(dt_topology_check(NULL, 4, "x"), DT_ERR_INVALID_ARG);
+    bad = t; bad.weights = w;
+    memcpy(w, t.weights, sizeof w);
+    w[0 * 4 + 1] += 0.25; w[0 * 4 + 0] -= 0.25;            /* rows still sum to 1 */
+    CHECK_ERR(dt_topology_check(&bad, 4, "x"), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "x: the mixing matrix is not symmetric: W[0][1]") != NULL);
+    memcpy(w, t.weights, sizeof w);
+    w[0 * 4 + 0] = 0.5;                                    /* row 0 sums to 7/6 */
+    CHECK_ERR(dt_topology_check(&bad, 4, "x"), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "not doubly stochastic: row 0") != NULL);
+    memcpy(w, t.weights, sizeof w);
+    w[1 * 4 + 1] = -1.0 / 3.0; w[1 * 4 + 0] = w[0 * 4 + 1] = 2.0 / 3.0; w[0] = -1.0 / 3.0;
+    CHECK_ERR(dt_topology_check(&bad, 4, "x"), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "must be >= 0") != NULL);
+    memcpy(w, t.weights, sizeof w);                        /* 0 and 2 are not neighbours on a ring of 4 */
+    w[0 * 4 + 2] = w[2 * 4 + 0] = 0.125; w[0] -= 0.125; w[2 * 4 + 2] -= 0.125;
+    CHECK_ERR(dt_topology_check(&bad, 4, "x"), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "W[0][2] = 0.125 but 2 is not a neighbour of 0") != NULL);
+    bad = t; bad.neighbors = nb; bad.offsets = off;        /* 0 lists 2, which does not list 0 */
+    off[0] = 0; off[1] = 3; off[2] = 5; off[3] = 7; off[4] = 9;
+    nb[0] = 1; nb[1] = 2; nb[2] = 3; nb[3] = 0; nb[4] = 2; nb[5] = 1; nb[6] = 3; nb[7] = 0; nb[8] = 2;
+    CHECK_ERR(dt_topology_check(&bad, 4, "x"), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "rank 0 lists 2 as a neighbour but 2 does not list 0") != NULL);
+    nb[0] = 3; nb[2] = 1;                                  /* not ascending */
+    CHECK_ERR(dt_topology_check(&bad, 4, "x"), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "ascending") != NULL);
+    for (i = 0; i < 5; i++) off[i] = t.offsets[i];
+    for (i = 0; i < 8; i++) nb[i] = t.neighbors[i];
+    CHECK_OK(dt_topology_check(&bad, 4, "x"));            /* the copies are the ring again */
+    dt_topology_free(&t);
+}
+
 int main(int argc, char **argv) {
     dt_t_only = argc > 1 ? argv[1] : NULL;
     printf("test_topology\n");
@@ -160,5 +275,7 @@ int main(int argc, char **argv) {
     RUN(test_torus_exponential_full);
     RUN(test_custom);
     RUN(test_mixing_converges);
+    RUN(test_one_peer_exp);
+    RUN(test_check);
     return dt_t_summary();
 }
