@@ -238,10 +238,22 @@ typedef enum dt_dpsgd_order {
 const char *dt_dpsgd_order_name(dt_dpsgd_order k);          /* "cta", "atc" */
 dt_result   dt_dpsgd_order_parse(const char *s, dt_dpsgd_order *out);
 
+/* A time-varying topology: the graph step t gossips over (t = 0, 1, ... counts dt_dpsgd_step calls and is
+   restored by dt_dpsgd_load). It must give every rank the same graph for the same t, every time it is
+   asked, and the graph must live until the step is done. dt_topology_schedule_at (user: a
+   dt_topology_schedule, e.g. dt_topology_one_peer_exp's) cycles through a list. */
+typedef const dt_topology *(*dt_dpsgd_schedule_fn)(int64_t step, void *user);
+
 /* D-PSGD settings; zero means the default. */
 typedef struct dt_dpsgd_desc {
     dt_dpsgd_order order;       /* default COMBINE_THEN_ADAPT */
     int            mix_buffers; /* 1: also gossip the buffers (BatchNorm running statistics) every step */
+    dt_dpsgd_schedule_fn schedule;   /* NULL: every step over dt_dpsgd_create's topology. Otherwise step t
+                                        mixes with schedule(t, schedule_user), and the topology given to
+                                        dt_dpsgd_create must be NULL */
+    void          *schedule_user;
+    int            period;      /* with schedule (>= 1): dt_dpsgd_create checks that the union of the graphs
+                                   of steps 0 .. period-1 is connected (a single graph need not be) */
 } dt_dpsgd_desc;
 
 typedef struct dt_dpsgd dt_dpsgd;
@@ -258,12 +270,15 @@ typedef struct dt_dpsgd_stats {
 /* Collective. Wraps model m (finalized, the same architecture on every rank) for D-PSGD on communicator c
    over topology t, which must have c's world size; broadcasts rank 0's parameters and buffers so the
    replicas start equal. c, m and t must outlive the dt_dpsgd. desc NULL: the defaults. Host buffers. *out is
-   NULL on failure. */
+   NULL on failure. With desc->schedule, t is NULL and the graphs change every step: each step's W must pass
+   dt_topology_check (symmetric, doubly stochastic, on c's world) and the union over desc->period steps
+   dt_topology_check_union (connected); create checks steps 0 .. period-1, each step its own graph. */
 dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topology *t, const dt_dpsgd_desc *desc);
 /* Frees what dt_dpsgd_create allocated. NULL is allowed. */
 void      dt_dpsgd_destroy(dt_dpsgd *d);
 /* Collective: one D-PSGD step, after dt_model_backward, in place of dt_optim_step (then zero the gradients).
-   Every rank sends its replica to its neighbours (dt_comm_neighbor_exchange) and mixes what it receives,
+   Every rank sends its replica to its neighbours in the step's graph (dt_comm_neighbor_exchange; a bad
+   graph from the schedule is refused, on every rank, before anything is sent) and mixes what it receives,
    summing W[i][j] x_j over j = 0, 1, ... (itself in its place) in double, so the result is the same on
    every backend. COMBINE_THEN_ADAPT: the replica x_i is sent, o steps x_i to x_i' with the gradient at
    x_i, and x_i becomes sum_j W[i][j] x_j + (x_i' - x_i): the update o computed before averaging (weight
@@ -279,8 +294,9 @@ dt_result dt_dpsgd_average(dt_dpsgd *d, float *out);
    aside and loads the mean parameters and buffers into the model; use = 0 (local) puts the replica back. */
 dt_result dt_dpsgd_use_average(dt_dpsgd *d, int use);
 dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d);    /* zeros for NULL */
-/* Collective checkpoint of every rank's replica (they differ), optimizer o (may be NULL) and meta. Not while
-   the model holds the average (dt_dpsgd_use_average). */
+/* Collective checkpoint of every rank's replica (they differ), optimizer o (may be NULL), meta and the step
+   count, so a schedule resumes at the graph it stopped at. Not while the model holds the average
+   (dt_dpsgd_use_average). */
 dt_result dt_dpsgd_save(dt_dpsgd *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta);
 dt_result dt_dpsgd_load(dt_dpsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta);
 
@@ -1611,7 +1627,10 @@ dt_result dt_ddp_load(dt_ddp *d, const char *path, dt_optim *o, dt_checkpoint_me
    One neighbour exchange per step sends the replica (n floats) to each neighbour and receives theirs
    into recv. The mix sums W[i][j] x_j over a fixed list (the ranks j = 0, 1, ... with an edge to i, and i
    itself in its place), in double, then adds the local update x_i' - x_i (zero when nothing stepped in
-   between), so with the fully connected topology every rank computes the same average bit for bit. */
+   between), so with the fully connected topology every rank computes the same average bit for bit.
+   With a schedule the row of W, the neighbour lists and the room for their replicas follow the step's
+   graph (dt__dpsgd_use_graph), after every rank has checked that graph the same way: a bad one stops every
+   rank before any message, so none waits for a neighbour that refused. */
 
 static const char *const dt__dpsgd_order_names[DT_DPSGD_ORDER_COUNT] = {"cta", "atc"};
 const char *dt_dpsgd_order_name(dt_dpsgd_order k) { return dt__enum_name(dt__dpsgd_order_names, DT_DPSGD_ORDER_COUNT, (int)k); }
@@ -1626,15 +1645,16 @@ dt_result dt_dpsgd_order_parse(const char *s, dt_dpsgd_order *out) {
 struct dt_dpsgd {
     dt_comm           *comm;
     dt_model          *model;
-    const dt_topology *topo;
     dt_dpsgd_desc      desc;
     int64_t            n, nb;       /* parameters, buffers */
-    int                deg;         /* neighbours of this rank */
-    const int         *nbrs;        /* [deg] ascending (the topology's) */
+    int64_t            step;        /* the next step's number: the schedule's t, kept in checkpoints */
+    int                deg;         /* neighbours of this rank in the current graph */
+    int                cap;         /* neighbours that w, src and recv have room for */
+    const int         *nbrs;        /* [deg] ascending (the graph's) */
     double            *w;           /* [deg + 1] W[i][j] in mixing order (j ascending, i in its place) */
     int                self_at;     /* position of this rank in that order */
     const float      **src;         /* [deg + 1] the replicas being mixed */
-    float             *recv;        /* [deg * max(n, nb)] the neighbours' replicas */
+    float             *recv;        /* [cap * max(n, nb)] the neighbours' replicas */
     float             *own;         /* [max(n, nb)] this rank's replica as sent */
     float             *keep;        /* [n + nb] the replica kept aside by dt_dpsgd_use_average */
     float             *avg;         /* [n + nb] the mean, for consensus and averages */
@@ -1675,6 +1695,61 @@ static dt_result dt__dpsgd_gossip(dt_dpsgd *d, float *x, const float *own, int64
     return DT_OK;
 }
 
+/* Takes this rank's row of graph g for the next exchanges: its neighbours, their weights in mixing order
+   and room for their replicas (grown when g has more neighbours than any graph before). */
+static dt_result dt__dpsgd_use_graph(dt_dpsgd *d, const dt_topology *g) {
+    int me = d->comm->rank, deg = g->offsets[me + 1] - g->offsets[me], q;
+    int64_t big = d->n > d->nb ? d->n : d->nb;
+    if (deg > d->cap || !d->w) {
+        double *w = (double *)DT_REALLOC(d->w, sizeof(double) * (size_t)(deg + 1));
+        const float **src = w ? (const float **)DT_REALLOC((void *)d->src, sizeof(float *) * (size_t)(deg + 1)) : NULL;
+        float *recv = src ? (float *)DT_REALLOC(d->recv, sizeof(float) * (size_t)(deg * big + 1)) : NULL;
+        if (w) d->w = w;
+        if (src) d->src = src;
+        if (!recv)
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd: rank %d: no memory for %d neighbours' replicas of %lld floats",
+                                me, deg, (long long)big);
+        d->recv = recv;
+        d->cap = deg;
+    }
+    d->deg = deg;
+    d->nbrs = g->neighbors + g->offsets[me];
+    d->self_at = d->deg;
+    for (q = 0; q < d->deg; q++)
+        if (d->nbrs[q] > me) { d->self_at = q; break; }
+    for (q = 0; q <= d->deg; q++) {
+        int j = q == d->self_at ? me : d->nbrs[q - (q > d->self_at)];
+        d->w[q] = g->weights[(int64_t)me * g->world + j];
+    }
+    return DT_OK;
+}
+
+/* The schedule's graph of step t, checked (the union over the period is checked once, at create). */
+static dt_result dt__dpsgd_graph_at(const dt_dpsgd *d, int64_t t, const char *fn, const dt_topology **g) {
+    char who[96];
+    if (!(*g = d->desc.schedule(t, d->desc.schedule_user)))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: rank %d: the schedule gave no graph (NULL) for step %lld", fn,
+                            d->comm->rank, (long long)t);
+    snprintf(who, sizeof who, "%s: rank %d: the schedule's graph of step %lld", fn, d->comm->rank, (long long)t);
+    return dt_topology_check(*g, d->comm->size, who);
+}
+
+/* Checks the graphs of steps 0 .. period-1 and their union, and makes room for the most neighbours any has. */
+static dt_result dt__dpsgd_schedule_start(dt_dpsgd *d) {
+    const dt_topology **g = (const dt_topology **)DT_MALLOC(sizeof *g * (size_t)d->desc.period);
+    dt_result r = g ? DT_OK : dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory", d->comm->rank);
+    int q;
+    for (q = 0; q < d->desc.period && r == DT_OK; q++) r = dt__dpsgd_graph_at(d, q, "dt_dpsgd_create", &g[q]);
+    if (r == DT_OK) {
+        char who[96];
+        snprintf(who, sizeof who, "dt_dpsgd_create: rank %d: the schedule's graphs of steps 0 .. %d", d->comm->rank, d->desc.period - 1);
+        r = dt_topology_check_union(g, d->desc.period, d->comm->size, who);
+    }
+    for (q = 0; q < d->desc.period && r == DT_OK; q++) r = dt__dpsgd_use_graph(d, g[q]);
+    DT_FREE((void *)g);
+    return r;
+}
+
 /* Collective: the mean of every rank's params and buffers into d->avg [n + nb]. */
 static dt_result dt__dpsgd_mean(dt_dpsgd *d) {
     dt_result r;
@@ -1690,15 +1765,21 @@ dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topo
     dt_dpsgd *d;
     dt_result r;
     int64_t big;
-    int me = dt_comm_rank(c), q;
+    int me = dt_comm_rank(c);
     if (out) *out = NULL;
     if ((r = dt__trainer_check("dt_dpsgd_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
     memset(&dd, 0, sizeof dd);
     if (desc) dd = *desc;
-    if (!t || !t->weights || !t->offsets)
+    if (dd.schedule && t)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: both a topology and a schedule: give the topology NULL "
+                            "when desc.schedule gives each step's graph", me);
+    if (dd.schedule && dd.period < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: a schedule needs desc.period >= 1 (is %d): the steps "
+                            "over which its graphs together connect every rank (e.g. dt_topology_schedule.period)", me, dd.period);
+    if (!dd.schedule && (!t || !t->weights || !t->offsets))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology is %s: build it with dt_topology_create", me,
                             t ? "empty" : "NULL");
-    if (t->world != c->size)
+    if (!dd.schedule && t->world != c->size)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology has %d ranks but the communicator %d: "
                             "give dt_topology_desc.world = dt_comm_size(c)", me, t->world, c->size);
     if (dd.order < 0 || dd.order >= DT_DPSGD_ORDER_COUNT)
@@ -1707,32 +1788,17 @@ dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topo
     memset(d, 0, sizeof *d);
     d->comm = c;
     d->model = m;
-    d->topo = t;
     d->desc = dd;
     d->n = m->nparams;
     dt_model_buffers(m, &d->nb);
-    d->deg = t->offsets[me + 1] - t->offsets[me];
-    d->nbrs = t->neighbors + t->offsets[me];
     big = d->n > d->nb ? d->n : d->nb;
-    d->w = (double *)DT_MALLOC(sizeof(double) * (size_t)(d->deg + 1));
-    d->src = (const float **)DT_MALLOC(sizeof(float *) * (size_t)(d->deg + 1));
-    d->recv = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->deg * big + 1));
     d->own = (float *)DT_MALLOC(sizeof(float) * (size_t)(big + 1));
     d->keep = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
     d->avg = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
-    if (!d->w || !d->src || !d->recv || !d->own || !d->keep || !d->avg) {
-        dt__dpsgd_free(d);
-        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory for %d neighbours' replicas of %lld floats",
-                            me, t->offsets[me + 1] - t->offsets[me], (long long)big);
-    }
-    d->self_at = d->deg;
-    for (q = 0; q < d->deg; q++)
-        if (d->nbrs[q] > me) { d->self_at = q; break; }
-    for (q = 0; q <= d->deg; q++) {
-        int j = q == d->self_at ? me : d->nbrs[q - (q > d->self_at)];
-        d->w[q] = t->weights[(int64_t)me * t->world + j];
-    }
-    if ((r = dt__same_model(c, m, "dt_dpsgd_create", 1)) != DT_OK) { dt__dpsgd_free(d); return r; }
+    if (!d->own || !d->keep || !d->avg)
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory for the replicas of %lld floats", me, (long long)big);
+    else r = dd.schedule ? dt__dpsgd_schedule_start(d) : dt__dpsgd_use_graph(d, t);
+    if (r != DT_OK || (r = dt__same_model(c, m, "dt_dpsgd_create", 1)) != DT_OK) { dt__dpsgd_free(d); return r; }
     *out = d;
     return DT_OK;
 }
@@ -1748,6 +1814,10 @@ dt_result dt_dpsgd_step(dt_dpsgd *d, dt_optim *o) {
     if (d->using_avg)
         return dt_set_error(DT_ERR_STATE, "dt_dpsgd_step: rank %d: the model holds the average: call dt_dpsgd_use_average(d, 0) "
                             "first", d->comm->rank);
+    if (d->desc.schedule) {   /* this step's graph, before anything changes */
+        const dt_topology *g;
+        if ((r = dt__dpsgd_graph_at(d, d->step, "dt_dpsgd_step", &g)) != DT_OK || (r = dt__dpsgd_use_graph(d, g)) != DT_OK) return r;
+    }
     x = d->model->params;
     if (o && d->desc.order == DT_DPSGD_ADAPT_THEN_COMBINE && (r = dt_optim_step(o)) != DT_OK) return r;
     memcpy(d->own, x, sizeof(float) * (size_t)d->n);
@@ -1761,6 +1831,7 @@ dt_result dt_dpsgd_step(dt_dpsgd *d, dt_optim *o) {
         memcpy(d->own, b, sizeof(float) * (size_t)d->nb);
         if ((r = dt__dpsgd_gossip(d, b, d->own, d->nb)) != DT_OK) return r;
     }
+    d->step++;
     d->stats.steps++;
     return DT_OK;
 }
@@ -1825,13 +1896,13 @@ static dt_result dt__dpsgd_own_replica(const dt_dpsgd *d, const char *fn) {
 
 dt_result dt_dpsgd_save(dt_dpsgd *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta) {
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_save: dpsgd is NULL");
-    return dt__ckpt_save_comm(d->comm, "dt_dpsgd_save", DT__CKPT_DPSGD, path, d->model, o, meta, 0,
+    return dt__ckpt_save_comm(d->comm, "dt_dpsgd_save", DT__CKPT_DPSGD, path, d->model, o, meta, d->step,
                               dt__dpsgd_own_replica(d, "dt_dpsgd_save"));
 }
 
 dt_result dt_dpsgd_load(dt_dpsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta) {
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_load: dpsgd is NULL");
-    return dt__ckpt_load_comm(d->comm, "dt_dpsgd_load", DT__CKPT_DPSGD, path, d->model, o, meta, NULL,
+    return dt__ckpt_load_comm(d->comm, "dt_dpsgd_load", DT__CKPT_DPSGD, path, d->model, o, meta, &d->step,
                               dt__dpsgd_own_replica(d, "dt_dpsgd_load"));
 }
 

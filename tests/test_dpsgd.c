@@ -3,7 +3,10 @@
    of 4 (combine-then-adapt, adapt-then-combine); pure gossip on a ring keeps the mean, keeps the replicas
    different and shrinks the consensus distance at least as fast as the spectral gap says; the average of
    the replicas; the gossip traffic; BatchNorm statistics gossiped with mix_buffers and averaged by
-   dt_dpsgd_average; bad arguments. */
+   dt_dpsgd_average; bad arguments. Time-varying topologies: the one-peer exponential schedule reaches exact
+   consensus in log2 p steps on 4 and 8 ranks (bit for bit: every replica is the mean) and not on 3; the hook
+   is asked for the right steps; a bad graph from it stops every rank with a named error, a schedule whose
+   graphs never connect the ranks is refused. */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
@@ -303,6 +306,154 @@ static void test_buffers(void) {
     }
 }
 
+/* ---- time-varying topologies ---- */
+#define SR 8          /* ranks, at most */
+#define SSTEPS 4      /* gossip steps taken */
+typedef struct sched_job {
+    int p, bad_at, stuck;        /* bad_at: the step whose graph is corrupted (-1: none); stuck: always graph 0 */
+    dt_topology_schedule s;
+    dt_topology bad;             /* s.graphs[1] with an asymmetric W */
+    double badw[SR * SR];
+    int64_t calls[SR][16];       /* the steps each rank's hook was asked for */
+    int ncalls[SR], nsteps[SR];
+    float start[SR][NP], after[SR][SSTEPS + 1][NP];
+    double dist[SR][SSTEPS + 1];
+    uint64_t bytes[SR];
+    dt_result err[SR];
+    char msg[SR][512];
+} sched_job;
+typedef struct hook_user { sched_job *j; int rank; } hook_user;
+
+static const dt_topology *hook(int64_t step, void *user) {
+    hook_user *h = (hook_user *)user;
+    sched_job *j = h->j;
+    if (j->ncalls[h->rank] < 16) j->calls[h->rank][j->ncalls[h->rank]++] = step;
+    if (step == j->bad_at) return &j->bad;
+    return dt_topology_schedule_at(j->stuck ? 0 : step, &j->s);
+}
+
+/* Pure gossip from distinct integer replicas (their mean is exact in floats for p a power of two). */
+static dt_result sched_rank(dt_comm *c, void *arg) {
+    sched_job *j = (sched_job *)arg;
+    int me = dt_comm_rank(c), k, t;
+    hook_user hu;
+    dt_model *m = NULL;
+    dt_dpsgd *d = NULL;
+    dt_dpsgd_desc dd;
+    dt_result r;
+    hu.j = j; hu.rank = me;
+    memset(&dd, 0, sizeof dd);
+    dd.schedule = hook; dd.schedule_user = &hu; dd.period = j->s.period;
+    for (k = 0; k < NP; k++) j->start[me][k] = (float)((me * 37 + k * 11) % 23 - 11);
+    if ((r = make_model(&m, 1)) == DT_OK && (r = dt_dpsgd_create(&d, c, m, NULL, &dd)) == DT_OK)
+        r = dt_model_set_params(m, j->start[me], NP);   /* after the create's broadcast */
+    for (t = 0; t <= SSTEPS && r == DT_OK; t++) {
+        if ((r = dt_dpsgd_consensus(d, &j->dist[me][t])) != DT_OK || (r = dt_model_get_params(m, j->after[me][t], NP)) != DT_OK)
+            break;
+        if (t < SSTEPS && (r = dt_dpsgd_step(d, NULL)) == DT_OK) j->nsteps[me]++;
+    }
+    j->bytes[me] = dt_dpsgd_get_stats(d).bytes_sent;
+    j->err[me] = r;
+    if (r != DT_OK) snprintf(j->msg[me], sizeof j->msg[me], "%s", dt_last_error());
+    if (r != DT_OK && d) dt_model_get_params(m, j->after[me][j->nsteps[me] + 1], NP);   /* what the refused step left */
+    dt_dpsgd_destroy(d);
+    dt_model_destroy(m);
+    return DT_OK;   /* the job records each rank's result */
+}
+
+static void sched_launch(sched_job *j) {
+    dt_launch_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.ranks = j->p; ld.comm.timeout = 20;
+    CHECK_OK(dt_launch_local(&ld, sched_rank, j, NULL));
+}
+
+/* One peer a step at distance 2^(t mod log2 p): after log2 p steps of pure gossip every replica holds the
+   mean exactly (the butterfly of an all-reduce, the same bits on every rank), never before; each rank sends
+   one replica a step. On 3 ranks a rank whose partner is missing sits a step out: the mean stays, but the
+   replicas only approach it. The hook is asked for steps 0 .. period-1 at create, then for each step. */
+static void test_one_peer_exp(void) {
+    static sched_job j;
+    int ps[3] = {4, 8, 3}, q;
+    for (q = 0; q < 3; q++) {
+        int p = ps[q], period = p == 8 ? 3 : 2, pow2 = p != 3, i, k, t;
+        float mean[NP];
+        memset(&j, 0, sizeof j);
+        j.p = p; j.bad_at = -1;
+        CHECK_OK(dt_topology_one_peer_exp(&j.s, p));
+        sched_launch(&j);
+        for (k = 0; k < NP; k++) {
+            double sum = 0.0;
+            for (i = 0; i < p; i++) sum += j.start[i][k];
+            mean[k] = (float)(sum / p);
+        }
+        for (i = 0; i < p; i++) {
+            CHECK_OK(j.err[i]);
+            CHECK(j.ncalls[i] == period + SSTEPS);
+            for (t = 0; t < period; t++) CHECK(j.calls[i][t] == t);
+            for (t = 0; t < SSTEPS; t++) CHECK(j.calls[i][period + t] == t);
+            CHECK(j.dist[i][period - 1] > 0.1);                       /* not yet */
+            if (pow2) {
+                CHECK(memcmp(j.after[i][period], mean, sizeof mean) == 0);   /* every replica is the mean, exactly */
+                CHECK(j.dist[i][period] == 0.0 && j.dist[i][SSTEPS] == 0.0);
+                CHECK(j.bytes[i] == (uint64_t)SSTEPS * NP * sizeof(float));   /* one peer a step */
+            } else {
+                CHECK(j.dist[i][period] > 0.01 && j.dist[i][period] < j.dist[i][0]);
+            }
+        }
+        if (!pow2) {   /* steps 0, 2 pair 0-1 (2 alone); steps 1, 3 pair 0-2 (1 alone) */
+            for (k = 0; k < NP; k++) {
+                double s = 0.0;
+                for (i = 0; i < p; i++) s += j.after[i][SSTEPS][k];
+                CHECK(fabs(s / p - mean[k]) < 1e-5);                 /* the mean stays */
+            }
+            CHECK(j.bytes[0] == 4u * NP * sizeof(float) && j.bytes[1] == 2u * NP * sizeof(float) &&
+                  j.bytes[2] == 2u * NP * sizeof(float));
+        }
+        dt_topology_schedule_free(&j.s);
+    }
+}
+
+/* A hook that hands out a W that is not symmetric at step 2 stops every rank there, naming the step and the
+   fault, with the replica as step 1 left it; at step 1, within the period, dt_dpsgd_create refuses it; one
+   that always hands out the same one-peer graph never connects 4 ranks and is refused by dt_dpsgd_create.
+   Every rank gives the same verdict. */
+static void test_schedule_refusals(void) {
+    static sched_job j;
+    char want[160];
+    int i;
+    memset(&j, 0, sizeof j);
+    j.p = 4; j.bad_at = 2;
+    CHECK_OK(dt_topology_one_peer_exp(&j.s, 4));
+    j.bad = j.s.graphs[0];
+    memcpy(j.badw, j.bad.weights, sizeof(double) * 16);
+    j.badw[0 * 4 + 0] = 0.25; j.badw[0 * 4 + 1] = 0.75;   /* row 0 still sums to 1 */
+    j.bad.weights = j.badw;
+    sched_launch(&j);
+    for (i = 0; i < 4; i++) {
+        CHECK_ERR(j.err[i], DT_ERR_INVALID_ARG);
+        CHECK(j.nsteps[i] == 2 && j.ncalls[i] == 2 + 3);
+        snprintf(want, sizeof want, "dt_dpsgd_step: rank %d: the schedule's graph of step 2: the mixing matrix is not symmetric", i);
+        CHECK(strstr(j.msg[i], want) != NULL);
+        CHECK(memcmp(j.after[i][3], j.after[i][2], sizeof(float) * NP) == 0);   /* nothing changed */
+    }
+    j.bad_at = 1;
+    memset(j.ncalls, 0, sizeof j.ncalls);
+    sched_launch(&j);
+    for (i = 0; i < 4; i++) {
+        CHECK_ERR(j.err[i], DT_ERR_INVALID_ARG);
+        snprintf(want, sizeof want, "dt_dpsgd_create: rank %d: the schedule's graph of step 1: the mixing matrix is not symmetric", i);
+        CHECK(strstr(j.msg[i], want) != NULL);
+    }
+    j.bad_at = -1; j.stuck = 1;
+    sched_launch(&j);
+    for (i = 0; i < 4; i++) {
+        CHECK_ERR(j.err[i], DT_ERR_INVALID_ARG);
+        CHECK(strstr(j.msg[i], "the schedule's graphs of steps 0 .. 1: the union of the 2 graphs is not connected") != NULL);
+    }
+    dt_topology_schedule_free(&j.s);
+}
+
 static void test_bad_args(void) {
     dt_comm *c = NULL;
     dt_model *m = NULL, *raw = NULL;
@@ -339,6 +490,24 @@ static void test_bad_args(void) {
     CHECK_ERR(dt_dpsgd_create(&d, c, m, NULL, NULL), DT_ERR_INVALID_ARG);
     dd.order = (dt_dpsgd_order)7;
     CHECK_ERR(dt_dpsgd_create(&d, c, m, &t1, &dd), DT_ERR_INVALID_ARG);
+    dd.order = DT_DPSGD_COMBINE_THEN_ADAPT;
+    dd.schedule = dt_topology_schedule_at; dd.period = 1;   /* user NULL: no graph for step 0 */
+    CHECK_ERR(dt_dpsgd_create(&d, c, m, &t1, &dd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "both a topology and a schedule") != NULL);
+    CHECK_ERR(dt_dpsgd_create(&d, c, m, NULL, &dd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "the schedule gave no graph (NULL) for step 0") != NULL);
+    dd.period = 0;
+    CHECK_ERR(dt_dpsgd_create(&d, c, m, NULL, &dd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "desc.period >= 1") != NULL);
+    {   /* a schedule of 2 ranks' graphs on 1 rank */
+        dt_topology_schedule two;
+        CHECK_OK(dt_topology_one_peer_exp(&two, 2));
+        dd.schedule_user = &two; dd.period = two.period;
+        CHECK_ERR(dt_dpsgd_create(&d, c, m, NULL, &dd), DT_ERR_INVALID_ARG);
+        CHECK(strstr(dt_last_error(), "the topology has 2 ranks, not 1") != NULL);
+        dt_topology_schedule_free(&two);
+    }
+    memset(&dd, 0, sizeof dd);
     CHECK_ERR(dt_dpsgd_step(NULL, NULL), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_dpsgd_consensus(NULL, &dist), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_dpsgd_average(NULL, NULL), DT_ERR_INVALID_ARG);
@@ -383,5 +552,7 @@ int main(int argc, char **argv) {
     RUN(test_gossip_rate);
     RUN(test_buffers);
     RUN(test_bad_args);
+    RUN(test_one_peer_exp);
+    RUN(test_schedule_refusals);
     return dt_t_summary();
 }
