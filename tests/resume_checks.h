@@ -1,15 +1,15 @@
 /* resume_checks.h - the kill-and-resume run that test_resume (local ranks) and mpi/test_resume_mpi (mpiexec,
    driven by tests/run.sh) share. One program run trains a small model with batch norm and dropout on
    generated images, with one trainer (single: the loop of one process with dt_checkpoint_save; ddp, localsgd,
-   dpsgd, fedavg on every rank of the launch), a checkpoint every `every` steps (FedAvg: rounds). With
+   dpsgd (a ring), dpsgd-exp (the one-peer exponential schedule), fedavg on every rank of the launch), a checkpoint every `every` steps (FedAvg: rounds). With
    --kill-at K, rank K % world raises SIGKILL on itself after step K (its checkpoint, if any, written):
    the whole process dies, and under mpiexec the job. With --resume it continues from the checkpoint when
    there is one (and fails unless it resumes from step --expect-from). At the end rank 0 writes every rank's
    parameters, buffers and running loss sum to --out: a resumed run must write the bytes an uninterrupted one
    writes. What must be restored for that: parameters, buffers, optimizer state and step counts, the dropout
    RNG, the loader's epoch and batch (shuffle and crop and flip of the batches after), the caller's RNG (it
-   scales each step's learning rate), a schedule over the step, local SGD's steps since its average, and
-   FedAvg's round. Include after dtrain.h (with its implementation), with _POSIX_C_SOURCE defined. */
+   scales each step's learning rate), a schedule over the step, local SGD's steps since its average, D-PSGD's
+   step (the graph of a time-varying topology) and FedAvg's round. Include after dtrain.h (with its implementation), with _POSIX_C_SOURCE defined. */
 #ifndef RESUME_CHECKS_H
 #define RESUME_CHECKS_H
 #include <signal.h>
@@ -21,7 +21,7 @@
 #define RS_BATCH 8
 
 typedef struct rs_args {
-    const char *trainer;     /* single, ddp, localsgd, dpsgd, fedavg */
+    const char *trainer;     /* single, ddp, localsgd, dpsgd, dpsgd-exp, fedavg */
     int         ranks;       /* local ranks (ignored under mpiexec) */
     int         steps, every, kill_at, resume, expect_from;
     const char *ckpt, *out;
@@ -133,7 +133,7 @@ static int rs_kind(const char *t) {
     int i;
     for (i = 0; i < 5; i++)
         if (!strcmp(t, names[i])) return i;
-    return -1;
+    return strcmp(t, "dpsgd-exp") ? -1 : 3;   /* D-PSGD over the one-peer exponential schedule */
 }
 
 /* FedAvg: 5 clients, 4 sampled a round, the server on rank 0. */
@@ -198,9 +198,11 @@ static dt_result rs_rank(dt_comm *c, void *arg) {
     dt_checkpoint_meta meta;
     void *trainer = NULL;
     dt_topology topo;
+    dt_topology_schedule sched;
     dt_result r;
     memset(&meta, 0, sizeof meta);
     memset(&topo, 0, sizeof topo);
+    memset(&sched, 0, sizeof sched);
     dt_rng_init(&meta.rng, 23, (uint64_t)me);
     if (kind < 0 || (kind == 0 && p != 1)) return dt_set_error(DT_ERR_INVALID_ARG, "trainer %s on %d ranks", a->trainer, p);
     if ((r = rs_model(&m, me)) != DT_OK) return r;
@@ -235,7 +237,11 @@ static dt_result rs_rank(dt_comm *c, void *arg) {
         memset(&dd, 0, sizeof dd);
         td.kind = DT_TOPO_RING; td.world = p; td.mixing = DT_MIXING_METROPOLIS;
         dd.mix_buffers = 1;
-        if ((r = dt_topology_create(&topo, &td)) == DT_OK) r = dt_dpsgd_create((dt_dpsgd **)&trainer, c, m, &topo, &dd);
+        if (strcmp(a->trainer, "dpsgd")) {   /* dpsgd-exp: step t's graph is sched.graphs[t mod period] */
+            dd.schedule = dt_topology_schedule_at; dd.schedule_user = &sched;
+            if ((r = dt_topology_one_peer_exp(&sched, p)) == DT_OK) dd.period = sched.period;
+            if (r == DT_OK) r = dt_dpsgd_create((dt_dpsgd **)&trainer, c, m, NULL, &dd);
+        } else if ((r = dt_topology_create(&topo, &td)) == DT_OK) r = dt_dpsgd_create((dt_dpsgd **)&trainer, c, m, &topo, &dd);
     }
     if (r != DT_OK || (r = rs_resume(c, a, kind, trainer, m, o, &meta, &from)) != DT_OK) goto done;
     if (a->resume && from != a->expect_from) {
@@ -268,6 +274,7 @@ done:
     if (kind == 2) dt_localsgd_destroy((dt_localsgd *)trainer);
     if (kind == 3) dt_dpsgd_destroy((dt_dpsgd *)trainer);
     dt_topology_free(&topo);
+    dt_topology_schedule_free(&sched);
     dt_loader_destroy(l);
     dt_optim_destroy(o);
     dt_model_destroy(m);
@@ -298,7 +305,7 @@ static int rs_main(int argc, char **argv) {
         else { fprintf(stderr, "unknown flag %s\n", f); return 2; }
     }
     if (!a.ckpt || !a.out || rs_kind(a.trainer) < 0 || a.every < 1) {
-        fprintf(stderr, "--ckpt, --out and --trainer single|ddp|localsgd|dpsgd|fedavg are needed, --every >= 1\n");
+        fprintf(stderr, "--ckpt, --out and --trainer single|ddp|localsgd|dpsgd|dpsgd-exp|fedavg are needed, --every >= 1\n");
         return 2;
     }
     rs_fill();

@@ -3,7 +3,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <time.h>
-/* Resume on local ranks: for each trainer (the single-process loop, DDP, local SGD, D-PSGD, FedAvg) a run
+/* Resume on local ranks: for each trainer (the single-process loop, DDP, local SGD, D-PSGD on a ring and on
+   the one-peer exponential schedule, resumed in the middle of its period, FedAvg) a run
    killed with SIGKILL at a random step and resumed from its last checkpoint ends with the bytes of an
    uninterrupted run (every rank's parameters and buffers, and loss sums); each run is this program again
    (--child, tests/resume_checks.h), so the kill is a real one; a partial "<checkpoint>.tmp", as a crash in
@@ -50,12 +51,14 @@ static int same_files(const char *a, const char *b) {
     return same;
 }
 
-/* uninterrupted, killed at a random step, resumed: the resumed run ends with the uninterrupted run's bytes */
-static void kill_and_resume(const char *trainer, const char *ranks) {
+/* uninterrupted, killed at a random step, resumed: the resumed run ends with the uninterrupted run's bytes.
+   period > 1: the step resumed from is not a multiple of it (a time-varying topology resumes mid-period). */
+static void kill_and_resume(const char *trainer, const char *ranks, int period) {
     char ckpt[160], tmp[170], ref[160], out[160], kill[16], from[16], steps[16], every[16];
     const char *env = getenv("DT_TEST_KILL_AT");
     unsigned h = (unsigned)time(NULL) ^ (unsigned)strlen(trainer) * 40503u;   /* another step for each trainer */
     int k = env ? atoi(env) : EVERY + (int)(h * 2654435761u % (STEPS - EVERY)), st;   /* after a checkpoint */
+    if (!env && period > 1 && k / EVERY * EVERY % period == 0) k += k + EVERY < STEPS ? EVERY : -EVERY;
     snprintf(ckpt, sizeof ckpt, "%s/%s.ckpt", dir, trainer);
     snprintf(tmp, sizeof tmp, "%s.tmp", ckpt);
     snprintf(ref, sizeof ref, "%s/%s.ref", dir, trainer);
@@ -94,11 +97,12 @@ static void kill_and_resume(const char *trainer, const char *ranks) {
     remove(tmp);
 }
 
-static void test_resume_single(void) { kill_and_resume("single", "1"); }
-static void test_resume_ddp(void) { kill_and_resume("ddp", "3"); }
-static void test_resume_localsgd(void) { kill_and_resume("localsgd", "3"); }
-static void test_resume_dpsgd(void) { kill_and_resume("dpsgd", "3"); }
-static void test_resume_fedavg(void) { kill_and_resume("fedavg", "3"); }
+static void test_resume_single(void) { kill_and_resume("single", "1", 1); }
+static void test_resume_ddp(void) { kill_and_resume("ddp", "3", 1); }
+static void test_resume_localsgd(void) { kill_and_resume("localsgd", "3", 1); }
+static void test_resume_dpsgd(void) { kill_and_resume("dpsgd", "3", 1); }
+static void test_resume_dpsgd_exp(void) { kill_and_resume("dpsgd-exp", "4", 2); }   /* one-peer graphs: period 2 */
+static void test_resume_fedavg(void) { kill_and_resume("fedavg", "3", 1); }
 
 /* the batch after a seek is the one an uninterrupted epoch hands out there, with and without prefetch */
 static void test_loader_seek(void) {
@@ -329,6 +333,7 @@ int main(int argc, char **argv) {
     RUN(test_resume_ddp);
     RUN(test_resume_localsgd);
     RUN(test_resume_dpsgd);
+    RUN(test_resume_dpsgd_exp);
     RUN(test_resume_fedavg);
     RUN(test_refusals);
     RUN(test_trainer_state_refused);
