@@ -11,7 +11,9 @@
    DDP's parameter server and point-to-point, D-PSGD's gossip, FedAvg's reports) every bit must match. Where
    a float depends on a NATIVE all-reduce (MPI_Allreduce against the local shared-memory sum, which may
    add in another order) it must match within a relative TOL, and every counter exactly. Hogwild is
-   threads sharing one process's memory and has no MPI form. Rank 0 prints one line per test (failed
+   threads sharing one process's memory and has no MPI form. D-PSGD also runs over the one-peer exponential
+   schedule, and its pure gossip on the MPI processes reaches the mean bit for bit in log2 p steps when p is
+   a power of two. Rank 0 prints one line per test (failed
    checks summed over the ranks) and "N passed, N failed". */
 #define _POSIX_C_SOURCE 200809L
 #define DTRAIN_IMPLEMENTATION
@@ -95,6 +97,7 @@ typedef struct job {
     dt_localsgd_desc lsgd;
     dt_dpsgd_desc    dpsgd;
     dt_topology_desc topo;         /* its world is the communicator's */
+    int              one_peer;     /* D-PSGD: the one-peer exponential schedule instead of topo */
     float            momentum;
     dt_fed_agg       agg;
     float            frac, dropout, trim;
@@ -172,12 +175,21 @@ static dt_result dpsgd_rank(dt_comm *c, const job *j, dt_model *m, dt_optim *o, 
     int64_t share = B / dt_comm_size(c);
     dt_dpsgd *d = NULL;
     dt_topology t;
+    dt_topology_schedule sched;
     dt_topology_desc td = j->topo;
+    dt_dpsgd_desc dd = j->dpsgd;
     dt_result r;
     memset(&t, 0, sizeof t);
+    memset(&sched, 0, sizeof sched);
     td.world = dt_comm_size(c);
-    T(dt_topology_create(&t, &td));
-    T(dt_dpsgd_create(&d, c, m, &t, &j->dpsgd));
+    if (j->one_peer) {
+        T(dt_topology_one_peer_exp(&sched, td.world));
+        dd.schedule = dt_topology_schedule_at; dd.schedule_user = &sched; dd.period = sched.period;
+        T(dt_dpsgd_create(&d, c, m, NULL, &dd));
+    } else {
+        T(dt_topology_create(&t, &td));
+        T(dt_dpsgd_create(&d, c, m, &t, &dd));
+    }
     T(dt_model_get_params(m, out->first, dt_model_param_count(m)));
     for (s = 0; s < STEPS; s++) {
         T(grad(m, (int64_t)s * B + me_ * share, share, &out->loss[s]));
@@ -190,6 +202,7 @@ static dt_result dpsgd_rank(dt_comm *c, const job *j, dt_model *m, dt_optim *o, 
 done:
     dt_dpsgd_destroy(d);
     dt_topology_free(&t);
+    dt_topology_schedule_free(&sched);
     return r;
 }
 
@@ -589,6 +602,52 @@ static void test_dpsgd(void) {
         j.exact_mean = 0;
         run_case(&j, "d-psgd cta, ring, native communicator");
     }
+    {
+        job j = base(TR_DPSGD, DT_ALGO_RING);
+        j.one_peer = 1;
+        j.bn = 1;
+        j.dpsgd.mix_buffers = 1;
+        run_case(&j, "d-psgd cta, one-peer exponential schedule, batchnorm buffers");
+    }
+}
+
+/* Pure gossip over the one-peer exponential schedule on the MPI processes, from distinct integer replicas:
+   with a power of two of them, after log2 p steps every replica is the mean, bit for bit, and the consensus
+   distance 0; on 3 (a rank sits each step out) the mean stays but the replicas still differ. */
+static void test_one_peer_consensus(void) {
+    dt_topology_schedule s;
+    dt_dpsgd_desc dd;
+    dt_dpsgd *d = NULL;
+    dt_model *m = NULL;
+    float x[MAXP], mean[MAXP], avg[MAXP];
+    double dist = -1.0;
+    int64_t n, k;
+    int t, i, pow2 = (np & (np - 1)) == 0;
+    memset(&dd, 0, sizeof dd);
+    CHECK_OK(dt_topology_one_peer_exp(&s, np));
+    dd.schedule = dt_topology_schedule_at; dd.schedule_user = &s; dd.period = s.period;
+    CHECK_OK(tc_mlp(&m, IN, K, 1, 0, 16, 10));
+    if (!m || !s.graphs) return;
+    n = dt_model_param_count(m);
+    for (k = 0; k < n; k++) {
+        double sum = 0.0;
+        for (i = 0; i < np; i++) sum += (double)((i * 37 + k * 11) % 23 - 11);
+        x[k] = (float)((me * 37 + k * 11) % 23 - 11);
+        mean[k] = (float)(sum / np);
+    }
+    CHECK_OK(dt_dpsgd_create(&d, W, m, NULL, &dd));
+    CHECK_OK(dt_model_set_params(m, x, n));
+    for (t = 0; t < s.period; t++) CHECK_OK(dt_dpsgd_step(d, NULL));
+    CHECK_OK(dt_dpsgd_consensus(d, &dist));
+    CHECK_OK(dt_model_get_params(m, x, n));
+    CHECK_OK(dt_dpsgd_average(d, avg));
+    if (pow2) CHECK(dist == 0.0 && memcmp(x, mean, sizeof(float) * (size_t)n) == 0);
+    else CHECK(dist > 0.1);
+    for (k = 0; k < n; k++) CHECK(fabs(avg[k] - mean[k]) < 1e-5);
+    CHECK(dt_dpsgd_get_stats(d).bytes_sent == (uint64_t)(np == 3 && me > 0 ? 1 : s.period) * (uint64_t)n * sizeof(float));
+    dt_dpsgd_destroy(d);
+    dt_model_destroy(m);
+    dt_topology_schedule_free(&s);
 }
 
 /* CLIENTS clients over the ranks (on 2 ranks all on rank 1): the mean with seeded dropouts and a fraction;
@@ -629,6 +688,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     mt_run("ddp_overlap", test_ddp_overlap);
     mt_run("localsgd", test_localsgd);
     mt_run("dpsgd", test_dpsgd);
+    mt_run("dpsgd_one_peer_consensus", test_one_peer_consensus);
     mt_run("fedavg", test_fedavg);
     return mt_end();
 }
