@@ -2,8 +2,11 @@
    replica on its shard and, every step, averages it with its neighbours' on a ring (or another topology)
    through the mixing matrix W. The replicas drift apart a little (the consensus distance) and their
    average is the model: it is evaluated each epoch and at the end, as the original workload does.
+   --topology one-peer-exp changes the graph every step: at step t each rank averages with the one peer
+   i xor 2^(t mod log2 p), weights 1/2 (dt_topology_one_peer_exp), so it sends one replica a step where the
+   ring sends two, and with p a power of two the replicas reach their mean exactly every log2 p steps.
 
-   usage: dpsgd [--ranks 4] [--model resnet20] [--data DIR] [--topology ring|torus|exponential|full]
+   usage: dpsgd [--ranks 4] [--model resnet20] [--data DIR] [--topology ring|torus|exponential|full|one-peer-exp]
                 [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.1]
                 [--momentum 0.9] [--nesterov] [--wd 1e-4] [--milestones 50,75] [--cosine] [--min-lr 0] [--warmup 0]
                 [--seed 0] [--limit N] [--pad-to 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
@@ -38,13 +41,14 @@ typedef struct args {
     long epochs, batch;
     ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     dt_topology_desc topo;
+    int one_peer;   /* --topology one-peer-exp: a schedule of graphs in place of topo */
     dt_dpsgd_desc dpsgd;
     ex_ckpt ckpt;   /* --checkpoint, --checkpoint-every, --resume */
     ex_data data;   /* --data, --limit, --seed and the sets main loads (no --dataset: --data DIR is CIFAR-10) */
 } args;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: dpsgd [--ranks N] [--model NAME] [--data DIR] [--topology ring|torus|exponential|full]\n"
+    fprintf(f, "usage: dpsgd [--ranks N] [--model NAME] [--data DIR] [--topology ring|torus|exponential|full|one-peer-exp]\n"
                "             [--mixing uniform|metropolis] [--order cta|atc] [--epochs N] [--batch N]\n"
                "             [--seed N] [--limit N] [--pad-to S] [--csv PATH]\n");
     ex_recipe_usage(f, 13, 0);
@@ -68,8 +72,12 @@ static int parse_args(int argc, char **argv, void *arg) {
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--topology")) {
             for (k = 0; k < DT_TOPO_CUSTOM && strcmp(v, dt_topology_name((dt_topology_kind)k)); k++) {}
-            if (k == DT_TOPO_CUSTOM) { fprintf(stderr, "dpsgd: unknown --topology '%s': ring, torus, exponential or full\n", v); return -1; }
-            a->topo.kind = (dt_topology_kind)k;
+            a->one_peer = !strcmp(v, "one-peer-exp");
+            if (k == DT_TOPO_CUSTOM && !a->one_peer) {
+                fprintf(stderr, "dpsgd: unknown --topology '%s': ring, torus, exponential, full or one-peer-exp\n", v);
+                return -1;
+            }
+            a->topo.kind = a->one_peer ? DT_TOPO_RING : (dt_topology_kind)k;
         }
         else if (!strcmp(f, "--mixing")) {
             if (strcmp(v, "uniform") && strcmp(v, "metropolis")) { fprintf(stderr, "dpsgd: --mixing is uniform or metropolis\n"); return -1; }
@@ -114,24 +122,30 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_dpsgd *d = NULL;
     dt_loader *loader = NULL;
     dt_topology topo;
+    dt_topology_schedule sched;   /* --topology one-peer-exp */
     dt_topology_desc td = a->topo;
+    dt_dpsgd_desc dd = a->dpsgd;
     dt_optim_desc od;
     dt_sched_desc sd;
     dt_loader_desc ld;
     dt_eval_result ev;
     dt_checkpoint_meta meta;   /* epoch, batch, step reached; values: the epoch's loss sum, samples, MB, -, seconds */
     FILE *csv = NULL;
-    char recipe[256];
+    char recipe[256], graph[160];
     dt_result r = DT_OK;
 
     memset(&topo, 0, sizeof topo);
+    memset(&sched, 0, sizeof sched);
     td.world = p;
-    TRY(dt_topology_create(&topo, &td));
+    if (a->one_peer) {   /* step t mixes over sched.graphs[t mod period] */
+        TRY(dt_topology_one_peer_exp(&sched, p));
+        dd.schedule = dt_topology_schedule_at; dd.schedule_user = &sched; dd.period = sched.period;
+    } else TRY(dt_topology_create(&topo, &td));
     TRY(ex_model_create(&m, a->model, &a->data, (uint64_t)me));
     ex_recipe_optim(&a->recipe, &od);
     ex_recipe_sched(&a->recipe, a->epochs, &sd);
     TRY(dt_optim_create(&o, m, &od));
-    TRY(dt_dpsgd_create(&d, c, m, &topo, &a->dpsgd));      /* rank 0's initial weights everywhere */
+    TRY(dt_dpsgd_create(&d, c, m, a->one_peer ? NULL : &topo, &dd));   /* rank 0's initial weights everywhere */
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "rank %d: no memory", me); goto done; }
     TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, 0, 1, 0, ids, &nshare));
     memset(&ld, 0, sizeof ld);
@@ -144,12 +158,18 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ckpt.resume) ex_ckpt_resumed(&a->ckpt, &meta, "epoch");
         if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
+        if (!a->one_peer)
+            snprintf(graph, sizeof graph, "%s topology (%s mixing, spectral gap %.4f)", dt_topology_name(td.kind),
+                     td.mixing == DT_MIXING_METROPOLIS ? "metropolis" : "uniform", topo.spectral_gap);
+        else   /* a rank without a partner i xor 2^k sits that step out: no exact mean then */
+            snprintf(graph, sizeof graph, "one-peer-exp topology (one peer a step, i xor 2^(t mod %d), weights 1/2; %s)",
+                     sched.period, (p & (p - 1)) ? "not a power of two: a period's mixing never averages exactly"
+                                                 : "a period's mixing averages exactly");
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, "
-               "batch %ld per rank\nD-PSGD (%s) on %d ranks, %s topology (%s mixing, spectral gap %.4f), %s backend\n",
+               "batch %ld per rank\nD-PSGD (%s) on %d ranks, %s, %s backend\n",
                a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count, (long long)dt_model_param_count(m),
                ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch,
-               dt_dpsgd_order_name(a->dpsgd.order), p, dt_topology_name(td.kind),
-               td.mixing == DT_MIXING_METROPOLIS ? "metropolis" : "uniform", topo.spectral_gap, dt_comm_backend_name(c));
+               dt_dpsgd_order_name(a->dpsgd.order), p, graph, dt_comm_backend_name(c));
         fflush(stdout);
     }
 
@@ -215,6 +235,7 @@ done:
     dt_optim_destroy(o);
     dt_model_destroy(m);
     dt_topology_free(&topo);
+    dt_topology_schedule_free(&sched);
     free(ids);
     return r;
 }

@@ -231,6 +231,8 @@ case " $DEFS " in *" -DDT_USE_STB_IMAGE "*)
         '$B/examples/train' --dataset folder --data '$T/one' --epochs 1 > '$T/one.out' 2>&1; [ \$? -eq 1 ] &&
         grep -q 'holds 1 images: too few' '$T/one.out' && ! grep -q '^epoch' '$T/one.out'" ;;
 esac
+check "dpsgd --topology star: exit 2 naming one-peer-exp among the topologies" sh -c "
+    '$B/examples/dpsgd' --topology star > /dev/null 2> '$T/t.err'; [ \$? -eq 2 ] && grep -q 'full or one-peer-exp' '$T/t.err'"
 for args in "--partition shardz" "--alpha 0"; do
     check "fedavg $args: exit 2 with a message" expect_status 2 "$B/examples/fedavg" $args
 done
@@ -299,6 +301,10 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         kill_resume localsgd 1,3-6,9,10 --ranks 3 --epochs 2 --limit 512 --batch 16 --period 4 --checkpoint-every 3
     check "dpsgd: killed and resumed on 3 ranks, ends as the unstopped run" \
         kill_resume dpsgd 1,3-8 --ranks 3 --epochs 2 --limit 256 --model simplecnn --batch 16 --checkpoint-every 2
+    check "dpsgd --topology one-peer-exp on 4 ranks: the header names the schedule, the run ends" sh -c "
+        '$B/examples/dpsgd' --ranks 4 --topology one-peer-exp --limit 128 --model simplecnn --batch 16 > '$T/op.out' &&
+        grep -qF 'one-peer-exp topology (one peer a step, i xor 2^(t mod 2), weights 1/2; a period' '$T/op.out' &&
+        grep -q '^average of the 4 replicas' '$T/op.out'"
     check "fedavg: killed between rounds and resumed, ends as the unstopped run" \
         kill_resume fedavg 1,3-12 --ranks 3 --clients 7 --rounds 10 --frac 0.9 --dropout-prob 0.3 --agg median \
         --attack signflip --attackers 1 --limit 700 --batch 20
