@@ -107,7 +107,8 @@
      function that did not allocate it. The same holds for every object: dt_X_create allocates and
      dt_X_destroy frees (optim, loader, comm, ddp, dpsgd, localsgd, fed; destroy accepts NULL); dataset
      loaders fill a dt_dataset that dt_dataset_free empties, partitioners a dt_partition for
-     dt_partition_free, dt_topology_create a dt_topology for dt_topology_free. Pointers in a *_desc are
+     dt_partition_free, dt_topology_create a dt_topology for dt_topology_free (dt_topology_one_peer_exp a
+     dt_topology_schedule for dt_topology_schedule_free). Pointers in a *_desc are
      borrowed (they must outlive the object) or copied at create, as each field's comment says. In a *_desc
      zero means the default, except in the few fields where 0 is a valid request (a learning rate, Krum's
      f, the noise attack's noise_std): there 0 means 0 and DT_DEFAULT asks for the default.

@@ -3,7 +3,9 @@
 
    WHAT IS HERE
      Gossip topologies and their mixing matrices (ring, torus, exponential, full, your own; checked
-     symmetric, doubly stochastic and connected); dt_comm: point-to-point, the collectives and the
+     symmetric, doubly stochastic and connected) and time-varying ones (dt_topology_schedule: the one-peer
+     exponential graph; each step's matrix checked symmetric and doubly stochastic, the period's union
+     connected); dt_comm: point-to-point, the collectives and the
      algorithms written once over isend/irecv (naive gather-reduce-broadcast, ring reduce-scatter +
      all-gather, tree), with fixed summation orders so every backend gives the same bits; the checks that
      turn a failed, late or mismatched rank into an error instead of a hang; counters; the self backend
