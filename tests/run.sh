@@ -39,6 +39,7 @@
 #      tests/mpi/test_train_mpi.c under mpiexec -n 2, 3 and 4: DDP, local SGD, D-PSGD and FedAvg end with
 #      the bits of the same run on local ranks (within a tolerance where MPI_Allreduce does the sums);
 #      tests/mpi/test_resume_mpi.c: DDP under mpiexec -n 2, 3 and 4, local SGD, D-PSGD and FedAvg under -n 3,
+#      D-PSGD over the one-peer exponential schedule under -n 4 resumed in the middle of its period,
 #      killed with SIGKILL at a random step and resumed, end with the bytes of an uninterrupted run; a checkpoint
 #      of another world size, a damaged one and another trainer's are refused, naming the cause;
 #      section 5c's faults under mpiexec -n 2, 3 and 4 (a stalled rank ends the job with MPI_Abort);
@@ -483,8 +484,8 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     # uninterrupted run; K is printed with a failure, and DT_TEST_KILL_AT=K replays it
     if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_resume_mpi.c" -o "$B/mpi/test_resume_mpi" $LDLIBS; then
         RT=$(mktemp -d)
-        mpi_resume() {   # mpi_resume TRAINER N
-            k=${DT_TEST_KILL_AT:-$((3 + $(od -An -N2 -tu2 /dev/urandom) % 11))}
+        mpi_resume() {   # mpi_resume TRAINER N [K]: K, when given, fixes the step of the kill
+            k=${DT_TEST_KILL_AT:-${3:-$((3 + $(od -An -N2 -tu2 /dev/urandom) % 11))}}
             echo "$1 under mpiexec -n $2: killed after step $k (DT_TEST_KILL_AT=$k replays it)"
             rm -f "$RT/$1.ckpt"
             timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$1" --steps 14 --every 3 --ckpt "$RT/$1.ckpt" \
@@ -500,6 +501,8 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         for t in localsgd dpsgd fedavg; do
             check "$t under mpiexec -n 3: killed and resumed, ends as the uninterrupted run" mpi_resume $t 3
         done
+        check "dpsgd-exp (one-peer exponential, period 2) under mpiexec -n 4: killed after step 4, resumed from 3, mid-period, ends as the uninterrupted run" \
+            mpi_resume dpsgd-exp 4 4
         # refusals under mpiexec, on every rank, naming the cause: the last DDP checkpoint (4 ranks) under -n 3,
         # damaged (a byte flipped), and read by another trainer
         mpi_refused() {   # mpi_refused FILE N TRAINER CAUSE: exit 1, CAUSE in the output
