@@ -166,8 +166,8 @@ static void matmul(const double *a, const double *b, double *c, int n) {
         }
 }
 
-/* The product of a period's W_t: exactly 1/p everywhere (in doubles) for p a power of two, and not for other
-   p, whose repeated periods still converge to it. Each W_t pairs i with i xor 2^t, weights 1/2. */
+/* The product of a period's W_t, from any step of it: exactly 1/p everywhere (in doubles) for p a power of
+   two, and not for other p, whose repeated periods still converge to it. Each W_t pairs i with i xor 2^t, weights 1/2. */
 static void test_one_peer_exp(void) {
     int p;
     for (p = 1; p <= 16; p++) {
@@ -201,6 +201,14 @@ static void test_one_peer_exp(void) {
         }
         for (i = 0; i < p * p; i++) exact &= prod[i] == 1.0 / p;
         CHECK(exact == pow2);
+        for (rep = 1; rep < s.period && pow2; rep++) {   /* any log2 p consecutive steps: the pairings commute */
+            for (i = 0; i < p * p; i++) prod[i] = i % (p + 1) == 0;
+            for (k = 0; k < s.period; k++) {
+                matmul(prod, s.graphs[(rep + k) % s.period].weights, tmp, p);
+                memcpy(prod, tmp, sizeof(double) * (size_t)(p * p));
+            }
+            for (i = 0; i < p * p; i++) CHECK(prod[i] == 1.0 / p);
+        }
         for (rep = 0; rep < 60; rep++) {   /* 60 more periods */
             for (k = 0; k < s.period; k++) {
                 matmul(prod, s.graphs[k].weights, tmp, p);
