@@ -646,7 +646,8 @@ static void test_launch_parse(void) {
         static const char *bad[][2] = {{"--ranks", "0"}, {"--ranks", "x"}, {"--ranks", "2.5"}, {"--ranks", "100000"},
                                        {"--algo", "foo"}, {"--timeout", "-1"}, {"--timeout", "0"}, {"--link-latency", "-0.1"},
                                        {"--link-bandwidth", "10Q"}, {"--threads-per-rank", "0"}, {"--ranks", NULL}, {"--algo", NULL},
-                                       {"--ranks", "5e9"}, {"--threads-per-rank", "5e9"}, {"--trace-max-events", "1e15"}};
+                                       {"--ranks", "5e9"}, {"--threads-per-rank", "5e9"}, {"--trace-max-events", "1e15"},
+                                       {"--node-size", "0"}, {"--node-size", "1.5"}, {"--node-size", "5e9"}};
         for (i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
             char b0[] = "prog", b1[32], b2[32];
             char *bv[4] = {b0, b1, b2, NULL};
@@ -661,6 +662,14 @@ static void test_launch_parse(void) {
         }
     }
     CHECK_ERR(dt_launch_parse(NULL, argv, &d), DT_ERR_INVALID_ARG);
+    {   /* --node-size N: the ranks per node of DT_ALGO_HIER and the link model */
+        char n0[] = "prog", n1[] = "--algo", n2[] = "hier", n3[] = "--node-size", n4[] = "3";
+        char *nv[] = {n0, n1, n2, n3, n4, NULL};
+        int nc = 5;
+        memset(&d, 0, sizeof d);
+        CHECK_OK(dt_launch_parse(&nc, nv, &d));
+        CHECK(nc == 1 && d.comm.algo == DT_ALGO_HIER && d.comm.node_size == 3);
+    }
     {
         dt_algo al = DT_ALGO_AUTO;
         for (i = 0; i < DT_ALGO_COUNT; i++) { CHECK_OK(dt_algo_parse(dt_algo_name((dt_algo)i), &al)); CHECK(al == (dt_algo)i); }
