@@ -213,6 +213,11 @@ dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_
    backend's native all-to-all (MPI_Alltoall; shared memory on local ranks) when the communicator's
    default algorithm is AUTO or NATIVE. */
 dt_result dt_comm_alltoall(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t);
+/* The same with a size per block, in elements: rank i's block j is send[sdispls[j] ..] of sendcounts[j]
+   elements and lands in rank j's recv[rdispls[i] ..] of recvcounts[i], which must equal it (else
+   DT_ERR_MISMATCH on both). Arrays of size entries; blocks must not overlap. Pairwise exchange. */
+dt_result dt_comm_alltoallv(dt_comm *c, const void *send, const size_t *sendcounts, const size_t *sdispls,
+                            void *recv, const size_t *recvcounts, const size_t *rdispls, dt_dtype t);
 /* Neighbour exchange for gossip: send goes to each rank in to[0..nto), and recv[i * count] receives from
    from[i], i < nfrom. Every rank calls it (with its own lists; a rank may list none); the edges must
    match (a in b's to exactly when b in a's from). */
@@ -638,10 +643,11 @@ DT__STATIC_ASSERT(offsetof(dt__request_align, r) >= offsetof(dt__req_align, r), 
 static dt__req *dt__rq(dt_request *q) { return (dt__req *)(void *)q; }
 /* What a communicator is doing: the kind of its current operation, stored in sig[2]. */
 enum { DT__OP_P2P = 0, DT__OP_BARRIER, DT__OP_BROADCAST, DT__OP_REDUCE, DT__OP_ALLREDUCE, DT__OP_SCATTER,
-       DT__OP_GATHER, DT__OP_ALLGATHER, DT__OP_REDUCE_SCATTER, DT__OP_NEIGHBOR, DT__OP_ALLTOALL, DT__OP_COUNT };
+       DT__OP_GATHER, DT__OP_ALLGATHER, DT__OP_REDUCE_SCATTER, DT__OP_NEIGHBOR, DT__OP_ALLTOALL, DT__OP_ALLTOALLV,
+       DT__OP_COUNT };
 static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "broadcast", "reduce", "all-reduce",
                                                   "scatter", "gather", "all-gather", "reduce-scatter",
-                                                  "neighbour exchange", "all-to-all"};
+                                                  "neighbour exchange", "all-to-all", "all-to-all-v"};
 /* Tags: the user's are 0 .. DT_TAG_USER_MAX. Above them, 64 belong to the library's own point-to-point
    messages (DDP's parameter server and P2P, FedAvg's reports, the timeline under MPI), which only its
    internal calls (dt__lib_send, ...) may use: a user's tag can never meet them. From DT__TAG_COLL up they
@@ -723,6 +729,7 @@ static void dt__sig_str(const uint64_t *sig, char *buf, size_t cap) {
     int n = snprintf(buf, cap, "%s #%llu (", kind < DT__OP_COUNT ? dt__op_names[kind] : "?", (unsigned long long)sig[0]);
     if (n < 0 || (size_t)n >= cap) return;
     if (kind == DT__OP_BARRIER) { snprintf(buf + n, cap - (size_t)n, "%s)", dt_algo_name((dt_algo)algo)); return; }
+    if (kind == DT__OP_ALLTOALLV) { snprintf(buf + n, cap - (size_t)n, "%s, a size per block)", dt_dtype_name((dt_dtype)t)); return; }
     n += snprintf(buf + n, cap - (size_t)n, "%llu x %s", (unsigned long long)sig[1], dt_dtype_name((dt_dtype)t));
     if ((size_t)n >= cap) return;
     if (kind == DT__OP_REDUCE || kind == DT__OP_ALLREDUCE || kind == DT__OP_REDUCE_SCATTER)
@@ -1107,18 +1114,37 @@ static dt_result dt__allreduce_hier(dt_comm *c, void *buf, size_t n, dt_dtype t,
     return r;
 }
 
+/* The blocks of an all-to-all: block k of a buffer is counts[k] units at displs[k] units, or with counts
+   and displs NULL one unit at k units (dt_comm_alltoall's blocks of `unit` bytes). */
+typedef struct dt__blocks { const size_t *counts, *displs; size_t unit; } dt__blocks;
+static size_t dt__blk_off(const dt__blocks *b, int k) { return (b->displs ? b->displs[k] : (size_t)k) * b->unit; }
+static size_t dt__blk_len(const dt__blocks *b, int k) { return (b->counts ? b->counts[k] : 1) * b->unit; }
 /* All-to-all by pairwise exchange: in step s block me + s goes to rank me + s while block me - s comes
-   from rank me - s, so each step every rank sends one block and receives one, and no link carries two. */
-static dt_result dt__alltoall_pairwise(dt_comm *c, const void *send, void *recv, size_t bytes) {
+   from rank me - s, so each step every rank sends one block and receives one, and no link carries two.
+   A receive must get exactly its block's bytes (dt__step), so blocks of different sizes are a mismatch. */
+static dt_result dt__alltoall_pairwise(dt_comm *c, const void *send, const dt__blocks *sb, void *recv, const dt__blocks *rb) {
     int p = c->size, me = c->rank, s;
+    size_t own = dt__blk_len(sb, me);
     dt_result r = DT_OK;
-    if (bytes) memcpy((char *)recv + (size_t)me * bytes, (const char *)send + (size_t)me * bytes, bytes);
+    if (own != dt__blk_len(rb, me)) {
+        char m[160];
+        snprintf(m, sizeof m, "this rank sends itself %zu bytes but receives %zu from itself: its counts for itself differ", own, dt__blk_len(rb, me));
+        return dt__comm_fail(c, DT_ERR_MISMATCH, m);
+    }
+    if (own) memmove((char *)recv + dt__blk_off(rb, me), (const char *)send + dt__blk_off(sb, me), own);
     for (s = 1; s < p && r == DT_OK; s++) {
         int dst = (me + s) % p, src = (me - s + p) % p;
-        r = dt__step(c, (const char *)send + (size_t)dst * bytes, bytes, dst, (char *)recv + (size_t)src * bytes, bytes, src,
-                     NULL, 0, DT_U8, DT_SUM);
+        r = dt__step(c, (const char *)send + dt__blk_off(sb, dst), dt__blk_len(sb, dst), dst, (char *)recv + dt__blk_off(rb, src),
+                     dt__blk_len(rb, src), src, NULL, 0, DT_U8, DT_SUM);
     }
     return r;
+}
+/* dt_comm_alltoall's blocks: one of bytes each, block k at k * bytes. */
+static dt_result dt__alltoall_even(dt_comm *c, const void *send, void *recv, size_t bytes) {
+    dt__blocks b;
+    b.counts = b.displs = NULL;
+    b.unit = bytes;
+    return dt__alltoall_pairwise(c, send, &b, recv, &b);
 }
 
 /* ---- the public calls ------------------------------------------------------------------------- */
@@ -1524,7 +1550,32 @@ static dt_result dt__coll_alltoall(dt_comm *c, const void *send, void *recv, siz
     algo = dt__algo_resolve(c, DT_ALGO_AUTO, c->backend->alltoall != NULL) == DT_ALGO_NATIVE ? DT_ALGO_NATIVE : DT_ALGO_NAIVE;
     if ((r = dt__coll_start(c, DT__OP_ALLTOALL, NULL, count, t, 0, -1, algo)) != DT_OK) return r;
     if (algo == DT_ALGO_NATIVE && c->size > 1) return dt__native(c, c->backend->alltoall(c, send, recv, bytes, dt_time_now() + c->desc.timeout));
-    return dt__alltoall_pairwise(c, send, recv, bytes);
+    return dt__alltoall_even(c, send, recv, bytes);
+}
+
+/* The blocks' checks: arrays given, each block's end within what size_t can address, a buffer where a
+   block is not empty. side: "send" or "receive". */
+static dt_result dt__blocks_check(const dt_comm *c, const void *buf, const size_t *counts, const size_t *displs, size_t es, const char *side) {
+    int k;
+    if (!counts || !displs) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_alltoallv: the %s counts or displacements are NULL", side);
+    for (k = 0; k < c->size; k++) {
+        if (counts[k] > (SIZE_MAX / 4) / es || displs[k] > (SIZE_MAX / 4) / es - counts[k])
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_alltoallv: %s block %d (%zu elements at %zu) is too large", side, k, counts[k], displs[k]);
+        if (counts[k] && !buf) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_alltoallv: the %s buffer is NULL with block %d of %zu elements", side, k, counts[k]);
+    }
+    return DT_OK;
+}
+static dt_result dt__coll_alltoallv(dt_comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                                    void *recv, const size_t *rcounts, const size_t *rdispls, dt_dtype t) {
+    dt_result r = dt__comm_check(c, "dt_comm_alltoallv", NULL, 0, t, 0, NULL);
+    dt__blocks sb, rb;
+    if (r == DT_OK) r = dt__blocks_check(c, send, scounts, sdispls, dt_dtype_size(t), "send");
+    if (r == DT_OK) r = dt__blocks_check(c, recv, rcounts, rdispls, dt_dtype_size(t), "receive");
+    if (r != DT_OK) return r;
+    sb.counts = scounts; sb.displs = sdispls; rb.counts = rcounts; rb.displs = rdispls;
+    sb.unit = rb.unit = dt_dtype_size(t);
+    if ((r = dt__coll_start(c, DT__OP_ALLTOALLV, NULL, 0, t, 0, -1, DT_ALGO_NAIVE)) != DT_OK) return r;
+    return dt__alltoall_pairwise(c, dt__nonnull(send), &sb, dt__nonnull(recv), &rb);
 }
 
 static dt_result dt__coll_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
@@ -1590,6 +1641,11 @@ dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_
 dt_result dt_comm_alltoall(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
     int mark = dt__trace_mark();
     return dt__trace_close(mark, dt__coll_alltoall(c, send, recv, count, t));
+}
+dt_result dt_comm_alltoallv(dt_comm *c, const void *send, const size_t *sendcounts, const size_t *sdispls,
+                            void *recv, const size_t *recvcounts, const size_t *rdispls, dt_dtype t) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_alltoallv(c, send, sendcounts, sdispls, recv, recvcounts, rdispls, t));
 }
 dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
                                     const int *to, int nto, const int *from, int nfrom) {
@@ -2038,7 +2094,7 @@ static dt_result dt__local_alltoall(dt_comm *c, const void *send, void *recv, si
     dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     int p = W->n, me = c->rank, k;
     dt_result r;
-    if (W->latency > 0 || W->bandwidth > 0) return dt__alltoall_pairwise(c, send, recv, bytes);
+    if (W->latency > 0 || W->bandwidth > 0) return dt__alltoall_even(c, send, recv, bytes);
     dt_comm_count_native(c, bytes * (size_t)p, 1);
     W->r[me].ptr = send;
     if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;

@@ -340,6 +340,39 @@ static dt_result cc_alltoall(cc_rank *x, dt_dtype t, size_t n) {
     return DT_OK;
 }
 
+/* all-to-all-v: rank i sends rank j (i + 2 j + salt) mod 5 elements (some none), its elements j 1000 ..;
+   the send blocks lie in reverse rank order, the received ones in rank order with a gap between them */
+static size_t cc_vcount(int from, int to, int salt) { return (size_t)((from + 2 * to + salt) % 5); }
+static dt_result cc_alltoallv(cc_rank *x, dt_dtype t, int salt) {
+    size_t es = dt_dtype_size(t), sc[CC_MAX_RANKS], sd[CC_MAX_RANKS], rc[CC_MAX_RANKS], rd[CC_MAX_RANKS], so = 0, ro = 0, sent = 0;
+    char *send = (char *)cc_alloc(5 * (size_t)x->p * es), *recv = (char *)cc_alloc(6 * (size_t)x->p * es);
+    int k, me = x->rank;
+    dt_comm_stats st;
+    dt_result r;
+    for (k = x->p - 1; k >= 0; k--) {
+        sc[k] = cc_vcount(me, k, salt);
+        sd[k] = so;
+        so += sc[k];
+        cc_fill(t, x->seed, me, send + sd[k] * es, (size_t)k * 1000, sc[k]);
+        if (k != me) sent += sc[k] * es;
+    }
+    for (k = 0; k < x->p; k++) {
+        rc[k] = cc_vcount(k, me, salt);
+        rd[k] = ro;
+        ro += rc[k] + 1;
+    }
+    dt_comm_reset_stats(x->c);
+    r = dt_comm_alltoallv(x->c, send, sc, sd, recv, rc, rd, t);
+    st = dt_comm_get_stats(x->c);
+    for (k = 0; r == DT_OK && k < x->p; k++)
+        CC_CHECK(x, cc_diff_gen(t, x->seed, k, recv + rd[k] * es, (size_t)me * 1000, rc[k]) == rc[k]);
+    if (r == DT_OK) CC_CHECK(x, st.bytes_sent == sent && st.collectives == 1);
+    free(send);
+    free(recv);
+    CC_OK(x, r);
+    return DT_OK;
+}
+
 /* neighbour exchange: over a topology's edges, then a one-way shift (to the right, from the left) */
 static dt_result cc_neighbors(cc_rank *x, dt_topology_kind kind, size_t n) {
     dt_topology topo;
@@ -515,6 +548,14 @@ static dt_result cc_bad_args(cc_rank *x) {
     CC_ERR(x, dt_comm_alltoall(c, NULL, g, 1, DT_F32), DT_ERR_INVALID_ARG);
     CC_ERR(x, dt_comm_alltoall(c, g, g + x->p - 1, 1, DT_F32), DT_ERR_INVALID_ARG);   /* overlapping by one element */
     CC_ERR(x, dt_comm_alltoall(c, g, g + x->p, 1, (dt_dtype)9), DT_ERR_INVALID_ARG);
+    {
+        size_t cnt[CC_MAX_RANKS] = {0}, big[CC_MAX_RANKS] = {0}, one[CC_MAX_RANKS] = {0};
+        big[x->p - 1] = SIZE_MAX / 2;
+        one[0] = 1;
+        CC_ERR(x, dt_comm_alltoallv(c, g, NULL, cnt, g, cnt, cnt, DT_F32), DT_ERR_INVALID_ARG);
+        CC_ERR(x, dt_comm_alltoallv(c, g, cnt, cnt, g, big, cnt, DT_F32), DT_ERR_INVALID_ARG);
+        CC_ERR(x, dt_comm_alltoallv(c, NULL, one, cnt, g, cnt, cnt, DT_U8), DT_ERR_INVALID_ARG);
+    }
     CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, &bad, 1, &bad, 1), DT_ERR_INVALID_ARG);
     CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, &nb, 1, NULL, 0), DT_ERR_INVALID_ARG);
     CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, NULL, 1, NULL, 0), DT_ERR_INVALID_ARG);
@@ -585,6 +626,7 @@ static dt_result cc_run_all(cc_rank *x, const comm_checks_arg *a) {
             CC_OK(x, cc_placement(x, types[(ci + k) % 4], roots[k], counts[ci]));
             CC_OK(x, cc_alltoall(x, types[(ci + k) % 5], counts[ci]));
         }
+    for (k = 0; k < 5; k++) CC_OK(x, cc_alltoallv(x, types[k], k));
     CC_OK(x, cc_placement(x, DT_U8, roots[1], 1000));
     CC_OK(x, cc_neighbors(x, DT_TOPO_RING, 1000));
     CC_OK(x, cc_neighbors(x, DT_TOPO_TORUS, 7));

@@ -141,7 +141,7 @@ static void test_determinism(void) {
 
 enum { F_NONE, F_RETURN_OK, F_RETURN_ERROR, F_LATE, F_COUNT_PLUS_ONE, F_OTHER_COLLECTIVE, F_THREAD_EXIT, F_P2P_TOO_BIG };
 typedef struct fault_arg {
-    int       mode, victim, alltoall;    /* alltoall: collective #2 is an all-to-all (the communicator's algo) */
+    int       mode, victim, alltoall;    /* collective #2 is 1: an all-to-all (the communicator's algo), 2: all-to-all-v */
     dt_algo   algo;
     size_t    n;
     double    late;                  /* F_LATE: how long the victim sleeps */
@@ -151,9 +151,13 @@ typedef struct fault_arg {
     int       wrong[8];              /* a rank whose call succeeded with a wrong result */
 } fault_arg;
 
-/* collective #2 (and the call after a failure): all-reduce of buf[n], or all-to-all of n per block from
-   buf into buf + 8 (n + 1) */
+/* collective #2 (and the call after a failure): all-reduce of buf[n], or all-to-all (-v) of n per block
+   from buf into buf + 8 (n + 1) */
 static dt_result fault_coll(const fault_arg *a, dt_comm *c, float *buf, size_t n) {
+    size_t counts[8], displs[8];
+    int k;
+    for (k = 0; k < 8; k++) { counts[k] = n; displs[k] = (size_t)k * n; }
+    if (a->alltoall == 2) return dt_comm_alltoallv(c, buf, counts, displs, buf + 8 * (n + 1), counts, displs, DT_F32);
     if (a->alltoall) return dt_comm_alltoall(c, buf, buf + 8 * (n + 1), n, DT_F32);
     return dt_comm_allreduce(c, buf, n, DT_F32, DT_SUM, a->algo);
 }
@@ -335,36 +339,38 @@ static void test_fault_message_too_big(void) {
     check_others_failed(&a, 3, -1, BIT(DT_ERR_MISMATCH) | BIT(DT_ERR_PEER), 3.0);
 }
 
-/* all-to-all, natively and pairwise: a rank that has returned, one that comes late, one that calls it
-   with another count or calls another collective: every other rank fails in bounded time, naming it */
+/* all-to-all, natively and pairwise, and all-to-all-v: a rank that has returned, one that comes late, one
+   that calls it with another count or calls another collective: every other rank fails in bounded time,
+   naming it (all-to-all-v's sizes differ per block, so another count is seen in the bytes that came) */
 static void test_fault_alltoall(void) {
     static fault_arg a;
-    static const dt_algo algos[] = {DT_ALGO_NATIVE, DT_ALGO_RING};
+    static const dt_algo algos[] = {DT_ALGO_NATIVE, DT_ALGO_RING, DT_ALGO_RING};
     dt_result res[8];
     char msg[700];
     int i, m, k, mism;
-    for (i = 0; i < 2; i++) {
+    for (i = 0; i < 3; i++) {
+        const char *count_seen = i == 2 ? "bytes" : "1001", *name = i == 2 ? "all-to-all-v #2" : "all-to-all #2";
         fault_init(&a, F_RETURN_OK, 2, algos[i], 100);
-        a.alltoall = 1;
+        a.alltoall = 1 + (i == 2);
         CHECK(run_fault(&a, 4, 10.0, res, msg, sizeof msg) == DT_ERR_PEER);
         check_others_failed(&a, 4, 2, BIT(DT_ERR_PEER), 3.0);
-        for (k = 0; k < 4; k++) if (k != 2) CHECK((strstr(a.msg[k], "rank 2 has finished") || strstr(a.msg[k], "2 (finished)")) && strstr(a.msg[k], "all-to-all #2"));
+        for (k = 0; k < 4; k++) if (k != 2) CHECK((strstr(a.msg[k], "rank 2 has finished") || strstr(a.msg[k], "2 (finished)")) && strstr(a.msg[k], name));
         fault_init(&a, F_LATE, 1, algos[i], 100);
-        a.alltoall = 1;
+        a.alltoall = 1 + (i == 2);
         a.late = 1.5;
         CHECK(run_fault(&a, 3, 0.5, res, msg, sizeof msg) == DT_ERR_TIMEOUT);
-        CHECK(strstr(msg, "all-to-all #2") != NULL);
+        CHECK(strstr(msg, name) != NULL);
         check_others_failed(&a, 3, 1, BIT(DT_ERR_TIMEOUT) | BIT(DT_ERR_PEER), 2.5);
         for (m = F_COUNT_PLUS_ONE; m <= F_OTHER_COLLECTIVE; m++) {
             fault_init(&a, m, 1, algos[i], 1000);
-            a.alltoall = 1;
+            a.alltoall = 1 + (i == 2);
             CHECK(run_fault(&a, 4, 10.0, res, msg, sizeof msg) == DT_ERR_MISMATCH);
             check_others_failed(&a, 4, -1, BIT(DT_ERR_MISMATCH) | BIT(DT_ERR_PEER), 3.0);
             for (k = 0, mism = 0; k < 4; k++)
                 if (a.res[k] == DT_ERR_MISMATCH) {
                     mism++;
-                    if (!strstr(a.msg[k], m == F_COUNT_PLUS_ONE ? "1001" : "broadcast")) printf("    rank %d: %s\n", k, a.msg[k]);
-                    CHECK(strstr(a.msg[k], m == F_COUNT_PLUS_ONE ? "1001" : "broadcast") != NULL);
+                    if (!strstr(a.msg[k], m == F_COUNT_PLUS_ONE ? count_seen : "broadcast")) printf("    rank %d: %s\n", k, a.msg[k]);
+                    CHECK(strstr(a.msg[k], m == F_COUNT_PLUS_ONE ? count_seen : "broadcast") != NULL);
                 }
             CHECK(mism >= 1);
         }

@@ -464,21 +464,24 @@ static void mismatch_case(dt_algo a, int order) {
     CHECK(dt_comm_barrier(c) == r);   /* broken: every later call returns the same */
     dt_comm_destroy(c);
 }
-/* the last rank calls all-to-all with one element more per block (pairwise or MPI's own): every rank fails
-   promptly with DT_ERR_MISMATCH, or DT_ERR_PEER from a rank that saw it */
-static void alltoall_mismatch_case(dt_algo a) {
+/* the last rank calls all-to-all (v set: all-to-all-v) with one element more per block (pairwise or MPI's
+   own): every rank fails promptly with DT_ERR_MISMATCH, or DT_ERR_PEER from a rank that saw it */
+static void alltoall_mismatch_case(dt_algo a, int v) {
     dt_comm *c = fresh(10, a);
     static float send[64 * 101], recv[64 * 101];   /* static: MPI may still own them after the failure */
-    size_t n = 100 + (me == np - 1);
+    size_t n = 100 + (me == np - 1), counts[64], displs[64];
     double t0 = dt_time_now();
     dt_result r;
+    int k;
     if (!c) return;
-    r = dt_comm_alltoall(c, send, recv, n, DT_F32);
+    for (k = 0; k < np; k++) { counts[k] = n; displs[k] = (size_t)k * n; }
+    if (v) r = dt_comm_alltoallv(c, send, counts, displs, recv, counts, displs, DT_F32);
+    else r = dt_comm_alltoall(c, send, recv, n, DT_F32);
     if (r != DT_ERR_MISMATCH && r != DT_ERR_PEER) {
         dt_t_checks_failed++;
         printf("    rank %d: all-to-all %s: %s, expected DT_ERR_MISMATCH or DT_ERR_PEER: %s\n", me, dt_algo_name(a), dt_result_str(r), dt_last_error());
     }
-    CHECK(strstr(dt_last_error(), "all-to-all #1") != NULL || strstr(dt_last_error(), "#1 (") != NULL);
+    CHECK(strstr(dt_last_error(), v ? "all-to-all-v #1" : "all-to-all #1") != NULL || strstr(dt_last_error(), "#1 (") != NULL);
     CHECK(dt_time_now() - t0 < 9.0);
     CHECK(mt_sum_ranks(r == DT_ERR_MISMATCH) >= 1);
     CHECK(dt_comm_barrier(c) == r);
@@ -486,8 +489,9 @@ static void alltoall_mismatch_case(dt_algo a) {
 }
 static void test_fault_mismatch(void) {
     size_t ai;
-    alltoall_mismatch_case(DT_ALGO_RING);
-    alltoall_mismatch_case(DT_ALGO_NATIVE);
+    alltoall_mismatch_case(DT_ALGO_RING, 0);
+    alltoall_mismatch_case(DT_ALGO_NATIVE, 0);
+    alltoall_mismatch_case(DT_ALGO_AUTO, 1);
     for (ai = 0; ai < N_OF(algos); ai++) mismatch_case(algos[ai], 0);
     mismatch_case(DT_ALGO_RING, 1);
     mismatch_case(DT_ALGO_NATIVE, 1);
