@@ -427,6 +427,20 @@ static void test_hier(void) {
         }
         dt_comm_destroy(c);
     }
+    {   /* DT_NODE_SIZE declares them when dt_comm_desc.node_size is 0, as on local ranks */
+        dt_comm_desc d = Wdesc;
+        dt_comm *c = NULL;
+        int node_of[64], k;
+        d.node_size = 0;
+        setenv("DT_NODE_SIZE", "2", 1);
+        CHECK_OK(dt_comm_create_mpi(&c, MPI_COMM_WORLD, &d));
+        unsetenv("DT_NODE_SIZE");
+        if (!c) return;
+        CHECK(dt_comm_get_desc(c).node_size == 2 && dt_comm_nodes(c, node_of) == (np + 1) / 2);
+        for (k = 0; k < np; k++) CHECK(node_of[k] == k / 2);
+        check_allreduce(c, DT_ALGO_HIER, DT_F32, DT_MEAN, 1000, 840);
+        dt_comm_destroy(c);
+    }
 }
 
 /* ---- faults: each on a fresh communicator, which the failure breaks ---- */
