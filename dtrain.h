@@ -85,6 +85,7 @@
      |                          |                  | dtrain_cuda.cu's object (nvcc), -lcublas -lcudart|
    The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s);
    DT_FAULT (a test aid, "rank=R,coll=N,kind=fail|return|stall:S|hang|nan") injects a fault (dt_comm_desc);
+   DT_NODE_SIZE (ranks per node) groups the ranks into nodes for DT_ALGO_HIER and the link model;
    DT_CPU (avx512, avx2, portable) the CPU kernels' tier (default: the fastest this CPU runs; dtrain/cpu.h).
    dtrain_cuda.h's DTRAIN_CUDA_IMPLEMENTATION, DT_CUDA_EMULATE and DT_CUDA_DEVICE are in its own manual.
 
@@ -156,8 +157,10 @@
      is dt_cuda_ops() (dtrain_cuda.h: CUDA kernels and cuBLAS), the default in builds with DT_USE_CUDA.
      Communication has its own table (dt_comm_backend): self (one rank), local (threads; dtrain/comm.h) and mpi
      (dtrain_mpi.h), each written against the backend interface at the end of dtrain/comm.h's
-     declarations. The collective algorithms (naive, ring, tree) are written once over its point-to-point
-     calls, so they behave and round the same on every backend; NATIVE uses the backend's own.
+     declarations. The collective algorithms (naive, ring, tree, hier: hierarchical over nodes of ranks,
+     dt_comm_desc.node_size / $DT_NODE_SIZE / --node-size) are written once over its point-to-point calls,
+     so they behave and round the same on every backend; NATIVE uses the backend's own (all-reduce,
+     broadcast, all-to-all).
 
    VERSION
      DT_VERSION_MAJOR, DT_VERSION_MINOR, DT_VERSION_PATCH (integers) and DT_VERSION_STRING ("0.1.0") are

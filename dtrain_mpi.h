@@ -4,7 +4,9 @@
    WHAT IT IS
      A dt_comm whose ranks are the processes of an MPI communicator. Every collective algorithm of
      dtrain.h (naive, ring, tree) runs unchanged over MPI point-to-point messages and gives the same bits
-     as on local ranks; NATIVE uses MPI's own all-reduce and broadcast.
+     as on local ranks; NATIVE uses MPI's own all-reduce, broadcast and all-to-all. The nodes of
+     DT_ALGO_HIER are the ranks that share memory (MPI_Comm_split_type), unless dt_comm_desc.node_size or
+     DT_NODE_SIZE declares others.
 
    HOW TO INCLUDE
      Compile with mpicc and -DDT_USE_MPI (make MPI=1): dtrain.h then includes this file at its end, so
@@ -443,6 +445,30 @@ static dt_result dt__mpi_broadcast(dt_comm *c, void *buf, size_t bytes, int root
     return r;
 }
 
+/* Native all-to-all (MPI_Ialltoall) on the stage: send blocks in the first half, received ones in the
+   second. Blocks are moved in parts of at most 1 GiB over all ranks, since MPI counts are int. */
+static dt_result dt__mpi_alltoall(dt_comm *c, const void *send, void *recv, size_t bytes, double deadline) {
+    dt__mpi *M = dt__mpi_of(c);
+    size_t p = (size_t)dt_comm_size(c), part = ((size_t)1 << 30) / p, off, k;
+    dt_result r = dt__mpi_sigcheck(c, deadline);
+    char *st;
+    if (r != DT_OK) return r;
+    if (part > bytes) part = bytes;
+    if (!(st = (char *)dt__mpi_stage(M, 2 * p * part + 1)))   /* see dt__mpi_stage */
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "MPI all-to-all: no memory to stage %zu bytes", 2 * p * part);
+    dt_comm_count_native(c, bytes * p, 1);
+    for (off = 0; r == DT_OK && off < bytes; ) {
+        size_t n = bytes - off < part ? bytes - off : part;
+        MPI_Request rq = MPI_REQUEST_NULL;
+        for (k = 0; k < p; k++) memcpy(st + k * n, (const char *)send + k * bytes + off, n);
+        DT__MPI_TRY(MPI_Ialltoall(st, (int)n, MPI_BYTE, st + p * n, (int)n, MPI_BYTE, M->comm, &rq));
+        if ((r = dt__mpi_native_wait(c, &rq, deadline, "MPI_Ialltoall")) != DT_OK) break;
+        for (k = 0; k < p; k++) memcpy((char *)recv + k * bytes + off, st + p * n + k * n, n);
+        off += n;
+    }
+    return r;
+}
+
 /* A rank that failed sends every other rank the abort notice (once; not when this rank's failure is
    only the echo of another's notice, which reached everyone already). The sends finish in the
    background (the notice is small, so MPI sends it eagerly) and are completed by destroy. MPI cannot
@@ -525,7 +551,8 @@ static int dt__mpi_any_thread(const dt_comm *c) { return dt__mpi_of(c)->serializ
 
 static const dt_comm_backend dt__mpi_backend = {
     "mpi", dt__mpi_post, dt__mpi_post, dt__mpi_wait, dt__mpi_test, dt__mpi_cancel,
-    dt__mpi_barrier, dt__mpi_allreduce, dt__mpi_broadcast, NULL, dt__mpi_leave, dt__mpi_destroy, dt__mpi_any_thread};
+    dt__mpi_barrier, dt__mpi_allreduce, dt__mpi_broadcast, NULL, dt__mpi_leave, dt__mpi_destroy, dt__mpi_any_thread,
+    dt__mpi_alltoall};
 
 MPI_Comm dt_comm_mpi_handle(const dt_comm *c) {
     return dt_comm_get_backend(c) == &dt__mpi_backend && dt_comm_impl(c) ? dt__mpi_of(c)->comm : MPI_COMM_NULL;
@@ -555,6 +582,25 @@ static dt_result dt__mpi_setup(dt__mpi *M, int *rank, int *size, int *tag_ub) {
     return DT_OK;
 }
 
+/* The nodes (DT_ALGO_HIER): the ranks that share memory (MPI_Comm_split_type, MPI_COMM_TYPE_SHARED), each
+   node named by its lowest rank, which every rank learns of every other (MPI_Allgather). */
+static dt_result dt__mpi_nodes(dt_comm *c) {
+    dt__mpi *M = dt__mpi_of(c);
+    MPI_Comm node = MPI_COMM_NULL;
+    int me = dt_comm_rank(c), lead = me, rc, *all;
+    dt_result r;
+    DT__MPI_TRY(MPI_Comm_split_type(M->comm, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node));
+    rc = MPI_Allreduce(&me, &lead, 1, MPI_INT, MPI_MIN, node);
+    MPI_Comm_free(&node);
+    if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Allreduce");
+    if (!(all = (int *)DT_MALLOC(sizeof(int) * (size_t)dt_comm_size(c))))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_mpi: no memory for %d ranks", dt_comm_size(c));
+    rc = MPI_Allgather(&lead, 1, MPI_INT, all, 1, MPI_INT, M->comm);
+    r = rc != MPI_SUCCESS ? dt__mpi_error(rc, "MPI_Allgather") : dt_comm_set_nodes(c, all);
+    DT_FREE(all);
+    return r;
+}
+
 dt_result dt_comm_create_mpi(dt_comm **out, MPI_Comm comm, const dt_comm_desc *desc) {
     dt__mpi *M;
     int init = 0, rc, rank = 0, size = 1, tag_ub = -1;
@@ -573,6 +619,11 @@ dt_result dt_comm_create_mpi(dt_comm **out, MPI_Comm comm, const dt_comm_desc *d
     if ((rc = MPI_Comm_dup(comm, &M->comm)) != MPI_SUCCESS) r = dt__mpi_error(rc, "MPI_Comm_dup");
     else r = dt__mpi_setup(M, &rank, &size, &tag_ub);
     if (r == DT_OK) r = dt_comm_create_backend(out, &dt__mpi_backend, M, rank, size, tag_ub, desc);
+    if (r == DT_OK && dt_comm_get_desc(*out).node_size == 0 && (r = dt__mpi_nodes(*out)) != DT_OK) {
+        dt_comm_destroy(*out);   /* frees M too */
+        *out = NULL;
+        return r;
+    }
     if (r != DT_OK) {
         if (M->comm != MPI_COMM_NULL) MPI_Comm_free(&M->comm);
         DT_FREE(M->out_reqs); DT_FREE(M);

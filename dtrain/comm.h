@@ -5,11 +5,13 @@
      Gossip topologies and their mixing matrices (ring, torus, exponential, full, your own; checked
      symmetric, doubly stochastic and connected) and time-varying ones (dt_topology_schedule: the one-peer
      exponential graph; each step's matrix checked symmetric and doubly stochastic, the period's union
-     connected); dt_comm: point-to-point, the collectives and the
-     algorithms written once over isend/irecv (naive gather-reduce-broadcast, ring reduce-scatter +
-     all-gather, tree), with fixed summation orders so every backend gives the same bits; the checks that
+     connected); dt_comm: point-to-point, the collectives (all-to-all among them) and the algorithms
+     written once over isend/irecv (naive gather-reduce-broadcast, ring reduce-scatter + all-gather, tree,
+     hierarchical over nodes of ranks), with fixed summation orders so every backend gives the same bits;
+     the checks that
      turn a failed, late or mismatched rank into an error instead of a hang; counters; the self backend
-     and the local one (ranks as threads, with an optional link model of a slow network), both written
+     and the local one (ranks as threads, with an optional link model of a slow network, whose nodes'
+     ranks share a port), both written
      against the backend interface that dtrain_mpi.h uses too (the end of the declarations); the
      launcher (dt_launch: threads here, processes under mpiexec with dtrain_mpi.h) and the timeline file.
    USES
@@ -109,10 +111,17 @@ typedef enum dt_reduce_op { DT_SUM = 0, DT_MEAN, DT_MAX, DT_MIN } dt_reduce_op;
      TREE    binomial tree to the root and back: 2 log2(p) steps of n elements; the latency-optimal choice
              for small n.
      NATIVE  the backend's own: a shared-memory all-reduce for local ranks, MPI_Allreduce for MPI.
-   For a given world size, NAIVE, RING and TREE give bit-identical results on every backend; NATIVE
-   is deterministic run to run but may round differently. AUTO (0) is the communicator's default. */
-typedef enum dt_algo { DT_ALGO_AUTO = 0, DT_ALGO_NAIVE, DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NATIVE, DT_ALGO_COUNT } dt_algo;
-const char *dt_algo_name(dt_algo a);             /* "auto", "naive", "ring", "tree", "native" */
+     HIER    hierarchical, for ranks grouped into nodes (dt_comm_nodes): the ranks of a node reduce to its
+             leader (its lowest rank) in rank order, the L leaders all-reduce around a ring of their own,
+             and each leader sends the result to its node. Only 2 (L - 1) / L n elements per node cross
+             between nodes, where a flat ring passes 2 (p - 1) / p n through each rank's link. Every rank
+             its own node: the same bits as RING; one node: as NAIVE. All-reduce only: reduce and
+             broadcast run it as RING and TREE.
+   For a given world size (and grouping, for HIER), NAIVE, RING, TREE and HIER give bit-identical results
+   on every backend; NATIVE is deterministic run to run but may round differently. AUTO (0) is the
+   communicator's default. */
+typedef enum dt_algo { DT_ALGO_AUTO = 0, DT_ALGO_NAIVE, DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NATIVE, DT_ALGO_HIER, DT_ALGO_COUNT } dt_algo;
+const char *dt_algo_name(dt_algo a);             /* "auto", "naive", "ring", "tree", "native", "hier" */
 dt_result   dt_algo_parse(const char *s, dt_algo *out);
 
 /* Per-rank traffic counters, since the communicator was created (or last reset). Bytes count payload
@@ -151,9 +160,15 @@ typedef struct dt_comm_desc {
        sends and receives at most bandwidth bytes/s (messages queue behind each other on both ends), and
        every message arrives latency seconds after it has left. Under it the native all-reduce and
        broadcast run over messages too (as TREE for the broadcast; for the all-reduce as RING, or as TREE
-       where the model makes that faster: short messages), so a NATIVE float sum rounds as that one's */
+       where the model makes that faster: short messages), so a NATIVE float sum rounds as that one's.
+       With nodes (node_size, or the backend's), the ranks of a node share their node's link, and messages
+       inside a node do not use it: they cost what the copy costs, as in shared memory */
     double  link_latency;
     double  link_bandwidth;
+    /* ranks per node, for DT_ALGO_HIER and the link model: ranks 0 .. node_size - 1 are node 0, and so
+       on (the last node may have fewer). 0 = $DT_NODE_SIZE, else the backend's own grouping: under MPI
+       the ranks that share memory (MPI_Comm_split_type), on local ranks every rank its own node */
+    int     node_size;
     /* a fault to inject, a test aid: NULL = $DT_FAULT (unset: none). "rank=R,coll=N,kind=K": rank R, at
        the start of its collective number N (1 for the first; the number error reports give), and K is
          fail      the collective fails (DT_ERR_STATE) and the rank's communicator with it
@@ -220,11 +235,25 @@ dt_result dt_comm_gather(dt_comm *c, const void *send, void *recv, size_t count,
 dt_result dt_comm_allgather(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t);
 /* send[size * count] on every rank; rank r gets in recv[count] the reduction of everyone's block r (ring). */
 dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t, dt_reduce_op op);
+/* send[size * count] and recv[size * count] on every rank (not overlapping): block j of rank i's send lands
+   in block i of rank j's recv. Pairwise exchange (p - 1 steps: to rank + s, from rank - s), or the
+   backend's native all-to-all (MPI_Alltoall; shared memory on local ranks) when the communicator's
+   default algorithm is AUTO or NATIVE. */
+dt_result dt_comm_alltoall(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t);
+/* The same with a size per block, in elements: rank i's block j is send[sdispls[j] ..] of sendcounts[j]
+   elements and lands in rank j's recv[rdispls[i] ..] of recvcounts[i], which must equal it (else
+   DT_ERR_MISMATCH on both). Arrays of size entries; blocks must not overlap. Pairwise exchange. */
+dt_result dt_comm_alltoallv(dt_comm *c, const void *send, const size_t *sendcounts, const size_t *sdispls,
+                            void *recv, const size_t *recvcounts, const size_t *rdispls, dt_dtype t);
 /* Neighbour exchange for gossip: send goes to each rank in to[0..nto), and recv[i * count] receives from
    from[i], i < nfrom. Every rank calls it (with its own lists; a rank may list none); the edges must
    match (a in b's to exactly when b in a's from). */
 dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
                                     const int *to, int nto, const int *from, int nfrom);
+
+/* The nodes of c's ranks (dt_comm_desc.node_size): returns how many nodes there are and, when node_of is not
+   NULL, writes node_of[size]: each rank's node, numbered 0, 1, ... in the order of their lowest ranks. */
+int dt_comm_nodes(const dt_comm *c, int *node_of);
 
 /* Counters of this rank (see dt_comm_stats), and their reset. */
 dt_comm_stats dt_comm_get_stats(const dt_comm *c);   /* zeros for NULL */
@@ -250,7 +279,8 @@ typedef struct dt_launch_desc {
 
 /* Takes the launcher's flags out of argv (argc updated), leaving the program's own:
      --ranks N            local ranks (threads in this process)
-     --algo A             default collective algorithm: naive, ring, tree, native
+     --algo A             default collective algorithm: naive, ring, tree, native, hier
+     --node-size N        ranks per node (DT_ALGO_HIER, the link model); default: the backend's grouping
      --timeout S          seconds a rank may wait for another before the run fails
      --link-latency S     link model: seconds per message (local ranks)
      --link-bandwidth B   link model: bytes per second per link, with suffix K, M or G (local ranks)
@@ -335,6 +365,8 @@ typedef struct dt_comm_backend {
        stay one at a time, handed over through a mutex): DDP's helper thread then reduces buckets during
        backward. NULL: only the creating thread (DDP reduces after backward). */
     int       (*any_thread)(const dt_comm *c);
+    /* native all-to-all of blocks of bytes (dt_comm_alltoall); NULL: the library's pairwise exchange */
+    dt_result (*alltoall)(dt_comm *c, const void *send, void *recv, size_t bytes, double deadline);
 } dt_comm_backend;
 
 /* A communicator of rank `rank` of `size` over backend, whose state is impl (freed by backend->destroy
@@ -345,6 +377,10 @@ dt_result dt_comm_create_backend(dt_comm **out, const dt_comm_backend *backend, 
                                  int tag_ub, const dt_comm_desc *desc);
 void     *dt_comm_impl(const dt_comm *c);                           /* the backend's state given at creation */
 const dt_comm_backend *dt_comm_get_backend(const dt_comm *c);       /* the table c runs on */
+/* The backend's grouping of ranks into nodes (node_of[size]: equal values = one node), for DT_ALGO_HIER,
+   the link model and dt_comm_nodes; a backend that knows it calls this once, after creation, unless
+   dt_comm_get_desc(c).node_size declares one. Without it every rank is its own node. */
+dt_result dt_comm_set_nodes(dt_comm *c, const int *node_of);
 /* The number of the current (or last) collective: 1 for the first. */
 uint64_t  dt_comm_seq(const dt_comm *c);
 /* A 64-bit hash of the current operation's signature (number, kind, count, type, op, root, algorithm):
@@ -740,6 +776,9 @@ struct dt_comm {
     dt_request            *reqs;            /* reused by the algorithms */
     int                    nreqs;
     dt__fault              fault;           /* desc.fault parsed: kind 0 = none */
+    int                   *node;            /* [size] the backend's nodes (dt_comm_set_nodes); NULL: by desc.node_size */
+    int                    ring_nodes;      /* > 0 while DT_ALGO_HIER's leaders run the ring: it is then the ring of
+                                               the ring_nodes nodes' leaders (dt__ring_size) */
 };
 
 /* What a dt_request holds: the message its backend sees, then what only the library (and its local
@@ -759,10 +798,11 @@ DT__STATIC_ASSERT(offsetof(dt__request_align, r) >= offsetof(dt__req_align, r), 
 static dt__req *dt__rq(dt_request *q) { return (dt__req *)(void *)q; }
 /* What a communicator is doing: the kind of its current operation, stored in sig[2]. */
 enum { DT__OP_P2P = 0, DT__OP_BARRIER, DT__OP_BROADCAST, DT__OP_REDUCE, DT__OP_ALLREDUCE, DT__OP_SCATTER,
-       DT__OP_GATHER, DT__OP_ALLGATHER, DT__OP_REDUCE_SCATTER, DT__OP_NEIGHBOR, DT__OP_COUNT };
+       DT__OP_GATHER, DT__OP_ALLGATHER, DT__OP_REDUCE_SCATTER, DT__OP_NEIGHBOR, DT__OP_ALLTOALL, DT__OP_ALLTOALLV,
+       DT__OP_COUNT };
 static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "broadcast", "reduce", "all-reduce",
                                                   "scatter", "gather", "all-gather", "reduce-scatter",
-                                                  "neighbour exchange"};
+                                                  "neighbour exchange", "all-to-all", "all-to-all-v"};
 /* Tags: the user's are 0 .. DT_TAG_USER_MAX. Above them, 64 belong to the library's own point-to-point
    messages (DDP's parameter server and P2P, FedAvg's reports, the timeline under MPI), which only its
    internal calls (dt__lib_send, ...) may use: a user's tag can never meet them. From DT__TAG_COLL up they
@@ -800,7 +840,7 @@ static dt_result dt__enum_parse(const char *const *names, int n, const char *s, 
     return dt_set_error(DT_ERR_INVALID_ARG, "unknown %s '%s': use %s", what, s ? s : "(null)", list);
 }
 
-static const char *const dt__algo_names[DT_ALGO_COUNT] = {"auto", "naive", "ring", "tree", "native"};
+static const char *const dt__algo_names[DT_ALGO_COUNT] = {"auto", "naive", "ring", "tree", "native", "hier"};
 const char *dt_algo_name(dt_algo a) { return dt__enum_name(dt__algo_names, DT_ALGO_COUNT, (int)a); }
 dt_result dt_algo_parse(const char *s, dt_algo *out) {
     int k = 0;
@@ -844,6 +884,7 @@ static void dt__sig_str(const uint64_t *sig, char *buf, size_t cap) {
     int n = snprintf(buf, cap, "%s #%llu (", kind < DT__OP_COUNT ? dt__op_names[kind] : "?", (unsigned long long)sig[0]);
     if (n < 0 || (size_t)n >= cap) return;
     if (kind == DT__OP_BARRIER) { snprintf(buf + n, cap - (size_t)n, "%s)", dt_algo_name((dt_algo)algo)); return; }
+    if (kind == DT__OP_ALLTOALLV) { snprintf(buf + n, cap - (size_t)n, "%s, a size per block)", dt_dtype_name((dt_dtype)t)); return; }
     n += snprintf(buf + n, cap - (size_t)n, "%llu x %s", (unsigned long long)sig[1], dt_dtype_name((dt_dtype)t));
     if ((size_t)n >= cap) return;
     if (kind == DT__OP_REDUCE || kind == DT__OP_ALLREDUCE || kind == DT__OP_REDUCE_SCATTER)
@@ -1074,10 +1115,32 @@ static dt_result dt__signal(dt_comm *c, int dst, int src) {
 /* Chunk k of n elements split over p ranks: the first n % p chunks have one element more. */
 static size_t dt__chunk_off(size_t n, int p, int k) { return (size_t)k * (n / (size_t)p) + ((size_t)k < n % (size_t)p ? (size_t)k : n % (size_t)p); }
 static size_t dt__chunk_len(size_t n, int p, int k) { return n / (size_t)p + ((size_t)k < n % (size_t)p ? 1 : 0); }
+/* The node of rank k: the backend's grouping, else desc.node_size consecutive ranks, else k alone. */
+static int dt__node_of(const dt_comm *c, int k) {
+    if (c->node) return c->node[k];
+    return c->desc.node_size > 0 ? k / c->desc.node_size : k;
+}
+/* The leader of node j: its lowest rank (nodes are numbered in the order of their lowest ranks). */
+static int dt__node_leader(const dt_comm *c, int j) {
+    int k;
+    if (!c->node) return c->desc.node_size > 0 ? j * c->desc.node_size : j;
+    for (k = 0; k < c->size && c->node[k] != j; k++) {}
+    return k;
+}
+/* The ring the ring algorithms run around: every rank in rank order, or while DT_ALGO_HIER's leaders
+   all-reduce (ring_nodes set) the nodes' leaders in node order. Its size, this rank's place in it, and
+   the rank at place k (mod the size). */
+static int dt__ring_size(const dt_comm *c) { return c->ring_nodes > 0 ? c->ring_nodes : c->size; }
+static int dt__ring_me(const dt_comm *c) { return c->ring_nodes > 0 ? dt__node_of(c, c->rank) : c->rank; }
+static int dt__ring_rank(const dt_comm *c, int k) {
+    int p = dt__ring_size(c);
+    k = (k % p + p) % p;
+    return c->ring_nodes > 0 ? dt__node_leader(c, k) : k;
+}
 /* A step of a ring over the p chunks of buf[n]: chunk ks goes to the right neighbour while chunk kr comes
    from the left, reduced into buf's chunk kr through tmp (tmp set) or written over it (tmp NULL). */
 static dt_result dt__ring_step(dt_comm *c, void *buf, size_t n, dt_dtype t, int ks, int kr, void *tmp, dt_reduce_op op) {
-    int p = c->size, right = (c->rank + 1) % p, left = (c->rank + p - 1) % p;
+    int p = dt__ring_size(c), right = dt__ring_rank(c, dt__ring_me(c) + 1), left = dt__ring_rank(c, dt__ring_me(c) - 1);
     size_t es = dt_dtype_size(t);
     return dt__step(c, (char *)buf + dt__chunk_off(n, p, ks) * es, dt__chunk_len(n, p, ks) * es, right,
                     (char *)buf + dt__chunk_off(n, p, kr) * es, dt__chunk_len(n, p, kr) * es, left, tmp, tmp != NULL, t, op);
@@ -1087,7 +1150,7 @@ static dt_result dt__ring_step(dt_comm *c, void *buf, size_t n, dt_dtype t, int 
    chunk r - s - 1 to the right and reduces chunk r - s - 2 from the left into its own, so chunk k starts
    at rank k + 1 and picks up one rank per step: the order of the reduction is fixed by the ring. */
 static dt_result dt__ring_reduce_scatter(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, void *tmp) {
-    int p = c->size, me = c->rank, s;
+    int p = dt__ring_size(c), me = dt__ring_me(c), s;
     for (s = 0; s < p - 1; s++) {
         int ks = ((me - s - 1) % p + p) % p, kr = ((me - s - 2) % p + 2 * p) % p;
         dt_result r = dt__ring_step(c, buf, n, t, ks, kr, tmp, op);
@@ -1097,7 +1160,7 @@ static dt_result dt__ring_reduce_scatter(dt_comm *c, void *buf, size_t n, dt_dty
 }
 /* Ring all-gather, in place: rank r starts with chunk r and ends with all of them. */
 static dt_result dt__ring_allgather(dt_comm *c, void *buf, size_t n, dt_dtype t) {
-    int p = c->size, me = c->rank, s;
+    int p = dt__ring_size(c), me = dt__ring_me(c), s;
     for (s = 0; s < p - 1; s++) {
         int ks = ((me - s) % p + p) % p, kr = ((me - s - 1) % p + p) % p;
         dt_result r = dt__ring_step(c, buf, n, t, ks, kr, NULL, DT_SUM);
@@ -1179,6 +1242,64 @@ static dt_result dt__ring_broadcast(dt_comm *c, void *buf, size_t bytes, int roo
         off += len;
     } while (off < bytes);
     return DT_OK;
+}
+
+/* Hierarchical all-reduce (DT_ALGO_HIER), in place: each rank sends its data to its node's leader, which
+   reduces them in rank order as they come (its own first); the leaders all-reduce around the ring of
+   leaders; each leader sends the result to its node's ranks in rank order. MEAN is left to the caller,
+   who divides once, as the flat algorithms do. tmp: n + 1 elements of scratch. */
+static dt_result dt__allreduce_hier(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, void *tmp) {
+    int me = c->rank, node = dt__node_of(c, me), lead = dt__node_leader(c, node), nodes = dt_comm_nodes(c, NULL), k;
+    size_t bytes = n * dt_dtype_size(t);
+    dt_result r = DT_OK;
+    if (op == DT_MEAN) op = DT_SUM;
+    if (me != lead) {
+        if ((r = dt__send(c, buf, bytes, lead, t)) != DT_OK) return r;
+        return dt__recv(c, buf, bytes, lead, t);
+    }
+    for (k = me + 1; k < c->size && r == DT_OK; k++)
+        if (dt__node_of(c, k) == node) r = dt__recv_reduce(c, buf, bytes, k, tmp, t, op);
+    if (r == DT_OK && nodes > 1) {
+        c->ring_nodes = nodes;
+        r = dt__allreduce_ring(c, buf, n, t, op, tmp);
+        c->ring_nodes = 0;
+    }
+    for (k = me + 1; k < c->size && r == DT_OK; k++)
+        if (dt__node_of(c, k) == node) r = dt__send(c, buf, bytes, k, t);
+    return r;
+}
+
+/* The blocks of an all-to-all: block k of a buffer is counts[k] units at displs[k] units, or with counts
+   and displs NULL one unit at k units (dt_comm_alltoall's blocks of `unit` bytes). */
+typedef struct dt__blocks { const size_t *counts, *displs; size_t unit; } dt__blocks;
+static size_t dt__blk_off(const dt__blocks *b, int k) { return (b->displs ? b->displs[k] : (size_t)k) * b->unit; }
+static size_t dt__blk_len(const dt__blocks *b, int k) { return (b->counts ? b->counts[k] : 1) * b->unit; }
+/* All-to-all by pairwise exchange: in step s block me + s goes to rank me + s while block me - s comes
+   from rank me - s, so each step every rank sends one block and receives one, and no link carries two.
+   A receive must get exactly its block's bytes (dt__step), so blocks of different sizes are a mismatch. */
+static dt_result dt__alltoall_pairwise(dt_comm *c, const void *send, const dt__blocks *sb, void *recv, const dt__blocks *rb) {
+    int p = c->size, me = c->rank, s;
+    size_t own = dt__blk_len(sb, me);
+    dt_result r = DT_OK;
+    if (own != dt__blk_len(rb, me)) {
+        char m[160];
+        snprintf(m, sizeof m, "this rank sends itself %zu bytes but receives %zu from itself: its counts for itself differ", own, dt__blk_len(rb, me));
+        return dt__comm_fail(c, DT_ERR_MISMATCH, m);
+    }
+    if (own) memmove((char *)recv + dt__blk_off(rb, me), (const char *)send + dt__blk_off(sb, me), own);
+    for (s = 1; s < p && r == DT_OK; s++) {
+        int dst = (me + s) % p, src = (me - s + p) % p;
+        r = dt__step(c, (const char *)send + dt__blk_off(sb, dst), dt__blk_len(sb, dst), dst, (char *)recv + dt__blk_off(rb, src),
+                     dt__blk_len(rb, src), src, NULL, 0, DT_U8, DT_SUM);
+    }
+    return r;
+}
+/* dt_comm_alltoall's blocks: one of bytes each, block k at k * bytes. */
+static dt_result dt__alltoall_even(dt_comm *c, const void *send, void *recv, size_t bytes) {
+    dt__blocks b;
+    b.counts = b.displs = NULL;
+    b.unit = bytes;
+    return dt__alltoall_pairwise(c, send, &b, recv, &b);
 }
 
 /* ---- the public calls ------------------------------------------------------------------------- */
@@ -1278,7 +1399,7 @@ static dt_result dt__coll_start(dt_comm *c, int kind, const void *data, size_t c
 }
 static dt_result dt__algo_check(const char *fn, dt_algo a) {
     if (a < DT_ALGO_AUTO || a >= DT_ALGO_COUNT)
-        return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown algorithm %d: use DT_ALGO_AUTO, _NAIVE, _RING, _TREE or _NATIVE", fn, (int)a);
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown algorithm %d: use DT_ALGO_AUTO, _NAIVE, _RING, _TREE, _NATIVE or _HIER", fn, (int)a);
     return DT_OK;
 }
 static dt_algo dt__algo_resolve(const dt_comm *c, dt_algo a, int has_native) {
@@ -1452,6 +1573,9 @@ static dt_result dt__coll_allreduce(dt_comm *c, void *buf, size_t count, dt_dtyp
     case DT_ALGO_RING:
         if ((r = dt__comm_scratch(c, (count / (size_t)c->size + 1) * es, &s)) == DT_OK) r = dt__allreduce_ring(c, buf, count, t, op, s);
         return r;   /* the ring divides for MEAN itself */
+    case DT_ALGO_HIER:
+        if ((r = dt__comm_scratch(c, bytes + es, &s)) == DT_OK) r = dt__allreduce_hier(c, buf, count, t, op, s);
+        break;
     case DT_ALGO_TREE:
         if ((r = dt__comm_scratch(c, bytes + 1, &s)) == DT_OK) r = dt__tree_reduce(c, buf, bytes, t, op, 0, s);
         if (r == DT_OK) r = dt__tree_broadcast(c, buf, bytes, 0);
@@ -1566,6 +1690,49 @@ static dt_result dt__coll_reduce_scatter(dt_comm *c, const void *send, void *rec
     return r;
 }
 
+static dt_result dt__coll_alltoall(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
+    dt_result r = dt__comm_check(c, "dt_comm_alltoall", send, count, t, 0, NULL);
+    size_t bytes, all;
+    dt_algo algo;
+    if (r == DT_OK && count > 0 && !recv) r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_alltoall: receive buffer is NULL");
+    if (r != DT_OK) return r;
+    bytes = count * dt_dtype_size(t);
+    all = bytes * (size_t)c->size;
+    if (count > 0 && (const char *)send < (char *)recv + all && (char *)recv < (const char *)send + all)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_alltoall: the send and receive buffers overlap; all-to-all does not work in "
+                            "place: give it a receive buffer of its own (size * count elements)");
+    if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
+    algo = dt__algo_resolve(c, DT_ALGO_AUTO, c->backend->alltoall != NULL) == DT_ALGO_NATIVE ? DT_ALGO_NATIVE : DT_ALGO_NAIVE;
+    if ((r = dt__coll_start(c, DT__OP_ALLTOALL, NULL, count, t, 0, -1, algo)) != DT_OK) return r;
+    if (algo == DT_ALGO_NATIVE && c->size > 1) return dt__native(c, c->backend->alltoall(c, send, recv, bytes, dt_time_now() + c->desc.timeout));
+    return dt__alltoall_even(c, send, recv, bytes);
+}
+
+/* The blocks' checks: arrays given, each block's end within what size_t can address, a buffer where a
+   block is not empty. side: "send" or "receive". */
+static dt_result dt__blocks_check(const dt_comm *c, const void *buf, const size_t *counts, const size_t *displs, size_t es, const char *side) {
+    int k;
+    if (!counts || !displs) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_alltoallv: the %s counts or displacements are NULL", side);
+    for (k = 0; k < c->size; k++) {
+        if (counts[k] > (SIZE_MAX / 4) / es || displs[k] > (SIZE_MAX / 4) / es - counts[k])
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_alltoallv: %s block %d (%zu elements at %zu) is too large", side, k, counts[k], displs[k]);
+        if (counts[k] && !buf) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_alltoallv: the %s buffer is NULL with block %d of %zu elements", side, k, counts[k]);
+    }
+    return DT_OK;
+}
+static dt_result dt__coll_alltoallv(dt_comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                                    void *recv, const size_t *rcounts, const size_t *rdispls, dt_dtype t) {
+    dt_result r = dt__comm_check(c, "dt_comm_alltoallv", NULL, 0, t, 0, NULL);
+    dt__blocks sb, rb;
+    if (r == DT_OK) r = dt__blocks_check(c, send, scounts, sdispls, dt_dtype_size(t), "send");
+    if (r == DT_OK) r = dt__blocks_check(c, recv, rcounts, rdispls, dt_dtype_size(t), "receive");
+    if (r != DT_OK) return r;
+    sb.counts = scounts; sb.displs = sdispls; rb.counts = rcounts; rb.displs = rdispls;
+    sb.unit = rb.unit = dt_dtype_size(t);
+    if ((r = dt__coll_start(c, DT__OP_ALLTOALLV, NULL, 0, t, 0, -1, DT_ALGO_NAIVE)) != DT_OK) return r;
+    return dt__alltoall_pairwise(c, dt__nonnull(send), &sb, dt__nonnull(recv), &rb);
+}
+
 static dt_result dt__coll_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
                                             const int *to, int nto, const int *from, int nfrom) {
     dt_result r = dt__comm_check(c, "dt_comm_neighbor_exchange", send, count, t, 0, NULL);
@@ -1626,6 +1793,15 @@ dt_result dt_comm_reduce_scatter(dt_comm *c, const void *send, void *recv, size_
     int mark = dt__trace_mark();
     return dt__trace_close(mark, dt__coll_reduce_scatter(c, send, recv, count, t, op));
 }
+dt_result dt_comm_alltoall(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_alltoall(c, send, recv, count, t));
+}
+dt_result dt_comm_alltoallv(dt_comm *c, const void *send, const size_t *sendcounts, const size_t *sdispls,
+                            void *recv, const size_t *recvcounts, const size_t *rdispls, dt_dtype t) {
+    int mark = dt__trace_mark();
+    return dt__trace_close(mark, dt__coll_alltoallv(c, send, sendcounts, sdispls, recv, recvcounts, rdispls, t));
+}
 dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
                                     const int *to, int nto, const int *from, int nfrom) {
     int mark = dt__trace_mark();
@@ -1663,7 +1839,8 @@ typedef struct dt__lworld {
     int        bar_bad[2];              /* per generation parity: a rank whose signature differs, or -1 */
     uint64_t   bar_badsig[2][6];        /* ... rank 0's signature and that rank's */
     double     latency, bandwidth;      /* link model; both 0 = off */
-    double    *link_free;               /* [2][n]: when rank i's port is next free to send, to receive */
+    double    *link_free;               /* [2][n]: when node i's port is next free to send, to receive */
+    dt__mutex  link_mu;                 /* the ports: the ranks of a node share one */
     char      *small;                   /* [2][n][DT__LOCAL_SMALL] slots for small native all-reduces */
     dt__lrank *r;
     dt_comm  **comms;
@@ -1680,6 +1857,7 @@ static void dt__local_free_world(dt__lworld *W) {
     for (i = 0; W->r && i < W->n; i++) { dt__cond_destroy(&W->r[i].cv); dt__mutex_destroy(&W->r[i].mu); }
     dt__cond_destroy(&W->cv);
     dt__mutex_destroy(&W->mu);
+    dt__mutex_destroy(&W->link_mu);
     DT_FREE(W->r); DT_FREE(W->comms); DT_FREE(W->bar_sig); DT_FREE(W->link_free); DT_FREE(W->small);
     DT_FREE(W);
 }
@@ -1780,16 +1958,19 @@ static dt_result dt__local_isend(dt_comm *c, dt_message *msg) {
     dt__lrank *d = &W->r[dst];
     if (DT__ATOMIC_LOAD(&d->gone) && dst != me) return dt__local_gone_error(W, dst);
     dt__mutex_lock(&d->mu);
-    if ((W->latency > 0 || W->bandwidth > 0) && dst != me) {
-        /* the link model: each rank has one full-duplex port to a switch. The message waits until the
-           sender's port is free to send and the receiver's to receive, occupies both for bytes /
-           bandwidth, and arrives latency seconds after it has left. (The receiver's slot is taken under
-           its mutex, held here; the sender's is only ever touched by the sender.) */
-        double *out = &W->link_free[me], *in = &W->link_free[W->n + dst], start = dt_time_now();
+    if ((W->latency > 0 || W->bandwidth > 0) && dt__node_of(c, dst) != dt__node_of(c, me)) {
+        /* the link model: each node (each rank, unless ranks are grouped into nodes) has one full-duplex
+           port to a switch. The message waits until the sender's port is free to send and the
+           receiver's to receive, occupies both for bytes / bandwidth, and arrives latency seconds after
+           it has left. Messages inside a node do not use the port. */
+        double *out = &W->link_free[dt__node_of(c, me)], *in = &W->link_free[W->n + dt__node_of(c, dst)], start;
+        dt__mutex_lock(&W->link_mu);
+        start = dt_time_now();
         if (*out > start) start = *out;
         if (*in > start) start = *in;
         *out = *in = start + (W->bandwidth > 0 ? (double)msg->bytes / W->bandwidth : 0.0);
         q->not_before = *out;
+        dt__mutex_unlock(&W->link_mu);
     }
     for (it = d->posted; it; it = it->next)
         if (it->m.peer == me && dt__ltag_eq(it->m.tag, tag)) break;
@@ -2061,6 +2242,21 @@ static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t
     return dt__local_barrier(c, deadline);   /* every slice of every buffer is written when all pass here */
 }
 
+/* Native all-to-all: every rank publishes its send buffer; after a barrier each copies its block out of
+   everyone's, and a second barrier keeps the send buffers until all have. Under the link model the
+   blocks travel as messages (pairwise exchange), so they feel it. */
+static dt_result dt__local_alltoall(dt_comm *c, const void *send, void *recv, size_t bytes, double deadline) {
+    dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
+    int p = W->n, me = c->rank, k;
+    dt_result r;
+    if (W->latency > 0 || W->bandwidth > 0) return dt__alltoall_even(c, send, recv, bytes);
+    dt_comm_count_native(c, bytes * (size_t)p, 1);
+    W->r[me].ptr = send;
+    if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
+    for (k = 0; k < p && bytes; k++) memcpy((char *)recv + (size_t)k * bytes, (const char *)W->r[k].ptr + (size_t)me * bytes, bytes);
+    return dt__local_barrier(c, deadline);
+}
+
 static void dt__local_missing(dt_comm *c, uint64_t seq, char *msg, size_t cap) {
     dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     size_t len = 0;
@@ -2133,10 +2329,11 @@ static int dt__local_any_thread(const dt_comm *c) { (void)c; return 1; }
 static const dt_comm_backend dt__local_backend = {
     "local", dt__local_isend, dt__local_irecv, dt__local_wait, dt__local_test, dt__local_cancel,
     dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_gone, dt__local_destroy,
-    dt__local_any_thread};
+    dt__local_any_thread, dt__local_alltoall};
 static const dt_comm_backend dt__self_backend = {
     "self", dt__local_isend, dt__local_irecv, dt__local_wait, dt__local_test, dt__local_cancel,
-    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_gone, dt__local_destroy, NULL};
+    dt__local_barrier, dt__local_allreduce, dt__local_broadcast, dt__local_missing, dt__local_gone, dt__local_destroy, NULL,
+    dt__local_alltoall};
 
 /* ---- creating and destroying communicators ------------------------------------------------------
    Every backend's communicators are made here, from desc (and the environment): the local and self
@@ -2144,7 +2341,7 @@ static const dt_comm_backend dt__self_backend = {
    dt_comm_create_<backend name>. */
 dt_result dt_comm_create_backend(dt_comm **out, const dt_comm_backend *backend, void *impl, int rank, int size,
                                  int tag_ub, const dt_comm_desc *desc) {
-    const char *env = getenv("DT_COMM_TIMEOUT"), *name;
+    const char *env = getenv("DT_COMM_TIMEOUT"), *node_env = getenv("DT_NODE_SIZE"), *name;
     int tag_min = DT__TAG_COLL + (4 << DT__TAG_HASH_BITS);
     dt_comm_desc d;
     dt__fault fault;
@@ -2163,6 +2360,14 @@ dt_result dt_comm_create_backend(dt_comm **out, const dt_comm_backend *backend, 
     if (d.timeout < 0 || d.link_latency < 0 || d.link_bandwidth < 0 || !(d.timeout == d.timeout))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_%s: timeout, link latency and link bandwidth must not be negative", name);
     if (d.algo < DT_ALGO_AUTO || d.algo >= DT_ALGO_COUNT) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_%s: unknown algorithm %d", name, (int)d.algo);
+    if (d.node_size < 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_%s: node_size is %d; give the ranks per node, or 0 for the backend's grouping", name, d.node_size);
+    if (d.node_size == 0 && node_env && *node_env) {
+        char *end;
+        long v = strtol(node_env, &end, 10);
+        if (*end || v < 1 || v > 1000000000)
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_%s: DT_NODE_SIZE='%s' is not a whole number of ranks per node (>= 1)", name, node_env);
+        d.node_size = (int)v;
+    }
     if (d.timeout == 0 && env && *env) {
         char *end;
         double v = strtod(env, &end);
@@ -2216,6 +2421,7 @@ dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc) {
     memset(W->r, 0, (size_t)n * sizeof *W->r);
     memset(W->comms, 0, (size_t)n * sizeof *W->comms);
     dt__mutex_init(&W->mu);
+    dt__mutex_init(&W->link_mu);
     dt__cond_init(&W->cv);
     for (i = 0; i < n; i++) { dt__mutex_init(&W->r[i].mu); dt__cond_init(&W->r[i].cv); }
 #if DT__HAVE_OMP
@@ -2241,6 +2447,29 @@ dt_result dt_comm_create_self(dt_comm **out, const dt_comm_desc *desc) {
     return dt_comm_create_local(out, 1, desc);
 }
 
+dt_result dt_comm_set_nodes(dt_comm *c, const int *node_of) {
+    int k, j;
+    if (!c || !node_of) return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_set_nodes: communicator and node_of must not be NULL");
+    if (!c->node && !(c->node = (int *)DT_MALLOC(sizeof(int) * (size_t)c->size)))
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_set_nodes: no memory for %d ranks", c->size);
+    for (k = 0, j = 0; k < c->size; k++) {   /* renumbered in the order of the nodes' lowest ranks */
+        int i;
+        for (i = 0; i < k && node_of[i] != node_of[k]; i++) {}
+        c->node[k] = i < k ? c->node[i] : j++;
+    }
+    return DT_OK;
+}
+int dt_comm_nodes(const dt_comm *c, int *node_of) {
+    int k, n = 0;
+    if (!c) return 0;
+    for (k = 0; k < c->size; k++) {
+        int j = dt__node_of(c, k);
+        if (node_of) node_of[k] = j;
+        if (j + 1 > n) n = j + 1;
+    }
+    return n;
+}
+
 void dt_comm_leave(dt_comm *c, dt_result r, const char *msg) {
     if (c && !c->broken && c->backend->leave) c->backend->leave(c, r, msg ? msg : "");   /* broken: it has told them */
 }
@@ -2249,6 +2478,7 @@ void dt_comm_destroy(dt_comm *c) {
     if (!c) return;
     DT_FREE(c->scratch);
     DT_FREE(c->reqs);
+    DT_FREE(c->node);
     if (c->backend && c->backend->destroy) c->backend->destroy(c);
     DT_FREE(c);
 }
@@ -2291,8 +2521,13 @@ dt_result dt_launch_parse(int *argc, char **argv, dt_launch_desc *d) {
             if (r == DT_OK) d->threads_per_rank = (int)x;
             i++;
         } else if (strcmp(a, "--algo") == 0) {
-            if (!v) r = dt_set_error(DT_ERR_INVALID_ARG, "--algo needs a value: naive, ring, tree or native");
+            if (!v) r = dt_set_error(DT_ERR_INVALID_ARG, "--algo needs a value: naive, ring, tree, native or hier");
             else r = dt_algo_parse(v, &d->comm.algo);
+            i++;
+        } else if (strcmp(a, "--node-size") == 0) {
+            if ((r = dt__parse_num(a, v, 1, &x)) == DT_OK && (x > 1e9 || x != (double)(int)x))
+                r = dt_set_error(DT_ERR_INVALID_ARG, "--node-size '%s': use a whole number of ranks per node, from 1", v);
+            if (r == DT_OK) d->comm.node_size = (int)x;
             i++;
         } else if (strcmp(a, "--timeout") == 0) {
             if ((r = dt__parse_num(a, v, 1e-3, &x)) == DT_OK) d->comm.timeout = x;

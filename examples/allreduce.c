@@ -2,7 +2,7 @@
    and each algorithm's time, result and traffic (bytes sent by each rank, the busiest rank, time spent
    waiting) are printed. With the link model, one machine behaves like a slow network.
 
-   usage: allreduce [--ranks N] [--count N] [--iters N] [--algos naive,ring,tree,native]
+   usage: allreduce [--ranks N] [--count N] [--iters N] [--algos naive,ring,tree,native,hier]
                     [--link-latency S] [--link-bandwidth B] [--timeout S] [--log-all-ranks]
    e.g.   ./build/examples/allreduce --ranks 4 --count 1000000
           ./build/examples/allreduce --ranks 8 --count 100000 --link-latency 0.001 --link-bandwidth 100M
@@ -18,7 +18,7 @@
 typedef struct opts { long count, iters; char algos[128]; } opts;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: allreduce [--ranks N] [--count N] [--iters N] [--algos naive,ring,tree,native]\n"
+    fprintf(f, "usage: allreduce [--ranks N] [--count N] [--iters N] [--algos naive,ring,tree,native,hier]\n"
                "                 [--link-latency S] [--link-bandwidth B] [--timeout S] [--log-all-ranks]\n");
 }
 

@@ -5,7 +5,7 @@
    usage: ddp [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
               [--epochs 1] [--batch 128] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
               [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--limit N] [--accum 1]
-              [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb 256]
+              [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb 256]
               [--no-overlap] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
               (and the launcher's flags: --timeout, --link-latency, ...)
    e.g.   ./build/examples/ddp --ranks 4 --epochs 3
@@ -47,7 +47,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ddp [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
                "           [--epochs N] [--batch N] [--seed N] [--limit N] [--accum K]\n");
     ex_recipe_usage(f, 11, 0);
-    fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb N]\n"
+    fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb N]\n"
                "           [--no-overlap] [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
     ex_ckpt_usage(f, 11);
 }

@@ -3,7 +3,8 @@
    and type) and compares each result with a serial reference. Every rank can compute every rank's input
    from (rank, index, seed), so each rank checks its own result alone, with no extra communication.
    Float sums are compared bit for bit against a reference that reduces in the algorithm's documented
-   order (NAIVE and the local NATIVE: rank order; RING: around the ring; TREE: the binomial tree); only a
+   order (NAIVE and the local NATIVE: rank order; RING: around the ring; TREE: the binomial tree; HIER:
+   rank order in each node, then around the ring of the nodes, as dt_comm_nodes groups them); only a
    NATIVE sum on another backend (MPI_Allreduce, whose order is its own) is compared with a tolerance.
    Include after dtrain.h (with its implementation) and with _POSIX_C_SOURCE defined (nanosleep).
    Usage: comm_checks_arg a = {seed, big}; every rank runs comm_checks_run(comm, &a), then
@@ -126,9 +127,11 @@ static int cc_chunk_of(size_t i, size_t n, int p) {
 }
 /* Element i (of n) of the reduction of every rank's input in the order of algo (NAIVE: rank order,
    the local NATIVE's too; RING: chunk k starts at rank k + 1 and each rank adds its own value to what
-   arrives; TREE: the binomial tree rooted at root), divided by p for MEAN. keys: the ranks' cc_key;
-   x: 2 p values of scratch. */
-static cc_val cc_ref(dt_dtype t, dt_reduce_op op, dt_algo algo, int p, int root, const uint64_t *keys, size_t i, size_t n, cc_val *x) {
+   arrives; TREE: the binomial tree rooted at root; HIER: each node's ranks in rank order, then the ring
+   over the nodes; node[p] numbers the nodes 0 .. nodes - 1), divided by p for MEAN. keys: the ranks'
+   cc_key; x: 2 p values of scratch. */
+static cc_val cc_ref(dt_dtype t, dt_reduce_op op, dt_algo algo, int p, int root, const uint64_t *keys, size_t i, size_t n, cc_val *x,
+                     const int *node, int nodes) {
     cc_val acc;
     int k, j, mask;
     for (k = 0; k < p; k++) x[k] = cc_gen(t, keys[k], i);
@@ -142,6 +145,16 @@ static cc_val cc_ref(dt_dtype t, dt_reduce_op op, dt_algo algo, int p, int root,
         for (mask = 1; mask < p; mask <<= 1)
             for (k = 0; k + mask < p; k += 2 * mask) y[k] = cc_apply(t, op, y[k], y[k + mask]);
         acc = y[0];
+    } else if (algo == DT_ALGO_HIER) {   /* y[j]: node j's sum, from its lowest rank up */
+        cc_val *y = x + p;
+        int ch = cc_chunk_of(i, n, nodes);
+        for (j = 0; j < nodes; j++) {
+            for (k = 0; node[k] != j; k++) {}
+            for (y[j] = x[k++]; k < p; k++)
+                if (node[k] == j) y[j] = cc_apply(t, op, y[j], x[k]);
+        }
+        acc = y[(ch + 1) % nodes];
+        for (j = 2; j <= nodes; j++) acc = cc_apply(t, op, y[(ch + j) % nodes], acc);
     } else {
         acc = x[0];
         for (k = 1; k < p; k++) acc = cc_apply(t, op, acc, x[k]);
@@ -157,6 +170,7 @@ static dt_algo cc_resolve(const dt_comm *c, dt_algo a, int native) {
     if (a == DT_ALGO_AUTO) a = dt_comm_get_desc(c).algo;
     if (a == DT_ALGO_AUTO) a = has ? DT_ALGO_NATIVE : DT_ALGO_RING;
     if (a == DT_ALGO_NATIVE && !has) a = DT_ALGO_RING;
+    if (a == DT_ALGO_HIER && !native) a = DT_ALGO_RING;   /* reduce runs HIER as RING */
     return a;
 }
 typedef struct cc_want {    /* what a reduced buffer should hold */
@@ -168,12 +182,13 @@ typedef struct cc_want {    /* what a reduced buffer should hold */
     size_t       base, n, ntot;    /* buf[i] is element base + i of ntot */
     uint64_t    *keys;
     cc_val      *x;
+    int         *node, nodes;      /* HIER: each rank's node */
 } cc_want;
 /* Checks buf[i]; prints and returns 1 when it is wrong. */
 static int cc_check_at(cc_rank *x, const cc_want *w, const void *buf, size_t i) {
     size_t es = dt_dtype_size(w->t);
     dt_dtype t = w->t;
-    cc_val want = cc_ref(t, w->op, w->algo, x->p, w->root, w->keys, w->base + i, w->ntot, w->x), got;
+    cc_val want = cc_ref(t, w->op, w->algo, x->p, w->root, w->keys, w->base + i, w->ntot, w->x, w->node, w->nodes), got;
     memset(&got, 0, sizeof got);
     memcpy(&got, (const char *)buf + i * es, es);
     if (w->exact ? cc_same(&got, &want, es)
@@ -202,6 +217,8 @@ static void cc_check_reduced(cc_rank *x, const char *what, const void *buf, size
     w.base = base; w.n = n; w.ntot = ntot;
     w.keys = (uint64_t *)cc_alloc((size_t)x->p * sizeof(uint64_t));
     w.x = (cc_val *)cc_alloc(2 * (size_t)x->p * sizeof(cc_val));
+    w.node = (int *)cc_alloc((size_t)x->p * sizeof(int));
+    w.nodes = dt_comm_nodes(x->c, w.node);
     for (k = 0; k < x->p; k++) w.keys[k] = cc_key(x->seed, k);
     for (i = 0; !bad && i < edge; i++) bad = cc_check_at(x, &w, buf, i);
     if (edge < n) {
@@ -214,6 +231,7 @@ static void cc_check_reduced(cc_rank *x, const char *what, const void *buf, size
     }
     free(w.keys);
     free(w.x);
+    free(w.node);
 }
 
 /* ---- collectives ---- */
@@ -290,6 +308,67 @@ static dt_result cc_placement(cc_rank *x, dt_dtype t, int root, size_t n) {
     }
     free(big);
     free(one);
+    CC_OK(x, r);
+    return DT_OK;
+}
+
+/* all-to-all of n elements per block: rank me's block k holds its elements k n ..; block k of what it
+   receives must be rank k's elements me n ..; each rank sends every block but its own */
+static dt_result cc_alltoall(cc_rank *x, dt_dtype t, size_t n) {
+    size_t es = dt_dtype_size(t), pn = n * (size_t)x->p;
+    char *send = (char *)cc_alloc(pn * es), *recv = (char *)cc_alloc(pn * es);
+    int k, me = x->rank;
+    dt_comm_stats st;
+    dt_result r;
+    cc_fill(t, x->seed, me, send, 0, pn);
+    memset(recv, 0x5a, pn * es);
+    dt_comm_reset_stats(x->c);
+    r = dt_comm_alltoall(x->c, send, recv, n, t);
+    st = dt_comm_get_stats(x->c);
+    for (k = 0; r == DT_OK && k < x->p; k++) {
+        size_t d = cc_diff_gen(t, x->seed, k, recv + (size_t)k * n * es, (size_t)me * n, n);
+        if (d != n) {
+            x->fails++;
+            printf("    rank %d: all-to-all of %zu x %s (%d ranks): block %d differs at %zu\n", me, n, dt_dtype_name(t), x->p, k, d);
+        }
+    }
+    if (r == DT_OK) CC_CHECK(x, st.bytes_sent == (uint64_t)(x->p - 1) * n * es && st.bytes_recv == st.bytes_sent && st.collectives == 1);
+    if (r == DT_OK) CC_CHECK(x, cc_diff_gen(t, x->seed, me, send, 0, pn) == pn);   /* send is only read */
+    free(send);
+    free(recv);
+    CC_OK(x, r);
+    return DT_OK;
+}
+
+/* all-to-all-v: rank i sends rank j (i + 2 j + salt) mod 5 elements (some none), its elements j 1000 ..;
+   the send blocks lie in reverse rank order, the received ones in rank order with a gap between them */
+static size_t cc_vcount(int from, int to, int salt) { return (size_t)((from + 2 * to + salt) % 5); }
+static dt_result cc_alltoallv(cc_rank *x, dt_dtype t, int salt) {
+    size_t es = dt_dtype_size(t), sc[CC_MAX_RANKS], sd[CC_MAX_RANKS], rc[CC_MAX_RANKS], rd[CC_MAX_RANKS], so = 0, ro = 0, sent = 0;
+    char *send = (char *)cc_alloc(5 * (size_t)x->p * es), *recv = (char *)cc_alloc(6 * (size_t)x->p * es);
+    int k, me = x->rank;
+    dt_comm_stats st;
+    dt_result r;
+    for (k = x->p - 1; k >= 0; k--) {
+        sc[k] = cc_vcount(me, k, salt);
+        sd[k] = so;
+        so += sc[k];
+        cc_fill(t, x->seed, me, send + sd[k] * es, (size_t)k * 1000, sc[k]);
+        if (k != me) sent += sc[k] * es;
+    }
+    for (k = 0; k < x->p; k++) {
+        rc[k] = cc_vcount(k, me, salt);
+        rd[k] = ro;
+        ro += rc[k] + 1;
+    }
+    dt_comm_reset_stats(x->c);
+    r = dt_comm_alltoallv(x->c, send, sc, sd, recv, rc, rd, t);
+    st = dt_comm_get_stats(x->c);
+    for (k = 0; r == DT_OK && k < x->p; k++)
+        CC_CHECK(x, cc_diff_gen(t, x->seed, k, recv + rd[k] * es, (size_t)me * 1000, rc[k]) == rc[k]);
+    if (r == DT_OK) CC_CHECK(x, st.bytes_sent == sent && st.collectives == 1);
+    free(send);
+    free(recv);
     CC_OK(x, r);
     return DT_OK;
 }
@@ -465,6 +544,18 @@ static dt_result cc_bad_args(cc_rank *x) {
     CC_ERR(x, dt_comm_allgather(c, f, NULL, 1, DT_F32), DT_ERR_INVALID_ARG);
     CC_ERR(x, dt_comm_reduce_scatter(c, g, f, 1, DT_I32, DT_MEAN), DT_ERR_INVALID_ARG);
     CC_ERR(x, dt_comm_reduce_scatter(c, g, NULL, 1, DT_F32, DT_SUM), DT_ERR_INVALID_ARG);
+    CC_ERR(x, dt_comm_alltoall(c, g, NULL, 1, DT_F32), DT_ERR_INVALID_ARG);
+    CC_ERR(x, dt_comm_alltoall(c, NULL, g, 1, DT_F32), DT_ERR_INVALID_ARG);
+    CC_ERR(x, dt_comm_alltoall(c, g, g + x->p - 1, 1, DT_F32), DT_ERR_INVALID_ARG);   /* overlapping by one element */
+    CC_ERR(x, dt_comm_alltoall(c, g, g + x->p, 1, (dt_dtype)9), DT_ERR_INVALID_ARG);
+    {
+        size_t cnt[CC_MAX_RANKS] = {0}, big[CC_MAX_RANKS] = {0}, one[CC_MAX_RANKS] = {0};
+        big[x->p - 1] = SIZE_MAX / 2;
+        one[0] = 1;
+        CC_ERR(x, dt_comm_alltoallv(c, g, NULL, cnt, g, cnt, cnt, DT_F32), DT_ERR_INVALID_ARG);
+        CC_ERR(x, dt_comm_alltoallv(c, g, cnt, cnt, g, big, cnt, DT_F32), DT_ERR_INVALID_ARG);
+        CC_ERR(x, dt_comm_alltoallv(c, NULL, one, cnt, g, cnt, cnt, DT_U8), DT_ERR_INVALID_ARG);
+    }
     CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, &bad, 1, &bad, 1), DT_ERR_INVALID_ARG);
     CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, &nb, 1, NULL, 0), DT_ERR_INVALID_ARG);
     CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, NULL, 1, NULL, 0), DT_ERR_INVALID_ARG);
@@ -531,7 +622,11 @@ static dt_result cc_run_all(cc_rank *x, const comm_checks_arg *a) {
             for (ci = 0; ci < 5; ci++) CC_OK(x, cc_broadcast(x, types[(ci + k) % 5], (dt_algo)al, roots[k], counts[ci]));
         }
     for (k = 0; k < 3; k++)
-        for (ci = 0; ci < 5; ci++) CC_OK(x, cc_placement(x, types[(ci + k) % 4], roots[k], counts[ci]));
+        for (ci = 0; ci < 5; ci++) {
+            CC_OK(x, cc_placement(x, types[(ci + k) % 4], roots[k], counts[ci]));
+            CC_OK(x, cc_alltoall(x, types[(ci + k) % 5], counts[ci]));
+        }
+    for (k = 0; k < 5; k++) CC_OK(x, cc_alltoallv(x, types[k], k));
     CC_OK(x, cc_placement(x, DT_U8, roots[1], 1000));
     CC_OK(x, cc_neighbors(x, DT_TOPO_RING, 1000));
     CC_OK(x, cc_neighbors(x, DT_TOPO_TORUS, 7));
@@ -548,6 +643,7 @@ static dt_result cc_run_all(cc_rank *x, const comm_checks_arg *a) {
         CC_OK(x, cc_broadcast(x, DT_U8, DT_ALGO_RING, roots[2], (size_t)3 << 20));
         CC_OK(x, cc_broadcast(x, DT_F32, DT_ALGO_TREE, roots[1], big));
         CC_OK(x, cc_placement(x, DT_F32, roots[1], big / (size_t)p));
+        CC_OK(x, cc_alltoall(x, DT_F32, big / (size_t)p));
         CC_OK(x, cc_counters(x, big));
         /* determinism: the same all-reduce twice gives the same bits; the ring on repeated runs */
         cc_fill(DT_F32, x->seed, x->rank, r1, 0, big);

@@ -141,7 +141,7 @@ static void test_determinism(void) {
 
 enum { F_NONE, F_RETURN_OK, F_RETURN_ERROR, F_LATE, F_COUNT_PLUS_ONE, F_OTHER_COLLECTIVE, F_THREAD_EXIT, F_P2P_TOO_BIG };
 typedef struct fault_arg {
-    int       mode, victim;
+    int       mode, victim, alltoall;    /* collective #2 is 1: an all-to-all (the communicator's algo), 2: all-to-all-v */
     dt_algo   algo;
     size_t    n;
     double    late;                  /* F_LATE: how long the victim sleeps */
@@ -151,11 +151,21 @@ typedef struct fault_arg {
     int       wrong[8];              /* a rank whose call succeeded with a wrong result */
 } fault_arg;
 
+/* collective #2 (and the call after a failure): all-reduce of buf[n], or all-to-all (-v) of n per block
+   from buf into buf + 8 (n + 1) */
+static dt_result fault_coll(const fault_arg *a, dt_comm *c, float *buf, size_t n) {
+    size_t counts[8], displs[8];
+    int k;
+    for (k = 0; k < 8; k++) { counts[k] = n; displs[k] = (size_t)k * n; }
+    if (a->alltoall == 2) return dt_comm_alltoallv(c, buf, counts, displs, buf + 8 * (n + 1), counts, displs, DT_F32);
+    if (a->alltoall) return dt_comm_alltoall(c, buf, buf + 8 * (n + 1), n, DT_F32);
+    return dt_comm_allreduce(c, buf, n, DT_F32, DT_SUM, a->algo);
+}
 static dt_result fault_rank(dt_comm *c, void *arg) {
     fault_arg *a = (fault_arg *)arg;
     int me = dt_comm_rank(c);
     size_t n = a->n + (a->mode == F_COUNT_PLUS_ONE && me == a->victim);
-    float *buf = (float *)malloc((n + 1) * sizeof(float));
+    float *buf = (float *)malloc(16 * (n + 1) * sizeof(float));
     double t0;
     dt_result r;
     cc_fill(DT_F32, 3, me, buf, 0, n);
@@ -173,14 +183,14 @@ static dt_result fault_rank(dt_comm *c, void *arg) {
         if (me == 0) r = dt_comm_send(c, buf, n, DT_F32, 1, 3);
         else if (me == 1) r = dt_comm_recv(c, buf, n - 1, DT_F32, 0, 3, NULL);
         else r = dt_comm_recv(c, buf, 1, DT_F32, 0, 4, NULL);   /* never comes: rank 0 fails or leaves */
-    } else r = dt_comm_allreduce(c, buf, n, DT_F32, DT_SUM, a->algo);
+    } else r = fault_coll(a, c, buf, n);
     a->elapsed[me] = dt_time_now() - t0;
     a->res[me] = r;
     snprintf(a->msg[me], sizeof a->msg[me], "%s", dt_last_error());
     a->wrong[me] = r == DT_OK;   /* this collective cannot have succeeded */
     if (r != DT_OK) {   /* broken for good: the next call fails at once with the same cause */
         t0 = dt_time_now();
-        a->again[me] = dt_comm_allreduce(c, buf, n, DT_F32, DT_SUM, a->algo);
+        a->again[me] = fault_coll(a, c, buf, n);
         if (a->again[me] == DT_OK) a->again[me] = dt_comm_send(c, buf, 1, DT_F32, me, 0);
         a->again_elapsed[me] = dt_time_now() - t0;
         snprintf(a->again_msg[me], sizeof a->again_msg[me], "%s", dt_last_error());
@@ -196,6 +206,7 @@ static dt_result run_fault(fault_arg *a, int p, double timeout, dt_result *resul
     memset(&d, 0, sizeof d);
     d.ranks = p;
     d.comm.timeout = timeout;
+    d.comm.algo = a->algo;   /* what the all-to-all runs */
     r = dt_launch_local(&d, fault_rank, a, results);
     snprintf(msg, cap, "%s", dt_last_error());
     return r;
@@ -328,6 +339,219 @@ static void test_fault_message_too_big(void) {
     check_others_failed(&a, 3, -1, BIT(DT_ERR_MISMATCH) | BIT(DT_ERR_PEER), 3.0);
 }
 
+/* all-to-all, natively and pairwise, and all-to-all-v: a rank that has returned, one that comes late, one
+   that calls it with another count or calls another collective: every other rank fails in bounded time,
+   naming it (all-to-all-v's sizes differ per block, so another count is seen in the bytes that came) */
+static void test_fault_alltoall(void) {
+    static fault_arg a;
+    static const dt_algo algos[] = {DT_ALGO_NATIVE, DT_ALGO_RING, DT_ALGO_RING};
+    dt_result res[8];
+    char msg[700];
+    int i, m, k, mism;
+    for (i = 0; i < 3; i++) {
+        const char *count_seen = i == 2 ? "bytes" : "1001", *name = i == 2 ? "all-to-all-v #2" : "all-to-all #2";
+        fault_init(&a, F_RETURN_OK, 2, algos[i], 100);
+        a.alltoall = 1 + (i == 2);
+        CHECK(run_fault(&a, 4, 10.0, res, msg, sizeof msg) == DT_ERR_PEER);
+        check_others_failed(&a, 4, 2, BIT(DT_ERR_PEER), 3.0);
+        for (k = 0; k < 4; k++) if (k != 2) CHECK((strstr(a.msg[k], "rank 2 has finished") || strstr(a.msg[k], "2 (finished)")) && strstr(a.msg[k], name));
+        fault_init(&a, F_LATE, 1, algos[i], 100);
+        a.alltoall = 1 + (i == 2);
+        a.late = 1.5;
+        CHECK(run_fault(&a, 3, 0.5, res, msg, sizeof msg) == DT_ERR_TIMEOUT);
+        CHECK(strstr(msg, name) != NULL);
+        check_others_failed(&a, 3, 1, BIT(DT_ERR_TIMEOUT) | BIT(DT_ERR_PEER), 2.5);
+        for (m = F_COUNT_PLUS_ONE; m <= F_OTHER_COLLECTIVE; m++) {
+            fault_init(&a, m, 1, algos[i], 1000);
+            a.alltoall = 1 + (i == 2);
+            CHECK(run_fault(&a, 4, 10.0, res, msg, sizeof msg) == DT_ERR_MISMATCH);
+            check_others_failed(&a, 4, -1, BIT(DT_ERR_MISMATCH) | BIT(DT_ERR_PEER), 3.0);
+            for (k = 0, mism = 0; k < 4; k++)
+                if (a.res[k] == DT_ERR_MISMATCH) {
+                    mism++;
+                    if (!strstr(a.msg[k], m == F_COUNT_PLUS_ONE ? count_seen : "broadcast")) printf("    rank %d: %s\n", k, a.msg[k]);
+                    CHECK(strstr(a.msg[k], m == F_COUNT_PLUS_ONE ? count_seen : "broadcast") != NULL);
+                }
+            CHECK(mism >= 1);
+        }
+    }
+}
+
+/* ---- hierarchical all-reduce ---- */
+
+/* the shared checks with ranks grouped into nodes (dt_comm_desc.node_size): 2 + 2, uneven nodes (2 + 2 + 1,
+   3 + 2), one node (every rank its own: the local default, which the other checks run); HIER among every
+   algorithm, and as the default */
+static void test_hier_checks(void) {
+    static const int ranks[] = {4, 5, 5, 4}, sizes[] = {2, 2, 3, 4};
+    dt_comm_desc cd;
+    int i;
+    memset(&cd, 0, sizeof cd);
+    for (i = 0; i < 4; i++) {
+        cd.node_size = sizes[i];
+        cd.algo = i % 2 ? DT_ALGO_HIER : DT_ALGO_AUTO;
+        launch_checks(ranks[i], &cd, i == 0);
+    }
+}
+
+typedef struct hier_arg { int node_size; float *f[8][3]; int64_t *l[8][2]; int nodes[8], node_of[8][8]; uint64_t sent[8], recv[8]; } hier_arg;
+#define HIER_N 10007
+/* rank r: random floats all-reduced by HIER, RING and NAIVE; integers by HIER and RING */
+static dt_result hier_rank(dt_comm *c, void *arg) {
+    hier_arg *a = (hier_arg *)arg;
+    static const dt_algo fa[3] = {DT_ALGO_HIER, DT_ALGO_RING, DT_ALGO_NAIVE};
+    int me = dt_comm_rank(c), j;
+    dt_result r = DT_OK;
+    dt_comm_stats st;
+    a->nodes[me] = dt_comm_nodes(c, a->node_of[me]);
+    for (j = 0; j < 3 && r == DT_OK; j++) {
+        cc_fill(DT_F32, 5, me, a->f[me][j], 0, HIER_N);
+        dt_comm_reset_stats(c);
+        r = dt_comm_allreduce(c, a->f[me][j], HIER_N, DT_F32, j == 0 ? DT_MEAN : DT_SUM, fa[j]);
+        st = dt_comm_get_stats(c);
+        if (j == 0) { a->sent[me] = st.bytes_sent; a->recv[me] = st.bytes_recv; }
+    }
+    for (j = 0; j < 2 && r == DT_OK; j++) {
+        cc_fill(DT_I64, 6, me, a->l[me][j], 0, HIER_N);
+        r = dt_comm_allreduce(c, a->l[me][j], HIER_N, DT_I64, DT_SUM, fa[j]);
+    }
+    return r;
+}
+static void run_hier(hier_arg *a, int p, int node_size) {
+    dt_launch_desc d;
+    memset(&d, 0, sizeof d);
+    d.ranks = p;
+    d.comm.timeout = 30;
+    d.comm.node_size = node_size;
+    CHECK_OK(dt_launch_local(&d, hier_rank, a, NULL));
+}
+/* HIER against the flat algorithms: integer sums equal RING's in any grouping; float sums within rounding
+   of it (MEAN: the sum divided by p); every rank its own node: RING's bits; one node: NAIVE's. The ranks
+   agree on the grouping, and the bytes: a rank that is not its node's leader sends its data once and
+   receives the result once. */
+static void test_hier_equals_flat(void) {
+    static hier_arg a;
+    static const int ps[] = {4, 5, 5, 4, 4}, ns[] = {2, 2, 3, 1, 4};
+    int i, k, j;
+    for (k = 0; k < 8; k++) {
+        for (j = 0; j < 3; j++) a.f[k][j] = (float *)malloc(HIER_N * 4);
+        for (j = 0; j < 2; j++) a.l[k][j] = (int64_t *)malloc(HIER_N * 8);
+    }
+    for (i = 0; i < 5; i++) {
+        int p = ps[i], ns_ = ns[i], nodes = (p + ns_ - 1) / ns_;
+        size_t e, worst = 0;
+        run_hier(&a, p, ns_);
+        for (k = 0; k < p; k++) {
+            CHECK(a.nodes[k] == nodes);
+            for (j = 0; j < p; j++) CHECK(a.node_of[k][j] == j / ns_);
+            CHECK(memcmp(a.l[k][0], a.l[k][1], HIER_N * 8) == 0);
+            CHECK(memcmp(a.f[k][0], a.f[0][0], HIER_N * 4) == 0);   /* the same bits on every rank */
+            for (e = 0; e < HIER_N; e++) {
+                float want = a.f[k][1][e] / (float)p;
+                if (fabsf(a.f[k][0][e] - want) > 1e-5f * (1 << 23) * p) worst++;
+            }
+            if (ns_ == 1) for (e = 0; e < HIER_N; e++) worst += a.f[k][0][e] != a.f[k][1][e] / (float)p;
+            if (ns_ >= p) for (e = 0; e < HIER_N; e++) worst += a.f[k][0][e] != a.f[k][2][e] / (float)p;
+            if (k % ns_) CHECK(a.sent[k] == HIER_N * 4 && a.recv[k] == HIER_N * 4);
+        }
+        if (worst) printf("    %d ranks as nodes of %d: %zu elements differ\n", p, ns_, worst);
+        CHECK(worst == 0);
+    }
+    for (k = 0; k < 8; k++) {
+        for (j = 0; j < 3; j++) free(a.f[k][j]);
+        for (j = 0; j < 2; j++) free(a.l[k][j]);
+    }
+}
+
+/* nodes: dt_comm_set_nodes numbers them by their lowest ranks; DT_NODE_SIZE and its refusal */
+static void test_hier_nodes(void) {
+    dt_comm *cs[6];
+    dt_comm_desc cd;
+    int map[6] = {7, 3, 7, 3, 9, 3}, got[6], k;
+    CHECK_OK(dt_comm_create_local(cs, 6, NULL));
+    if (!cs[0]) return;
+    CHECK(dt_comm_nodes(cs[0], got) == 6 && got[5] == 5);   /* local ranks: every rank its own node */
+    CHECK_OK(dt_comm_set_nodes(cs[0], map));
+    CHECK(dt_comm_nodes(cs[0], got) == 3 && got[0] == 0 && got[1] == 1 && got[2] == 0 && got[3] == 1 && got[4] == 2 && got[5] == 1);
+    CHECK_ERR(dt_comm_set_nodes(cs[0], NULL), DT_ERR_INVALID_ARG);
+    CHECK(dt_comm_nodes(NULL, NULL) == 0);
+    for (k = 0; k < 6; k++) dt_comm_destroy(cs[k]);
+    setenv("DT_NODE_SIZE", "4", 1);
+    CHECK_OK(dt_comm_create_local(cs, 6, NULL));
+    if (cs[0]) {
+        CHECK(dt_comm_get_desc(cs[0]).node_size == 4 && dt_comm_nodes(cs[0], got) == 2 && got[3] == 0 && got[4] == 1);
+        for (k = 0; k < 6; k++) dt_comm_destroy(cs[k]);
+    }
+    memset(&cd, 0, sizeof cd);
+    cd.node_size = 3;   /* declared: the variable is not read */
+    CHECK_OK(dt_comm_create_local(cs, 6, &cd));
+    if (cs[0]) {
+        CHECK(dt_comm_nodes(cs[0], NULL) == 2);
+        for (k = 0; k < 6; k++) dt_comm_destroy(cs[k]);
+    }
+    setenv("DT_NODE_SIZE", "two", 1);
+    CHECK_ERR(dt_comm_create_local(cs, 2, NULL), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "DT_NODE_SIZE='two'") != NULL);
+    unsetenv("DT_NODE_SIZE");
+    cd.node_size = -2;
+    CHECK_ERR(dt_comm_create_local(cs, 2, &cd), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "node_size") != NULL);
+}
+
+/* the link model with nodes of 2: a message inside a node does not use the link; ranks of a node share
+   their node's port, so two sends out of one node queue behind each other; HIER crosses between nodes
+   in the 2 (L - 1) steps of the leaders' ring */
+typedef struct nlink_arg { int mode; double elapsed[4]; float *buf[4]; } nlink_arg;
+static dt_result nlink_rank(dt_comm *c, void *arg) {
+    nlink_arg *a = (nlink_arg *)arg;
+    int me = dt_comm_rank(c);
+    double t0;
+    dt_result r;
+    if ((r = dt_comm_barrier(c)) != DT_OK) return r;
+    t0 = dt_time_now();
+    if (a->mode == 0) {   /* 0 -> 1 inside node 0, 2 -> 1 from node 1 */
+        if (me == 0 || me == 2) r = dt_comm_send(c, a->buf[me], 1000, DT_F32, 1, me);
+        else if (me == 1) {
+            if ((r = dt_comm_recv(c, a->buf[1], 1000, DT_F32, 0, 0, NULL)) == DT_OK) a->elapsed[0] = dt_time_now() - t0;
+            if (r == DT_OK && (r = dt_comm_recv(c, a->buf[1], 1000, DT_F32, 2, 2, NULL)) == DT_OK) a->elapsed[1] = dt_time_now() - t0;
+        }
+    } else if (a->mode == 1) {   /* 0 -> 2 and 1 -> 3 at once: 400 kB each through node 0's one port */
+        if (me < 2) r = dt_comm_send(c, a->buf[me], 100000, DT_F32, me + 2, 0);
+        else r = dt_comm_recv(c, a->buf[me], 100000, DT_F32, me - 2, 0, NULL);
+    } else r = dt_comm_allreduce(c, a->buf[me], 1000, DT_F32, DT_SUM, a->mode == 2 ? DT_ALGO_HIER : DT_ALGO_RING);
+    if (a->mode != 0) a->elapsed[me] = dt_time_now() - t0;
+    return r;
+}
+static void test_hier_link_model(void) {
+    static nlink_arg a;
+    dt_launch_desc d;
+    double L = 0.25, slowest;
+    int k, mode;
+    for (k = 0; k < 4; k++) a.buf[k] = (float *)calloc(100000, 4);
+    memset(&d, 0, sizeof d);
+    d.ranks = 4;
+    d.comm.timeout = 30;
+    d.comm.node_size = 2;
+    for (mode = 0; mode < 4; mode++) {
+        a.mode = mode;
+        d.comm.link_latency = mode == 1 ? 0 : mode == 0 ? L : L / 5;
+        d.comm.link_bandwidth = mode == 1 ? 4e6 : 0;
+        memset(a.elapsed, 0, sizeof a.elapsed);
+        CHECK_OK(dt_launch_local(&d, nlink_rank, &a, NULL));
+        for (k = 0, slowest = 0; k < 4; k++) if (a.elapsed[k] > slowest) slowest = a.elapsed[k];
+        if (mode == 0) {
+            if (!(a.elapsed[0] < L / 2 && a.elapsed[1] >= L * 0.95)) printf("    inside a node %.3f s, between nodes %.3f s\n", a.elapsed[0], a.elapsed[1]);
+            CHECK(a.elapsed[0] < L / 2 && a.elapsed[1] >= L * 0.95);
+        }
+        if (mode == 1) CHECK(slowest >= 0.19);   /* 2 x 400 kB at 4 MB/s through one port, not 0.1 s each */
+        if (mode == 2) CHECK(slowest >= 2 * (L / 5) * 0.95);   /* 2 nodes: 2 steps between them */
+        /* the flat ring: of its 6 steps' hops, every other one crosses (1 -> 2, 3 -> 0), and a rank waits
+           for its left neighbour only: the crossings of a chain of hops add up, 3 of them */
+        if (mode == 3) CHECK(slowest >= 3 * (L / 5) * 0.95);
+    }
+    for (k = 0; k < 4; k++) free(a.buf[k]);
+}
+
 /* ---- the link model ---- */
 
 typedef struct link_arg {
@@ -429,7 +653,8 @@ static void test_launch_parse(void) {
         static const char *bad[][2] = {{"--ranks", "0"}, {"--ranks", "x"}, {"--ranks", "2.5"}, {"--ranks", "100000"},
                                        {"--algo", "foo"}, {"--timeout", "-1"}, {"--timeout", "0"}, {"--link-latency", "-0.1"},
                                        {"--link-bandwidth", "10Q"}, {"--threads-per-rank", "0"}, {"--ranks", NULL}, {"--algo", NULL},
-                                       {"--ranks", "5e9"}, {"--threads-per-rank", "5e9"}, {"--trace-max-events", "1e15"}};
+                                       {"--ranks", "5e9"}, {"--threads-per-rank", "5e9"}, {"--trace-max-events", "1e15"},
+                                       {"--node-size", "0"}, {"--node-size", "1.5"}, {"--node-size", "5e9"}};
         for (i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
             char b0[] = "prog", b1[32], b2[32];
             char *bv[4] = {b0, b1, b2, NULL};
@@ -444,6 +669,14 @@ static void test_launch_parse(void) {
         }
     }
     CHECK_ERR(dt_launch_parse(NULL, argv, &d), DT_ERR_INVALID_ARG);
+    {   /* --node-size N: the ranks per node of DT_ALGO_HIER and the link model */
+        char n0[] = "prog", n1[] = "--algo", n2[] = "hier", n3[] = "--node-size", n4[] = "3";
+        char *nv[] = {n0, n1, n2, n3, n4, NULL};
+        int nc = 5;
+        memset(&d, 0, sizeof d);
+        CHECK_OK(dt_launch_parse(&nc, nv, &d));
+        CHECK(nc == 1 && d.comm.algo == DT_ALGO_HIER && d.comm.node_size == 3);
+    }
     {
         dt_algo al = DT_ALGO_AUTO;
         for (i = 0; i < DT_ALGO_COUNT; i++) { CHECK_OK(dt_algo_parse(dt_algo_name((dt_algo)i), &al)); CHECK(al == (dt_algo)i); }
@@ -589,7 +822,7 @@ static dt_result backend_rank(dt_comm *c, void *arg) {
     return DT_OK;
 }
 static void test_backend_interface(void) {
-    static const dt_comm_backend none = {"none", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    static const dt_comm_backend none = {"none", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     dt_launch_desc d;
     dt_comm *c, *cs[2];
     int bad[3] = {0, 0, 0};
@@ -636,6 +869,11 @@ int main(int argc, char **argv) {
     RUN(test_fault_mismatch);
     RUN(test_fault_thread_exit);
     RUN(test_fault_message_too_big);
+    RUN(test_fault_alltoall);
+    RUN(test_hier_checks);
+    RUN(test_hier_equals_flat);
+    RUN(test_hier_nodes);
+    RUN(test_hier_link_model);
     RUN(test_link_model);
     RUN(test_more_ranks_than_cores);
     return dt_t_summary();

@@ -17,7 +17,7 @@
 
 #define BIG 1000003                     /* not divisible by 2, 3 or 4 */
 static const size_t counts[] = {0, 1, 7, 1000};
-static const dt_algo algos[] = {DT_ALGO_NAIVE, DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NATIVE};
+static const dt_algo algos[] = {DT_ALGO_NAIVE, DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NATIVE, DT_ALGO_HIER};
 static const dt_dtype types[] = {DT_F32, DT_F64, DT_I32, DT_I64};
 static const dt_reduce_op ops[] = {DT_SUM, DT_MEAN, DT_MAX, DT_MIN};
 #define N_OF(a) (sizeof(a) / sizeof(a[0]))
@@ -281,13 +281,27 @@ static void test_neighbors(void) {
 }
 
 /* ---- the same bits as local ranks ---- */
-typedef struct bit_job { dt_algo algo; dt_dtype t; dt_reduce_op op; size_t n; int salt, reduce; void **out; } bit_job;
+typedef struct bit_job { dt_algo algo; dt_dtype t; dt_reduce_op op; size_t n; int salt, reduce, node_size; void **out; } bit_job;
 static dt_result bit_rank(dt_comm *c, void *arg) {   /* one local rank: random input, then the collective */
     bit_job *j = (bit_job *)arg;
     int r = dt_comm_rank(c);
     fill(j->out[r], j->t, j->n, r, j->salt, 0);
     if (j->reduce) return dt_comm_reduce(c, j->out[r], j->n, j->t, j->op, dt_comm_size(c) - 1, j->algo);
     return dt_comm_allreduce(c, j->out[r], j->n, j->t, j->op, j->algo);
+}
+/* Runs j on np local ranks (threads) in this process, grouped into nodes as j->node_size says; outs[k]
+   gets rank k's result (allocated here). */
+static void bit_local(bit_job *j, void **outs, size_t es) {
+    dt_launch_desc d;
+    int k;
+    memset(&d, 0, sizeof d);
+    d.ranks = np;
+    d.threads_per_rank = 1;
+    d.comm = Wdesc;
+    d.comm.node_size = j->node_size;
+    for (k = 0; k < np; k++) outs[k] = xalloc(j->n * es);
+    j->out = outs;
+    CHECK_OK(dt_launch_local(&d, bit_rank, j, NULL));
 }
 static void test_bits(void) {
     static const dt_algo a3[] = {DT_ALGO_NAIVE, DT_ALGO_RING, DT_ALGO_TREE};
@@ -304,20 +318,14 @@ static void test_bits(void) {
                         void *mine, *loc, *outs[64];
                         int root = np - 1;
                         j.algo = a3[ai]; j.t = tt ? DT_F64 : DT_F32; j.op = oo ? DT_MEAN : DT_SUM; j.n = ns[ni]; j.salt = salt; j.reduce = red;
+                        j.node_size = 0;
                         es = dt_dtype_size(j.t);
                         mine = xalloc(j.n * es);
                         fill(mine, j.t, j.n, me, salt, 0);
                         if (red) CHECK_OK(dt_comm_reduce(W, mine, j.n, j.t, j.op, root, j.algo));
                         else CHECK_OK(dt_comm_allreduce(W, mine, j.n, j.t, j.op, j.algo));
                         if (me == 0) {   /* the same on np local ranks (threads) inside this process */
-                            dt_launch_desc d;
-                            memset(&d, 0, sizeof d);
-                            d.ranks = np;
-                            d.threads_per_rank = 1;
-                            d.comm = Wdesc;
-                            for (k = 0; k < np; k++) outs[k] = xalloc(j.n * es);
-                            j.out = outs;
-                            CHECK_OK(dt_launch_local(&d, bit_rank, &j, NULL));
+                            bit_local(&j, outs, es);
                             for (k = 1; k < np && !red; k++) CHECK(memcmp(outs[k], outs[0], j.n * es) == 0);
                             loc = outs[red ? root : 0];
                             for (k = 0; k < np; k++) if (outs[k] != loc) free(outs[k]);
@@ -330,6 +338,109 @@ static void test_bits(void) {
                         }
                         free(mine); free(loc);
                     }
+}
+
+/* ---- all-to-all and the hierarchical all-reduce ---- */
+
+/* all-to-all, pairwise (default algorithm RING) and MPI's own (NATIVE): block k of rank me's send holds
+   its elements k n ..; block k of what it receives must be rank k's elements me n .. */
+static void test_alltoall(void) {
+    static const dt_algo as[] = {DT_ALGO_RING, DT_ALGO_NATIVE};
+    static const size_t ns[] = {0, 1, 7, 1000, BIG / 4};
+    size_t ai, ni;
+    for (ai = 0; ai < N_OF(as); ai++) {
+        dt_comm_desc d = Wdesc;
+        dt_comm *c = NULL;
+        d.algo = as[ai];
+        CHECK_OK(dt_comm_create_mpi(&c, MPI_COMM_WORLD, &d));
+        if (!c) return;
+        for (ni = 0; ni < N_OF(ns); ni++) {
+            dt_dtype t = types[(ai + ni) % N_OF(types)];
+            size_t n = ns[ni], es = dt_dtype_size(t), all = n * (size_t)np;
+            char *send = (char *)xalloc(all * es), *recv = (char *)xalloc(all * es), *ref = (char *)xalloc(all * es);
+            dt_comm_stats st;
+            int k;
+            fill(send, t, all, me, 700 + (int)ni, 1);
+            for (k = 0; k < np; k++) {
+                char *tmp = (char *)xalloc(all * es);
+                fill(tmp, t, all, k, 700 + (int)ni, 1);
+                memcpy(ref + (size_t)k * n * es, tmp + (size_t)me * n * es, n * es);
+                free(tmp);
+            }
+            dt_comm_reset_stats(c);
+            CHECK_OK(dt_comm_alltoall(c, send, recv, n, t));
+            st = dt_comm_get_stats(c);
+            if (n && memcmp(recv, ref, all * es) != 0) differs("all-to-all", as[ai], t, -1, n);
+            CHECK(st.bytes_sent == (uint64_t)(np - 1) * n * es && st.collectives == 1);
+            free(send); free(recv); free(ref);
+        }
+        dt_comm_destroy(c);
+    }
+}
+
+/* the hierarchical all-reduce with the nodes MPI reports (the ranks that share memory) and with declared
+   nodes of 2 and of 3 (uneven when they do not divide np): exact sums against the reference; random
+   floats with the bits of as many local ranks grouped alike */
+static void test_hier(void) {
+    static const int sizes[] = {0, 2, 3};
+    size_t si, ni;
+    for (si = 0; si < N_OF(sizes); si++) {
+        dt_comm_desc d = Wdesc;
+        dt_comm *c = NULL;
+        int node_of[64], nodes, k, same = 0, local = 0;
+        d.node_size = sizes[si];
+        CHECK_OK(dt_comm_create_mpi(&c, MPI_COMM_WORLD, &d));
+        if (!c) return;
+        nodes = dt_comm_nodes(c, node_of);
+        for (k = 0; k < np; k++) same += node_of[k] == node_of[me];
+        if (sizes[si] == 0) {   /* MPI's grouping: as many in this node as share its memory */
+            MPI_Comm shm;
+            CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &shm) == MPI_SUCCESS);
+            MPI_Comm_size(shm, &local);
+            MPI_Comm_free(&shm);
+            CHECK(same == local && node_of[0] == 0);
+        } else {
+            CHECK(nodes == (np + sizes[si] - 1) / sizes[si]);
+            for (k = 0; k < np; k++) CHECK(node_of[k] == k / sizes[si]);
+        }
+        check_allreduce(c, DT_ALGO_HIER, DT_F32, DT_SUM, 1000, 800 + (int)si);
+        check_allreduce(c, DT_ALGO_HIER, DT_F64, DT_MEAN, BIG, 810 + (int)si);
+        check_allreduce(c, DT_ALGO_HIER, DT_I64, DT_MAX, 7, 820 + (int)si);
+        for (ni = 0; ni < 2 && (sizes[si] > 0 || nodes == 1); ni++) {
+            bit_job j;
+            void *mine, *outs[64];
+            j.algo = DT_ALGO_HIER; j.t = DT_F32; j.op = ni ? DT_MEAN : DT_SUM; j.n = ni ? BIG : 1000; j.salt = 830 + (int)ni;
+            j.reduce = 0; j.node_size = sizes[si] ? sizes[si] : np;
+            mine = xalloc(j.n * 4);
+            fill(mine, DT_F32, j.n, me, j.salt, 0);
+            CHECK_OK(dt_comm_allreduce(c, mine, j.n, DT_F32, j.op, DT_ALGO_HIER));
+            if (me == 0) {   /* the same on np local ranks (threads) inside this process */
+                bit_local(&j, outs, 4);
+                for (k = 1; k < np; k++) free(outs[k]);
+            } else outs[0] = xalloc(j.n * 4);
+            CHECK_OK(dt_comm_broadcast(W, outs[0], j.n, DT_F32, 0, DT_ALGO_NATIVE));   /* a byte copy */
+            if (memcmp(mine, outs[0], j.n * 4) != 0) {
+                dt_t_checks_failed++;
+                printf("    rank %d: hier %s n=%zu, nodes of %d: MPI and local ranks differ\n", me, opname(j.op), j.n, j.node_size);
+            }
+            free(mine); free(outs[0]);
+        }
+        dt_comm_destroy(c);
+    }
+    {   /* DT_NODE_SIZE declares them when dt_comm_desc.node_size is 0, as on local ranks */
+        dt_comm_desc d = Wdesc;
+        dt_comm *c = NULL;
+        int node_of[64], k;
+        d.node_size = 0;
+        setenv("DT_NODE_SIZE", "2", 1);
+        CHECK_OK(dt_comm_create_mpi(&c, MPI_COMM_WORLD, &d));
+        unsetenv("DT_NODE_SIZE");
+        if (!c) return;
+        CHECK(dt_comm_get_desc(c).node_size == 2 && dt_comm_nodes(c, node_of) == (np + 1) / 2);
+        for (k = 0; k < np; k++) CHECK(node_of[k] == k / 2);
+        check_allreduce(c, DT_ALGO_HIER, DT_F32, DT_MEAN, 1000, 840);
+        dt_comm_destroy(c);
+    }
 }
 
 /* ---- faults: each on a fresh communicator, which the failure breaks ---- */
@@ -367,8 +478,34 @@ static void mismatch_case(dt_algo a, int order) {
     CHECK(dt_comm_barrier(c) == r);   /* broken: every later call returns the same */
     dt_comm_destroy(c);
 }
+/* the last rank calls all-to-all (v set: all-to-all-v) with one element more per block (pairwise or MPI's
+   own): every rank fails promptly with DT_ERR_MISMATCH, or DT_ERR_PEER from a rank that saw it */
+static void alltoall_mismatch_case(dt_algo a, int v) {
+    dt_comm *c = fresh(10, a);
+    static float send[64 * 101], recv[64 * 101];   /* static: MPI may still own them after the failure */
+    size_t n = 100 + (me == np - 1), counts[64], displs[64];
+    double t0 = dt_time_now();
+    dt_result r;
+    int k;
+    if (!c) return;
+    for (k = 0; k < np; k++) { counts[k] = n; displs[k] = (size_t)k * n; }
+    if (v) r = dt_comm_alltoallv(c, send, counts, displs, recv, counts, displs, DT_F32);
+    else r = dt_comm_alltoall(c, send, recv, n, DT_F32);
+    if (r != DT_ERR_MISMATCH && r != DT_ERR_PEER) {
+        dt_t_checks_failed++;
+        printf("    rank %d: all-to-all %s: %s, expected DT_ERR_MISMATCH or DT_ERR_PEER: %s\n", me, dt_algo_name(a), dt_result_str(r), dt_last_error());
+    }
+    CHECK(strstr(dt_last_error(), v ? "all-to-all-v #1" : "all-to-all #1") != NULL || strstr(dt_last_error(), "#1 (") != NULL);
+    CHECK(dt_time_now() - t0 < 9.0);
+    CHECK(mt_sum_ranks(r == DT_ERR_MISMATCH) >= 1);
+    CHECK(dt_comm_barrier(c) == r);
+    dt_comm_destroy(c);
+}
 static void test_fault_mismatch(void) {
     size_t ai;
+    alltoall_mismatch_case(DT_ALGO_RING, 0);
+    alltoall_mismatch_case(DT_ALGO_NATIVE, 0);
+    alltoall_mismatch_case(DT_ALGO_AUTO, 1);
     for (ai = 0; ai < N_OF(algos); ai++) mismatch_case(algos[ai], 0);
     mismatch_case(DT_ALGO_RING, 1);
     mismatch_case(DT_ALGO_NATIVE, 1);
@@ -477,6 +614,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     mt_run("broadcast", test_broadcast);
     mt_run("data_movement", test_data_movement);
     mt_run("neighbors", test_neighbors);
+    mt_run("alltoall", test_alltoall);
+    mt_run("hier", test_hier);
     mt_run("bits", test_bits);
     mt_run("errors", test_errors);
     mt_run("shared_checks", test_shared_checks);
