@@ -95,6 +95,7 @@ $(B)/tests/test_ddp $(B)/tests/test_localsgd: tests/train_checks.h
 $(B)/tests/test_faults: tests/train_checks.h tests/fault_ddp.h
 $(B)/tests/mpi/test_train_mpi: tests/train_checks.h
 $(B)/tests/test_resume $(B)/tests/mpi/test_resume_mpi: tests/resume_checks.h
+$(B)/tests/test_examples: examples/common.h
 
 $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h tests/comm_checks.h tests/dt_test_trace.h \
              $(HEADERS)

@@ -3,9 +3,9 @@
    waiting) are printed. With the link model, one machine behaves like a slow network.
 
    usage: allreduce [--ranks N] [--count N] [--iters N] [--algos naive,ring,tree,native]
-                    [--link-latency S] [--link-bandwidth B] [--timeout S] [--log-all-ranks]
+                    [--link-latency S] [--link-bandwidth RATE] [--timeout S] [--log-all-ranks]
    e.g.   ./build/examples/allreduce --ranks 4 --count 1000000
-          ./build/examples/allreduce --ranks 8 --count 100000 --link-latency 0.001 --link-bandwidth 100M
+          ./build/examples/allreduce --ranks 8 --count 100000 --link-latency 0.001 --link-bandwidth 100Mbit
           mpiexec -n 4 ./build-mpi/examples/allreduce --count 1000000       (built with make MPI=1)   */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
@@ -19,7 +19,7 @@ typedef struct opts { long count, iters; char algos[128]; } opts;
 
 static void usage(FILE *f) {
     fprintf(f, "usage: allreduce [--ranks N] [--count N] [--iters N] [--algos naive,ring,tree,native]\n"
-               "                 [--link-latency S] [--link-bandwidth B] [--timeout S] [--log-all-ranks]\n");
+               "                 [--link-latency S] [--link-bandwidth RATE] [--timeout S] [--log-all-ranks]\n");
 }
 
 static int parse_args(int argc, char **argv, void *arg) {

@@ -42,7 +42,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: localsgd [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
                "                [--epochs N] [--batch N] [--period K] [--seed N] [--limit N] [--csv PATH]\n");
     ex_recipe_usage(f, 16, 0);
-    fprintf(f, "                [--algo naive|ring|tree|native] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
+    fprintf(f, "                [--algo naive|ring|tree|native] [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
     ex_ckpt_usage(f, 16);
 }
 

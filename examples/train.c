@@ -99,7 +99,12 @@ int main(int argc, char **argv) {
 
     memset(&split, 0, sizeof split);
     if (parse_args(argc, argv, &a)) return 2;
-    TRY(load_data(a.data.dataset, a.data.dir, a.size, a.data.seed, &a.data.train, &a.data.test, &a.data.tt, &a.data.te, &split));
+    if (ex_data_check(a.data.dataset, a.data.dir)) goto fail;
+    if (load_data(a.data.dataset, a.data.dir, a.size, a.data.seed, &a.data.train, &a.data.test, &a.data.tt, &a.data.te, &split) != DT_OK) {
+        fprintf(stderr, "train: %s\n", dt_last_error());
+        ex_data_help(a.data.dataset, a.data.dir);   /* which files, and where to get them */
+        goto fail;
+    }
     if ((rc = ex_pad(&a.data)) != 0) goto fail;   /* --pad-to (2: images larger than it) */
     rc = 1;                                        /* the status of every failure below */
     ntrain = split.parts ? split.offsets[1] : a.data.train.count;
