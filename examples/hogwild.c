@@ -1,5 +1,5 @@
 /* hogwild.c - Hogwild: several threads of one process train ONE model, each on its own shard of the data,
-   and apply their SGD steps to the shared parameters without any lock (Recht et al., 2011). A thread may
+   and apply their SGD steps to the shared parameters without any lock (Niu et al., 2011). A thread may
    read parameters another is halfway through updating, or overwrite another's update of the same element:
    the races are the algorithm, traded for never waiting.
 
