@@ -6,7 +6,9 @@
                     [--link-latency S] [--link-bandwidth RATE] [--timeout S] [--log-all-ranks]
    e.g.   ./build/examples/allreduce --ranks 4 --count 1000000
           ./build/examples/allreduce --ranks 8 --count 100000 --link-latency 0.001 --link-bandwidth 100Mbit
-          mpiexec -n 4 ./build-mpi/examples/allreduce --count 1000000       (built with make MPI=1)   */
+          mpiexec -n 4 ./build-mpi/examples/allreduce --count 1000000       (built with make MPI=1)
+   --link-bandwidth RATE is bytes per second (1e8, 100M) or a rate with its unit (100Mbit, 1Gbit/s, 125MB), as in
+   every example (examples/common.h); the log says it in Mbit/s or Gbit/s, as the charts do.   */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include <stdio.h>
