@@ -276,6 +276,11 @@ done
 check "allreduce --link-bandwidth 100Mbit and 125MB: the link model's line says 100 Mbit/s and 1 Gbit/s" sh -c "
     '$B/examples/allreduce' --ranks 2 --count 10 --iters 1 --link-bandwidth 100Mbit | grep -q 'port of 100 Mbit/s' &&
     '$B/examples/allreduce' --ranks 2 --count 10 --iters 1 --link-bandwidth 125MB | grep -q 'port of 1 Gbit/s'"
+# and the rate reaches the link model: 2 ranks' ring sends 100000 bytes a rank, 100 ms at 8 Mbit/s (12.5 ms if the
+# unit were read as bytes); waits only add to it, so the lower bound holds on a loaded machine
+check "allreduce --link-bandwidth 8Mbit: the ring of 100 kB takes at least the 100 ms the rate gives" sh -c "
+    '$B/examples/allreduce' --ranks 2 --count 25000 --iters 1 --algos ring --link-bandwidth 8Mbit 2>/dev/null |
+    awk '\$1 == \"ring\" { found = 1; if (\$2 < 95) short = 1 } END { exit short || !found }'"
 # --dataset and --data mean the same in every example: a missing directory or a dataset without a default one is
 # refused before training, naming the files expected and where to get them
 for ex in train ddp dpsgd localsgd fedavg hogwild; do
