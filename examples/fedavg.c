@@ -3,7 +3,7 @@
    epochs of batch B from the global model on their own partition, and the server aggregates their updates.
 
    usage: fedavg [--ranks 4] [--clients 10] [--rounds 10] [--frac 1] [--local-epochs 1] [--batch 10]
-                 [--model fedavg_cnn|fedavg_2nn|simplecnn|...] [--dataset fashion-mnist|mnist] [--data DIR]
+                 [--model fedavg_cnn|fedavg_2nn|simplecnn|...] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]
                  [--pad-to 0] [--partition iid|shards|dirichlet] [--alpha 0.5] [--optim sgd] [--lr 0.05] [--momentum 0]
                  [--nesterov] [--wd 0] [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0]
                  [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim 0.1] [--krum-f 1]
@@ -50,7 +50,7 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: fedavg [--ranks N] [--clients N] [--rounds N] [--frac C] [--local-epochs E] [--batch B] [--model NAME]\n"
-               "              [--dataset fashion-mnist|mnist] [--data DIR] [--pad-to S] [--partition iid|shards|dirichlet] [--alpha A]\n");
+               "              [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S] [--partition iid|shards|dirichlet] [--alpha A]\n");
     ex_recipe_usage(f, 14, 0);
     fprintf(f, "              [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim F] [--krum-f F]\n"
                "              [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
