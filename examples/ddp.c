@@ -143,9 +143,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld = %d ranks x %lld, "
-               "accum %ld (micro-batches of %lld)\n%s backend, sync %s", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
+               "accum %ld (micro-batches of %lld), seed %ld\n%s backend, sync %s", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
                (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, p,
-               (long long)per_rank, a->accum, (long long)micro, dt_comm_backend_name(c), dt_ddp_method_name(a->ddp.method));
+               (long long)per_rank, a->accum, (long long)micro, a->data.seed, dt_comm_backend_name(c), dt_ddp_method_name(a->ddp.method));
         if (a->ddp.method == DT_DDP_BUCKETS) {   /* buckets hold whole tensors: their real sizes, first reduced first */
             int b;
             printf(" (%d buckets:", dt_ddp_buckets(d));

@@ -148,9 +148,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, "
-               "batch %ld per rank\nD-PSGD (%s) on %d ranks, %s topology (%s mixing, spectral gap %.4f), %s backend\n",
+               "batch %ld per rank, seed %ld\nD-PSGD (%s) on %d ranks, %s topology (%s mixing, spectral gap %.4f), %s backend\n",
                a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count, (long long)dt_model_param_count(m),
-               ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch,
+               ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, a->data.seed,
                dt_dpsgd_order_name(a->dpsgd.order), p, dt_topology_name(td.kind),
                td.mixing == DT_MIXING_METROPOLIS ? "metropolis" : "uniform", topo.spectral_gap, dt_comm_backend_name(c));
         fflush(stdout);

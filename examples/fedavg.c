@@ -240,10 +240,10 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         TRY(ex_csv_open(&csv, a->csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n",
                         a->ckpt.resume));
         printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s; %s; "
-               "%d ranks (%s)\n", a->model, a->data.name, (long long)ntrain, a->clients, part_str(a, part_s, sizeof part_s),
+               "%d ranks (%s); seed %ld\n", a->model, a->data.name, (long long)ntrain, a->clients, part_str(a, part_s, sizeof part_s),
                (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
                ex_recipe_str(&a->recipe, a->rounds, "rounds", recipe, sizeof recipe), setup_str(a, setup, sizeof setup),
-               dt_comm_size(c), dt_comm_backend_name(c));
+               dt_comm_size(c), dt_comm_backend_name(c), a->data.seed);
         fflush(stdout);
     }
     for (t = meta.round; t < a->rounds; t++) {

@@ -119,10 +119,10 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ckpt.resume) ex_ckpt_resumed(&a->ckpt, &meta, "epoch");
         if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
-        printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, %d ranks x batch %ld\n"
+        printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, %d ranks x batch %ld, seed %ld\n"
                "%s backend, local SGD: parameters averaged ", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
                (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), p, a->batch,
-               dt_comm_backend_name(c));
+               a->data.seed, dt_comm_backend_name(c));
         if (a->period) printf("every %ld steps and ", a->period);
         printf("at the end of each epoch, %d threads per rank\n", dt_cpu_threads());
         fflush(stdout);

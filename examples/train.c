@@ -136,9 +136,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train: cannot write %s\n", a.csv);
         goto fail;
     }
-    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld, %d threads\n",
+    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld, %d threads, seed %ld\n",
            a.model, a.data.name, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m),
-           ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, dt_cpu_threads());
+           ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, dt_cpu_threads(), a.data.seed);
 
     for (epoch = meta.epoch; epoch < a.epochs; epoch++) {
         const float *x;
