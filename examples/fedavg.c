@@ -120,6 +120,10 @@ static int parse_args(int argc, char **argv, void *arg) {
     }
     if (!(a->alpha > 0.0)) { fprintf(stderr, "fedavg: --alpha must be > 0 (0.1 = strong label skew, 100 = near IID)\n"); return -1; }
     if (a->attackers > a->clients) { fprintf(stderr, "fedavg: --attackers %ld > --clients %ld\n", a->attackers, a->clients); return -1; }
+    if (!strcmp(a->attack, "labelflip") && !a->flip_set) {   /* without a map the attackers would train honestly */
+        fprintf(stderr, "fedavg: --attack labelflip needs --flip A:B (label A trained as B; repeat it for more labels)\n");
+        return -1;
+    }
     return ex_recipe_check(&a->recipe, a->rounds, "rounds") || ex_ckpt_check(&a->ckpt) ? -1 : 0;
 }
 

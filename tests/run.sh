@@ -293,6 +293,8 @@ for ex in train ddp dpsgd localsgd fedavg hogwild; do
     check "$ex --dataset mnist without --data: exit 1 (not Fashion-MNIST's files)" sh -c "
         '$B/examples/$ex' --dataset mnist > '$T/d.out' 2>&1; [ \$? -eq 1 ] && grep -q 'needs --data DIR' '$T/d.out'"
 done
+check "fedavg --attack labelflip without --flip (its attackers would train honestly): exit 2 naming --flip" sh -c "
+    '$B/examples/fedavg' --attack labelflip --attackers 1 > '$T/t.out' 2>&1; [ \$? -eq 2 ] && grep -q 'needs --flip A:B' '$T/t.out'"
 check "fedavg --trim 0 (read by the library as 0.1): exit 2 naming --agg mean" sh -c "
     '$B/examples/fedavg' --agg trimmed --trim 0 > '$T/t.out' 2>&1; [ \$? -eq 2 ] && grep -q 'agg mean' '$T/t.out'"
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
