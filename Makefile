@@ -25,8 +25,9 @@
 #                     (build/bench/slownet.png; about 5 minutes)
 #   make bench-buckets DDP time per epoch over bucket sizes, ranks and emulated networks (about 25 minutes)
 #   make bench-ddp-mpi DDP under mpiexec -n 2 and 4: overlapped, after backward, PyTorch DDP (gloo) (minutes)
-#   make docs-check   the tutorial's experiments (docs/tutorial), shortened, and its quotations of the examples
-#                     (tools/docs_check.sh; DOCS_CHECK_FULL=1: at full length, redrawing docs/tutorial/img)
+#   make docs-check   the tutorial's experiments (docs/tutorial), shortened, its quick runs' outputs against their
+#                     quotations, and its quotations of the examples (tools/docs_check.sh; DOCS_CHECK_FULL=1: at
+#                     full length, comparing every quoted output and redrawing docs/tutorial/img)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make single       the library as one file to copy: build/single/dtrain.h (tools/amalgamate.sh)
 #   make install      the headers, dtrain.pc / dtrain-full.pc (pkg-config) and the CMake package (find_package:
@@ -95,6 +96,7 @@ $(B)/tests/test_ddp $(B)/tests/test_localsgd: tests/train_checks.h
 $(B)/tests/test_faults: tests/train_checks.h tests/fault_ddp.h
 $(B)/tests/mpi/test_train_mpi: tests/train_checks.h
 $(B)/tests/test_resume $(B)/tests/mpi/test_resume_mpi: tests/resume_checks.h
+$(B)/tests/test_examples: examples/common.h
 
 $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h tests/comm_checks.h tests/dt_test_trace.h \
              $(HEADERS)

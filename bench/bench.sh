@@ -92,19 +92,5 @@ fi
 echo "results: $CSV"
 
 if command -v gnuplot >/dev/null 2>&1 && [ $torch = 1 ]; then
-    grep -E '^(train_step|gemm),' "$CSV" | awk -F, '$5 != "" { print $1 == "train_step" ? $2 ".train-step" : "gemm." $2, $5 }' > "$OUT/ratios.dat"
-    gnuplot <<GP
-set terminal png size 1000,460
-set rmargin 6
-set output "$OUT/bench.png"
-set title "dtrain / peer, same machine, same run, $THREADS threads (training step: PyTorch; GEMM: OpenBLAS)"
-set style fill solid 0.6
-set boxwidth 0.7
-set yrange [0:*]
-set ylabel "ratio (> 1: dtrain is faster)"
-set xtics rotate by -40 font ",8"
-set grid ytics
-plot "$OUT/ratios.dat" using 0:2:xtic(1) with boxes notitle, 1 with lines dt 2 lw 2 title "parity"
-GP
-    echo "chart: $OUT/bench.png"
+    sh bench/bench_plot.sh "$CSV" "$OUT/bench.png" && echo "chart: $OUT/bench.png"
 fi

@@ -109,10 +109,13 @@ dt_localsgd_stats dt_localsgd_get_stats(const dt_localsgd *d);   /* zeros for NU
 dt_result dt_localsgd_save(dt_localsgd *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta);
 dt_result dt_localsgd_load(dt_localsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta);
 
-/* Hogwild (Recht et al., 2011): several threads of one process update ONE shared parameter buffer with
-   plain SGD, without any lock, each on its own data. The races are intended: a worker may read parameters
-   that another worker is halfway through updating, and two updates of the same element may lose one of
-   them; for sparse or convex problems this costs little and removes all waiting. (So ThreadSanitizer
+/* Hogwild (Niu, Recht, Re and Wright, NIPS 2011): several threads of one process update ONE shared parameter
+   buffer with plain SGD, without any lock, each on its own data. The races are intended: a worker may read
+   parameters that another worker is halfway through updating, and two updates of the same element may lose
+   one of them. The paper's analysis assumes sparse separable costs, atomic single-coordinate writes and a
+   bounded delay; the plain `p[i] -= lr * g[i]` here is not atomic, a network's gradient is dense, and with
+   more threads than cores the delay is unbounded, so here it is an experiment that removes all waiting, not
+   the paper's guarantee. (So ThreadSanitizer
    reports dt_hogwild_pull and dt_hogwild_push, and the tests keep Hogwild out of its runs.)
    Each worker owns a replica: a dt_model of the same architecture for its activations and gradients. A
    step is: dt_hogwild_pull (shared parameters and buffers -> replica), forward, loss, backward on the

@@ -3,10 +3,12 @@
    waiting) are printed. With the link model, one machine behaves like a slow network.
 
    usage: allreduce [--ranks N] [--count N] [--iters N] [--algos naive,ring,tree,native,hier]
-                    [--link-latency S] [--link-bandwidth B] [--timeout S] [--log-all-ranks]
+                    [--link-latency S] [--link-bandwidth RATE] [--timeout S] [--log-all-ranks]
    e.g.   ./build/examples/allreduce --ranks 4 --count 1000000
-          ./build/examples/allreduce --ranks 8 --count 100000 --link-latency 0.001 --link-bandwidth 100M
-          mpiexec -n 4 ./build-mpi/examples/allreduce --count 1000000       (built with make MPI=1)   */
+          ./build/examples/allreduce --ranks 8 --count 100000 --link-latency 0.001 --link-bandwidth 100Mbit
+          mpiexec -n 4 ./build-mpi/examples/allreduce --count 1000000       (built with make MPI=1)
+   --link-bandwidth RATE is bytes per second (1e8, 100M) or a rate with its unit (100Mbit, 1Gbit/s, 125MB), as in
+   every example (examples/common.h); the log says it in Mbit/s or Gbit/s, as the charts do.   */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include <stdio.h>
@@ -19,7 +21,7 @@ typedef struct opts { long count, iters; char algos[128]; } opts;
 
 static void usage(FILE *f) {
     fprintf(f, "usage: allreduce [--ranks N] [--count N] [--iters N] [--algos naive,ring,tree,native,hier]\n"
-               "                 [--link-latency S] [--link-bandwidth B] [--timeout S] [--log-all-ranks]\n");
+               "                 [--link-latency S] [--link-bandwidth RATE] [--timeout S] [--log-all-ranks]\n");
 }
 
 static int parse_args(int argc, char **argv, void *arg) {

@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The number of elements of an array. */
+#define EX_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
 static inline int parse_long(const char *flag, const char *v, long lo, long *out) {
     char *end;
     long x;
@@ -37,6 +40,42 @@ static inline int parse_double(const char *flag, const char *v, double *out) {
     }
     *out = x;
     return 0;
+}
+
+/* A rate flag (--link-bandwidth): bytes per second as a plain number (125000000, 1.25e8), with a decimal
+   suffix K, M or G (k, m, g too: bytes, as dt_launch_parse reads them: 125M), or with a unit, optionally followed by "/s":
+   KB (kB), MB, GB (bytes per second: 125MB) or Kbit (kbit), Mbit, Gbit (bits per second, as networks are sold: 100Mbit,
+   1Gbit/s, 10Gbit). Returns 0 with bytes per second in *out, or -1 after saying why. */
+static inline int ex_parse_rate(const char *flag, const char *v, double *out) {
+    static const struct { const char *unit; double bytes; } units[] = {
+        {"", 1}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"k", 1e3}, {"m", 1e6}, {"g", 1e9},
+        {"KB", 1e3}, {"kB", 1e3}, {"MB", 1e6}, {"GB", 1e9},
+        {"Kbit", 1e3 / 8}, {"kbit", 1e3 / 8}, {"Mbit", 1e6 / 8}, {"Gbit", 1e9 / 8}};
+    char *end;
+    double x = v ? strtod(v, &end) : 0;
+    size_t n;
+    int i;
+    if (v && *v && end != v && isfinite(x) && x > 0.0) {
+        n = strlen(end);
+        if (n >= 2 && !strcmp(end + n - 2, "/s")) n -= 2;   /* "1Gbit/s" as "1Gbit" */
+        for (i = 0; i < EX_COUNT(units); i++)
+            if (strlen(units[i].unit) == n && !strncmp(end, units[i].unit, n)) {
+                *out = x * units[i].bytes;
+                return 0;
+            }
+    }
+    fprintf(stderr, "%s: %s needs a rate > 0: bytes per second (125000000, or with a unit 125MB) or bits per second "
+                    "(100Mbit, 1Gbit, 10Gbit), got '%s'\n", EX_PROG, flag, v ? v : "");
+    return -1;
+}
+
+/* A rate of bytes per second in the charts' words: "100 Mbit/s", "1 Gbit/s", "12.5 Gbit/s". Returns buf. */
+static inline const char *ex_rate_str(double bytes_per_s, char *buf, size_t size) {
+    double bits = bytes_per_s * 8.0;
+    if (bits >= 1e9) snprintf(buf, size, "%g Gbit/s", bits / 1e9);
+    else if (bits >= 1e6) snprintf(buf, size, "%g Mbit/s", bits / 1e6);
+    else snprintf(buf, size, "%g kbit/s", bits / 1e3);
+    return buf;
 }
 
 /* The training recipe every example that trains with SGD shares: the optimizer and its learning-rate schedule,
@@ -182,6 +221,33 @@ static inline const char *ex_recipe_str(const ex_recipe *r, long total, const ch
     return buf;
 }
 
+/* Says on stderr which files --dataset NAME reads from --data DIR and where to get them, after a load failed. */
+static inline void ex_data_help(const char *dataset, const char *dir) {
+    const char *idx = "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte "
+                      "(each may be gzipped, .gz)";
+    if (!strcmp(dataset, "fashion-mnist"))
+        fprintf(stderr, "%s: --dataset fashion-mnist reads %s from --data DIR (default %s, where Debian's package "
+                "dataset-fashion-mnist installs them: apt install dataset-fashion-mnist; elsewhere, the four files of "
+                "https://github.com/zalandoresearch/fashion-mnist, data/fashion)%s%s\n", EX_PROG, idx, DT_MNIST_DEFAULT_DIR,
+                dir ? "; --data was " : "", dir ? dir : "");
+    else if (!strcmp(dataset, "mnist"))
+        fprintf(stderr, "%s: --dataset mnist reads MNIST's %s from --data DIR (http://yann.lecun.com/exdb/mnist/, or the "
+                "MNIST/raw directory torchvision's download leaves)%s%s\n", EX_PROG, idx, dir ? "; --data was " : "", dir ? dir : "");
+    else if (!strcmp(dataset, "cifar10"))
+        fprintf(stderr, "%s: --dataset cifar10 reads data_batch_1.bin .. data_batch_5.bin and test_batch.bin from --data DIR: "
+                "the directory cifar-10-batches-bin that https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz unpacks to "
+                "(the binary version, not the Python one)%s%s\n", EX_PROG, dir ? "; --data was " : "", dir ? dir : "");
+}
+
+/* Before loading: --data is needed where the dataset has no default directory (only Fashion-MNIST has one, Debian's:
+   MNIST would otherwise be read from Fashion-MNIST's files). Returns 0, or -1 after saying why and where to get it. */
+static inline int ex_data_check(const char *dataset, const char *dir) {
+    if (dir || (strcmp(dataset, "mnist") && strcmp(dataset, "cifar10"))) return 0;
+    fprintf(stderr, "%s: --dataset %s needs --data DIR: it has no default directory\n", EX_PROG, dataset);
+    ex_data_help(dataset, dir);
+    return -1;
+}
+
 /* Loads train and test sets; transforms as torchvision's usual recipes for each dataset. */
 static inline dt_result load_data(const char *dataset, const char *data, long size, long seed, dt_dataset *train, dt_dataset *test,
                                   dt_transform *tt, dt_transform *te, dt_partition *split) {
@@ -277,13 +343,23 @@ static inline dt_result ex_pad_dataset(dt_dataset *ds, int64_t size) {
     return DT_OK;
 }
 
+/* Adds the training transform's augmentation, which shapes training, to d->name (" with random crops (pad 4) and
+   flips"); nothing without one. Returns 0. */
+static inline int ex_name_augment(ex_data *d) {
+    size_t n = strlen(d->name);
+    if (d->tt.crop_pad && d->tt.flip) snprintf(d->name + n, sizeof d->name - n, " with random crops (pad %d) and flips", (int)d->tt.crop_pad);
+    else if (d->tt.crop_pad) snprintf(d->name + n, sizeof d->name - n, " with random crops (pad %d)", (int)d->tt.crop_pad);
+    else if (d->tt.flip) snprintf(d->name + n, sizeof d->name - n, " with random flips");
+    return 0;
+}
+
 /* After loading: --pad-to, and d->name. Returns the exit status: 0; 2 when the images are larger than --pad-to;
    1 when there is no memory (said on stderr). */
 static inline int ex_pad(ex_data *d) {
     int64_t h = d->train.h, w = d->train.w, s = d->pad_to;
     int shared = d->test.pixels == d->train.pixels;   /* an image folder's test set is its training set */
     snprintf(d->name, sizeof d->name, "%s %lldx%lld", d->dataset, (long long)h, (long long)w);
-    if (!s || (h == s && w == s)) return 0;
+    if (!s || (h == s && w == s)) return ex_name_augment(d);
     if (h > s || w > s) {
         fprintf(stderr, "%s: --pad-to %ld: the images of %s are %lldx%lld already; give a size of at least %lld, or 0\n", EX_PROG,
                 d->pad_to, d->dataset, (long long)h, (long long)w, (long long)(h > w ? h : w));
@@ -296,7 +372,7 @@ static inline int ex_pad(ex_data *d) {
     if (shared) d->test = d->train;
     snprintf(d->name, sizeof d->name, "%s %lldx%lld zero-padded to %lldx%lld", d->dataset, (long long)h, (long long)w,
              (long long)s, (long long)s);
-    return 0;
+    return ex_name_augment(d);
 }
 
 /* Loads d->dataset (an image folder's images at 32x32), pads it (--pad-to) and sets d->ntrain. Returns the exit
@@ -305,8 +381,10 @@ static inline int ex_load(ex_data *d) {
     dt_partition none;   /* an image folder's 90/10 split, which only train.c uses */
     int rc;
     memset(&none, 0, sizeof none);
+    if (ex_data_check(d->dataset, d->dir)) return 1;
     if (load_data(d->dataset, d->dir, 32, d->seed, &d->train, &d->test, &d->tt, &d->te, &none) != DT_OK) {
         fprintf(stderr, "%s: %s\n", EX_PROG, dt_last_error());
+        ex_data_help(d->dataset, d->dir);
         ex_free(d);
         return 1;
     }
@@ -362,8 +440,6 @@ static inline dt_result ex_stop_if_diverged(dt_comm *c, int64_t epoch, double tr
 /* One column of what rank 0 reports after an epoch: its CSV name and format, and its text in the log line, a
    printf format of one double that is given the value times scale (100 shows a fraction as a percentage). */
 typedef struct ex_col { const char *name, *csv, *log; double scale; } ex_col;
-/* The number of elements of an array. */
-#define EX_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 /* The columns most examples report. */
 #define EX_COL_TIME       {"time_s", "%.3f", "%7.2fs", 1}
 #define EX_COL_TRAIN_LOSS {"train_loss", "%.6f", "train loss %.4f", 1}
@@ -619,23 +695,52 @@ static inline dt_result ex_at(dt_result r, long long epoch, long long step) {
     return r;
 }
 
+/* Takes every "flag RATE" out of argv (argc updated), before dt_launch_parse, which knows only bytes per second:
+   the last one's bytes per second go to *out (left as it is without one). Returns 0, or -1 after saying why. */
+static inline int ex_take_rate(int *argc, char **argv, const char *flag, double *out) {
+    int i, o = 1;
+    for (i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], flag)) { argv[o++] = argv[i]; continue; }
+        if (ex_parse_rate(flag, i + 1 < *argc ? argv[i + 1] : NULL, out)) return -1;
+        i++;
+    }
+    *argc = o;
+    argv[o] = NULL;
+    return 0;
+}
+
+/* Says on stdout, once (by the first process under mpiexec), what the link model makes of every message, in the
+   units of the charts, so that a run's log names the network it emulated. */
+static inline void ex_link_say(const dt_comm_desc *d) {
+    const char *mpi_rank = getenv("PMI_RANK");
+    char rate[64];
+    if (!(d->link_latency > 0.0 || d->link_bandwidth > 0.0) || (mpi_rank && strcmp(mpi_rank, "0"))) return;
+    printf("link model (local ranks): every rank one full-duplex port of %s, every message %g ms of latency\n",
+           d->link_bandwidth > 0.0 ? ex_rate_str(d->link_bandwidth, rate, sizeof rate) : "unlimited bandwidth", d->link_latency * 1e3);
+    fflush(stdout);
+}
+
 /* The main() of an example that runs on ranks: takes the launcher's flags out of argv (--ranks N, default 4,
-   --timeout, --link-latency, ...), then ex->parse reads the rest into args; data (NULL: the example reads
+   --timeout, --link-latency, --link-bandwidth with units (ex_parse_rate), ...), then ex->parse reads the rest into args; data (NULL: the example reads
    none) is loaded, ex->prepare runs, and dt_launch runs ex->rank_main(c, args) on every rank. Returns the exit
    status: 2 for a bad flag, 1 when the data cannot be loaded or a rank failed (dt_launch has logged it), 0. */
 static inline int ex_main(int argc, char **argv, const ex_example *ex, void *args, ex_data *data) {
     dt_launch_desc ld;
+    double bw = 0.0;
     int rc;
     memset(&ld, 0, sizeof ld);
     ld.ranks = 4;
+    if (ex_take_rate(&argc, argv, "--link-bandwidth", &bw)) { ex->usage(stderr); return 2; }
     if (dt_launch_parse(&argc, argv, &ld) != DT_OK) {
         fprintf(stderr, "%s: %s\n", EX_PROG, dt_last_error());
         ex->usage(stderr);
         return 2;
     }
+    if (bw > 0.0) ld.comm.link_bandwidth = bw;
     if (ex->parse(argc, argv, args)) return 2;
     if (data && (rc = ex_load(data)) != 0) return rc;
     rc = ex->prepare ? ex->prepare(args) : 0;
+    if (rc == 0) ex_link_say(&ld.comm);
     if (rc == 0) rc = dt_launch(&ld, ex->rank_main, args) == DT_OK ? 0 : 1;   /* 1 when a rank failed */
     if (data && rc == 0) ex_free(data);   /* after a failure a stalled rank's thread may still read it: exit now */
     return rc;

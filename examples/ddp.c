@@ -12,7 +12,7 @@
           ./build/examples/ddp --ranks 4 --sync ps --limit 6000              (the parameter server)
           ./build/examples/ddp --ranks 4 --model vgg11 --pad-to 32 --lr 0.05 --momentum 0.9 --wd 5e-4 \
                                --milestones 15,25 --epochs 30                 (VGG-11 on Fashion-MNIST at 32x32)
-          ./build/examples/ddp --ranks 8 --sync flat --algo ring --link-latency 0.001 --link-bandwidth 100M
+          ./build/examples/ddp --ranks 8 --sync flat --algo ring --link-latency 0.001 --link-bandwidth 100Mbit
           mpiexec -n 4 ./build-mpi/examples/ddp --epochs 3                    (built with make MPI=1)
 
    --batch is the global batch: each of the p ranks takes batch / p samples of it (the distributed
@@ -48,7 +48,7 @@ static void usage(FILE *f) {
                "           [--epochs N] [--batch N] [--seed N] [--limit N] [--accum K]\n");
     ex_recipe_usage(f, 11, 0);
     fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb N]\n"
-               "           [--no-overlap] [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
+               "           [--no-overlap] [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
     ex_ckpt_usage(f, 11);
 }
 
@@ -142,10 +142,10 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ckpt.resume) ex_ckpt_resumed(&a->ckpt, &meta, "epoch");
         if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
-        printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld = %d ranks x %lld%s\n"
-               "%s backend, sync %s", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
-               (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, p, (long long)per_rank,
-               a->accum > 1 ? " in micro-batches" : "", dt_comm_backend_name(c), dt_ddp_method_name(a->ddp.method));
+        printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld = %d ranks x %lld, "
+               "accum %ld (micro-batches of %lld), seed %ld\n%s backend, sync %s", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
+               (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, p,
+               (long long)per_rank, a->accum, (long long)micro, a->data.seed, dt_comm_backend_name(c), dt_ddp_method_name(a->ddp.method));
         if (a->ddp.method == DT_DDP_BUCKETS) {   /* buckets hold whole tensors: their real sizes, first reduced first */
             int b;
             printf(" (%d buckets:", dt_ddp_buckets(d));

@@ -6,18 +6,20 @@
    i xor 2^(t mod log2 p), weights 1/2 (dt_topology_one_peer_exp), so it sends one replica a step where the
    ring sends two, and with p a power of two the replicas reach their mean exactly every log2 p steps.
 
-   usage: dpsgd [--ranks 4] [--model resnet20] [--data DIR] [--topology ring|torus|exponential|full|one-peer-exp]
+   usage: dpsgd [--ranks 4] [--model resnet20] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]
+                [--topology ring|torus|exponential|full|one-peer-exp]
                 [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.1]
                 [--momentum 0.9] [--nesterov] [--wd 1e-4] [--milestones 50,75] [--cosine] [--min-lr 0] [--warmup 0]
                 [--seed 0] [--limit N] [--pad-to 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
-                (and the launcher's flags: --timeout, --link-latency, --link-bandwidth, ...)
+                (and the launcher's flags: --timeout, --link-latency, --link-bandwidth RATE, ...)
    e.g.   ./build/examples/dpsgd --ranks 4 --limit 2000                        (Fashion-MNIST padded to 32x32)
-          ./build/examples/dpsgd --ranks 4 --data cifar-10-batches-bin --epochs 100 --milestones 50,75
-          ./build/examples/dpsgd --ranks 8 --link-latency 0.001 --link-bandwidth 100M
+          ./build/examples/dpsgd --ranks 4 --dataset cifar10 --data cifar-10-batches-bin --epochs 100 --milestones 50,75
+          ./build/examples/dpsgd --ranks 8 --link-latency 0.001 --link-bandwidth 100Mbit
 
-   With --data DIR (CIFAR-10's cifar-10-batches-bin) it trains on CIFAR-10 with random crops and flips;
-   without, on Fashion-MNIST from its default directory, zero-padded to 32x32 as ResNet-20 expects
-   (--pad-to 0 keeps its 28x28, the input of SimpleCNN as ddp.c trains it, for comparisons with DDP).
+   --dataset and --data mean what they mean in every example: by default Fashion-MNIST from its default
+   directory, zero-padded to 32x32 as ResNet-20 expects (--pad-to 0 keeps its 28x28, the input of SimpleCNN
+   as ddp.c trains it, for comparisons with DDP); --dataset cifar10 --data DIR (CIFAR-10's
+   cifar-10-batches-bin) trains on CIFAR-10 with random crops and flips.
    --batch is per rank; every rank takes a disjoint share of a seeded permutation each epoch. The optimizer
    and schedule flags are every example's (examples/common.h): the learning rate is multiplied by 0.1 at
    each epoch of --milestones. --limit N keeps the first N samples of the training and of the test set.
@@ -44,22 +46,23 @@ typedef struct args {
     int one_peer;   /* --topology one-peer-exp: a schedule of graphs in place of topo */
     dt_dpsgd_desc dpsgd;
     ex_ckpt ckpt;   /* --checkpoint, --checkpoint-every, --resume */
-    ex_data data;   /* --data, --limit, --seed and the sets main loads (no --dataset: --data DIR is CIFAR-10) */
+    ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
 } args;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: dpsgd [--ranks N] [--model NAME] [--data DIR] [--topology ring|torus|exponential|full|one-peer-exp]\n"
-               "             [--mixing uniform|metropolis] [--order cta|atc] [--epochs N] [--batch N]\n"
+    fprintf(f, "usage: dpsgd [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]\n"
+               "             [--topology ring|torus|exponential|full|one-peer-exp] [--mixing uniform|metropolis] [--order cta|atc]\n"
+               "             [--epochs N] [--batch N]\n"
                "             [--seed N] [--limit N] [--pad-to S] [--csv PATH]\n");
     ex_recipe_usage(f, 13, 0);
-    fprintf(f, "             [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
+    fprintf(f, "             [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
     ex_ckpt_usage(f, 13);
 }
 
 static int parse_args(int argc, char **argv, void *arg) {
     args *a = (args *)arg;
     int i, k;
-    a->model = "resnet20"; a->data.pad_to = 32;
+    a->model = "resnet20"; a->data.dataset = "fashion-mnist"; a->data.pad_to = 32;
     a->epochs = 1; a->batch = 32; a->recipe.lr = 0.1; a->recipe.momentum = 0.9; a->recipe.wd = 1e-4;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -93,7 +96,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         i++;
     }
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "dpsgd: unknown model '%s'\n", a->model); return -1; }
-    a->data.dataset = a->data.dir ? "cifar10" : "fashion-mnist";
+    if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "dpsgd: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     return ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) ? -1 : 0;
 }
 
@@ -166,9 +169,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                      sched.period, (p & (p - 1)) ? "not a power of two: a period's mixing never averages exactly"
                                                  : "a period's mixing averages exactly");
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, "
-               "batch %ld per rank\nD-PSGD (%s) on %d ranks, %s, %s backend\n",
+               "batch %ld per rank, seed %ld\nD-PSGD (%s) on %d ranks, %s, %s backend\n",
                a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count, (long long)dt_model_param_count(m),
-               ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch,
+               ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, a->data.seed,
                dt_dpsgd_order_name(a->dpsgd.order), p, graph, dt_comm_backend_name(c));
         fflush(stdout);
     }

@@ -3,7 +3,7 @@
    epochs of batch B from the global model on their own partition, and the server aggregates their updates.
 
    usage: fedavg [--ranks 4] [--clients 10] [--rounds 10] [--frac 1] [--local-epochs 1] [--batch 10]
-                 [--model fedavg_cnn|fedavg_2nn|simplecnn|...] [--dataset fashion-mnist|mnist] [--data DIR]
+                 [--model fedavg_cnn|fedavg_2nn|simplecnn|...] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]
                  [--pad-to 0] [--partition iid|shards|dirichlet] [--alpha 0.5] [--optim sgd] [--lr 0.05] [--momentum 0]
                  [--nesterov] [--wd 0] [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0]
                  [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim 0.1] [--krum-f 1]
@@ -50,7 +50,7 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: fedavg [--ranks N] [--clients N] [--rounds N] [--frac C] [--local-epochs E] [--batch B] [--model NAME]\n"
-               "              [--dataset fashion-mnist|mnist] [--data DIR] [--pad-to S] [--partition iid|shards|dirichlet] [--alpha A]\n");
+               "              [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S] [--partition iid|shards|dirichlet] [--alpha A]\n");
     ex_recipe_usage(f, 14, 0);
     fprintf(f, "              [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim F] [--krum-f F]\n"
                "              [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
@@ -65,7 +65,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     a->model = "fedavg_2nn"; a->data.dataset = "fashion-mnist"; a->partition = "iid"; a->attack = "none";
     a->clients = 10; a->rounds = 10; a->frac = 1.0; a->local_epochs = 1; a->batch = 10; a->recipe.lr = 0.05;
     a->recipe.lr_zero = 1;   /* see the top comment */
-    a->alpha = 0.5; a->class_acc = -1; a->krum_f = 1; a->noise_std = 1.0;   /* the library's defaults; 0 means 0 */
+    a->alpha = 0.5; a->class_acc = -1; a->krum_f = 1; a->noise_std = 1.0; a->trim = 0.1;   /* the library's defaults; 0 means 0 */
     for (k = 0; k < DT_FED_MAX_CLASSES; k++) a->flip[k] = k;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -114,8 +114,16 @@ static int parse_args(int argc, char **argv, void *arg) {
         fprintf(stderr, "fedavg: unknown --partition '%s': use iid, shards or dirichlet\n", a->partition);
         return -1;
     }
+    if (!(a->trim > 0.0 && a->trim < 0.5)) {   /* the library reads a trim of 0 as its default, 0.1 */
+        fprintf(stderr, "fedavg: --trim %g: the fraction cut at each end must be > 0 and < 0.5 (a trim of 0 is --agg mean)\n", a->trim);
+        return -1;
+    }
     if (!(a->alpha > 0.0)) { fprintf(stderr, "fedavg: --alpha must be > 0 (0.1 = strong label skew, 100 = near IID)\n"); return -1; }
     if (a->attackers > a->clients) { fprintf(stderr, "fedavg: --attackers %ld > --clients %ld\n", a->attackers, a->clients); return -1; }
+    if (!strcmp(a->attack, "labelflip") && !a->flip_set) {   /* without a map the attackers would train honestly */
+        fprintf(stderr, "fedavg: --attack labelflip needs --flip A:B (label A trained as B; repeat it for more labels)\n");
+        return -1;
+    }
     return ex_recipe_check(&a->recipe, a->rounds, "rounds") || ex_ckpt_check(&a->ckpt) ? -1 : 0;
 }
 
@@ -125,6 +133,29 @@ static int prepare(void *arg) {
     if (a->class_acc < a->data.test.num_classes) return 0;
     fprintf(stderr, "fedavg: --class-acc %ld: %s has classes 0..%lld\n", a->class_acc, a->data.dataset, (long long)a->data.test.num_classes - 1);
     return 2;
+}
+
+/* The partition in words, with its parameter: "iid", "shards", "dirichlet alpha 0.1". Returns buf. */
+static const char *part_str(const args *a, char *buf, size_t size) {
+    if (!strcmp(a->partition, "dirichlet")) snprintf(buf, size, "dirichlet alpha %g", a->alpha);
+    else snprintf(buf, size, "%s", a->partition);
+    return buf;
+}
+
+/* The rest of what shapes a run, its defaults included, for the header line: FedProx's mu, the drop-out
+   probability, the aggregator with its parameter, the attack with its own. Returns buf. */
+static const char *setup_str(const args *a, char *buf, size_t size) {
+    size_t n = (size_t)snprintf(buf, size, "prox mu %g, dropout prob %g; aggregator %s", a->prox_mu, a->dropout_prob,
+                                dt_fed_agg_name(a->agg));
+    int k;
+    if (n < size && a->agg == DT_FED_TRIMMED) n += (size_t)snprintf(buf + n, size - n, " (trim %g)", a->trim);
+    if (n < size && (a->agg == DT_FED_KRUM || a->agg == DT_FED_MULTIKRUM)) n += (size_t)snprintf(buf + n, size - n, " (f %ld)", a->krum_f);
+    if (n < size) n += (size_t)snprintf(buf + n, size - n, "; attack %s", a->attack);
+    if (n < size && !strcmp(a->attack, "noise")) n += (size_t)snprintf(buf + n, size - n, " (std %g)", a->noise_std);
+    for (k = 0; k < DT_FED_MAX_CLASSES && n < size && !strcmp(a->attack, "labelflip"); k++)
+        if (a->flip[k] != k) n += (size_t)snprintf(buf + n, size - n, " %d:%d", k, (int)a->flip[k]);
+    if (n < size) snprintf(buf + n, size - n, " by %ld clients", a->attackers);
+    return buf;
 }
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
@@ -175,7 +206,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_fed_desc fd;
     dt_checkpoint_meta meta;   /* the rounds done (round and step) */
     FILE *csv = NULL;
-    char recipe[256];
+    char recipe[256], part_s[64], setup[256];
     dt_result r = DT_OK;
     long k;
 
@@ -212,11 +243,11 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.round));   /* the rows the checkpoint covers */
         TRY(ex_csv_open(&csv, a->csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n",
                         a->ckpt.resume));
-        printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s; "
-               "aggregator %s; attack %s by %ld clients; %d ranks (%s)\n", a->model, a->data.name, (long long)ntrain,
-               a->clients, a->partition, (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
-               ex_recipe_str(&a->recipe, a->rounds, "rounds", recipe, sizeof recipe), dt_fed_agg_name(a->agg), a->attack,
-               a->attackers, dt_comm_size(c), dt_comm_backend_name(c));
+        printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s; %s; "
+               "%d ranks (%s); seed %ld\n", a->model, a->data.name, (long long)ntrain, a->clients, part_str(a, part_s, sizeof part_s),
+               (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
+               ex_recipe_str(&a->recipe, a->rounds, "rounds", recipe, sizeof recipe), setup_str(a, setup, sizeof setup),
+               dt_comm_size(c), dt_comm_backend_name(c), a->data.seed);
         fflush(stdout);
     }
     for (t = meta.round; t < a->rounds; t++) {

@@ -1,5 +1,5 @@
 /* hogwild.c - Hogwild: several threads of one process train ONE model, each on its own shard of the data,
-   and apply their SGD steps to the shared parameters without any lock (Recht et al., 2011). A thread may
+   and apply their SGD steps to the shared parameters without any lock (Niu et al., 2011). A thread may
    read parameters another is halfway through updating, or overwrite another's update of the same element:
    the races are the algorithm, traded for never waiting.
 
@@ -135,10 +135,10 @@ int main(int argc, char **argv) {
         TRY(ex_model_create(&a.replica[i], a.model, &a.data, (uint64_t)i + 1));
     TRY(ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), 0));
     ex_recipe_sched(&a.recipe, a.epochs, &sd);
-    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld\n"
+    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld, seed %ld\n"
            "hogwild: %ld threads update one shared parameter buffer without locks\n", a.model, a.data.name, (long long)a.data.ntrain,
            (long long)a.data.test.count, (long long)dt_model_param_count(shared),
-           ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, a.threads);
+           ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, a.data.seed, a.threads);
     fflush(stdout);
     for (a.epoch = 0; a.epoch < a.epochs; a.epoch++) {
         double t0 = dt_time_now(), loss = 0.0, seen = 0.0, secs, v[EX_COUNT(COLS)];

@@ -99,7 +99,12 @@ int main(int argc, char **argv) {
 
     memset(&split, 0, sizeof split);
     if (parse_args(argc, argv, &a)) return 2;
-    TRY(load_data(a.data.dataset, a.data.dir, a.size, a.data.seed, &a.data.train, &a.data.test, &a.data.tt, &a.data.te, &split));
+    if (ex_data_check(a.data.dataset, a.data.dir)) goto fail;
+    if (load_data(a.data.dataset, a.data.dir, a.size, a.data.seed, &a.data.train, &a.data.test, &a.data.tt, &a.data.te, &split) != DT_OK) {
+        fprintf(stderr, "train: %s\n", dt_last_error());
+        ex_data_help(a.data.dataset, a.data.dir);   /* which files, and where to get them */
+        goto fail;
+    }
     if ((rc = ex_pad(&a.data)) != 0) goto fail;   /* --pad-to (2: images larger than it) */
     rc = 1;                                        /* the status of every failure below */
     ntrain = split.parts ? split.offsets[1] : a.data.train.count;
@@ -131,9 +136,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train: cannot write %s\n", a.csv);
         goto fail;
     }
-    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld, %d threads\n",
+    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld, %d threads, seed %ld\n",
            a.model, a.data.name, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m),
-           ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, dt_cpu_threads());
+           ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, dt_cpu_threads(), a.data.seed);
 
     for (epoch = meta.epoch; epoch < a.epochs; epoch++) {
         const float *x;

@@ -269,6 +269,37 @@ check "hogwild --checkpoint: exit 2 saying why it cannot resume exactly" sh -c "
 check "train --sched multistep (the old spelling): exit 2 naming --milestones" sh -c "
     '$B/examples/train' --sched multistep > '$T/s.out' 2>&1; [ \$? -eq 2 ] && grep -q -- '--milestones' '$T/s.out'"
 check "train on a missing directory: exit 1 naming it" sh -c "'$B/examples/train' --data '$T/none' 2>&1 >/dev/null | grep -q '$T/none'"
+# --link-bandwidth with units (examples/common.h, tests/test_examples): garbage refused naming the forms; a unit read
+# as bits or bytes per second, as the log line shows in Mbit/s and Gbit/s
+for v in 100Mb fast 0; do
+    check "allreduce --link-bandwidth $v: exit 2 naming the forms" sh -c "
+        '$B/examples/allreduce' --ranks 2 --count 10 --iters 1 --link-bandwidth $v > '$T/lb.out' 2>&1; [ \$? -eq 2 ] &&
+        grep -q 'bits per second (100Mbit, 1Gbit, 10Gbit)' '$T/lb.out'"
+done
+check "allreduce --link-bandwidth 100Mbit and 125MB: the link model's line says 100 Mbit/s and 1 Gbit/s" sh -c "
+    '$B/examples/allreduce' --ranks 2 --count 10 --iters 1 --link-bandwidth 100Mbit | grep -q 'port of 100 Mbit/s' &&
+    '$B/examples/allreduce' --ranks 2 --count 10 --iters 1 --link-bandwidth 125MB | grep -q 'port of 1 Gbit/s'"
+# and the rate reaches the link model: 2 ranks' ring sends 100000 bytes a rank, 100 ms at 8 Mbit/s (12.5 ms if the
+# unit were read as bytes); waits only add to it, so the lower bound holds on a loaded machine
+check "allreduce --link-bandwidth 8Mbit: the ring of 100 kB takes at least the 100 ms the rate gives" sh -c "
+    '$B/examples/allreduce' --ranks 2 --count 25000 --iters 1 --algos ring --link-bandwidth 8Mbit 2>/dev/null |
+    awk '\$1 == \"ring\" { found = 1; if (\$2 < 95) short = 1 } END { exit short || !found }'"
+# --dataset and --data mean the same in every example: a missing directory or a dataset without a default one is
+# refused before training, naming the files expected and where to get them
+for ex in train ddp dpsgd localsgd fedavg hogwild; do
+    check "$ex --dataset cifar10 --data MISSING: exit 1 naming the files and the URL" sh -c "
+        '$B/examples/$ex' --dataset cifar10 --data '$T/none' > '$T/d.out' 2>&1; [ \$? -eq 1 ] && grep -q 'data_batch_1.bin' '$T/d.out' &&
+        grep -q 'cifar-10-binary.tar.gz' '$T/d.out' && ! grep -q '^epoch' '$T/d.out'"
+    check "$ex --dataset fashion-mnist --data MISSING: exit 1 naming the files and the Debian package" sh -c "
+        '$B/examples/$ex' --dataset fashion-mnist --data '$T/none' > '$T/d.out' 2>&1; [ \$? -eq 1 ] &&
+        grep -q 't10k-labels-idx1-ubyte' '$T/d.out' && grep -q 'dataset-fashion-mnist' '$T/d.out'"
+    check "$ex --dataset mnist without --data: exit 1 (not Fashion-MNIST's files)" sh -c "
+        '$B/examples/$ex' --dataset mnist > '$T/d.out' 2>&1; [ \$? -eq 1 ] && grep -q 'needs --data DIR' '$T/d.out'"
+done
+check "fedavg --attack labelflip without --flip (its attackers would train honestly): exit 2 naming --flip" sh -c "
+    '$B/examples/fedavg' --attack labelflip --attackers 1 > '$T/t.out' 2>&1; [ \$? -eq 2 ] && grep -q 'needs --flip A:B' '$T/t.out'"
+check "fedavg --trim 0 (read by the library as 0.1): exit 2 naming --agg mean" sh -c "
+    '$B/examples/fedavg' --agg trimmed --trim 0 > '$T/t.out' 2>&1; [ \$? -eq 2 ] && grep -q 'agg mean' '$T/t.out'"
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     # stopped after epoch 1 and resumed = never stopped: the CSV rows agree to the last digit
     check "train: resumed run ends as the uninterrupted one" sh -c "
@@ -295,7 +326,13 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         [ "$(wc -l < "$T/$name.a.cut")" -ge 3 ] && cmp "$T/$name.a.cut" "$T/$name.b.cut" && cmp "$T/$name.a.ckpt" "$T/$name.b.ckpt"
     }
     check "train: killed mid-epoch (--checkpoint-every 5) and resumed, ends as the unstopped run" \
-        kill_resume train 1,3-7 --epochs 2 --limit 512 --batch 16 --checkpoint-every 5
+        kill_resume train 1,3-7 --epochs 2 --limit 512 --batch 16     # the header line shows the defaults that shape training: ddp's momentum 0.5 and accum, fedavg's trim and Krum's f
+    check "ddp's header line shows momentum 0.5 and accum 1" sh -c "
+        '$B/examples/ddp' --ranks 2 --limit 128 --epochs 1 | head -n 1 | grep -q 'sgd lr 0.01 momentum 0.5 wd 0, .*accum 1'"
+    check "fedavg's header line shows the trim and Krum's f" sh -c "
+        '$B/examples/fedavg' --ranks 2 --clients 5 --rounds 1 --limit 100 --agg trimmed | head -n 1 | grep -q 'aggregator trimmed (trim 0.1)' &&
+        '$B/examples/fedavg' --ranks 2 --clients 5 --rounds 1 --limit 100 --agg krum --krum-f 0 | head -n 1 | grep -q 'aggregator krum (f 0)'"
+--checkpoint-every 5
     check "ddp: killed and resumed on 3 ranks (--checkpoint-every 3), ends as the unstopped run" \
         kill_resume ddp 1,3-6,9 --ranks 3 --batch 48 --epochs 2 --limit 512 --checkpoint-every 3
     check "localsgd: killed and resumed between averages, ends as the unstopped run" \

@@ -12,6 +12,14 @@
 #       empty (a .png must be a PNG).
 #   <!-- docs-check: file NAME -->   before a fenced block: the block is written to NAME (under build/tutorial/)
 #       for the commands after it (a program they compile).
+#   <!-- docs-check: expect "LABEL" TOL ["LABEL" TOL]... -->   before a ```text block: the block quotes the standard
+#       output of the run block before it (its commands' in order; a line "[...]" stands for lines left out), and
+#       is compared with what they printed when they ran as shown (DOCS_CHECK_FULL=1, or a run marker with no
+#       flags: a short run the chapter quotes, which CI then checks). Each quoted line is matched with the next
+#       printed line that starts like it (its first word, and the next word too if it is a count such as 3/20);
+#       their words without digits must be the same, and the number after each LABEL (before it, for "<LABEL")
+#       must agree within TOL: e.g. expect "test acc" 0.5 "train loss" 0.005 "<MB sent" 0. Other figures
+#       (times, images per second) are not compared. expect exact: the block is the output, line for line.
 #   A ```text block right after a line that ends with a citation `FILE:A-B` (or `FILE:A`) quotes the
 #       repository's FILE: it must be lines A to B of FILE, exactly. Every other citation FILE:A-B in the
 #       chapters must lie within FILE.
@@ -59,8 +67,9 @@ items() {   # items CHAPTER RUNDIR SCRATCH
     fence == 0 && /^```/ {
         fence = 1; info = substr($0, 4); start = NR
         mode = "none"
-        if (pending == "run") mode = "run"
+        if (pending == "run") { mode = "run"; printf "BLOCK%s%d%s%s\n", US, NR, US, pending_arg }
         else if (pending == "file") { mode = "file"; out = dir "/" pending_arg; printf "" > out }
+        else if (pending == "expect") { mode = "expect"; out = qdir "/.expect" (++nq); printf "" > out }
         else if (info == "text" && prev ~ /`[A-Za-z0-9_.\/-]+\.(c|h|sh):[0-9]+(-[0-9]+)?`:?[ \t]*$/) {
             mode = "quote"; q = prev; sub(/`:?[ \t]*$/, "", q); sub(/.*`/, "", q)
             qf = q; sub(/:.*/, "", qf); qa = q; sub(/^[^:]*:/, "", qa); qb = qa
@@ -71,13 +80,14 @@ items() {   # items CHAPTER RUNDIR SCRATCH
     }
     fence == 1 && /^```/ {
         fence = 0
-        if (mode == "file" || mode == "quote") close(out)
+        if (mode == "file" || mode == "quote" || mode == "expect") close(out)
         if (mode == "quote") printf "QUOTE%s%d%s%s%s%d%s%d%s%s\n", US, start - 1, US, qf, US, qa, US, qb, US, out
+        if (mode == "expect") printf "EXPECT%s%d%s%s%s%s\n", US, start, US, pending_arg, US, out
         if (mode == "file") printf "FILE%s%d%s%s\n", US, start, US, pending_arg
         prev = $0; next
     }
     fence == 1 {
-        if (mode == "file" || mode == "quote") print > out
+        if (mode == "file" || mode == "quote" || mode == "expect") print > out
         else if (mode == "run") {
             line = $0
             if (cmd == "") cmdline = NR
@@ -107,6 +117,66 @@ shorten() {   # shorten FLAGS COMMAND
 # the files a command writes: the word after --csv, and after -o
 outputs() { printf '%s\n' "$1" | awk '{ for (i = 1; i < NF; i++) if ($i == "--csv" || $i == "-o") print $(i + 1) }' | tr -d "'\""; }
 
+# Compares a quoted output (QUOTED, a file) with what the commands printed (ACTUAL) as SPEC says: "exact" (the same
+# lines), or "LABEL" TOL ... (see the top). Prints what differs, one line each; exits non-zero when anything does.
+compare_output() {   # compare_output SPEC QUOTED ACTUAL
+    awk -v spec="$1" -v qfile="$2" '
+    function key(s,   w, n) { n = split(s, w, " "); return w[1] (n > 1 && w[2] ~ /^[0-9]+\/[0-9]+$/ ? " " w[2] : "") }
+    function words(s,   w, n, i, o) {   # the words without a digit: the text a figure may not change
+        n = split(s, w, " "); o = ""
+        for (i = 1; i <= n; i++) if (w[i] !~ /[0-9]/) o = o " " w[i]
+        return o
+    }
+    function after(s, label,   i, t) {   # the number after label in s, or before it for "<label" ("": no label)
+        if (label ~ /^</) {
+            i = index(s, substr(label, 2)); if (!i) return ""
+            t = substr(s, 1, i - 1); sub(/[ \t]+$/, "", t); sub(/^.*[ \t]/, "", t)
+        } else {
+            i = index(s, label); if (!i) return ""
+            t = substr(s, i + length(label)); sub(/^[ \t:=]*/, "", t); sub(/[ \t,;].*$/, "", t)
+        }
+        sub(/[^0-9]+$/, "", t)   # 62.71% and 5), as numbers
+        return t ~ /^-?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$/ ? t : "NaN"
+    }
+    function abs(x) { return x < 0 ? -x : x }
+    BEGIN {
+        exact = spec ~ /^ *exact *$/; nl = 0; rest = spec
+        while (match(rest, /"[^"]*"[ \t]+[0-9.]+/)) {   # "LABEL" TOL pairs
+            pair = substr(rest, RSTART, RLENGTH); rest = substr(rest, RSTART + RLENGTH)
+            lab = pair; sub(/^"/, "", lab); sub(/".*$/, "", lab)
+            tol = pair; sub(/^"[^"]*"[ \t]+/, "", tol)
+            nl++; label[nl] = lab; tolerance[nl] = tol + 0
+        }
+        while ((getline l < qfile) > 0) if (l !~ /^[ \t]*(\[\.\.\.\])?[ \t]*$/) quoted[++nq] = l
+        if (!exact && nl == 0) { print "the marker names no \"LABEL\" TOL and is not exact: " spec; bad = 1 }
+    }
+    { if ($0 !~ /^[ \t]*$/) actual[++na] = $0 }
+    END {
+        if (exact) {
+            n = nq > na ? nq : na
+            for (i = 1; i <= n; i++) if (quoted[i] != actual[i]) { printf "line %d is now:\n  %s\nquoted:\n  %s\n", i, actual[i], quoted[i]; exit 1 }
+            exit bad
+        }
+        j = 1
+        for (i = 1; i <= nq; i++) {
+            q = quoted[i]; k = key(q)
+            while (j <= na && key(actual[j]) != k) j++
+            if (j > na) { printf "the quoted line is not in the output (after its lines before):\n  %s\n", q; bad = 1; break }
+            a = actual[j]
+            if (words(q) != words(a)) { printf "the quoted line\n  %s\nis now\n  %s\n", q, a; bad = 1 }
+            for (m = 1; m <= nl; m++) {
+                x = after(q, label[m]); if (x == "") continue
+                y = after(a, label[m])
+                if (y == "" || y == "NaN" || x == "NaN" || abs(x - y) > tolerance[m] + 1e-9) {
+                    printf "%s: quoted %s, printed %s (tolerance %s), in\n  %s\n", label[m], x, y == "" ? "nothing" : y, tolerance[m], a; bad = 1
+                }
+            }
+            j++
+        }
+        exit bad
+    }' "$3"
+}
+
 for md in "$@"; do
     [ -f "$md" ] || { fail "$md: no such chapter"; continue; }
     name=$(basename "$md" .md)
@@ -121,10 +191,21 @@ for md in "$@"; do
     [ -n "$DOCS_CHECK_QUIET" ] || echo "== $md (in $R)"
     training_skipped=0
     items "$md" "$R" "$S" > "$S/.items" || { fail "$md: cannot be read"; continue; }
+    block_ran=0; block_short=0
     while IFS="$US" read -r kind line a b c d; do
         where="$md:$line"
         case $kind in
         FILE) ok "$where: $a written" ;;
+        BLOCK)   # a run block: its commands' standard output is collected for an expect marker after it
+            : > "$S/.block"; block_ran=1; block_short=0
+            [ -n "$a" ] && [ -z "$DOCS_CHECK_FULL" ] && block_short=1 ;;
+        EXPECT)
+            if [ $block_short -eq 1 ]; then
+                [ -n "$DOCS_CHECK_QUIET" ] || echo "note $where: the output of the full-length run: compared with DOCS_CHECK_FULL=1"
+            elif [ $block_ran -ne 1 ]; then skip "$where: the output quoted (its commands did not all run)"
+            elif diffs=$(compare_output "$a" "$b" "$S/.block"); then ok "$where: the quoted output is the run's (${a})"
+            else fail "$where: the quoted output differs from what the run printed (${a})" "$diffs"
+            fi ;;
         CITE)
             n=$(wc -l < "$a" 2>/dev/null)
             if [ ! -f "$a" ]; then fail "$where: cites $a, which does not exist"
@@ -149,21 +230,24 @@ for md in "$@"; do
                 if [ $training_skipped -eq 1 ]; then skip "$where: $cmd (its runs were skipped)"; continue; fi ;;
             *build/examples/allreduce*) ;;
             *build/examples/*)
-                if [ $have_data -eq 0 ]; then skip "$where: $cmd (Fashion-MNIST is not installed)"; training_skipped=1; continue; fi ;;
+                if [ $have_data -eq 0 ]; then
+                    skip "$where: $cmd (Fashion-MNIST is not installed)"; training_skipped=1; block_ran=0; continue
+                fi ;;
             esac
             for f in $(outputs "$cmd"); do rm -f "$R/$f"; done   # a file left by an earlier run proves nothing
             t0=$(date +%s)
-            (cd "$R" && timeout "$TIMEOUT" sh -c "$cmd" < /dev/null) > "$S/.out" 2>&1; rc=$?
+            (cd "$R" && timeout "$TIMEOUT" sh -c "$cmd" < /dev/null) > "$S/.out" 2> "$S/.err"; rc=$?
             secs=$(( $(date +%s) - t0 ))
-            [ -n "$DOCS_CHECK_FULL" ] && sed 's/^/     | /' "$S/.out"
-            if [ $rc -ne 0 ]; then fail "$where: $cmd (exit $rc after ${secs}s)" "$(tail -n 15 "$S/.out")"; continue; fi
+            cat "$S/.out" >> "$S/.block"   # standard output only: what the chapters quote
+            [ -n "$DOCS_CHECK_FULL" ] && cat "$S/.out" "$S/.err" | sed 's/^/     | /'
+            if [ $rc -ne 0 ]; then block_ran=0; fail "$where: $cmd (exit $rc after ${secs}s)" "$(cat "$S/.out" "$S/.err" | tail -n 15)"; continue; fi
             bad=""
             for f in $(outputs "$cmd"); do
                 if [ ! -s "$R/$f" ]; then bad="$bad $f (missing or empty)"
                 else case $f in *.png) [ "$(head -c 4 "$R/$f" | tail -c 3)" = PNG ] || bad="$bad $f (not a PNG)" ;; esac
                 fi
             done
-            if [ -n "$bad" ]; then fail "$where: $cmd: no output:$bad"; else ok "$where: $cmd (${secs}s)"; fi
+            if [ -n "$bad" ]; then block_ran=0; fail "$where: $cmd: no output:$bad"; else ok "$where: $cmd (${secs}s)"; fi
             ;;
         esac
     done < "$S/.items"
