@@ -26,7 +26,8 @@
 #      checkpoint flags); each training example killed with SIGKILL and resumed ends as an uninterrupted run
 #      (CSV rows and the last checkpoint's bytes), and refuses damaged, foreign or mismatched checkpoints; --trace writes a timeline; ddp refuses a batch that does not
 #      split over the ranks, runs VGG-11 on Fashion-MNIST padded to 32x32, and --wd and --milestones change its
-#      run; every header line states the whole recipe
+#      run; every header line states the whole recipe; ddp --compress says what travels, and bf16 and top-k 1%
+#      send half and under a twentieth of fp32's bytes
 #   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
 #       (tools/docs_check.sh, as make docs-check)
 #   5c. faults (DT_FAULT) on 2, 3 and 4 local ranks: tests/mpi/fault_ddp.c with each kind (fail, return,
@@ -212,6 +213,9 @@ for args in "--sync allgather" "--bucket-kb 0" "--bucket-kb 9007199254740993" "-
             "--dataset folder" "--ranks 0"; do
     check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
+for args in "--compress int8" "--compress bf16:0.5" "--compress topk:0" "--compress topk:1.5" "--no-feedback" "--compress topk --sync ps"; do
+    check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
+done
 # data that cannot serve a run is refused when it is loaded, not at the first evaluation after an epoch of training:
 # test images of another size than the training images (IDX files written here: 8 of 28x28, 4 of 20x20), and an
 # image folder of one image (a 90/10 split leaves no test image)
@@ -369,6 +373,15 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         ! cmp -s '$T/r0.1' '$T/rw.1'
         cmp '$T/r0.1' '$T/rm.1'
         ! cmp -s '$T/r0.2' '$T/rm.2'"
+    # --compress: the header says what travels, and the busiest rank's megabytes (the CSV's last column) are
+    # half of fp32's with bf16 and under a twentieth with top-k 1%
+    check "ddp --compress bf16 and topk:0.01: the header says so; 1/2 and < 1/20 of fp32's bytes" sh -c "
+        set -e
+        for c in fp32 bf16 topk:0.01; do '$B/examples/ddp' --ranks 2 --limit 512 --compress \$c --csv \"$T/c-\$c.csv\" > \"$T/c-\$c.out\"; done
+        grep -q 'all-reduce ring, compress bf16,' '$T/c-bf16.out'
+        grep -q 'all-gather of pairs, compress topk 0.01 with error feedback,' '$T/c-topk:0.01.out'
+        f=\$(sed -n 2p '$T/c-fp32.csv' | cut -d, -f9); b=\$(sed -n 2p '$T/c-bf16.csv' | cut -d, -f9); k=\$(sed -n 2p '$T/c-topk:0.01.csv' | cut -d, -f9)
+        awk -v f=\$f -v b=\$b -v k=\$k 'BEGIN { exit !(b > 0.49 * f && b < 0.51 * f && k > 0 && k < f / 20) }'"
     # the header line states the whole recipe, in every example
     check "every SGD example's header states the whole recipe" sh -c "
         set -e
