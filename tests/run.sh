@@ -193,7 +193,7 @@ done
 # the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
 # rank's thread runs backward, recording into its own trace lane) under ThreadSanitizer (no OpenMP, whose
 # runtime TSan cannot see into); and the launcher's count of ended ranks, which leaves a stalled one behind
-for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume test_faults; do
+for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume test_faults test_compress; do
     if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/$t.c" -o "$B/asan/${t}_tsan" $LDLIBS; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan $t" env DT_TEST_QUICK=1 "$B/asan/${t}_tsan"
     else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi
