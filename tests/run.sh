@@ -26,8 +26,8 @@
 #      checkpoint flags); each training example killed with SIGKILL and resumed ends as an uninterrupted run
 #      (CSV rows and the last checkpoint's bytes), and refuses damaged, foreign or mismatched checkpoints; --trace writes a timeline; ddp refuses a batch that does not
 #      split over the ranks, runs VGG-11 on Fashion-MNIST padded to 32x32, and --wd and --milestones change its
-#      run; every header line states the whole recipe; ddp --compress says what travels, and bf16 and top-k 1%
-#      send half and under a twentieth of fp32's bytes
+#      run; every header line states the whole recipe; ddp --compress says what travels, bf16 and top-k 1%
+#      send half and under a twentieth of fp32's bytes, and top-k killed and resumed ends as never stopped
 #   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
 #       (tools/docs_check.sh, as make docs-check)
 #   5c. faults (DT_FAULT) on 2, 3 and 4 local ranks: tests/mpi/fault_ddp.c with each kind (fail, return,
@@ -299,6 +299,8 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         kill_resume train 1,3-7 --epochs 2 --limit 512 --batch 16 --checkpoint-every 5
     check "ddp: killed and resumed on 3 ranks (--checkpoint-every 3), ends as the unstopped run" \
         kill_resume ddp 1,3-6,9 --ranks 3 --batch 48 --epochs 2 --limit 512 --checkpoint-every 3
+    check "ddp --compress topk:0.01: killed and resumed, ends as the unstopped run (the residuals in the checkpoint)" \
+        kill_resume ddp 1,3-6,9 --ranks 2 --epochs 2 --limit 512 --compress topk:0.01 --checkpoint-every 2
     check "localsgd: killed and resumed between averages, ends as the unstopped run" \
         kill_resume localsgd 1,3-6,9,10 --ranks 3 --epochs 2 --limit 512 --batch 16 --period 4 --checkpoint-every 3
     check "dpsgd: killed and resumed on 3 ranks, ends as the unstopped run" \
