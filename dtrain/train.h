@@ -176,14 +176,24 @@ dt_result   dt_ddp_method_parse(const char *s, dt_ddp_method *out);
            all-gather (with the two counts after them), and keeps the rest as the next sync's residual;
            every rank then sums everyone's pairs into a zeroed slice in rank order, so all get the same
            bits. no_feedback drops the rest instead (plain top-k, to compare).
+     POWERSGD  rank-r PowerSGD with error feedback (Vogels et al. 2019) for each matrix-shaped tensor of the
+           slice (a weight [out, in], a conv weight as [out, in k k]; where (rows + cols) r < rows cols):
+           M = slice + residual; P = M Q summed over the ranks (one all-reduce of floats, with the slice's
+           vectors, sent as they are, and the counts), orthonormalized; Q = M^T P summed (a second
+           all-reduce); the slice becomes P Q^T and the residual M - P Q^T / p. Q starts from the seeded
+           same values on every rank and is kept from step to step (one power iteration per step).
    The communicator's counters count what travels: 2 bytes an element for BF16 and FP16, (4 + 4) bytes a
    pair for TOPK, and the local backend's link model charges those sizes. */
-typedef enum dt_ddp_compress { DT_DDP_FP32 = 0, DT_DDP_BF16, DT_DDP_FP16, DT_DDP_TOPK, DT_DDP_COMPRESS_COUNT } dt_ddp_compress;
-const char *dt_ddp_compress_name(dt_ddp_compress k);         /* "fp32", "bf16", "fp16", "topk" */
-/* Parses "fp32", "bf16", "fp16", "topk" or "topk:RATIO" (RATIO in (0, 1], e.g. 0.01); *ratio (may be NULL)
-   gets RATIO, or 0 (the default) when none is given. */
-dt_result   dt_ddp_compress_parse(const char *s, dt_ddp_compress *out, double *ratio);
+typedef enum dt_ddp_compress {
+    DT_DDP_FP32 = 0, DT_DDP_BF16, DT_DDP_FP16, DT_DDP_TOPK, DT_DDP_POWERSGD, DT_DDP_COMPRESS_COUNT
+} dt_ddp_compress;
+const char *dt_ddp_compress_name(dt_ddp_compress k);         /* "fp32", "bf16", "fp16", "topk", "powersgd" */
+/* Parses "fp32", "bf16", "fp16", "topk", "topk:RATIO" (RATIO in (0, 1], e.g. 0.01), "powersgd" or
+   "powersgd:R" (R a whole number >= 1); *param (may be NULL) gets RATIO or R, or 0 (the default) when none
+   is given. */
+dt_result   dt_ddp_compress_parse(const char *s, dt_ddp_compress *out, double *param);
 #define DT_DDP_TOPK_RATIO 0.01   /* TOPK's default fraction: 1% of each slice */
+#define DT_DDP_POWERSGD_RANK 2   /* POWERSGD's default rank */
 /* Top-k of x [n] by magnitude: the k entries of largest |x[i]| (equal magnitudes: the lower index first)
    go to idx [k] (ascending) and val [k], and become 0 in x, which is left holding the rest exactly (x in =
    x out + the pairs scattered). k is clipped to 0..n; returns it. O(n): a radix select on the magnitudes'
@@ -205,7 +215,8 @@ typedef struct dt_ddp_desc {
                                    sync; 0: only when the caller calls dt_ddp_sync_buffers (e.g. each epoch) */
     dt_ddp_compress compress;   /* what travels (BUCKETS, FLAT, PER_LAYER; default FP32): see above */
     double        topk_ratio;   /* TOPK: fraction of each slice sent, in (0, 1]; 0 = DT_DDP_TOPK_RATIO */
-    int           no_feedback;  /* TOPK: 1 drops what is not sent instead of keeping it as a residual */
+    int           no_feedback;  /* TOPK, POWERSGD: 1 drops what is not sent instead of keeping it as a residual */
+    int           powersgd_rank; /* POWERSGD: rank r of the approximation, >= 1; 0 = DT_DDP_POWERSGD_RANK */
 } dt_ddp_desc;
 
 typedef struct dt_ddp dt_ddp;
@@ -1223,10 +1234,10 @@ dt_result dt_ddp_method_parse(const char *s, dt_ddp_method *out) {
     return r;
 }
 
-static const char *const dt__ddp_compress_names[DT_DDP_COMPRESS_COUNT] = {"fp32", "bf16", "fp16", "topk"};
+static const char *const dt__ddp_compress_names[DT_DDP_COMPRESS_COUNT] = {"fp32", "bf16", "fp16", "topk", "powersgd"};
 const char *dt_ddp_compress_name(dt_ddp_compress k) { return dt__enum_name(dt__ddp_compress_names, DT_DDP_COMPRESS_COUNT, (int)k); }
 
-dt_result dt_ddp_compress_parse(const char *s, dt_ddp_compress *out, double *ratio) {
+dt_result dt_ddp_compress_parse(const char *s, dt_ddp_compress *out, double *param) {
     char name[16], *end = NULL;
     const char *colon = s ? strchr(s, ':') : NULL;
     double x = 0.0;
@@ -1236,15 +1247,18 @@ dt_result dt_ddp_compress_parse(const char *s, dt_ddp_compress *out, double *rat
         snprintf(name, sizeof name, "%.*s", (int)(colon - s), s);
         s = name;
     }
-    if ((r = dt__enum_parse(dt__ddp_compress_names, DT_DDP_COMPRESS_COUNT, s, &k, "DDP compression (topk:RATIO for a ratio)")) != DT_OK) return r;
+    if ((r = dt__enum_parse(dt__ddp_compress_names, DT_DDP_COMPRESS_COUNT, s, &k,
+                            "DDP compression (topk:RATIO, powersgd:RANK for a parameter)")) != DT_OK) return r;
     if (colon) {
         x = strtod(colon + 1, &end);
-        if (k != DT_DDP_TOPK || end == colon + 1 || *end || !(x > 0.0 && x <= 1.0))
+        if ((k != DT_DDP_TOPK && k != DT_DDP_POWERSGD) || end == colon + 1 || *end || !(x > 0.0) ||
+            (k == DT_DDP_TOPK && x > 1.0) || (k == DT_DDP_POWERSGD && (x != floor(x) || x > 1024.0)))
             return dt_set_error(DT_ERR_INVALID_ARG, "DDP compression '%s%s': only topk takes a ratio, a number in (0, 1] "
-                                "(e.g. topk:0.01 sends 1%% of each slice)", s, colon);
+                                "(e.g. topk:0.01 sends 1%% of each slice), and powersgd a rank, a whole number from 1 to "
+                                "1024 (e.g. powersgd:2)", s, colon);
     }
     if (out) *out = (dt_ddp_compress)k;
-    if (ratio) *ratio = x;
+    if (param) *param = x;
     return DT_OK;
 }
 
@@ -1317,6 +1331,11 @@ struct dt_ddp {
     int32_t     *sel_idx;           /* TOPK: [largest k] the pairs chosen */
     float       *sel_val;
     int32_t     *wire, *gathered_wire;  /* TOPK: [2 k + 2] this rank's pairs and counts; [size (2 kmax + 2)] everyone's */
+    int64_t     *mrows, *mcols, *qoff;  /* POWERSGD: [ntensors + 1] in toff's order: a matrix's shape (0: sent as
+                                           it is) and where its Q starts in psq */
+    float       *psq;               /* POWERSGD: the Qs, after the residual's n floats (one block: both are saved) */
+    float       *psbuf;             /* POWERSGD: [largest slice's Ps and vectors + 2] */
+    int64_t      nstate;            /* floats of residual (and POWERSGD's Qs) that a checkpoint keeps */
     int          tls_rank;          /* the creator's rank for log prefixes, given to the helper thread */
     dt__trace_lane *trace;          /* the creator's rank's lane for the helper thread, or NULL */
     /* overlap (BUCKETS where the backend lets another thread call the communicator) */
@@ -1460,6 +1479,103 @@ static dt_result dt__ddp_topk(dt_ddp *d, int i, float *g, int64_t off, int64_t c
     return i == 0 ? dt__ddp_counts(d, total, nactive) : DT_OK;
 }
 
+/* POWERSGD: tensor t (in d->toff's order) is a matrix [rows, cols] to compress when rank r saves bytes:
+   (rows + cols) r < rows cols; its Q [cols, r] starts at d->qoff[t] in d->psq. */
+static int dt__psgd_matrix(const dt_ddp *d, int t) { return d->mrows[t] > 0; }
+
+/* P [rows, r]: its columns made orthonormal in order (Gram-Schmidt, sums in double: the same bits on
+   every rank, which all hold the same summed P). A column that vanishes stays zero. */
+static void dt__psgd_orthonormalize(float *P, int64_t rows, int r) {
+    int c, j;
+    int64_t i;
+    for (c = 0; c < r; c++) {
+        double norm = 0.0;
+        for (j = 0; j < c; j++) {
+            double dot = 0.0;
+            for (i = 0; i < rows; i++) dot += (double)P[i * r + c] * (double)P[i * r + j];
+            for (i = 0; i < rows; i++) P[i * r + c] -= (float)dot * P[i * r + j];
+        }
+        for (i = 0; i < rows; i++) norm += (double)P[i * r + c] * (double)P[i * r + c];
+        if (norm > 0.0)
+            for (i = 0; i < rows; i++) P[i * r + c] = (float)((double)P[i * r + c] / sqrt(norm));
+    }
+}
+
+/* The tensors of slice [off, off + cnt): their positions in d->toff's order, first..last. */
+static void dt__psgd_tensors(const dt_ddp *d, int64_t off, int64_t cnt, int *first, int *last) {
+    int t;
+    *first = d->ntensors;
+    *last = -1;
+    for (t = 0; t < d->ntensors; t++)
+        if (d->toff[t] >= off && d->toff[t] < off + cnt) {
+            if (t < *first) *first = t;
+            *last = t;
+        }
+}
+
+/* POWERSGD (Vogels et al. 2019), one power iteration per step with Q warm-started from the last:
+   M = slice + residual for each matrix tensor; P = M Q summed over the ranks (with the vectors, sent as
+   they are, and the first collective's counts in the same all-reduce), orthonormalized; Q = M^T P summed;
+   the slice becomes P Q^T (the sum of the ranks' projections), the residual M - P Q^T / p. */
+static dt_result dt__ddp_powersgd(dt_ddp *d, int i, int64_t off, int64_t cnt) {
+    int r = d->desc.powersgd_rank, p = d->comm->size, t, first, last, c;
+    int fb = d->residual != NULL && !d->desc.no_feedback && d->active;
+    float *grads = d->model->grads, *buf = d->psbuf, *q0;
+    int64_t pos = 0, a, b, nq = 0;
+    dt_result rr;
+    dt__psgd_tensors(d, off, cnt, &first, &last);
+    for (t = first; t <= last; t++) {   /* P = M Q, or the vector as it is */
+        float *M = grads + d->toff[t];
+        if (!dt__psgd_matrix(d, t)) {
+            memcpy(buf + pos, M, sizeof(float) * (size_t)d->tcnt[t]);
+            pos += d->tcnt[t];
+            continue;
+        }
+        if (fb) for (a = 0; a < d->tcnt[t]; a++) M[a] += d->residual[d->toff[t] + a];
+        for (a = 0; a < d->mrows[t]; a++)
+            for (c = 0; c < r; c++) {
+                float s = 0.0f;
+                for (b = 0; b < d->mcols[t]; b++) s += M[a * d->mcols[t] + b] * d->psq[d->qoff[t] + b * r + c];
+                buf[pos + a * r + c] = s;
+            }
+        pos += d->mrows[t] * r;
+        nq += d->mcols[t] * r;
+    }
+    if (i == 0) { buf[pos] = d->active ? (float)d->acc_samples : 0.0f; buf[pos + 1] = (float)d->active; }
+    if ((rr = dt_comm_allreduce(d->comm, buf, (size_t)(pos + (i == 0 ? 2 : 0)), DT_F32, DT_SUM, d->desc.algo)) != DT_OK) return rr;
+    if (i == 0 && (rr = dt__ddp_counts(d, buf[pos], buf[pos + 1])) != DT_OK) return rr;
+    for (t = first, pos = 0; t <= last; t++) {   /* Q = M^T P with P orthonormal; vectors: their sum */
+        float *M = grads + d->toff[t], *P = buf + pos, *Q = d->psq + d->qoff[t];
+        if (!dt__psgd_matrix(d, t)) {
+            memcpy(M, buf + pos, sizeof(float) * (size_t)d->tcnt[t]);
+            pos += d->tcnt[t];
+            continue;
+        }
+        dt__psgd_orthonormalize(P, d->mrows[t], r);
+        for (b = 0; b < d->mcols[t] * r; b++) Q[b] = 0.0f;
+        for (a = 0; a < d->mrows[t]; a++)
+            for (b = 0; b < d->mcols[t]; b++)
+                for (c = 0; c < r; c++) Q[b * r + c] += M[a * d->mcols[t] + b] * P[a * r + c];
+        pos += d->mrows[t] * r;
+    }
+    if (nq == 0) return DT_OK;
+    q0 = d->psq + d->qoff[first];   /* the slice's Qs are consecutive (a vector's qoff is the next matrix's) */
+    if ((rr = dt_comm_allreduce(d->comm, q0, (size_t)nq, DT_F32, DT_SUM, d->desc.algo)) != DT_OK) return rr;
+    for (t = first, pos = 0; t <= last; t++) {   /* the slice: P Q^T; the residual: what this rank's M kept */
+        float *M = grads + d->toff[t], *P = buf + pos, *Q = d->psq + d->qoff[t];
+        if (!dt__psgd_matrix(d, t)) { pos += d->tcnt[t]; continue; }
+        for (a = 0; a < d->mrows[t]; a++)
+            for (b = 0; b < d->mcols[t]; b++) {
+                float s = 0.0f;
+                for (c = 0; c < r; c++) s += P[a * r + c] * Q[b * r + c];
+                if (fb) d->residual[d->toff[t] + a * d->mcols[t] + b] = M[a * d->mcols[t] + b] - s / (float)p;
+                M[a * d->mcols[t] + b] = s;
+            }
+        pos += d->mrows[t] * r;
+    }
+    return DT_OK;
+}
+
 /* Weighs this rank's gradients of collective i and sums them over the ranks; the first collective goes
    through carry with this rank's samples and activity after the slice. */
 static dt_result dt__ddp_reduce(dt_ddp *d, int i) {
@@ -1472,6 +1588,7 @@ static dt_result dt__ddp_reduce(dt_ddp *d, int i) {
         for (j = 0; j < cnt; j++) g[j] *= d->scale;
     if (d->comm->size == 1) return DT_OK;
     if (d->desc.compress == DT_DDP_TOPK) return dt__ddp_topk(d, i, g, off, cnt);
+    if (d->desc.compress == DT_DDP_POWERSGD) return dt__ddp_powersgd(d, i, off, cnt);
     if (d->desc.compress != DT_DDP_FP32) return dt__ddp_half(d, i, g, cnt);
     if (i > 0) return dt__ddp_sum(d, g, cnt);
     memcpy(d->carry, g, sizeof(float) * (size_t)cnt);
@@ -1541,7 +1658,7 @@ static void dt__ddp_free(dt_ddp *d) {
     DT_FREE(d->toff); DT_FREE(d->tcnt); DT_FREE(d->boff); DT_FREE(d->bcnt); DT_FREE(d->ready_at);
     DT_FREE(d->gathered); DT_FREE(d->reqs); DT_FREE(d->carry);
     DT_FREE(d->half); DT_FREE(d->residual); DT_FREE(d->sel_idx); DT_FREE(d->sel_val); DT_FREE(d->wire);
-    DT_FREE(d->gathered_wire);
+    DT_FREE(d->gathered_wire); DT_FREE(d->mrows); DT_FREE(d->mcols); DT_FREE(d->qoff); DT_FREE(d->psbuf);
     DT_FREE(d);
 }
 
@@ -1594,7 +1711,48 @@ static dt_result dt__ddp_compress_check(dt_ddp_desc *dd, const dt_model *m, int 
     if (dd->compress == DT_DDP_TOPK && m->nparams > INT32_MAX)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: top-k sends 32-bit indices, but the model has %lld "
                             "parameters: use bf16", me, (long long)m->nparams);
+    if (dd->powersgd_rank < 0 || dd->powersgd_rank > 1024)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: powersgd_rank %d: give a rank from 1 to 1024 (0: %d)", me,
+                            dd->powersgd_rank, DT_DDP_POWERSGD_RANK);
     if (dd->topk_ratio == 0.0) dd->topk_ratio = DT_DDP_TOPK_RATIO;
+    if (dd->powersgd_rank == 0) dd->powersgd_rank = DT_DDP_POWERSGD_RANK;
+    return DT_OK;
+}
+
+/* POWERSGD's plan: which tensors are matrices, where their Qs go, the largest slice's all-reduce; the
+   residual (zeros) and the Qs (seeded, the same on every rank) in one block. */
+static dt_result dt__psgd_alloc(dt_ddp *d) {
+    int nt = d->ntensors, r = d->desc.powersgd_rank, t, i, first, last;
+    int64_t q = 0, most = 0, off, cnt, j;
+    dt_rng g;
+    d->mrows = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->mcols = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->qoff = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    if (!d->mrows || !d->mcols || !d->qoff) return DT_ERR_OUT_OF_MEMORY;
+    for (t = 0; t < nt; t++) {
+        dt_param_info pi = dt_model_param_info(d->model, nt - 1 - t);
+        int64_t rows = pi.ndim >= 2 ? pi.shape[0] : 0, cols = rows > 0 ? pi.count / rows : 0;
+        int mat = rows > 0 && (rows + cols) * r < rows * cols;
+        d->mrows[t] = mat ? rows : 0;
+        d->mcols[t] = mat ? cols : 0;
+        d->qoff[t] = q;
+        q += mat ? cols * r : 0;
+    }
+    d->qoff[nt] = q;
+    for (i = 0; i < dt__ddp_ncoll(d); i++) {   /* the slice's Ps and vectors */
+        int64_t w = 2;
+        dt__ddp_slice(d, i, &off, &cnt);
+        dt__psgd_tensors(d, off, cnt, &first, &last);
+        for (t = first; t <= last; t++) w += d->mrows[t] ? d->mrows[t] * r : d->tcnt[t];
+        most = w > most ? w : most;
+    }
+    d->nstate = d->n + q;
+    d->psbuf = (float *)DT_MALLOC(sizeof(float) * (size_t)most);
+    if (!d->psbuf || !(d->residual = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->nstate + 1)))) return DT_ERR_OUT_OF_MEMORY;
+    memset(d->residual, 0, sizeof(float) * (size_t)d->n);
+    d->psq = d->residual + d->n;
+    dt_rng_init(&g, 0x9057cdULL, 0);
+    for (j = 0; j < q; j++) d->psq[j] = (float)dt_rng_u32(&g) / 4294967296.0f * 2.0f - 1.0f;
     return DT_OK;
 }
 
@@ -1608,7 +1766,9 @@ static dt_result dt__ddp_compress_alloc(dt_ddp *d) {
     }
     if (d->desc.compress == DT_DDP_BF16 || d->desc.compress == DT_DDP_FP16)
         return (d->half = (uint16_t *)DT_MALLOC(sizeof(uint16_t) * (size_t)(most + 1))) ? DT_OK : DT_ERR_OUT_OF_MEMORY;
+    if (d->desc.compress == DT_DDP_POWERSGD) return dt__psgd_alloc(d);
     if (d->desc.compress != DT_DDP_TOPK) return DT_OK;
+    d->nstate = d->desc.no_feedback ? 0 : d->n;
     k = dt__ddp_topk_k(d, most);
     d->sel_idx = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)k);
     d->sel_val = (float *)DT_MALLOC(sizeof(float) * (size_t)k);
@@ -1828,8 +1988,9 @@ dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d) {
 
 int dt_ddp_buckets(const dt_ddp *d) { return d ? d->nbuckets : 0; }
 const float *dt_ddp_residual(const dt_ddp *d, int64_t *n) {
-    if (n) *n = d && d->residual ? d->n : 0;
-    return d ? d->residual : NULL;
+    int has = d && d->residual && !d->desc.no_feedback;
+    if (n) *n = has ? d->n : 0;
+    return has ? d->residual : NULL;
 }
 int dt_ddp_overlapped(const dt_ddp *d) { return d ? d->overlap : 0; }
 int64_t dt_ddp_bucket_bytes(const dt_ddp *d, int i) {
@@ -1843,15 +2004,13 @@ dt_result dt_ddp_save(dt_ddp *d, const char *path, dt_optim *o, const dt_checkpo
         pre = dt_set_error(DT_ERR_STATE, "dt_ddp_save: rank %d: the gradient of %lld samples is accumulated but not synchronised, "
                            "and a checkpoint holds no gradients: save after a step that synchronised", d->comm->rank,
                            (long long)d->acc_samples);
-    return dt__ckpt_save_extra(d->comm, "dt_ddp_save", DT__CKPT_DDP, path, d->model, o, meta, 0, d->residual,
-                               d->residual ? d->n : 0, pre);
+    return dt__ckpt_save_extra(d->comm, "dt_ddp_save", DT__CKPT_DDP, path, d->model, o, meta, 0, d->residual, d->nstate, pre);
 }
 
 dt_result dt_ddp_load(dt_ddp *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta) {
     dt_result r;
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_load: ddp is NULL");
-    r = dt__ckpt_load_extra(d->comm, "dt_ddp_load", DT__CKPT_DDP, path, d->model, o, meta, NULL, d->residual,
-                            d->residual ? d->n : 0, DT_OK);
+    r = dt__ckpt_load_extra(d->comm, "dt_ddp_load", DT__CKPT_DDP, path, d->model, o, meta, NULL, d->residual, d->nstate, DT_OK);
     if (r == DT_OK) d->acc_samples = d->last_samples = 0;
     return r;
 }

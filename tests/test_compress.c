@@ -206,8 +206,10 @@ static void test_topk_split(void) {
 
 typedef struct sjob {
     dt_ddp_desc desc;
+    int lowrank;         /* 1: every rank's gradient the same, each weight matrix of rank 1 (u v^T) */
     int64_t n;
-    float grads[SR][SYNCS][256], res[SR][SYNCS][256];
+    float in[SR][SYNCS][256], grads[SR][SYNCS][256], res[SR][SYNCS][256];
+    char matrix[256];    /* element i belongs to a weight matrix (every one is compressed at rank 1 here) */
 } sjob;
 
 /* rank r's gradient at sync s (set by hand; samples = 2) */
@@ -215,6 +217,18 @@ static float sgrad(int r, int s, int64_t i) {
     dt_rng g;
     dt_rng_init(&g, 23, (uint64_t)((r * SYNCS + s) * 1000 + i));
     return (float)dt_rng_u32(&g) / 4294967296.0f - 0.5f;
+}
+
+/* Each weight matrix [rows, cols] of g becomes u v^T (u, v from sync s); biases stay. */
+static void lowrank(dt_model *m, float *g, int s) {
+    int t;
+    int64_t a, b;
+    for (t = 0; t < dt_model_param_tensors(m); t++) {
+        dt_param_info pi = dt_model_param_info(m, t);
+        int64_t rows = pi.shape[0], cols = pi.ndim >= 2 ? pi.count / rows : 0;
+        for (a = 0; a < rows && cols; a++)
+            for (b = 0; b < cols; b++) g[pi.offset + a * cols + b] = sgrad(1, s, a) * sgrad(2, s, b);
+    }
 }
 
 static dt_result s_rank(dt_comm *c, void *arg) {
@@ -227,10 +241,19 @@ static dt_result s_rank(dt_comm *c, void *arg) {
     if ((r = tc_mlp(&m, SIN, SK, (uint64_t)me + 1, 0, 6, 0)) != DT_OK) return r;
     if ((r = dt_ddp_create(&d, c, m, &j->desc)) == DT_OK) {
         float *g = dt_model_grads(m, &n);
-        if (me == 0) j->n = n;
+        if (me == 0) {
+            int t;
+            j->n = n;
+            for (t = 0; t < dt_model_param_tensors(m) && n <= 256; t++) {
+                dt_param_info pi = dt_model_param_info(m, t);
+                memset(j->matrix + pi.offset, pi.ndim >= 2, (size_t)pi.count);
+            }
+        }
         for (s = 0; s < SYNCS && r == DT_OK && n <= 256; s++) {
             const float *res;
-            for (i = 0; i < n; i++) g[i] = sgrad(me, s, i);
+            for (i = 0; i < n; i++) g[i] = sgrad(j->lowrank ? 0 : me, s, i);
+            if (j->lowrank) lowrank(m, g, s);
+            memcpy(j->in[me][s], g, sizeof(float) * (size_t)n);
             if ((r = dt_ddp_sync(d, 2)) != DT_OK) break;
             memcpy(j->grads[me][s], g, sizeof(float) * (size_t)n);
             res = dt_ddp_residual(d, &nr);
@@ -276,6 +299,47 @@ static void test_ddp_topk_sync(void) {
             for (i = 0; i < n; i++) sum[i] /= (float)(2 * SR);
             for (r = 0; r < SR; r++) CHECK(memcmp(j.grads[r][s], sum, sizeof(float) * (size_t)n) == 0);
         }
+    }
+}
+
+/* PowerSGD rank 1 on 3 ranks: a gradient of rank-1 matrices, the same on every rank, comes back as itself
+   (each rank's projection is exact); for full-rank gradients, the residual is what the average left of this
+   rank's input, to rounding (residual + result = input, the units: samples = 2 per rank, 6 in all), and
+   without feedback it stays 0. */
+static void test_powersgd_sync(void) {
+    static sjob j;
+    int s, r, fb;
+    int64_t i, n;
+    memset(&j, 0, sizeof j);
+    j.desc.method = DT_DDP_FLAT;
+    j.desc.compress = DT_DDP_POWERSGD;
+    j.desc.powersgd_rank = 1;
+    j.lowrank = 1;
+    CHECK_OK(tc_launch(s_rank, &j, SR));
+    n = j.n;
+    CHECK(n > 0 && n <= 256);
+    for (s = 0; s < SYNCS && n <= 256; s++)
+        for (r = 0; r < SR; r++) CHECK_CLOSE(j.grads[r][s], j.in[0][s], n, 1e-5, "rank-1 gradients through PowerSGD rank 1");
+    for (fb = 0; fb < 2; fb++) {
+        double worst = 0.0, big = 0.0;
+        memset(&j, 0, sizeof j);
+        j.desc.method = DT_DDP_BUCKETS;
+        j.desc.bucket_bytes = 64;
+        j.desc.compress = DT_DDP_POWERSGD;
+        j.desc.powersgd_rank = 1;
+        j.desc.no_feedback = !fb;
+        CHECK_OK(tc_launch(s_rank, &j, SR));
+        for (s = 0; s < SYNCS && n <= 256; s++)
+            for (r = 0; r < SR; r++)
+                for (i = 0; i < n; i++) {   /* M = 2 g + the last residual; residual = M - 2 * result (P Q^T / 3) */
+                    if (!j.matrix[i]) { worst = j.res[r][s][i] != 0.0f ? 1e30 : worst; continue; }
+                    double M = 2.0 * j.in[r][s][i] + (fb && s ? j.res[r][s - 1][i] : 0.0);
+                    double e = fb ? fabs(j.res[r][s][i] - (M - 2.0 * j.grads[r][s][i])) : fabs(j.res[r][s][i]);
+                    worst = e > worst ? e : worst;
+                    big = fabs(M) > big ? fabs(M) : big;
+                }
+        CHECK(worst <= 1e-5 * big);
+        CHECK(memcmp(j.grads[0], j.grads[1], sizeof j.grads[0]) == 0 && memcmp(j.grads[0], j.grads[2], sizeof j.grads[0]) == 0);
     }
 }
 
@@ -365,14 +429,17 @@ static dt_result c_rank(dt_comm *c, void *arg) {
 }
 
 /* 30 epochs of 32 steps on 2 ranks (an MLP of 2762 parameters; fp32 reaches about 0.89 on this teacher,
-   top-k 1% with feedback 0.885, without it 0.71): top-k 1% (28 entries a step) with error feedback within
-   0.03 of fp32, bf16 within 0.01, and top-k 1% without feedback more than 0.1 below fp32. Top-k sends
-   (4 + 4) bytes for each of its k, a twentieth of fp32's bytes or less; bf16 a little over half (the two
-   counts go as floats). Deterministic: the bands only absorb another CPU tier's rounding. */
+   top-k 1% with feedback 0.885, without it 0.71, PowerSGD rank 2 0.876): top-k 1% (28 entries a step) and
+   PowerSGD rank 2 with error feedback within 0.03 of fp32, bf16 within 0.01, and top-k 1% without feedback
+   more than 0.1 below fp32. Top-k sends (4 + 4) bytes for each of its k, a twentieth of fp32's bytes or
+   less; bf16 a little over half (the two counts go as floats); PowerSGD under a fifth (its Ps and Qs, and
+   the biases as they are). Deterministic: the bands only absorb another CPU tier's rounding. */
 static void test_accuracy_band(void) {
-    cjob fp, bf, tk, nf;
+    cjob fp, bf, tk, nf, ps;
     memset(&fp, 0, sizeof fp); memset(&bf, 0, sizeof bf); memset(&tk, 0, sizeof tk); memset(&nf, 0, sizeof nf);
-    fp.desc.method = bf.desc.method = tk.desc.method = nf.desc.method = DT_DDP_FLAT;
+    memset(&ps, 0, sizeof ps);
+    fp.desc.method = bf.desc.method = tk.desc.method = nf.desc.method = ps.desc.method = DT_DDP_FLAT;
+    ps.desc.compress = DT_DDP_POWERSGD;
     bf.desc.compress = DT_DDP_BF16;
     tk.desc.compress = nf.desc.compress = DT_DDP_TOPK;
     nf.desc.no_feedback = 1;
@@ -380,13 +447,17 @@ static void test_accuracy_band(void) {
     CHECK_OK(tc_launch(c_rank, &bf, 2));
     CHECK_OK(tc_launch(c_rank, &tk, 2));
     CHECK_OK(tc_launch(c_rank, &nf, 2));
-    printf("    accuracy: fp32 %.3f, bf16 %.3f, top-k 1%% with feedback %.3f, without %.3f; bytes sent %llu, %llu, %llu\n",
-           fp.acc, bf.acc, tk.acc, nf.acc, (unsigned long long)fp.sent, (unsigned long long)bf.sent, (unsigned long long)tk.sent);
+    CHECK_OK(tc_launch(c_rank, &ps, 2));
+    printf("    accuracy: fp32 %.3f, bf16 %.3f, top-k 1%% with feedback %.3f, without %.3f, powersgd rank 2 %.3f; bytes sent "
+           "%llu, %llu, %llu, %llu\n", fp.acc, bf.acc, tk.acc, nf.acc, ps.acc, (unsigned long long)fp.sent,
+           (unsigned long long)bf.sent, (unsigned long long)tk.sent, (unsigned long long)ps.sent);
     CHECK(fp.acc > 0.8);
     CHECK(fabs(bf.acc - fp.acc) <= 0.01);
     CHECK(fabs(tk.acc - fp.acc) <= 0.03);
     CHECK(nf.acc < fp.acc - 0.1);
     CHECK(tk.sent * 20 <= fp.sent && bf.sent * 100 <= fp.sent * 51);
+    CHECK(fabs(ps.acc - fp.acc) <= 0.03);
+    CHECK(ps.sent * 5 <= fp.sent);
 }
 
 /* ---- resume keeps the residual ---- */
@@ -421,21 +492,25 @@ static dt_result r_rank(dt_comm *c, void *arg) {
     return r;
 }
 
-/* Top-k with feedback, stopped after step 3, saved and resumed, ends with the uninterrupted run's bits
-   (the residual travels in the checkpoint: without it the steps after resume send other pairs). */
+/* Top-k with feedback, and PowerSGD, stopped after step 3, saved and resumed, end with the uninterrupted
+   run's bits (the residual, and PowerSGD's Qs, travel in the checkpoint: without them the steps after
+   resume send other values). */
 static void test_resume_residual(void) {
     static rjob full, resumed;
     const char *path = "build/test_compress.ckpt";
-    memset(&full, 0, sizeof full);
-    full.desc.compress = DT_DDP_TOPK;
-    full.path = path;
-    resumed = full;
-    resumed.stop = 3;
-    remove(path);
-    CHECK_OK(tc_launch(r_rank, &full, 2));
-    CHECK_OK(tc_launch(r_rank, &resumed, 2));
-    CHECK(full.n > 0 && full.n <= 4096);
-    CHECK(memcmp(full.params, resumed.params, sizeof full.params) == 0);
+    int kind;
+    for (kind = 0; kind < 2; kind++) {
+        memset(&full, 0, sizeof full);
+        full.desc.compress = kind ? DT_DDP_POWERSGD : DT_DDP_TOPK;
+        full.path = path;
+        resumed = full;
+        resumed.stop = 3;
+        remove(path);
+        CHECK_OK(tc_launch(r_rank, &full, 2));
+        CHECK_OK(tc_launch(r_rank, &resumed, 2));
+        CHECK(full.n > 0 && full.n <= 4096);
+        CHECK(memcmp(full.params, resumed.params, sizeof full.params) == 0);
+    }
     remove(path);
 }
 
@@ -499,6 +574,13 @@ static void test_bad_settings(void) {
     CHECK_ERR(dt_ddp_compress_parse("topk:2", &k, &ratio), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_ddp_compress_parse("topk:x", &k, &ratio), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_ddp_compress_parse("int8", &k, &ratio), DT_ERR_INVALID_ARG);
+    CHECK_OK(dt_ddp_compress_parse("powersgd:4", &k, &ratio));
+    CHECK(k == DT_DDP_POWERSGD && ratio == 4.0);
+    CHECK_ERR(dt_ddp_compress_parse("powersgd:1.5", &k, &ratio), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_ddp_compress_parse("powersgd:0", &k, &ratio), DT_ERR_INVALID_ARG);
+    desc.compress = DT_DDP_POWERSGD;
+    desc.powersgd_rank = -1;
+    CHECK_ERR(tc_launch(bad_rank, &desc, 2), DT_ERR_INVALID_ARG);
     CHECK(!strcmp(dt_ddp_compress_name(DT_DDP_FP16), "fp16"));
 }
 
@@ -512,6 +594,7 @@ int main(int argc, char **argv) {
     RUN(test_allreduce_half);
     RUN(test_topk_split);
     RUN(test_ddp_topk_sync);
+    RUN(test_powersgd_sync);
     if (quick) dt_t_skip("test_accuracy_band", "DT_TEST_QUICK (the sanitizer and portable builds): 3840 steps are the plain build's");
     else RUN(test_accuracy_band);
     RUN(test_resume_residual);
