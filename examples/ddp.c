@@ -6,8 +6,8 @@
               [--epochs 1] [--batch 128] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
               [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--limit N] [--accum 1]
               [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb 256]
-              [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]] [--no-feedback] [--csv PATH]
-              [--checkpoint PATH] [--checkpoint-every N] [--resume]
+              [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback]
+              [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
               (and the launcher's flags: --timeout, --link-latency, ...)
    e.g.   ./build/examples/ddp --ranks 4 --epochs 3
           ./build/examples/ddp --ranks 4 --sync ps --limit 6000              (the parameter server)
@@ -27,8 +27,9 @@
    with the parameters and CSV rows (appended) of a run that was never stopped. A fresh run refuses a PATH
    that exists; a model with NaN is never saved over the last good checkpoint. --compress sets what each
    rank sends of its gradient (dt_ddp_compress: bf16 or fp16 halves the bytes; topk:0.01 sends the largest 1%
-   of each bucket as index-value pairs and keeps the rest for the next step, which --no-feedback drops);
-   the CSV's MB column counts what was sent. */
+   of each bucket as index-value pairs and keeps the rest for the next step, which --no-feedback drops;
+   powersgd:2 sends each weight matrix as two rank-2 factors, with the same feedback); the CSV's MB column
+   counts what was sent. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,8 +54,8 @@ static void usage(FILE *f) {
                "           [--epochs N] [--batch N] [--seed N] [--limit N] [--accum K]\n");
     ex_recipe_usage(f, 11, 0);
     fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native] [--bucket-kb N]\n"
-               "           [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]] [--no-feedback] [--csv PATH]\n"
-               "           [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
+               "           [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback]\n"
+               "           [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth B]\n");
     ex_ckpt_usage(f, 11);
 }
 
@@ -77,8 +78,10 @@ static int parse_args(int argc, char **argv, void *arg) {
         else if (!strcmp(f, "--sync")) {
             if (dt_ddp_method_parse(v, &a->ddp.method) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); return -1; }
         }
-        else if (!strcmp(f, "--compress")) {
-            if (dt_ddp_compress_parse(v, &a->ddp.compress, &a->ddp.topk_ratio) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); return -1; }
+        else if (!strcmp(f, "--compress")) {   /* topk:RATIO or powersgd:RANK */
+            double x = 0.0;
+            if (dt_ddp_compress_parse(v, &a->ddp.compress, &x) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); return -1; }
+            if (a->ddp.compress == DT_DDP_TOPK) a->ddp.topk_ratio = x; else a->ddp.powersgd_rank = (int)x;
         }
         else if (!strcmp(f, "--accum")) bad = parse_long(f, v, 1, &a->accum);
         else if (!strcmp(f, "--bucket-kb")) {   /* at most 1 TiB, so that the bytes (x 1024) cannot overflow */
@@ -97,7 +100,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "ddp: unknown model '%s'\n", a->model); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "ddp: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     if (ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt)) return -1;
-    if (a->ddp.no_feedback && a->ddp.compress != DT_DDP_TOPK) { fprintf(stderr, "ddp: --no-feedback is top-k's: add --compress topk\n"); return -1; }
+    if (a->ddp.no_feedback && a->ddp.compress < DT_DDP_TOPK) { fprintf(stderr, "ddp: --no-feedback is top-k's and powersgd's\n"); return -1; }
     if (a->ddp.compress && a->ddp.method > DT_DDP_PER_LAYER) { fprintf(stderr, "ddp: --compress needs --sync buckets, flat or per-layer\n"); return -1; }
     a->ddp.bucket_bytes = (int64_t)a->bucket_kb * 1024;
     return 0;
@@ -169,13 +172,14 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         }
         if (a->ddp.method <= DT_DDP_PER_LAYER) {   /* what "auto" means on this communicator; 16 bits have no native path */
             dt_algo al = dt_comm_algo(c, a->ddp.algo);
-            if (a->ddp.compress != DT_DDP_FP32 && al == DT_ALGO_NATIVE) al = DT_ALGO_RING;
+            if ((a->ddp.compress == DT_DDP_BF16 || a->ddp.compress == DT_DDP_FP16) && al == DT_ALGO_NATIVE) al = DT_ALGO_RING;
             printf(", %s", a->ddp.compress == DT_DDP_TOPK ? "all-gather of pairs" : "all-reduce ");
             if (a->ddp.compress != DT_DDP_TOPK) printf("%s", dt_algo_name(al));
         }
         printf(", compress %s", dt_ddp_compress_name(a->ddp.compress));
-        if (a->ddp.compress == DT_DDP_TOPK)
-            printf(" %g%s", a->ddp.topk_ratio > 0 ? a->ddp.topk_ratio : DT_DDP_TOPK_RATIO, a->ddp.no_feedback ? " without error feedback" : " with error feedback");
+        if (a->ddp.compress == DT_DDP_TOPK) printf(" %g", a->ddp.topk_ratio > 0 ? a->ddp.topk_ratio : DT_DDP_TOPK_RATIO);
+        if (a->ddp.compress == DT_DDP_POWERSGD) printf(" rank %d", a->ddp.powersgd_rank > 0 ? a->ddp.powersgd_rank : DT_DDP_POWERSGD_RANK);
+        if (a->ddp.compress >= DT_DDP_TOPK) printf(a->ddp.no_feedback ? " without error feedback" : " with error feedback");
         printf(", %d threads per rank\n", dt_cpu_threads());
         fflush(stdout);
     }

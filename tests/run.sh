@@ -213,7 +213,8 @@ for args in "--sync allgather" "--bucket-kb 0" "--bucket-kb 9007199254740993" "-
             "--dataset folder" "--ranks 0"; do
     check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
-for args in "--compress int8" "--compress bf16:0.5" "--compress topk:0" "--compress topk:1.5" "--no-feedback" "--compress topk --sync ps"; do
+for args in "--compress int8" "--compress bf16:0.5" "--compress topk:0" "--compress topk:1.5" "--compress powersgd:0" "--no-feedback" \
+            "--compress topk --sync ps"; do
     check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
 # data that cannot serve a run is refused when it is loaded, not at the first evaluation after an epoch of training:
