@@ -185,7 +185,7 @@
                 the self and local backends, faults and counters; the launcher and the timeline file
      train.h    evaluation, checkpoints, and the trainers: local SGD and Hogwild, DDP (gradient averaging
                 by five methods, buckets overlapped with backward, accumulation, uneven data, gradients
-                sent as bf16, fp16 or top-k pairs with error feedback), D-PSGD
+                sent as bf16, fp16, top-k pairs or PowerSGD factors with error feedback), D-PSGD
                 (gossip through a mixing matrix), FedAvg (server and clients, robust aggregation, attacks)
    Beside this file: dtrain_mpi.h (the MPI backend of comm.h) and dtrain_cuda.h (the GPU's ops table).
 */

@@ -7,7 +7,8 @@
      buffers that keep each algorithm visible: local SGD (average every K steps), Hogwild (lock-free
      updates of one shared buffer), DDP (the gradient buffer averaged by a parameter server,
      point-to-point, per layer, flat, or in buckets overlapped with backward; accumulation, uneven data,
-     synchronised batch norm; the gradient sent as bf16, fp16 or top-k pairs with error feedback), D-PSGD (gossip with the mixing matrix, CTA or ATC order, consensus) and
+     synchronised batch norm; the gradient sent as bf16, fp16, top-k pairs or PowerSGD factors with error
+     feedback), D-PSGD (gossip with the mixing matrix, CTA or ATC order, consensus) and
      FedAvg (server and clients, sample-weighted aggregation, robust aggregators, attacks, dropouts).
    USES
      dtrain/optim.h, dtrain/data.h and dtrain/comm.h, and what they include: every module before it.
