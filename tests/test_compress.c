@@ -1,10 +1,11 @@
 /* test_compress.c - DDP's gradient compression and what it stands on: the 16-bit floats (rounding to
    nearest even against an oracle built on the decoders), the all-reduce over DT_BF16 and DT_F16 against
-   the exact sum within their rounding, top-k selection against a sorting reference, a DDP sync with top-k
-   and error feedback against its emulation on the host (residual + sent = input, bit for bit), a short
-   run in which top-k 1% with error feedback lands in fp32's accuracy band and top-k without it does not,
-   and a resumed top-k run that ends with the bits of an uninterrupted one. DT_TEST_QUICK=1 (sanitizer
-   and portable builds) leaves out the accuracy run. */
+   the exact sum within their rounding (and charged half of f32's time by the link model), top-k selection
+   against a sorting reference, a DDP sync with top-k and error feedback against its emulation on the host
+   (residual + sent = input, bit for bit), PowerSGD's sync (rank-1 gradients exact, residual + result =
+   input), a short run in which top-k 1% with error feedback (and PowerSGD) lands in fp32's accuracy band
+   and top-k without it does not, and resumed top-k and PowerSGD runs that end with the bits of
+   uninterrupted ones. DT_TEST_QUICK=1 (sanitizer and portable builds) leaves out the accuracy run. */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
@@ -144,6 +145,41 @@ static void test_allreduce_half(void) {
                 CHECK(rounded > AN / 10);
                 for (r = 0; r < p; r++) CHECK(j.sent16[r] * 2 == j.sent32[r] && j.sent16[r] > 0);
             }
+}
+
+/* The link model charges what is sent: on 2 ranks behind 10 MB/s links, a ring all-reduce of 2^20 elements
+   moves 4 MB per rank as f32 (0.4 s) and 2 MB as bf16 (0.2 s). Sleeps dominate, so the bound holds on a
+   loaded machine: bf16 under 0.75 of f32's time. */
+#define LN (1 << 20)
+typedef struct ljob { double secs[2]; } ljob;
+static dt_result l_rank(dt_comm *c, void *arg) {
+    ljob *j = (ljob *)arg;
+    static float f[2][LN];
+    static uint16_t h[2][LN];
+    int me = dt_comm_rank(c);
+    double t0;
+    dt_result r;
+    memset(f[me], 0, sizeof f[me]);
+    memset(h[me], 0, sizeof h[me]);
+    t0 = dt_time_now();
+    if ((r = dt_comm_allreduce(c, f[me], LN, DT_F32, DT_SUM, DT_ALGO_RING)) != DT_OK) return r;
+    if (me == 0) j->secs[0] = dt_time_now() - t0;
+    t0 = dt_time_now();
+    if ((r = dt_comm_allreduce(c, h[me], LN, DT_BF16, DT_SUM, DT_ALGO_RING)) != DT_OK) return r;
+    if (me == 0) j->secs[1] = dt_time_now() - t0;
+    return DT_OK;
+}
+static void test_link_model_half(void) {
+    ljob j;
+    dt_launch_desc ld;
+    memset(&j, 0, sizeof j);
+    memset(&ld, 0, sizeof ld);
+    ld.ranks = 2;
+    ld.comm.timeout = 20;
+    ld.comm.link_bandwidth = 10e6;
+    CHECK_OK(dt_launch_local(&ld, l_rank, &j, NULL));
+    printf("    behind 10 MB/s: f32 %.3f s, bf16 %.3f s\n", j.secs[0], j.secs[1]);
+    CHECK(j.secs[0] >= 0.35 && j.secs[1] < 0.75 * j.secs[0]);
 }
 
 /* ---- top-k ---- */
@@ -592,6 +628,7 @@ int main(int argc, char **argv) {
     make_teacher_data();
     RUN(test_half_rounding);
     RUN(test_allreduce_half);
+    RUN(test_link_model_half);
     RUN(test_topk_split);
     RUN(test_ddp_topk_sync);
     RUN(test_powersgd_sync);
