@@ -184,13 +184,14 @@ dt_result   dt_ddp_method_parse(const char *s, dt_ddp_method *out);
            all-reduce); the slice becomes P Q^T and the residual M - P Q^T / p. Q starts from the seeded
            same values on every rank and is kept from step to step (one power iteration per step).
    The communicator's counters count what travels: 2 bytes an element for BF16 and FP16, (4 + 4) bytes a
-   pair for TOPK, and the local backend's link model charges those sizes. */
+   pair for TOPK, 4 (rows + cols) r bytes a matrix for POWERSGD, and the local backend's link model charges
+   those sizes. */
 typedef enum dt_ddp_compress {
     DT_DDP_FP32 = 0, DT_DDP_BF16, DT_DDP_FP16, DT_DDP_TOPK, DT_DDP_POWERSGD, DT_DDP_COMPRESS_COUNT
 } dt_ddp_compress;
 const char *dt_ddp_compress_name(dt_ddp_compress k);         /* "fp32", "bf16", "fp16", "topk", "powersgd" */
 /* Parses "fp32", "bf16", "fp16", "topk", "topk:RATIO" (RATIO in (0, 1], e.g. 0.01), "powersgd" or
-   "powersgd:R" (R a whole number >= 1); *param (may be NULL) gets RATIO or R, or 0 (the default) when none
+   "powersgd:R" (R a whole number from 1 to 1024); *param (may be NULL) gets RATIO or R, or 0 (the default) when none
    is given. */
 dt_result   dt_ddp_compress_parse(const char *s, dt_ddp_compress *out, double *param);
 #define DT_DDP_TOPK_RATIO 0.01   /* TOPK's default fraction: 1% of each slice */
@@ -217,7 +218,7 @@ typedef struct dt_ddp_desc {
     dt_ddp_compress compress;   /* what travels (BUCKETS, FLAT, PER_LAYER; default FP32): see above */
     double        topk_ratio;   /* TOPK: fraction of each slice sent, in (0, 1]; 0 = DT_DDP_TOPK_RATIO */
     int           no_feedback;  /* TOPK, POWERSGD: 1 drops what is not sent instead of keeping it as a residual */
-    int           powersgd_rank; /* POWERSGD: rank r of the approximation, >= 1; 0 = DT_DDP_POWERSGD_RANK */
+    int           powersgd_rank; /* POWERSGD: rank r of the approximation, 1 to 1024; 0 = DT_DDP_POWERSGD_RANK */
 } dt_ddp_desc;
 
 typedef struct dt_ddp dt_ddp;
@@ -263,11 +264,11 @@ int          dt_ddp_overlapped(const dt_ddp *d);      /* 1 when buckets are redu
 /* Bytes of gradient in bucket i (0 = the first reduced: the end of the buffer) of a BUCKETS dt_ddp; buckets
    hold whole tensors, so one may be far above desc.bucket_bytes. 0 when i is not a bucket. */
 int64_t      dt_ddp_bucket_bytes(const dt_ddp *d, int i);
-/* TOPK with error feedback: this rank's residual [*n] (what it has not sent yet, in the units of its
-   weighted gradient: the mean's gradient times the micro-batch's samples), else NULL and *n = 0. */
+/* TOPK or POWERSGD with error feedback: this rank's residual [*n] (what it has not sent yet, in the units
+   of its weighted gradient: the mean's gradient times the micro-batch's samples), else NULL and *n = 0. */
 const float *dt_ddp_residual(const dt_ddp *d, int64_t *n);
-/* Collective checkpoint of every rank's model, optimizer o (may be NULL) and meta, and with TOPK its
-   residual (so a resumed run sends what the uninterrupted one would): the replicas are equal,
+/* Collective checkpoint of every rank's model, optimizer o (may be NULL) and meta, and with TOPK or POWERSGD
+   its residual and PowerSGD's Qs (so a resumed run sends what the uninterrupted one would): the replicas are equal,
    but each rank's dropout RNG and data position are its own. Save after a step that synchronised (a
    checkpoint holds no gradients: accumulated ones are refused). Loading also starts a fresh accumulation. */
 dt_result dt_ddp_save(dt_ddp *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta);
@@ -618,7 +619,7 @@ typedef struct dt__ckpt {
     dt_model  *m;
     dt_optim  *o;
     int64_t    word;       /* the trainer's own state (local SGD: steps since the last average) */
-    float     *extra;      /* [nextra] the trainer's own floats (DDP's top-k residual), host memory; or NULL */
+    float     *extra;      /* [nextra] the trainer's own floats (DDP's residual and PowerSGD's Qs), host memory; or NULL */
     int64_t    nextra;
 } dt__ckpt;
 
@@ -893,11 +894,10 @@ static void dt__ckpt_apply(dt__ckpt *k, const unsigned char *sec, const uint64_t
     m->seed = w[8]; m->stream = w[9]; m->step = w[10];
     if (k->o) {
         if (w[4]) m->ops->upload(m->ctx, k->o->state, p, 4 * (int64_t)w[4]);
-        p += 4 * (int64_t)w[4];
-        for (i = 0; i < k->o->ntensors; i++) k->o->steps[i] = (int64_t)dt__get_u64(p + 8 * i);
+        for (i = 0; i < k->o->ntensors; i++) k->o->steps[i] = (int64_t)dt__get_u64(p + 4 * (int64_t)w[4] + 8 * i);
         memcpy(&k->o->d.lr, &lr, sizeof lr);
     }
-    p += 8 * w[5];
+    p += 4 * (int64_t)w[4] + 8 * (int64_t)w[5];   /* the optimizer's part, loaded or not: the trainer's floats follow */
     if (k->nextra) memcpy(k->extra, p, 4 * (size_t)k->nextra);
     if (meta) {
         meta->epoch = (int64_t)w[11]; meta->step = (int64_t)w[12]; meta->round = (int64_t)w[13];
