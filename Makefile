@@ -92,7 +92,7 @@ $(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h tests/dt_test_trace.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 $(MPITESTS): tests/mpi/mpi_test.h tests/comm_checks.h
-$(B)/tests/test_ddp $(B)/tests/test_localsgd: tests/train_checks.h
+$(B)/tests/test_ddp $(B)/tests/test_localsgd $(B)/tests/test_compress: tests/train_checks.h
 $(B)/tests/test_faults: tests/train_checks.h tests/fault_ddp.h
 $(B)/tests/mpi/test_train_mpi: tests/train_checks.h
 $(B)/tests/test_resume $(B)/tests/mpi/test_resume_mpi: tests/resume_checks.h

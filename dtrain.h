@@ -188,7 +188,8 @@
      comm.h     gossip topologies; the communicator: point-to-point, collectives and their algorithms,
                 the self and local backends, faults and counters; the launcher and the timeline file
      train.h    evaluation, checkpoints, and the trainers: local SGD and Hogwild, DDP (gradient averaging
-                by five methods, buckets overlapped with backward, accumulation, uneven data), D-PSGD
+                by five methods, buckets overlapped with backward, accumulation, uneven data, gradients
+                sent as bf16, fp16, top-k pairs or PowerSGD factors with error feedback), D-PSGD
                 (gossip through a mixing matrix), FedAvg (server and clients, robust aggregation, attacks)
    Beside this file: dtrain_mpi.h (the MPI backend of comm.h) and dtrain_cuda.h (the GPU's ops table).
 */

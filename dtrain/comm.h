@@ -93,10 +93,19 @@ const dt_topology *dt_topology_schedule_at(int64_t step, void *s);
 
 /* ---- the communicator ------------------------------------------------------------------------ */
 
-/* Element types a message or a reduction carries. */
-typedef enum dt_dtype { DT_F32 = 0, DT_F64, DT_I32, DT_I64, DT_U8, DT_DTYPE_COUNT } dt_dtype;
+/* Element types a message or a reduction carries. DT_BF16 and DT_F16 are 16-bit floats for the wire
+   (bfloat16: float's exponent and 7 bits of mantissa; IEEE half: 5 and 10), held as uint16_t: a
+   reduction decodes both operands to float, combines them in float, and encodes the result rounded to
+   nearest, ties to even (dt_bf16_from_float, dt_f16_from_float), so every partial sum that travels is
+   rounded once. A backend's NATIVE all-reduce never sees them: they run on RING (so they give the same
+   bits on every backend). */
+typedef enum dt_dtype { DT_F32 = 0, DT_F64, DT_I32, DT_I64, DT_U8, DT_BF16, DT_F16, DT_DTYPE_COUNT } dt_dtype;
 size_t      dt_dtype_size(dt_dtype t);           /* bytes per element; 0 for an unknown type */
-const char *dt_dtype_name(dt_dtype t);           /* "f32", ... */
+const char *dt_dtype_name(dt_dtype t);           /* "f32", ..., "bf16", "f16" */
+uint16_t    dt_bf16_from_float(float x);         /* round to nearest even; NaN stays NaN, overflow is infinity */
+float       dt_bf16_to_float(uint16_t h);        /* exact */
+uint16_t    dt_f16_from_float(float x);          /* round to nearest even, subnormals included; past 65504: infinity */
+float       dt_f16_to_float(uint16_t h);         /* exact */
 
 /* Reductions. MEAN is SUM divided by the world size, for floating-point types only. */
 typedef enum dt_reduce_op { DT_SUM = 0, DT_MEAN, DT_MAX, DT_MIN } dt_reduce_op;
@@ -816,12 +825,63 @@ size_t dt_dtype_size(dt_dtype t) {
     case DT_F32: case DT_I32: return 4;
     case DT_F64: case DT_I64: return 8;
     case DT_U8: return 1;
+    case DT_BF16: case DT_F16: return 2;
     default: return 0;
     }
 }
 const char *dt_dtype_name(dt_dtype t) {
-    static const char *n[] = {"f32", "f64", "i32", "i64", "u8"};
+    static const char *n[] = {"f32", "f64", "i32", "i64", "u8", "bf16", "f16"};
     return (t >= DT_F32 && t < DT_DTYPE_COUNT) ? n[t] : "unknown";
+}
+static int dt__dtype_half(dt_dtype t) { return t == DT_BF16 || t == DT_F16; }
+
+/* bfloat16 is the top half of a float: rounding adds 0x7fff plus the kept part's lowest bit (ties to even);
+   a carry into the exponent is the next binade, or infinity. A NaN keeps a mantissa bit so it stays NaN. */
+uint16_t dt_bf16_from_float(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+float dt_bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+/* Half: 5 exponent bits (bias 15), 10 mantissa bits; below 2^-14 subnormal in steps of 2^-24. */
+uint16_t dt_f16_from_float(float x) {
+    uint32_t u, a, sign;
+    memcpy(&u, &x, sizeof u);
+    sign = (u >> 16) & 0x8000u;
+    a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);   /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  /* 65520 and up round to infinity */
+    if (a < 0x38800000u) {                                    /* below 2^-14: a multiple of 2^-24 */
+        uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift, q, rem, half;
+        if (e < 102) return (uint16_t)sign;                   /* below 2^-25: rounds to zero */
+        shift = 126 - e;                                      /* x = m 2^(e - 150) = (m >> shift) 2^-24 */
+        q = m >> shift;
+        rem = m & ((1u << shift) - 1u);
+        half = 1u << (shift - 1);
+        q += rem > half || (rem == half && (q & 1u));
+        return (uint16_t)(sign | q);                          /* q = 0x400 is the smallest normal: right */
+    }
+    a -= 0x38000000u;                                         /* rebias the exponent: 127 - 15 = 112 */
+    a += 0xfffu + ((a >> 13) & 1u);
+    return (uint16_t)(sign | (a >> 13));
+}
+float dt_f16_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    float x;
+    if (e == 0) {   /* zero or subnormal: m 2^-24, exact in float */
+        x = (float)m * 5.9604644775390625e-8f;
+        return sign ? -x : x;
+    }
+    u = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    memcpy(&x, &u, sizeof x);
+    return x;
 }
 /* The names of an enum's values, shared by the dt_*_name / dt_*_parse pairs: the name of k ("unknown"
    outside 0..n-1), and the value named s (or DT_ERR_INVALID_ARG listing the choices; what names the kind). */
@@ -986,8 +1046,19 @@ static dt_result dt__comm_reqs(dt_comm *c, int n, dt_request **out) {
         else if (op == DT_MAX) for (i = 0; i < n; i++) d[i] = s[i] > d[i] ? s[i] : d[i];                 \
         else for (i = 0; i < n; i++) d[i] = s[i] < d[i] ? s[i] : d[i];                                   \
     } while (0)
+/* The 16-bit floats: decoded, combined in float, encoded (one rounding per partial sum). */
+static void dt__reduce_half(uint16_t *dst, const uint16_t *src, size_t n, dt_dtype t, dt_reduce_op op) {
+    float (*dec)(uint16_t) = t == DT_BF16 ? dt_bf16_to_float : dt_f16_to_float;
+    uint16_t (*enc)(float) = t == DT_BF16 ? dt_bf16_from_float : dt_f16_from_float;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float a = dec(dst[i]), b = dec(src[i]);
+        dst[i] = enc(op == DT_SUM || op == DT_MEAN ? a + b : op == DT_MAX ? (b > a ? b : a) : (b < a ? b : a));
+    }
+}
 static void dt__reduce_into(void *DT__RESTRICT dst, const void *DT__RESTRICT src, size_t n, dt_dtype t, dt_reduce_op op) {
     switch (t) {
+    case DT_BF16: case DT_F16: dt__reduce_half((uint16_t *)dst, (const uint16_t *)src, n, t, op); break;
     case DT_F32: DT__REDUCE_LOOP(float); break;
     case DT_F64: DT__REDUCE_LOOP(double); break;
     case DT_I32: DT__REDUCE_LOOP(int32_t); break;
@@ -1001,6 +1072,8 @@ static void dt__mean_finish(void *buf, size_t n, dt_dtype t, int p) {
     size_t i;
     if (t == DT_F32) { float *x = (float *)buf; for (i = 0; i < n; i++) x[i] = x[i] / (float)p; }
     else if (t == DT_F64) { double *x = (double *)buf; for (i = 0; i < n; i++) x[i] = x[i] / (double)p; }
+    else if (t == DT_BF16) { uint16_t *x = (uint16_t *)buf; for (i = 0; i < n; i++) x[i] = dt_bf16_from_float(dt_bf16_to_float(x[i]) / (float)p); }
+    else if (t == DT_F16) { uint16_t *x = (uint16_t *)buf; for (i = 0; i < n; i++) x[i] = dt_f16_from_float(dt_f16_to_float(x[i]) / (float)p); }
 }
 
 /* ---- point-to-point through the backend, with counters and error reports ---- */
@@ -1316,7 +1389,7 @@ static dt_result dt__comm_check(dt_comm *c, const char *fn, const void *buf, siz
     size_t es = dt_dtype_size(t);
     if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: communicator is NULL", fn);
     if (c->broken) return dt__comm_broken(c);
-    if (es == 0) return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown element type %d: use DT_F32, DT_F64, DT_I32, DT_I64 or DT_U8", fn, (int)t);
+    if (es == 0) return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown element type %d: use DT_F32, DT_F64, DT_I32, DT_I64, DT_U8, DT_BF16 or DT_F16", fn, (int)t);
     if (count > (SIZE_MAX / 4) / es / (size_t)c->size) return dt_set_error(DT_ERR_INVALID_ARG, "%s: count %zu is too large", fn, count);
     if (count > 0 && !buf) return dt_set_error(DT_ERR_INVALID_ARG, "%s: buffer is NULL with count %zu", fn, count);
     if (peer_name && (peer < 0 || peer >= c->size))
@@ -1547,7 +1620,7 @@ static dt_result dt__coll_broadcast(dt_comm *c, void *buf, size_t count, dt_dtyp
 
 static dt_result dt__reduce_args(dt_comm *c, const char *fn, dt_dtype t, dt_reduce_op op) {
     if (op < DT_SUM || op > DT_MIN) return dt_set_error(DT_ERR_INVALID_ARG, "%s: unknown reduction %d: use DT_SUM, DT_MEAN, DT_MAX or DT_MIN", fn, (int)op);
-    if (op == DT_MEAN && t != DT_F32 && t != DT_F64)
+    if (op == DT_MEAN && t != DT_F32 && t != DT_F64 && !dt__dtype_half(t))
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: DT_MEAN needs a floating-point type, not %s: use DT_SUM and divide", fn, dt_dtype_name(t));
     (void)c;
     return DT_OK;
@@ -1563,7 +1636,7 @@ static dt_result dt__coll_allreduce(dt_comm *c, void *buf, size_t count, dt_dtyp
     if (!count) buf = dt__nonnull(buf);
     es = dt_dtype_size(t);
     bytes = count * es;
-    algo = dt__algo_resolve(c, algo, c->backend->allreduce != NULL);
+    algo = dt__algo_resolve(c, algo, c->backend->allreduce != NULL && !dt__dtype_half(t));   /* 16 bits: no native path */
     if ((r = dt__coll_start(c, DT__OP_ALLREDUCE, buf, count, t, op, -1, algo)) != DT_OK) return r;
     if (c->size == 1) return DT_OK;
     switch (algo) {

@@ -7,7 +7,8 @@
      buffers that keep each algorithm visible: local SGD (average every K steps), Hogwild (lock-free
      updates of one shared buffer), DDP (the gradient buffer averaged by a parameter server,
      point-to-point, per layer, flat, or in buckets overlapped with backward; accumulation, uneven data,
-     synchronised batch norm), D-PSGD (gossip with the mixing matrix, CTA or ATC order, consensus) and
+     synchronised batch norm; the gradient sent as bf16, fp16, top-k pairs or PowerSGD factors with error
+     feedback), D-PSGD (gossip with the mixing matrix, CTA or ATC order, consensus) and
      FedAvg (server and clients, sample-weighted aggregation, robust aggregators, attacks, dropouts).
    USES
      dtrain/optim.h, dtrain/data.h and dtrain/comm.h, and what they include: every module before it.
@@ -163,6 +164,47 @@ typedef enum dt_ddp_method {
 const char *dt_ddp_method_name(dt_ddp_method k);             /* "buckets", "flat", "per-layer", "ps", "p2p" */
 dt_result   dt_ddp_method_parse(const char *s, dt_ddp_method *out);
 
+/* What the all-reduce methods (BUCKETS, FLAT, PER_LAYER) put on the wire for each slice of the weighted
+   gradient (the slice this rank sums with the others'). Each compresses one slice at a time, so buckets
+   still overlap backward. With one rank nothing is sent and nothing is compressed.
+     FP32  the floats (the default)
+     BF16  each float rounded to bfloat16 (nearest, ties to even) by this rank, summed by the all-reduce
+           over DT_BF16: every addition decodes to float, adds in float and rounds the partial sum to
+           bfloat16 before it travels on (the ring's reduce-scatter: p - 1 roundings); decoded at the end.
+           The two sample counts, which 16 bits would not count exactly, go first in an all-reduce of two
+           floats of their own (in the sync's first collective)
+     FP16  the same with IEEE half (5 exponent bits: a weighted gradient above 65504 becomes infinity)
+     TOPK  top-k sparsification with error feedback (Stich et al. 2018): this rank adds its residual (what
+           it has not sent yet) to the slice, keeps the k = ceil(topk_ratio x slice) entries of largest
+           magnitude (dt_topk_split; ties to the lower index), sends them as (index, value) pairs in an
+           all-gather (with the two counts after them), and keeps the rest as the next sync's residual;
+           every rank then sums everyone's pairs into a zeroed slice in rank order, so all get the same
+           bits. no_feedback drops the rest instead (plain top-k, to compare).
+     POWERSGD  rank-r PowerSGD with error feedback (Vogels et al. 2019) for each matrix-shaped tensor of the
+           slice (a weight [out, in], a conv weight as [out, in k k]; where (rows + cols) r < rows cols):
+           M = slice + residual; P = M Q summed over the ranks (one all-reduce of floats, with the slice's
+           vectors, sent as they are, and the counts), orthonormalized; Q = M^T P summed (a second
+           all-reduce); the slice becomes P Q^T and the residual M - P Q^T / p. Q starts from the seeded
+           same values on every rank and is kept from step to step (one power iteration per step).
+   The communicator's counters count what travels: 2 bytes an element for BF16 and FP16, (4 + 4) bytes a
+   pair for TOPK, 4 (rows + cols) r bytes a matrix for POWERSGD, and the local backend's link model charges
+   those sizes. */
+typedef enum dt_ddp_compress {
+    DT_DDP_FP32 = 0, DT_DDP_BF16, DT_DDP_FP16, DT_DDP_TOPK, DT_DDP_POWERSGD, DT_DDP_COMPRESS_COUNT
+} dt_ddp_compress;
+const char *dt_ddp_compress_name(dt_ddp_compress k);         /* "fp32", "bf16", "fp16", "topk", "powersgd" */
+/* Parses "fp32", "bf16", "fp16", "topk", "topk:RATIO" (RATIO in (0, 1], e.g. 0.01), "powersgd" or
+   "powersgd:R" (R a whole number from 1 to 1024); *param (may be NULL) gets RATIO or R, or 0 (the default) when none
+   is given. */
+dt_result   dt_ddp_compress_parse(const char *s, dt_ddp_compress *out, double *param);
+#define DT_DDP_TOPK_RATIO 0.01   /* TOPK's default fraction: 1% of each slice */
+#define DT_DDP_POWERSGD_RANK 2   /* POWERSGD's default rank */
+/* Top-k of x [n] by magnitude: the k entries of largest |x[i]| (equal magnitudes: the lower index first)
+   go to idx [k] (ascending) and val [k], and become 0 in x, which is left holding the rest exactly (x in =
+   x out + the pairs scattered). k is clipped to 0..n; returns it. O(n): a radix select on the magnitudes'
+   bits, then one pass. */
+int64_t dt_topk_split(float *x, int64_t n, int64_t k, int32_t *idx, float *val);
+
 /* Default bucket size: SimpleCNN's gradient in 2 buckets, ResNet-20's in 4, so backward has something to
    overlap; docs/performance.md ("DDP bucket size", make bench-buckets) has the measurements from 16 KiB to 4 MiB. */
 #define DT_DDP_BUCKET_BYTES (256 * 1024)
@@ -176,6 +218,10 @@ typedef struct dt_ddp_desc {
     int           no_overlap;   /* 1: BUCKETS reduce after backward, on the caller's thread */
     int           sync_buffers; /* 1: average the buffers (BatchNorm running statistics) at every gradient
                                    sync; 0: only when the caller calls dt_ddp_sync_buffers (e.g. each epoch) */
+    dt_ddp_compress compress;   /* what travels (BUCKETS, FLAT, PER_LAYER; default FP32): see above */
+    double        topk_ratio;   /* TOPK: fraction of each slice sent, in (0, 1]; 0 = DT_DDP_TOPK_RATIO */
+    int           no_feedback;  /* TOPK, POWERSGD: 1 drops what is not sent instead of keeping it as a residual */
+    int           powersgd_rank; /* POWERSGD: rank r of the approximation, 1 to 1024; 0 = DT_DDP_POWERSGD_RANK */
 } dt_ddp_desc;
 
 typedef struct dt_ddp dt_ddp;
@@ -221,7 +267,11 @@ int          dt_ddp_overlapped(const dt_ddp *d);      /* 1 when buckets are redu
 /* Bytes of gradient in bucket i (0 = the first reduced: the end of the buffer) of a BUCKETS dt_ddp; buckets
    hold whole tensors, so one may be far above desc.bucket_bytes. 0 when i is not a bucket. */
 int64_t      dt_ddp_bucket_bytes(const dt_ddp *d, int i);
-/* Collective checkpoint of every rank's model, optimizer o (may be NULL) and meta: the replicas are equal,
+/* TOPK or POWERSGD with error feedback: this rank's residual [*n] (what it has not sent yet, in the units
+   of its weighted gradient: the mean's gradient times the micro-batch's samples), else NULL and *n = 0. */
+const float *dt_ddp_residual(const dt_ddp *d, int64_t *n);
+/* Collective checkpoint of every rank's model, optimizer o (may be NULL) and meta, and with TOPK or POWERSGD
+   its residual and PowerSGD's Qs (so a resumed run sends what the uninterrupted one would): the replicas are equal,
    but each rank's dropout RNG and data position are its own. Save after a step that synchronised (a
    checkpoint holds no gradients: accumulated ones are refused). Loading also starts a fresh accumulation. */
 dt_result dt_ddp_save(dt_ddp *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta);
@@ -588,6 +638,8 @@ typedef struct dt__ckpt {
     dt_model  *m;
     dt_optim  *o;
     int64_t    word;       /* the trainer's own state (local SGD: steps since the last average) */
+    float     *extra;      /* [nextra] the trainer's own floats (DDP's residual and PowerSGD's Qs), host memory; or NULL */
+    int64_t    nextra;
 } dt__ckpt;
 
 static int64_t dt__ckpt_state(const dt__ckpt *k) {
@@ -597,13 +649,13 @@ static int64_t dt__ckpt_state(const dt__ckpt *k) {
 }
 static int64_t dt__ckpt_section_bytes(const dt__ckpt *k) {
     return 8 * DT__CKPT_SEC_WORDS + 4 * (k->m->nparams + k->m->nbuffers + dt__ckpt_state(k)) +
-           8 * (int64_t)(k->o ? k->o->ntensors : 0);
+           8 * (int64_t)(k->o ? k->o->ntensors : 0) + 4 * k->nextra;
 }
 
 /* The words of a section: rank, model signature, parameters, buffer values, optimizer state values and
    tensors (0: no optimizer), optimizer kind and learning rate (its float's bits), the model's dropout RNG
    (seed, stream, step), the meta (epoch, step, round, batch, RNG state and increment, the values' bits),
-   the trainer's word. */
+   the trainer's word and its floats' count (0 in files written before there were any). */
 static void dt__ckpt_words(const dt__ckpt *k, const dt_checkpoint_meta *meta, uint64_t *w) {
     dt_checkpoint_meta z;
     uint32_t lr = 0;
@@ -618,7 +670,7 @@ static void dt__ckpt_words(const dt__ckpt *k, const dt_checkpoint_meta *meta, ui
     w[8] = k->m->seed; w[9] = k->m->stream; w[10] = k->m->step;
     w[11] = (uint64_t)meta->epoch; w[12] = (uint64_t)meta->step; w[13] = (uint64_t)meta->round;
     w[14] = (uint64_t)meta->batch; w[15] = meta->rng.state; w[16] = meta->rng.inc;
-    w[17] = (uint64_t)k->word; w[18] = 0;
+    w[17] = (uint64_t)k->word; w[18] = (uint64_t)k->nextra;
     for (i = 0; i < DT_CHECKPOINT_VALUES; i++) memcpy(&w[19 + i], &meta->values[i], sizeof(double));
 }
 
@@ -637,6 +689,8 @@ static void dt__ckpt_write_section(const dt__ckpt *k, const dt_checkpoint_meta *
     if (ns) m->ops->download(m->ctx, p, k->o->state, 4 * ns);
     p += 4 * ns;
     for (i = 0; k->o && i < k->o->ntensors; i++) dt__put_u64(p + 8 * i, (uint64_t)k->o->steps[i]);
+    p += 8 * (k->o ? k->o->ntensors : 0);
+    if (k->nextra) memcpy(p, k->extra, 4 * (size_t)k->nextra);
 }
 
 /* The values of a section [len] that must be finite (parameters, buffers, optimizer state: the floats after its
@@ -822,8 +876,8 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
     dt_model *m = k->m;
     int i;
     for (i = 0; i < DT__CKPT_SEC_WORDS; i++) w[i] = dt__get_u64(sec + 8 * i);
-    if (w[0] != (uint64_t)k->rank || w[4] > (uint64_t)len || w[5] > (uint64_t)len ||
-        (int64_t)(8 * DT__CKPT_SEC_WORDS + 4 * (w[2] + w[3] + w[4]) + 8 * w[5]) != len)
+    if (w[0] != (uint64_t)k->rank || w[4] > (uint64_t)len || w[5] > (uint64_t)len || w[18] > (uint64_t)len ||
+        (int64_t)(8 * DT__CKPT_SEC_WORDS + 4 * (w[2] + w[3] + w[4] + w[18]) + 8 * w[5]) != len)
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: its section of %s is damaged (impossible sizes)", k->fn, k->rank, k->path);
     if (w[2] != (uint64_t)m->nparams || w[3] != (uint64_t)m->nbuffers || w[1] != dt__model_signature(m))
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds another model (%llu parameters, %llu buffer values, signature "
@@ -837,6 +891,11 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: the optimizer state in %s (kind %llu, %llu values) does not fit this "
                             "optimizer (kind %d, %lld values)", k->fn, k->rank, k->path, (unsigned long long)w[6],
                             (unsigned long long)w[4], (int)k->o->d.kind, (long long)dt__ckpt_state(k));
+    if (w[18] != (uint64_t)k->nextra)
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %llu values of the trainer's own state (DDP: a top-k residual) "
+                            "but this run keeps %lld: resume with the settings that wrote it (DDP: the same --compress, "
+                            "with or without error feedback)", k->fn, k->rank, k->path, (unsigned long long)w[18],
+                            (long long)k->nextra);
     return dt__ckpt_check_values(k, sec, (int64_t)(w[2] + w[3] + w[4]), "load");
 }
 
@@ -854,10 +913,11 @@ static void dt__ckpt_apply(dt__ckpt *k, const unsigned char *sec, const uint64_t
     m->seed = w[8]; m->stream = w[9]; m->step = w[10];
     if (k->o) {
         if (w[4]) m->ops->upload(m->ctx, k->o->state, p, 4 * (int64_t)w[4]);
-        p += 4 * (int64_t)w[4];
-        for (i = 0; i < k->o->ntensors; i++) k->o->steps[i] = (int64_t)dt__get_u64(p + 8 * i);
+        for (i = 0; i < k->o->ntensors; i++) k->o->steps[i] = (int64_t)dt__get_u64(p + 4 * (int64_t)w[4] + 8 * i);
         memcpy(&k->o->d.lr, &lr, sizeof lr);
     }
+    p += 4 * (int64_t)w[4] + 8 * (int64_t)w[5];   /* the optimizer's part, loaded or not: the trainer's floats follow */
+    if (k->nextra) memcpy(k->extra, p, 4 * (size_t)k->nextra);
     if (meta) {
         meta->epoch = (int64_t)w[11]; meta->step = (int64_t)w[12]; meta->round = (int64_t)w[13];
         meta->batch = (int64_t)w[14]; meta->rng.state = w[15]; meta->rng.inc = w[16];
@@ -931,23 +991,35 @@ dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_chec
 
 /* The collective entry points: each rank's refusal of its own arguments is agreed like any other failure, so
    no rank waits in a collective that another never enters. */
-static dt_result dt__ckpt_save_comm(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
-                                    const dt_checkpoint_meta *meta, int64_t word, dt_result pre) {
+static dt_result dt__ckpt_save_extra(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
+                                     const dt_checkpoint_meta *meta, int64_t word, float *extra, int64_t nextra, dt_result pre) {
     dt__ckpt k;
     dt_result r = dt__ckpt_init(&k, c, fn, trainer, path, m, o);
     if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
     k.word = word;
+    k.extra = extra;
+    k.nextra = nextra;
     if ((r = dt__ckpt_agree(&k, pre != DT_OK ? pre : r)) != DT_OK) return r;
     return dt__ckpt_save(&k, meta);
 }
-static dt_result dt__ckpt_load_comm(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
-                                    dt_checkpoint_meta *meta, int64_t *word, dt_result pre) {
+static dt_result dt__ckpt_save_comm(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
+                                    const dt_checkpoint_meta *meta, int64_t word, dt_result pre) {
+    return dt__ckpt_save_extra(c, fn, trainer, path, m, o, meta, word, NULL, 0, pre);
+}
+static dt_result dt__ckpt_load_extra(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
+                                     dt_checkpoint_meta *meta, int64_t *word, float *extra, int64_t nextra, dt_result pre) {
     dt__ckpt k;
     dt_result r = dt__ckpt_init(&k, c, fn, trainer, path, m, o);
     if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
+    k.extra = extra;
+    k.nextra = nextra;
     if ((r = dt__ckpt_agree(&k, pre != DT_OK ? pre : r)) != DT_OK || (r = dt__ckpt_load(&k, meta)) != DT_OK) return r;
     if (word) *word = k.word;
     return DT_OK;
+}
+static dt_result dt__ckpt_load_comm(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
+                                    dt_checkpoint_meta *meta, int64_t *word, dt_result pre) {
+    return dt__ckpt_load_extra(c, fn, trainer, path, m, o, meta, word, NULL, 0, pre);
 }
 
 dt_result dt_checkpoint_save_comm(dt_comm *c, const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta) {
@@ -1182,6 +1254,75 @@ dt_result dt_ddp_method_parse(const char *s, dt_ddp_method *out) {
     return r;
 }
 
+static const char *const dt__ddp_compress_names[DT_DDP_COMPRESS_COUNT] = {"fp32", "bf16", "fp16", "topk", "powersgd"};
+const char *dt_ddp_compress_name(dt_ddp_compress k) { return dt__enum_name(dt__ddp_compress_names, DT_DDP_COMPRESS_COUNT, (int)k); }
+
+dt_result dt_ddp_compress_parse(const char *s, dt_ddp_compress *out, double *param) {
+    char name[16], *end = NULL;
+    const char *colon = s ? strchr(s, ':') : NULL;
+    double x = 0.0;
+    int k = 0;
+    dt_result r;
+    if (colon && (size_t)(colon - s) < sizeof name) {
+        snprintf(name, sizeof name, "%.*s", (int)(colon - s), s);
+        s = name;
+    }
+    if ((r = dt__enum_parse(dt__ddp_compress_names, DT_DDP_COMPRESS_COUNT, s, &k,
+                            "DDP compression (topk:RATIO, powersgd:RANK for a parameter)")) != DT_OK) return r;
+    if (colon) {
+        x = strtod(colon + 1, &end);
+        if ((k != DT_DDP_TOPK && k != DT_DDP_POWERSGD) || end == colon + 1 || *end || !(x > 0.0) ||
+            (k == DT_DDP_TOPK && x > 1.0) || (k == DT_DDP_POWERSGD && (x != floor(x) || x > 1024.0)))
+            return dt_set_error(DT_ERR_INVALID_ARG, "DDP compression '%s%s': only topk takes a ratio, a number in (0, 1] "
+                                "(e.g. topk:0.01 sends 1%% of each slice), and powersgd a rank, a whole number from 1 to "
+                                "1024 (e.g. powersgd:2)", s, colon);
+    }
+    if (out) *out = (dt_ddp_compress)k;
+    if (param) *param = x;
+    return DT_OK;
+}
+
+/* The k-th largest of the keys |x[i]| (a float's magnitude orders as its bits), a byte at a time from the
+   top; *take gets how many entries equal to it belong to the top k (the first ones, by index). */
+static uint32_t dt__topk_threshold(const float *x, int64_t n, int64_t k, int64_t *take) {
+    uint32_t prefix = 0, mask = 0;
+    int64_t want = k, hist[256], i;
+    int shift, b = 0;
+    for (shift = 24; shift >= 0; shift -= 8) {
+        memset(hist, 0, sizeof hist);
+        for (i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], sizeof u);
+            u &= 0x7fffffffu;
+            if ((u & mask) == prefix) hist[(u >> shift) & 255u]++;
+        }
+        for (b = 255; b > 0 && want > hist[b]; b--) want -= hist[b];
+        prefix |= (uint32_t)b << shift;
+        mask |= 255u << shift;
+    }
+    *take = want;
+    return prefix;
+}
+
+int64_t dt_topk_split(float *x, int64_t n, int64_t k, int32_t *idx, float *val) {
+    int64_t take, i, got = 0;
+    uint32_t t;
+    if (k <= 0 || n <= 0) return 0;
+    if (k > n) k = n;
+    t = dt__topk_threshold(x, n, k, &take);
+    for (i = 0; i < n && got < k; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        u &= 0x7fffffffu;
+        if (u > t || (u == t && take-- > 0)) {
+            idx[got] = (int32_t)i;
+            val[got++] = x[i];
+            x[i] = 0.0f;
+        }
+    }
+    return got;
+}
+
 /* Samples of one sync travel as a float: exact below 2^24 (a sum that reaches it may have rounded). */
 #define DT__DDP_MAX_SAMPLES 16777216.0
 
@@ -1204,6 +1345,17 @@ struct dt_ddp {
     double       total;             /* after the first collective: the samples of all ranks */
     int64_t      nactive;           /* ... and the ranks with data */
     dt_ddp_stats stats;
+    /* compression (desc.compress, more than one rank) */
+    uint16_t    *half;              /* BF16, FP16: [largest slice] the slice as it travels */
+    float       *residual;          /* TOPK with feedback: [n] what this rank has not sent yet */
+    int32_t     *sel_idx;           /* TOPK: [largest k] the pairs chosen */
+    float       *sel_val;
+    int32_t     *wire, *gathered_wire;  /* TOPK: [2 k + 2] this rank's pairs and counts; [size (2 kmax + 2)] everyone's */
+    int64_t     *mrows, *mcols, *qoff;  /* POWERSGD: [ntensors + 1] in toff's order: a matrix's shape (0: sent as
+                                           it is) and where its Q starts in psq */
+    float       *psq;               /* POWERSGD: the Qs, after the residual's n floats (one block: both are saved) */
+    float       *psbuf;             /* POWERSGD: [largest slice's Ps and vectors + 2] */
+    int64_t      nstate;            /* floats of residual (and POWERSGD's Qs) that a checkpoint keeps */
     int          tls_rank;          /* the creator's rank for log prefixes, given to the helper thread */
     dt__trace_lane *trace;          /* the creator's rank's lane for the helper thread, or NULL */
     /* overlap (BUCKETS where the backend lets another thread call the communicator) */
@@ -1276,6 +1428,174 @@ static void dt__ddp_begin(dt_ddp *d, int active) {
     d->nactive = active;
 }
 
+/* After the first collective: the samples of all ranks and how many still have data. */
+static dt_result dt__ddp_counts(dt_ddp *d, float total, float nactive) {
+    d->total = total;
+    d->nactive = (int64_t)nactive;
+    if (d->total >= DT__DDP_MAX_SAMPLES)
+        return dt_set_error(DT_ERR_INVALID_ARG, "DDP sync: rank %d: %.0f samples in one sync, but a float counts them exactly only below %.0f: "
+                            "sync more often (fewer micro-batches per sync, or smaller batches)", d->comm->rank, d->total, DT__DDP_MAX_SAMPLES);
+    return DT_OK;
+}
+
+/* BF16 and FP16: the slice rounded to 16 bits, summed over DT_BF16 or DT_F16 (partial sums rounded as they
+   travel), decoded; the first collective's counts go before it as two floats. */
+static dt_result dt__ddp_half(dt_ddp *d, int i, float *g, int64_t cnt) {
+    int bf = d->desc.compress == DT_DDP_BF16;
+    float counts[2];
+    int64_t j;
+    dt_result r;
+    if (i == 0) {
+        counts[0] = d->active ? (float)d->acc_samples : 0.0f;
+        counts[1] = (float)d->active;
+        if ((r = dt_comm_allreduce(d->comm, counts, 2, DT_F32, DT_SUM, d->desc.algo)) != DT_OK) return r;
+        if ((r = dt__ddp_counts(d, counts[0], counts[1])) != DT_OK) return r;
+    }
+    for (j = 0; j < cnt; j++) d->half[j] = bf ? dt_bf16_from_float(g[j]) : dt_f16_from_float(g[j]);
+    if ((r = dt_comm_allreduce(d->comm, d->half, (size_t)cnt, bf ? DT_BF16 : DT_F16, DT_SUM, d->desc.algo)) != DT_OK) return r;
+    for (j = 0; j < cnt; j++) g[j] = bf ? dt_bf16_to_float(d->half[j]) : dt_f16_to_float(d->half[j]);
+    return DT_OK;
+}
+
+/* TOPK's k for a slice of cnt elements. */
+static int64_t dt__ddp_topk_k(const dt_ddp *d, int64_t cnt) {
+    int64_t k = (int64_t)ceil(d->desc.topk_ratio * (double)cnt);
+    return k < 1 ? 1 : k > cnt ? cnt : k;
+}
+
+/* TOPK: residual + slice, its top k as pairs in an all-gather with the counts after them (a rank without
+   data sends k zeros and keeps its residual), the rest kept as the residual; then everyone's pairs summed
+   into the zeroed slice in rank order. wire: [k indices][k values' bits][samples' bits][active]. */
+static dt_result dt__ddp_topk(dt_ddp *d, int i, float *g, int64_t off, int64_t cnt) {
+    int64_t k = dt__ddp_topk_k(d, cnt), w = 2 * k + 2, j;
+    int p = d->comm->size, q;
+    float *res = d->residual ? d->residual + off : NULL, v, total = 0.0f, nactive = 0.0f;
+    dt_result r;
+    if (d->active) {
+        if (res) for (j = 0; j < cnt; j++) g[j] += res[j];
+        dt_topk_split(g, cnt, k, d->sel_idx, d->sel_val);
+        if (res) memcpy(res, g, sizeof(float) * (size_t)cnt);
+    } else {
+        memset(d->sel_idx, 0, sizeof(int32_t) * (size_t)k);
+        memset(d->sel_val, 0, sizeof(float) * (size_t)k);
+    }
+    v = d->active ? (float)d->acc_samples : 0.0f;
+    memcpy(d->wire, d->sel_idx, sizeof(int32_t) * (size_t)k);
+    memcpy(d->wire + k, d->sel_val, sizeof(float) * (size_t)k);
+    memcpy(d->wire + 2 * k, &v, sizeof v);
+    d->wire[2 * k + 1] = d->active;
+    if ((r = dt_comm_allgather(d->comm, d->wire, d->gathered_wire, (size_t)w, DT_I32)) != DT_OK) return r;
+    memset(g, 0, sizeof(float) * (size_t)cnt);
+    for (q = 0; q < p; q++) {
+        const int32_t *pw = d->gathered_wire + (int64_t)q * w;
+        for (j = 0; j < k; j++) {
+            memcpy(&v, pw + k + j, sizeof v);
+            g[pw[j]] += v;
+        }
+        memcpy(&v, pw + 2 * k, sizeof v);
+        total += v;
+        nactive += (float)pw[2 * k + 1];
+    }
+    return i == 0 ? dt__ddp_counts(d, total, nactive) : DT_OK;
+}
+
+/* POWERSGD: tensor t (in d->toff's order) is a matrix [rows, cols] to compress when rank r saves bytes:
+   (rows + cols) r < rows cols; its Q [cols, r] starts at d->qoff[t] in d->psq. */
+static int dt__psgd_matrix(const dt_ddp *d, int t) { return d->mrows[t] > 0; }
+
+/* P [rows, r]: its columns made orthonormal in order (Gram-Schmidt, sums in double: the same bits on
+   every rank, which all hold the same summed P). A column that vanishes stays zero. */
+static void dt__psgd_orthonormalize(float *P, int64_t rows, int r) {
+    int c, j;
+    int64_t i;
+    for (c = 0; c < r; c++) {
+        double norm = 0.0;
+        for (j = 0; j < c; j++) {
+            double dot = 0.0;
+            for (i = 0; i < rows; i++) dot += (double)P[i * r + c] * (double)P[i * r + j];
+            for (i = 0; i < rows; i++) P[i * r + c] -= (float)dot * P[i * r + j];
+        }
+        for (i = 0; i < rows; i++) norm += (double)P[i * r + c] * (double)P[i * r + c];
+        if (norm > 0.0)
+            for (i = 0; i < rows; i++) P[i * r + c] = (float)((double)P[i * r + c] / sqrt(norm));
+    }
+}
+
+/* The tensors of slice [off, off + cnt): their positions in d->toff's order, first..last. */
+static void dt__psgd_tensors(const dt_ddp *d, int64_t off, int64_t cnt, int *first, int *last) {
+    int t;
+    *first = d->ntensors;
+    *last = -1;
+    for (t = 0; t < d->ntensors; t++)
+        if (d->toff[t] >= off && d->toff[t] < off + cnt) {
+            if (t < *first) *first = t;
+            *last = t;
+        }
+}
+
+/* POWERSGD (Vogels et al. 2019), one power iteration per step with Q warm-started from the last:
+   M = slice + residual for each matrix tensor; P = M Q summed over the ranks (with the vectors, sent as
+   they are, and the first collective's counts in the same all-reduce), orthonormalized; Q = M^T P summed;
+   the slice becomes P Q^T (the sum of the ranks' projections), the residual M - P Q^T / p. */
+static dt_result dt__ddp_powersgd(dt_ddp *d, int i, int64_t off, int64_t cnt) {
+    int r = d->desc.powersgd_rank, p = d->comm->size, t, first, last, c;
+    int fb = d->residual != NULL && !d->desc.no_feedback && d->active;
+    float *grads = d->model->grads, *buf = d->psbuf, *q0;
+    int64_t pos = 0, a, b, nq = 0;
+    dt_result rr;
+    dt__psgd_tensors(d, off, cnt, &first, &last);
+    for (t = first; t <= last; t++) {   /* P = M Q, or the vector as it is */
+        float *M = grads + d->toff[t];
+        if (!dt__psgd_matrix(d, t)) {
+            memcpy(buf + pos, M, sizeof(float) * (size_t)d->tcnt[t]);
+            pos += d->tcnt[t];
+            continue;
+        }
+        if (fb) for (a = 0; a < d->tcnt[t]; a++) M[a] += d->residual[d->toff[t] + a];
+        for (a = 0; a < d->mrows[t]; a++)
+            for (c = 0; c < r; c++) {
+                float s = 0.0f;
+                for (b = 0; b < d->mcols[t]; b++) s += M[a * d->mcols[t] + b] * d->psq[d->qoff[t] + b * r + c];
+                buf[pos + a * r + c] = s;
+            }
+        pos += d->mrows[t] * r;
+        nq += d->mcols[t] * r;
+    }
+    if (i == 0) { buf[pos] = d->active ? (float)d->acc_samples : 0.0f; buf[pos + 1] = (float)d->active; }
+    if ((rr = dt_comm_allreduce(d->comm, buf, (size_t)(pos + (i == 0 ? 2 : 0)), DT_F32, DT_SUM, d->desc.algo)) != DT_OK) return rr;
+    if (i == 0 && (rr = dt__ddp_counts(d, buf[pos], buf[pos + 1])) != DT_OK) return rr;
+    for (t = first, pos = 0; t <= last; t++) {   /* Q = M^T P with P orthonormal; vectors: their sum */
+        float *M = grads + d->toff[t], *P = buf + pos, *Q = d->psq + d->qoff[t];
+        if (!dt__psgd_matrix(d, t)) {
+            memcpy(M, buf + pos, sizeof(float) * (size_t)d->tcnt[t]);
+            pos += d->tcnt[t];
+            continue;
+        }
+        dt__psgd_orthonormalize(P, d->mrows[t], r);
+        for (b = 0; b < d->mcols[t] * r; b++) Q[b] = 0.0f;
+        for (a = 0; a < d->mrows[t]; a++)
+            for (b = 0; b < d->mcols[t]; b++)
+                for (c = 0; c < r; c++) Q[b * r + c] += M[a * d->mcols[t] + b] * P[a * r + c];
+        pos += d->mrows[t] * r;
+    }
+    if (nq == 0) return DT_OK;
+    q0 = d->psq + d->qoff[first];   /* the slice's Qs are consecutive (a vector's qoff is the next matrix's) */
+    if ((rr = dt_comm_allreduce(d->comm, q0, (size_t)nq, DT_F32, DT_SUM, d->desc.algo)) != DT_OK) return rr;
+    for (t = first, pos = 0; t <= last; t++) {   /* the slice: P Q^T; the residual: what this rank's M kept */
+        float *M = grads + d->toff[t], *P = buf + pos, *Q = d->psq + d->qoff[t];
+        if (!dt__psgd_matrix(d, t)) { pos += d->tcnt[t]; continue; }
+        for (a = 0; a < d->mrows[t]; a++)
+            for (b = 0; b < d->mcols[t]; b++) {
+                float s = 0.0f;
+                for (c = 0; c < r; c++) s += P[a * r + c] * Q[b * r + c];
+                if (fb) d->residual[d->toff[t] + a * d->mcols[t] + b] = M[a * d->mcols[t] + b] - s / (float)p;
+                M[a * d->mcols[t] + b] = s;
+            }
+        pos += d->mrows[t] * r;
+    }
+    return DT_OK;
+}
+
 /* Weighs this rank's gradients of collective i and sums them over the ranks; the first collective goes
    through carry with this rank's samples and activity after the slice. */
 static dt_result dt__ddp_reduce(dt_ddp *d, int i) {
@@ -1287,18 +1607,16 @@ static dt_result dt__ddp_reduce(dt_ddp *d, int i) {
     if (d->scale != 1.0f)
         for (j = 0; j < cnt; j++) g[j] *= d->scale;
     if (d->comm->size == 1) return DT_OK;
+    if (d->desc.compress == DT_DDP_TOPK) return dt__ddp_topk(d, i, g, off, cnt);
+    if (d->desc.compress == DT_DDP_POWERSGD) return dt__ddp_powersgd(d, i, off, cnt);
+    if (d->desc.compress != DT_DDP_FP32) return dt__ddp_half(d, i, g, cnt);
     if (i > 0) return dt__ddp_sum(d, g, cnt);
     memcpy(d->carry, g, sizeof(float) * (size_t)cnt);
     d->carry[cnt] = d->active ? (float)d->acc_samples : 0.0f;
     d->carry[cnt + 1] = (float)d->active;
     if ((r = dt__ddp_sum(d, d->carry, cnt + 2)) != DT_OK) return r;
     memcpy(g, d->carry, sizeof(float) * (size_t)cnt);
-    d->total = d->carry[cnt];
-    d->nactive = (int64_t)d->carry[cnt + 1];
-    if (d->total >= DT__DDP_MAX_SAMPLES)
-        return dt_set_error(DT_ERR_INVALID_ARG, "DDP sync: rank %d: %.0f samples in one sync, but a float counts them exactly only below %.0f: "
-                            "sync more often (fewer micro-batches per sync, or smaller batches)", d->comm->rank, d->total, DT__DDP_MAX_SAMPLES);
-    return DT_OK;
+    return dt__ddp_counts(d, d->carry[cnt], d->carry[cnt + 1]);
 }
 
 /* The whole sequence; everyone stops after the first collective once no rank has data. */
@@ -1359,6 +1677,8 @@ static void dt__ddp_hook(void *user, dt_model *m, int node) {
 static void dt__ddp_free(dt_ddp *d) {
     DT_FREE(d->toff); DT_FREE(d->tcnt); DT_FREE(d->boff); DT_FREE(d->bcnt); DT_FREE(d->ready_at);
     DT_FREE(d->gathered); DT_FREE(d->reqs); DT_FREE(d->carry);
+    DT_FREE(d->half); DT_FREE(d->residual); DT_FREE(d->sel_idx); DT_FREE(d->sel_val); DT_FREE(d->wire);
+    DT_FREE(d->gathered_wire); DT_FREE(d->mrows); DT_FREE(d->mcols); DT_FREE(d->qoff); DT_FREE(d->psbuf);
     DT_FREE(d);
 }
 
@@ -1400,6 +1720,85 @@ dt_result dt_ddp_broadcast_params(dt_ddp *d) {
     return dt__same_model(d->comm, d->model, "dt_ddp_broadcast_params", 1);
 }
 
+/* The compression settings: a known kind, a ratio in (0, 1], an all-reduce method; fills in the default ratio. */
+static dt_result dt__ddp_compress_check(dt_ddp_desc *dd, const dt_model *m, int me) {
+    if (dd->compress < 0 || dd->compress >= DT_DDP_COMPRESS_COUNT || !(dd->topk_ratio >= 0.0 && dd->topk_ratio <= 1.0))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: bad desc (compress %d, topk_ratio %g): compress is a "
+                            "dt_ddp_compress, topk_ratio in (0, 1] (0: %g)", me, (int)dd->compress, dd->topk_ratio, DT_DDP_TOPK_RATIO);
+    if (dd->compress != DT_DDP_FP32 && (dd->method == DT_DDP_PARAM_SERVER || dd->method == DT_DDP_P2P))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: compression (%s) works with the all-reduce methods: use "
+                            "--sync buckets, flat or per-layer, not %s", me, dt_ddp_compress_name(dd->compress), dt_ddp_method_name(dd->method));
+    if (dd->compress == DT_DDP_TOPK && m->nparams > INT32_MAX)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: top-k sends 32-bit indices, but the model has %lld "
+                            "parameters: use bf16", me, (long long)m->nparams);
+    if (dd->powersgd_rank < 0 || dd->powersgd_rank > 1024)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: powersgd_rank %d: give a rank from 1 to 1024 (0: %d)", me,
+                            dd->powersgd_rank, DT_DDP_POWERSGD_RANK);
+    if (dd->topk_ratio == 0.0) dd->topk_ratio = DT_DDP_TOPK_RATIO;
+    if (dd->powersgd_rank == 0) dd->powersgd_rank = DT_DDP_POWERSGD_RANK;
+    return DT_OK;
+}
+
+/* POWERSGD's plan: which tensors are matrices, where their Qs go, the largest slice's all-reduce; the
+   residual (zeros) and the Qs (seeded, the same on every rank) in one block. */
+static dt_result dt__psgd_alloc(dt_ddp *d) {
+    int nt = d->ntensors, r = d->desc.powersgd_rank, t, i, first, last;
+    int64_t q = 0, most = 0, off, cnt, j;
+    dt_rng g;
+    d->mrows = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->mcols = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    d->qoff = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(nt + 1));
+    if (!d->mrows || !d->mcols || !d->qoff) return DT_ERR_OUT_OF_MEMORY;
+    for (t = 0; t < nt; t++) {
+        dt_param_info pi = dt_model_param_info(d->model, nt - 1 - t);
+        int64_t rows = pi.ndim >= 2 ? pi.shape[0] : 0, cols = rows > 0 ? pi.count / rows : 0;
+        int mat = rows > 0 && (rows + cols) * r < rows * cols;
+        d->mrows[t] = mat ? rows : 0;
+        d->mcols[t] = mat ? cols : 0;
+        d->qoff[t] = q;
+        q += mat ? cols * r : 0;
+    }
+    d->qoff[nt] = q;
+    for (i = 0; i < dt__ddp_ncoll(d); i++) {   /* the slice's Ps and vectors */
+        int64_t w = 2;
+        dt__ddp_slice(d, i, &off, &cnt);
+        dt__psgd_tensors(d, off, cnt, &first, &last);
+        for (t = first; t <= last; t++) w += d->mrows[t] ? d->mrows[t] * r : d->tcnt[t];
+        most = w > most ? w : most;
+    }
+    d->nstate = d->n + q;
+    d->psbuf = (float *)DT_MALLOC(sizeof(float) * (size_t)most);
+    if (!d->psbuf || !(d->residual = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->nstate + 1)))) return DT_ERR_OUT_OF_MEMORY;
+    memset(d->residual, 0, sizeof(float) * (size_t)d->n);
+    d->psq = d->residual + d->n;
+    dt_rng_init(&g, 0x9057cdULL, 0);
+    for (j = 0; j < q; j++) d->psq[j] = (float)dt_rng_u32(&g) / 4294967296.0f * 2.0f - 1.0f;
+    return DT_OK;
+}
+
+/* The compression's buffers, sized for the largest slice of a sync; the residual starts at zero. */
+static dt_result dt__ddp_compress_alloc(dt_ddp *d) {
+    int64_t most = 0, off, cnt, k;
+    int i, p = d->comm->size;
+    for (i = 0; i < dt__ddp_ncoll(d); i++) {
+        dt__ddp_slice(d, i, &off, &cnt);
+        most = cnt > most ? cnt : most;
+    }
+    if (d->desc.compress == DT_DDP_BF16 || d->desc.compress == DT_DDP_FP16)
+        return (d->half = (uint16_t *)DT_MALLOC(sizeof(uint16_t) * (size_t)(most + 1))) ? DT_OK : DT_ERR_OUT_OF_MEMORY;
+    if (d->desc.compress == DT_DDP_POWERSGD) return dt__psgd_alloc(d);
+    if (d->desc.compress != DT_DDP_TOPK) return DT_OK;
+    d->nstate = d->desc.no_feedback ? 0 : d->n;
+    k = dt__ddp_topk_k(d, most);
+    d->sel_idx = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)k);
+    d->sel_val = (float *)DT_MALLOC(sizeof(float) * (size_t)k);
+    d->wire = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)(2 * k + 2));
+    d->gathered_wire = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)p * (size_t)(2 * k + 2));
+    if (!d->desc.no_feedback && (d->residual = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + 1))) != NULL)
+        memset(d->residual, 0, sizeof(float) * (size_t)(d->n + 1));
+    return d->sel_idx && d->sel_val && d->wire && d->gathered_wire && (d->desc.no_feedback || d->residual) ? DT_OK : DT_ERR_OUT_OF_MEMORY;
+}
+
 dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc) {
     dt_ddp_desc dd;
     dt_ddp *d;
@@ -1414,6 +1813,7 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
                             "method is a dt_ddp_method, algo a dt_algo, bucket_bytes >= 0", me, (int)dd.method,
                             (int)dd.algo, (long long)dd.bucket_bytes);
     if (!dd.bucket_bytes) dd.bucket_bytes = DT_DDP_BUCKET_BYTES;
+    if ((r = dt__ddp_compress_check(&dd, m, me)) != DT_OK) return r;
     if (!(d = (dt_ddp *)DT_MALLOC(sizeof *d))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory", me);
     memset(d, 0, sizeof *d);
     d->comm = c;
@@ -1442,6 +1842,10 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
             return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank 0: no memory to gather %d gradients of %lld floats "
                                 "(the parameter server's buffer); use --sync flat or buckets", c->size, (long long)m->nparams);
         }
+    }
+    if (c->size > 1 && dt__ddp_compress_alloc(d) != DT_OK) {
+        dt__ddp_free(d);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for the %s buffers", me, dt_ddp_compress_name(dd.compress));
     }
     if ((r = dt__same_model(c, m, "dt_ddp_create", 1)) != DT_OK) { dt__ddp_free(d); return r; }
     /* the helper thread calls the communicator: where its backend allows that (local ranks; MPI at
@@ -1603,6 +2007,11 @@ dt_ddp_stats dt_ddp_get_stats(const dt_ddp *d) {
 }
 
 int dt_ddp_buckets(const dt_ddp *d) { return d ? d->nbuckets : 0; }
+const float *dt_ddp_residual(const dt_ddp *d, int64_t *n) {
+    int has = d && d->residual && !d->desc.no_feedback;
+    if (n) *n = has ? d->n : 0;
+    return has ? d->residual : NULL;
+}
 int dt_ddp_overlapped(const dt_ddp *d) { return d ? d->overlap : 0; }
 int64_t dt_ddp_bucket_bytes(const dt_ddp *d, int i) {
     return d && i >= 0 && i < d->nbuckets ? d->bcnt[i] * (int64_t)sizeof(float) : 0;
@@ -1615,13 +2024,13 @@ dt_result dt_ddp_save(dt_ddp *d, const char *path, dt_optim *o, const dt_checkpo
         pre = dt_set_error(DT_ERR_STATE, "dt_ddp_save: rank %d: the gradient of %lld samples is accumulated but not synchronised, "
                            "and a checkpoint holds no gradients: save after a step that synchronised", d->comm->rank,
                            (long long)d->acc_samples);
-    return dt__ckpt_save_comm(d->comm, "dt_ddp_save", DT__CKPT_DDP, path, d->model, o, meta, 0, pre);
+    return dt__ckpt_save_extra(d->comm, "dt_ddp_save", DT__CKPT_DDP, path, d->model, o, meta, 0, d->residual, d->nstate, pre);
 }
 
 dt_result dt_ddp_load(dt_ddp *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta) {
     dt_result r;
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_load: ddp is NULL");
-    r = dt__ckpt_load_comm(d->comm, "dt_ddp_load", DT__CKPT_DDP, path, d->model, o, meta, NULL, DT_OK);
+    r = dt__ckpt_load_extra(d->comm, "dt_ddp_load", DT__CKPT_DDP, path, d->model, o, meta, NULL, d->residual, d->nstate, DT_OK);
     if (r == DT_OK) d->acc_samples = d->last_samples = 0;
     return r;
 }

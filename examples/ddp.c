@@ -6,13 +6,15 @@
               [--epochs 1] [--batch 128] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
               [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--limit N] [--accum 1]
               [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb 256]
-              [--no-overlap] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
+              [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback]
+              [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
               (and the launcher's flags: --timeout, --link-latency, ...)
    e.g.   ./build/examples/ddp --ranks 4 --epochs 3
           ./build/examples/ddp --ranks 4 --sync ps --limit 6000              (the parameter server)
           ./build/examples/ddp --ranks 4 --model vgg11 --pad-to 32 --lr 0.05 --momentum 0.9 --wd 5e-4 \
                                --milestones 15,25 --epochs 30                 (VGG-11 on Fashion-MNIST at 32x32)
           ./build/examples/ddp --ranks 8 --sync flat --algo ring --link-latency 0.001 --link-bandwidth 100Mbit
+          ./build/examples/ddp --ranks 4 --compress topk:0.01 --link-bandwidth 80Mbit  (1% of the gradient sent)
           mpiexec -n 4 ./build-mpi/examples/ddp --epochs 3                    (built with make MPI=1)
 
    --batch is the global batch: each of the p ranks takes batch / p samples of it (the distributed
@@ -23,7 +25,11 @@
    rank's state in one file (dt_ddp_save) at the end of every epoch, or every N optimizer steps with
    --checkpoint-every N, and at the end; --resume continues from it, also in the middle of an epoch, and ends
    with the parameters and CSV rows (appended) of a run that was never stopped. A fresh run refuses a PATH
-   that exists; a model with NaN is never saved over the last good checkpoint. */
+   that exists; a model with NaN is never saved over the last good checkpoint. --compress sets what each
+   rank sends of its gradient (dt_ddp_compress: bf16 or fp16 halves the bytes; topk:0.01 sends the largest 1%
+   of each bucket as index-value pairs and keeps the rest for the next step, which --no-feedback drops;
+   powersgd:2 sends each weight matrix as two rank-2 factors, with the same feedback); the CSV's MB column
+   counts what was sent. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +54,8 @@ static void usage(FILE *f) {
                "           [--epochs N] [--batch N] [--seed N] [--limit N] [--accum K]\n");
     ex_recipe_usage(f, 11, 0);
     fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb N]\n"
-               "           [--no-overlap] [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
+               "           [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback]\n"
+               "           [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
     ex_ckpt_usage(f, 11);
 }
 
@@ -62,6 +69,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--no-overlap")) { a->ddp.no_overlap = 1; continue; }
+        if (!strcmp(f, "--no-feedback")) { a->ddp.no_feedback = 1; continue; }
         if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if ((k = ex_ckpt_flag(f, v, &a->ckpt, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "ddp: %s needs a value\n", f); return -1; }
@@ -69,6 +77,11 @@ static int parse_args(int argc, char **argv, void *arg) {
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--sync")) {
             if (dt_ddp_method_parse(v, &a->ddp.method) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); return -1; }
+        }
+        else if (!strcmp(f, "--compress")) {   /* topk:RATIO or powersgd:RANK */
+            double x = 0.0;
+            if (dt_ddp_compress_parse(v, &a->ddp.compress, &x) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); return -1; }
+            if (a->ddp.compress == DT_DDP_TOPK) a->ddp.topk_ratio = x; else a->ddp.powersgd_rank = (int)x;
         }
         else if (!strcmp(f, "--accum")) bad = parse_long(f, v, 1, &a->accum);
         else if (!strcmp(f, "--bucket-kb")) {   /* at most 1 TiB, so that the bytes (x 1024) cannot overflow */
@@ -87,6 +100,8 @@ static int parse_args(int argc, char **argv, void *arg) {
     if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "ddp: unknown model '%s'\n", a->model); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "ddp: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     if (ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt)) return -1;
+    if (a->ddp.no_feedback && a->ddp.compress < DT_DDP_TOPK) { fprintf(stderr, "ddp: --no-feedback is top-k's and powersgd's\n"); return -1; }
+    if (a->ddp.compress && a->ddp.method > DT_DDP_PER_LAYER) { fprintf(stderr, "ddp: --compress needs --sync buckets, flat or per-layer\n"); return -1; }
     a->ddp.bucket_bytes = (int64_t)a->bucket_kb * 1024;
     return 0;
 }
@@ -155,8 +170,16 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             }
             printf(", %s)", dt_ddp_overlapped(d) ? "overlapped with backward" : "after backward");
         }
-        if (a->ddp.method <= DT_DDP_PER_LAYER)   /* what "auto" means on this communicator */
-            printf(", all-reduce %s", dt_algo_name(dt_comm_algo(c, a->ddp.algo)));
+        if (a->ddp.method <= DT_DDP_PER_LAYER) {   /* what "auto" means on this communicator; 16 bits have no native path */
+            dt_algo al = dt_comm_algo(c, a->ddp.algo);
+            if ((a->ddp.compress == DT_DDP_BF16 || a->ddp.compress == DT_DDP_FP16) && al == DT_ALGO_NATIVE) al = DT_ALGO_RING;
+            printf(", %s", a->ddp.compress == DT_DDP_TOPK ? "all-gather of pairs" : "all-reduce ");
+            if (a->ddp.compress != DT_DDP_TOPK) printf("%s", dt_algo_name(al));
+        }
+        printf(", compress %s", dt_ddp_compress_name(a->ddp.compress));
+        if (a->ddp.compress == DT_DDP_TOPK) printf(" %g", a->ddp.topk_ratio > 0 ? a->ddp.topk_ratio : DT_DDP_TOPK_RATIO);
+        if (a->ddp.compress == DT_DDP_POWERSGD) printf(" rank %d", a->ddp.powersgd_rank > 0 ? a->ddp.powersgd_rank : DT_DDP_POWERSGD_RANK);
+        if (a->ddp.compress >= DT_DDP_TOPK) printf(a->ddp.no_feedback ? " without error feedback" : " with error feedback");
         printf(", %d threads per rank\n", dt_cpu_threads());
         fflush(stdout);
     }

@@ -26,7 +26,8 @@
 #      checkpoint flags); each training example killed with SIGKILL and resumed ends as an uninterrupted run
 #      (CSV rows and the last checkpoint's bytes), and refuses damaged, foreign or mismatched checkpoints; --trace writes a timeline; ddp refuses a batch that does not
 #      split over the ranks, runs VGG-11 on Fashion-MNIST padded to 32x32, and --wd and --milestones change its
-#      run; every header line states the whole recipe
+#      run; every header line states the whole recipe; ddp --compress says what travels, bf16 and top-k 1%
+#      send half and under a twentieth of fp32's bytes, and top-k killed and resumed ends as never stopped
 #   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
 #       (tools/docs_check.sh, as make docs-check)
 #   5c. faults (DT_FAULT) on 2, 3 and 4 local ranks: tests/mpi/fault_ddp.c with each kind (fail, return,
@@ -193,7 +194,7 @@ done
 # the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
 # rank's thread runs backward, recording into its own trace lane) under ThreadSanitizer (no OpenMP, whose
 # runtime TSan cannot see into); and the launcher's count of ended ranks, which leaves a stalled one behind
-for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume test_faults; do
+for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume test_faults test_compress; do
     if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/$t.c" -o "$B/asan/${t}_tsan" $LDLIBS; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan $t" env DT_TEST_QUICK=1 "$B/asan/${t}_tsan"
     else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi
@@ -211,6 +212,10 @@ for args in "--bogus 1" "--model resnet56" "--optim rmsprop" "--epochs 0" "--lr 
 done
 for args in "--sync allgather" "--bucket-kb 0" "--bucket-kb 9007199254740993" "--bucket-kb 99999999999999999999" "--accum" \
             "--dataset folder" "--ranks 0"; do
+    check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
+done
+for args in "--compress int8" "--compress bf16:0.5" "--compress topk:0" "--compress topk:1.5" "--compress powersgd:0" "--no-feedback" \
+            "--compress topk --sync ps"; do
     check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
 # data that cannot serve a run is refused when it is loaded, not at the first evaluation after an epoch of training:
@@ -335,6 +340,8 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 --checkpoint-every 5
     check "ddp: killed and resumed on 3 ranks (--checkpoint-every 3), ends as the unstopped run" \
         kill_resume ddp 1,3-6,9 --ranks 3 --batch 48 --epochs 2 --limit 512 --checkpoint-every 3
+    check "ddp --compress topk:0.01: killed and resumed, ends as the unstopped run (the residuals in the checkpoint)" \
+        kill_resume ddp 1,3-6,9 --ranks 2 --epochs 2 --limit 512 --compress topk:0.01 --checkpoint-every 2
     check "localsgd: killed and resumed between averages, ends as the unstopped run" \
         kill_resume localsgd 1,3-6,9,10 --ranks 3 --epochs 2 --limit 512 --batch 16 --period 4 --checkpoint-every 3
     check "dpsgd: killed and resumed on 3 ranks, ends as the unstopped run" \
@@ -413,6 +420,15 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         ! cmp -s '$T/r0.1' '$T/rw.1'
         cmp '$T/r0.1' '$T/rm.1'
         ! cmp -s '$T/r0.2' '$T/rm.2'"
+    # --compress: the header says what travels, and the busiest rank's megabytes (the CSV's last column) are
+    # half of fp32's with bf16 and under a twentieth with top-k 1%
+    check "ddp --compress bf16 and topk:0.01: the header says so; 1/2 and < 1/20 of fp32's bytes" sh -c "
+        set -e
+        for c in fp32 bf16 topk:0.01; do '$B/examples/ddp' --ranks 2 --limit 512 --compress \$c --csv \"$T/c-\$c.csv\" > \"$T/c-\$c.out\"; done
+        grep -q 'all-reduce ring, compress bf16,' '$T/c-bf16.out'
+        grep -q 'all-gather of pairs, compress topk 0.01 with error feedback,' '$T/c-topk:0.01.out'
+        f=\$(sed -n 2p '$T/c-fp32.csv' | cut -d, -f9); b=\$(sed -n 2p '$T/c-bf16.csv' | cut -d, -f9); k=\$(sed -n 2p '$T/c-topk:0.01.csv' | cut -d, -f9)
+        awk -v f=\$f -v b=\$b -v k=\$k 'BEGIN { exit !(b > 0.49 * f && b < 0.51 * f && k > 0 && k < f / 20) }'"
     # the header line states the whole recipe, in every example
     check "every SGD example's header states the whole recipe" sh -c "
         set -e

@@ -478,6 +478,38 @@ static void test_ddp_modes(void) {
     }
 }
 
+/* compressed gradients (dt_ddp_compress): bf16 in overlapped buckets on a NATIVE communicator (16 bits
+   run as RING on both backends), fp16 flat over the tree, top-k with error feedback in buckets with a rank
+   one batch short (join), top-k without feedback per layer, PowerSGD in buckets with a rank one batch short:
+   the same bits under MPI as on local ranks */
+static void test_ddp_compress(void) {
+    job j = base(TR_DDP, DT_ALGO_NATIVE);
+    j.ddp.bucket_bytes = 200;
+    j.ddp.compress = DT_DDP_BF16;
+    run_case(&j, "ddp buckets bf16, native communicator");
+    j = base(TR_DDP, DT_ALGO_TREE);
+    j.ddp.method = DT_DDP_FLAT;
+    j.ddp.compress = DT_DDP_FP16;
+    run_case(&j, "ddp flat fp16 tree");
+    j = base(TR_DDP, DT_ALGO_RING);
+    j.mode = 2;
+    j.ddp.bucket_bytes = 200;
+    j.ddp.compress = DT_DDP_TOPK;
+    j.ddp.topk_ratio = 0.05;
+    run_case(&j, "ddp buckets top-k 5%, odd ranks one batch less");
+    j = base(TR_DDP, DT_ALGO_RING);
+    j.ddp.method = DT_DDP_PER_LAYER;
+    j.ddp.compress = DT_DDP_TOPK;
+    j.ddp.no_feedback = 1;
+    run_case(&j, "ddp per-layer top-k 1% without feedback");
+    j = base(TR_DDP, DT_ALGO_RING);
+    j.mode = 2;
+    j.ddp.bucket_bytes = 200;
+    j.ddp.compress = DT_DDP_POWERSGD;
+    j.ddp.powersgd_rank = 1;
+    run_case(&j, "ddp buckets powersgd rank 1, odd ranks one batch less");
+}
+
 /* DDP under MPI sums buckets while backward runs, and ends with the bits of summing them after it. The
    model's first layer (2048 x 256, its backward some milliseconds) comes last in backward, after the two
    small buckets of the layers above it are final: their all-reduces must begin before backward returns
@@ -686,6 +718,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     mt_run("ddp_methods", test_ddp_methods);
     mt_run("ddp_modes", test_ddp_modes);
     mt_run("ddp_overlap", test_ddp_overlap);
+    mt_run("ddp_compress", test_ddp_compress);
     mt_run("localsgd", test_localsgd);
     mt_run("dpsgd", test_dpsgd);
     mt_run("dpsgd_one_peer_consensus", test_one_peer_consensus);
