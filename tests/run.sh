@@ -474,8 +474,10 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         ! sh tools/grade_lab.sh 1 '$G/pred' '$B' > '$G/pred.out' && grep -q 'score 3/6' '$G/pred.out' &&
         grep -q 'WRONG prediction ring_bytes_per_rank = 8000000: the key says 7000000' '$G/pred.out'"
     rm -rf "$G"
+    # the five workloads, seconds each; vgg11 checks that DDP and local SGD every step log the same losses
+    check "tools/experiments.sh: the five workloads at QUICK length" env QUICK=1 B="$B" OUT="$B/experiments-quick" sh tools/experiments.sh
 else
-    echo "skipped tools/grade_lab.sh's tests: dataset-fashion-mnist is not installed"
+    echo "skipped tools/grade_lab.sh's tests and the experiments: dataset-fashion-mnist is not installed"
 fi
 
 echo "== 6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
