@@ -48,6 +48,7 @@
 #      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
 #      they log on as many local ranks (with the Fashion-MNIST dataset); examples/ddp under mpiexec -n 3 with
 #      --checkpoint, a rank killed with SIGKILL and the job resumed, ends as a job never stopped
+#      examples/ddp under mpiexec -f HOSTS -n 4, HOSTS naming this machine twice (docs/multi-machine.md)
 #   8. tests/install.sh: make install PREFIX, pkg-config, CMake find_package and add_subdirectory, cmake --install,
 #      make uninstall
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
@@ -595,6 +596,13 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         check "ddp --trace into a missing directory under mpiexec -n 2: exit 1 before training, naming the path" sh -c "
             timeout 120 mpiexec -n 2 '$B/mpi/ddp' --limit 256 --trace '$MT/no-such-dir/t.json' > '$MT/tr.out' 2>&1;
             [ \$? -eq 1 ] && grep -q 'no-such-dir/t.json' '$MT/tr.out' && ! grep -q '^epoch' '$MT/tr.out'"
+        # docs/multi-machine.md's launch with a hostfile, here naming this machine twice (localhost and its
+        # hostname, 2 slots each): the job logs what 4 local ranks log
+        check "ddp under mpiexec -f HOSTS -n 4 (this machine named twice): the losses, accuracy and traffic of 4 local ranks" sh -c "
+            printf 'localhost:2\\n%s:2\\n' \"\$(hostname)\" > '$MT/hosts' &&
+            timeout 300 mpiexec -f '$MT/hosts' -n 4 '$B/mpi/ddp' --limit 512 --sync flat --algo ring --csv '$MT/h-mpi.csv' > /dev/null &&
+            timeout 300 '$B/examples/ddp' --ranks 4 --limit 512 --sync flat --algo ring --csv '$MT/h-local.csv' > /dev/null &&
+            [ \"\$(cut -d, -f3,4,5,9 '$MT/h-mpi.csv')\" = \"\$(cut -d, -f3,4,5,9 '$MT/h-local.csv')\" ]"
         rm -rf "$MT"
     else
         echo "skipped the examples under mpiexec: dataset-fashion-mnist is not installed"
