@@ -29,7 +29,7 @@ if command -v gnuplot >/dev/null 2>&1; then
 set terminal png size 640,400
 set output "$OUT/scaling.png"
 set datafile separator ","
-set title "DDP${DDP_FLAGS:+ $DDP_FLAGS}, SimpleCNN, Fashion-MNIST: $LIMIT samples, $THREADS thread(s) per rank"
+set title "DDP, SimpleCNN, Fashion-MNIST: $LIMIT samples, $THREADS thread(s) per rank${DDP_FLAGS:+\n$DDP_FLAGS}"
 set xlabel "local ranks"
 set ylabel "seconds per epoch"
 set y2label "speed-up"
