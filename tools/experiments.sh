@@ -70,10 +70,10 @@ localsgd() {
 }
 
 vgg11() {
-    lim=$(q 64 512); ep=$(q 1 3); bs=$(q 32 128); data=$OUT/$W/fmnist-cifar-format
+    lim=$(q 64 1024); ep=$(q 1 3); bs=$(q 32 64); data=$OUT/$W/fmnist-cifar-format
     python3 "$ROOT/tools/experiments/cifar_from_fmnist.py" "$data" $lim $(q 100 1000) || return 1
     c="--model vgg11 --dataset cifar10 --data $data --limit $lim --epochs $ep --seed 1"
-    r="--lr 0.05 --momentum 0.9 --wd 5e-4"
+    r="--lr 0.01 --momentum 0.9 --wd 5e-4"   # lr 0.05 diverged in the first steps from scratch at batch 128
     # ddp's --batch is the global batch; localsgd's and hogwild's are per rank or thread
     run train train $c $r --batch $bs &&
     run ddp ddp --ranks 4 $c $r --batch $bs --sync flat --algo ring &&
