@@ -142,10 +142,11 @@ docs-check: $(addprefix $(B)/examples/,$(EXAMPLES))
 
 .PHONY: docs-check
 
-# the course kit's commands too (docs/course), shortened the same way
+# the course kit's commands too (docs/course), shortened the same way, and its grader on right and wrong submissions
 docs-check: docs-check-course
 docs-check-course: $(addprefix $(B)/examples/,$(EXAMPLES))
 	DOCS_CHECK_FULL=$(DOCS_CHECK_FULL) sh tools/docs_check.sh $(B) docs/course/*.md
+	sh tests/grade_lab_test.sh $(B)
 
 # the example programs alone, and the five workloads' experiments (tools/experiments.sh)
 examples: $(addprefix $(B)/examples/,$(EXAMPLES))
