@@ -30,7 +30,7 @@
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make examples     only the example programs (build/examples: what docs/course needs on a laptop)
 #   make experiments  the five workloads, one chart each (tools/experiments.sh, build/experiments; QUICK=1: seconds
-#                     each, as CI runs them; the default length is docs/experiments.md's, about 40 minutes)
+#                     each, as CI runs them; the default length is docs/experiments.md's, about 50 minutes)
 #   make single       the library as one file to copy: build/single/dtrain.h (tools/amalgamate.sh)
 #   make install      the headers, dtrain.pc / dtrain-full.pc (pkg-config) and the CMake package (find_package:
 #                     dtrain::dtrain) into PREFIX (default /usr/local), under DESTDIR if set; make uninstall
