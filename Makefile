@@ -142,11 +142,13 @@ docs-check: $(addprefix $(B)/examples/,$(EXAMPLES))
 
 .PHONY: docs-check
 
-# the course kit's commands too (docs/course), shortened the same way, and its grader on right and wrong submissions
+# the course kit's commands too (docs/course), shortened the same way, its grader on right and wrong
+# submissions, and the five workloads of docs/experiments.md at QUICK length
 docs-check: docs-check-course
 docs-check-course: $(addprefix $(B)/examples/,$(EXAMPLES))
 	DOCS_CHECK_FULL=$(DOCS_CHECK_FULL) sh tools/docs_check.sh $(B) docs/course/*.md
 	sh tests/grade_lab_test.sh $(B)
+	QUICK=1 B=$(B) OUT=$(B)/experiments-quick sh tools/experiments.sh
 
 # the example programs alone, and the five workloads' experiments (tools/experiments.sh)
 examples: $(addprefix $(B)/examples/,$(EXAMPLES))
