@@ -29,6 +29,9 @@
 #                     quotations, and its quotations of the examples (tools/docs_check.sh; DOCS_CHECK_FULL=1: at
 #                     full length, comparing every quoted output and redrawing docs/tutorial/img)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
+#   make examples     only the example programs (build/examples: what docs/course needs on a laptop)
+#   make experiments  the five workloads, one chart each (tools/experiments.sh, build/experiments; QUICK=1: seconds
+#                     each, as CI runs them; the default length is docs/experiments.md's, about 50 minutes)
 #   make single       the library as one file to copy: build/single/dtrain.h (tools/amalgamate.sh)
 #   make install      the headers, dtrain.pc / dtrain-full.pc (pkg-config) and the CMake package (find_package:
 #                     dtrain::dtrain) into PREFIX (default /usr/local), under DESTDIR if set; make uninstall
@@ -140,6 +143,21 @@ docs-check: $(addprefix $(B)/examples/,$(EXAMPLES))
 	DOCS_CHECK_FULL=$(DOCS_CHECK_FULL) sh tools/docs_check.sh $(B)
 
 .PHONY: docs-check
+
+# the course kit's commands too (docs/course), shortened the same way, its grader on right and wrong
+# submissions, and the five workloads of docs/experiments.md at QUICK length
+docs-check: docs-check-course
+docs-check-course: $(addprefix $(B)/examples/,$(EXAMPLES))
+	DOCS_CHECK_FULL=$(DOCS_CHECK_FULL) sh tools/docs_check.sh $(B) docs/course/*.md
+	sh tests/grade_lab_test.sh $(B)
+	QUICK=1 B=$(B) OUT=$(B)/experiments-quick sh tools/experiments.sh
+
+# the example programs alone, and the five workloads' experiments (tools/experiments.sh)
+examples: $(addprefix $(B)/examples/,$(EXAMPLES))
+experiments: $(addprefix $(B)/examples/,$(EXAMPLES))
+	B=$(B) QUICK=$(QUICK) sh tools/experiments.sh
+
+.PHONY: docs-check-course examples experiments
 
 bench-slownet: $(B)/examples/ddp $(B)/examples/dpsgd
 	sh bench/slownet.sh $(B)

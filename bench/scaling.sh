@@ -4,17 +4,19 @@
 # ranks), with 1, 2, ..., MAX_RANKS local ranks (default 4), each rank on
 # THREADS OpenMP threads (default 1, so that N ranks use N cores' worth of threads). Writes BUILD/bench/scaling.csv (ranks, seconds per epoch,
 # images/s, speed-up and efficiency against 1 rank) and, when gnuplot is installed, BUILD/bench/scaling.png.
+# DDP_FLAGS are added to every run and named in the chart (tools/experiments.sh: --sync flat --algo ring);
+# SCALING_OUT replaces BUILD/bench.
 B=${1:-build}
 LIMIT=${LIMIT:-16384}
 MAX=${MAX_RANKS:-4}
 THREADS=${THREADS:-1}
-OUT="$B/bench"
+OUT=${SCALING_OUT:-$B/bench}
 mkdir -p "$OUT"
 echo "ranks,time_s,img_per_s,speedup,efficiency" > "$OUT/scaling.csv"
 t1=
 n=1
 while [ "$n" -le "$MAX" ]; do
-    "$B/examples/ddp" --ranks $n --batch $((128 / n * n)) --threads-per-rank $THREADS --epochs 1 --limit $LIMIT --csv "$OUT/scaling-$n.csv" > "$OUT/scaling-$n.log" 2>&1 ||
+    "$B/examples/ddp" --ranks $n --batch $((128 / n * n)) --threads-per-rank $THREADS --epochs 1 --limit $LIMIT $DDP_FLAGS --csv "$OUT/scaling-$n.csv" > "$OUT/scaling-$n.log" 2>&1 ||
         { cat "$OUT/scaling-$n.log"; exit 1; }
     t=$(awk -F, 'NR == 2 { print $2 }' "$OUT/scaling-$n.csv")
     [ -z "$t1" ] && t1=$t
@@ -27,7 +29,7 @@ if command -v gnuplot >/dev/null 2>&1; then
 set terminal png size 640,400
 set output "$OUT/scaling.png"
 set datafile separator ","
-set title "DDP, SimpleCNN, Fashion-MNIST: $LIMIT samples, $THREADS thread(s) per rank"
+set title "DDP, SimpleCNN, Fashion-MNIST: $LIMIT samples, $THREADS thread(s) per rank${DDP_FLAGS:+\n$DDP_FLAGS}"
 set xlabel "local ranks"
 set ylabel "seconds per epoch"
 set y2label "speed-up"

@@ -33,6 +33,10 @@
 #   5c. faults (DT_FAULT) on 2, 3 and 4 local ranks: tests/mpi/fault_ddp.c with each kind (fail, return,
 #       stall, hang, nan) and a NaN pixel ends with exit status 1 within 15 s, naming the cause and the rank,
 #       the NaN loss once; the ddp example the same with a NaN gradient and a rank stalled for good
+#   5d. the course kit (docs/course): its commands, shortened (tools/docs_check.sh); tools/grade_lab.sh passes
+#       each lab's key (--solve) and fails a submission with a CSV value that is not the run's or with wrong
+#       predictions, naming what is wrong (tests/grade_lab_test.sh); the five workloads (tools/experiments.sh)
+#       at QUICK length
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
 #      tests/mpi/test_trace_mpi.c (the timeline gathered on rank 0) under mpiexec -n 2;
@@ -47,6 +51,7 @@
 #      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
 #      they log on as many local ranks (with the Fashion-MNIST dataset); examples/ddp under mpiexec -n 3 with
 #      --checkpoint, a rank killed with SIGKILL and the job resumed, ends as a job never stopped
+#      examples/ddp under mpiexec -f HOSTS -n 4, HOSTS naming this machine twice (docs/multi-machine.md)
 #   8. tests/install.sh: make install PREFIX, pkg-config, CMake find_package and add_subdirectory, cmake --install,
 #      make uninstall
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
@@ -508,6 +513,18 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then   #
         fault_ends "rank 1 has not returned" env DT_FAULT="rank=1,coll=6,kind=hang" "$B/examples/ddp" --ranks 3 --limit 600 --batch 60 --timeout 1
 fi
 
+echo "== 5d. the course kit: docs/course, tools/grade_lab.sh, the experiments"
+for md in docs/course/*.md; do
+    check "$md: its commands run" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
+done
+if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    run "grade_lab" sh tests/grade_lab_test.sh "$B"
+    # the five workloads, seconds each; vgg11 checks that DDP and local SGD every step log the same losses
+    check "tools/experiments.sh: the five workloads at QUICK length" env QUICK=1 B="$B" OUT="$B/experiments-quick" sh tools/experiments.sh
+else
+    echo "skipped tools/grade_lab.sh's tests and the experiments: dataset-fashion-mnist is not installed"
+fi
+
 echo "== 6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
 mkdir -p "$B/fuzz"
 for f in ${FUZZ:-}; do
@@ -625,6 +642,13 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         check "ddp --trace into a missing directory under mpiexec -n 2: exit 1 before training, naming the path" sh -c "
             timeout 120 mpiexec -n 2 '$B/mpi/ddp' --limit 256 --trace '$MT/no-such-dir/t.json' > '$MT/tr.out' 2>&1;
             [ \$? -eq 1 ] && grep -q 'no-such-dir/t.json' '$MT/tr.out' && ! grep -q '^epoch' '$MT/tr.out'"
+        # docs/multi-machine.md's launch with a hostfile, here naming this machine twice (localhost and its
+        # hostname, 2 slots each): the job logs what 4 local ranks log
+        check "ddp under mpiexec -f HOSTS -n 4 (this machine named twice): the losses, accuracy and traffic of 4 local ranks" sh -c "
+            printf 'localhost:2\\n%s:2\\n' \"\$(hostname)\" > '$MT/hosts' &&
+            timeout 300 mpiexec -f '$MT/hosts' -n 4 '$B/mpi/ddp' --limit 512 --sync flat --algo ring --csv '$MT/h-mpi.csv' > /dev/null &&
+            timeout 300 '$B/examples/ddp' --ranks 4 --limit 512 --sync flat --algo ring --csv '$MT/h-local.csv' > /dev/null &&
+            [ \"\$(cut -d, -f3,4,5,9 '$MT/h-mpi.csv')\" = \"\$(cut -d, -f3,4,5,9 '$MT/h-local.csv')\" ]"
         rm -rf "$MT"
     else
         echo "skipped the examples under mpiexec: dataset-fashion-mnist is not installed"
