@@ -4,11 +4,11 @@
    WHAT IS HERE
      The blocked GEMM (after Goto and van de Geijn: packing into panels that stay in the caches, a small
      register-tiled micro-kernel, threads that share nothing), in portable C; the tiers of kernels (the
-     portable one defined here, "avx512" and "avx2" from dtrain/cpu_x86.h), chosen once per process by
+     portable one defined here, "avx512" and "avx2" from dtrain/cpu_x86.h, "neon" from dtrain/cpu_arm.h), chosen once per process by
      the CPU's features or $DT_CPU, and dt_cpu_set_tier; and the CPU's ops table: the ops of
      dtrain/tensor.h, with the chosen tier's kernels where it has them.
    USES
-     dtrain/cpu_x86.h and dtrain/tensor.h (and base.h).
+     dtrain/cpu_x86.h, dtrain/cpu_arm.h and dtrain/tensor.h (and base.h).
    READ FIRST
      dt__gemm_part (the loops of the blocked GEMM), dt__pack_a and dt__pack_b, dt__micro (the portable
      micro-kernel), dt__pick_kernel (the choice), dt__cpu_ops_table (the table a model calls).
@@ -16,6 +16,7 @@
 #ifndef DTRAIN_CPU_H
 #define DTRAIN_CPU_H
 #include "cpu_x86.h"
+#include "cpu_arm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,12 +30,12 @@ const dt_ops *dt_cpu_ops(void);
 void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
-/* The CPU's kernels come in tiers: "avx512" and "avx2" (x86-64, dtrain/cpu_x86.h) and "portable" (plain C
-   that every CPU runs, and that the others are tested against). By default the fastest tier this CPU runs,
-   or the one the environment variable DT_CPU names (avx512, avx2, portable). The ops give the same results
-   on every tier up to the order of long sums. */
+/* The CPU's kernels come in tiers: "avx512" and "avx2" (x86-64, dtrain/cpu_x86.h), "neon" (ARM64,
+   dtrain/cpu_arm.h) and "portable" (C that every CPU runs, and that the others are tested against). By
+   default the fastest tier this CPU runs, or the one the environment variable DT_CPU names (avx512, avx2,
+   neon, portable). The ops give the same results on every tier up to the order of long sums. */
 const char *dt_cpu_tier(void);
-/* Chooses the tier: "avx512", "avx2", "portable", or NULL / "auto" for the default. DT_ERR_INVALID_ARG for
+/* Chooses the tier: "avx512", "avx2", "neon", "portable", or NULL / "auto" for the default. DT_ERR_INVALID_ARG for
    another name, DT_ERR_UNSUPPORTED when this CPU or build lacks the tier (the tier in use is then kept).
    Process-wide configuration, like dt_log_configure: call it before threads start. A model takes the tier
    of the moment at every op. */
@@ -226,6 +227,9 @@ static const dt__kernel *const dt__kernels[] = {
 #ifdef DT__X86
     &dt__kernel_avx512, &dt__kernel_avx2,
 #endif
+#ifdef DT__ARM
+    &dt__kernel_neon,
+#endif
     &dt__kernel_portable,
 };
 #define DT__NKERNELS ((int)(sizeof dt__kernels / sizeof dt__kernels[0]))
@@ -238,7 +242,7 @@ static int dt__kernel_find(const char *name) {
     int k;
     for (k = 0; k < DT__NKERNELS; k++)
         if (!strcmp(name, dt__kernels[k]->name)) return k;
-    return !strcmp(name, "avx512") || !strcmp(name, "avx2") ? -2 : -1;
+    return !strcmp(name, "avx512") || !strcmp(name, "avx2") || !strcmp(name, "neon") ? -2 : -1;
 }
 /* The tier in use: chosen once, at the first call that needs it (CPU features and $DT_CPU are read once),
    or set by dt_cpu_set_tier. */
@@ -251,7 +255,7 @@ static const dt__kernel *dt__kernel_default(void) {
         if (want >= 0 && dt__kernel_ok(want)) return dt__kernels[want];
         while (!dt__kernel_ok(k)) k++;
         dt_log(DT_LOG_WARN, "DT_CPU=%s: %s; using %s", env,
-               want == -1 ? "not a CPU tier (avx512, avx2, portable)" : "this CPU or build cannot run it", dt__kernels[k]->name);
+               want == -1 ? "not a CPU tier (avx512, avx2, neon, portable)" : "this CPU or build cannot run it", dt__kernels[k]->name);
         return dt__kernels[k];
     }
     while (!dt__kernel_ok(k)) k++;   /* the last, portable, always runs */
@@ -274,10 +278,10 @@ dt_result dt_cpu_set_tier(const char *tier) {
     }
     k = dt__kernel_find(tier);
     if (k == -1)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_cpu_set_tier: '%s' is not a CPU tier: use avx512, avx2, portable or auto", tier);
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_cpu_set_tier: '%s' is not a CPU tier: use avx512, avx2, neon, portable or auto", tier);
     if (k == -2 || !dt__kernel_ok(k))
         return dt_set_error(DT_ERR_UNSUPPORTED, "dt_cpu_set_tier(%s): %s; the tier stays %s", tier,
-                            k == -2 ? "this build has no such kernels (not x86-64 with GCC or Clang, or DT_NO_SIMD)"
+                            k == -2 ? "this build has no such kernels (avx512 and avx2 need x86-64, neon aarch64, with GCC or Clang and without DT_NO_SIMD)"
                                     : "this CPU lacks its instructions", dt_cpu_tier());
     DT__ATOMIC_STORE(&dt__kernel_chosen, dt__kernels[k]);
     return DT_OK;
