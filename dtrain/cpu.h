@@ -180,10 +180,8 @@ static void dt__pack_b(const dt__kernel *kern, const dt__bsrc *bs, int64_t p0, i
    lane (fmla only where the compiler may contract: gcc -std=c11 does not). Written as loops over the tile,
    gcc keeps the accumulators in memory (-O2 unrolls no loop) or vectorises across the rows with shuffles
    (-O3): 2 GFLOP/s against 30-38 on this machine's core. DT_NO_SIMD, or another compiler: the same tile
-   in plain loops. Each element of c is summed in order of p, one rounding per multiply and per add. */
-#if defined(__GNUC__) && !defined(DT_NO_SIMD)
-typedef float dt__v4 __attribute__((vector_size(16)));
-static dt__v4 dt__v4_load(const float *p) { dt__v4 v; memcpy(&v, p, sizeof v); return v; }   /* unaligned */
+   in plain loops (DT__VEC, dtrain/tensor.h). Each element of c is summed in order of p, one rounding per multiply and per add. */
+#if DT__VEC
 static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
                       int64_t mr, int64_t nr, float alpha, float beta) {
     const dt__v4 z = {0.0f, 0.0f, 0.0f, 0.0f};
