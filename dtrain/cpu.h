@@ -69,6 +69,40 @@ extern "C" {
 #define DT__MR_MAX 16
 #define DT__NR_MAX 48
 
+/* A panel of n rows of src (row stride ld) turned into w-wide steps: dst[p * w + j] = src[j * ld + p] for
+   p < kc, j < n, zero for n <= j < w (w at most 48). The portable transposing copy of the GEMM's packing
+   (A's rows into MR-tall panels, B^T and im2col^T into NR-wide ones), and the twin of the tiers' pack_bt:
+   with GNU C's shuffles, 4 x 4 tiles in registers (4 loads, 8 shuffles, 4 stores where an element at a
+   time is a load and a store), the rest element by element. */
+#if DT__VEC && defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define DT__SHUFFLE 1
+#endif
+#endif
+static void dt__pack_t(const float *src, int64_t ld, int64_t kc, int64_t n, float *DT__RESTRICT dst, int w) {
+    int64_t p, j, j4 = 0, p4 = 0;
+#ifdef DT__SHUFFLE
+    p4 = kc / 4 * 4;
+    for (; j4 + 4 <= n; j4 += 4)
+        for (p = 0; p < p4; p += 4) {
+            const float *s = src + j4 * ld + p;
+            dt__v4 r0 = dt__v4_load(s), r1 = dt__v4_load(s + ld), r2 = dt__v4_load(s + 2 * ld), r3 = dt__v4_load(s + 3 * ld);
+            dt__v4 t0 = __builtin_shufflevector(r0, r1, 0, 4, 1, 5), t1 = __builtin_shufflevector(r0, r1, 2, 6, 3, 7);
+            dt__v4 t2 = __builtin_shufflevector(r2, r3, 0, 4, 1, 5), t3 = __builtin_shufflevector(r2, r3, 2, 6, 3, 7);
+            dt__v4 c0 = __builtin_shufflevector(t0, t2, 0, 1, 4, 5), c1 = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+            dt__v4 c2 = __builtin_shufflevector(t1, t3, 0, 1, 4, 5), c3 = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+            float *d = dst + p * w + j4;
+            memcpy(d, &c0, sizeof c0); memcpy(d + w, &c1, sizeof c1); memcpy(d + 2 * w, &c2, sizeof c2); memcpy(d + 3 * w, &c3, sizeof c3);
+        }
+#endif
+    for (j = 0; j < n; j++) {   /* what the tiles left: the last kc % 4 steps of their rows, and the rows after them */
+        const float *s = src + j * ld;
+        for (p = j < j4 ? p4 : 0; p < kc; p++) dst[p * w + j] = s[p];
+    }
+    for (p = 0; p < kc; p++)
+        for (j = n; j < w; j++) dst[p * w + j] = 0.0f;
+}
+
 /* Ap: the mc x kc block of op(A) at (i0, p0) as MR-tall panels, each kc x MR (row p holds MR rows' values) */
 static void dt__pack_a(const dt__kernel *kern, int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
                        int64_t kc, float *Ap, int MR) {
@@ -90,12 +124,7 @@ static void dt__pack_a(const dt__kernel *kern, int ta, const float *A, int64_t l
             p8 = kc / 8 * 8;
             kern->pack_a8(A + (i0 + ir) * lda + p0, lda, p8, dst);
         }
-        for (i = 0; i < mr; i++) {   /* row by row of A, each read along k */
-            const float *src = A + (i0 + ir + i) * lda + p0;
-            for (p = p8; p < kc; p++) dst[p * MR + i] = src[p];
-        }
-        for (; i < MR; i++)
-            for (p = 0; p < kc; p++) dst[p * MR + i] = 0.0f;
+        dt__pack_t(A + (i0 + ir) * lda + p0 + p8, lda, kc - p8, mr, dst + p8 * MR, MR);   /* (the rest) */
     }
 }
 
@@ -131,6 +160,8 @@ static void dt__pack_b(const dt__kernel *kern, const dt__bsrc *bs, int64_t p0, i
     const float *B = bs->B;
     const dt_conv_geom *g = bs->g;
     int64_t jr, ldb = bs->ldb;
+    /* the tier's transposing copy where it has one for these panels, else the portable one */
+    void (*pack_t)(const float *, int64_t, int64_t, int64_t, float *, int) = NR % 16 == 0 && kern->pack_bt ? kern->pack_bt : dt__pack_t;
     for (jr = 0; jr < nc; jr += NR) {
         int64_t nr = nc - jr < NR ? nc - jr : NR, p, j;
         float *dst = Bp + jr * kc;
@@ -143,31 +174,18 @@ static void dt__pack_b(const dt__kernel *kern, const dt__bsrc *bs, int64_t p0, i
                 if (++kx == g->kw) { kx = 0; if (++ky == g->kh) { ky = 0; c++; } }
             }
             return;
-        } else if (g) {             /* columns j: col rows j0 + jr + j, each read from output position p0 on */
+        } else if (g) {             /* columns j: col rows j0 + jr + j, each read from output position p0 on into tmp */
             int64_t S = g->oh * g->ow, n = p0 / S, oy = p0 % S / g->ow, ox = p0 % g->ow;
-            int simd = NR % 16 == 0 && kern->pack_bt;   /* 1: the rows go into tmp, then the tier transposes them */
             for (j = 0; j < nr; j++) {
                 int64_t k = j0 + jr + j;
-                dt__col_span(kern, g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc,
-                             simd ? tmp + j * kc : dst + j, simd ? 1 : NR);
+                dt__col_span(kern, g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc, tmp + j * kc, 1);
             }
-            if (simd) { kern->pack_bt(tmp, kc, kc, nr, dst, NR); continue; }
-            for (; j < NR; j++)
-                for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
+            pack_t(tmp, kc, kc, nr, dst, NR);   /* then turned, as B^T's rows below */
         } else if (!bs->tb) {       /* rows of B are contiguous along n: read each whole, for every panel */
             dt__pack_b_rows(B + p0 * ldb + j0, ldb, kc, nc, Bp, kc, NR);
             return;
-        } else {                    /* op(B) = B^T: read each row of B along k */
-            if (NR % 16 == 0 && kern->pack_bt) {
-                kern->pack_bt(B + (j0 + jr) * ldb + p0, ldb, kc, nr, dst, NR);
-                continue;
-            }
-            for (j = 0; j < nr; j++) {
-                const float *src = B + (j0 + jr + j) * ldb + p0;
-                for (p = 0; p < kc; p++) dst[p * NR + j] = src[p];
-            }
-            for (; j < NR; j++)
-                for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
+        } else {                    /* op(B) = B^T: rows of B along k, turned */
+            pack_t(B + (j0 + jr) * ldb + p0, ldb, kc, nr, dst, NR);
         }
     }
 }
