@@ -8,7 +8,9 @@
      faster CPU tier may replace; and the CPU ops in plain C: im2col and col2im, pooling, batch norm,
      activations, losses, the optimizer steps, the naive GEMM (dt_gemm_ref) and the naive convolution
      (dt_conv2d_ref). Each op is the reference twin of its fast kernels: read these to know what an op
-     computes; dtrain/cpu_x86.h computes the same faster.
+     computes; dtrain/cpu_x86.h and dtrain/cpu_arm.h compute the same faster. The loops that compilers
+     leave scalar as written (batch norm's sums) use GNU C's vector types where there are (DT__VEC), with
+     the plain loop beside them for DT_NO_SIMD and other compilers: the same bits either way.
    USES
      dtrain/base.h.
    READ FIRST
