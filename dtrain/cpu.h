@@ -195,10 +195,11 @@ static void dt__pack_b(const dt__kernel *kern, const dt__bsrc *bs, int64_t p0, i
    vectors of 4 floats that stay in registers, each step 2 loads of b, 6 broadcasts of a and 12 multiplies
    and 12 adds: x86-64's baseline (SSE2, 16 xmm registers: 12 accumulators, 2 of b, 1 of a) gets movups,
    shufps, mulps and addps and nothing on the stack, at -O2 and -O3 alike; aarch64 gets fmul and fadd by
-   lane (fmla only where the compiler may contract: gcc -std=c11 does not). Written as loops over the tile,
-   gcc keeps the accumulators in memory (-O2 unrolls no loop) or vectorises across the rows with shuffles
-   (-O3): 2 GFLOP/s against 30-38 on this machine's core. DT_NO_SIMD, or another compiler: the same tile
-   in plain loops (DT__VEC, dtrain/tensor.h). Each element of c is summed in order of p, one rounding per multiply and per add. */
+   lane (fmla only where the compiler may contract: gcc -std=c11 does not; the neon tier of cpu_arm.h has
+   it). Written as loops over the tile, gcc keeps the accumulators in memory (-O2 unrolls no loop) or
+   vectorises across the rows with shuffles (-O3): 2 GFLOP/s against 30-38 on this machine's core.
+   DT_NO_SIMD, or another compiler: the same tile in plain loops (DT__VEC, dtrain/tensor.h). Each element
+   of c is summed in order of p, one rounding per multiply and per add. */
 #if DT__VEC
 static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
                       int64_t mr, int64_t nr, float alpha, float beta) {
