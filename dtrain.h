@@ -70,7 +70,8 @@
      | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0, one |
      |                          |                  | local rank only, DDP does not overlap, Hogwild's |
      |                          |                  | workers run one after another                    |
-     | DT_NO_SIMD               | undefined        | no AVX2 or AVX-512 kernels: the portable C ones  |
+     | DT_NO_SIMD               | undefined        | no AVX2, AVX-512 or NEON kernels, and the        |
+     |                          |                  | portable ones as plain loops (no vector types)   |
      | DT_USE_ZLIB              | undefined        | gzip-compressed IDX files (zlib); link -lz       |
      | DT_USE_STB_IMAGE         | undefined        | image folders: stb_image decodes, stb_image_     |
      |                          |                  | resize resizes; link -lstb (Debian libstb-dev)   |
@@ -86,7 +87,7 @@
    The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s);
    DT_FAULT (a test aid, "rank=R,coll=N,kind=fail|return|stall:S|hang|nan") injects a fault (dt_comm_desc);
    DT_NODE_SIZE (ranks per node) groups the ranks into nodes for DT_ALGO_HIER and the link model;
-   DT_CPU (avx512, avx2, portable) the CPU kernels' tier (default: the fastest this CPU runs; dtrain/cpu.h).
+   DT_CPU (avx512, avx2, neon, portable) the CPU kernels' tier (default: the fastest this CPU runs; dtrain/cpu.h).
    dtrain_cuda.h's DTRAIN_CUDA_IMPLEMENTATION, DT_CUDA_EMULATE and DT_CUDA_DEVICE are in its own manual.
 
    OPTIONAL FEATURES AND POSIX
@@ -180,7 +181,8 @@
                 recorder, threads
      tensor.h   tensor views, the backend ops table (dt_ops), and the CPU ops in plain C: the reference
                 twins of the fast kernels, the naive GEMM and convolution
-     cpu_x86.h  the AVX2 and AVX-512 kernels (the library's only intrinsics; optional to read)
+     cpu_x86.h  the AVX2 and AVX-512 kernels (the library's only x86 intrinsics; optional to read)
+     cpu_arm.h  the NEON kernels of ARM64 (the library's only ARM intrinsics; optional to read)
      cpu.h      the CPU backend: the blocked GEMM, the kernels' tiers and their choice, dt_cpu_ops()
      nn.h       model graph on flat buffers, layers, losses, the plan of a pass, model zoo
      optim.h    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
@@ -202,6 +204,7 @@
 #include "dtrain/base.h"
 #include "dtrain/tensor.h"
 #include "dtrain/cpu_x86.h"
+#include "dtrain/cpu_arm.h"
 #include "dtrain/cpu.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"

@@ -4,11 +4,11 @@
    WHAT IS HERE
      The blocked GEMM (after Goto and van de Geijn: packing into panels that stay in the caches, a small
      register-tiled micro-kernel, threads that share nothing), in portable C; the tiers of kernels (the
-     portable one defined here, "avx512" and "avx2" from dtrain/cpu_x86.h), chosen once per process by
+     portable one defined here, "avx512" and "avx2" from dtrain/cpu_x86.h, "neon" from dtrain/cpu_arm.h), chosen once per process by
      the CPU's features or $DT_CPU, and dt_cpu_set_tier; and the CPU's ops table: the ops of
      dtrain/tensor.h, with the chosen tier's kernels where it has them.
    USES
-     dtrain/cpu_x86.h and dtrain/tensor.h (and base.h).
+     dtrain/cpu_x86.h, dtrain/cpu_arm.h and dtrain/tensor.h (and base.h).
    READ FIRST
      dt__gemm_part (the loops of the blocked GEMM), dt__pack_a and dt__pack_b, dt__micro (the portable
      micro-kernel), dt__pick_kernel (the choice), dt__cpu_ops_table (the table a model calls).
@@ -16,6 +16,7 @@
 #ifndef DTRAIN_CPU_H
 #define DTRAIN_CPU_H
 #include "cpu_x86.h"
+#include "cpu_arm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,12 +30,12 @@ const dt_ops *dt_cpu_ops(void);
 void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
-/* The CPU's kernels come in tiers: "avx512" and "avx2" (x86-64, dtrain/cpu_x86.h) and "portable" (plain C
-   that every CPU runs, and that the others are tested against). By default the fastest tier this CPU runs,
-   or the one the environment variable DT_CPU names (avx512, avx2, portable). The ops give the same results
-   on every tier up to the order of long sums. */
+/* The CPU's kernels come in tiers: "avx512" and "avx2" (x86-64, dtrain/cpu_x86.h), "neon" (ARM64,
+   dtrain/cpu_arm.h) and "portable" (C that every CPU runs, and that the others are tested against). By
+   default the fastest tier this CPU runs, or the one the environment variable DT_CPU names (avx512, avx2,
+   neon, portable). The ops give the same results on every tier up to the order of long sums. */
 const char *dt_cpu_tier(void);
-/* Chooses the tier: "avx512", "avx2", "portable", or NULL / "auto" for the default. DT_ERR_INVALID_ARG for
+/* Chooses the tier: "avx512", "avx2", "neon", "portable", or NULL / "auto" for the default. DT_ERR_INVALID_ARG for
    another name, DT_ERR_UNSUPPORTED when this CPU or build lacks the tier (the tier in use is then kept).
    Process-wide configuration, like dt_log_configure: call it before threads start. A model takes the tier
    of the moment at every op. */
@@ -68,6 +69,40 @@ extern "C" {
 #define DT__MR_MAX 16
 #define DT__NR_MAX 48
 
+/* A panel of n rows of src (row stride ld) turned into w-wide steps: dst[p * w + j] = src[j * ld + p] for
+   p < kc, j < n, zero for n <= j < w (w at most 48). The portable transposing copy of the GEMM's packing
+   (A's rows into MR-tall panels, B^T and im2col^T into NR-wide ones), and the twin of the tiers' pack_bt:
+   with GNU C's shuffles, 4 x 4 tiles in registers (4 loads, 8 shuffles, 4 stores where an element at a
+   time is a load and a store), the rest element by element. */
+#if DT__VEC && defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define DT__SHUFFLE 1
+#endif
+#endif
+static void dt__pack_t(const float *src, int64_t ld, int64_t kc, int64_t n, float *DT__RESTRICT dst, int w) {
+    int64_t p, j, j4 = 0, p4 = 0;
+#ifdef DT__SHUFFLE
+    p4 = kc / 4 * 4;
+    for (; j4 + 4 <= n; j4 += 4)
+        for (p = 0; p < p4; p += 4) {
+            const float *s = src + j4 * ld + p;
+            dt__v4 r0 = dt__v4_load(s), r1 = dt__v4_load(s + ld), r2 = dt__v4_load(s + 2 * ld), r3 = dt__v4_load(s + 3 * ld);
+            dt__v4 t0 = __builtin_shufflevector(r0, r1, 0, 4, 1, 5), t1 = __builtin_shufflevector(r0, r1, 2, 6, 3, 7);
+            dt__v4 t2 = __builtin_shufflevector(r2, r3, 0, 4, 1, 5), t3 = __builtin_shufflevector(r2, r3, 2, 6, 3, 7);
+            dt__v4 c0 = __builtin_shufflevector(t0, t2, 0, 1, 4, 5), c1 = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+            dt__v4 c2 = __builtin_shufflevector(t1, t3, 0, 1, 4, 5), c3 = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+            float *d = dst + p * w + j4;
+            memcpy(d, &c0, sizeof c0); memcpy(d + w, &c1, sizeof c1); memcpy(d + 2 * w, &c2, sizeof c2); memcpy(d + 3 * w, &c3, sizeof c3);
+        }
+#endif
+    for (j = 0; j < n; j++) {   /* what the tiles left: the last kc % 4 steps of their rows, and the rows after them */
+        const float *s = src + j * ld;
+        for (p = j < j4 ? p4 : 0; p < kc; p++) dst[p * w + j] = s[p];
+    }
+    for (p = 0; p < kc; p++)
+        for (j = n; j < w; j++) dst[p * w + j] = 0.0f;
+}
+
 /* Ap: the mc x kc block of op(A) at (i0, p0) as MR-tall panels, each kc x MR (row p holds MR rows' values) */
 static void dt__pack_a(const dt__kernel *kern, int ta, const float *A, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
                        int64_t kc, float *Ap, int MR) {
@@ -89,12 +124,7 @@ static void dt__pack_a(const dt__kernel *kern, int ta, const float *A, int64_t l
             p8 = kc / 8 * 8;
             kern->pack_a8(A + (i0 + ir) * lda + p0, lda, p8, dst);
         }
-        for (i = 0; i < mr; i++) {   /* row by row of A, each read along k */
-            const float *src = A + (i0 + ir + i) * lda + p0;
-            for (p = p8; p < kc; p++) dst[p * MR + i] = src[p];
-        }
-        for (; i < MR; i++)
-            for (p = 0; p < kc; p++) dst[p * MR + i] = 0.0f;
+        dt__pack_t(A + (i0 + ir) * lda + p0 + p8, lda, kc - p8, mr, dst + p8 * MR, MR);   /* (the rest) */
     }
 }
 
@@ -130,6 +160,8 @@ static void dt__pack_b(const dt__kernel *kern, const dt__bsrc *bs, int64_t p0, i
     const float *B = bs->B;
     const dt_conv_geom *g = bs->g;
     int64_t jr, ldb = bs->ldb;
+    /* the tier's transposing copy where it has one for these panels, else the portable one */
+    void (*pack_t)(const float *, int64_t, int64_t, int64_t, float *, int) = NR % 16 == 0 && kern->pack_bt ? kern->pack_bt : dt__pack_t;
     for (jr = 0; jr < nc; jr += NR) {
         int64_t nr = nc - jr < NR ? nc - jr : NR, p, j;
         float *dst = Bp + jr * kc;
@@ -142,62 +174,78 @@ static void dt__pack_b(const dt__kernel *kern, const dt__bsrc *bs, int64_t p0, i
                 if (++kx == g->kw) { kx = 0; if (++ky == g->kh) { ky = 0; c++; } }
             }
             return;
-        } else if (g) {             /* columns j: col rows j0 + jr + j, each read from output position p0 on */
+        } else if (g) {             /* columns j: col rows j0 + jr + j, each read from output position p0 on into tmp */
             int64_t S = g->oh * g->ow, n = p0 / S, oy = p0 % S / g->ow, ox = p0 % g->ow;
-            int simd = NR % 16 == 0 && kern->pack_bt;   /* 1: the rows go into tmp, then the tier transposes them */
             for (j = 0; j < nr; j++) {
                 int64_t k = j0 + jr + j;
-                dt__col_span(kern, g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc,
-                             simd ? tmp + j * kc : dst + j, simd ? 1 : NR);
+                dt__col_span(kern, g, B, k / (g->kh * g->kw), k / g->kw % g->kh, k % g->kw, n, oy, ox, kc, tmp + j * kc, 1);
             }
-            if (simd) { kern->pack_bt(tmp, kc, kc, nr, dst, NR); continue; }
-            for (; j < NR; j++)
-                for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
+            pack_t(tmp, kc, kc, nr, dst, NR);   /* then turned, as B^T's rows below */
         } else if (!bs->tb) {       /* rows of B are contiguous along n: read each whole, for every panel */
             dt__pack_b_rows(B + p0 * ldb + j0, ldb, kc, nc, Bp, kc, NR);
             return;
-        } else {                    /* op(B) = B^T: read each row of B along k */
-            if (NR % 16 == 0 && kern->pack_bt) {
-                kern->pack_bt(B + (j0 + jr) * ldb + p0, ldb, kc, nr, dst, NR);
-                continue;
-            }
-            for (j = 0; j < nr; j++) {
-                const float *src = B + (j0 + jr + j) * ldb + p0;
-                for (p = 0; p < kc; p++) dst[p * NR + j] = src[p];
-            }
-            for (; j < NR; j++)
-                for (p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
+        } else {                    /* op(B) = B^T: rows of B along k, turned */
+            pack_t(B + (j0 + jr) * ldb + p0, ldb, kc, nr, dst, NR);
         }
     }
 }
 
-/* The portable micro-kernel, 6 x 16: c[MR][NR] = sum_p a[p][:] x b[p][:]; then C = alpha c + beta C.
-   Written so that the inner loop over NR contiguous floats vectorises. */
+/* The portable micro-kernel, 6 x 8: c[6][8] = sum_p a[p][:] x b[p][:]; then C = alpha c + beta C.
+   With GCC and Clang (GNU C's vector types, which need no intrinsics and no -march): the 6 x 8 tile is 12
+   vectors of 4 floats that stay in registers, each step 2 loads of b, 6 broadcasts of a and 12 multiplies
+   and 12 adds: x86-64's baseline (SSE2, 16 xmm registers: 12 accumulators, 2 of b, 1 of a) gets movups,
+   shufps, mulps and addps and nothing on the stack, at -O2 and -O3 alike; aarch64 gets fmul and fadd by
+   lane (fmla only where the compiler may contract: gcc -std=c11 does not; the neon tier of cpu_arm.h has
+   it). Written as loops over the tile, gcc keeps the accumulators in memory (-O2 unrolls no loop) or
+   vectorises across the rows with shuffles (-O3): 2 GFLOP/s against 30-38 on this machine's core.
+   DT_NO_SIMD, or another compiler: the same tile in plain loops (DT__VEC, dtrain/tensor.h). Each element
+   of c is summed in order of p, one rounding per multiply and per add. */
+#if DT__VEC
 static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
                       int64_t mr, int64_t nr, float alpha, float beta) {
-    float c[6][16];
+    const dt__v4 z = {0.0f, 0.0f, 0.0f, 0.0f};
+    dt__v4 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
+    float c[6][8];
+    int64_t p;
+    for (p = 0; p < kc; p++, a += 6, b += 8) {
+        dt__v4 b0 = dt__v4_load(b), b1 = dt__v4_load(b + 4);
+        c00 += a[0] * b0; c01 += a[0] * b1;
+        c10 += a[1] * b0; c11 += a[1] * b1;
+        c20 += a[2] * b0; c21 += a[2] * b1;
+        c30 += a[3] * b0; c31 += a[3] * b1;
+        c40 += a[4] * b0; c41 += a[4] * b1;
+        c50 += a[5] * b0; c51 += a[5] * b1;
+    }
+    memcpy(c[0], &c00, 16); memcpy(c[0] + 4, &c01, 16); memcpy(c[1], &c10, 16); memcpy(c[1] + 4, &c11, 16);
+    memcpy(c[2], &c20, 16); memcpy(c[2] + 4, &c21, 16); memcpy(c[3], &c30, 16); memcpy(c[3] + 4, &c31, 16);
+    memcpy(c[4], &c40, 16); memcpy(c[4] + 4, &c41, 16); memcpy(c[5], &c50, 16); memcpy(c[5] + 4, &c51, 16);
+    dt__micro_store(&c[0][0], 8, C, ldc, mr, nr, alpha, beta);
+}
+#else
+static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
+                      int64_t mr, int64_t nr, float alpha, float beta) {
+    float c[6][8];
     int64_t p, i, j;
     memset(c, 0, sizeof c);
-    for (p = 0; p < kc; p++) {
-        const float *bp = b + p * 16;
-        const float *ap = a + p * 6;
-        for (i = 0; i < 6; i++) {
-            float av = ap[i];
-            for (j = 0; j < 16; j++) c[i][j] += av * bp[j];
-        }
-    }
-    dt__micro_store(&c[0][0], 16, C, ldc, mr, nr, alpha, beta);
+    for (p = 0; p < kc; p++)
+        for (i = 0; i < 6; i++)
+            for (j = 0; j < 8; j++) c[i][j] += a[p * 6 + i] * b[p * 8 + j];
+    dt__micro_store(&c[0][0], 8, C, ldc, mr, nr, alpha, beta);
 }
+#endif
 
 /* ---- the tiers ------------------------------------------------------------------------------ */
 /* The portable tier: the micro-kernel above and the portable code of every other entry */
 static const dt__kernel dt__kernel_portable = {
-    "portable", NULL, dt__micro, 6, 16, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    "portable", NULL, dt__micro, 6, 8, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 };
 /* Every tier of this build, fastest first */
 static const dt__kernel *const dt__kernels[] = {
 #ifdef DT__X86
     &dt__kernel_avx512, &dt__kernel_avx2,
+#endif
+#ifdef DT__ARM
+    &dt__kernel_neon,
 #endif
     &dt__kernel_portable,
 };
@@ -211,7 +259,7 @@ static int dt__kernel_find(const char *name) {
     int k;
     for (k = 0; k < DT__NKERNELS; k++)
         if (!strcmp(name, dt__kernels[k]->name)) return k;
-    return !strcmp(name, "avx512") || !strcmp(name, "avx2") ? -2 : -1;
+    return !strcmp(name, "avx512") || !strcmp(name, "avx2") || !strcmp(name, "neon") ? -2 : -1;
 }
 /* The tier in use: chosen once, at the first call that needs it (CPU features and $DT_CPU are read once),
    or set by dt_cpu_set_tier. */
@@ -224,7 +272,7 @@ static const dt__kernel *dt__kernel_default(void) {
         if (want >= 0 && dt__kernel_ok(want)) return dt__kernels[want];
         while (!dt__kernel_ok(k)) k++;
         dt_log(DT_LOG_WARN, "DT_CPU=%s: %s; using %s", env,
-               want == -1 ? "not a CPU tier (avx512, avx2, portable)" : "this CPU or build cannot run it", dt__kernels[k]->name);
+               want == -1 ? "not a CPU tier (avx512, avx2, neon, portable)" : "this CPU or build cannot run it", dt__kernels[k]->name);
         return dt__kernels[k];
     }
     while (!dt__kernel_ok(k)) k++;   /* the last, portable, always runs */
@@ -247,10 +295,10 @@ dt_result dt_cpu_set_tier(const char *tier) {
     }
     k = dt__kernel_find(tier);
     if (k == -1)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_cpu_set_tier: '%s' is not a CPU tier: use avx512, avx2, portable or auto", tier);
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_cpu_set_tier: '%s' is not a CPU tier: use avx512, avx2, neon, portable or auto", tier);
     if (k == -2 || !dt__kernel_ok(k))
         return dt_set_error(DT_ERR_UNSUPPORTED, "dt_cpu_set_tier(%s): %s; the tier stays %s", tier,
-                            k == -2 ? "this build has no such kernels (not x86-64 with GCC or Clang, or DT_NO_SIMD)"
+                            k == -2 ? "this build has no such kernels (avx512 and avx2 need x86-64, neon aarch64, with GCC or Clang and without DT_NO_SIMD)"
                                     : "this CPU lacks its instructions", dt_cpu_tier());
     DT__ATOMIC_STORE(&dt__kernel_chosen, dt__kernels[k]);
     return DT_OK;

@@ -8,7 +8,9 @@
      faster CPU tier may replace; and the CPU ops in plain C: im2col and col2im, pooling, batch norm,
      activations, losses, the optimizer steps, the naive GEMM (dt_gemm_ref) and the naive convolution
      (dt_conv2d_ref). Each op is the reference twin of its fast kernels: read these to know what an op
-     computes; dtrain/cpu_x86.h computes the same faster.
+     computes; dtrain/cpu_x86.h and dtrain/cpu_arm.h compute the same faster. The loops that compilers
+     leave scalar as written (batch norm's sums) use GNU C's vector types where there are (DT__VEC), with
+     the plain loop beside them for DT_NO_SIMD and other compilers: the same bits either way.
    USES
      dtrain/base.h.
    READ FIRST
@@ -362,6 +364,20 @@ int dt_cpu_threads(void) {
 #endif
 }
 
+/* ---- GNU C's vector types ------------------------------------------------------------------------ */
+/* The portable kernels' vectors: GCC's and Clang's vector types (no intrinsics, no -march) compile to the
+   baseline's vector instructions (SSE2 on x86-64, NEON on aarch64). DT__VEC is 0 with another compiler or
+   DT_NO_SIMD, and the kernels then run as plain loops. Loads and stores go through memcpy: unaligned. */
+#if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 9) && !defined(DT_NO_SIMD)
+#define DT__VEC 1
+typedef float dt__v4 __attribute__((vector_size(16)));
+typedef int32_t dt__v4i __attribute__((vector_size(16)));
+typedef double dt__v4d __attribute__((vector_size(32)));   /* two SSE2 or NEON registers */
+static DT__MAYBE_UNUSED dt__v4 dt__v4_load(const float *p) { dt__v4 v; memcpy(&v, p, sizeof v); return v; }
+#else
+#define DT__VEC 0
+#endif
+
 /* ---- the CPU kernel table ---------------------------------------------------------------------- */
 /* What a faster CPU tier may replace. dtrain/cpu.h chooses one table per process (the fastest this CPU runs,
    or the one dt_cpu_set_tier names) and passes it down; dtrain/cpu_x86.h fills the AVX2 and AVX-512 tables.
@@ -658,11 +674,31 @@ static void dt__channel_sums(const dt__kernel *k, float *db, const float *dy, in
     }
 }
 
+/* cnt outputs of a row of 2 x 2 stride-2 max pooling: yo, io from input rows r0 and r1 (r0 at offset i0 of
+   its plane, w wide). A tap replaces the best unless the best is NaN or the tap is <= it: first maximum,
+   first NaN. Selects, not branches (which the data mispredicts), each with its condition written in it: so
+   gcc -O3 and clang vectorise the loop (compares and selects on 4 outputs at a time at x86-64's baseline),
+   where gcc left the same selects scalar with the condition kept in an int for both. */
+static void dt__maxpool2_row(const float *DT__RESTRICT r0, const float *DT__RESTRICT r1, int64_t w, int32_t i0,
+                             float *DT__RESTRICT yo, int32_t *DT__RESTRICT io, int64_t cnt) {
+    int64_t ox;
+    for (ox = 0; ox < cnt; ox++) {
+        int32_t at = i0 + 2 * (int32_t)ox, bi = at;
+        float best = r0[2 * ox], v0 = r0[2 * ox + 1], v1 = r1[2 * ox], v2 = r1[2 * ox + 1];
+        bi = !(v0 <= best) && best == best ? at + 1 : bi;
+        best = !(v0 <= best) && best == best ? v0 : best;
+        bi = !(v1 <= best) && best == best ? at + (int32_t)w : bi;
+        best = !(v1 <= best) && best == best ? v1 : best;
+        bi = !(v2 <= best) && best == best ? at + (int32_t)w + 1 : bi;
+        best = !(v2 <= best) && best == best ? v2 : best;
+        yo[ox] = best;
+        io[ox] = bi;
+    }
+}
 static void dt__maxpool_fwd(const dt__kernel *k, const dt_conv_geom *g, const float *x, float *y, int32_t *idx) {
     int64_t nc;
     if (g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0) {
-        /* 2 x 2, stride 2: every window inside; selects instead of branches (which the data mispredicts).
-           A tap replaces the best unless the best is NaN or the tap is <= it: first maximum, first NaN. */
+        /* 2 x 2, stride 2: every window inside, a row at a time (the tier's kernel 16 outputs a step) */
         void (*row)(const float *, const float *, int64_t, int32_t, float *, int32_t *, int) = k ? k->maxpool2 : NULL;
         DT__OMP(parallel for if (g->n * g->c * g->oh * g->ow * 4 > DT__PAR_MIN))
         for (nc = 0; nc < g->n * g->c; nc++) {
@@ -675,16 +711,7 @@ static void dt__maxpool_fwd(const dt__kernel *k, const dt_conv_geom *g, const fl
                 if (row)   /* 16 outputs a step, the last step of fewer */
                     for (; ox < g->ow; ox += 16)
                         row(r0 + 2 * ox, r1 + 2 * ox, w, i0 + 2 * (int32_t)ox, yo + ox, io + ox, g->ow - ox < 16 ? (int)(g->ow - ox) : 16);
-                for (; ox < g->ow; ox++) {
-                    float best = r0[2 * ox], v;
-                    int32_t bi = i0 + 2 * (int32_t)ox, t;
-                    v = r0[2 * ox + 1]; t = best == best && !(v <= best); best = t ? v : best; bi = t ? i0 + 2 * (int32_t)ox + 1 : bi;
-                    v = r1[2 * ox];     t = best == best && !(v <= best); best = t ? v : best; bi = t ? i0 + (int32_t)w + 2 * (int32_t)ox : bi;
-                    v = r1[2 * ox + 1]; t = best == best && !(v <= best); best = t ? v : best;
-                    bi = t ? i0 + (int32_t)w + 2 * (int32_t)ox + 1 : bi;
-                    yo[ox] = best;
-                    io[ox] = bi;
-                }
+                if (ox < g->ow) dt__maxpool2_row(r0 + 2 * ox, r1 + 2 * ox, w, i0 + 2 * (int32_t)ox, yo + ox, io + ox, g->ow - ox);
             }
         }
         return;
@@ -815,6 +842,43 @@ static void dt__cpu_mul_bwd(void *ctx, const float *dy, const float *mask, float
    independent lanes (which the compiler turns into vector adds; one chain of double adds would wait on
    each add's latency), added pairwise at the end. mk not NULL: x counts as 0 where mk (laid out as x) is
    not > 0 (the gradient through a ReLU whose output is mk). */
+/* dt__bn_sums's 8 lanes over one row's whole 8s: a[j] += p[k], b[j] += p[k] q[k] for k % 8 == j, in order
+   of k (p[k] as 0 where r is not NULL and r[k] is not > 0); returns the floats done. Vector types where
+   there are (DT__VEC): a pair of 4 lanes for each sum, the mask by a compare, each lane's adds in the order
+   of the loop below; so the same bits. The loop alone is not vectorised by gcc (the test of r is a branch
+   in it, and without it gcc's lanes stay in memory). */
+static int64_t dt__bn_lanes(const float *DT__RESTRICT p, const float *DT__RESTRICT q, const float *DT__RESTRICT r, int64_t s,
+                            double *DT__RESTRICT a, double *DT__RESTRICT b) {
+    int64_t k;
+#if DT__VEC
+    const dt__v4 z = {0.0f, 0.0f, 0.0f, 0.0f};
+    dt__v4d a0, a1, b0, b1;
+    memcpy(&a0, a, sizeof a0); memcpy(&a1, a + 4, sizeof a1); memcpy(&b0, b, sizeof b0); memcpy(&b1, b + 4, sizeof b1);
+    for (k = 0; k + 8 <= s; k += 8) {
+        dt__v4 x0 = dt__v4_load(p + k), x1 = dt__v4_load(p + k + 4);
+        dt__v4d d0, d1;
+        if (r) {   /* the same for every k: gcc takes it out of the loop */
+            x0 = (dt__v4)((dt__v4i)x0 & (dt__v4_load(r + k) > z));
+            x1 = (dt__v4)((dt__v4i)x1 & (dt__v4_load(r + k + 4) > z));
+        }
+        d0 = __builtin_convertvector(x0, dt__v4d);
+        d1 = __builtin_convertvector(x1, dt__v4d);
+        a0 += d0; a1 += d1;
+        b0 += d0 * __builtin_convertvector(dt__v4_load(q + k), dt__v4d);
+        b1 += d1 * __builtin_convertvector(dt__v4_load(q + k + 4), dt__v4d);
+    }
+    memcpy(a, &a0, sizeof a0); memcpy(a + 4, &a1, sizeof a1); memcpy(b, &b0, sizeof b0); memcpy(b + 4, &b1, sizeof b1);
+#else
+    int j;
+    for (k = 0; k + 8 <= s; k += 8)
+        for (j = 0; j < 8; j++) {
+            double pv = r && !(r[k + j] > 0.0f) ? 0.0 : (double)p[k + j];
+            a[j] += pv;
+            b[j] += pv * (double)q[k + j];
+        }
+#endif
+    return k;
+}
 static void dt__bn_sums(const dt__kernel *kt, const float *x, const float *y, const float *mk, int64_t n, int64_t cs, int64_t s,
                         double *sx, double *sxy) {
     double a[16] = {0}, b[16] = {0};
@@ -827,12 +891,7 @@ static void dt__bn_sums(const dt__kernel *kt, const float *x, const float *y, co
     }
     for (i = 0; i < n; i++) {
         const float *p = x + i * cs, *q = (y ? y : x) + i * cs, *r = mk ? mk + i * cs : NULL;
-        for (k = 0; k + 8 <= s; k += 8)
-            for (j = 0; j < 8; j++) {
-                double pv = r && !(r[k + j] > 0.0f) ? 0.0 : (double)p[k + j];
-                a[j] += pv;
-                b[j] += pv * (double)q[k + j];
-            }
+        k = dt__bn_lanes(p, q, r, s, a, b);
         for (; k < s; k++) {
             double pv = r && !(r[k] > 0.0f) ? 0.0 : (double)p[k];
             a[k % 8] += pv;

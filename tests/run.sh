@@ -3,7 +3,8 @@
 #   1. the optimised build (from make): every test program; test_layers and test_models again on each other
 #      CPU tier this machine runs (DT_CPU=avx2, portable)
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++;
-#      each module of dtrain/ alone after the modules it includes; intrinsics only in dtrain/cpu_x86.h;
+#      each module of dtrain/ alone after the modules it includes; x86 intrinsics only in dtrain/cpu_x86.h, ARM
+#      ones only in dtrain/cpu_arm.h;
 #      a dt_request with too few reserved words for the request state stops the build
 #   2a. the docs: every public name of the three headers is in docs/api.md (tools/check_api.sh, one
 #       test); every C code block of README.md, docs/**/*.md and the headers' quick starts compiles, and
@@ -111,7 +112,8 @@ done
 check "gcc C11 without threads (DT_NO_THREADS)" gcc $WARN -DDT_NO_THREADS -c "$B/check/impl.c" -o "$B/check/nothreads.o"
 check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
 # the modules: each compiles alone, with the implementation, after the modules it includes (so none uses one
-# that comes after it; their static helpers for later modules are unused there); only dtrain/cpu_x86.h has intrinsics
+# that comes after it; their static helpers for later modules are unused there); only dtrain/cpu_x86.h has x86
+# intrinsics and only dtrain/cpu_arm.h ARM ones
 for m in $(sed -n 's/^#include "dtrain\/\([a-z0-9_]*\)\.h".*/\1/p' dtrain.h); do
     printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain/%s.h"\n' "$m" > "$B/check/module_$m.c"
     check "dtrain/$m.h alone, with what it includes: gcc C11 and g++" sh -c "gcc $WARN -Wno-unused-function -fopenmp $DEFS \
@@ -119,6 +121,7 @@ for m in $(sed -n 's/^#include "dtrain\/\([a-z0-9_]*\)\.h".*/\1/p' dtrain.h); do
         -fopenmp $DEFS -c '$B/check/module_$m.c' -o '$B/check/module_$m-cxx.o'"
 done
 check "SIMD intrinsics in dtrain/cpu_x86.h only" sh -c "[ \"\$(grep -lE '_mm(256|512)?_[a-z]|__m(128|256|512)|immintrin' dtrain.h dtrain/*.h)\" = dtrain/cpu_x86.h ]"
+check "ARM intrinsics in dtrain/cpu_arm.h only" sh -c "[ \"\$(grep -lE 'arm_neon|float(32|64)x[0-9]+_t|v(ld|st)1q?_|vfmaq?_' dtrain.h dtrain/*.h)\" = dtrain/cpu_arm.h ]"
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
 # dt_request's reserved words must hold the library's request state: with too few the build stops, saying so
 check "a dt_request too small for the request state does not compile" sh -c "! gcc $WARN -DDT__REQUEST_WORDS=8 -c '$B/check/impl.c' \
