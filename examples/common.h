@@ -712,10 +712,13 @@ static inline int ex_take_rate(int *argc, char **argv, const char *flag, double 
 /* Says on stdout, once (by the first process under mpiexec), what the link model makes of every message, in the
    units of the charts, so that a run's log names the network it emulated. */
 static inline void ex_link_say(const dt_comm_desc *d) {
-    const char *mpi_rank = getenv("PMI_RANK");
-    char rate[64];
+    const char *mpi_rank = getenv("PMI_RANK"), *env = getenv("DT_NODE_SIZE");
+    int node = d->node_size > 0 ? d->node_size : env ? atoi(env) : 0;   /* with nodes the port is the node's */
+    char rate[64], who[64];
     if (!(d->link_latency > 0.0 || d->link_bandwidth > 0.0) || (mpi_rank && strcmp(mpi_rank, "0"))) return;
-    printf("link model (local ranks): every rank one full-duplex port of %s, every message %g ms of latency\n",
+    if (node > 1) snprintf(who, sizeof who, "every node of %d ranks", node);
+    else snprintf(who, sizeof who, "every rank");
+    printf("link model (local ranks): %s one full-duplex port of %s, every message %g ms of latency\n", who,
            d->link_bandwidth > 0.0 ? ex_rate_str(d->link_bandwidth, rate, sizeof rate) : "unlimited bandwidth", d->link_latency * 1e3);
     fflush(stdout);
 }
