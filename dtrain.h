@@ -196,6 +196,7 @@
    #define DTRAIN_IMPLEMENTATION. */
 #include "dtrain/base.h"
 #include "dtrain/tensor.h"
+#include "dtrain/cpu_vec.h"
 #include "dtrain/cpu_x86.h"
 #include "dtrain/cpu.h"
 #include "dtrain/nn.h"

@@ -190,9 +190,23 @@ static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__
 }
 
 /* ---- the tiers ------------------------------------------------------------------------------ */
-/* The portable tier: the micro-kernel above and the portable code of every other entry */
+/* The portable tier: the micro-kernel above and the portable code of every other entry, but for the
+   convolutions by shifted rows of dtrain/cpu_vec.h at the build's baseline ISA where GCC or Clang builds
+   them (SSE2 on x86-64, NEON on aarch64, where the tier is called "neon") */
+#ifdef DT__VEC_BASE
+#define DT__BASE_CONV_FWD dt__vec_conv_fwd_base
+#define DT__BASE_CONV_BWD dt__vec_conv_bwd_base
+#else
+#define DT__BASE_CONV_FWD NULL
+#define DT__BASE_CONV_BWD NULL
+#endif
+#if defined(DT__VEC_BASE) && defined(__aarch64__)
+#define DT__BASE_TIER "neon"
+#else
+#define DT__BASE_TIER "portable"
+#endif
 static const dt__kernel dt__kernel_portable = {
-    "portable", NULL, dt__micro, 6, 16, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    DT__BASE_TIER, NULL, dt__micro, 6, 16, NULL, NULL, NULL, NULL, NULL, NULL, DT__BASE_CONV_FWD, DT__BASE_CONV_BWD
 };
 /* Every tier of this build, fastest first */
 static const dt__kernel *const dt__kernels[] = {
@@ -206,12 +220,14 @@ static const dt__kernel *const dt__kernels[] = {
 static int dt__kernel_ok(int k) {
     return k >= 0 && k < DT__NKERNELS && (!dt__kernels[k]->runs || dt__kernels[k]->runs());
 }
-/* the tier named (index into dt__kernels), -1 for a name of no tier, -2 for a tier this build lacks */
+/* the tier named (index into dt__kernels), -1 for a name of no tier, -2 for a tier this build lacks;
+   "portable" names the last tier, which every CPU runs, in every build (on aarch64 it is "neon") */
 static int dt__kernel_find(const char *name) {
     int k;
     for (k = 0; k < DT__NKERNELS; k++)
         if (!strcmp(name, dt__kernels[k]->name)) return k;
-    return !strcmp(name, "avx512") || !strcmp(name, "avx2") ? -2 : -1;
+    if (!strcmp(name, "portable")) return DT__NKERNELS - 1;
+    return !strcmp(name, "avx512") || !strcmp(name, "avx2") || !strcmp(name, "neon") ? -2 : -1;
 }
 /* The tier in use: chosen once, at the first call that needs it (CPU features and $DT_CPU are read once),
    or set by dt_cpu_set_tier. */
@@ -224,7 +240,7 @@ static const dt__kernel *dt__kernel_default(void) {
         if (want >= 0 && dt__kernel_ok(want)) return dt__kernels[want];
         while (!dt__kernel_ok(k)) k++;
         dt_log(DT_LOG_WARN, "DT_CPU=%s: %s; using %s", env,
-               want == -1 ? "not a CPU tier (avx512, avx2, portable)" : "this CPU or build cannot run it", dt__kernels[k]->name);
+               want == -1 ? "not a CPU tier (avx512, avx2, neon, portable)" : "this CPU or build cannot run it", dt__kernels[k]->name);
         return dt__kernels[k];
     }
     while (!dt__kernel_ok(k)) k++;   /* the last, portable, always runs */
@@ -247,11 +263,13 @@ dt_result dt_cpu_set_tier(const char *tier) {
     }
     k = dt__kernel_find(tier);
     if (k == -1)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_cpu_set_tier: '%s' is not a CPU tier: use avx512, avx2, portable or auto", tier);
-    if (k == -2 || !dt__kernel_ok(k))
-        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_cpu_set_tier(%s): %s; the tier stays %s", tier,
-                            k == -2 ? "this build has no such kernels (not x86-64 with GCC or Clang, or DT_NO_SIMD)"
-                                    : "this CPU lacks its instructions", dt_cpu_tier());
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_cpu_set_tier: '%s' is not a CPU tier: use avx512, avx2 (x86-64), neon (aarch64), portable or auto", tier);
+    if (k == -2)
+        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_cpu_set_tier(%s): this build has no such kernels (not %s with GCC or Clang, "
+                            "or DT_NO_SIMD); the tier stays %s", tier, strcmp(tier, "neon") ? "x86-64" : "aarch64", dt_cpu_tier());
+    if (!dt__kernel_ok(k))
+        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_cpu_set_tier(%s): this CPU lacks its instructions; the tier stays %s", tier,
+                            dt_cpu_tier());
     DT__ATOMIC_STORE(&dt__kernel_chosen, dt__kernels[k]);
     return DT_OK;
 }

@@ -257,8 +257,16 @@ static void test_conv_vs_direct(void) {
                                        /* stride 2 by phase planes (3 x 3 only; the input gradient by GEMM):
                                           ResNet-20's two, odd sizes, no padding */
                                        {4, 16, 32, 32, 32, 3, 2, 1}, {3, 32, 16, 16, 64, 3, 2, 1}, {3, 5, 9, 11, 20, 3, 2, 1},
-                                       {2, 3, 8, 7, 17, 3, 2, 0}};
-    int i;
+                                       {2, 3, 8, 7, 17, 3, 2, 0},
+                                       /* the tiles' edges on every tier (rows of 8, 6 and 2, columns of 48
+                                          and 16): odd channel counts and sizes, 5 x 5 without padding, 1 x 1
+                                          padded (the input gradient then by GEMM), stride 2 padded by 2 */
+                                       {3, 7, 11, 9, 13, 5, 1, 0}, {2, 5, 7, 5, 11, 1, 1, 1}, {3, 9, 13, 11, 7, 3, 1, 2},
+                                       {2, 7, 9, 9, 11, 3, 2, 2}, {4, 3, 15, 13, 5, 1, 1, 0}};
+    int i, k;
+    for (k = 0; k < DT__NKERNELS; k++) {   /* on every tier this CPU runs */
+    if (!tier_runs(k, "test_conv_vs_direct")) continue;
+    CHECK_OK(dt_cpu_set_tier(dt__kernels[k]->name));
     for (i = 0; i < 2 * (int)(sizeof cases / sizeof cases[0]); i++) {
         const int64_t *cs = cases[i / 2];
         int64_t taken = dt__shift_taken;
@@ -296,16 +304,17 @@ static void test_conv_vs_direct(void) {
         }
         CHECK_OK(dt_model_forward(m, x, g.n));
         CHECK_OK(dt_model_output(m, y, ys));
-        snprintf(what, sizeof what, "conv case %d forward, %s", i / 2, path);
+        snprintf(what, sizeof what, "%s: conv case %d forward, %s", dt_cpu_tier(), i / 2, path);
         CHECK_CLOSE(y, yref, ys, 1e-5, what);
         CHECK_OK(dt_model_backward(m, dy));
         CHECK_OK(dt_model_get_grads(m, gr, np));
-        snprintf(what, sizeof what, "conv case %d dW,db, %s", i / 2, path);
+        snprintf(what, sizeof what, "%s: conv case %d dW,db, %s", dt_cpu_tier(), i / 2, path);
         CHECK_CLOSE(gr, dwr, np, 1e-5, what);
-        snprintf(what, sizeof what, "conv case %d dx, %s", i / 2, path);
+        snprintf(what, sizeof what, "%s: conv case %d dx, %s", dt_cpu_tier(), i / 2, path);
         CHECK_CLOSE(dt_model_node_grad(m, 0), dxr, xs, 1e-5, what);
         /* the shifted path runs where it applies (stride 1, or 2 with a 3 x 3 window; at least an image per
-           thread; AVX-512), never when switched off */
+           thread; a tier with shifted convolutions: avx512, avx2, and portable or neon built by GCC or
+           Clang), never when switched off */
         if (i % 2) CHECK(dt__shift_taken == taken);
         else if ((g.sh == 1 || (g.sh == 2 && g.kh == 3)) && g.n >= dt_cpu_threads() && dt__pick_kernel()->conv_fwd)
             CHECK(dt__shift_taken > taken);
@@ -315,9 +324,11 @@ static void test_conv_vs_direct(void) {
     dt__shift_off = 0;
     if (!dt__pick_kernel()->conv_fwd) {
         char why[96];
-        snprintf(why, sizeof why, "the tier in use (%s) has none: both runs took the packed GEMM", dt_cpu_tier());
+        snprintf(why, sizeof why, "the tier %s has none: both runs took the packed GEMM", dt_cpu_tier());
         dt_t_skip("test_conv_vs_direct's shifted rows", why);
     }
+    }
+    CHECK_OK(dt_cpu_set_tier(NULL));
 }
 
 /* ---- every kernel of a faster CPU tier against its portable twin (dtrain/cpu.h's kernel tables) ---- */
