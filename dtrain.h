@@ -70,7 +70,8 @@
      | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0, one |
      |                          |                  | local rank only, DDP does not overlap, Hogwild's |
      |                          |                  | workers run one after another                    |
-     | DT_NO_SIMD               | undefined        | no AVX2 or AVX-512 kernels: the portable C ones  |
+     | DT_NO_SIMD               | undefined        | no AVX2, AVX-512 or vector-extension (SSE2,      |
+     |                          |                  | NEON) kernels: the portable C ones               |
      | DT_USE_ZLIB              | undefined        | gzip-compressed IDX files (zlib); link -lz       |
      | DT_USE_STB_IMAGE         | undefined        | image folders: stb_image decodes, stb_image_     |
      |                          |                  | resize resizes; link -lstb (Debian libstb-dev)   |
@@ -85,7 +86,7 @@
      |                          |                  | dtrain_cuda.cu's object (nvcc), -lcublas -lcudart|
    The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s);
    DT_FAULT (a test aid, "rank=R,coll=N,kind=fail|return|stall:S|hang|nan") injects a fault (dt_comm_desc);
-   DT_CPU (avx512, avx2, portable) the CPU kernels' tier (default: the fastest this CPU runs; dtrain/cpu.h).
+   DT_CPU (avx512, avx2, neon, portable) the CPU kernels' tier (default: the fastest this CPU runs; dtrain/cpu.h).
    dtrain_cuda.h's DTRAIN_CUDA_IMPLEMENTATION, DT_CUDA_EMULATE and DT_CUDA_DEVICE are in its own manual.
 
    OPTIONAL FEATURES AND POSIX
@@ -176,6 +177,8 @@
                 recorder, threads
      tensor.h   tensor views, the backend ops table (dt_ops), and the CPU ops in plain C: the reference
                 twins of the fast kernels, the naive GEMM and convolution
+     cpu_vec.h  the convolutions by shifted rows: their loops, and their tiles written once in GCC/Clang
+                vector extensions for AVX2, SSE2 and NEON (optional to read)
      cpu_x86.h  the AVX2 and AVX-512 kernels (the library's only intrinsics; optional to read)
      cpu.h      the CPU backend: the blocked GEMM, the kernels' tiers and their choice, dt_cpu_ops()
      nn.h       model graph on flat buffers, layers, losses, the plan of a pass, model zoo

@@ -4,11 +4,12 @@
    WHAT IS HERE
      The blocked GEMM (after Goto and van de Geijn: packing into panels that stay in the caches, a small
      register-tiled micro-kernel, threads that share nothing), in portable C; the tiers of kernels (the
-     portable one defined here, "avx512" and "avx2" from dtrain/cpu_x86.h), chosen once per process by
-     the CPU's features or $DT_CPU, and dt_cpu_set_tier; and the CPU's ops table: the ops of
-     dtrain/tensor.h, with the chosen tier's kernels where it has them.
+     portable one defined here, with dtrain/cpu_vec.h's convolutions at the baseline ISA, "neon" on
+     aarch64; "avx512" and "avx2" from dtrain/cpu_x86.h), chosen once per process by the CPU's features
+     or $DT_CPU, and dt_cpu_set_tier; and the CPU's ops table: the ops of dtrain/tensor.h, with the chosen
+     tier's kernels where it has them.
    USES
-     dtrain/cpu_x86.h and dtrain/tensor.h (and base.h).
+     dtrain/cpu_x86.h, dtrain/cpu_vec.h and dtrain/tensor.h (and base.h).
    READ FIRST
      dt__gemm_part (the loops of the blocked GEMM), dt__pack_a and dt__pack_b, dt__micro (the portable
      micro-kernel), dt__pick_kernel (the choice), dt__cpu_ops_table (the table a model calls).
@@ -30,12 +31,15 @@ void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 /* The CPU's kernels come in tiers: "avx512" and "avx2" (x86-64, dtrain/cpu_x86.h) and "portable" (plain C
-   that every CPU runs, and that the others are tested against). By default the fastest tier this CPU runs,
-   or the one the environment variable DT_CPU names (avx512, avx2, portable). The ops give the same results
-   on every tier up to the order of long sums. */
+   that every CPU runs, and that the others are tested against; its convolutions by shifted rows in vector
+   extensions at the build's baseline, SSE2 or NEON, where GCC or Clang builds it; called "neon" on
+   aarch64). By default the fastest tier this CPU runs, or the one the environment variable DT_CPU names
+   (avx512, avx2, neon, portable). The ops give the same results on every tier up to the order of long
+   sums. */
 const char *dt_cpu_tier(void);
-/* Chooses the tier: "avx512", "avx2", "portable", or NULL / "auto" for the default. DT_ERR_INVALID_ARG for
-   another name, DT_ERR_UNSUPPORTED when this CPU or build lacks the tier (the tier in use is then kept).
+/* Chooses the tier: "avx512", "avx2", "neon", "portable" (on aarch64 the same as "neon"), or NULL / "auto"
+   for the default. DT_ERR_INVALID_ARG for another name, DT_ERR_UNSUPPORTED when this CPU or build lacks
+   the tier (the tier in use is then kept).
    Process-wide configuration, like dt_log_configure: call it before threads start. A model takes the tier
    of the moment at every op. */
 dt_result dt_cpu_set_tier(const char *tier);
