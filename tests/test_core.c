@@ -463,13 +463,20 @@ static void test_tier_twins(void) {
 
 static void test_cpu_tier(void) {
     const char *was = dt_cpu_tier();
+#ifdef __aarch64__
+    const char *foreign = "avx2", *arch = "x86-64";   /* a tier of the other architecture, and its name */
+#else
+    const char *foreign = "neon", *arch = "aarch64";
+#endif
     int k;
     CHECK(was && *was);
-    CHECK_OK(dt_cpu_set_tier("portable"));
-    CHECK(strcmp(dt_cpu_tier(), "portable") == 0);
+    CHECK_OK(dt_cpu_set_tier("portable"));   /* the tier every CPU runs, in every build ("neon" on aarch64) */
+    CHECK(dt__pick_kernel() == &dt__kernel_portable && strcmp(dt_cpu_tier(), dt__kernel_portable.name) == 0);
     CHECK_ERR(dt_cpu_set_tier("avx9000"), DT_ERR_INVALID_ARG);
-    CHECK(strstr(dt_last_error(), "avx9000") && strstr(dt_last_error(), "portable"));
-    CHECK(strcmp(dt_cpu_tier(), "portable") == 0);   /* a refused name keeps the tier */
+    CHECK(strstr(dt_last_error(), "avx9000") && strstr(dt_last_error(), "portable") && strstr(dt_last_error(), "neon"));
+    CHECK(dt__pick_kernel() == &dt__kernel_portable);   /* a refused name keeps the tier */
+    CHECK_ERR(dt_cpu_set_tier(foreign), DT_ERR_UNSUPPORTED);
+    CHECK(strstr(dt_last_error(), "build") && strstr(dt_last_error(), arch));
     for (k = 0; k < DT__NKERNELS; k++) {             /* every tier of this build: chosen where the CPU runs it */
         if (dt__kernel_ok(k)) { CHECK_OK(dt_cpu_set_tier(dt__kernels[k]->name)); CHECK(dt__pick_kernel() == dt__kernels[k]); }
         else { CHECK_ERR(dt_cpu_set_tier(dt__kernels[k]->name), DT_ERR_UNSUPPORTED); CHECK(strstr(dt_last_error(), "lacks")); }
