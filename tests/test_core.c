@@ -520,7 +520,7 @@ int main(int argc, char **argv) {
         snprintf(name, sizeof name, "test_tier_twins[%s]", dt__kernels[twin_tier]->name);
         if (tier_runs(twin_tier, "test_tier_twins")) dt_t_run(name, test_tier_twins);
     }
-    if (DT__NKERNELS == 1) dt_t_skip("test_tier_twins", "this build has only the portable tier (DT_NO_SIMD, or not x86-64)");
+    if (DT__NKERNELS == 1) dt_t_skip("test_tier_twins", "this build has one tier (DT_NO_SIMD, or not x86-64)");
     RUN(test_geom_errors);
     return dt_t_summary();
 }
