@@ -134,7 +134,7 @@ typedef struct dt__shift_kern {
     dt__shift_tile_fn tile;
     /* the weight gradient's dot-product tile: dW[i][k] += sum over nimg images and s < ld of d[img][i][s]
        xp[img][off[k] + s], for wr rows i and wk offsets k (ni, nk of them kept); d's rows ldd apart, ld a
-       multiple of 16, images dstride and xstride apart */
+       multiple of 16, images dstride and xstride apart; wr divides 4, the threads' unit of rows */
     int wr, wk;
     void (*wtile)(int64_t nimg, int64_t ld, const float *d, int64_t ldd, int64_t dstride, const float *xp, int64_t xstride,
                   const int32_t *off, float *dW, int64_t ldw, int ni, int nk);
@@ -514,6 +514,9 @@ static int dt__shift_conv_bwd(const dt__shift_kern *kn, void *ctx, const dt_conv
 #pragma GCC optimize("fp-contract=fast")
 #endif
 
+/* every iteration of a loop over a tile's registers written out, at -O2 too, so its vectors stay in
+   registers (GCC and Clang both read this pragma) */
+#define DT__UNROLL _Pragma("GCC unroll 16")
 /* the lanes of one vector as floats, t[VL] from and to memory */
 #define DT__VLOAD(V, p) (__extension__({ V v_; memcpy(&v_, (p), sizeof v_); v_; }))
 
@@ -525,25 +528,25 @@ static int dt__shift_conv_bwd(const dt__shift_kern *kn, void *ctx, const dt_conv
                     repeats
      dt__vwtile_T   WR rows of dy x WK offsets into x, VL positions at a time: WR * WK accumulators */
 #define DT__VEC_KERNELS(T, TARGET, V, VL, MR, OV, WR, WK)                                                              \
-    TARGET static void dt__vtile_##T(int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off,       \
-                                     const dt__shift_vec *vec, float *dst, int64_t S, const float *bias, int add,     \
+    TARGET static void dt__vtile_##T(int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off,      \
+                                     const dt__shift_vec *vec, float *dst, int64_t S, const float *bias, int add,      \
                                      int rows) {                                                                       \
         V c[MR][16 / VL], z;                                                                                           \
         float y[16];                                                                                                   \
         int64_t k;                                                                                                     \
         int i, v;                                                                                                      \
         memset(&z, 0, sizeof z);                                                                                       \
-        for (i = 0; i < MR; i++)                                                                                       \
-            for (v = 0; v < 16 / VL; v++) c[i][v] = z;                                                                 \
+        DT__UNROLL for (i = 0; i < MR; i++)                                                                            \
+            DT__UNROLL for (v = 0; v < 16 / VL; v++) c[i][v] = z;                                                      \
         for (k = 0; k < K; k++) {                                                                                      \
             const float *b = xp + off[k], *ak = a + MR * k;                                                            \
             V bv[16 / VL];                                                                                             \
-            for (v = 0; v < 16 / VL; v++) bv[v] = DT__VLOAD(V, b + v * VL);                                            \
-            for (i = 0; i < MR; i++)                                                                                   \
-                for (v = 0; v < 16 / VL; v++) c[i][v] += ak[i] * bv[v];                                                \
+            DT__UNROLL for (v = 0; v < 16 / VL; v++) bv[v] = DT__VLOAD(V, b + v * VL);                                 \
+            DT__UNROLL for (i = 0; i < MR; i++)                                                                        \
+                DT__UNROLL for (v = 0; v < 16 / VL; v++) c[i][v] += ak[i] * bv[v];                                     \
         }                                                                                                              \
         for (i = 0; i < rows; i++) {                                                                                   \
-            for (v = 0; v < 16 / VL; v++) {                                                                            \
+            DT__UNROLL for (v = 0; v < 16 / VL; v++) {                                                                 \
                 V r = c[i][v] + (bias ? bias[i] : 0.0f);                                                               \
                 memcpy(y + v * VL, &r, sizeof r);                                                                      \
             }                                                                                                          \
@@ -556,24 +559,24 @@ static int dt__shift_conv_bwd(const dt__shift_kern *kn, void *ctx, const dt_conv
         int64_t oy, ox, toff[9];                                                                                       \
         int t, v;                                                                                                      \
         memset(&z, 0, sizeof z);                                                                                       \
-        for (t = 0; t < 9; t++) {   /* tap (ky, kx): stride 1 at (ky, kx), stride 2 in plane (ky % 2, kx % 2) */       \
+        DT__UNROLL for (t = 0; t < 9; t++) {   /* tap (ky, kx): stride 1 at (ky, kx), stride 2 in plane (ky % 2, kx % 2) */ \
             int ky = t / 3, kx = t % 3;                                                                                \
             toff[t] = st == 1 ? ky * wq + kx : ((ky % 2) * 2 + kx % 2) * pq + ky / 2 * wq + kx / 2;                    \
-            for (v = 0; v < OV; v++) acc[t][v] = z;                                                                    \
+            DT__UNROLL for (v = 0; v < OV; v++) acc[t][v] = z;                                                         \
         }                                                                                                              \
         for (oy = 0; oy < oh; oy++) {                                                                                  \
             const float *dr = dbT + oy * ow * ocp, *row = x + oy * wq;                                                 \
             for (ox = 0; ox < ow; ox++, dr += ocp) {                                                                   \
                 V d[OV];                                                                                               \
-                for (v = 0; v < OV; v++) d[v] = DT__VLOAD(V, dr + v * VL);                                             \
-                for (t = 0; t < 9; t++) {                                                                              \
+                DT__UNROLL for (v = 0; v < OV; v++) d[v] = DT__VLOAD(V, dr + v * VL);                                  \
+                DT__UNROLL for (t = 0; t < 9; t++) {                                                                   \
                     float xv = row[toff[t] + ox];                                                                      \
-                    for (v = 0; v < OV; v++) acc[t][v] += xv * d[v];                                                   \
+                    DT__UNROLL for (v = 0; v < OV; v++) acc[t][v] += xv * d[v];                                        \
                 }                                                                                                      \
             }                                                                                                          \
         }                                                                                                              \
-        for (t = 0; t < 9; t++)                                                                                        \
-            for (v = 0; v < OV; v++) {                                                                                 \
+        DT__UNROLL for (t = 0; t < 9; t++)                                                                             \
+            DT__UNROLL for (v = 0; v < OV; v++) {                                                                      \
                 V s = DT__VLOAD(V, dWT + t * ocp + v * VL) + acc[t][v];                                                \
                 memcpy(dWT + t * ocp + v * VL, &s, sizeof s);                                                          \
             }                                                                                                          \
@@ -586,7 +589,7 @@ static int dt__shift_conv_bwd(const dt__shift_kern *kn, void *ctx, const dt_conv
             else dt__vwt3_body_##T(2, x, wq, pq, oh, ow, dbT + o, ocp, dWT + o);                                       \
     }                                                                                                                  \
     TARGET static void dt__vwtile_##T(int64_t nimg, int64_t ld, const float *d, int64_t ldd, int64_t dstride,          \
-                                      const float *xp, int64_t xstride, const int32_t *off, float *dW, int64_t ldw,     \
+                                      const float *xp, int64_t xstride, const int32_t *off, float *dW, int64_t ldw,    \
                                       int ni, int nk) {                                                                \
         V acc[WR][WK], z;                                                                                              \
         const float *dr[WR];                                                                                           \
@@ -594,19 +597,19 @@ static int dt__shift_conv_bwd(const dt__shift_kern *kn, void *ctx, const dt_conv
         int64_t img, s;                                                                                                \
         int i, j;                                                                                                      \
         memset(&z, 0, sizeof z);                                                                                       \
-        for (i = 0; i < WR; i++) {                                                                                     \
+        DT__UNROLL for (i = 0; i < WR; i++) {                                                                          \
             dr[i] = d + (i < ni ? i : ni - 1) * ldd;                                                                   \
-            for (j = 0; j < WK; j++) acc[i][j] = z;                                                                    \
+            DT__UNROLL for (j = 0; j < WK; j++) acc[i][j] = z;                                                         \
         }                                                                                                              \
-        for (j = 0; j < WK; j++) o[j] = off[j < nk ? j : nk - 1];                                                      \
+        DT__UNROLL for (j = 0; j < WK; j++) o[j] = off[j < nk ? j : nk - 1];                                           \
         for (img = 0; img < nimg; img++) {                                                                             \
             const float *xi = xp + img * xstride;                                                                      \
             for (s = 0; s < ld; s += VL) {                                                                             \
                 V av[WR];                                                                                              \
-                for (i = 0; i < WR; i++) av[i] = DT__VLOAD(V, dr[i] + img * dstride + s);                              \
-                for (j = 0; j < WK; j++) {                                                                             \
+                DT__UNROLL for (i = 0; i < WR; i++) av[i] = DT__VLOAD(V, dr[i] + img * dstride + s);                   \
+                DT__UNROLL for (j = 0; j < WK; j++) {                                                                  \
                     V b = DT__VLOAD(V, xi + o[j] + s);                                                                 \
-                    for (i = 0; i < WR; i++) acc[i][j] += av[i] * b;                                                   \
+                    DT__UNROLL for (i = 0; i < WR; i++) acc[i][j] += av[i] * b;                                        \
                 }                                                                                                      \
             }                                                                                                          \
         }                                                                                                              \
@@ -617,7 +620,7 @@ static int dt__shift_conv_bwd(const dt__shift_kern *kn, void *ctx, const dt_conv
                 dW[i * ldw + j] += dt__vsum(t, VL);                                                                    \
             }                                                                                                          \
     }                                                                                                                  \
-    static const dt__shift_kern dt__shift_kern_##T = {MR, 16, dt__vtile_##T, WR, WK, dt__vwtile_##T, dt__vwt3_##T,      \
+    static const dt__shift_kern dt__shift_kern_##T = {MR, 16, dt__vtile_##T, WR, WK, dt__vwtile_##T, dt__vwt3_##T,     \
                                                       dt__shift_copy_c, dt__shift_pad_c, dt__transpose_dy_c};
 
 /* the kept lanes of 16 computed columns y (keep: bit l for lane l) to d in order, or added to it (add 1):
@@ -648,23 +651,25 @@ static inline __attribute__((always_inline)) float dt__vsum(float *t, int n) {
 }
 
 #ifdef DT__VEC_X86
-/* AVX2 + FMA: 16 registers of 8 floats; tiles 6 x 16 (12 accumulators), 9 x 8 channels, 3 x 4 */
+/* AVX2 + FMA: 16 registers of 8 floats; tiles 6 x 16 (12 accumulators), 9 taps x 8 channels (9), 2 x 6 (12) */
 typedef float dt__v8 __attribute__((vector_size(32)));
-DT__VEC_KERNELS(avx2, __attribute__((target("avx2,fma"))), dt__v8, 8, 6, 1, 3, 4)
+DT__VEC_KERNELS(avx2, __attribute__((target("avx2,fma"))), dt__v8, 8, 6, 1, 2, 6)
 #endif
 #ifdef DT__VEC_BASE
 typedef float dt__v4 __attribute__((vector_size(16)));
 #ifdef __aarch64__
-/* NEON: 32 registers of 4 floats; tiles 6 x 16 (24 accumulators), 9 x 8 channels (18), 4 x 6 (24) */
-DT__VEC_KERNELS(base, , dt__v4, 4, 6, 2, 4, 6)
+/* NEON: 32 registers of 4 floats; tiles 5 x 16 (20 accumulators; with 6 rows GCC holds the 6 weights in
+   registers of their own and spills accumulators), 9 taps x 8 channels (18), 4 x 4 (16) */
+DT__VEC_KERNELS(base, , dt__v4, 4, 5, 2, 4, 4)
 #else
 /* SSE2: 16 registers of 4 floats, no FMA (a product needs a register of its own); tiles 2 x 16 (8
-   accumulators), 9 x 4 channels (9), 2 x 4 (8) */
+   accumulators), 9 taps x 4 channels (9), 2 x 4 (8) */
 DT__VEC_KERNELS(base, , dt__v4, 4, 2, 1, 2, 4)
 #endif
 #endif
 #undef DT__VEC_KERNELS
 #undef DT__VLOAD
+#undef DT__UNROLL
 
 #if !defined(__clang__)
 #pragma GCC pop_options
