@@ -15,18 +15,21 @@
      Their twins are im2col + GEMM (dtrain/nn.h, cpu.h) and dt_conv2d_ref; test_core and test_models hold
      them equal on every tier the CPU runs.
    HOW THE KERNELS ARE WRITTEN ONCE
-     C has no templates, and a vector type has one width, so the kernels are the body of one macro,
+     C has no templates, and a vector type has one width (GCC lowers a type wider than the target's
+     registers through memory), so the kernels are the body of one macro rather than functions (and rather
+     than a section included once per tier, which make single's one file could not repeat),
      DT__VEC_KERNELS(T, TARGET, V, VL, MR, OV, WR, WK): V a vector of VL floats, TARGET the functions'
      target attribute (empty for the baseline), MR, OV, WR, WK the tile shapes, chosen so that the
-     accumulators and operands fit the tier's registers (16 on x86-64, 32 on aarch64). Each use defines
+     accumulators and operands fit the tier's registers (16 on x86-64, 32 on aarch64; the loops over
+     them unrolled by pragma, so they stay in registers at -O2 as at -O3). Each use defines
      the functions dt__vtile_T, dt__vwtile_T, dt__vwt3_T and the table dt__shift_kern_T. Loads and stores
      are memcpy of a vector (unaligned, and no aliasing rules broken); a scalar times a vector broadcasts
      it; there is no compress or mask register: a tile's 16 columns go through a small buffer and its kept
      runs (the columns of real pixels) are copied out. The multiply-adds are fused where the CPU can:
      GCC compiles this section with fp-contract=fast (its default outside ISO C), Clang fuses within an
      expression by default, and both then emit FMA (AVX2) or FMLA (NEON) for `c += a * b`.
-     Not compiled with DT_NO_SIMD or compilers other than GCC and Clang (the GEMMs then take every
-     convolution).
+     Not compiled with DT_NO_SIMD, compilers other than GCC and Clang, or CPUs other than x86 and aarch64
+     (the GEMMs then take every convolution).
    USES
      dtrain/tensor.h (and base.h through it).
    READ FIRST
