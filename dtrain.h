@@ -70,8 +70,8 @@
      | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0, one |
      |                          |                  | local rank only, DDP does not overlap, Hogwild's |
      |                          |                  | workers run one after another                    |
-     | DT_NO_SIMD               | undefined        | no AVX2, AVX-512 or NEON kernels, and the        |
-     |                          |                  | portable ones as plain loops (no vector types)   |
+     | DT_NO_SIMD               | undefined        | no AVX2, AVX-512, NEON or vector-extension       |
+     |                          |                  | kernels: the portable ones as plain loops        |
      | DT_USE_ZLIB              | undefined        | gzip-compressed IDX files (zlib); link -lz       |
      | DT_USE_STB_IMAGE         | undefined        | image folders: stb_image decodes, stb_image_     |
      |                          |                  | resize resizes; link -lstb (Debian libstb-dev)   |
@@ -181,6 +181,8 @@
                 recorder, threads
      tensor.h   tensor views, the backend ops table (dt_ops), and the CPU ops in plain C: the reference
                 twins of the fast kernels, the naive GEMM and convolution
+     cpu_vec.h  the convolutions by shifted rows: their loops, and their tiles written once in GCC/Clang
+                vector extensions for AVX2, SSE2 and NEON (optional to read)
      cpu_x86.h  the AVX2 and AVX-512 kernels (the library's only x86 intrinsics; optional to read)
      cpu_arm.h  the NEON kernels of ARM64 (the library's only ARM intrinsics; optional to read)
      cpu.h      the CPU backend: the blocked GEMM, the kernels' tiers and their choice, dt_cpu_ops()
@@ -203,6 +205,7 @@
    #define DTRAIN_IMPLEMENTATION. */
 #include "dtrain/base.h"
 #include "dtrain/tensor.h"
+#include "dtrain/cpu_vec.h"
 #include "dtrain/cpu_x86.h"
 #include "dtrain/cpu_arm.h"
 #include "dtrain/cpu.h"

@@ -84,7 +84,7 @@ int main(void) {
     qsort(g, 7, sizeof(double), cmp_double);
     printf("# FMA peak with %s on %d threads\npeak_fma,%.1f,GFLOP/s\n", isa, threads, g[3]);
     /* the kernels dtrain's programs run here, in this environment: $DT_CPU chooses another tier */
-    printf("# dtrain's CPU tier: %s (DT_CPU=avx512, avx2 or portable chooses another)\n", dt_cpu_tier());
+    printf("# dtrain's CPU tier: %s (DT_CPU=avx512, avx2, neon or portable chooses another)\n", dt_cpu_tier());
     src = (char *)malloc(bytes);
     dst = (char *)malloc(bytes);
     if (!src || !dst) { fprintf(stderr, "bench_machine: no memory for 2 x 256 MiB\n"); return 1; }

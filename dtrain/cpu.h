@@ -4,17 +4,19 @@
    WHAT IS HERE
      The blocked GEMM (after Goto and van de Geijn: packing into panels that stay in the caches, a small
      register-tiled micro-kernel, threads that share nothing), in portable C; the tiers of kernels (the
-     portable one defined here, "avx512" and "avx2" from dtrain/cpu_x86.h, "neon" from dtrain/cpu_arm.h), chosen once per process by
-     the CPU's features or $DT_CPU, and dt_cpu_set_tier; and the CPU's ops table: the ops of
-     dtrain/tensor.h, with the chosen tier's kernels where it has them.
+     portable one defined here, with dtrain/cpu_vec.h's convolutions at the baseline ISA; "avx512" and
+     "avx2" from dtrain/cpu_x86.h, "neon" from dtrain/cpu_arm.h), chosen once per process by the CPU's
+     features or $DT_CPU, and dt_cpu_set_tier; and the CPU's ops table: the ops of dtrain/tensor.h, with
+     the chosen tier's kernels where it has them.
    USES
-     dtrain/cpu_x86.h, dtrain/cpu_arm.h and dtrain/tensor.h (and base.h).
+     dtrain/cpu_x86.h, dtrain/cpu_arm.h, dtrain/cpu_vec.h and dtrain/tensor.h (and base.h).
    READ FIRST
      dt__gemm_part (the loops of the blocked GEMM), dt__pack_a and dt__pack_b, dt__micro (the portable
      micro-kernel), dt__pick_kernel (the choice), dt__cpu_ops_table (the table a model calls).
 */
 #ifndef DTRAIN_CPU_H
 #define DTRAIN_CPU_H
+#include "cpu_vec.h"
 #include "cpu_x86.h"
 #include "cpu_arm.h"
 
@@ -31,12 +33,15 @@ void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 /* The CPU's kernels come in tiers: "avx512" and "avx2" (x86-64, dtrain/cpu_x86.h), "neon" (ARM64,
-   dtrain/cpu_arm.h) and "portable" (C that every CPU runs, and that the others are tested against). By
-   default the fastest tier this CPU runs, or the one the environment variable DT_CPU names (avx512, avx2,
-   neon, portable). The ops give the same results on every tier up to the order of long sums. */
+   dtrain/cpu_arm.h) and "portable" (C that every CPU runs, and that the others are tested against; its
+   convolutions by shifted rows in vector extensions at the build's baseline, SSE2 or NEON, where GCC or
+   Clang builds it). By default the fastest tier this CPU runs, or the one the environment variable DT_CPU
+   names (avx512, avx2, neon, portable). The ops give the same results on every tier up to the order of
+   long sums. */
 const char *dt_cpu_tier(void);
-/* Chooses the tier: "avx512", "avx2", "neon", "portable", or NULL / "auto" for the default. DT_ERR_INVALID_ARG for
-   another name, DT_ERR_UNSUPPORTED when this CPU or build lacks the tier (the tier in use is then kept).
+/* Chooses the tier: "avx512", "avx2", "neon", "portable", or NULL / "auto" for the default.
+   DT_ERR_INVALID_ARG for another name, DT_ERR_UNSUPPORTED when this CPU or build lacks the tier (the tier
+   in use is then kept).
    Process-wide configuration, like dt_log_configure: call it before threads start. A model takes the tier
    of the moment at every op. */
 dt_result dt_cpu_set_tier(const char *tier);
@@ -235,9 +240,18 @@ static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__
 #endif
 
 /* ---- the tiers ------------------------------------------------------------------------------ */
-/* The portable tier: the micro-kernel above and the portable code of every other entry */
+/* The portable tier: the micro-kernel above and the portable code of every other entry, but for the
+   convolutions by shifted rows of dtrain/cpu_vec.h at the build's baseline ISA where GCC or Clang builds
+   them (SSE2 on x86-64, NEON on aarch64) */
+#ifdef DT__VEC_BASE
+#define DT__BASE_CONV_FWD dt__vec_conv_fwd_base
+#define DT__BASE_CONV_BWD dt__vec_conv_bwd_base
+#else
+#define DT__BASE_CONV_FWD NULL
+#define DT__BASE_CONV_BWD NULL
+#endif
 static const dt__kernel dt__kernel_portable = {
-    "portable", NULL, dt__micro, 6, 8, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    "portable", NULL, dt__micro, 6, 8, NULL, NULL, NULL, NULL, NULL, NULL, DT__BASE_CONV_FWD, DT__BASE_CONV_BWD
 };
 /* Every tier of this build, fastest first */
 static const dt__kernel *const dt__kernels[] = {
@@ -295,11 +309,13 @@ dt_result dt_cpu_set_tier(const char *tier) {
     }
     k = dt__kernel_find(tier);
     if (k == -1)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_cpu_set_tier: '%s' is not a CPU tier: use avx512, avx2, neon, portable or auto", tier);
-    if (k == -2 || !dt__kernel_ok(k))
-        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_cpu_set_tier(%s): %s; the tier stays %s", tier,
-                            k == -2 ? "this build has no such kernels (avx512 and avx2 need x86-64, neon aarch64, with GCC or Clang and without DT_NO_SIMD)"
-                                    : "this CPU lacks its instructions", dt_cpu_tier());
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_cpu_set_tier: '%s' is not a CPU tier: use avx512, avx2 (x86-64), neon (aarch64), portable or auto", tier);
+    if (k == -2)
+        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_cpu_set_tier(%s): this build has no such kernels (not %s with GCC or Clang, "
+                            "or DT_NO_SIMD); the tier stays %s", tier, strcmp(tier, "neon") ? "x86-64" : "aarch64", dt_cpu_tier());
+    if (!dt__kernel_ok(k))
+        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_cpu_set_tier(%s): this CPU lacks its instructions; the tier stays %s", tier,
+                            dt_cpu_tier());
     DT__ATOMIC_STORE(&dt__kernel_chosen, dt__kernels[k]);
     return DT_OK;
 }

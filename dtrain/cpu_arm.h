@@ -8,15 +8,17 @@
      that test_core holds it equal to:
        kernel             portable twin
        dt__micro_neon     dt__micro (cpu.h): the GEMM's micro-kernel, 8 x 12
+     The tier's convolutions by shifted rows are dtrain/cpu_vec.h's, written once in vector extensions and
+     compiled for aarch64's baseline, which is NEON.
      A build for another CPU, with a compiler other than GCC or Clang, or with DT_NO_SIMD, compiles none of it.
    USES
-     dtrain/tensor.h (and base.h through it); <arm_neon.h>.
+     dtrain/cpu_vec.h (and tensor.h, base.h through it); <arm_neon.h>.
    READ FIRST
      dt__micro_neon.
 */
 #ifndef DTRAIN_CPU_ARM_H
 #define DTRAIN_CPU_ARM_H
-#include "tensor.h"
+#include "cpu_vec.h"
 /* (no declarations: everything here is reached through dtrain/cpu.h's kernel tables) */
 #endif /* DTRAIN_CPU_ARM_H */
 
@@ -67,9 +69,10 @@ static void dt__micro_neon(int64_t kc, const float *DT__RESTRICT a, const float 
 #undef DT__NEON_OUT
 
 /* ---- the table: what the tier replaces (dtrain/cpu.h chooses it) ----------------------------------- */
-/* NEON (every AArch64 CPU): the GEMM's micro-kernel; the rest is portable */
+/* NEON (every AArch64 CPU): the GEMM's micro-kernel and dtrain/cpu_vec.h's convolutions (compiled for the
+   baseline, which on aarch64 is NEON); the rest is portable */
 static const dt__kernel dt__kernel_neon = {
-    "neon", NULL, dt__micro_neon, 8, 12, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    "neon", NULL, dt__micro_neon, 8, 12, NULL, NULL, NULL, NULL, NULL, NULL, dt__vec_conv_fwd_base, dt__vec_conv_bwd_base
 };
 #endif /* DT__ARM */
 

@@ -13,18 +13,19 @@
        dt__col2im_small                       dt__col2im (tensor.h), the same sums in the same order
        dt__maxpool2_avx512                    dt__maxpool_fwd's 2 x 2 rows (tensor.h), the same selects
        dt__bn_sums512                         dt__bn_sums (tensor.h): batch norm's sums in double
-       dt__x86_conv_fwd, dt__x86_conv_bwd     im2col + GEMM (nn.h, cpu.h) and dt_conv2d_ref: convolutions
-                                              by shifted rows (stride 1) and phase planes (stride 2)
+       dt__shift_kern_avx512                  the tiles of dtrain/cpu_vec.h's convolutions by shifted rows
+                                              (twins: its vector-extension tiles, im2col + GEMM and
+                                              dt_conv2d_ref), which the avx2 tier takes from cpu_vec.h
      A build without x86-64 GCC or Clang, or with DT_NO_SIMD, compiles none of it.
    USES
-     dtrain/tensor.h (and base.h through it); <immintrin.h>.
+     dtrain/cpu_vec.h and dtrain/tensor.h (and base.h through them); <immintrin.h>.
    READ FIRST
-     The tables at the end; then "convolutions by shifted rows" (dt__shift_tile, dt__shift_run), the
-     one idea here that is not a faster copy of a loop.
+     The tables at the end; then dt__shift_tile_avx512, the AVX-512 form of dtrain/cpu_vec.h's tile, which
+     writes its kept lanes by compress and masked stores.
 */
 #ifndef DTRAIN_CPU_X86_H
 #define DTRAIN_CPU_X86_H
-#include "tensor.h"
+#include "cpu_vec.h"
 /* (no declarations: everything here is reached through dtrain/cpu.h's kernel tables) */
 #endif /* DTRAIN_CPU_X86_H */
 
@@ -38,10 +39,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* The tests' hooks of the shifted convolutions (below), in every build so the tests compile everywhere */
-static DT__MAYBE_UNUSED int dt__shift_off;                  /* 1: never take the shifted path (the tests compare both paths) */
-static DT__MAYBE_UNUSED DT__THREAD_LOCAL int64_t dt__shift_taken;   /* calls that took it on this thread (for the tests) */
 
 #ifdef DT__X86
 /* ---- im2col and packing ----------------------------------------------------------------------- */
@@ -332,50 +329,13 @@ static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const floa
 }
 
 /* ---- convolutions by shifted rows ---------------------------------------------------------------- */
-/* With an image zero-padded to hp x wp (hp = h + 2 ph, wp = w + 2 pw), output pixel (oy, ox) of a stride-1
-   convolution reads padded pixel (oy + ky, ox + kx). Over s = oy * wp + ox, row k = (c, ky, kx) of im2col
-   is the padded image itself from offset c * hp * wp + ky * wp + kx on, so the GEMM reads its B operand
-   straight from the padded image through a table of K offsets and packs nothing: the output is computed
-   over oh rows of wp columns and the last wp - ow columns of each row are dropped. Stride-2 3 x 3
-   convolutions take the same tiles over phase planes (dt__shift_geom, dt__shift_dgrad2). Each thread takes
-   whole images (forward, input gradient) or fixed units of the weight gradient over every image, so each
-   output is summed in one order whatever the thread count. AVX-512 only; other CPUs, other strides and
-   kernels too large for the caches take the packed GEMM. */
-#define DT__SHIFT_MAX_W (1 << 17)   /* most weights (oc * c * kh * kw) a shifted convolution takes */
-#define DT__SHIFT_SLACK 128         /* zeros after a padded image: the dropped columns read past its end */
-
-/* The padded geometry of one image of c channels h x w, padded by ph, pw, for a kh x kw window with stride
-   st (1 or 2). With stride 2 each channel is stored as 4 phase planes of hq x wq (plane (a, b) holds the
-   padded pixels (2 qy + a, 2 qx + b)), so that output (oy, ox) reads tap (ky, kx) in plane (ky % 2, kx % 2)
-   at (oy + ky / 2, ox + kx / 2): a shifted row again, over s = oy * wq + ox, with nothing computed twice. */
-typedef struct dt__shift_geom {
-    int64_t c, h, w, ph, pw, kh, kw, hp, wp, oh, ow;
-    int64_t st, hq, wq;   /* stride; a phase plane's rows and columns (hp, wp with stride 1) */
-    int64_t cp;      /* floats of one channel: st * st * hq * wq */
-    int64_t ns;      /* outputs computed per channel: oh * wq */
-    int64_t plane;   /* floats of one padded image: c * cp + DT__SHIFT_SLACK */
-} dt__shift_geom;
-static dt__shift_geom dt__shift_make(int64_t c, int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t st) {
-    dt__shift_geom s;
-    s.c = c; s.h = h; s.w = w; s.ph = ph; s.pw = pw; s.kh = kh; s.kw = kw; s.st = st;
-    s.hp = h + 2 * ph; s.wp = w + 2 * pw; s.oh = (s.hp - kh) / st + 1; s.ow = (s.wp - kw) / st + 1;
-    s.hq = (s.hp + st - 1) / st; s.wq = (s.wp + st - 1) / st;
-    s.cp = st * st * s.hq * s.wq;
-    s.ns = s.oh * s.wq;
-    s.plane = c * s.cp + DT__SHIFT_SLACK;
-    return s;
-}
-/* offsets of im2col's rows (c, ky, kx), c from c0 to c1, into a padded image */
-static void dt__shift_offsets(const dt__shift_geom *s, int64_t c0, int64_t c1, int32_t *off) {
-    int64_t c, ky, kx, k = 0, st = s->st;
-    for (c = c0; c < c1; c++)
-        for (ky = 0; ky < s->kh; ky++)
-            for (kx = 0; kx < s->kw; kx++)
-                off[k++] = (int32_t)((c - c0) * s->cp + ((ky % st) * st + kx % st) * s->hq * s->wq + ky / st * s->wq + kx / st);
-}
+/* The AVX-512 tier's inner kernels of the convolutions by shifted rows; the geometry, the tables and the
+   loops over images, tiles and threads are dtrain/cpu_vec.h's drivers, which every tier shares (read them
+   first). A tile here is 8 rows x 48 columns (24 accumulators of 16 lanes), and it writes each vector's
+   kept lanes with vcompressps and a masked store instead of going through a buffer. */
 /* rows x len floats from src (rows lds apart) to dst (rows ldd apart) */
 __attribute__((target("avx512f")))
-static void dt__shift_copy(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t len) {
+static void dt__shift_copy_avx512(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t len) {
     __mmask16 tail = (__mmask16)((1u << (len % 16)) - 1u);
     int64_t r, j, full = len / 16 * 16;
     for (r = 0; r < rows; r++, dst += ldd, src += lds) {
@@ -385,11 +345,11 @@ static void dt__shift_copy(float *dst, int64_t ldd, const float *src, int64_t ld
 }
 /* channels c0..c1 of image x [c, h, w] into the padded image xp (whose borders and slack are zero) */
 __attribute__((target("avx512f")))
-static void dt__shift_pad(const dt__shift_geom *s, const float *x, int64_t c0, int64_t c1, float *xp) {
+static void dt__shift_pad_avx512(const dt__shift_geom *s, const float *x, int64_t c0, int64_t c1, float *xp) {
     int64_t c, iy, ix;
     if (s->st == 1) {
         for (c = c0; c < c1; c++)
-            dt__shift_copy(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w);
+            dt__shift_copy_avx512(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w);
         return;
     }
     for (c = c0; c < c1; c++)   /* stride 2: each row's even and odd padded columns to their planes */
@@ -409,30 +369,11 @@ static void dt__shift_pad(const dt__shift_geom *s, const float *x, int64_t c0, i
         }
 }
 
-/* Where a vector of 16 computed columns goes: its kept lanes (keep: those of output pixels, not the
-   wp - ow junk columns after each row) to the output from pixel `at` on, in order. */
-typedef struct dt__shift_vec { int64_t at; uint32_t keep; } dt__shift_vec;
-/* the first 16-byte boundary at or after p, for a table inside the float workspace (4 floats of slack) */
-static dt__shift_vec *dt__shift_vec_at(float *p) { return (dt__shift_vec *)(void *)(((uintptr_t)p + 15) & ~(uintptr_t)15); }
-static void dt__shift_vecs(const dt__shift_geom *s, int64_t nv, dt__shift_vec *v) {
-    int64_t i, col;
-    int l;
-    for (i = 0; i < nv; i++) {
-        v[i].at = -1; v[i].keep = 0;
-        for (l = 0; l < 16; l++) {
-            col = i * 16 + l;
-            if (col / s->wq >= s->oh || col % s->wq >= s->ow) continue;
-            v[i].keep |= 1u << l;
-            if (v[i].at < 0) v[i].at = col / s->wq * s->ow + col % s->wq;
-        }
-        if (v[i].at < 0) v[i].at = 0;   /* nothing kept: never written */
-    }
-}
 /* one tile of the shifted GEMM: sum_k a[k][i] xp[off[k] + j] for 8 rows i (rows kept) x 48 columns j, each
    vector's kept lanes written (packed together) to row i of dst (rows S apart) plus bias[i] (bias NULL:
    none), or added to it (add 1) */
 __attribute__((target("avx512f")))
-static void dt__shift_tile(int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off, const dt__shift_vec *vec,
+static void dt__shift_tile_avx512(int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off, const dt__shift_vec *vec,
                            float *dst, int64_t S, const float *bias, int add, int rows) {
     __m512 c[8][3];
     int64_t k;
@@ -480,7 +421,7 @@ static float dt__hsum512(__m512 v) {
    and xstride apart. 4 x 6 accumulators: 10 loads feed 24 multiply-adds. */
 #define DT__WT_K 6
 __attribute__((target("avx512f")))
-static void dt__shift_wtile(int64_t nimg, int64_t ld, const float *d, int64_t ldd, int64_t dstride, const float *xp,
+static void dt__shift_wtile_avx512(int64_t nimg, int64_t ld, const float *d, int64_t ldd, int64_t dstride, const float *xp,
                             int64_t xstride, const int32_t *off, float *dW, int64_t ldw, int ni, int nk) {
     __m512 acc[4][DT__WT_K];
     const float *dr[4];
@@ -510,141 +451,8 @@ static void dt__shift_wtile(int64_t nimg, int64_t ld, const float *d, int64_t ld
     for (i = 0; i < ni; i++)
         for (j = 0; j < nk; j++) dW[i * ldw + j] += dt__hsum512(acc[i][j]);
 }
-/* One image of the shifted convolution: pads src [s->c, h, w] into xp and runs the tiles of Ap [rows, K],
-   which write dst [rows, oh, ow] plus bias[row] (bias NULL: none), or add to it (add 1); vec from
-   dt__shift_vecs */
-static void dt__shift_image(const dt__shift_geom *s, const float *src, const float *Ap, int64_t rows, const int32_t *off,
-                            float *xp, const dt__shift_vec *vec, float *dst, const float *bias, int add) {
-    int64_t K = s->c * s->kh * s->kw, S = s->oh * s->ow, t, j;
-    dt__shift_pad(s, src, 0, s->c, xp);
-#define DT__SHIFT_TILE_AT(t, j)                                                                                         \
-    dt__shift_tile(K, Ap + t * K, xp + j, off, vec + j / 16, dst + t * S, S, bias ? bias + t : NULL, add,                \
-                   rows - t < 8 ? (int)(rows - t) : 8)
-    if (K * 48 <= 8192)   /* a strip of the image fits in L1: it serves every tile of rows */
-        for (j = 0; j < s->ns; j += 48)
-            for (t = 0; t < rows; t += 8) DT__SHIFT_TILE_AT(t, j);
-    else                  /* a tile of rows of the kernel stays in L1 while the image streams from L2 */
-        for (t = 0; t < rows; t += 8)
-            for (j = 0; j < s->ns; j += 48) DT__SHIFT_TILE_AT(t, j);
-#undef DT__SHIFT_TILE_AT
-}
-
-/* A [rows, K] packed for dt__shift_tile: per tile of 8 rows, K groups of 8 (rows past the end are zero).
-   flip: row r, column (o, ky, kx) is W[o][r][kh-1-ky][kw-1-kx] of W [oc = K / kk, rows, kh, kw] (the input
-   gradient's kernel), else A is W [rows, K] itself. */
-static void dt__shift_pack_a(const float *W, int64_t rows, int64_t K, int flip, int64_t kk, float *Ap) {
-    int64_t t, nt = (rows + 7) / 8;
-    DT__OMP(parallel for if (nt * K * 8 > DT__PAR_MIN))
-    for (t = 0; t < nt; t++) {
-        int64_t k, i;   /* declared here: private to each thread */
-        for (k = 0; k < K; k++)
-            for (i = 0; i < 8; i++) {
-                int64_t r = t * 8 + i;
-                float v = 0.0f;
-                if (r < rows) v = flip ? W[((k / kk) * rows + r) * kk + (kk - 1 - k % kk)] : W[r * K + k];
-                Ap[(t * K + k) * 8 + i] = v;
-            }
-    }
-}
-
-/* The shifted convolution of n images src [n, s->c, h, w] with the packed kernel Ap [rows, c*kh*kw] on
-   `threads` threads: dst [n, rows, oh, ow] = it + bias (add 0; bias NULL: none), or += it (add 1).
-   ws: threads * need floats, need from dt__shift_run_need. */
-#define DT__SHIFT_NVEC(s) (((s)->ns + 47) / 48 * 3)   /* vectors of columns the tiles compute */
-static int64_t dt__shift_run_need(const dt__shift_geom *s) {
-    return s->plane + 4 + 4 * DT__SHIFT_NVEC(s) + s->c * s->kh * s->kw + 16;   /* a table entry: 4 floats */
-}
-static void dt__shift_run(const dt__shift_geom *s, int64_t n, const float *src, const float *Ap, int64_t rows, float *dst,
-                          const float *bias, int add, float *ws, int64_t need, int threads) {
-    int64_t S = s->oh * s->ow;
-    DT__OMP(parallel num_threads(threads) if (threads > 1))
-    {
-        int tid = 0;
-        int64_t img;
-        float *xp;
-        dt__shift_vec *vec;
-        int32_t *off;
-#if DT__HAVE_OMP
-        tid = omp_get_thread_num();
-#endif
-        xp = ws + tid * need;
-        vec = dt__shift_vec_at(xp + s->plane);
-        off = (int32_t *)(void *)(vec + DT__SHIFT_NVEC(s));
-        memset(xp, 0, sizeof(float) * (size_t)s->plane);
-        dt__shift_vecs(s, DT__SHIFT_NVEC(s), vec);
-        dt__shift_offsets(s, 0, s->c, off);
-        DT__OMP(for schedule(static))
-        for (img = 0; img < n; img++)
-            dt__shift_image(s, src + img * s->c * s->h * s->w, Ap, rows, off, xp, vec, dst + img * rows * S, bias, add);
-    }
-    (void)threads;
-}
-
-/* Floats the weight gradient takes per image of s's geometry when one thread has all oc rows: the padded
-   image and dy's rows in s's layout (a multiple of 16 long). A thread needs one image's worth plus an offset
-   table of c * kh * kw + 16. */
-static int64_t dt__shift_wgrad_image(const dt__shift_geom *s, int64_t oc) {
-    return s->plane + (oc + 3) / 4 * 4 * ((s->ns + 15) / 16 * 16);
-}
-/* The shifted weight gradient dW [oc, c*kh*kw] += dy col^T of geometry g, dy [n, oc, oh, ow], on ws
-   (ws_count floats for `threads` threads, as dt__shift_fits checked). The threads split dW into a grid of
-   row ranges x channel ranges; each pads its channels of a block of images and sums over every image. */
-static void dt__shift_wgrad(const dt_conv_geom *g, const float *x, const float *dy, float *dW, float *ws, int64_t ws_count,
-                            int threads) {
-    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, 1);
-    int64_t kk = g->kh * g->kw, K = g->c * kk, S = g->oh * g->ow, ld = (s.ns + 15) / 16 * 16, per = ws_count / threads;
-    int64_t ot = (g->oc + 3) / 4;
-    DT__OMP(parallel num_threads(threads) if (threads > 1))
-    {
-        int tid = 0, nt = 1;
-        int64_t gco, gci, o0, o1, c0, c1, nco, K0, xstride, per_img, nb, b0, img, o, k;
-        float *xb, *db;
-        int32_t *off;
-#if DT__HAVE_OMP
-        tid = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        gco = nt < ot ? nt : ot;
-        gci = nt / gco < g->c ? nt / gco : g->c;
-        if (tid < gco * gci) {
-            o0 = ot * (tid / gci) / gco * 4; o1 = ot * (tid / gci + 1) / gco * 4;
-            if (o1 > g->oc) o1 = g->oc;
-            c0 = g->c * (tid % gci) / gci; c1 = g->c * (tid % gci + 1) / gci;
-            nco = o1 - o0; K0 = (c1 - c0) * kk;
-            xstride = (c1 - c0) * s.cp + DT__SHIFT_SLACK;
-            per_img = xstride + nco * ld;
-            /* about 1 MB of images, counted for all channels and rows, so the blocks (and with them the order
-               of the sums) are the same for every thread count */
-            nb = ((per - K - 16) < (1 << 18) ? (per - K - 16) : (1 << 18)) / dt__shift_wgrad_image(&s, g->oc);
-            if (nb < 1) nb = 1;
-            if (nb > g->n) nb = g->n;
-            off = (int32_t *)(ws + tid * per);
-            xb = ws + tid * per + K0 + 16;
-            db = xb + nb * xstride;
-            dt__shift_offsets(&s, c0, c1, off);
-            memset(xb, 0, sizeof(float) * (size_t)(nb * per_img));
-            for (b0 = 0; b0 < g->n; b0 += nb) {
-                int64_t m = g->n - b0 < nb ? g->n - b0 : nb;
-                for (img = 0; img < m; img++) {
-                    dt__shift_pad(&s, x + (b0 + img) * g->c * g->h * g->w, c0, c1, xb + img * xstride);
-                    for (o = o0; o < o1; o++)
-                        dt__shift_copy(db + (img * nco + o - o0) * ld, s.wp, dy + ((b0 + img) * g->oc + o) * S, g->ow, g->oh, g->ow);
-                }
-                for (o = o0; o < o1; o += 4)
-                    for (k = 0; k < K0; k += DT__WT_K)
-                        dt__shift_wtile(m, ld, db + (o - o0) * ld, ld, nco * ld, xb, xstride, off + k, dW + o * K + c0 * kk + k, K,
-                                        o1 - o < 4 ? (int)(o1 - o) : 4, K0 - k < DT__WT_K ? (int)(K0 - k) : DT__WT_K);
-            }
-        }
-    }
-}
-
-/* The weight gradient of a 3 x 3 convolution with dy transposed: dbT [S][ocp] holds each output position's
-   dy for every output channel (ocp: oc rounded up to 16, the rest zero), so one tile keeps dW^T's 9 taps of
-   one input channel for 16 or 32 output channels in registers and sums over the positions there: each tap
-   broadcasts its padded x, which a vector of dbT multiplies. No horizontal sums, and 10 or 11 loads feed 9
-   or 18 multiply-adds from data small enough for L1 and L2 (the dot-product tile above streams 4 rows of dy
-   and 6 of x per 24 from L2). dWT [9][ocp] += the image's sums for tap (ky, kx) at row ky * 3 + kx. */
+/* The 3 x 3 weight gradient's transposed tile (dtrain/cpu_vec.h, dt__shift_wgrad3): dWT [9][ocp] += one
+   input channel's sums for tap (ky, kx) at row ky * 3 + kx, for 16 (ov 1) or 32 (ov 2) output channels. */
 /* named accumulators (not an array), so that every compiler and level keeps them in registers */
 #define DT__WT3_TAP(t, row, kx) do {                                          \
         __m512 b_ = _mm512_set1_ps(row[ox + kx]);                               \
@@ -726,7 +534,7 @@ static void dt__tr16(__m512 *r) {
 }
 /* dbT [S][ocp] <- dy [oc][S] transposed, columns oc..ocp zero */
 __attribute__((target("avx512f")))
-static void dt__transpose_dy(const float *dy, int64_t oc, int64_t S, float *dbT, int64_t ocp) {
+static void dt__transpose_dy_avx512(const float *dy, int64_t oc, int64_t S, float *dbT, int64_t ocp) {
     int64_t o0, s0;
     int i;
     for (o0 = 0; o0 < ocp; o0 += 16)
@@ -739,194 +547,25 @@ static void dt__transpose_dy(const float *dy, int64_t oc, int64_t S, float *dbT,
             for (i = 0; i < ns; i++) _mm512_storeu_ps(dbT + (s0 + i) * ocp + o0, r[i]);
         }
 }
-/* Floats of workspace the shifted weight gradient of g takes per thread, whatever the thread count (counted
-   for every channel, so the path taken does not depend on it): for 3 x 3, the padded image, dy transposed
-   and dW^T; otherwise one image's worth of padded image and dy rows plus an offset table. */
-static int64_t dt__shift_wgrad_need(const dt_conv_geom *g) {
-    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
-    if (g->kh == 3 && g->kw == 3) return s.plane + (g->oh * g->ow + g->c * 9) * ((g->oc + 15) / 16 * 16);
-    return dt__shift_wgrad_image(&s, g->oc) + g->c * g->kh * g->kw + 16;
+/* the 3 x 3 weight gradient's tile for a unit of 16 or 32 output channels */
+static void dt__wt3_avx512(int st, int width, const float *x, int64_t wq, int64_t pq, int64_t oh, int64_t ow, const float *dbT,
+                           int64_t ocp, float *dWT) {
+    if (st == 1 && width == 32) dt__wt3_tile32(x, wq, pq, oh, ow, dbT, ocp, dWT);
+    else if (st == 1) dt__wt3_tile16(x, wq, pq, oh, ow, dbT, ocp, dWT);
+    else if (width == 32) dt__wt3_tile32s2(x, wq, pq, oh, ow, dbT, ocp, dWT);
+    else dt__wt3_tile16s2(x, wq, pq, oh, ow, dbT, ocp, dWT);
 }
-/* The 3 x 3 weight gradient dW [oc, c*9] += by the transposed tiles. The work is cut into units of one
-   input channel x 32 output channels; each thread takes a range of units and every image in order, so
-   each sum runs in one order whatever the thread count. */
-static void dt__shift_wgrad3(const dt_conv_geom *g, const float *x, const float *dy, float *dW, float *ws, int64_t ws_count,
-                             int threads) {
-    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, 3, 3, g->sh);
-    int64_t S = g->oh * g->ow, ocp = (g->oc + 15) / 16 * 16, hw = s.cp, pq = s.hq * s.wq, per = ws_count / threads;
-    int64_t nto = (ocp + 31) / 32, units = g->c * nto;
-    DT__OMP(parallel num_threads(threads) if (threads > 1))
-    {
-        int tid = 0, nt = 1;
-        int64_t u0, u1, c0, c1, u, img, c, o, oe, t;
-        float *xp, *dbT, *dWT;
-#if DT__HAVE_OMP
-        tid = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        u0 = units * tid / nt; u1 = units * (tid + 1) / nt;
-        c0 = u0 / nto; c1 = u1 > u0 ? (u1 - 1) / nto + 1 : c0;   /* the channels the units touch */
-        xp = ws + tid * per;
-        dbT = xp + (c1 - c0) * hw;
-        dWT = dbT + S * ocp;
-        if (u0 < u1) {
-            memset(xp, 0, sizeof(float) * (size_t)((c1 - c0) * hw));
-            memset(dWT, 0, sizeof(float) * (size_t)((c1 - c0) * 9 * ocp));
-            for (img = 0; img < g->n; img++) {
-                dt__shift_pad(&s, x + img * g->c * g->h * g->w, c0, c1, xp);
-                dt__transpose_dy(dy + img * g->oc * S, g->oc, S, dbT, ocp);
-                for (u = u0; u < u1; u++) {
-                    const float *xc;
-                    float *dc;
-                    c = u / nto; o = u % nto * 32;
-                    xc = xp + (c - c0) * hw;
-                    dc = dWT + (c - c0) * 9 * ocp + o;
-                    if (s.st == 1 && ocp - o >= 32) dt__wt3_tile32(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
-                    else if (s.st == 1) dt__wt3_tile16(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
-                    else if (ocp - o >= 32) dt__wt3_tile32s2(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
-                    else dt__wt3_tile16s2(xc, s.wq, pq, g->oh, g->ow, dbT + o, ocp, dc);
-                }
-            }
-            for (u = u0; u < u1; u++) {
-                c = u / nto; o = u % nto * 32; oe = o + 32 < g->oc ? o + 32 : g->oc;
-                for (; o < oe; o++)
-                    for (t = 0; t < 9; t++) dW[(o * g->c + c) * 9 + t] += dWT[((c - c0) * 9 + t) * ocp + o];
-            }
-        }
-    }
-}
-/* The input gradient of a stride-2 3 x 3 convolution by phase planes: dx's padded pixel (2 qy + a, 2 qx + b)
-   takes the taps (ky, kx) = (a + 2 ty, b + 2 tx), which read dy at (qy - ty, qx - tx); so each phase (a, b)
-   is a shifted-row convolution of dy (padded by a row and a column before it) with 1 x 1 to 2 x 2 taps, and
-   the four phases' results are interleaved into dx. Floats of workspace: shared (the packed kernels, offsets
-   and column table) and per thread (padded dy and the phases' results); dt__shift_dgrad2_fits asks for both
-   per thread, so whether it runs does not depend on the thread count. */
-typedef struct dt__dgrad2_geom { int64_t hq, wq, wd, pd, S, rp, nv, shared, per; } dt__dgrad2_geom;
-static dt__dgrad2_geom dt__dgrad2_make(const dt_conv_geom *g) {
-    dt__dgrad2_geom d;
-    d.hq = (g->h + 2 * g->ph + 1) / 2; d.wq = (g->w + 2 * g->pw + 1) / 2; d.wd = d.wq + 1;
-    d.pd = (d.hq + 1) * d.wd; d.S = d.hq * d.wq; d.rp = (g->c + 7) / 8 * 8;
-    d.nv = (d.hq * d.wd + 47) / 48 * 3;
-    d.shared = d.rp * 9 * g->oc + 9 * g->oc + 4 + 4 * d.nv + 16;
-    d.per = g->oc * d.pd + DT__SHIFT_SLACK + 4 * d.S * g->c;
-    return d;
-}
-static int dt__shift_dgrad2_fits(const dt__cpu_state *st, const dt_conv_geom *g, int threads) {
-    dt__dgrad2_geom d = dt__dgrad2_make(g);
-    return g->kh == 3 && g->kw == 3 && g->sh == 2 && g->sw == 2 && d.shared + d.per <= st->gemm_ws_count / threads;
-}
-static void dt__shift_dgrad2(dt__cpu_state *st, const dt_conv_geom *g, const float *W, const float *dy, float *dx, int add,
-                             int threads) {
-    dt__dgrad2_geom d = dt__dgrad2_make(g);
-    int64_t K0[5], p, t, k, rows = g->c;
-    float *Ap = st->gemm_ws, *ws = st->gemm_ws + d.shared;
-    int32_t *off = (int32_t *)(void *)(Ap + d.rp * 9 * g->oc);
-    dt__shift_vec *vec = dt__shift_vec_at(Ap + d.rp * 9 * g->oc + 9 * g->oc);
-    dt__shift_geom vg;
-    memset(&vg, 0, sizeof vg);
-    vg.wq = d.wd; vg.oh = d.hq; vg.ow = d.wq;   /* computed over hq rows of wd, kept wq of each */
-    dt__shift_vecs(&vg, d.nv, vec);
-    K0[0] = 0;
-    for (p = 0; p < 4; p++) {   /* phase p = 2a + b: (2 - a) x (2 - b) taps (ty, tx) */
-        int64_t a = p / 2, b = p % 2, na = 2 - a, nb = 2 - b, Kp = g->oc * na * nb;
-        K0[p + 1] = K0[p] + Kp;
-        for (k = 0; k < Kp; k++) {
-            int64_t o = k / (na * nb), ty = k % (na * nb) / nb, tx = k % nb;
-            off[K0[p] + k] = (int32_t)(o * d.pd + (1 - ty) * d.wd + (1 - tx));
-            for (t = 0; t < d.rp; t++)
-                Ap[K0[p] * d.rp + (t / 8 * Kp + k) * 8 + t % 8] =
-                    t < rows ? W[((o * g->c + t) * 3 + a + 2 * ty) * 3 + b + 2 * tx] : 0.0f;
-        }
-    }
-    DT__OMP(parallel num_threads(threads) if (threads > 1))
-    {
-        int tid = 0;
-        int64_t img, o, j, r, c, iy, ix, q;   /* declared here: private to each thread */
-        float *dyp, *P;
-#if DT__HAVE_OMP
-        tid = omp_get_thread_num();
-#endif
-        dyp = ws + tid * d.per;
-        P = dyp + g->oc * d.pd + DT__SHIFT_SLACK;
-        memset(dyp, 0, sizeof(float) * (size_t)(g->oc * d.pd + DT__SHIFT_SLACK));
-        DT__OMP(for schedule(static))
-        for (img = 0; img < g->n; img++) {
-            const float *dyi = dy + img * g->oc * g->oh * g->ow;
-            float *dxi = dx + img * g->c * g->h * g->w;
-            for (o = 0; o < g->oc; o++)
-                dt__shift_copy(dyp + o * d.pd + d.wd + 1, d.wd, dyi + o * g->oh * g->ow, g->ow, g->oh, g->ow);
-            for (q = 0; q < 4; q++) {
-                int64_t Kp = K0[q + 1] - K0[q];
-                for (r = 0; r < rows; r += 8)
-                    for (j = 0; j < d.hq * d.wd; j += 48)
-                        dt__shift_tile(Kp, Ap + K0[q] * d.rp + r * Kp, dyp + j, off + K0[q], vec + j / 16, P + (q * rows + r) * d.S,
-                                       d.S, NULL, 0, rows - r < 8 ? (int)(rows - r) : 8);
-            }
-            for (c = 0; c < rows; c++)   /* the phases interleaved into dx */
-                for (iy = 0; iy < g->h; iy++) {
-                    int64_t py = iy + g->ph;
-                    const float *p0 = P + ((py % 2) * 2 * rows + c) * d.S + py / 2 * d.wq;
-                    float *dr = dxi + (c * g->h + iy) * g->w;
-                    for (ix = 0; ix < g->w; ix++) {
-                        int64_t px = ix + g->pw;
-                        float v = p0[(px % 2) * rows * d.S + px / 2];
-                        dr[ix] = add ? dr[ix] + v : v;
-                    }
-                }
-        }
-    }
-    (void)threads;
-}
-/* The forward pass (grad 0: y = conv(x, W) + b) or the input gradient (grad 1: dx = the convolution of dy
-   with the flipped kernel, or dx += it with add 1) by shifted rows on the model's workspace. Each thread
-   takes whole images. */
-static void dt__shift_conv(dt__cpu_state *st, const dt_conv_geom *g, const float *W, const float *src, const float *b, float *dst,
-                           int grad, int add, int threads) {
-    int64_t kk = g->kh * g->kw, rows = grad ? g->c : g->oc, K = (grad ? g->oc : g->c) * kk, ap = (rows + 7) / 8 * 8 * K;
-    dt__shift_geom s = grad ? dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw, 1)
-                            : dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
-    dt__shift_pack_a(W, rows, K, grad, kk, st->gemm_ws);
-    dt__shift_run(&s, g->n, src, st->gemm_ws, rows, dst, b, add, st->gemm_ws + ap, dt__shift_run_need(&s), threads);
-}
-/* 1 when the shifted path takes this convolution (forward, or grad: both gradients) on the model's
-   workspace with `threads` threads: stride 1, AVX-512, a kernel small enough for the caches, at least an
-   image per thread (with fewer, the packed GEMM shares better), the input gradient's padding k - 1 - p
-   not negative, and the workspace large enough */
-static int dt__shift_fits(const dt__cpu_state *st, const dt_conv_geom *g, int grad, int threads) {
-    int64_t kk = g->kh * g->kw;
-    dt__shift_geom s;
-    if (!st || !st->gemm_ws || dt__shift_off || g->sh != g->sw || g->sh < 1 || g->sh > 2 ||
-        (g->sh == 2 && (g->kh != 3 || g->kw != 3)) || g->kw + 64 > DT__SHIFT_SLACK || g->oc * g->c * kk > DT__SHIFT_MAX_W ||
-        g->n < threads)
-        return 0;
-    s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
-    if (!grad) return (g->oc + 7) / 8 * 8 * g->c * kk + threads * dt__shift_run_need(&s) <= st->gemm_ws_count;
-    if (st->gemm_ws_count / threads < dt__shift_wgrad_need(g)) return 0;
-    if (g->sh == 2) return 1;   /* the weight gradient only */
-    if (g->ph > g->kh - 1 || g->pw > g->kw - 1) return 0;
-    s = dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw, 1);
-    return (g->c + 7) / 8 * 8 * g->oc * kk + threads * dt__shift_run_need(&s) <= st->gemm_ws_count;
-}
+/* the AVX-512 kernels for dtrain/cpu_vec.h's drivers, and the tier's dt_ops.conv_fwd and conv_bwd */
+static const dt__shift_kern dt__shift_kern_avx512 = {
+    8, 48, dt__shift_tile_avx512, 4, DT__WT_K, dt__shift_wtile_avx512, dt__wt3_avx512, dt__shift_copy_avx512,
+    dt__shift_pad_avx512, dt__transpose_dy_avx512
+};
 static int dt__x86_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
-    dt__cpu_state *st = (dt__cpu_state *)ctx;
-    int threads = dt_cpu_threads();
-    if (!dt__shift_fits(st, g, 0, threads)) return 0;
-    dt__shift_conv(st, g, W, x, b, y, 0, 0, threads);
-    dt__shift_taken++;
-    return 1;
+    return dt__shift_conv_fwd(&dt__shift_kern_avx512, ctx, g, x, W, b, y);
 }
 static int dt__x86_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW,
                             float *dx, int accumulate) {
-    dt__cpu_state *st = (dt__cpu_state *)ctx;
-    int threads = dt_cpu_threads();
-    if (!dt__shift_fits(st, g, 1, threads)) return 0;
-    if (g->kh == 3 && g->kw == 3) dt__shift_wgrad3(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
-    else dt__shift_wgrad(g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
-    dt__shift_taken++;
-    if (dx && g->sh == 2 && !dt__shift_dgrad2_fits(st, g, threads)) return 2;   /* the input gradient by the GEMMs */
-    if (dx && g->sh == 2) { dt__shift_dgrad2(st, g, W, dy, dx, accumulate != 0, threads); return 1; }
-    if (dx) dt__shift_conv(st, g, W, dy, NULL, dx, 1, accumulate != 0, threads);
-    return 1;
+    return dt__shift_conv_bwd(&dt__shift_kern_avx512, ctx, g, x, W, dy, dW, dx, accumulate);
 }
 
 /* col2im of one plane xc of at most 16 pixels with AVX-512: tap k's S outputs (at src + k * ld) moved onto
@@ -1036,9 +675,11 @@ static const dt__kernel dt__kernel_avx512 = {
     "avx512", dt__x86_avx512_runs, dt__micro_avx512, DT__MR512, 16 * DT__NV512, dt__col_span_avx512, dt__pack_a8_avx,
     dt__pack_bt_avx512, dt__col2im_small, dt__maxpool2_avx512, dt__bn_sums512, dt__x86_conv_fwd, dt__x86_conv_bwd
 };
-/* AVX2 + FMA (Haswell and later, Zen): the GEMM's micro-kernel; the rest is portable */
+/* AVX2 + FMA (Haswell and later, Zen): the GEMM's micro-kernel and dtrain/cpu_vec.h's convolutions; the
+   rest is portable */
 static const dt__kernel dt__kernel_avx2 = {
-    "avx2", dt__x86_avx2_runs, dt__micro_avx2, 6, 16, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    "avx2", dt__x86_avx2_runs, dt__micro_avx2, 6, 16, NULL, NULL, NULL, NULL, NULL, NULL, dt__vec_conv_fwd_avx2,
+    dt__vec_conv_bwd_avx2
 };
 #endif /* DT__X86 */
 

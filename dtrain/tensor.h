@@ -386,7 +386,7 @@ static DT__MAYBE_UNUSED dt__v4 dt__v4_load(const float *p) { dt__v4 v; memcpy(&v
 typedef void (*dt__micro_fn)(int64_t kc, const float *a, const float *b, float *C, int64_t ldc, int64_t mr, int64_t nr,
                              float alpha, float beta);
 typedef struct dt__kernel {
-    const char *name;     /* the tier: "avx512", "avx2", "portable" */
+    const char *name;     /* the tier: "avx512", "avx2", "portable" ("neon" on aarch64) */
     int (*runs)(void);    /* 1 when this CPU has the tier's instructions (NULL: every CPU does) */
     /* the blocked GEMM's micro-kernel (twin: dt__micro, dtrain/cpu.h): C = alpha a b + beta C for an
        mr x nr tile of packed panels a [kc][mr] and b [kc][nr]; the packing follows mr and nr */

@@ -1,7 +1,7 @@
 /* zoo.c - the model zoo at a glance: for each model, its layers and parameter count, and the time of a
    training step's forward + loss + backward on random data.
 
-   usage: zoo [--model NAME|all] [--batch N] [--steps N] [--summary] [--seed N] [--tier avx512|avx2|portable]
+   usage: zoo [--model NAME|all] [--batch N] [--steps N] [--summary] [--seed N] [--tier avx512|avx2|neon|portable]
    e.g.   ./build/examples/zoo --model resnet20 --batch 128 --summary                              */
 #define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
@@ -14,7 +14,7 @@
 
 static void usage(FILE *f) {
     int z;
-    fprintf(f, "usage: zoo [--model NAME|all] [--batch N] [--steps N] [--summary] [--seed N] [--tier avx512|avx2|portable]\n"
+    fprintf(f, "usage: zoo [--model NAME|all] [--batch N] [--steps N] [--summary] [--seed N] [--tier avx512|avx2|neon|portable]\n"
                "models:");
     for (z = 0; z < DT_ZOO_COUNT; z++) fprintf(f, " %s", dt_zoo_name((dt_zoo_model)z));
     fprintf(f, "\n");

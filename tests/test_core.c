@@ -257,24 +257,22 @@ static void test_conv_vs_direct(void) {
                                        /* stride 2 by phase planes (3 x 3 only; the input gradient by GEMM):
                                           ResNet-20's two, odd sizes, no padding */
                                        {4, 16, 32, 32, 32, 3, 2, 1}, {3, 32, 16, 16, 64, 3, 2, 1}, {3, 5, 9, 11, 20, 3, 2, 1},
-                                       {2, 3, 8, 7, 17, 3, 2, 0}};
-    int i;
-    for (i = 0; i < 2 * (int)(sizeof cases / sizeof cases[0]); i++) {
-        const int64_t *cs = cases[i / 2];
-        int64_t taken = dt__shift_taken;
-        const char *path = i % 2 ? "packed GEMM" : "shifted rows where taken";
+                                       {2, 3, 8, 7, 17, 3, 2, 0},
+                                       /* the tiles' edges on every tier (rows of 8, 6 and 2, columns of 48
+                                          and 16): odd channel counts and sizes, 5 x 5 without padding, 1 x 1
+                                          padded (the input gradient then by GEMM), stride 2 padded by 2 */
+                                       {3, 7, 11, 9, 13, 5, 1, 0}, {2, 5, 7, 5, 11, 1, 1, 1}, {3, 9, 13, 11, 7, 3, 1, 2},
+                                       {2, 7, 9, 9, 11, 3, 2, 2}, {4, 3, 15, 13, 5, 1, 1, 0}};
+    int ci, k, i;
+    for (ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
+        const int64_t *cs = cases[ci];
         dt_model *m;
         dt_model_desc d;
         dt_conv_geom g;
         int64_t np, xs, ys;
-        float *x, *y, *dy, *yref, *dxr, *dwr, *dbr, *gr;
-        char what[64];
+        float *x, *y, *dy, *yref, *dxr, *dwr, *gr;
         memset(&d, 0, sizeof d);
-        d.in_c = cs[1]; d.in_h = cs[2]; d.in_w = cs[3]; d.seed = (uint64_t)(i / 2); d.input_grad = 1;
-        dt__shift_off = i % 2;   /* each case by both paths */
-        CHECK_OK(dt_model_create(&m, &d));
-        dt_conv2d(m, dt_model_input(m), cs[4], cs[5], cs[6], cs[7]);
-        CHECK_OK(dt_model_finalize(m));
+        d.in_c = cs[1]; d.in_h = cs[2]; d.in_w = cs[3]; d.seed = (uint64_t)ci; d.input_grad = 1;
         memset(&g, 0, sizeof g);
         g.n = cs[0]; g.c = cs[1]; g.h = cs[2]; g.w = cs[3]; g.oc = cs[4];
         g.kh = g.kw = cs[5]; g.sh = g.sw = cs[6]; g.ph = g.pw = cs[7];
@@ -286,38 +284,58 @@ static void test_conv_vs_direct(void) {
         dy = (float *)malloc(sizeof(float) * (size_t)ys);
         dt_t_fill(x, xs, -1, 1);
         dt_t_fill(dy, ys, -1, 1);
+        CHECK_OK(dt_model_create(&m, &d));   /* the reference, once per case: every model of its seed has these weights */
+        dt_conv2d(m, dt_model_input(m), cs[4], cs[5], cs[6], cs[7]);
+        CHECK_OK(dt_model_finalize(m));
         {
             float *p = dt_model_params(m, &np);
             dwr = (float *)malloc(sizeof(float) * (size_t)np);
-            dbr = dwr + g.oc * g.c * g.kh * g.kw;
             gr = (float *)malloc(sizeof(float) * (size_t)np);
             dt_conv2d_ref(&g, x, p, p + g.oc * g.c * g.kh * g.kw, yref);
-            conv_bwd_ref(&g, x, p, dy, dxr, dwr, dbr);
+            conv_bwd_ref(&g, x, p, dy, dxr, dwr, dwr + g.oc * g.c * g.kh * g.kw);
         }
-        CHECK_OK(dt_model_forward(m, x, g.n));
-        CHECK_OK(dt_model_output(m, y, ys));
-        snprintf(what, sizeof what, "conv case %d forward, %s", i / 2, path);
-        CHECK_CLOSE(y, yref, ys, 1e-5, what);
-        CHECK_OK(dt_model_backward(m, dy));
-        CHECK_OK(dt_model_get_grads(m, gr, np));
-        snprintf(what, sizeof what, "conv case %d dW,db, %s", i / 2, path);
-        CHECK_CLOSE(gr, dwr, np, 1e-5, what);
-        snprintf(what, sizeof what, "conv case %d dx, %s", i / 2, path);
-        CHECK_CLOSE(dt_model_node_grad(m, 0), dxr, xs, 1e-5, what);
-        /* the shifted path runs where it applies (stride 1, or 2 with a 3 x 3 window; at least an image per
-           thread; AVX-512), never when switched off */
-        if (i % 2) CHECK(dt__shift_taken == taken);
-        else if ((g.sh == 1 || (g.sh == 2 && g.kh == 3)) && g.n >= dt_cpu_threads() && dt__pick_kernel()->conv_fwd)
-            CHECK(dt__shift_taken > taken);
-        free(x); free(y); free(yref); free(dy); free(dxr); free(dwr); free(gr);
         dt_model_destroy(m);
+        for (k = 0; k < DT__NKERNELS; k++) {   /* on every tier this CPU runs, */
+            if (!dt__kernel_ok(k)) continue;
+            CHECK_OK(dt_cpu_set_tier(dt__kernels[k]->name));
+            for (i = 0; i < 2; i++) {           /* by both paths */
+                int64_t taken = dt__shift_taken;
+                char what[96];
+                const char *path = i ? "packed GEMM" : "shifted rows where taken";
+                dt__shift_off = i;
+                CHECK_OK(dt_model_create(&m, &d));
+                dt_conv2d(m, dt_model_input(m), cs[4], cs[5], cs[6], cs[7]);
+                CHECK_OK(dt_model_finalize(m));
+                CHECK_OK(dt_model_forward(m, x, g.n));
+                CHECK_OK(dt_model_output(m, y, ys));
+                snprintf(what, sizeof what, "%s: conv case %d forward, %s", dt_cpu_tier(), ci, path);
+                CHECK_CLOSE(y, yref, ys, 1e-5, what);
+                CHECK_OK(dt_model_backward(m, dy));
+                CHECK_OK(dt_model_get_grads(m, gr, np));
+                snprintf(what, sizeof what, "%s: conv case %d dW,db, %s", dt_cpu_tier(), ci, path);
+                CHECK_CLOSE(gr, dwr, np, 1e-5, what);
+                snprintf(what, sizeof what, "%s: conv case %d dx, %s", dt_cpu_tier(), ci, path);
+                CHECK_CLOSE(dt_model_node_grad(m, 0), dxr, xs, 1e-5, what);
+                /* the shifted path runs where it applies (stride 1, or 2 with a 3 x 3 window; at least an
+                   image per thread; a tier with shifted convolutions: avx512, avx2, and portable or neon
+                   built by GCC or Clang), never when switched off */
+                if (i) CHECK(dt__shift_taken == taken);
+                else if ((g.sh == 1 || (g.sh == 2 && g.kh == 3)) && g.n >= dt_cpu_threads() && dt__pick_kernel()->conv_fwd)
+                    CHECK(dt__shift_taken > taken);
+                dt_model_destroy(m);
+            }
+        }
+        free(x); free(y); free(yref); free(dy); free(dxr); free(dwr); free(gr);
     }
     dt__shift_off = 0;
-    if (!dt__pick_kernel()->conv_fwd) {
+    for (k = 0; k < DT__NKERNELS; k++) {
         char why[96];
-        snprintf(why, sizeof why, "the tier in use (%s) has none: both runs took the packed GEMM", dt_cpu_tier());
+        if (!tier_runs(k, "test_conv_vs_direct")) continue;
+        if (dt__kernels[k]->conv_fwd) continue;
+        snprintf(why, sizeof why, "the tier %s has none: both runs took the packed GEMM", dt__kernels[k]->name);
         dt_t_skip("test_conv_vs_direct's shifted rows", why);
     }
+    CHECK_OK(dt_cpu_set_tier(NULL));
 }
 
 /* ---- every kernel of a faster CPU tier against its portable twin (dtrain/cpu.h's kernel tables) ---- */
@@ -452,13 +470,20 @@ static void test_tier_twins(void) {
 
 static void test_cpu_tier(void) {
     const char *was = dt_cpu_tier();
+#ifdef __aarch64__
+    const char *foreign = "avx2", *arch = "x86-64";   /* a tier of the other architecture, and its name */
+#else
+    const char *foreign = "neon", *arch = "aarch64";
+#endif
     int k;
     CHECK(was && *was);
-    CHECK_OK(dt_cpu_set_tier("portable"));
-    CHECK(strcmp(dt_cpu_tier(), "portable") == 0);
+    CHECK_OK(dt_cpu_set_tier("portable"));   /* the tier every CPU runs, in every build ("neon" on aarch64) */
+    CHECK(dt__pick_kernel() == &dt__kernel_portable && strcmp(dt_cpu_tier(), dt__kernel_portable.name) == 0);
     CHECK_ERR(dt_cpu_set_tier("avx9000"), DT_ERR_INVALID_ARG);
-    CHECK(strstr(dt_last_error(), "avx9000") && strstr(dt_last_error(), "portable"));
-    CHECK(strcmp(dt_cpu_tier(), "portable") == 0);   /* a refused name keeps the tier */
+    CHECK(strstr(dt_last_error(), "avx9000") && strstr(dt_last_error(), "portable") && strstr(dt_last_error(), "neon"));
+    CHECK(dt__pick_kernel() == &dt__kernel_portable);   /* a refused name keeps the tier */
+    CHECK_ERR(dt_cpu_set_tier(foreign), DT_ERR_UNSUPPORTED);
+    CHECK(strstr(dt_last_error(), "build") && strstr(dt_last_error(), arch));
     for (k = 0; k < DT__NKERNELS; k++) {             /* every tier of this build: chosen where the CPU runs it */
         if (dt__kernel_ok(k)) { CHECK_OK(dt_cpu_set_tier(dt__kernels[k]->name)); CHECK(dt__pick_kernel() == dt__kernels[k]); }
         else { CHECK_ERR(dt_cpu_set_tier(dt__kernels[k]->name), DT_ERR_UNSUPPORTED); CHECK(strstr(dt_last_error(), "lacks")); }
