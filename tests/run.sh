@@ -327,6 +327,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     # CSV rows (COLUMNS: the time columns left out) and the last checkpoint's bytes of a run never stopped
     kill_resume() {   # kill_resume NAME COLUMNS ARGS...
         name=$1; cols=$2; shift 2
+        rm -f "$T/$name".*   # an earlier case's files (a fresh run refuses to write over a checkpoint)
         "$B/examples/$name" "$@" --csv "$T/$name.a.csv" --checkpoint "$T/$name.a.ckpt" >/dev/null || return 1
         "$B/examples/$name" "$@" --csv "$T/$name.b.csv" --checkpoint "$T/$name.b.ckpt" >/dev/null & pid=$!
         while [ ! -e "$T/$name.b.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
@@ -339,13 +340,13 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         [ "$(wc -l < "$T/$name.a.cut")" -ge 3 ] && cmp "$T/$name.a.cut" "$T/$name.b.cut" && cmp "$T/$name.a.ckpt" "$T/$name.b.ckpt"
     }
     check "train: killed mid-epoch (--checkpoint-every 5) and resumed, ends as the unstopped run" \
-        kill_resume train 1,3-7 --epochs 2 --limit 512 --batch 16     # the header line shows the defaults that shape training: ddp's momentum 0.5 and accum, fedavg's trim and Krum's f
+        kill_resume train 1,3-7 --epochs 2 --limit 512 --batch 16 --checkpoint-every 5
+    # the header line shows the defaults that shape training: ddp's momentum 0.5 and accum, fedavg's trim and Krum's f
     check "ddp's header line shows momentum 0.5 and accum 1" sh -c "
         '$B/examples/ddp' --ranks 2 --limit 128 --epochs 1 | head -n 1 | grep -q 'sgd lr 0.01 momentum 0.5 wd 0, .*accum 1'"
     check "fedavg's header line shows the trim and Krum's f" sh -c "
         '$B/examples/fedavg' --ranks 2 --clients 5 --rounds 1 --limit 100 --agg trimmed | head -n 1 | grep -q 'aggregator trimmed (trim 0.1)' &&
         '$B/examples/fedavg' --ranks 2 --clients 5 --rounds 1 --limit 100 --agg krum --krum-f 0 | head -n 1 | grep -q 'aggregator krum (f 0)'"
---checkpoint-every 5
     check "ddp: killed and resumed on 3 ranks (--checkpoint-every 3), ends as the unstopped run" \
         kill_resume ddp 1,3-6,9 --ranks 3 --batch 48 --epochs 2 --limit 512 --checkpoint-every 3
     check "ddp --compress topk:0.01: killed and resumed, ends as the unstopped run (the residuals in the checkpoint)" \
