@@ -477,7 +477,7 @@ static void test_cpu_tier(void) {
 #endif
     int k;
     CHECK(was && *was);
-    CHECK_OK(dt_cpu_set_tier("portable"));   /* the tier every CPU runs, in every build ("neon" on aarch64) */
+    CHECK_OK(dt_cpu_set_tier("portable"));   /* the tier every CPU runs, in every build */
     CHECK(dt__pick_kernel() == &dt__kernel_portable && strcmp(dt_cpu_tier(), dt__kernel_portable.name) == 0);
     CHECK_ERR(dt_cpu_set_tier("avx9000"), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "avx9000") && strstr(dt_last_error(), "portable") && strstr(dt_last_error(), "neon"));
