@@ -325,16 +325,18 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         cmp '$T/a.cut' '$T/b.cut'"
     # --checkpoint, killed with SIGKILL a random time (up to 0.3 s) after its first checkpoint, and --resume: the
     # CSV rows (COLUMNS: the time columns left out) and the last checkpoint's bytes of a run never stopped
+    # Its files are $T/NAME.a.*, .b.*, or $T/$kr_as.* when kr_as is set (a second case of one example, whose
+    # checkpoint must not replace the first's: the refusals below read $T/ddp.a.ckpt of 3 ranks).
     kill_resume() {   # kill_resume NAME COLUMNS ARGS...
-        name=$1; cols=$2; shift 2
-        rm -f "$T/$name".*   # an earlier case's files (a fresh run refuses to write over a checkpoint)
-        "$B/examples/$name" "$@" --csv "$T/$name.a.csv" --checkpoint "$T/$name.a.ckpt" >/dev/null || return 1
-        "$B/examples/$name" "$@" --csv "$T/$name.b.csv" --checkpoint "$T/$name.b.ckpt" >/dev/null & pid=$!
+        kr_ex=$1; name=${kr_as:-$1}; cols=$2; shift 2
+        rm -f "$T/$name".*   # an earlier run's files (a fresh run refuses to write over a checkpoint)
+        "$B/examples/$kr_ex" "$@" --csv "$T/$name.a.csv" --checkpoint "$T/$name.a.ckpt" >/dev/null || return 1
+        "$B/examples/$kr_ex" "$@" --csv "$T/$name.b.csv" --checkpoint "$T/$name.b.ckpt" >/dev/null & pid=$!
         while [ ! -e "$T/$name.b.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
         delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.3 }'); sleep "$delay"
         kill -9 $pid 2>/dev/null; wait $pid; st=$?
         [ $st -eq 137 ] || { echo "the run ended with status $st before the kill"; return 1; }
-        "$B/examples/$name" "$@" --csv "$T/$name.b.csv" --checkpoint "$T/$name.b.ckpt" --resume > "$T/$name.b.out" || return 1
+        "$B/examples/$kr_ex" "$@" --csv "$T/$name.b.csv" --checkpoint "$T/$name.b.ckpt" --resume > "$T/$name.b.out" || return 1
         echo "killed $delay s after the first checkpoint; $(head -n 1 "$T/$name.b.out")"
         cut -d, -f"$cols" "$T/$name.a.csv" > "$T/$name.a.cut"; cut -d, -f"$cols" "$T/$name.b.csv" > "$T/$name.b.cut"
         [ "$(wc -l < "$T/$name.a.cut")" -ge 3 ] && cmp "$T/$name.a.cut" "$T/$name.b.cut" && cmp "$T/$name.a.ckpt" "$T/$name.b.ckpt"
@@ -349,8 +351,10 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         '$B/examples/fedavg' --ranks 2 --clients 5 --rounds 1 --limit 100 --agg krum --krum-f 0 | head -n 1 | grep -q 'aggregator krum (f 0)'"
     check "ddp: killed and resumed on 3 ranks (--checkpoint-every 3), ends as the unstopped run" \
         kill_resume ddp 1,3-6,9 --ranks 3 --batch 48 --epochs 2 --limit 512 --checkpoint-every 3
+    kr_as=ddp-topk
     check "ddp --compress topk:0.01: killed and resumed, ends as the unstopped run (the residuals in the checkpoint)" \
         kill_resume ddp 1,3-6,9 --ranks 2 --epochs 2 --limit 512 --compress topk:0.01 --checkpoint-every 2
+    kr_as=
     check "localsgd: killed and resumed between averages, ends as the unstopped run" \
         kill_resume localsgd 1,3-6,9,10 --ranks 3 --epochs 2 --limit 512 --batch 16 --period 4 --checkpoint-every 3
     check "dpsgd: killed and resumed on 3 ranks, ends as the unstopped run" \
