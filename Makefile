@@ -6,9 +6,10 @@
 #   make CUDA=1       the same with the GPU backend (build-cuda/): dtrain_cuda.cu compiled once by nvcc, linked
 #                     into every program, which gcc builds with -DDT_USE_CUDA; models then run on the GPU.
 #                     With MPI=1 too: build-mpi-cuda/. CUDA_HOME (default /usr/local/cuda), CUDA_ARCH
-#   make test-cuda    builds (CUDA=1) and runs tests/cuda/test_cuda.c: every GPU op against the CPU's, training
-#                     steps of SimpleCNN and ResNet-20, DDP on one GPU; on a machine without a GPU it reports
-#                     its tests skipped. Then, with a GPU, the examples train briefly on it
+#   make test-cuda    builds (CUDA=1) and runs tests/cuda/test_cuda.c: every GPU op against the CPU's, a training
+#                     step of every zoo model, DDP on one GPU; on a machine without a GPU it reports its tests
+#                     skipped. Then, with a GPU, the examples train briefly on it
+#   make bench-cuda   the training step on the GPU next to PyTorch's on the same GPU (bench/cuda.sh; minutes)
 #   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
@@ -66,7 +67,7 @@ MPITESTS += $(B)/tests/mpi/test_resume_mpi
 endif
 
 # make CUDA=1 (and make test-cuda): the GPU backend (dtrain_cuda.h) in every program
-ifneq ($(filter test-cuda,$(MAKECMDGOALS)),)
+ifneq ($(filter test-cuda bench-cuda,$(MAKECMDGOALS)),)
 CUDA      := 1
 endif
 ifdef CUDA
@@ -191,6 +192,10 @@ endif
 
 # the op and model tests, then (with a GPU) every zoo model's training step, and a short run of train and of
 # DDP on 2 ranks sharing the GPU when Fashion-MNIST is installed
+# make bench-cuda: dtrain's training step on the GPU next to PyTorch's on the same GPU (bench/cuda.sh)
+bench-cuda: $(B)/bench/bench_models
+	sh bench/cuda.sh $(B)
+
 test-cuda: $(CUDATESTS) $(B)/examples/zoo $(B)/examples/train $(B)/examples/ddp
 	$(CUDATESTS)
 	@if $(CUDATESTS) --probe; then \
@@ -204,7 +209,7 @@ clean: clean-cuda
 clean-cuda:
 	rm -rf build-cuda build-mpi-cuda
 
-.PHONY: test-cuda clean-cuda
+.PHONY: test-cuda bench-cuda clean-cuda
 
 # make install PREFIX=/usr/local [DESTDIR=/staging]: the headers into PREFIX/include, dtrain_cuda.cu (the GPU
 # backend's nvcc translation unit) into PREFIX/share/dtrain, dtrain.pc and dtrain-full.pc (pkg-config) into

@@ -71,7 +71,10 @@
 
    OPTIONS (dt_cuda_desc; a NULL desc reads the environment)
      device         the GPU's index; with desc NULL, $DT_CUDA_DEVICE or 0
-     device_memory  1: cudaMalloc rather than cudaMallocManaged (see MEMORY)
+     device_memory  1: cudaMalloc rather than cudaMallocManaged (see MEMORY); with desc NULL,
+                    $DT_CUDA_MEMORY=device (or managed, the default)
+     $DT_CUDA_PROFILE=1 (any desc): each kernel, GEMM and host copy is timed (CUDA events, waited for) and
+                    dt_cuda_destroy prints the GPU's busy time by name to stderr
 
    MACROS
      DT_USE_CUDA                  (dtrain.h's) in every file of a program that uses this backend
@@ -110,7 +113,7 @@ typedef struct dt_cuda_desc {
 
 /* Number of CUDA GPUs this process can use; 0 when there is none or no driver (never an error). */
 int       dt_cuda_device_count(void);
-/* Creates a context on a GPU (desc NULL: $DT_CUDA_DEVICE or 0, managed memory). DT_ERR_UNSUPPORTED when
+/* Creates a context on a GPU (desc NULL: $DT_CUDA_DEVICE or 0, and $DT_CUDA_MEMORY or managed memory). DT_ERR_UNSUPPORTED when
    no GPU is usable, naming the cause. *out is NULL on failure. */
 dt_result dt_cuda_create(dt_cuda **out, const dt_cuda_desc *desc);
 /* Waits for the context's work and frees it. Everything allocated through it must be freed first (a
@@ -167,6 +170,12 @@ struct dt_cuda {
     int64_t        scratch_bytes;
     dt_result      err;             /* the first failure (sticky), with its message */
     char           msg[480];
+    int            profile;         /* $DT_CUDA_PROFILE: time each kernel, GEMM and copy (see dt__cu_prof_end) */
+    int            nprof;
+    struct { const char *name; double ms; int64_t calls; } prof[64];
+#ifndef DT_CUDA_EMULATE
+    cudaEvent_t    ev0, ev1;
+#endif
 };
 
 /* ---- errors ----------------------------------------------------------------------------------- */
@@ -198,6 +207,36 @@ static int dt__cublas_check(dt_cuda *cu, cublasStatus_t s, const char *call, con
 #define DT__CU(cu, call) dt__cu_check((cu), (call), #call, __FILE__, __LINE__)
 #define DT__CUBLAS(cu, call) dt__cublas_check((cu), (call), #call, __FILE__, __LINE__)
 
+/* ---- profile ($DT_CUDA_PROFILE=1) ---------------------------------------------------------------
+   Each kernel launch, GEMM and host copy is timed with a pair of CUDA events and waited for, and the times
+   are summed by name; dt_cuda_destroy prints the table to stderr, largest first. The waits serialise the
+   stream (the host's launch gaps are not counted), so the sum is the GPU's busy time, not the wall time. */
+static inline void dt__cu_prof_begin(dt_cuda *cu) {
+#ifndef DT_CUDA_EMULATE
+    if (cu->profile) (void)cudaEventRecord(cu->ev0, cu->stream);
+#else
+    (void)cu;
+#endif
+}
+static inline void dt__cu_prof_end(dt_cuda *cu, const char *name) {
+#ifndef DT_CUDA_EMULATE
+    float ms = 0.0f;
+    int i;
+    if (!cu->profile || cudaEventRecord(cu->ev1, cu->stream) != cudaSuccess || cudaEventSynchronize(cu->ev1) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, cu->ev0, cu->ev1) != cudaSuccess)
+        return;
+    for (i = 0; i < cu->nprof && strcmp(cu->prof[i].name, name); i++) {}
+    if (i == cu->nprof) {
+        if (i == (int)(sizeof cu->prof / sizeof cu->prof[0])) return;
+        cu->prof[cu->nprof++].name = name;
+    }
+    cu->prof[i].ms += ms;
+    cu->prof[i].calls++;
+#else
+    (void)cu; (void)name;
+#endif
+}
+
 /* ---- kernels ------------------------------------------------------------------------------------
    Every kernel is a grid-stride loop over independent work items (DT__CU_FOR): item i writes only its own
    outputs, so there are no atomics, no shared memory and no races, and the results do not depend on the
@@ -206,20 +245,41 @@ static int dt__cublas_check(dt_cuda *cu, cublasStatus_t s, const char *call, con
 #define DT__CU_THREADS 256
 #define DT__CU_MAX_BLOCKS 65536
 
+/* The kernels that index by division (im2col, the layout changes, batch norm, pooling) are templates on
+   the index type I: 32-bit arithmetic when every index of the launch fits (DT__CU_LAUNCH_IX picks it),
+   else 64-bit. A GPU divides 32-bit integers in a few instructions and 64-bit ones in a long sequence,
+   and these kernels do several divisions per element. */
+#ifndef DT__CU_FITS_32   /* (tests define it as 0 to run the 64-bit kernels) */
+#define DT__CU_FITS_32 ((int64_t)1 << 30)   /* room for the grid stride above the largest index */
+#endif
+
 #ifdef DT_CUDA_EMULATE
-#define DT__CU_FOR(i, n) for (int64_t i = 0; i < (n); i++)
+#define DT__CU_FOR_T(I, i, n) for (I i = 0; i < (I)(n); i++)
 #define DT__CU_LAUNCH(cu, n, kernel, args) do { (void)(cu); if ((n) > 0) kernel args; } while (0)
 #else
-#define DT__CU_FOR(i, n) \
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+#define DT__CU_FOR_T(I, i, n) \
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < (I)(n); i += (I)gridDim.x * (I)blockDim.x)
 #define DT__CU_LAUNCH(cu, n, kernel, args) do { if ((n) > 0) {                                              \
+        dt__cu_prof_begin(cu);                                                                           \
         kernel<<<dt__cu_blocks(n), DT__CU_THREADS, 0, (cu)->stream>>> args;                              \
-        dt__cu_check((cu), cudaGetLastError(), "launch of " #kernel, __FILE__, __LINE__); } } while (0)
+        dt__cu_check((cu), cudaGetLastError(), "launch of " #kernel, __FILE__, __LINE__);                \
+        dt__cu_prof_end(cu, #kernel); } } while (0)
 static unsigned dt__cu_blocks(int64_t n) {
     int64_t b = (n + DT__CU_THREADS - 1) / DT__CU_THREADS;
     return (unsigned)(b < DT__CU_MAX_BLOCKS ? b : DT__CU_MAX_BLOCKS);
 }
 #endif
+#define DT__CU_FOR(i, n) DT__CU_FOR_T(int64_t, i, n)
+/* launches kernel<int> when `largest` (the largest element count any index of the launch reaches) fits in
+   32 bits, else kernel<int64_t> */
+#define DT__CU_LAUNCH_IX(cu, n, largest, kernel, args) do {                                                  \
+        if ((largest) < DT__CU_FITS_32) DT__CU_LAUNCH(cu, n, kernel<int>, args);                           \
+        else DT__CU_LAUNCH(cu, n, kernel<int64_t>, args); } while (0)
+
+/* the convolution or pooling geometry g as constants n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw of type I */
+#define DT__CU_GEOM(I, g)                                                                                    \
+    const I n = (I)(g).n, c = (I)(g).c, h = (I)(g).h, w = (I)(g).w, oh = (I)(g).oh, ow = (I)(g).ow,            \
+            kh = (I)(g).kh, kw = (I)(g).kw, sh = (I)(g).sh, sw = (I)(g).sw, ph = (I)(g).ph, pw = (I)(g).pw
 
 /* vectors */
 static __global__ void dt__k_fill(float *x, int64_t n, float v) { DT__CU_FOR(i, n) x[i] = v; }
@@ -235,8 +295,8 @@ static __global__ void dt__k_gemm_beta(float *C, int64_t M, int64_t N, int64_t l
     }
 }
 /* y [rows, cols] += b [cols] */
-static __global__ void dt__k_add_row_bias(float *y, const float *b, int64_t rows, int64_t cols) {
-    DT__CU_FOR(i, rows * cols) y[i] += b[i % cols];
+template <typename I> static __global__ void dt__k_add_row_bias(float *y, const float *b, I rows, I cols) {
+    DT__CU_FOR_T(I, i, rows * cols) y[i] += b[i % cols];
 }
 /* one thread per column i: db[i] += sum over rows, in row order (the CPU's order) */
 static __global__ void dt__k_sum_rows(float *db, const float *dy, int64_t rows, int64_t cols) {
@@ -248,67 +308,81 @@ static __global__ void dt__k_sum_rows(float *db, const float *dy, int64_t rows, 
 }
 
 /* col [c*kh*kw, n*oh*ow]: one thread per element of col; zero where the window reads padding */
-static __global__ void dt__k_im2col(dt_conv_geom g, const float *x, float *col) {
-    int64_t S = g.oh * g.ow, NS = g.n * S, total = g.c * g.kh * g.kw * NS;
-    DT__CU_FOR(idx, total) {
-        int64_t r = idx / NS, q = idx % NS, ni = q / S, s = q % S, oy = s / g.ow, ox = s % g.ow;
-        int64_t c = r / (g.kh * g.kw), ky = (r / g.kw) % g.kh, kx = r % g.kw;
-        int64_t iy = oy * g.sh - g.ph + ky, ix = ox * g.sw - g.pw + kx;
-        col[idx] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) ? x[((ni * g.c + c) * g.h + iy) * g.w + ix] : 0.0f;
+template <typename I> static __global__ void dt__k_im2col(dt_conv_geom g, const float *x, float *col) {
+    DT__CU_GEOM(I, g);
+    const I S = oh * ow, NS = n * S, total = c * kh * kw * NS;
+    DT__CU_FOR_T(I, idx, total) {
+        I r = idx / NS, q = idx % NS, ni = q / S, sp = q % S, oy = sp / ow, ox = sp % ow;
+        I ci = r / (kh * kw), ky = (r / kw) % kh, kx = r % kw;
+        I iy = oy * sh - ph + ky, ix = ox * sw - pw + kx;
+        col[idx] = (iy >= 0 && iy < h && ix >= 0 && ix < w) ? x[((ni * c + ci) * h + iy) * w + ix] : 0.0f;
     }
 }
 /* dx [n, c, h, w] += col2im(col): one thread per input element gathers the entries of col that read it,
    kernel offsets (ky, kx) in the order the CPU scatters them */
-static __global__ void dt__k_col2im(dt_conv_geom g, const float *col, float *dx) {
-    int64_t S = g.oh * g.ow, NS = g.n * S, total = g.n * g.c * g.h * g.w;
-    DT__CU_FOR(idx, total) {
-        int64_t ix = idx % g.w, iy = (idx / g.w) % g.h, c = (idx / (g.w * g.h)) % g.c, ni = idx / (g.w * g.h * g.c);
+template <typename I> static __global__ void dt__k_col2im(dt_conv_geom g, const float *col, float *dx) {
+    DT__CU_GEOM(I, g);
+    const I S = oh * ow, NS = n * S, total = n * c * h * w;
+    DT__CU_FOR_T(I, idx, total) {
+        I ix = idx % w, iy = (idx / w) % h, ci = (idx / (w * h)) % c, ni = idx / (w * h * c);
         float v = dx[idx];
-        for (int64_t ky = 0; ky < g.kh; ky++) {
-            int64_t ty = iy + g.ph - ky, oy = ty / g.sh;          /* oy * sh - ph + ky == iy */
-            if (ty < 0 || ty % g.sh != 0 || oy >= g.oh) continue;
-            for (int64_t kx = 0; kx < g.kw; kx++) {
-                int64_t tx = ix + g.pw - kx, ox = tx / g.sw;
-                if (tx < 0 || tx % g.sw != 0 || ox >= g.ow) continue;
-                v += col[((c * g.kh + ky) * g.kw + kx) * NS + ni * S + oy * g.ow + ox];
+        for (I ky = 0; ky < kh; ky++) {
+            I ty = iy + ph - ky, oy = ty / sh;          /* oy * sh - ph + ky == iy */
+            if (ty < 0 || ty % sh != 0 || oy >= oh) continue;
+            for (I kx = 0; kx < kw; kx++) {
+                I tx = ix + pw - kx, ox = tx / sw;
+                if (tx < 0 || tx % sw != 0 || ox >= ow) continue;
+                v += col[((ci * kh + ky) * kw + kx) * NS + ni * S + oy * ow + ox];
             }
         }
         dx[idx] = v;
     }
 }
 /* y [n, c, s] = t [c, n*s] (+ b[c]) */
-static __global__ void dt__k_cs_to_ncs(float *y, const float *t, const float *b, int64_t n, int64_t c, int64_t s) {
-    DT__CU_FOR(idx, n * c * s) {
-        int64_t k = idx % s, ch = (idx / s) % c, i = idx / (s * c);
+template <typename I> static __global__ void dt__k_cs_to_ncs(float *y, const float *t, const float *b, I n, I c, I s) {
+    DT__CU_FOR_T(I, idx, n * c * s) {
+        I k = idx % s, ch = (idx / s) % c, i = idx / (s * c);
         y[idx] = t[ch * n * s + i * s + k] + (b ? b[ch] : 0.0f);
     }
 }
 /* t [c, n*s] = y [n, c, s] */
-static __global__ void dt__k_ncs_to_cs(float *t, const float *y, int64_t n, int64_t c, int64_t s) {
-    DT__CU_FOR(idx, n * c * s) {
-        int64_t k = idx % s, ch = (idx / s) % c, i = idx / (s * c);
+template <typename I> static __global__ void dt__k_ncs_to_cs(float *t, const float *y, I n, I c, I s) {
+    DT__CU_FOR_T(I, idx, n * c * s) {
+        I k = idx % s, ch = (idx / s) % c, i = idx / (s * c);
         t[ch * n * s + i * s + k] = y[idx];
     }
 }
 
-/* Per (image, channel) sums over s of x [n, c, s], in double: part[i*c + ch]. mode 0: x; mode 1:
-   (x - center[ch])^2; mode 2: x as a float sum (the CPU's channel_sum_bwd), stored exactly. */
-static __global__ void dt__k_plane_sums(const float *x, const float *center, int mode, int64_t n, int64_t c, int64_t s,
-                                        double *part) {
-    DT__CU_FOR(ic, n * c) {
+/* Per (image, channel) sums over s of x [n, c, s], in double: part[(i*c + ch)*J + j] sums the elements
+   j, j + J, j + 2J, ... of the plane (J parts a plane, so that neighbouring threads read neighbouring
+   elements and a plane's sum is J-way parallel; dt__k_join_parts adds the J parts in order). mode 0: x;
+   mode 1: (x - center[ch])^2; mode 2: x as a float sum in element order (the CPU's channel_sum_bwd, stored
+   exactly; J must be 1). */
+template <typename I> static __global__ void dt__k_plane_sums(const float *x, const float *center, int mode, I n, I c, I s,
+                                                              I J, double *part) {
+    DT__CU_FOR_T(I, it, n * c * J) {
+        I ic = it / J, j = it % J;
         const float *p = x + ic * s;
         double acc = 0.0;
         if (mode == 1) {
             double mu = (double)center[ic % c];
-            for (int64_t k = 0; k < s; k++) { double d = (double)p[k] - mu; acc += d * d; }
+            for (I k = j; k < s; k += J) { double d = (double)p[k] - mu; acc += d * d; }
         } else if (mode == 2) {
             float f = 0.0f;
-            for (int64_t k = 0; k < s; k++) f += p[k];
+            for (I k = 0; k < s; k++) f += p[k];
             acc = (double)f;
         } else {
-            for (int64_t k = 0; k < s; k++) acc += (double)p[k];
+            for (I k = j; k < s; k += J) acc += (double)p[k];
         }
-        part[ic] = acc;
+        part[it] = acc;
+    }
+}
+/* out[i] = the sum of in[i*J .. i*J + J-1], in order, for i < m */
+static __global__ void dt__k_join_parts(const double *in, int64_t m, int64_t J, double *out) {
+    DT__CU_FOR(i, m) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < J; j++) acc += in[i * J + j];
+        out[i] = acc;
     }
 }
 /* db[ch] += sum over images of part[i*c + ch], in image order */
@@ -321,31 +395,33 @@ static __global__ void dt__k_channel_total(float *db, const double *part, int64_
 }
 
 /* pooling: one thread per output; first maximum wins, NaN propagates (as the CPU and PyTorch) */
-static __global__ void dt__k_maxpool_fwd(dt_conv_geom g, const float *x, float *y, int32_t *idx) {
-    int64_t total = g.n * g.c * g.oh * g.ow;
-    DT__CU_FOR(o, total) {
-        int64_t ox = o % g.ow, oy = (o / g.ow) % g.oh, nc = o / (g.ow * g.oh), bi;
-        y[o] = dt_body_maxpool_window(&g, x + nc * g.h * g.w, oy, ox, &bi);
+template <typename I> static __global__ void dt__k_maxpool_fwd(dt_conv_geom g, const float *x, float *y, int32_t *idx) {
+    DT__CU_GEOM(I, g);
+    DT__CU_FOR_T(I, o, n * c * oh * ow) {
+        I ox = o % ow, oy = (o / ow) % oh, nc = o / (ow * oh);
+        int64_t bi;
+        y[o] = dt_body_maxpool_window(&g, x + nc * h * w, oy, ox, &bi);
         idx[o] = (int32_t)bi;
     }
+    (void)kh; (void)kw; (void)sh; (void)sw; (void)ph; (void)pw;
 }
 /* dx += dy routed by idx: one thread per input element gathers the outputs whose window holds it, in
    output order (kernel offsets from the last to the first); mode 0 max (where idx names it), 1 average */
-static __global__ void dt__k_pool_bwd(int avg, dt_conv_geom g, const float *dy, const int32_t *idx, float *dx) {
-    int64_t total = g.n * g.c * g.h * g.w;
-    float inv = 1.0f / (float)(g.kh * g.kw);
-    DT__CU_FOR(i, total) {
-        int64_t ix = i % g.w, iy = (i / g.w) % g.h, nc = i / (g.w * g.h);
+template <typename I> static __global__ void dt__k_pool_bwd(int avg, dt_conv_geom g, const float *dy, const int32_t *idx, float *dx) {
+    DT__CU_GEOM(I, g);
+    const float inv = 1.0f / (float)(kh * kw);
+    DT__CU_FOR_T(I, i, n * c * h * w) {
+        I ix = i % w, iy = (i / w) % h, nc = i / (w * h);
         float v = dx[i];
-        for (int64_t ky = g.kh - 1; ky >= 0; ky--) {
-            int64_t ty = iy + g.ph - ky, oy = ty / g.sh;
-            if (ty < 0 || ty % g.sh != 0 || oy >= g.oh) continue;
-            for (int64_t kx = g.kw - 1; kx >= 0; kx--) {
-                int64_t tx = ix + g.pw - kx, ox = tx / g.sw, o;
-                if (tx < 0 || tx % g.sw != 0 || ox >= g.ow) continue;
-                o = (nc * g.oh + oy) * g.ow + ox;
+        for (I ky = kh - 1; ky >= 0; ky--) {
+            I ty = iy + ph - ky, oy = ty / sh;
+            if (ty < 0 || ty % sh != 0 || oy >= oh) continue;
+            for (I kx = kw - 1; kx >= 0; kx--) {
+                I tx = ix + pw - kx, ox = tx / sw, o;
+                if (tx < 0 || tx % sw != 0 || ox >= ow) continue;
+                o = (nc * oh + oy) * ow + ox;
                 if (avg) v += dy[o] * inv;
-                else if (idx[o] == (int32_t)(iy * g.w + ix)) v += dy[o];
+                else if (idx[o] == (int32_t)(iy * w + ix)) v += dy[o];
             }
         }
         dx[i] = v;
@@ -366,8 +442,8 @@ static __global__ void dt__k_gap_fwd(const float *x, float *y, int64_t nc, int64
         y[i] = acc / (float)s;
     }
 }
-static __global__ void dt__k_gap_bwd(const float *dy, float *dx, int64_t nc, int64_t s) {
-    DT__CU_FOR(i, nc * s) dx[i] += dy[i / s] / (float)s;
+template <typename I> static __global__ void dt__k_gap_bwd(const float *dy, float *dx, I nc, I s) {
+    DT__CU_FOR_T(I, i, nc * s) dx[i] += dy[i / s] / (float)s;
 }
 
 /* activations and dropout */
@@ -412,28 +488,29 @@ static __global__ void dt__k_bn_eval_stats(const float *rm, const float *rv, int
         save_invstd[ch] = 1.0f / sqrtf(rv[ch] + eps);
     }
 }
-static __global__ void dt__k_bn_apply(const float *x, float *y, int64_t n, int64_t c, int64_t s, const float *gamma,
+template <typename I> static __global__ void dt__k_bn_apply(const float *x, float *y, I n, I c, I s, const float *gamma,
                                       const float *beta, const float *save_mean, const float *save_invstd) {
-    DT__CU_FOR(i, n * c * s) {
-        int64_t ch = (i / s) % c;
+    DT__CU_FOR_T(I, i, n * c * s) {
+        I ch = (i / s) % c;
         float g = gamma[ch] * save_invstd[ch], b = beta[ch] - save_mean[ch] * g;
         y[i] = x[i] * g + b;
     }
 }
-/* per (image, channel): sums of dy and of dy * xhat, in double */
-static __global__ void dt__k_bn_bwd_sums(const float *x, const float *dy, int64_t n, int64_t c, int64_t s,
-                                         const float *save_mean, const float *save_invstd, double *pdy, double *pdyx) {
-    DT__CU_FOR(ic, n * c) {
-        int64_t ch = ic % c;
+/* per (image, channel): sums of dy and of dy * xhat, in double, in J parts a plane (as dt__k_plane_sums) */
+template <typename I> static __global__ void dt__k_bn_bwd_sums(const float *x, const float *dy, I n, I c, I s, I J,
+                                                               const float *save_mean, const float *save_invstd,
+                                                               double *pdy, double *pdyx) {
+    DT__CU_FOR_T(I, it, n * c * J) {
+        I ic = it / J, j = it % J, ch = ic % c;
         float mean = save_mean[ch], invstd = save_invstd[ch];
         double a = 0.0, b = 0.0;
-        for (int64_t k = 0; k < s; k++) {
+        for (I k = j; k < s; k += J) {
             float d = dy[ic * s + k];
             a += d;
             b += (double)d * (double)((x[ic * s + k] - mean) * invstd);
         }
-        pdy[ic] = a;
-        pdyx[ic] = b;
+        pdy[it] = a;
+        pdyx[it] = b;
     }
 }
 /* per channel: dgamma, dbeta += the sums; coef[ch], coef[c + ch] = their means (training) or 0 */
@@ -448,31 +525,31 @@ static __global__ void dt__k_bn_bwd_channel(int training, const double *pdy, con
         coef[c + ch] = training ? (float)(sdyx / (double)cnt) : 0.0f;
     }
 }
-static __global__ void dt__k_bn_bwd_dx(const float *x, const float *dy, float *dx, int64_t n, int64_t c, int64_t s,
+template <typename I> static __global__ void dt__k_bn_bwd_dx(const float *x, const float *dy, float *dx, I n, I c, I s,
                                        const float *gamma, const float *save_mean, const float *save_invstd,
                                        const float *coef) {
-    DT__CU_FOR(i, n * c * s) {
-        int64_t ch = (i / s) % c;
+    DT__CU_FOR_T(I, i, n * c * s) {
+        I ch = (i / s) % c;
         float invstd = save_invstd[ch], gi = gamma[ch] * invstd, xhat = (x[i] - save_mean[ch]) * invstd;
         dx[i] += gi * (dy[i] - coef[ch] - xhat * coef[c + ch]);
     }
 }
 
 /* option-A shortcut: y [n, oc, oh, ow] from x [n, c, h, w], (oc - c)/2 zero channels on each side */
-static __global__ void dt__k_pad_fwd(const float *x, float *y, int64_t n, int64_t c, int64_t h, int64_t w, int64_t oc,
-                                     int64_t stride, int64_t oh, int64_t ow) {
-    int64_t lo = (oc - c) / 2;
-    DT__CU_FOR(i, n * oc * oh * ow) {
-        int64_t xx = i % ow, yy = (i / ow) % oh, o = (i / (ow * oh)) % oc, ni = i / (ow * oh * oc), ci = o - lo;
+template <typename I> static __global__ void dt__k_pad_fwd(const float *x, float *y, I n, I c, I h, I w, I oc,
+                                     I stride, I oh, I ow) {
+    I lo = (oc - c) / 2;
+    DT__CU_FOR_T(I, i, n * oc * oh * ow) {
+        I xx = i % ow, yy = (i / ow) % oh, o = (i / (ow * oh)) % oc, ni = i / (ow * oh * oc), ci = o - lo;
         y[i] = (ci >= 0 && ci < c) ? x[((ni * c + ci) * h + yy * stride) * w + xx * stride] : 0.0f;
     }
 }
 /* one thread per element of dy's unpadded channels; each writes its own element of dx */
-static __global__ void dt__k_pad_bwd(const float *dy, float *dx, int64_t n, int64_t c, int64_t h, int64_t w, int64_t oc,
-                                     int64_t stride, int64_t oh, int64_t ow) {
-    int64_t lo = (oc - c) / 2;
-    DT__CU_FOR(i, n * c * oh * ow) {
-        int64_t xx = i % ow, yy = (i / ow) % oh, ci = (i / (ow * oh)) % c, ni = i / (ow * oh * c);
+template <typename I> static __global__ void dt__k_pad_bwd(const float *dy, float *dx, I n, I c, I h, I w, I oc,
+                                     I stride, I oh, I ow) {
+    I lo = (oc - c) / 2;
+    DT__CU_FOR_T(I, i, n * c * oh * ow) {
+        I xx = i % ow, yy = (i / ow) % oh, ci = (i / (ow * oh)) % c, ni = i / (ow * oh * c);
         dx[((ni * c + ci) * h + yy * stride) * w + xx * stride] += dy[((ni * oc + ci + lo) * oh + yy) * ow + xx];
     }
 }
@@ -617,8 +694,10 @@ static void dt__cu_free(void *ctx, void *p) {
 static void dt__cu_memcpy(void *ctx, void *dst, const void *src, int64_t bytes) {
     dt_cuda *cu = dt__cu_enter(ctx);
     if (bytes <= 0 || dst == src) return;
+    dt__cu_prof_begin(cu);
     if (!DT__CU(cu, cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDefault, cu->stream)))
         DT__CU(cu, cudaStreamSynchronize(cu->stream));
+    dt__cu_prof_end(cu, "host copies (upload, download)");
 }
 static void dt__cu_copy(void *ctx, float *dst, const float *src, int64_t n) {
     dt_cuda *cu = dt__cu_enter(ctx);
@@ -651,6 +730,46 @@ static void dt__cu_add(void *ctx, float *y, const float *a, const float *b, int6
    is, read column-major with leading dimension ld, its transpose. So C^T [N, M] = op(B)^T op(A)^T is one
    column-major GEMM with the operands swapped: A' = B (transposed iff tb), B' = A (transposed iff ta),
    m' = N, n' = M, k' = K, and the row strides as leading dimensions. */
+/* Split K: a product with few outputs and a long sum (a convolution's weight gradient: oc x c k k outputs,
+   a sum over every pixel of the batch) gives cuBLAS too few tiles to fill the GPU. It is computed as P
+   products over slices of K into a workspace (one strided-batched call, and one more for a shorter last
+   slice), then C = alpha (the slices' sum, in slice order) + beta C. P is fixed by the shape, so the
+   result does not vary from run to run. Returns 0 when the shape is not split (or the workspace failed). */
+#define DT__CU_SPLIT_MIN_K 8192             /* shorter sums are not split */
+#define DT__CU_SPLIT_SLICE 1024             /* at least this many terms a slice */
+#define DT__CU_SPLIT_WS ((int64_t)1 << 24)  /* floats of partial products at most */
+static __global__ void dt__k_gemm_slices(const float *W, int64_t P, int64_t M, int64_t N, float alpha, float beta, float *C,
+                                         int64_t ldc) {
+    DT__CU_FOR(i, M * N) {
+        float acc = 0.0f, *c = C + (i / N) * ldc + i % N;
+        for (int64_t p = 0; p < P; p++) acc += W[p * M * N + i];
+        *c = alpha * acc + (beta == 0.0f ? 0.0f : beta * *c);
+    }
+}
+static int dt__cu_gemm_split(dt_cuda *cu, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int64_t P = K / DT__CU_SPLIT_SLICE, Kc, last;
+    float one = 1.0f, zero = 0.0f, *W;
+    if (K < DT__CU_SPLIT_MIN_K || M * N * 8 > DT__CU_SPLIT_WS) return 0;
+    if (P > 64) P = 64;
+    if (P * M * N > DT__CU_SPLIT_WS) P = DT__CU_SPLIT_WS / (M * N);   /* at least 8 */
+    Kc = (K + P - 1) / P;
+    P = (K + Kc - 1) / Kc;
+    last = K - (P - 1) * Kc;
+    if (!(W = (float *)dt__cu_scratch(cu, (int64_t)sizeof(float) * P * M * N))) return 0;
+    /* slice p: op(A)[:, p Kc ..] and op(B)[p Kc .., :]; W_p [M, N] (row-major), as cuBLAS's column-major W_p^T */
+    dt__cu_prof_begin(cu);
+    if (P > 1)
+        DT__CUBLAS(cu, cublasSgemmStridedBatched(cu->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                                 (int)N, (int)M, (int)Kc, &one, B, (int)ldb, tb ? Kc : Kc * ldb, A, (int)lda,
+                                                 ta ? Kc * lda : Kc, &zero, W, (int)N, M * N, (int)(P - 1)));
+    DT__CUBLAS(cu, cublasSgemm(cu->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M,
+                               (int)last, &one, B + (P - 1) * (tb ? Kc : Kc * ldb), (int)ldb,
+                               A + (P - 1) * (ta ? Kc * lda : Kc), (int)lda, &zero, W + (P - 1) * M * N, (int)N));
+    dt__cu_prof_end(cu, "cublasSgemm, K split");
+    DT__CU_LAUNCH(cu, M * N, dt__k_gemm_slices, (W, P, M, N, alpha, beta, C, ldc));
+    return 1;
+}
 static void dt__cu_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     dt_cuda *cu = dt__cu_enter(ctx);
@@ -661,47 +780,70 @@ static void dt__cu_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_t
                     "cuBLAS's 32-bit sizes", (long long)M, (long long)N, (long long)K);
         return;
     }
+    if (dt__cu_gemm_split(cu, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+    dt__cu_prof_begin(cu);
     DT__CUBLAS(cu, cublasSgemm(cu->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M,
                                (int)K, &alpha, B, (int)ldb, A, (int)lda, &beta, C, (int)ldc));
+    dt__cu_prof_end(cu, "cublasSgemm");
 }
 static void dt__cu_add_row_bias(void *ctx, float *y, const float *b, int64_t rows, int64_t cols) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH(cu, rows * cols, dt__k_add_row_bias, (y, b, rows, cols));
+    DT__CU_LAUNCH_IX(cu, rows * cols, rows * cols, dt__k_add_row_bias, (y, b, rows, cols));
 }
 static void dt__cu_sum_rows_bwd(void *ctx, float *db, const float *dy, int64_t rows, int64_t cols) {
     dt_cuda *cu = dt__cu_enter(ctx);
     DT__CU_LAUNCH(cu, cols, dt__k_sum_rows, (db, dy, rows, cols));
 }
+/* the largest element count a convolution's or pooling's indices reach: col, the input or the output */
+static int64_t dt__cu_geom_largest(const dt_conv_geom *g) {
+    int64_t col = g->c * g->kh * g->kw * g->n * g->oh * g->ow, in = g->n * g->c * g->h * g->w, out = g->n * g->c * g->oh * g->ow;
+    return col > in ? (col > out ? col : out) : (in > out ? in : out);
+}
+static int64_t dt__cu_pad_largest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oc, int64_t oh, int64_t ow) {
+    return n * c * h * w > n * oc * oh * ow ? n * c * h * w : n * oc * oh * ow;
+}
 static void dt__cu_im2col(void *ctx, const dt_conv_geom *g, const float *x, float *col) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH(cu, g->c * g->kh * g->kw * g->n * g->oh * g->ow, dt__k_im2col, (*g, x, col));
+    DT__CU_LAUNCH_IX(cu, g->c * g->kh * g->kw * g->n * g->oh * g->ow, dt__cu_geom_largest(g), dt__k_im2col, (*g, x, col));
 }
 static void dt__cu_col2im_bwd(void *ctx, const dt_conv_geom *g, const float *col, float *dx) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH(cu, g->n * g->c * g->h * g->w, dt__k_col2im, (*g, col, dx));
+    DT__CU_LAUNCH_IX(cu, g->n * g->c * g->h * g->w, dt__cu_geom_largest(g), dt__k_col2im, (*g, col, dx));
 }
 static void dt__cu_cs_to_ncs(void *ctx, float *y, const float *t, const float *b, int64_t n, int64_t c, int64_t s) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH(cu, n * c * s, dt__k_cs_to_ncs, (y, t, b, n, c, s));
+    DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_cs_to_ncs, (y, t, b, n, c, s));
 }
 static void dt__cu_ncs_to_cs(void *ctx, float *t, const float *y, int64_t n, int64_t c, int64_t s) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH(cu, n * c * s, dt__k_ncs_to_cs, (t, y, n, c, s));
+    DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_ncs_to_cs, (t, y, n, c, s));
+}
+/* Parts a plane of s elements is summed in: DT__CU_PARTS when the plane is long, else 1 (a thread a plane). */
+#define DT__CU_PARTS 32
+static int64_t dt__cu_parts(int64_t s) { return s >= 4 * DT__CU_PARTS ? DT__CU_PARTS : 1; }
+
+/* part [n c] = the per-plane sums of dt__k_plane_sums in mode `mode`; ws: n c dt__cu_parts(s) doubles of
+   workspace (unused when that is 1, and in mode 2) */
+static void dt__cu_plane_sums(dt_cuda *cu, const float *x, const float *center, int mode, int64_t n, int64_t c, int64_t s,
+                              double *ws, double *part) {
+    int64_t J = mode == 2 ? 1 : dt__cu_parts(s);
+    DT__CU_LAUNCH_IX(cu, n * c * J, n * c * (s > J ? s : J), dt__k_plane_sums, (x, center, mode, n, c, s, J, J > 1 ? ws : part));
+    if (J > 1) DT__CU_LAUNCH(cu, n * c, dt__k_join_parts, (ws, n * c, J, part));
 }
 static void dt__cu_channel_sum_bwd(void *ctx, float *db, const float *dy, int64_t n, int64_t c, int64_t s) {
     dt_cuda *cu = dt__cu_enter(ctx);
     double *part = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * n * c);
     if (!part || n * c <= 0) return;
-    DT__CU_LAUNCH(cu, n * c, dt__k_plane_sums, (dy, (const float *)NULL, 2, n, c, s, part));
+    dt__cu_plane_sums(cu, dy, (const float *)NULL, 2, n, c, s, NULL, part);
     DT__CU_LAUNCH(cu, c, dt__k_channel_total, (db, part, n, c));
 }
 static void dt__cu_maxpool_fwd(void *ctx, const dt_conv_geom *g, const float *x, float *y, int32_t *idx) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH(cu, g->n * g->c * g->oh * g->ow, dt__k_maxpool_fwd, (*g, x, y, idx));
+    DT__CU_LAUNCH_IX(cu, g->n * g->c * g->oh * g->ow, dt__cu_geom_largest(g), dt__k_maxpool_fwd, (*g, x, y, idx));
 }
 static void dt__cu_maxpool_bwd(void *ctx, const dt_conv_geom *g, const float *dy, const int32_t *idx, float *dx) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH(cu, g->n * g->c * g->h * g->w, dt__k_pool_bwd, (0, *g, dy, idx, dx));
+    DT__CU_LAUNCH_IX(cu, g->n * g->c * g->h * g->w, dt__cu_geom_largest(g), dt__k_pool_bwd, (0, *g, dy, idx, dx));
 }
 static void dt__cu_avgpool_fwd(void *ctx, const dt_conv_geom *g, const float *x, float *y) {
     dt_cuda *cu = dt__cu_enter(ctx);
@@ -709,7 +851,7 @@ static void dt__cu_avgpool_fwd(void *ctx, const dt_conv_geom *g, const float *x,
 }
 static void dt__cu_avgpool_bwd(void *ctx, const dt_conv_geom *g, const float *dy, float *dx) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH(cu, g->n * g->c * g->h * g->w, dt__k_pool_bwd, (1, *g, dy, (const int32_t *)NULL, dx));
+    DT__CU_LAUNCH_IX(cu, g->n * g->c * g->h * g->w, dt__cu_geom_largest(g), dt__k_pool_bwd, (1, *g, dy, (const int32_t *)NULL, dx));
 }
 static void dt__cu_gap_fwd(void *ctx, const float *x, float *y, int64_t n, int64_t c, int64_t s) {
     dt_cuda *cu = dt__cu_enter(ctx);
@@ -717,7 +859,7 @@ static void dt__cu_gap_fwd(void *ctx, const float *x, float *y, int64_t n, int64
 }
 static void dt__cu_gap_bwd(void *ctx, const float *dy, float *dx, int64_t n, int64_t c, int64_t s) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH(cu, n * c * s, dt__k_gap_bwd, (dy, dx, n * c, s));
+    DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_gap_bwd, (dy, dx, n * c, s));
 }
 static void dt__cu_relu_fwd(void *ctx, const float *x, float *y, int64_t n) {
     dt_cuda *cu = dt__cu_enter(ctx);
@@ -745,16 +887,16 @@ static void dt__cu_bn_fwd(void *ctx, int training, const float *x, float *y, int
     dt_cuda *cu = dt__cu_enter(ctx);
     if (n * c * s <= 0) return;
     if (training) {
-        double *part = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * n * c);
+        double *part = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * n * c * (1 + dt__cu_parts(s)));
         if (!part) return;
-        DT__CU_LAUNCH(cu, n * c, dt__k_plane_sums, (x, (const float *)NULL, 0, n, c, s, part));
+        dt__cu_plane_sums(cu, x, (const float *)NULL, 0, n, c, s, part + n * c, part);
         DT__CU_LAUNCH(cu, c, dt__k_bn_mean, (part, n, c, n * s, save_mean));
-        DT__CU_LAUNCH(cu, n * c, dt__k_plane_sums, (x, save_mean, 1, n, c, s, part));
+        dt__cu_plane_sums(cu, x, save_mean, 1, n, c, s, part + n * c, part);
         DT__CU_LAUNCH(cu, c, dt__k_bn_var, (part, n, c, n * s, eps, momentum, rm, rv, save_mean, save_invstd));
     } else {
         DT__CU_LAUNCH(cu, c, dt__k_bn_eval_stats, (rm, rv, c, eps, save_mean, save_invstd));
     }
-    DT__CU_LAUNCH(cu, n * c * s, dt__k_bn_apply, (x, y, n, c, s, gamma, beta, save_mean, save_invstd));
+    DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_bn_apply, (x, y, n, c, s, gamma, beta, save_mean, save_invstd));
 }
 static void dt__cu_bn_bwd(void *ctx, int training, const float *x, const float *dy, float *dx, int64_t n, int64_t c,
                           int64_t s, const float *gamma, const float *save_mean, const float *save_invstd, float *dgamma,
@@ -762,26 +904,36 @@ static void dt__cu_bn_bwd(void *ctx, int training, const float *x, const float *
     dt_cuda *cu = dt__cu_enter(ctx);
     double *pdy;
     float *coef;
+    int64_t J;
     if (n * c * s <= 0) return;
-    /* scratch: per-plane sums of dy and dy * xhat [n c] doubles each, then the two means [2 c] floats */
-    pdy = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * 2 * n * c + (int64_t)sizeof(float) * 2 * c);
+    /* scratch: per-plane sums of dy and dy * xhat [n c] doubles each, their parts [n c J] each (J > 1), then
+       the two means [2 c] floats */
+    J = dt__cu_parts(s);
+    pdy = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * 2 * n * c * (J > 1 ? 1 + J : 1) +
+                                           (int64_t)sizeof(float) * 2 * c);
     if (!pdy) return;
-    coef = (float *)(pdy + 2 * n * c);
-    DT__CU_LAUNCH(cu, n * c, dt__k_bn_bwd_sums, (x, dy, n, c, s, save_mean, save_invstd, pdy, pdy + n * c));
+    coef = (float *)(pdy + 2 * n * c * (J > 1 ? 1 + J : 1));
+    if (J == 1) DT__CU_LAUNCH_IX(cu, n * c, n * c * s, dt__k_bn_bwd_sums, (x, dy, n, c, s, J, save_mean, save_invstd, pdy, pdy + n * c));
+    else {
+        double *parts = pdy + 2 * n * c;
+        DT__CU_LAUNCH_IX(cu, n * c * J, n * c * s, dt__k_bn_bwd_sums, (x, dy, n, c, s, J, save_mean, save_invstd, parts, parts + n * c * J));
+        DT__CU_LAUNCH(cu, n * c, dt__k_join_parts, (parts, n * c, J, pdy));
+        DT__CU_LAUNCH(cu, n * c, dt__k_join_parts, (parts + n * c * J, n * c, J, pdy + n * c));
+    }
     DT__CU_LAUNCH(cu, c, dt__k_bn_bwd_channel, (training, pdy, pdy + n * c, n, c, n * s, dgamma, dbeta, coef));
-    if (dx) DT__CU_LAUNCH(cu, n * c * s, dt__k_bn_bwd_dx, (x, dy, dx, n, c, s, gamma, save_mean, save_invstd, coef));
+    if (dx) DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_bn_bwd_dx, (x, dy, dx, n, c, s, gamma, save_mean, save_invstd, coef));
 }
 static void dt__cu_pad_shortcut_fwd(void *ctx, const float *x, float *y, int64_t n, int64_t c, int64_t h, int64_t w,
                                     int64_t oc, int64_t stride) {
     dt_cuda *cu = dt__cu_enter(ctx);
     int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride;
-    DT__CU_LAUNCH(cu, n * oc * oh * ow, dt__k_pad_fwd, (x, y, n, c, h, w, oc, stride, oh, ow));
+    DT__CU_LAUNCH_IX(cu, n * oc * oh * ow, dt__cu_pad_largest(n, c, h, w, oc, oh, ow), dt__k_pad_fwd, (x, y, n, c, h, w, oc, stride, oh, ow));
 }
 static void dt__cu_pad_shortcut_bwd(void *ctx, const float *dy, float *dx, int64_t n, int64_t c, int64_t h, int64_t w,
                                     int64_t oc, int64_t stride) {
     dt_cuda *cu = dt__cu_enter(ctx);
     int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride;
-    DT__CU_LAUNCH(cu, n * c * oh * ow, dt__k_pad_bwd, (dy, dx, n, c, h, w, oc, stride, oh, ow));
+    DT__CU_LAUNCH_IX(cu, n * c * oh * ow, dt__cu_pad_largest(n, c, h, w, oc, oh, ow), dt__k_pad_bwd, (dy, dx, n, c, h, w, oc, stride, oh, ow));
 }
 static void dt__cu_log_softmax_fwd(void *ctx, const float *x, float *y, int64_t n, int64_t k) {
     dt_cuda *cu = dt__cu_enter(ctx);
@@ -899,10 +1051,32 @@ int dt_cuda_device_count(void) {
 
 const dt_ops *dt_cuda_ops(void) { return &dt__cuda_ops_table; }
 
+/* the profile's table on stderr, largest time first (dt__cu_prof_end) */
+static void dt__cu_prof_print(dt_cuda *cu) {
+    double total = 0.0;
+    int i, j;
+    for (i = 0; i < cu->nprof; i++) total += cu->prof[i].ms;
+    fprintf(stderr, "dt_cuda profile, GPU %d (%s): %.3f ms busy\n%-44s %9s %11s %7s\n", cu->device, cu->name, total,
+            "kernel, GEMM or copy", "calls", "ms", "share");
+    for (i = 0; i < cu->nprof; i++) {
+        int best = i;
+        for (j = i + 1; j < cu->nprof; j++)
+            if (cu->prof[j].ms > cu->prof[best].ms) best = j;
+        if (best != i) { char t[sizeof cu->prof[0]]; memcpy(t, &cu->prof[i], sizeof t); cu->prof[i] = cu->prof[best];
+                         memcpy(&cu->prof[best], t, sizeof t); }
+        fprintf(stderr, "%-44s %9lld %11.3f %6.1f%%\n", cu->prof[i].name, (long long)cu->prof[i].calls, cu->prof[i].ms,
+                total > 0.0 ? 100.0 * cu->prof[i].ms / total : 0.0);
+    }
+}
 void dt_cuda_destroy(dt_cuda *cu) {
     if (!cu) return;
     (void)cudaSetDevice(cu->device);
     if (cu->stream) (void)cudaStreamSynchronize(cu->stream);
+    if (cu->profile) dt__cu_prof_print(cu);
+#ifndef DT_CUDA_EMULATE
+    if (cu->ev0) (void)cudaEventDestroy(cu->ev0);
+    if (cu->ev1) (void)cudaEventDestroy(cu->ev1);
+#endif
     if (cu->scratch) (void)cudaFree(cu->scratch);
     if (cu->blas) (void)cublasDestroy(cu->blas);
     if (cu->stream) (void)cudaStreamDestroy(cu->stream);
@@ -914,16 +1088,24 @@ dt_result dt_cuda_create(dt_cuda **out, const dt_cuda_desc *desc) {
     dt_cuda *cu;
     struct cudaDeviceProp prop;
     const char *why, *env;
-    int count, device = 0, concurrent = 0;
+    int count, device = 0, concurrent = 0, device_memory = 0;
     if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_cuda_create: out is NULL");
     *out = NULL;
-    if (desc) device = desc->device;
-    else if ((env = getenv("DT_CUDA_DEVICE")) != NULL && *env) {
-        char *end;
-        long v = strtol(env, &end, 10);
-        if (*end || v < 0 || v > INT_MAX)
-            return dt_set_error(DT_ERR_INVALID_ARG, "dt_cuda_create: DT_CUDA_DEVICE is '%s'; it must be a GPU index (0, 1, ...)", env);
-        device = (int)v;
+    if (desc) device = desc->device, device_memory = desc->device_memory;
+    else {
+        if ((env = getenv("DT_CUDA_DEVICE")) != NULL && *env) {
+            char *end;
+            long v = strtol(env, &end, 10);
+            if (*end || v < 0 || v > INT_MAX)
+                return dt_set_error(DT_ERR_INVALID_ARG, "dt_cuda_create: DT_CUDA_DEVICE is '%s'; it must be a GPU index (0, 1, ...)", env);
+            device = (int)v;
+        }
+        if ((env = getenv("DT_CUDA_MEMORY")) != NULL && *env) {
+            if (!strcmp(env, "device")) device_memory = 1;
+            else if (strcmp(env, "managed"))
+                return dt_set_error(DT_ERR_INVALID_ARG, "dt_cuda_create: DT_CUDA_MEMORY is '%s'; it must be 'managed' (the "
+                                    "default) or 'device' (plain device memory, for programs that use no trainer)", env);
+        }
     }
     count = dt__cu_count(&why);
     if (count == 0)
@@ -937,7 +1119,7 @@ dt_result dt_cuda_create(dt_cuda **out, const dt_cuda_desc *desc) {
     if (!cu) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_cuda_create: no memory");
     memset(cu, 0, sizeof *cu);
     cu->device = device;
-    cu->managed = !(desc && desc->device_memory);
+    cu->managed = !device_memory;
     memset(&prop, 0, sizeof prop);
     if (!DT__CU(cu, cudaSetDevice(device)) && !DT__CU(cu, cudaGetDeviceProperties(&prop, device)) &&
         !DT__CU(cu, cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, device))) {
@@ -949,6 +1131,12 @@ dt_result dt_cuda_create(dt_cuda **out, const dt_cuda_desc *desc) {
         else if (!DT__CU(cu, cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking)) &&
                  !DT__CUBLAS(cu, cublasCreate(&cu->blas)) && !DT__CUBLAS(cu, cublasSetStream(cu->blas, cu->stream)))
             DT__CUBLAS(cu, cublasSetMathMode(cu->blas, CUBLAS_DEFAULT_MATH));   /* full FP32: no TF32 */
+#ifndef DT_CUDA_EMULATE
+        env = getenv("DT_CUDA_PROFILE");
+        if (cu->err == DT_OK && env && *env && strcmp(env, "0") && !DT__CU(cu, cudaEventCreate(&cu->ev0)) &&
+            !DT__CU(cu, cudaEventCreate(&cu->ev1)))
+            cu->profile = 1;
+#endif
     }
     if (cu->err != DT_OK) {
         dt_result r = dt_set_error(cu->err, "dt_cuda_create on GPU %d: %s", device, cu->msg);

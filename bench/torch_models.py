@@ -3,6 +3,9 @@
 forward, loss, backward and an SGD step (momentum 0.9) on random inputs, batch 128.
 
 usage: /usr/bin/python3 bench/torch_models.py --model resnet20 [--threads 2] [--batch 128] [--warmup 3] [--iters 3] [--windows 7]
+                                             [--device cpu|cuda] [--tf32]
+--device cuda runs on the GPU (each window ends with torch.cuda.synchronize()); --tf32 lets its matrix
+products and convolutions use TF32 (off by default: full fp32, as dtrain's GPU backend).
 Prints one CSV line as bench_models does:
   model,batch,threads,params,img_per_s_median,img_per_s_min,img_per_s_max,base_rss_mb,peak_rss_mb
 The architectures are the zoo's: SimpleCNN (log-softmax + NLL, dropout), ResNet-20 with option-A shortcuts,
@@ -111,13 +114,18 @@ if __name__ == "__main__":
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--windows", type=int, default=7)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--tf32", action="store_true")
     a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = a.tf32
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     set_threads(a.threads)
     base = rss_mb()
     torch.manual_seed(0)
     cls, shape, lossf = MODELS[a.model]
-    model = cls()
-    x, y = torch.randn(a.batch, *shape), torch.randint(0, 10, (a.batch,))
+    model = cls().to(a.device)
+    x, y = torch.randn(a.batch, *shape).to(a.device), torch.randint(0, 10, (a.batch,)).to(a.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def step():
@@ -126,11 +134,13 @@ if __name__ == "__main__":
         opt.step()
     for _ in range(a.warmup):
         step()
+    sync()
     rates = []
     for _ in range(a.windows):
         t = time.perf_counter()
         for _ in range(a.iters):
             step()
+        sync()
         rates.append(a.iters * a.batch / (time.perf_counter() - t))
     params = sum(p.numel() for p in model.parameters())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -138,6 +138,13 @@ if clang++ -x c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -O1 -g -fsanitize=
    clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -DDT_USE_CUDA $DEFS \
         tests/cuda/test_cuda.c "$B/cuda/emulate.o" -o "$B/cuda/test_cuda_emulated" -lstdc++ $LDLIBS; then
     run "cuda kernels emulated on the host" env DT_TEST_QUICK=1 "$B/cuda/test_cuda_emulated"
+    # the kernels' 64-bit index path, which a GPU takes only beyond 2^30 elements: forced here (no sanitizers)
+    if clang++ -x c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -O1 -DDT__CU_FITS_32=0 -c tests/cuda/emulate.cc \
+            -o "$B/cuda/emulate64.o" &&
+       clang $WARN -O1 -fopenmp -DDT_USE_CUDA $DEFS tests/cuda/test_cuda.c "$B/cuda/emulate64.o" -o "$B/cuda/test_cuda_emulated64" \
+            -lstdc++ $LDLIBS; then
+        run "cuda kernels emulated on the host, 64-bit indices" env DT_TEST_QUICK=1 "$B/cuda/test_cuda_emulated64"
+    else echo "FAIL build of tests/cuda/test_cuda.c on the host emulation with 64-bit indices"; failed=$((failed + 1)); fi
 else echo "FAIL build of tests/cuda/test_cuda.c on the host emulation of the kernels"; failed=$((failed + 1)); fi
 printf '#include "dtrain_cuda.h"\nint f(void){ return dt_cuda_device_count(); }\n' > "$B/cuda/decl.c"
 check "dtrain_cuda.h's declarations: C11 (gcc) and C++ (g++)" sh -c "gcc $WARN -I. -c '$B/cuda/decl.c' -o '$B/cuda/decl.o' &&

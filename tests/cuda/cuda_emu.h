@@ -93,4 +93,14 @@ static inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
         }
     return CUBLAS_STATUS_SUCCESS;
 }
+static inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                                       int n, int k, const float *alpha, const float *A, int lda,
+                                                       long long sa, const float *B, int ldb, long long sb,
+                                                       const float *beta, float *C, int ldc, long long sc, int count) {
+    for (int i = 0; i < count; i++) {
+        cublasStatus_t s = cublasSgemm(h, ta, tb, m, n, k, alpha, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc, ldc);
+        if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
+    return count < 0 ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_SUCCESS;
+}
 #endif
