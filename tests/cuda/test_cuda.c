@@ -1,7 +1,8 @@
 /* test_cuda.c - the GPU backend against the CPU: every op of dt_cuda_ops() on the same random inputs as
    dt_cpu_ops() (forward and backward; within 1e-4 relative, 1e-3 for sums over many elements; masks, argmax
-   indices and counts exactly), its error reports, a full training step of SimpleCNN and ResNet-20 on the
-   GPU and on the CPU, and DDP with 2 and 4 local ranks sharing one GPU against one rank with the whole batch.
+   indices and counts exactly), its error reports, two training steps of every zoo model on the GPU and on
+   the CPU (VGG-11 within a deep network's tolerance, see test_zoo_steps), and DDP with 2 and 4 local ranks
+   sharing one GPU against one rank with the whole batch.
    Without a GPU every test reports "skip" (counted as skipped, not passed). --probe: exit status 0 when
    there is a GPU, 1 when not.
    Built with -DDT_USE_CUDA and linked with dtrain_cuda.cu's object (make test-cuda), or with the host
@@ -79,6 +80,7 @@ static void scalar(double got, double want, double tol, const char *what) {
 #define SYNC() CHECK_OK(GPU->sync(G))
 #define TOL 1e-4
 #define TOL_SUM 1e-3
+#define TOL_DEEP 1e-2   /* a deep network's gradients, where batch norm's backward amplifies rounding */
 
 /* ---- ops ---------------------------------------------------------------------------------------- */
 
@@ -105,7 +107,9 @@ static void test_memory_and_vectors(void) {
 /* every transpose combination, odd sizes, row strides wider than the rows, beta 0 over NaN (never read),
    beta 1 and 0.5, and K = 0 */
 static void test_gemm(void) {
-    static const int64_t shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {64, 130, 9}, {5, 3, 0}};
+    /* the last two sum over K in slices (dt__cu_gemm_split): 9 of 1112 (the last 1104), and 8 of 1025 (the last 1018) */
+    static const int64_t shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {64, 130, 9}, {5, 3, 0}, {8, 12, 10000},
+                                        {3, 5, 8193}};
     int s, ta, tb, bi;
     for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
         for (ta = 0; ta < 2; ta++)
@@ -256,7 +260,7 @@ static void test_activations(void) {
 
 /* train and eval, forward and backward (with and without dx), 2-D and 1-D, a batch of one */
 static void test_batchnorm(void) {
-    static const int64_t shapes[][3] = {{4, 3, 10}, {16, 5, 1}, {1, 2, 1}, {8, 4, 256}};
+    static const int64_t shapes[][3] = {{4, 3, 10}, {16, 5, 1}, {1, 2, 1}, {8, 4, 256}, {3, 2, 201}};   /* 256, 201: in parts */
     int s, training, with_dx;
     for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
         for (training = 1; training >= 0; training--) {
@@ -401,13 +405,30 @@ static void test_errors(void) {
 
 /* A zoo model on the CPU and the same one on the GPU (desc.ops NULL: a CUDA build's default, on a context
    the model makes), the same batch, two SGD steps with momentum and weight decay: the same loss, gradients,
-   parameters, running statistics and outputs. */
+   parameters, running statistics and outputs. Before the second step the CPU model takes the GPU's
+   parameters and running statistics: both steps then start from the same point, so what is compared is
+   each step's arithmetic. Left apart, the first step's rounding (about 3e-7 of the gradients) is amplified
+   by a deep ReLU network, whose units near zero switch on one side and not the other: ResNet-20's second
+   gradients then differ by up to 3e-3 between the GPU and the CPU, and by 4e-2 between two CPU tiers. */
+/* |a - b|_2 / |b|_2: the relative error in the 2-norm, for VGG-11's gradients (see test_zoo_steps) */
+static double relerr2(const float *a, const float *b, int64_t n) {
+    double num = 0.0, den = 0.0;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return num != num ? INFINITY : den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
 static void train_step(dt_zoo_model z, int64_t batch) {
     dt_model *mc = NULL, *mg = NULL;
     dt_optim *oc = NULL, *og = NULL;
     dt_model_desc d;
     dt_optim_desc od;
     int64_t in, np = 0, nb = 0, out, step;
+    double ptol = z == DT_ZOO_VGG11 ? TOL_SUM : TOL;   /* parameters after a step (VGG-11: see test_zoo_steps) */
     float *x = NULL, *hc = NULL, *hg = NULL;
     int32_t *y = NULL;
     memset(&d, 0, sizeof d);
@@ -447,13 +468,28 @@ static void train_step(dt_zoo_model z, int64_t batch) {
         CHECK_OK(dt_model_backward(mg, NULL));
         CHECK_OK(dt_model_get_grads(mc, hc, np));
         CHECK_OK(dt_model_get_grads(mg, hg, np));
-        CHECK_CLOSE(hg, hc, np, TOL_SUM, "parameter gradients");
+        if (z != DT_ZOO_VGG11) CHECK_CLOSE(hg, hc, np, TOL_SUM, "parameter gradients");
+        else {
+            double e = relerr2(hg, hc, np);
+            CHECK(e <= TOL_DEEP);
+            if (!(e <= TOL_DEEP)) printf("    parameter gradients: relative error %.3g > %.1g in the 2-norm\n", e, TOL_DEEP);
+        }
         CHECK_OK(dt_optim_step(oc));
         CHECK_OK(dt_optim_step(og));
+        if (step == 0) {
+            CHECK_OK(dt_model_get_params(mc, hc, np));
+            CHECK_OK(dt_model_get_params(mg, hg, np));
+            CHECK_CLOSE(hg, hc, np, ptol, "parameters after one step");
+            CHECK_OK(dt_model_set_params(mc, hg, np));
+            if (nb) {
+                CHECK_OK(dt_model_get_buffers(mg, hg, nb));
+                CHECK_OK(dt_model_set_buffers(mc, hg, nb));
+            }
+        }
     }
     CHECK_OK(dt_model_get_params(mc, hc, np));
     CHECK_OK(dt_model_get_params(mg, hg, np));
-    CHECK_CLOSE(hg, hc, np, TOL, "parameters after two steps");
+    CHECK_CLOSE(hg, hc, np, ptol, "parameters after two steps");
     if (nb) {
         CHECK_OK(dt_model_get_buffers(mc, hc, nb));
         CHECK_OK(dt_model_get_buffers(mg, hg, nb));
@@ -465,7 +501,7 @@ static void train_step(dt_zoo_model z, int64_t batch) {
     CHECK_OK(dt_model_forward(mg, x, batch));
     CHECK_OK(dt_model_output(mc, hc, batch * out));
     CHECK_OK(dt_model_output(mg, hg, batch * out));
-    CHECK_CLOSE(hg, hc, batch * out, TOL, "outputs in eval mode");
+    CHECK_CLOSE(hg, hc, batch * out, TOL_SUM, "outputs in eval mode");   /* deep sums: VGG-11 differs by 2e-4 */
 done:
     free(x); free(y); free(hc); free(hg);
     dt_optim_destroy(oc); dt_optim_destroy(og);
@@ -473,6 +509,29 @@ done:
 }
 static void test_simplecnn_step(void) { train_step(DT_ZOO_SIMPLE_CNN, quick ? 4 : 32); }
 static void test_resnet20_step(void) { train_step(DT_ZOO_RESNET20, quick ? 2 : 32); }
+/* the rest of the zoo: the MLPs, LeNet-5, the FedAvg CNN and VGG-11 (batch norm after 3x3 convolutions
+   down to 2x2, max pooling, 9.2 million parameters). A deep network's first gradients come back through
+   every batch norm, whose backward subtracts dy's projections on 1 and xhat: it cancels, and amplifies the
+   rounding of the GEMMs above (fp32 sums of up to 65,536 terms, in cuBLAS's order on the GPU, in the CPU's
+   blocks here) by an amount that depends on the input. Measured, GPU (or host emulation) against the CPU,
+   2-norm, one step: on an H200, VGG-11 at batch 64 on one input 1.6e-6 over all gradients, on this test's
+   inputs 2.0e-3 and 2.7e-3 (1.4e-4 in the parameters after a step); ResNet-20 at batch 32 9e-4, with
+   1.4e-3 in the first convolution's output gradient; the host emulation, whose GEMM sums in double,
+   3.5e-4 in VGG-11's first weight gradient. Every layer's forward output agreed within 2e-6. So VGG-11's
+   gradients are compared in the 2-norm within TOL_DEEP and its parameters within TOL_SUM; a wrong op
+   differs by far more. At batch 16 its last batch norm (4 values an image) makes it worse: two CPU tiers
+   then differ by 4% in the largest element. The host emulation (DT_TEST_QUICK) leaves VGG-11 out: a
+   minute of loops. */
+static void test_zoo_steps(void) {
+    static const dt_zoo_model z[] = {DT_ZOO_MLP, DT_ZOO_LENET5, DT_ZOO_FEDAVG_CNN, DT_ZOO_FEDAVG_2NN, DT_ZOO_VGG11};
+    size_t i;
+    for (i = 0; i < sizeof z / sizeof z[0]; i++) {
+        int before = dt_t_checks_failed;
+        if (z[i] == DT_ZOO_VGG11 && quick) continue;
+        train_step(z[i], z[i] == DT_ZOO_VGG11 ? 64 : quick ? 2 : 16);
+        if (dt_t_checks_failed != before) printf("    (in %s)\n", dt_zoo_name(z[i]));
+    }
+}
 
 /* ---- DDP on one GPU ----------------------------------------------------------------------------- */
 
@@ -581,6 +640,7 @@ int main(int argc, char **argv) {
     RUN(test_errors);
     RUN(test_simplecnn_step);
     RUN(test_resnet20_step);
+    RUN(test_zoo_steps);
     RUN(test_ddp_one_gpu);
     dt_cuda_destroy(G);
     return dt_t_summary();
