@@ -684,8 +684,9 @@ static inline __m256 dt__deal_avx2(__m256 lo, __m256 hi, int odd) {
         best = tap[0]; bi = first;                                                                                  \
         for (k_ = 1; k_ < 4; k_++) {                                                                                \
             V t_ = P##_and_ps(P##_cmp_ps(best, best, _CMP_ORD_Q), P##_cmp_ps(tap[k_], best, _CMP_NLE_UQ));          \
+            V n_ = P##_castsi##VI##_ps(P##_add_epi32(first, off[k_]));   /* the tap's index */                      \
             best = P##_blendv_ps(best, tap[k_], t_);                                                                \
-            bi = P##_castps_si##VI(P##_blendv_ps(P##_castsi##VI##_ps(bi), P##_castsi##VI##_ps(P##_add_epi32(first, off[k_])), t_)); \
+            bi = P##_castps_si##VI(P##_blendv_ps(P##_castsi##VI##_ps(bi), n_, t_));                                 \
         }                                                                                                           \
     } while (0)
 /* dt__maxpool2_avx512 with AVX2: 8 outputs a step, the taps dealt from the two rows' 16 floats, then 4 with
@@ -710,7 +711,8 @@ static void dt__maxpool2_avx2(const float *r0, const float *r1, int64_t w, int32
         _mm256_storeu_si256((__m256i *)(void *)(io + o), bi);
     }
     if (o + 4 <= cnt) {   /* 128-bit shuffles deal 8 floats in order */
-        const __m128i off4[4] = {_mm_setzero_si128(), _mm_set1_epi32(1), _mm_set1_epi32((int32_t)w), _mm_set1_epi32((int32_t)w + 1)};
+        const __m128i off4[4] = {_mm_setzero_si128(), _mm_set1_epi32(1), _mm_set1_epi32((int32_t)w),
+                                 _mm_set1_epi32((int32_t)w + 1)};
         __m128 a0 = _mm_loadu_ps(r0 + 2 * o), a1 = _mm_loadu_ps(r0 + 2 * o + 4);
         __m128 b0 = _mm_loadu_ps(r1 + 2 * o), b1 = _mm_loadu_ps(r1 + 2 * o + 4);
         __m128 tap[4], best;
