@@ -11,8 +11,9 @@
        dt__pack_a8_avx, dt__pack_bt_avx512    dt__pack_a, dt__pack_b (cpu.h): the GEMM's packing, same floats
        dt__micro_avx512 (8 x 48), _avx2       dt__micro (cpu.h): the GEMM's micro-kernel
        dt__col2im_small                       dt__col2im (tensor.h), the same sums in the same order
-       dt__maxpool2_avx512                    dt__maxpool_fwd's 2 x 2 rows (tensor.h), the same selects
-       dt__bn_sums512                         dt__bn_sums (tensor.h): batch norm's sums in double
+       dt__maxpool2_avx512, _avx2             dt__maxpool_fwd's 2 x 2 rows (tensor.h), the same selects
+       dt__bn_sums512, _avx2                  dt__bn_sums (tensor.h): batch norm's sums in double (AVX2's
+                                              in the portable order: the same bits)
        dt__shift_kern_avx512                  the tiles of dtrain/cpu_vec.h's convolutions by shifted rows
                                               (twins: its vector-extension tiles, im2col + GEMM and
                                               dt_conv2d_ref), which the avx2 tier takes from cpu_vec.h
@@ -667,6 +668,105 @@ static void dt__bn_sums512(const float *x, const float *y, const float *mk, int6
     _mm512_storeu_pd(b + 8, _mm512_add_pd(b0, b1));
 }
 
+/* ---- AVX2 pooling and batch norm sums ---------------------------------------------------------- */
+/* the even (odd 0) or odd (odd 1) floats of the 16 in lo, hi, in order: shuffles work within 128-bit halves,
+   so the pairs they leave are put in order by a permutation of 64-bit quarters (AVX2 has no two-register
+   permutation of floats) */
+__attribute__((target("avx2"), always_inline))
+static inline __m256 dt__deal_avx2(__m256 lo, __m256 hi, int odd) {
+    __m256 t = odd ? _mm256_shuffle_ps(lo, hi, 0xDD) : _mm256_shuffle_ps(lo, hi, 0x88);   /* lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6 */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), 0xD8));
+}
+/* the selects of 2 x 2 max pooling on a vector of outputs (V: __m256 or __m128, VI its integers, P the
+   intrinsics' prefix): the tap wins unless the best is NaN or the tap is <= it */
+#define DT__POOL_SELECT(V, VI, P, tap, first, off, best, bi) do {                                                   \
+        int k_;                                                                                                     \
+        best = tap[0]; bi = first;                                                                                  \
+        for (k_ = 1; k_ < 4; k_++) {                                                                                \
+            V t_ = P##_and_ps(P##_cmp_ps(best, best, _CMP_ORD_Q), P##_cmp_ps(tap[k_], best, _CMP_NLE_UQ));          \
+            V n_ = P##_castsi##VI##_ps(P##_add_epi32(first, off[k_]));   /* the tap's index */                      \
+            best = P##_blendv_ps(best, tap[k_], t_);                                                                \
+            bi = P##_castps_si##VI(P##_blendv_ps(P##_castsi##VI##_ps(bi), n_, t_));                                 \
+        }                                                                                                           \
+    } while (0)
+/* dt__maxpool2_avx512 with AVX2: 8 outputs a step, the taps dealt from the two rows' 16 floats, then 4 with
+   128-bit vectors, the same selects (compare and blend, no mask registers); the last cnt % 4 by the portable
+   row, dt__maxpool2_row (AVX2's masked stores are slow on AMD's cores: a kernel of masked steps ran at half
+   the portable loop's speed) */
+__attribute__((target("avx2")))
+static void dt__maxpool2_avx2(const float *r0, const float *r1, int64_t w, int32_t i0, float *yo, int32_t *io, int cnt) {
+    const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i off[4] = {_mm256_setzero_si256(), _mm256_set1_epi32(1), _mm256_set1_epi32((int32_t)w),
+                            _mm256_set1_epi32((int32_t)w + 1)};
+    int o;
+    for (o = 0; o + 8 <= cnt; o += 8) {
+        __m256 a0 = _mm256_loadu_ps(r0 + 2 * o), a1 = _mm256_loadu_ps(r0 + 2 * o + 8);
+        __m256 b0 = _mm256_loadu_ps(r1 + 2 * o), b1 = _mm256_loadu_ps(r1 + 2 * o + 8);
+        __m256 tap[4], best;
+        __m256i first = _mm256_add_epi32(_mm256_set1_epi32(i0 + 2 * o), lane2), bi;
+        tap[0] = dt__deal_avx2(a0, a1, 0); tap[1] = dt__deal_avx2(a0, a1, 1);
+        tap[2] = dt__deal_avx2(b0, b1, 0); tap[3] = dt__deal_avx2(b0, b1, 1);
+        DT__POOL_SELECT(__m256, 256, _mm256, tap, first, off, best, bi);
+        _mm256_storeu_ps(yo + o, best);
+        _mm256_storeu_si256((__m256i *)(void *)(io + o), bi);
+    }
+    if (o + 4 <= cnt) {   /* 128-bit shuffles deal 8 floats in order */
+        const __m128i off4[4] = {_mm_setzero_si128(), _mm_set1_epi32(1), _mm_set1_epi32((int32_t)w),
+                                 _mm_set1_epi32((int32_t)w + 1)};
+        __m128 a0 = _mm_loadu_ps(r0 + 2 * o), a1 = _mm_loadu_ps(r0 + 2 * o + 4);
+        __m128 b0 = _mm_loadu_ps(r1 + 2 * o), b1 = _mm_loadu_ps(r1 + 2 * o + 4);
+        __m128 tap[4], best;
+        __m128i first = _mm_add_epi32(_mm_set1_epi32(i0 + 2 * o), _mm_setr_epi32(0, 2, 4, 6)), bi;
+        tap[0] = _mm_shuffle_ps(a0, a1, 0x88); tap[1] = _mm_shuffle_ps(a0, a1, 0xDD);
+        tap[2] = _mm_shuffle_ps(b0, b1, 0x88); tap[3] = _mm_shuffle_ps(b0, b1, 0xDD);
+        DT__POOL_SELECT(__m128, 128, _mm, tap, first, off4, best, bi);
+        _mm_storeu_ps(yo + o, best);
+        _mm_storeu_si128((__m128i *)(void *)(io + o), bi);
+        o += 4;
+    }
+    if (o < cnt) dt__maxpool2_row(r0 + 2 * o, r1 + 2 * o, w, i0 + 2 * o, yo + o, io + o, cnt - o);
+}
+#undef DT__POOL_SELECT
+
+/* dt__bn_sums's lanes with AVX2 + FMA, in dt__bn_sums's own order: each row's 8s into lanes 0..7, then its
+   tail into lanes 0 .. s % 8 - 1 (m not NULL: a masked load, so the other lanes add zero), so every lane adds the same
+   terms in the same order as the portable loop, and the result has its bits; a product of two floats is
+   exact in double, so the fused multiply-add rounds as the multiply and add do. Lanes 8..15 stay zero. */
+__attribute__((target("avx2,fma"), always_inline))
+static inline void dt__bn_step_avx2(const float *p, const float *q, const float *r, const __m256i *m, __m256d *a, __m256d *b) {
+    __m256 x = m ? _mm256_maskload_ps(p, *m) : _mm256_loadu_ps(p), y = m ? _mm256_maskload_ps(q, *m) : _mm256_loadu_ps(q);
+    __m256d x0, x1;
+    if (r)   /* 0 where r is not > 0 */
+        x = _mm256_and_ps(x, _mm256_cmp_ps(m ? _mm256_maskload_ps(r, *m) : _mm256_loadu_ps(r), _mm256_setzero_ps(), _CMP_GT_OQ));
+    x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    a[0] = _mm256_add_pd(a[0], x0);
+    a[1] = _mm256_add_pd(a[1], x1);
+    b[0] = _mm256_fmadd_pd(x0, _mm256_cvtps_pd(_mm256_castps256_ps128(y)), b[0]);
+    b[1] = _mm256_fmadd_pd(x1, _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)), b[1]);
+}
+__attribute__((target("avx2,fma")))
+static void dt__bn_sums_avx2(const float *x, const float *y, const float *mk, int64_t n, int64_t cs, int64_t s, double *a,
+                             double *b) {
+    const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(s % 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256d va[2], vb[2];
+    int64_t i, k;
+    va[0] = _mm256_loadu_pd(a); va[1] = _mm256_loadu_pd(a + 4);
+    vb[0] = _mm256_loadu_pd(b); vb[1] = _mm256_loadu_pd(b + 4);
+    for (i = 0; i < n; i++) {
+        const float *p = x + i * cs, *q = (y ? y : x) + i * cs, *r = mk ? mk + i * cs : NULL;
+        if (r) {
+            for (k = 0; k + 8 <= s; k += 8) dt__bn_step_avx2(p + k, q + k, r + k, NULL, va, vb);
+            if (k < s) dt__bn_step_avx2(p + k, q + k, r + k, &tail, va, vb);
+        } else {   /* (a loop of its own: the mask's test leaves it) */
+            for (k = 0; k + 8 <= s; k += 8) dt__bn_step_avx2(p + k, q + k, NULL, NULL, va, vb);
+            if (k < s) dt__bn_step_avx2(p + k, q + k, NULL, &tail, va, vb);
+        }
+    }
+    _mm256_storeu_pd(a, va[0]); _mm256_storeu_pd(a + 4, va[1]);
+    _mm256_storeu_pd(b, vb[0]); _mm256_storeu_pd(b + 4, vb[1]);
+}
+
 /* ---- the tables: what each tier replaces (dtrain/cpu.h chooses one) --------------------------------- */
 static int dt__x86_avx512_runs(void) { return __builtin_cpu_supports("avx512f"); }
 static int dt__x86_avx2_runs(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
@@ -675,11 +775,11 @@ static const dt__kernel dt__kernel_avx512 = {
     "avx512", dt__x86_avx512_runs, dt__micro_avx512, DT__MR512, 16 * DT__NV512, dt__col_span_avx512, dt__pack_a8_avx,
     dt__pack_bt_avx512, dt__col2im_small, dt__maxpool2_avx512, dt__bn_sums512, dt__x86_conv_fwd, dt__x86_conv_bwd
 };
-/* AVX2 + FMA (Haswell and later, Zen): the GEMM's micro-kernel and dtrain/cpu_vec.h's convolutions; the
-   rest is portable */
+/* AVX2 + FMA (Haswell and later, Zen): the GEMM's micro-kernel, dtrain/cpu_vec.h's convolutions, 2 x 2 max
+   pooling and batch norm's sums; the rest is portable */
 static const dt__kernel dt__kernel_avx2 = {
-    "avx2", dt__x86_avx2_runs, dt__micro_avx2, 6, 16, NULL, NULL, NULL, NULL, NULL, NULL, dt__vec_conv_fwd_avx2,
-    dt__vec_conv_bwd_avx2
+    "avx2", dt__x86_avx2_runs, dt__micro_avx2, 6, 16, NULL, NULL, NULL, NULL, dt__maxpool2_avx2, dt__bn_sums_avx2,
+    dt__vec_conv_fwd_avx2, dt__vec_conv_bwd_avx2
 };
 #endif /* DT__X86 */
 

@@ -404,8 +404,9 @@ typedef struct dt__kernel {
     int (*col2im)(const dt_conv_geom *g, const float *col, float *dx);
     /* cnt (at most 16) outputs of a 2 x 2 stride-2 max pooling row, as dt__maxpool_fwd's scalar loop */
     void (*maxpool2)(const float *r0, const float *r1, int64_t w, int32_t i0, float *yo, int32_t *io, int cnt);
-    /* dt__bn_sums's sums before the lanes are added: into a[8..15] and b[8..15] the vector lanes, into
-       a[0..7] and b[0..7] the tail, as dt__bn_sums assigns them */
+    /* dt__bn_sums's sums before the lanes are added: a[16], b[16] (zero on entry) += the terms k with
+       k % 8 == j in lane j or j + 8, which dt__bn_sums then adds (AVX-512: its vector lanes in 8..15, the
+       tail in 0..7; AVX2: all in 0..7, in the portable loop's order) */
     void (*bn_sums)(const float *x, const float *y, const float *mk, int64_t n, int64_t cs, int64_t s, double *a, double *b);
     /* dt_ops.conv_fwd and conv_bwd (convolutions without im2col: 0 = not taken, the GEMMs then run; twins:
        dt_conv2d_ref and the im2col + GEMM path of dtrain/nn.h) */
