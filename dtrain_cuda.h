@@ -281,6 +281,26 @@ static unsigned dt__cu_blocks(int64_t n) {
     const I n = (I)(g).n, c = (I)(g).c, h = (I)(g).h, w = (I)(g).w, oh = (I)(g).oh, ow = (I)(g).ow,            \
             kh = (I)(g).kh, kw = (I)(g).kw, sh = (I)(g).sh, sw = (I)(g).sw, ph = (I)(g).ph, pw = (I)(g).pw
 
+/* Division by a launch's constant without a divide instruction (Granlund and Montgomery's method, as
+   PyTorch's IntDivider): for 0 <= x < 2^31 and 1 <= d < 2^31, x / d = (umulhi(x, m) + x) >> s with
+   s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1, made on the host once a launch. The 32-bit
+   kernels (indices below 2^30, so the sum cannot overflow) divide so; the 64-bit ones divide plainly. */
+typedef struct dt__cu_div { int64_t d; uint32_t m; int s; } dt__cu_div;
+static dt__cu_div dt__cu_div_of(int64_t d) {
+    dt__cu_div f;
+    int s = 0;
+    if (d < 1) d = 1;
+    while (s < 31 && ((int64_t)1 << s) < d) s++;
+    f.d = d;
+    f.s = s;
+    f.m = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << s) - (uint64_t)d)) / (uint64_t)d + 1);
+    return f;
+}
+static __device__ inline int dt__cu_quot(const dt__cu_div &f, int x) {
+    return (int)((__umulhi((unsigned)x, f.m) + (unsigned)x) >> f.s);
+}
+static __device__ inline int64_t dt__cu_quot(const dt__cu_div &f, int64_t x) { return x / f.d; }
+
 /* vectors */
 static __global__ void dt__k_fill(float *x, int64_t n, float v) { DT__CU_FOR(i, n) x[i] = v; }
 static __global__ void dt__k_scale(float *x, int64_t n, float a) { DT__CU_FOR(i, n) x[i] *= a; }
@@ -308,30 +328,40 @@ static __global__ void dt__k_sum_rows(float *db, const float *dy, int64_t rows, 
 }
 
 /* col [c*kh*kw, n*oh*ow]: one thread per element of col; zero where the window reads padding */
-template <typename I> static __global__ void dt__k_im2col(dt_conv_geom g, const float *x, float *col) {
+/* the dividers of an im2col launch: by n oh ow, oh ow, ow, kh kw and kw (dt__cu_im2col_divs) */
+typedef struct dt__cu_im2col_div { dt__cu_div NS, S, ow, khw, kw; } dt__cu_im2col_div;
+template <typename I> static __global__ void dt__k_im2col(dt_conv_geom g, dt__cu_im2col_div D, const float *x, float *col) {
     DT__CU_GEOM(I, g);
     const I S = oh * ow, NS = n * S, total = c * kh * kw * NS;
     DT__CU_FOR_T(I, idx, total) {
-        I r = idx / NS, q = idx % NS, ni = q / S, sp = q % S, oy = sp / ow, ox = sp % ow;
-        I ci = r / (kh * kw), ky = (r / kw) % kh, kx = r % kw;
+        I r = dt__cu_quot(D.NS, idx), q = idx - r * NS, ni = dt__cu_quot(D.S, q), sp = q - ni * S;
+        I oy = dt__cu_quot(D.ow, sp), ox = sp - oy * ow;
+        I ci = dt__cu_quot(D.khw, r), rk = r - ci * kh * kw, ky = dt__cu_quot(D.kw, rk), kx = rk - ky * kw;
         I iy = oy * sh - ph + ky, ix = ox * sw - pw + kx;
         col[idx] = (iy >= 0 && iy < h && ix >= 0 && ix < w) ? x[((ni * c + ci) * h + iy) * w + ix] : 0.0f;
     }
 }
 /* dx [n, c, h, w] += col2im(col): one thread per input element gathers the entries of col that read it,
    kernel offsets (ky, kx) in the order the CPU scatters them */
-template <typename I> static __global__ void dt__k_col2im(dt_conv_geom g, const float *col, float *dx) {
+/* the dividers of a col2im launch: by w, h, c and the strides */
+typedef struct dt__cu_col2im_div { dt__cu_div w, h, c, sh, sw; } dt__cu_col2im_div;
+template <typename I> static __global__ void dt__k_col2im(dt_conv_geom g, dt__cu_col2im_div D, const float *col, float *dx) {
     DT__CU_GEOM(I, g);
     const I S = oh * ow, NS = n * S, total = n * c * h * w;
     DT__CU_FOR_T(I, idx, total) {
-        I ix = idx % w, iy = (idx / w) % h, ci = (idx / (w * h)) % c, ni = idx / (w * h * c);
+        I t = dt__cu_quot(D.w, idx), ix = idx - t * w, t2 = dt__cu_quot(D.h, t), iy = t - t2 * h;
+        I ni = dt__cu_quot(D.c, t2), ci = t2 - ni * c;
         float v = dx[idx];
         for (I ky = 0; ky < kh; ky++) {
-            I ty = iy + ph - ky, oy = ty / sh;          /* oy * sh - ph + ky == iy */
-            if (ty < 0 || ty % sh != 0 || oy >= oh) continue;
+            I ty = iy + ph - ky, oy;          /* oy * sh - ph + ky == iy */
+            if (ty < 0) continue;
+            oy = dt__cu_quot(D.sh, ty);
+            if (oy * sh != ty || oy >= oh) continue;
             for (I kx = 0; kx < kw; kx++) {
-                I tx = ix + pw - kx, ox = tx / sw;
-                if (tx < 0 || tx % sw != 0 || ox >= ow) continue;
+                I tx = ix + pw - kx, ox;
+                if (tx < 0) continue;
+                ox = dt__cu_quot(D.sw, tx);
+                if (ox * sw != tx || ox >= ow) continue;
                 v += col[((ci * kh + ky) * kw + kx) * NS + ni * S + oy * ow + ox];
             }
         }
@@ -339,16 +369,18 @@ template <typename I> static __global__ void dt__k_col2im(dt_conv_geom g, const 
     }
 }
 /* y [n, c, s] = t [c, n*s] (+ b[c]) */
-template <typename I> static __global__ void dt__k_cs_to_ncs(float *y, const float *t, const float *b, I n, I c, I s) {
+template <typename I> static __global__ void dt__k_cs_to_ncs(float *y, const float *t, const float *b, I n, I c, I s,
+                                                             dt__cu_div ds, dt__cu_div dc) {
     DT__CU_FOR_T(I, idx, n * c * s) {
-        I k = idx % s, ch = (idx / s) % c, i = idx / (s * c);
+        I q = dt__cu_quot(ds, idx), k = idx - q * s, i = dt__cu_quot(dc, q), ch = q - i * c;
         y[idx] = t[ch * n * s + i * s + k] + (b ? b[ch] : 0.0f);
     }
 }
 /* t [c, n*s] = y [n, c, s] */
-template <typename I> static __global__ void dt__k_ncs_to_cs(float *t, const float *y, I n, I c, I s) {
+template <typename I> static __global__ void dt__k_ncs_to_cs(float *t, const float *y, I n, I c, I s, dt__cu_div ds,
+                                                             dt__cu_div dc) {
     DT__CU_FOR_T(I, idx, n * c * s) {
-        I k = idx % s, ch = (idx / s) % c, i = idx / (s * c);
+        I q = dt__cu_quot(ds, idx), k = idx - q * s, i = dt__cu_quot(dc, q), ch = q - i * c;
         t[ch * n * s + i * s + k] = y[idx];
     }
 }
@@ -488,10 +520,11 @@ static __global__ void dt__k_bn_eval_stats(const float *rm, const float *rv, int
         save_invstd[ch] = 1.0f / sqrtf(rv[ch] + eps);
     }
 }
-template <typename I> static __global__ void dt__k_bn_apply(const float *x, float *y, I n, I c, I s, const float *gamma,
-                                      const float *beta, const float *save_mean, const float *save_invstd) {
+template <typename I> static __global__ void dt__k_bn_apply(const float *x, float *y, I n, I c, I s, dt__cu_div ds,
+                                                            dt__cu_div dc, const float *gamma, const float *beta,
+                                                            const float *save_mean, const float *save_invstd) {
     DT__CU_FOR_T(I, i, n * c * s) {
-        I ch = (i / s) % c;
+        I q = dt__cu_quot(ds, i), ch = q - dt__cu_quot(dc, q) * c;
         float g = gamma[ch] * save_invstd[ch], b = beta[ch] - save_mean[ch] * g;
         y[i] = x[i] * g + b;
     }
@@ -526,10 +559,11 @@ static __global__ void dt__k_bn_bwd_channel(int training, const double *pdy, con
     }
 }
 template <typename I> static __global__ void dt__k_bn_bwd_dx(const float *x, const float *dy, float *dx, I n, I c, I s,
-                                       const float *gamma, const float *save_mean, const float *save_invstd,
-                                       const float *coef) {
+                                                             dt__cu_div ds, dt__cu_div dc, const float *gamma,
+                                                             const float *save_mean, const float *save_invstd,
+                                                             const float *coef) {
     DT__CU_FOR_T(I, i, n * c * s) {
-        I ch = (i / s) % c;
+        I q = dt__cu_quot(ds, i), ch = q - dt__cu_quot(dc, q) * c;
         float invstd = save_invstd[ch], gi = gamma[ch] * invstd, xhat = (x[i] - save_mean[ch]) * invstd;
         dx[i] += gi * (dy[i] - coef[ch] - xhat * coef[c + ch]);
     }
@@ -802,21 +836,33 @@ static int64_t dt__cu_geom_largest(const dt_conv_geom *g) {
 static int64_t dt__cu_pad_largest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oc, int64_t oh, int64_t ow) {
     return n * c * h * w > n * oc * oh * ow ? n * c * h * w : n * oc * oh * ow;
 }
+static dt__cu_im2col_div dt__cu_im2col_divs(const dt_conv_geom *g) {
+    dt__cu_im2col_div D;
+    D.NS = dt__cu_div_of(g->n * g->oh * g->ow); D.S = dt__cu_div_of(g->oh * g->ow); D.ow = dt__cu_div_of(g->ow);
+    D.khw = dt__cu_div_of(g->kh * g->kw); D.kw = dt__cu_div_of(g->kw);
+    return D;
+}
+static dt__cu_col2im_div dt__cu_col2im_divs(const dt_conv_geom *g) {
+    dt__cu_col2im_div D;
+    D.w = dt__cu_div_of(g->w); D.h = dt__cu_div_of(g->h); D.c = dt__cu_div_of(g->c);
+    D.sh = dt__cu_div_of(g->sh); D.sw = dt__cu_div_of(g->sw);
+    return D;
+}
 static void dt__cu_im2col(void *ctx, const dt_conv_geom *g, const float *x, float *col) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH_IX(cu, g->c * g->kh * g->kw * g->n * g->oh * g->ow, dt__cu_geom_largest(g), dt__k_im2col, (*g, x, col));
+    DT__CU_LAUNCH_IX(cu, g->c * g->kh * g->kw * g->n * g->oh * g->ow, dt__cu_geom_largest(g), dt__k_im2col, (*g, dt__cu_im2col_divs(g), x, col));
 }
 static void dt__cu_col2im_bwd(void *ctx, const dt_conv_geom *g, const float *col, float *dx) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH_IX(cu, g->n * g->c * g->h * g->w, dt__cu_geom_largest(g), dt__k_col2im, (*g, col, dx));
+    DT__CU_LAUNCH_IX(cu, g->n * g->c * g->h * g->w, dt__cu_geom_largest(g), dt__k_col2im, (*g, dt__cu_col2im_divs(g), col, dx));
 }
 static void dt__cu_cs_to_ncs(void *ctx, float *y, const float *t, const float *b, int64_t n, int64_t c, int64_t s) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_cs_to_ncs, (y, t, b, n, c, s));
+    DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_cs_to_ncs, (y, t, b, n, c, s, dt__cu_div_of(s), dt__cu_div_of(c)));
 }
 static void dt__cu_ncs_to_cs(void *ctx, float *t, const float *y, int64_t n, int64_t c, int64_t s) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_ncs_to_cs, (t, y, n, c, s));
+    DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_ncs_to_cs, (t, y, n, c, s, dt__cu_div_of(s), dt__cu_div_of(c)));
 }
 /* Parts a plane of s elements is summed in: DT__CU_PARTS when the plane is long, else 1 (a thread a plane). */
 #define DT__CU_PARTS 32
@@ -896,7 +942,7 @@ static void dt__cu_bn_fwd(void *ctx, int training, const float *x, float *y, int
     } else {
         DT__CU_LAUNCH(cu, c, dt__k_bn_eval_stats, (rm, rv, c, eps, save_mean, save_invstd));
     }
-    DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_bn_apply, (x, y, n, c, s, gamma, beta, save_mean, save_invstd));
+    DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_bn_apply, (x, y, n, c, s, dt__cu_div_of(s), dt__cu_div_of(c), gamma, beta, save_mean, save_invstd));
 }
 static void dt__cu_bn_bwd(void *ctx, int training, const float *x, const float *dy, float *dx, int64_t n, int64_t c,
                           int64_t s, const float *gamma, const float *save_mean, const float *save_invstd, float *dgamma,
@@ -921,7 +967,7 @@ static void dt__cu_bn_bwd(void *ctx, int training, const float *x, const float *
         DT__CU_LAUNCH(cu, n * c, dt__k_join_parts, (parts + n * c * J, n * c, J, pdy + n * c));
     }
     DT__CU_LAUNCH(cu, c, dt__k_bn_bwd_channel, (training, pdy, pdy + n * c, n, c, n * s, dgamma, dbeta, coef));
-    if (dx) DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_bn_bwd_dx, (x, dy, dx, n, c, s, gamma, save_mean, save_invstd, coef));
+    if (dx) DT__CU_LAUNCH_IX(cu, n * c * s, n * c * s, dt__k_bn_bwd_dx, (x, dy, dx, n, c, s, dt__cu_div_of(s), dt__cu_div_of(c), gamma, save_mean, save_invstd, coef));
 }
 static void dt__cu_pad_shortcut_fwd(void *ctx, const float *x, float *y, int64_t n, int64_t c, int64_t h, int64_t w,
                                     int64_t oc, int64_t stride) {

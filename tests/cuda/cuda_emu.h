@@ -14,6 +14,7 @@
 #define __global__
 #define __device__
 #define __host__
+static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 
 typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
                          cudaErrorInvalidDevice = 101 } cudaError_t;
