@@ -892,8 +892,8 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
                             "optimizer (kind %d, %lld values)", k->fn, k->rank, k->path, (unsigned long long)w[6],
                             (unsigned long long)w[4], (int)k->o->d.kind, (long long)dt__ckpt_state(k));
     if (w[18] != (uint64_t)k->nextra)
-        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %llu values of the trainer's own state (DDP: a top-k residual) "
-                            "but this run keeps %lld: resume with the settings that wrote it (DDP: the same --compress, "
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %llu values of the trainer's own state (DDP: the compression's "
+                            "residual, and PowerSGD's Qs) but this run keeps %lld: resume with the settings that wrote it (DDP: the same --compress, "
                             "with or without error feedback)", k->fn, k->rank, k->path, (unsigned long long)w[18],
                             (long long)k->nextra);
     return dt__ckpt_check_values(k, sec, (int64_t)(w[2] + w[3] + w[4]), "load");
