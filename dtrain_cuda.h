@@ -948,21 +948,20 @@ static void dt__cu_bn_bwd(void *ctx, int training, const float *x, const float *
                           int64_t s, const float *gamma, const float *save_mean, const float *save_invstd, float *dgamma,
                           float *dbeta) {
     dt_cuda *cu = dt__cu_enter(ctx);
-    double *pdy;
+    double *pdy, *parts;
     float *coef;
-    int64_t J;
+    int64_t J, sums;
     if (n * c * s <= 0) return;
     /* scratch: per-plane sums of dy and dy * xhat [n c] doubles each, their parts [n c J] each (J > 1), then
        the two means [2 c] floats */
     J = dt__cu_parts(s);
-    pdy = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * 2 * n * c * (J > 1 ? 1 + J : 1) +
-                                           (int64_t)sizeof(float) * 2 * c);
+    sums = 2 * n * c * (J > 1 ? 1 + J : 1);
+    pdy = (double *)dt__cu_scratch(cu, (int64_t)sizeof(double) * sums + (int64_t)sizeof(float) * 2 * c);
     if (!pdy) return;
-    coef = (float *)(pdy + 2 * n * c * (J > 1 ? 1 + J : 1));
-    if (J == 1) DT__CU_LAUNCH_IX(cu, n * c, n * c * s, dt__k_bn_bwd_sums, (x, dy, n, c, s, J, save_mean, save_invstd, pdy, pdy + n * c));
-    else {
-        double *parts = pdy + 2 * n * c;
-        DT__CU_LAUNCH_IX(cu, n * c * J, n * c * s, dt__k_bn_bwd_sums, (x, dy, n, c, s, J, save_mean, save_invstd, parts, parts + n * c * J));
+    coef = (float *)(pdy + sums);
+    parts = J > 1 ? pdy + 2 * n * c : pdy;   /* J == 1: the parts are the sums */
+    DT__CU_LAUNCH_IX(cu, n * c * J, n * c * s, dt__k_bn_bwd_sums, (x, dy, n, c, s, J, save_mean, save_invstd, parts, parts + n * c * J));
+    if (J > 1) {
         DT__CU_LAUNCH(cu, n * c, dt__k_join_parts, (parts, n * c, J, pdy));
         DT__CU_LAUNCH(cu, n * c, dt__k_join_parts, (parts + n * c * J, n * c, J, pdy + n * c));
     }
