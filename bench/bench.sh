@@ -2,20 +2,23 @@
 # bench/bench.sh BUILD - dtrain next to PyTorch and the machine's limits, measured side by side in this one run:
 #   1. the machine: FP32 FMA peak and memory copy bandwidth (bench_machine);
 #   2. training step (forward, loss, backward, SGD) of SimpleCNN, ResNet-20 and VGG-11 at batch 128, dtrain
-#      (bench_models) and PyTorch (bench/torch_models.py, when python3-torch is installed) taking turns model by
-#      model, each in its own process; median img/s of 7 windows after warm-up, and the memory a step takes;
+#      (bench_models) and PyTorch (bench/torch_models.py, when python3-torch is installed) taking turns, each in
+#      its own process, ROUNDS times (default 3) of WINDOWS windows (default 3) after warm-up: the median of the
+#      rounds' median img/s, and the memory a step takes. Turns, not one long run each, because a spell of other
+#      load on a shared machine then slows both sides instead of one (single runs of PyTorch moved by 75% here);
 #      for every CPU tier the machine runs (DT_CPU=avx512, avx2, portable), dtrain's against PyTorch held to the
 #      same instructions (ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA), with GFLOP/s and the share of the FMA peak;
 #   3. GEMM at the models' shapes, dtrain against OpenBLAS (when libopenblas-dev is installed), window by window;
 #   4. all-reduce: bench/comm.sh up to 1 MiB (local backend, MPICH, gloo).
 # Every program runs on THREADS threads (default: the number of cores). MODELS (default
-# "simplecnn resnet20 vgg11"), TIERS (default: every tier this CPU runs), WINDOWS (default 7) and COMM=0 (no
+# "simplecnn resnet20 vgg11"), TIERS (default: every tier this CPU runs), ROUNDS, WINDOWS and COMM=0 (no
 # all-reduce part) shorten it.
 # Writes BUILD/bench/bench.csv (section,name,dtrain,peer,ratio,unit) and, with gnuplot, BUILD/bench/bench.png.
 B=${1:-build}
 THREADS=${THREADS:-$(nproc)}
 MODELS=${MODELS:-simplecnn resnet20 vgg11}
-WINDOWS=${WINDOWS:-7}
+WINDOWS=${WINDOWS:-3}
+ROUNDS=${ROUNDS:-3}
 OUT="$B/bench"
 CSV="$OUT/bench.csv"
 mkdir -p "$OUT"
@@ -34,6 +37,16 @@ peak=$(awk -F, '$1 == "peak_fma" { print $2 }' "$OUT/machine.csv")
 isa=$(sed -n 's/^# FMA peak with \([a-z0-9]*\) on .*/\1/p' "$OUT/machine.csv")
 case $isa in avx512) all_tiers="avx512 avx2 portable" ;; avx2) all_tiers="avx2 portable" ;; *) all_tiers="portable" ;; esac
 TIERS=${TIERS:-$all_tiers}
+# one line from the rounds' lines of bench_models or torch_models.py (name,batch,threads,params,median,min,max,
+# MB before,MB after): the median of the rounds' medians, the least minimum, the largest maximum, the first memory
+rounds() {
+    [ -n "$1" ] || return 0
+    echo "$1" | tr ' ' '\n' | awk -F, 'NF >= 9 { m[n++] = $5; if (n == 1 || $6 < lo) lo = $6; if ($7 > hi) hi = $7
+                                        if (n == 1) { head = $1 "," $2 "," $3 "," $4; mem = $8 "," $9 } }
+        END { for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (m[j] < m[i]) { t = m[i]; m[i] = m[j]; m[j] = t }
+              med = n % 2 ? m[(n - 1) / 2] : (m[n / 2 - 1] + m[n / 2]) / 2
+              printf "%s,%.1f,%.1f,%.1f,%s\n", head, med, lo, hi, mem }'
+}
 torch_tier() {   # the environment that holds PyTorch to tier $1's instructions
     case $1 in
     avx512) echo "ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE" ;;
@@ -41,18 +54,22 @@ torch_tier() {   # the environment that holds PyTorch to tier $1's instructions
     *) echo "ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41" ;;
     esac
 }
-echo "== training step, batch 128, $THREADS threads: images per second (median of $WINDOWS windows), per CPU tier"
+echo "== training step, batch 128, $THREADS threads: images per second (median of $ROUNDS rounds of $WINDOWS windows), per CPU tier"
 echo "   (dtrain with DT_CPU=tier; PyTorch held to the same instructions: avx512, avx2 and for portable SSE4.1;"
 echo "    GFLOP/s from the useful FLOPs of a step: 25.4, 243 and 917 MFLOP per image; share of the FMA peak above)"
 [ $torch = 1 ] || echo "  note: python3-torch is not installed: dtrain's figures alone (apt-get install python3-torch)"
 printf "  %-10s %-8s %10s %10s %7s %6s %8s %7s %10s %10s\n" model tier dtrain PyTorch ratio goal GFLOP/s "of peak" "dtrain MB" "PyTorch MB"
 for m in $MODELS; do
     for t in $TIERS; do
-        d=$(DT_CPU=$t "$B/bench/bench_models" --model $m --windows $WINDOWS) || exit 1
-        p=""
-        # shellcheck disable=SC2046
-        [ $torch = 1 ] && { p=$(env $(torch_tier $t) /usr/bin/python3 bench/torch_models.py --model $m --threads $THREADS \
-                                 --windows $WINDOWS) || exit 1; }
+        d=""; p=""; r=0
+        while [ $r -lt "$ROUNDS" ]; do   # dtrain and PyTorch take turns, so a spell of load falls on both
+            d="$d$(DT_CPU=$t "$B/bench/bench_models" --model $m --windows $WINDOWS) " || exit 1
+            # shellcheck disable=SC2046
+            [ $torch = 1 ] && { p="$p$(env $(torch_tier $t) /usr/bin/python3 bench/torch_models.py --model $m --threads $THREADS \
+                                        --windows $WINDOWS) " || exit 1; }
+            r=$((r + 1))
+        done
+        d=$(rounds "$d"); p=$(rounds "$p")
         echo "$d|$p" | awk -F'[,|]' -v csv="$CSV" -v tier=$t -v peak="$peak" '{
             goal = tier == "avx512" ? ($1 == "simplecnn" ? 1.5 : 1.2) : 1.0
             mflop = $1 == "simplecnn" ? 25.4 : $1 == "resnet20" ? 243 : $1 == "vgg11" ? 917 : 0
@@ -68,7 +85,7 @@ for m in $MODELS; do
 done
 echo "  memory: peak resident memory of the process minus what it held before the model was built"
 
-echo "== GEMM GFLOP/s (median of $WINDOWS windows)"
+echo "== GEMM GFLOP/s (median of $((ROUNDS * WINDOWS)) windows)"
 gemm="$B/bench/bench_gemm"
 if pkg-config --exists openblas 2>/dev/null; then
     ${CC:-cc} -std=c11 -O3 -fopenmp -DBENCH_OPENBLAS $(pkg-config --cflags openblas) bench/bench_gemm.c -o "$OUT/bench_gemm_openblas" \
@@ -78,7 +95,7 @@ else
     echo "  note: libopenblas-dev is not installed: dtrain's figures alone (apt-get install libopenblas-dev)"
 fi
 printf "  %-20s %6s %7s %6s %9s %9s %7s %8s\n" shape M N K dtrain OpenBLAS ratio "of peak"
-"$gemm" --windows $WINDOWS | awk -F, -v csv="$CSV" -v peak="$peak" '{
+"$gemm" --windows $((ROUNDS * WINDOWS)) | awk -F, -v csv="$CSV" -v peak="$peak" '{
     printf "  %-20s %6d %7d %6d %9.1f %9s %7s %7.0f%%\n", $1, $2, $3, $4, $6, $7 == "" ? "-" : $7, $8 == "" ? "-" : sprintf("%.2fx", $8), 100 * $6 / peak
     printf "gemm,%s,%s,%s,%s,GFLOP/s\n", $1, $6, $7, $8 >> csv
 }' || exit 1
