@@ -332,8 +332,9 @@ static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const floa
 /* ---- convolutions by shifted rows ---------------------------------------------------------------- */
 /* The AVX-512 tier's inner kernels of the convolutions by shifted rows; the geometry, the tables and the
    loops over images, tiles and threads are dtrain/cpu_vec.h's drivers, which every tier shares (read them
-   first). A tile here is 8 rows x 48 columns (24 accumulators of 16 lanes), and it writes each vector's
-   kept lanes with vcompressps and a masked store instead of going through a buffer. */
+   first). A tile here is 8 rows x 48 columns (24 accumulators of 16 lanes), or 16 or 32 columns for an
+   image's last tile, and it writes each vector's kept lanes with vcompressps and a masked store instead of
+   going through a buffer. */
 /* rows x len floats from src (rows lds apart) to dst (rows ldd apart) */
 __attribute__((target("avx512f")))
 static void dt__shift_copy_avx512(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t len) {
@@ -370,30 +371,29 @@ static void dt__shift_pad_avx512(const dt__shift_geom *s, const float *x, int64_
         }
 }
 
-/* one tile of the shifted GEMM: sum_k a[k][i] xp[off[k] + j] for 8 rows i (rows kept) x 48 columns j, each
-   vector's kept lanes written (packed together) to row i of dst (rows S apart) plus bias[i] (bias NULL:
-   none), or added to it (add 1) */
-__attribute__((target("avx512f")))
-static void dt__shift_tile_avx512(int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off, const dt__shift_vec *vec,
-                           float *dst, int64_t S, const float *bias, int add, int rows) {
+/* one tile of the shifted GEMM: sum_k a[k][i] xp[off[k] + j] for 8 rows i (rows kept) x 16 nv columns j
+   (nv 1 to 3, a constant where it is inlined), each vector's kept lanes written (packed together) to row i
+   of dst (rows S apart) plus bias[i] (bias NULL: none), or added to it (add 1) */
+__attribute__((target("avx512f"), always_inline))
+static inline void dt__shift_tile512_nv(int nv, int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off,
+                                        const dt__shift_vec *vec, float *dst, int64_t S, const float *bias, int add, int rows) {
     __m512 c[8][3];
     int64_t k;
     int i, v;
     for (i = 0; i < 8; i++)
-        for (v = 0; v < 3; v++) c[i][v] = _mm512_setzero_ps();
+        for (v = 0; v < nv; v++) c[i][v] = _mm512_setzero_ps();
     for (k = 0; k < K; k++) {
         const float *b = xp + off[k], *ak = a + 8 * k;
-        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32);
+        __m512 bv[3];
+        for (v = 0; v < nv; v++) bv[v] = _mm512_loadu_ps(b + 16 * v);
         for (i = 0; i < 8; i++) {
             __m512 av = _mm512_set1_ps(ak[i]);
-            c[i][0] = _mm512_fmadd_ps(av, b0, c[i][0]);
-            c[i][1] = _mm512_fmadd_ps(av, b1, c[i][1]);
-            c[i][2] = _mm512_fmadd_ps(av, b2, c[i][2]);
+            for (v = 0; v < nv; v++) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
         }
     }
     for (i = 0; i < rows; i++) {
         __m512 b = _mm512_set1_ps(bias ? bias[i] : 0.0f);
-        for (v = 0; v < 3; v++) {
+        for (v = 0; v < nv; v++) {
             __mmask16 keep = (__mmask16)vec[v].keep, m;
             float *d = dst + i * S + vec[v].at;
             __m512 y = _mm512_add_ps(c[i][v], b);
@@ -406,6 +406,15 @@ static void dt__shift_tile_avx512(int64_t K, const float *DT__RESTRICT a, const 
             }
         }
     }
+}
+/* the tile of 48 columns, or of the 16 or 32 that an image's last tile keeps (the vectors after them keep
+   nothing): an 8 x 8 image's 80 computed columns (8 rows of 10) are 48 + 32, not 2 x 48 */
+__attribute__((target("avx512f")))
+static void dt__shift_tile_avx512(int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off, const dt__shift_vec *vec,
+                           float *dst, int64_t S, const float *bias, int add, int rows) {
+    if (vec[2].keep) dt__shift_tile512_nv(3, K, a, xp, off, vec, dst, S, bias, add, rows);
+    else if (vec[1].keep) dt__shift_tile512_nv(2, K, a, xp, off, vec, dst, S, bias, add, rows);
+    else dt__shift_tile512_nv(1, K, a, xp, off, vec, dst, S, bias, add, rows);
 }
 /* the sum of a vector's 16 floats (pairwise; through memory, which GCC 12's C++ front end warns less about) */
 __attribute__((target("avx512f")))
