@@ -412,14 +412,15 @@ static void test_conv_taps(void) {
         free(x); free(dx); free(dx0); free(dxr); free(want); free(dy); free(y); free(yref);
         free(W); free(dW); free(dW0); free(dwr); free(b); free(dbr); free(st.gemm_ws); free(st.conv_ws);
     }
-    dt__tap_min_zeros = 0.2;
-    {   /* which geometries the taps take by default: 3 x 3 with padding 1 on 4 x 4 and 2 x 2, not 16 x 16, not
-           stride 2, not padding past k - 1 */
+    dt__tap_min_zeros = 0.1;
+    {   /* which geometries the taps take by default: 3 x 3 with padding 1 on 8 x 8, 4 x 4 and 2 x 2, not 16 x 16,
+           not stride 2, not padding past k - 1 */
         dt_conv_geom g;
         memset(&g, 0, sizeof g);
         g.n = 2; g.c = 3; g.oc = 4; g.kh = g.kw = 3; g.sh = g.sw = 1; g.ph = g.pw = 1;
         g.h = g.w = 4; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(dt__tap_fits(&g));
         g.h = g.w = 2; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(dt__tap_fits(&g));
+        g.h = g.w = 8; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(dt__tap_fits(&g));
         g.h = g.w = 16; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
         g.h = g.w = 4; g.sh = g.sw = 2; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
         g.sh = g.sw = 1; g.ph = g.pw = 3; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
