@@ -6,13 +6,15 @@
      register-tiled micro-kernel, threads that share nothing), in portable C; the tiers of kernels (the
      portable one defined here, with dtrain/cpu_vec.h's convolutions at the baseline ISA; "avx512" and
      "avx2" from dtrain/cpu_x86.h, "neon" from dtrain/cpu_arm.h), chosen once per process by the CPU's
-     features or $DT_CPU, and dt_cpu_set_tier; and the CPU's ops table: the ops of dtrain/tensor.h, with
-     the chosen tier's kernels where it has them.
+     features or $DT_CPU, and dt_cpu_set_tier; the convolutions by taps (stride 1 on small images: a GEMM
+     per tap and output row, none of the padding multiplied), on every tier; and the CPU's ops table: the
+     ops of dtrain/tensor.h, with the chosen tier's kernels where it has them.
    USES
      dtrain/cpu_x86.h, dtrain/cpu_arm.h, dtrain/cpu_vec.h and dtrain/tensor.h (and base.h).
    READ FIRST
      dt__gemm_part (the loops of the blocked GEMM), dt__pack_a and dt__pack_b, dt__micro (the portable
-     micro-kernel), dt__pick_kernel (the choice), dt__cpu_ops_table (the table a model calls).
+     micro-kernel), dt__pick_kernel (the choice), dt__tap_conv_fwd (the taps), dt__cpu_ops_table (the
+     table a model calls).
 */
 #ifndef DTRAIN_CPU_H
 #define DTRAIN_CPU_H
