@@ -65,7 +65,8 @@
      | DT_REALLOC(p, n)         | realloc(p, n)    |                                                  |
      | DT_FREE(p)               | free(p)          |                                                  |
      | DT_CONV_WORKSPACE        | 1 << 24          | elements of im2col workspace per convolution     |
-     |                          |                  | chunk; larger = fewer, bigger GEMMs              |
+     |                          |                  | chunk; larger = fewer, bigger GEMMs (and the     |
+     |                          |                  | most weights the CPU's taps copy: 2 per weight)  |
      | DT_NO_OPENMP             | undefined        | ignore OpenMP even when compiling with -fopenmp  |
      | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0, one |
      |                          |                  | local rank only, DDP does not overlap, Hogwild's |

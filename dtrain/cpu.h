@@ -495,8 +495,8 @@ static int dt__cpu_conv_gemm_dgrad(void *ctx, const dt_conv_geom *g, const float
    the outputs (oy, ox) with oy + ky - ph in [0, h) and ox + kx - pw in [0, w): a rectangle. With the images
    of a chunk laid out as [c][h][w][nb] (the batch innermost), one output row's span of that rectangle is,
    for every image at once, a contiguous stretch of nb * span floats in every channel, so each (tap, output
-   row) is one plain GEMM on strided views of the operands (rows of the tap's whole width and the image's
-   are contiguous together, so such a tap's rows are one GEMM):
+   row) is one plain GEMM on strided views of the operands (and all the rows of a tap whose span is every
+   column of the output and of the image, contiguous together, one GEMM):
      forward          yt[:, oy, span, :]  += W'[tap] (oc x c)    xt[:, iy, span', :]
      input gradient   dxt[:, iy, span', :] += W'[tap]^T (c x oc)  dyt[:, oy, span, :]
      weight gradient  dW'[tap] (oc x c)    += dyt[:, oy, span, :]  xt[:, iy, span', :]^T
@@ -529,11 +529,13 @@ static int dt__tap_fits(const dt_conv_geom *g) {
 /* Floats of workspace: the fixed part (W' and dW') and one image's (xt, then dxt in its place; yt or dyt) */
 static int64_t dt__tap_fixed(const dt_conv_geom *g) { return 2 * g->kh * g->kw * g->oc * g->c; }
 static int64_t dt__tap_image(const dt_conv_geom *g) { return g->c * g->h * g->w + g->oc * g->oh * g->ow; }
-/* The convolution workspace dt__reserve gives g (g->n images) for the taps: 0 when they do not take g; else
-   room for chunks of images as large as DT_CONV_WORKSPACE allows (at least one image, at most all) */
+/* The convolution workspace dt__reserve gives g (g->n images) for the taps: 0 when they do not take g or
+   their copies of the weights would exceed DT_CONV_WORKSPACE (the GEMMs then take g, unless another layer's
+   workspace holds the taps' anyway); else room for chunks of images as large as DT_CONV_WORKSPACE allows
+   (at least one image, at most all) */
 static int64_t dt__tap_ws(const dt_conv_geom *g) {
     int64_t per = dt__tap_image(g), nb = DT_CONV_WORKSPACE / per;
-    if (!dt__tap_fits(g)) return 0;
+    if (!dt__tap_fits(g) || dt__tap_fixed(g) > DT_CONV_WORKSPACE) return 0;
     if (nb > g->n) nb = g->n;
     return dt__tap_fixed(g) + (nb < 1 ? 1 : nb) * per;
 }
