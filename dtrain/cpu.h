@@ -508,6 +508,10 @@ static int dt__cpu_conv_gemm_dgrad(void *ctx, const dt_conv_geom *g, const float
    stride-1 geometry through them): VGG-11's 8 x 8 layers (16%) gain 4-10% of its step on every tier, and
    the 16 x 16 ones (8%) take the shifted rows */
 static double dt__tap_min_zeros = 0.1;
+/* the fewest floats of a channel in a GEMM's piece (its span times the chunk's images) for the taps to pay:
+   narrower pieces fill little of the micro-kernel's width (VGG-11 at 4 images, its 2 x 2 corner taps 4
+   floats wide, lost 23% at AVX-512; with this bound, from 8 images on it loses nothing) */
+static int64_t dt__tap_min_len = 32;
 static DT__MAYBE_UNUSED int dt__tap_off;                          /* 1: never take the taps (the tests compare paths) */
 static DT__MAYBE_UNUSED DT__THREAD_LOCAL int64_t dt__tap_taken;   /* calls that took them on this thread (for the tests) */
 
@@ -529,13 +533,22 @@ static int dt__tap_fits(const dt_conv_geom *g) {
 /* Floats of workspace: the fixed part (W' and dW') and one image's (xt, then dxt in its place; yt or dyt) */
 static int64_t dt__tap_fixed(const dt_conv_geom *g) { return 2 * g->kh * g->kw * g->oc * g->c; }
 static int64_t dt__tap_image(const dt_conv_geom *g) { return g->c * g->h * g->w + g->oc * g->oh * g->ow; }
-/* The convolution workspace dt__reserve gives g (g->n images) for the taps: 0 when they do not take g or
-   their copies of the weights would exceed DT_CONV_WORKSPACE (the GEMMs then take g, unless another layer's
-   workspace holds the taps' anyway); else room for chunks of images as large as DT_CONV_WORKSPACE allows
-   (at least one image, at most all) */
+/* the narrowest span of a tap's output row, in pixels */
+static int64_t dt__tap_min_span(const dt_conv_geom *g) {
+    int64_t k, lo, hi, m = g->ow;
+    for (k = 0; k < g->kw; k++) {
+        dt__tap_range(k, g->pw, g->w, g->ow, &lo, &hi);
+        if (hi > lo && hi - lo < m) m = hi - lo;
+    }
+    return m;
+}
+/* The convolution workspace dt__reserve gives g (g->n images) for the taps: 0 when they do not take g, its
+   pieces are too narrow even with every image in one chunk, or their copies of the weights would exceed
+   DT_CONV_WORKSPACE (the GEMMs then take g, unless another layer's workspace holds the taps' anyway); else
+   room for chunks of images as large as DT_CONV_WORKSPACE allows (at least one image, at most all) */
 static int64_t dt__tap_ws(const dt_conv_geom *g) {
     int64_t per = dt__tap_image(g), nb = DT_CONV_WORKSPACE / per;
-    if (!dt__tap_fits(g) || dt__tap_fixed(g) > DT_CONV_WORKSPACE) return 0;
+    if (!dt__tap_fits(g) || dt__tap_fixed(g) > DT_CONV_WORKSPACE || dt__tap_min_span(g) * g->n < dt__tap_min_len) return 0;
     if (nb > g->n) nb = g->n;
     return dt__tap_fixed(g) + (nb < 1 ? 1 : nb) * per;
 }
@@ -544,7 +557,8 @@ static int64_t dt__tap_chunk(const dt__cpu_state *st, const dt_conv_geom *g) {
     int64_t nb;
     if (dt__tap_off || !st || !st->conv_ws || !dt__tap_fits(g)) return 0;
     nb = (st->conv_ws_count - dt__tap_fixed(g)) / dt__tap_image(g);
-    return nb < 1 ? 0 : nb > g->n ? g->n : nb;
+    if (nb > g->n) nb = g->n;
+    return nb < 1 || dt__tap_min_span(g) * nb < dt__tap_min_len ? 0 : nb;
 }
 
 /* dst [cols][rows] = src [rows][cols]^T (+ bias[i / s] for src's row i), or += it with add: the layout

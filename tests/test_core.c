@@ -347,7 +347,7 @@ static float *twin_alloc(int64_t n) { return (float *)calloc((size_t)(n > 0 ? n 
    forward with and without bias, dW added to what it held, dx written or added (accumulate), no dx; small
    and odd images, windows 3 x 3 (padding 0 to 2), 5 x 5, 1 x 3 and 3 x 1, channels across the GEMM's K
    blocks, and workspaces of one, several and all images per chunk. Every geometry is taken
-   (dt__tap_min_zeros 0), and must be. */
+   (dt__tap_min_zeros and dt__tap_min_len 0), and must be. */
 static void test_conv_taps(void) {
     static const int64_t cases[][9] = {   /* n, c, h, w, oc, kh, kw, ph, pw */
         {3, 4, 1, 1, 5, 3, 3, 1, 1}, {5, 6, 2, 2, 7, 3, 3, 1, 1}, {4, 3, 3, 5, 6, 3, 3, 1, 1}, {7, 5, 4, 4, 9, 3, 3, 1, 1},
@@ -356,6 +356,7 @@ static void test_conv_taps(void) {
         {3, 20, 2, 2, 260, 3, 3, 1, 1}, {2, 260, 3, 2, 8, 3, 3, 1, 1}};
     int ci, k, cw, acc;
     dt__tap_min_zeros = 0.0;
+    dt__tap_min_len = 0;
     for (ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         const int64_t *cs = cases[ci];
         dt_conv_geom g;
@@ -413,10 +414,15 @@ static void test_conv_taps(void) {
         free(W); free(dW); free(dW0); free(dwr); free(b); free(dbr); free(st.gemm_ws); free(st.conv_ws);
     }
     dt__tap_min_zeros = 0.1;
+    dt__tap_min_len = 32;
     {   /* which geometries the taps take by default: 3 x 3 with padding 1 on 8 x 8, 4 x 4 and 2 x 2, not 16 x 16,
-           not stride 2, not padding past k - 1 */
+           not stride 2, not padding past k - 1; 2 x 2 images (the corner taps' spans of 1 pixel) from 32 a
+           chunk on */
         dt_conv_geom g;
+        dt__cpu_state st;
+        float one = 0.0f;
         memset(&g, 0, sizeof g);
+        memset(&st, 0, sizeof st);
         g.n = 2; g.c = 3; g.oc = 4; g.kh = g.kw = 3; g.sh = g.sw = 1; g.ph = g.pw = 1;
         g.h = g.w = 4; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(dt__tap_fits(&g));
         g.h = g.w = 2; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(dt__tap_fits(&g));
@@ -424,6 +430,15 @@ static void test_conv_taps(void) {
         g.h = g.w = 16; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
         g.h = g.w = 4; g.sh = g.sw = 2; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
         g.sh = g.sw = 1; g.ph = g.pw = 3; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
+        g.ph = g.pw = 1; g.h = g.w = 2; g.n = 40; CHECK_OK(dt_conv_geom_resolve(&g));
+        st.conv_ws = &one;   /* (not written: dt__tap_chunk only counts) */
+        st.conv_ws_count = dt__tap_fixed(&g) + 32 * dt__tap_image(&g);
+        CHECK(dt__tap_chunk(&st, &g) == 32);
+        st.conv_ws_count -= dt__tap_image(&g);
+        CHECK(dt__tap_chunk(&st, &g) == 0);
+        CHECK(dt__tap_ws(&g) > 0);          /* reserved from 32 images on */
+        g.n = 31;
+        CHECK(dt__tap_ws(&g) == 0);
     }
     CHECK_OK(dt_cpu_set_tier(NULL));
 }
