@@ -65,7 +65,8 @@
      | DT_REALLOC(p, n)         | realloc(p, n)    |                                                  |
      | DT_FREE(p)               | free(p)          |                                                  |
      | DT_CONV_WORKSPACE        | 1 << 24          | elements of im2col workspace per convolution     |
-     |                          |                  | chunk; larger = fewer, bigger GEMMs              |
+     |                          |                  | chunk; larger = fewer, bigger GEMMs (and the     |
+     |                          |                  | most weights the CPU's taps copy: 2 per weight)  |
      | DT_NO_OPENMP             | undefined        | ignore OpenMP even when compiling with -fopenmp  |
      | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0, one |
      |                          |                  | local rank only, DDP does not overlap, Hogwild's |
@@ -185,7 +186,8 @@
                 vector extensions for AVX2, SSE2 and NEON (optional to read)
      cpu_x86.h  the AVX2 and AVX-512 kernels (the library's only x86 intrinsics; optional to read)
      cpu_arm.h  the NEON kernels of ARM64 (the library's only ARM intrinsics; optional to read)
-     cpu.h      the CPU backend: the blocked GEMM, the kernels' tiers and their choice, dt_cpu_ops()
+     cpu.h      the CPU backend: the blocked GEMM, the kernels' tiers and their choice, the convolutions
+                of small images by taps, dt_cpu_ops()
      nn.h       model graph on flat buffers, layers, losses, the plan of a pass, model zoo
      optim.h    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
      data.h     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, sampler, loader

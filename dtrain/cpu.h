@@ -6,13 +6,15 @@
      register-tiled micro-kernel, threads that share nothing), in portable C; the tiers of kernels (the
      portable one defined here, with dtrain/cpu_vec.h's convolutions at the baseline ISA; "avx512" and
      "avx2" from dtrain/cpu_x86.h, "neon" from dtrain/cpu_arm.h), chosen once per process by the CPU's
-     features or $DT_CPU, and dt_cpu_set_tier; and the CPU's ops table: the ops of dtrain/tensor.h, with
-     the chosen tier's kernels where it has them.
+     features or $DT_CPU, and dt_cpu_set_tier; the convolutions by taps (stride 1 on small images: a GEMM
+     per tap and output row, none of the padding multiplied), on every tier; and the CPU's ops table: the
+     ops of dtrain/tensor.h, with the chosen tier's kernels where it has them.
    USES
      dtrain/cpu_x86.h, dtrain/cpu_arm.h, dtrain/cpu_vec.h and dtrain/tensor.h (and base.h).
    READ FIRST
      dt__gemm_part (the loops of the blocked GEMM), dt__pack_a and dt__pack_b, dt__micro (the portable
-     micro-kernel), dt__pick_kernel (the choice), dt__cpu_ops_table (the table a model calls).
+     micro-kernel), dt__pick_kernel (the choice), dt__tap_conv_fwd (the taps), dt__cpu_ops_table (the
+     table a model calls).
 */
 #ifndef DTRAIN_CPU_H
 #define DTRAIN_CPU_H
@@ -486,6 +488,218 @@ static int dt__cpu_conv_gemm_dgrad(void *ctx, const dt_conv_geom *g, const float
     return 1;
 }
 
+/* ---- convolutions by taps: the stride-1 convolutions of small images, without the padding's zeros ---- */
+/* On a small image much of im2col is padding (3 x 3, padding 1: 16% at 8 x 8, 31% at 4 x 4, 56% at 2 x 2),
+   and the packed GEMM multiplies those zeros like any other value. A stride-1 convolution is also a sum over
+   its kh * kw taps of 1 x 1 convolutions of shifted images, and tap (ky, kx) reads a real pixel exactly on
+   the outputs (oy, ox) with oy + ky - ph in [0, h) and ox + kx - pw in [0, w): a rectangle. With the images
+   of a chunk laid out as [c][h][w][nb] (the batch innermost), one output row's span of that rectangle is,
+   for every image at once, a contiguous stretch of nb * span floats in every channel, so each (tap, output
+   row) is one plain GEMM on strided views of the operands (and all the rows of a tap whose span is every
+   column of the output and of the image, contiguous together, one GEMM):
+     forward          yt[:, oy, span, :]  += W'[tap] (oc x c)    xt[:, iy, span', :]
+     input gradient   dxt[:, iy, span', :] += W'[tap]^T (c x oc)  dyt[:, oy, span, :]
+     weight gradient  dW'[tap] (oc x c)    += dyt[:, oy, span, :]  xt[:, iy, span', :]^T
+   with W'[tap][o][c] = W[o][c][tap] laid out once per call, and dW[o][c][tap] += dW'[tap][o][c] at the end.
+   The operands are the model's convolution workspace (dt__cpu_state.conv_ws, sized by dt__tap_ws in
+   dt__reserve), the GEMMs' packing space theirs. Each output is summed in one order (the taps in order,
+   each by the blocked GEMM, whose sums do not depend on the thread count), whatever the threads. */
+/* the share of im2col's entries that must be padding for the taps to pay (the tests set 0 to run every
+   stride-1 geometry through them): VGG-11's 8 x 8 layers (16%) gain 4-10% of its step on every tier, and
+   the 16 x 16 ones (8%) take the shifted rows */
+static double dt__tap_min_zeros = 0.1;
+/* the fewest floats of a channel in a GEMM's piece (its span times the chunk's images) for the taps to pay:
+   narrower pieces fill little of the micro-kernel's width (VGG-11 at 4 images, its 2 x 2 corner taps 4
+   floats wide, lost 23% at AVX-512; with this bound, from 8 images on it loses nothing) */
+static int64_t dt__tap_min_len = 32;
+static DT__MAYBE_UNUSED int dt__tap_off;                          /* 1: never take the taps (the tests compare paths) */
+static DT__MAYBE_UNUSED DT__THREAD_LOCAL int64_t dt__tap_taken;   /* calls that took them on this thread (for the tests) */
+
+/* the outputs [lo, hi) of one dimension at which tap k reads a real pixel (input = output + k - pad) */
+static void dt__tap_range(int64_t k, int64_t pad, int64_t in, int64_t out, int64_t *lo, int64_t *hi) {
+    *lo = pad - k > 0 ? pad - k : 0;
+    *hi = in + pad - k < out ? in + pad - k : out;
+    if (*hi < *lo) *hi = *lo;
+}
+/* 1 when the taps take g: stride 1, padding at most k - 1 (so the input gradient's view holds too), and at
+   least dt__tap_min_zeros of im2col padding */
+static int dt__tap_fits(const dt_conv_geom *g) {
+    int64_t k, lo, hi, ry = 0, rx = 0;
+    if (g->sh != 1 || g->sw != 1 || g->ph > g->kh - 1 || g->pw > g->kw - 1) return 0;
+    for (k = 0; k < g->kh; k++) { dt__tap_range(k, g->ph, g->h, g->oh, &lo, &hi); ry += hi - lo; }
+    for (k = 0; k < g->kw; k++) { dt__tap_range(k, g->pw, g->w, g->ow, &lo, &hi); rx += hi - lo; }
+    return (double)ry * (double)rx <= (1.0 - dt__tap_min_zeros) * (double)(g->kh * g->kw * g->oh * g->ow);
+}
+/* Floats of workspace: the fixed part (W' and dW') and one image's (xt, then dxt in its place; yt or dyt) */
+static int64_t dt__tap_fixed(const dt_conv_geom *g) { return 2 * g->kh * g->kw * g->oc * g->c; }
+static int64_t dt__tap_image(const dt_conv_geom *g) { return g->c * g->h * g->w + g->oc * g->oh * g->ow; }
+/* the narrowest span of a tap's output row, in pixels */
+static int64_t dt__tap_min_span(const dt_conv_geom *g) {
+    int64_t k, lo, hi, m = g->ow;
+    for (k = 0; k < g->kw; k++) {
+        dt__tap_range(k, g->pw, g->w, g->ow, &lo, &hi);
+        if (hi > lo && hi - lo < m) m = hi - lo;
+    }
+    return m;
+}
+/* The convolution workspace dt__reserve gives g (g->n images) for the taps: 0 when they do not take g, its
+   pieces are too narrow even with every image in one chunk, or their copies of the weights would exceed
+   DT_CONV_WORKSPACE (the GEMMs then take g, unless another layer's workspace holds the taps' anyway); else
+   room for chunks of images as large as DT_CONV_WORKSPACE allows (at least one image, at most all) */
+static int64_t dt__tap_ws(const dt_conv_geom *g) {
+    int64_t per = dt__tap_image(g), nb = DT_CONV_WORKSPACE / per;
+    if (!dt__tap_fits(g) || dt__tap_fixed(g) > DT_CONV_WORKSPACE || dt__tap_min_span(g) * g->n < dt__tap_min_len) return 0;
+    if (nb > g->n) nb = g->n;
+    return dt__tap_fixed(g) + (nb < 1 ? 1 : nb) * per;
+}
+/* Images per chunk on the state's workspace, 0 when the taps do not take g there */
+static int64_t dt__tap_chunk(const dt__cpu_state *st, const dt_conv_geom *g) {
+    int64_t nb;
+    if (dt__tap_off || !st || !st->conv_ws || !dt__tap_fits(g)) return 0;
+    nb = (st->conv_ws_count - dt__tap_fixed(g)) / dt__tap_image(g);
+    if (nb > g->n) nb = g->n;
+    return nb < 1 || dt__tap_min_span(g) * nb < dt__tap_min_len ? 0 : nb;
+}
+
+/* dst [cols][rows] = src [rows][cols]^T (+ bias[i / s] for src's row i), or += it with add: the layout
+   changes between [nb][c h w] and [c h w][nb]. In blocks of 32 x 32, whose rows stay in L1 even when both
+   strides are powers of two (8 rows of each side at a time, which 8 ways hold); with GNU C's shuffles, 4 x 4
+   tiles in registers, as dt__pack_t. */
+static void dt__tap_turn_block(const float *DT__RESTRICT src, int64_t rows, int64_t cols, float *DT__RESTRICT dst, const float *bias,
+                               int64_t s, int add, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    int64_t i, j, i4 = i0, j4 = j1;
+#ifdef DT__SHUFFLE
+    for (; i4 + 4 <= i1; i4 += 4) {
+        dt__v4 bv = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (bias) { bv[0] = bias[i4 / s]; bv[1] = bias[(i4 + 1) / s]; bv[2] = bias[(i4 + 2) / s]; bv[3] = bias[(i4 + 3) / s]; }
+        for (j = j0; j + 4 <= j1; j += 4) {
+            const float *p = src + i4 * cols + j;
+            dt__v4 r0 = dt__v4_load(p), r1 = dt__v4_load(p + cols), r2 = dt__v4_load(p + 2 * cols), r3 = dt__v4_load(p + 3 * cols);
+            dt__v4 t0 = __builtin_shufflevector(r0, r1, 0, 4, 1, 5), t1 = __builtin_shufflevector(r0, r1, 2, 6, 3, 7);
+            dt__v4 t2 = __builtin_shufflevector(r2, r3, 0, 4, 1, 5), t3 = __builtin_shufflevector(r2, r3, 2, 6, 3, 7);
+            dt__v4 c[4];
+            int q;
+            c[0] = __builtin_shufflevector(t0, t2, 0, 1, 4, 5); c[1] = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+            c[2] = __builtin_shufflevector(t1, t3, 0, 1, 4, 5); c[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+            for (q = 0; q < 4; q++) {
+                float *d = dst + (j + q) * rows + i4;
+                dt__v4 v = c[q] + bv;
+                if (add) v += dt__v4_load(d);
+                memcpy(d, &v, sizeof v);
+            }
+        }
+        j4 = j;
+    }
+#endif
+    for (i = i0; i < i1; i++) {   /* what the tiles left: their rows' last columns, and the rows after them */
+        float b = bias ? bias[i / s] : 0.0f;
+        for (j = i < i4 ? j4 : j0; j < j1; j++) {
+            if (add) dst[j * rows + i] += src[i * cols + j] + b;
+            else dst[j * rows + i] = src[i * cols + j] + b;
+        }
+    }
+}
+static void dt__tap_turn(const float *src, int64_t rows, int64_t cols, float *dst, const float *bias, int64_t s, int add) {
+    int64_t nbi = (rows + 31) / 32, nbj = (cols + 31) / 32, blk;
+    DT__OMP(parallel for if (rows * cols > DT__PAR_MIN))
+    for (blk = 0; blk < nbi * nbj; blk++) {
+        int64_t i0 = blk / nbj * 32, j0 = blk % nbj * 32;
+        dt__tap_turn_block(src, rows, cols, dst, bias, s, add, i0, i0 + 32 < rows ? i0 + 32 : rows, j0, j0 + 32 < cols ? j0 + 32 : cols);
+    }
+}
+/* Piece r of tap t for chunks of nb images: its length in floats of a channel (0: no more pieces) and its
+   offsets into a channel of the output (*yo, in [oh][ow][nb]) and of the input (*xo, in [h][w][nb]). A
+   piece is one output row's span, or all the tap's rows when they span whole rows of both. */
+static int64_t dt__tap_piece(const dt_conv_geom *g, int64_t nb, int64_t t, int64_t r, int64_t *yo, int64_t *xo) {
+    int64_t ky = t / g->kw, kx = t % g->kw, oy0, oy1, ox0, ox1, rows = 1;
+    dt__tap_range(ky, g->ph, g->h, g->oh, &oy0, &oy1);
+    dt__tap_range(kx, g->pw, g->w, g->ow, &ox0, &ox1);
+    if (ox0 == 0 && ox1 == g->ow && g->ow == g->w) {   /* whole rows: one piece */
+        if (r > 0) return 0;
+        rows = oy1 - oy0;
+    }
+    if (oy0 + r >= oy1 || ox1 == ox0) return 0;
+    *yo = ((oy0 + r) * g->ow + ox0) * nb;
+    *xo = ((oy0 + r + ky - g->ph) * g->w + ox0 + kx - g->pw) * nb;
+    return (rows == 1 ? ox1 - ox0 : rows * g->ow) * nb;
+}
+/* dst = W'[t][o][c] = W[o][c][t] from src = W (back 0), or dst = dW[o][c][t] += dW'[t][o][c] from src = dW'
+   (back 1), in blocks of 64 (o, c) so that the kk planes' strides, powers of two in most networks, do not
+   evict each other */
+static void dt__tap_weights(const dt_conv_geom *g, const float *src, float *dst, int back) {
+    int64_t kk = g->kh * g->kw, oc = g->oc * g->c, ib;
+    DT__OMP(parallel for if (oc * kk > DT__PAR_MIN))
+    for (ib = 0; ib < oc; ib += 64) {
+        int64_t i1 = ib + 64 < oc ? ib + 64 : oc, i, t;
+        for (t = 0; t < kk; t++)
+            for (i = ib; i < i1; i++) {
+                if (back) dst[i * kk + t] += src[t * oc + i];
+                else dst[t * oc + i] = src[i * kk + t];
+            }
+    }
+}
+/* one GEMM of the taps: C (ldc) += op(A) (lda) op(B) (ldb, columns along n unless tb), M x N by K */
+static void dt__tap_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+                         int64_t ldb, float *C, int64_t ldc) {
+    dt__bsrc bs;
+    bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
+    dt__cpu_gemm_src(ctx, ta, M, N, K, 1.0f, A, lda, &bs, 1.0f, C, ldc);
+}
+/* The forward pass by taps: y [n, oc, oh, ow] = conv(x, W) + b; 0 when the taps do not take g */
+static int dt__tap_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
+    dt__cpu_state *st = (dt__cpu_state *)ctx;
+    int64_t nb = dt__tap_chunk(st, g), kk = g->kh * g->kw, xs = g->c * g->h * g->w, ys = g->oc * g->oh * g->ow, i0, t, r, len, yo, xo;
+    float *Wt = st ? st->conv_ws : NULL, *xt, *yt;
+    if (!nb) return 0;
+    xt = Wt + dt__tap_fixed(g);
+    dt__tap_weights(g, W, Wt, 0);
+    for (i0 = 0; i0 < g->n; i0 += nb) {
+        int64_t n = g->n - i0 < nb ? g->n - i0 : nb;
+        yt = xt + xs * n;
+        dt__tap_turn(x + i0 * xs, n, xs, xt, NULL, 1, 0);
+        memset(yt, 0, sizeof(float) * (size_t)(ys * n));
+        for (t = 0; t < kk; t++)
+            for (r = 0; (len = dt__tap_piece(g, n, t, r, &yo, &xo)) > 0; r++)
+                dt__tap_gemm(ctx, 0, 0, g->oc, len, g->c, Wt + t * g->oc * g->c, g->c, xt + xo, g->h * g->w * n, yt + yo,
+                             g->oh * g->ow * n);
+        dt__tap_turn(yt, ys, n, y + i0 * ys, b, g->oh * g->ow, 0);
+    }
+    dt__tap_taken++;
+    return 1;
+}
+/* Both gradients by taps: dW += the weight gradient, dx (+= with accumulate, else =) the input gradient
+   (none when dx is NULL); 0 when the taps do not take g */
+static int dt__tap_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
+                            int accumulate) {
+    dt__cpu_state *st = (dt__cpu_state *)ctx;
+    int64_t nb = dt__tap_chunk(st, g), kk = g->kh * g->kw, oc = g->oc * g->c, xs = g->c * g->h * g->w, ys = g->oc * g->oh * g->ow;
+    int64_t i0, t, r, len, yo, xo;
+    float *Wt = st ? st->conv_ws : NULL, *dWt, *xt, *dyt;
+    if (!nb) return 0;
+    dWt = Wt + kk * oc;
+    xt = dWt + kk * oc;
+    if (dx) dt__tap_weights(g, W, Wt, 0);
+    memset(dWt, 0, sizeof(float) * (size_t)(kk * oc));
+    for (i0 = 0; i0 < g->n; i0 += nb) {
+        int64_t n = g->n - i0 < nb ? g->n - i0 : nb;
+        dyt = xt + xs * n;
+        dt__tap_turn(x + i0 * xs, n, xs, xt, NULL, 1, 0);
+        dt__tap_turn(dy + i0 * ys, n, ys, dyt, NULL, 1, 0);
+        for (t = 0; t < kk; t++)
+            for (r = 0; (len = dt__tap_piece(g, n, t, r, &yo, &xo)) > 0; r++)
+                dt__tap_gemm(ctx, 0, 1, g->oc, g->c, len, dyt + yo, g->oh * g->ow * n, xt + xo, g->h * g->w * n, dWt + t * oc, g->c);
+        if (!dx) continue;
+        memset(xt, 0, sizeof(float) * (size_t)(xs * n));   /* xt is done with: dxt takes its place */
+        for (t = 0; t < kk; t++)
+            for (r = 0; (len = dt__tap_piece(g, n, t, r, &yo, &xo)) > 0; r++)
+                dt__tap_gemm(ctx, 1, 0, g->c, len, g->oc, Wt + t * oc, g->c, dyt + yo, g->oh * g->ow * n, xt + xo, g->h * g->w * n);
+        dt__tap_turn(xt, xs, n, dx + i0 * xs, NULL, 1, accumulate);
+    }
+    dt__tap_weights(g, dWt, dW, 1);
+    dt__tap_taken++;
+    return 1;
+}
+
 /* ---- the ops with a faster twin: the portable code of dtrain/tensor.h with the tier's kernels ---- */
 static void dt__cpu_im2col(void *ctx, const dt_conv_geom *g, const float *x, float *col) {
     (void)ctx;
@@ -528,15 +742,17 @@ static void dt__cpu_bn_relu_bwd(void *ctx, int training, const float *x, const f
     dt__bn_bwd(dt__pick_kernel(), training, x, y, dy, dx, accumulate, dr, acc_r, n, c, s, gamma, save_mean, save_invstd, dgamma,
                dbeta);
 }
-/* convolutions without im2col, where the tier has them (dtrain/cpu_x86.h: by shifted rows) */
+/* convolutions without im2col: by the tier's shifted rows where it has them and takes g (dtrain/cpu_vec.h,
+   cpu_x86.h), else by taps where they take g; 0 leaves g to the packed GEMMs */
 static int dt__cpu_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
     const dt__kernel *k = dt__pick_kernel();
-    return k->conv_fwd ? k->conv_fwd(ctx, g, x, W, b, y) : 0;
+    return (k->conv_fwd && k->conv_fwd(ctx, g, x, W, b, y)) || dt__tap_conv_fwd(ctx, g, x, W, b, y);
 }
 static int dt__cpu_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW,
                             float *dx, int accumulate) {
     const dt__kernel *k = dt__pick_kernel();
-    return k->conv_bwd ? k->conv_bwd(ctx, g, x, W, dy, dW, dx, accumulate) : 0;
+    int done = k->conv_bwd ? k->conv_bwd(ctx, g, x, W, dy, dW, dx, accumulate) : 0;
+    return done ? done : dt__tap_conv_bwd(ctx, g, x, W, dy, dW, dx, accumulate);
 }
 
 /* ---- the table ---------------------------------------------------------------------------------- */

@@ -396,8 +396,8 @@ static void dt__free_arena(dt_model *m) {
     m->arena = NULL;
     m->iarena = NULL;
     m->cap_batch = 0;
-    m->cpu.gemm_ws = NULL;
-    m->cpu.gemm_ws_count = 0;
+    m->cpu.gemm_ws = m->cpu.conv_ws = NULL;
+    m->cpu.gemm_ws_count = m->cpu.conv_ws_count = 0;
 }
 
 void dt_model_destroy(dt_model *m) {
@@ -766,6 +766,7 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
             if (nb < 1) nb = 1;
             if (nb > batch) nb = batch;
             if (nb * per > ws) ws = nb * per;
+            if (m->ctx == &m->cpu && dt__tap_ws(&g) > ws) ws = dt__tap_ws(&g);   /* the CPU's convolution by taps */
         }
     }
     total += ws + batch * outsz;
@@ -799,6 +800,8 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
     }
     m->ws = a; m->ws_count = ws; a += ws;
     if (m->ctx == &m->cpu) {
+        m->cpu.conv_ws = m->ws;
+        m->cpu.conv_ws_count = ws;
         m->cpu.gemm_ws = a;
         m->cpu.gemm_ws_count = dt__gemm_ws_count(dt_cpu_threads());
         a += m->cpu.gemm_ws_count;

@@ -579,9 +579,9 @@ static void dt__cpu_add(void *ctx, float *y, const float *a, const float *b, int
     DT__OMP(parallel for if (n > DT__PAR_MIN))
     for (i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
-/* The CPU backend's own state, when a model gives it one: the GEMM packing workspace, so a training
-   step allocates nothing. */
-typedef struct dt__cpu_state { float *gemm_ws; int64_t gemm_ws_count; } dt__cpu_state;
+/* The CPU backend's own state, when a model gives it one: the GEMM packing workspace and the model's
+   convolution workspace (the taps' operands, dtrain/cpu.h), so a training step allocates nothing. */
+typedef struct dt__cpu_state { float *gemm_ws; int64_t gemm_ws_count; float *conv_ws; int64_t conv_ws_count; } dt__cpu_state;
 
 /* (In C, OpenMP makes only the parallel loop's own variable private: inner loops declare theirs inside.) */
 static void dt__cpu_add_row_bias(void *ctx, float *y, const float *b, int64_t rows, int64_t cols) {

@@ -342,6 +342,106 @@ static void test_conv_vs_direct(void) {
 static int twin_tier;   /* the tier under test: an index into dt__kernels */
 
 static float *twin_alloc(int64_t n) { return (float *)calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
+
+/* The convolutions by taps (dtrain/cpu.h) on every tier against dt_conv2d_ref and the direct gradients:
+   forward with and without bias, dW added to what it held, dx written or added (accumulate), no dx; small
+   and odd images, windows 3 x 3 (padding 0 to 2), 5 x 5, 1 x 3 and 3 x 1, channels across the GEMM's K
+   blocks, and workspaces of one, several and all images per chunk. Every geometry is taken
+   (dt__tap_min_zeros and dt__tap_min_len 0), and must be. */
+static void test_conv_taps(void) {
+    static const int64_t cases[][9] = {   /* n, c, h, w, oc, kh, kw, ph, pw */
+        {3, 4, 1, 1, 5, 3, 3, 1, 1}, {5, 6, 2, 2, 7, 3, 3, 1, 1}, {4, 3, 3, 5, 6, 3, 3, 1, 1}, {7, 5, 4, 4, 9, 3, 3, 1, 1},
+        {3, 4, 7, 7, 5, 3, 3, 1, 1}, {4, 3, 4, 4, 5, 5, 5, 2, 2}, {3, 5, 5, 6, 4, 5, 5, 2, 2}, {4, 3, 6, 5, 5, 3, 3, 0, 0},
+        {3, 4, 4, 5, 6, 1, 3, 0, 1}, {3, 4, 5, 4, 6, 3, 1, 1, 0}, {2, 3, 3, 3, 4, 3, 3, 2, 2}, {3, 3, 4, 6, 4, 3, 3, 1, 0},
+        {3, 20, 2, 2, 260, 3, 3, 1, 1}, {2, 260, 3, 2, 8, 3, 3, 1, 1}};
+    int ci, k, cw, acc;
+    dt__tap_min_zeros = 0.0;
+    dt__tap_min_len = 0;
+    for (ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
+        const int64_t *cs = cases[ci];
+        dt_conv_geom g;
+        int64_t xs, ys, ws, i, kk;
+        float *x, *W, *b, *dy, *y, *yref, *dxr, *dwr, *dbr, *dx, *dx0, *dW, *dW0, *want;
+        dt__cpu_state st;
+        memset(&g, 0, sizeof g);
+        g.n = cs[0]; g.c = cs[1]; g.h = cs[2]; g.w = cs[3]; g.oc = cs[4];
+        g.kh = cs[5]; g.kw = cs[6]; g.sh = g.sw = 1; g.ph = cs[7]; g.pw = cs[8];
+        CHECK_OK(dt_conv_geom_resolve(&g));
+        xs = g.n * g.c * g.h * g.w; ys = g.n * g.oc * g.oh * g.ow; kk = g.oc * g.c * g.kh * g.kw;
+        x = twin_alloc(xs); dx = twin_alloc(xs); dx0 = twin_alloc(xs); dxr = twin_alloc(xs); want = twin_alloc(xs > kk ? xs : kk);
+        dy = twin_alloc(ys); y = twin_alloc(ys); yref = twin_alloc(ys);
+        W = twin_alloc(kk); dW = twin_alloc(kk); dW0 = twin_alloc(kk); dwr = twin_alloc(kk);
+        b = twin_alloc(g.oc); dbr = twin_alloc(g.oc);
+        dt_t_fill(x, xs, -1, 1); dt_t_fill(dy, ys, -1, 1); dt_t_fill(W, kk, -1, 1); dt_t_fill(b, g.oc, -1, 1);
+        dt_t_fill(dx0, xs, -1, 1); dt_t_fill(dW0, kk, -1, 1);
+        conv_bwd_ref(&g, x, W, dy, dxr, dwr, dbr);
+        st.gemm_ws_count = dt__gemm_ws_count(dt_cpu_threads());
+        st.gemm_ws = twin_alloc(st.gemm_ws_count);
+        ws = dt__tap_fixed(&g) + g.n * dt__tap_image(&g);
+        st.conv_ws = twin_alloc(ws);
+        for (k = 0; k < DT__NKERNELS; k++) {
+            if (!dt__kernel_ok(k)) continue;
+            CHECK_OK(dt_cpu_set_tier(dt__kernels[k]->name));
+            for (cw = 0; cw < 3; cw++) {   /* chunks of 1 image, of about a third of them, of all */
+                int64_t nb = cw == 0 ? 1 : cw == 1 ? (g.n + 2) / 3 : g.n, taken = dt__tap_taken;
+                char what[128];
+                st.conv_ws_count = dt__tap_fixed(&g) + nb * dt__tap_image(&g);
+                CHECK(dt__tap_chunk(&st, &g) == nb);
+                for (acc = 0; acc < 3; acc++) {   /* dx written, added to, none; the bias, none */
+                    snprintf(what, sizeof what, "%s: taps case %d, %lld a chunk, forward%s", dt_cpu_tier(), ci, (long long)nb,
+                             acc == 1 ? " without bias" : "");
+                    dt_conv2d_ref(&g, x, W, acc == 1 ? NULL : b, yref);
+                    CHECK(dt__tap_conv_fwd(&st, &g, x, W, acc == 1 ? NULL : b, y) == 1);
+                    CHECK_CLOSE(y, yref, ys, 1e-5, what);
+                    memcpy(dx, dx0, sizeof(float) * (size_t)xs);
+                    memcpy(dW, dW0, sizeof(float) * (size_t)kk);
+                    CHECK(dt__tap_conv_bwd(&st, &g, x, W, dy, dW, acc == 2 ? NULL : dx, acc) == 1);
+                    for (i = 0; i < kk; i++) want[i] = dW0[i] + dwr[i];
+                    snprintf(what, sizeof what, "%s: taps case %d, %lld a chunk, dW +=", dt_cpu_tier(), ci, (long long)nb);
+                    CHECK_CLOSE(dW, want, kk, 1e-5, what);
+                    if (acc == 2) { CHECK(memcmp(dx, dx0, sizeof(float) * (size_t)xs) == 0); continue; }
+                    for (i = 0; i < xs; i++) want[i] = acc ? dx0[i] + dxr[i] : dxr[i];
+                    snprintf(what, sizeof what, "%s: taps case %d, %lld a chunk, dx %s", dt_cpu_tier(), ci, (long long)nb,
+                             acc ? "+=" : "=");
+                    CHECK_CLOSE(dx, want, xs, 1e-5, what);
+                }
+                CHECK(dt__tap_taken == taken + 6);
+            }
+        }
+        st.conv_ws_count = dt__tap_fixed(&g);   /* no room for an image: not taken */
+        CHECK(dt__tap_chunk(&st, &g) == 0 && !dt__tap_conv_fwd(&st, &g, x, W, b, y));
+        free(x); free(dx); free(dx0); free(dxr); free(want); free(dy); free(y); free(yref);
+        free(W); free(dW); free(dW0); free(dwr); free(b); free(dbr); free(st.gemm_ws); free(st.conv_ws);
+    }
+    dt__tap_min_zeros = 0.1;
+    dt__tap_min_len = 32;
+    {   /* which geometries the taps take by default: 3 x 3 with padding 1 on 8 x 8, 4 x 4 and 2 x 2, not 16 x 16,
+           not stride 2, not padding past k - 1; 2 x 2 images (the corner taps' spans of 1 pixel) from 32 a
+           chunk on */
+        dt_conv_geom g;
+        dt__cpu_state st;
+        float one = 0.0f;
+        memset(&g, 0, sizeof g);
+        memset(&st, 0, sizeof st);
+        g.n = 2; g.c = 3; g.oc = 4; g.kh = g.kw = 3; g.sh = g.sw = 1; g.ph = g.pw = 1;
+        g.h = g.w = 4; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(dt__tap_fits(&g));
+        g.h = g.w = 2; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(dt__tap_fits(&g));
+        g.h = g.w = 8; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(dt__tap_fits(&g));
+        g.h = g.w = 16; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
+        g.h = g.w = 4; g.sh = g.sw = 2; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
+        g.sh = g.sw = 1; g.ph = g.pw = 3; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
+        g.ph = g.pw = 1; g.h = g.w = 2; g.n = 40; CHECK_OK(dt_conv_geom_resolve(&g));
+        st.conv_ws = &one;   /* (not written: dt__tap_chunk only counts) */
+        st.conv_ws_count = dt__tap_fixed(&g) + 32 * dt__tap_image(&g);
+        CHECK(dt__tap_chunk(&st, &g) == 32);
+        st.conv_ws_count -= dt__tap_image(&g);
+        CHECK(dt__tap_chunk(&st, &g) == 0);
+        CHECK(dt__tap_ws(&g) > 0);          /* reserved from 32 images on */
+        g.n = 31;
+        CHECK(dt__tap_ws(&g) == 0);
+    }
+    CHECK_OK(dt_cpu_set_tier(NULL));
+}
 /* the same bits, or a failed check naming what differs */
 static void twin_same(const void *a, const void *b, int64_t bytes, const char *what) {
     if (memcmp(a, b, (size_t)bytes) != 0) { dt_t_checks_failed++; printf("    %s differs from the portable twin\n", what); }
@@ -528,6 +628,7 @@ int main(int argc, char **argv) {
     RUN(test_gemm_blocks);
     RUN(test_gemm_beta_zero_ignores_c);
     RUN(test_conv_vs_direct);
+    RUN(test_conv_taps);
     RUN(test_cpu_tier);
     for (twin_tier = 0; twin_tier < DT__NKERNELS; twin_tier++) {   /* each faster tier against the portable one */
         char name[64];
