@@ -12,7 +12,7 @@
 #   4. all-reduce: bench/comm.sh up to 1 MiB (local backend, MPICH, gloo).
 # Every program runs on THREADS threads (default: the number of cores). MODELS (default
 # "simplecnn resnet20 vgg11"), TIERS (default: every tier this CPU runs), ROUNDS, WINDOWS and COMM=0 (no
-# all-reduce part) shorten it.
+# all-reduce part) shorten it. PYTHON: the Python with torch (default /usr/bin/python3, else python3).
 # Writes BUILD/bench/bench.csv (section,name,dtrain,peer,ratio,unit) and, with gnuplot, BUILD/bench/bench.png.
 B=${1:-build}
 THREADS=${THREADS:-$(nproc)}
@@ -23,7 +23,9 @@ OUT="$B/bench"
 CSV="$OUT/bench.csv"
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=$THREADS
-torch=0; /usr/bin/python3 -c "import torch" 2>/dev/null && torch=1
+# PyTorch's Python: PYTHON, else Debian's (python3-torch), else the python3 on PATH
+if [ -z "$PYTHON" ]; then PYTHON=/usr/bin/python3; "$PYTHON" -c "import torch" 2>/dev/null || PYTHON=python3; fi
+torch=0; "$PYTHON" -c "import torch" 2>/dev/null && torch=1
 echo "section,name,dtrain,peer,ratio,unit" > "$CSV"
 
 echo "== the machine ($THREADS threads)"
@@ -65,7 +67,7 @@ for m in $MODELS; do
         while [ $r -lt "$ROUNDS" ]; do   # dtrain and PyTorch take turns, so a spell of load falls on both
             d="$d$(DT_CPU=$t "$B/bench/bench_models" --model $m --windows $WINDOWS) " || exit 1
             # shellcheck disable=SC2046
-            [ $torch = 1 ] && { p="$p$(env $(torch_tier $t) /usr/bin/python3 bench/torch_models.py --model $m --threads $THREADS \
+            [ $torch = 1 ] && { p="$p$(env $(torch_tier $t) "$PYTHON" bench/torch_models.py --model $m --threads $THREADS \
                                         --windows $WINDOWS) " || exit 1; }
             r=$((r + 1))
         done
