@@ -76,30 +76,38 @@ extern "C" {
 #define DT__MR_MAX 16
 #define DT__NR_MAX 48
 
-/* A panel of n rows of src (row stride ld) turned into w-wide steps: dst[p * w + j] = src[j * ld + p] for
-   p < kc, j < n, zero for n <= j < w (w at most 48). The portable transposing copy of the GEMM's packing
-   (A's rows into MR-tall panels, B^T and im2col^T into NR-wide ones), and the twin of the tiers' pack_bt:
-   with GNU C's shuffles, 4 x 4 tiles in registers (4 loads, 8 shuffles, 4 stores where an element at a
-   time is a load and a store), the rest element by element. */
 #if DT__VEC && defined(__has_builtin)
 #if __has_builtin(__builtin_shufflevector)
 #define DT__SHUFFLE 1
 #endif
 #endif
+#ifdef DT__SHUFFLE
+/* c[q] = column q of the 4 x 4 tile whose rows are the 4 floats at s, s + ld, s + 2 ld, s + 3 ld (4 loads, 8
+   shuffles) */
+static void dt__v4_turn4(const float *s, int64_t ld, dt__v4 c[4]) {
+    dt__v4 r0 = dt__v4_load(s), r1 = dt__v4_load(s + ld), r2 = dt__v4_load(s + 2 * ld), r3 = dt__v4_load(s + 3 * ld);
+    dt__v4 t0 = __builtin_shufflevector(r0, r1, 0, 4, 1, 5), t1 = __builtin_shufflevector(r0, r1, 2, 6, 3, 7);
+    dt__v4 t2 = __builtin_shufflevector(r2, r3, 0, 4, 1, 5), t3 = __builtin_shufflevector(r2, r3, 2, 6, 3, 7);
+    c[0] = __builtin_shufflevector(t0, t2, 0, 1, 4, 5); c[1] = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+    c[2] = __builtin_shufflevector(t1, t3, 0, 1, 4, 5); c[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+}
+#endif
+/* A panel of n rows of src (row stride ld) turned into w-wide steps: dst[p * w + j] = src[j * ld + p] for
+   p < kc, j < n, zero for n <= j < w (w at most 48). The portable transposing copy of the GEMM's packing
+   (A's rows into MR-tall panels, B^T and im2col^T into NR-wide ones), and the twin of the tiers' pack_bt:
+   with GNU C's shuffles, 4 x 4 tiles in registers (4 loads, 8 shuffles, 4 stores where an element at a
+   time is a load and a store), the rest element by element. */
 static void dt__pack_t(const float *src, int64_t ld, int64_t kc, int64_t n, float *DT__RESTRICT dst, int w) {
     int64_t p, j, j4 = 0, p4 = 0;
 #ifdef DT__SHUFFLE
     p4 = kc / 4 * 4;
     for (; j4 + 4 <= n; j4 += 4)
         for (p = 0; p < p4; p += 4) {
-            const float *s = src + j4 * ld + p;
-            dt__v4 r0 = dt__v4_load(s), r1 = dt__v4_load(s + ld), r2 = dt__v4_load(s + 2 * ld), r3 = dt__v4_load(s + 3 * ld);
-            dt__v4 t0 = __builtin_shufflevector(r0, r1, 0, 4, 1, 5), t1 = __builtin_shufflevector(r0, r1, 2, 6, 3, 7);
-            dt__v4 t2 = __builtin_shufflevector(r2, r3, 0, 4, 1, 5), t3 = __builtin_shufflevector(r2, r3, 2, 6, 3, 7);
-            dt__v4 c0 = __builtin_shufflevector(t0, t2, 0, 1, 4, 5), c1 = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
-            dt__v4 c2 = __builtin_shufflevector(t1, t3, 0, 1, 4, 5), c3 = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+            dt__v4 c[4];
             float *d = dst + p * w + j4;
-            memcpy(d, &c0, sizeof c0); memcpy(d + w, &c1, sizeof c1); memcpy(d + 2 * w, &c2, sizeof c2); memcpy(d + 3 * w, &c3, sizeof c3);
+            dt__v4_turn4(src + j4 * ld + p, ld, c);
+            memcpy(d, &c[0], sizeof c[0]); memcpy(d + w, &c[1], sizeof c[1]); memcpy(d + 2 * w, &c[2], sizeof c[2]);
+            memcpy(d + 3 * w, &c[3], sizeof c[3]);
         }
 #endif
     for (j = 0; j < n; j++) {   /* what the tiles left: the last kc % 4 steps of their rows, and the rows after them */
@@ -512,7 +520,6 @@ static double dt__tap_min_zeros = 0.1;
    narrower pieces fill little of the micro-kernel's width (VGG-11 at 4 images, its 2 x 2 corner taps 4
    floats wide, lost 23% at AVX-512; with this bound, from 8 images on it loses nothing) */
 static int64_t dt__tap_min_len = 32;
-static DT__MAYBE_UNUSED int dt__tap_off;                          /* 1: never take the taps (the tests compare paths) */
 static DT__MAYBE_UNUSED DT__THREAD_LOCAL int64_t dt__tap_taken;   /* calls that took them on this thread (for the tests) */
 
 /* the outputs [lo, hi) of one dimension at which tap k reads a real pixel (input = output + k - pad) */
@@ -555,7 +562,7 @@ static int64_t dt__tap_ws(const dt_conv_geom *g) {
 /* Images per chunk on the state's workspace, 0 when the taps do not take g there */
 static int64_t dt__tap_chunk(const dt__cpu_state *st, const dt_conv_geom *g) {
     int64_t nb;
-    if (dt__tap_off || !st || !st->conv_ws || !dt__tap_fits(g)) return 0;
+    if (!st || !st->conv_ws || !dt__tap_fits(g)) return 0;
     nb = (st->conv_ws_count - dt__tap_fixed(g)) / dt__tap_image(g);
     if (nb > g->n) nb = g->n;
     return nb < 1 || dt__tap_min_span(g) * nb < dt__tap_min_len ? 0 : nb;
@@ -564,7 +571,7 @@ static int64_t dt__tap_chunk(const dt__cpu_state *st, const dt_conv_geom *g) {
 /* dst [cols][rows] = src [rows][cols]^T (+ bias[i / s] for src's row i), or += it with add: the layout
    changes between [nb][c h w] and [c h w][nb]. In blocks of 32 x 32, whose rows stay in L1 even when both
    strides are powers of two (8 rows of each side at a time, which 8 ways hold); with GNU C's shuffles, 4 x 4
-   tiles in registers, as dt__pack_t. */
+   tiles in registers (dt__v4_turn4, as dt__pack_t). */
 static void dt__tap_turn_block(const float *DT__RESTRICT src, int64_t rows, int64_t cols, float *DT__RESTRICT dst, const float *bias,
                                int64_t s, int add, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     int64_t i, j, i4 = i0, j4 = j1;
@@ -573,14 +580,9 @@ static void dt__tap_turn_block(const float *DT__RESTRICT src, int64_t rows, int6
         dt__v4 bv = {0.0f, 0.0f, 0.0f, 0.0f};
         if (bias) { bv[0] = bias[i4 / s]; bv[1] = bias[(i4 + 1) / s]; bv[2] = bias[(i4 + 2) / s]; bv[3] = bias[(i4 + 3) / s]; }
         for (j = j0; j + 4 <= j1; j += 4) {
-            const float *p = src + i4 * cols + j;
-            dt__v4 r0 = dt__v4_load(p), r1 = dt__v4_load(p + cols), r2 = dt__v4_load(p + 2 * cols), r3 = dt__v4_load(p + 3 * cols);
-            dt__v4 t0 = __builtin_shufflevector(r0, r1, 0, 4, 1, 5), t1 = __builtin_shufflevector(r0, r1, 2, 6, 3, 7);
-            dt__v4 t2 = __builtin_shufflevector(r2, r3, 0, 4, 1, 5), t3 = __builtin_shufflevector(r2, r3, 2, 6, 3, 7);
             dt__v4 c[4];
             int q;
-            c[0] = __builtin_shufflevector(t0, t2, 0, 1, 4, 5); c[1] = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
-            c[2] = __builtin_shufflevector(t1, t3, 0, 1, 4, 5); c[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+            dt__v4_turn4(src + i4 * cols + j, cols, c);
             for (q = 0; q < 4; q++) {
                 float *d = dst + (j + q) * rows + i4;
                 dt__v4 v = c[q] + bv;
@@ -645,10 +647,22 @@ static void dt__tap_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_
     bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
     dt__cpu_gemm_src(ctx, ta, M, N, K, 1.0f, A, lda, &bs, 1.0f, C, ldc);
 }
+/* One pass over every piece of every tap, for a chunk of n images, xt [c][h][w][n], yt [oc][oh][ow][n] and
+   w [tap][oc][c], as the table above: 0 forward (yt += w xt), 1 weight gradient (w += yt xt^T), 2 input
+   gradient (xt += w^T yt) */
+static void dt__tap_pass(void *ctx, const dt_conv_geom *g, int64_t n, int pass, float *w, float *xt, float *yt) {
+    int64_t t, r, len, yo, xo, ldx = g->h * g->w * n, ldy = g->oh * g->ow * n, oc = g->oc * g->c;
+    for (t = 0; t < g->kh * g->kw; t++)
+        for (r = 0; (len = dt__tap_piece(g, n, t, r, &yo, &xo)) > 0; r++) {
+            if (pass == 0) dt__tap_gemm(ctx, 0, 0, g->oc, len, g->c, w + t * oc, g->c, xt + xo, ldx, yt + yo, ldy);
+            else if (pass == 1) dt__tap_gemm(ctx, 0, 1, g->oc, g->c, len, yt + yo, ldy, xt + xo, ldx, w + t * oc, g->c);
+            else dt__tap_gemm(ctx, 1, 0, g->c, len, g->oc, w + t * oc, g->c, yt + yo, ldy, xt + xo, ldx);
+        }
+}
 /* The forward pass by taps: y [n, oc, oh, ow] = conv(x, W) + b; 0 when the taps do not take g */
 static int dt__tap_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
     dt__cpu_state *st = (dt__cpu_state *)ctx;
-    int64_t nb = dt__tap_chunk(st, g), kk = g->kh * g->kw, xs = g->c * g->h * g->w, ys = g->oc * g->oh * g->ow, i0, t, r, len, yo, xo;
+    int64_t nb = dt__tap_chunk(st, g), xs = g->c * g->h * g->w, ys = g->oc * g->oh * g->ow, i0;
     float *Wt = st ? st->conv_ws : NULL, *xt, *yt;
     if (!nb) return 0;
     xt = Wt + dt__tap_fixed(g);
@@ -658,10 +672,7 @@ static int dt__tap_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, co
         yt = xt + xs * n;
         dt__tap_turn(x + i0 * xs, n, xs, xt, NULL, 1, 0);
         memset(yt, 0, sizeof(float) * (size_t)(ys * n));
-        for (t = 0; t < kk; t++)
-            for (r = 0; (len = dt__tap_piece(g, n, t, r, &yo, &xo)) > 0; r++)
-                dt__tap_gemm(ctx, 0, 0, g->oc, len, g->c, Wt + t * g->oc * g->c, g->c, xt + xo, g->h * g->w * n, yt + yo,
-                             g->oh * g->ow * n);
+        dt__tap_pass(ctx, g, n, 0, Wt, xt, yt);
         dt__tap_turn(yt, ys, n, y + i0 * ys, b, g->oh * g->ow, 0);
     }
     dt__tap_taken++;
@@ -673,7 +684,7 @@ static int dt__tap_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, co
                             int accumulate) {
     dt__cpu_state *st = (dt__cpu_state *)ctx;
     int64_t nb = dt__tap_chunk(st, g), kk = g->kh * g->kw, oc = g->oc * g->c, xs = g->c * g->h * g->w, ys = g->oc * g->oh * g->ow;
-    int64_t i0, t, r, len, yo, xo;
+    int64_t i0;
     float *Wt = st ? st->conv_ws : NULL, *dWt, *xt, *dyt;
     if (!nb) return 0;
     dWt = Wt + kk * oc;
@@ -685,14 +696,10 @@ static int dt__tap_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, co
         dyt = xt + xs * n;
         dt__tap_turn(x + i0 * xs, n, xs, xt, NULL, 1, 0);
         dt__tap_turn(dy + i0 * ys, n, ys, dyt, NULL, 1, 0);
-        for (t = 0; t < kk; t++)
-            for (r = 0; (len = dt__tap_piece(g, n, t, r, &yo, &xo)) > 0; r++)
-                dt__tap_gemm(ctx, 0, 1, g->oc, g->c, len, dyt + yo, g->oh * g->ow * n, xt + xo, g->h * g->w * n, dWt + t * oc, g->c);
+        dt__tap_pass(ctx, g, n, 1, dWt, xt, dyt);
         if (!dx) continue;
         memset(xt, 0, sizeof(float) * (size_t)(xs * n));   /* xt is done with: dxt takes its place */
-        for (t = 0; t < kk; t++)
-            for (r = 0; (len = dt__tap_piece(g, n, t, r, &yo, &xo)) > 0; r++)
-                dt__tap_gemm(ctx, 1, 0, g->c, len, g->oc, Wt + t * oc, g->c, dyt + yo, g->oh * g->ow * n, xt + xo, g->h * g->w * n);
+        dt__tap_pass(ctx, g, n, 2, Wt, xt, dyt);
         dt__tap_turn(xt, xs, n, dx + i0 * xs, NULL, 1, accumulate);
     }
     dt__tap_weights(g, dWt, dW, 1);
