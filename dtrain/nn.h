@@ -700,7 +700,8 @@ static int dt__residual(const dt__node *a) { return a->in0 == a->bn ? a->in1 : a
 /* Plans the passes from the graph and the backend's ops. A ReLU whose input only it reads runs inside the
    batch norm or add before it (that node's output and gradient are then never stored); so does a batch
    norm whose only reader is a residual add whose only reader is a ReLU: the add runs all three (when the
-   residual is computed after the batch norm, only the add has both). An activation gradient's first writer
+   residual is computed after the batch norm, only the add has both); an add runs one batch norm, the first
+   (with a batch norm on both inputs, a projection shortcut's, the other runs as itself). An activation gradient's first writer
    in the backward pass (its reader with the highest index) writes it rather than adding to it when its op
    can; the others are zeroed before the pass. */
 static void dt__plan(dt_model *m) {
@@ -716,7 +717,7 @@ static void dt__plan(dt_model *m) {
         if (!r || n->folded) continue;
         if (n->kind == DT_LAYER_BATCHNORM && bnr && m->nodes[r].kind == DT_LAYER_RELU) {
             n->relu = r; m->nodes[r].folded = 1;
-        } else if (n->kind == DT_LAYER_BATCHNORM && bnr && (a = &m->nodes[r])->kind == DT_LAYER_ADD && a->in0 != a->in1 &&
+        } else if (n->kind == DT_LAYER_BATCHNORM && bnr && (a = &m->nodes[r])->kind == DT_LAYER_ADD && !a->bn && a->in0 != a->in1 &&
                    (a->in0 == i ? a->in1 : a->in0) != n->in0 && (rr = dt__only_reader(m, r)) && m->nodes[rr].kind == DT_LAYER_RELU) {
             n->relu = rr; n->folded = 1; a->bn = i; a->relu = rr; m->nodes[rr].folded = 1;
         } else if (n->kind == DT_LAYER_ADD && addr && !n->bn && n->in0 != n->in1 && m->nodes[r].kind == DT_LAYER_RELU) {

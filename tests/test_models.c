@@ -276,7 +276,8 @@ static void test_threads_same_bits(void) {
    write it rather than add to it) give the same numbers as the layers one by one on zeroed gradients:
    outputs, loss, every parameter and input gradient, running statistics, and eval outputs. Graphs: the zoo
    and small ones with the cases the plan must refuse (a batch norm with two readers, x + x, a ReLU as the
-   output, a stride-2 convolution whose input gradient takes the packed path, relu(bn(x) + x)). */
+   output, a stride-2 convolution whose input gradient takes the packed path, relu(bn(x) + x), and projection
+   shortcuts, whose add has a batch norm on both inputs). */
 static int build_fuse_graph(dt_model *m, int which) {
     int x = 0, a, b;
     switch (which) {
@@ -298,6 +299,14 @@ static int build_fuse_graph(dt_model *m, int which) {
         x = dt_relu(m, dt_add(m, dt_conv2d(m, a, 4, 1, 1, 0), b));
         x = dt_relu(m, dt_add(m, dt_batchnorm(m, x), x));
         return dt_linear(m, dt_flatten(m, x), 5, 1);
+    case 4:   /* projection shortcuts: relu(bn(conv(a)) + bn(conv1x1(a))), the add's inputs both batch norms, built
+                 main branch first and shortcut first; the add runs one of them, the other runs as itself */
+        a = dt_relu(m, dt_batchnorm(m, dt_conv2d(m, x, 4, 3, 1, 1)));
+        b = dt_batchnorm(m, dt_conv2d(m, a, 6, 3, 2, 1));
+        x = dt_relu(m, dt_add(m, b, dt_batchnorm(m, dt_conv2d(m, a, 6, 1, 2, 0))));
+        b = dt_batchnorm(m, dt_conv2d(m, x, 8, 1, 1, 0));
+        x = dt_relu(m, dt_add(m, dt_batchnorm(m, dt_conv2d(m, x, 8, 3, 1, 1)), b));
+        return dt_linear(m, dt_flatten(m, x), 5, 1);
     default:  /* a ReLU as the output, after a 1-D batch norm */
         x = dt_linear(m, dt_flatten(m, dt_relu(m, dt_conv2d(m, x, 4, 3, 1, 1))), 7, 1);
         return dt_relu(m, dt_batchnorm(m, x));
@@ -306,7 +315,7 @@ static int build_fuse_graph(dt_model *m, int which) {
 static void test_planned_passes_same_numbers(void) {
     enum { B = 4 };
     int ci, way, i;
-    for (ci = 0; ci < 7; ci++) {
+    for (ci = 0; ci < 8; ci++) {
         float *x, *out[2], *g[2], *dx[2], *buf[2], *ev[2], loss[2];
         int32_t y[B] = {0, 1, 2, 3};
         int64_t np = 0, nb = 0, in = 0, k = 0, folded[2] = {0, 0};
@@ -354,7 +363,7 @@ static void test_planned_passes_same_numbers(void) {
         dt__fuse_off = 0;
         if (way < 2) break;
         {
-            static const int64_t want[7] = {0, 28, 8, 4, 1, 1, 4};   /* nodes run by others, per graph */
+            static const int64_t want[8] = {0, 28, 8, 4, 1, 1, 4, 5};   /* nodes run by others, per graph */
             int64_t bad = 0;
             CHECK(folded[0] == want[ci] && folded[1] == 0);
             CHECK(loss[0] == loss[1]);
