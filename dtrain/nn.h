@@ -62,15 +62,29 @@ void dt_model_destroy(dt_model *m);
    Shapes are checked here, so a bad network fails where it is written. */
 int dt_model_input(dt_model *m);                                                /* id of the input node */
 int dt_linear(dt_model *m, int x, int64_t out_features, int bias);              /* x: [in] -> [out] */
+/* A window: kernel x kernel with stride and pad on both axes; or, with kernel 0, kernel_h x kernel_w with
+   stride_h, stride_w, pad_h, pad_w (a 1 x 3 or 3 x 1 kernel; a 1-D convolution as 1 x k on [c, 1, w]).
+   Stride 0 is the default: 1 for a convolution, the kernel's size for pooling. */
 typedef struct dt_conv2d_desc {
     int64_t out_channels;
-    int64_t kernel, stride, pad;     /* square window; stride 0 = 1 */
+    int64_t kernel, stride, pad;     /* square window (stride 0 = 1) */
     int     no_bias;                 /* 1 = no bias (before a batchnorm) */
+    int64_t kernel_h, kernel_w;      /* with kernel 0: a kernel_h x kernel_w window, */
+    int64_t stride_h, stride_w;      /* its strides (0 = 1) */
+    int64_t pad_h, pad_w;            /* and the zero padding of each axis */
 } dt_conv2d_desc;
 int dt_conv2d(dt_model *m, int x, int64_t out_channels, int64_t kernel, int64_t stride, int64_t pad);
 int dt_conv2d_ex(dt_model *m, int x, const dt_conv2d_desc *d);
+typedef struct dt_pool2d_desc {
+    int64_t kernel, stride, pad;     /* square window (stride 0 = kernel) */
+    int64_t kernel_h, kernel_w;      /* with kernel 0: a kernel_h x kernel_w window, */
+    int64_t stride_h, stride_w;      /* its strides (0 = the kernel's size on that axis) */
+    int64_t pad_h, pad_w;            /* and the padding of each axis (at most half the kernel there) */
+} dt_pool2d_desc;
 int dt_maxpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad); /* stride 0 = kernel */
 int dt_avgpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad); /* zero padding counted */
+int dt_maxpool2d_ex(dt_model *m, int x, const dt_pool2d_desc *d);
+int dt_avgpool2d_ex(dt_model *m, int x, const dt_pool2d_desc *d);
 int dt_global_avgpool(dt_model *m, int x);                                      /* [c,h,w] -> [c] */
 int dt_relu(dt_model *m, int x);
 int dt_dropout(dt_model *m, int x, float p);                                    /* 0 <= p < 1 */
@@ -198,7 +212,7 @@ typedef struct dt__node {
     int in0, in1;                   /* input node ids (-1 = none) */
     int ndim;                       /* per-sample output: [c] (1) or [c, h, w] (3) */
     int64_t c, h, w, size;
-    int64_t k, stride, pad;         /* conv / pool window */
+    int64_t kh, kw, sh, sw, ph, pw; /* conv / pool window (pad_shortcut: its stride in sh) */
     int has_bias;
     float p, eps, momentum;         /* dropout, batchnorm */
     int param0, nparams, buf0, nbufs;
@@ -442,64 +456,108 @@ static dt_conv_geom dt__geom(const dt_model *m, const dt__node *n, int64_t batch
     memset(&g, 0, sizeof g);
     g.n = batch; g.c = src->c; g.h = src->h; g.w = src->w;
     g.oc = n->c; g.oh = n->h; g.ow = n->w;
-    g.kh = g.kw = n->k; g.sh = g.sw = n->stride; g.ph = g.pw = n->pad;
+    g.kh = n->kh; g.kw = n->kw; g.sh = n->sh; g.sw = n->sw; g.ph = n->ph; g.pw = n->pw;
     return g;
 }
 
-static int dt__window(dt_model *m, int x, dt_layer_kind kind, int64_t oc, int64_t k, int64_t stride, int64_t pad,
-                      const char *what) {
-    dt_conv_geom g;
+/* The window a desc asks for, into g's kh, kw, sh, sw, ph, pw: the square fields, or with k 0 the rectangular
+   ones; a stride 0 becomes 1 (convolution) or the kernel's size (pooling). 0 when it is valid, else -1 with
+   the builder's error. */
+static int dt__window_desc(dt_model *m, dt_conv_geom *g, int64_t k, int64_t s, int64_t p, int64_t kh, int64_t kw, int64_t sh,
+                           int64_t sw, int64_t ph, int64_t pw, int pool, const char *what) {
+    if (k != 0 && (kh || kw || sh || sw || ph || pw))
+        return dt__fail_build(m, DT_ERR_INVALID_ARG, "%s: kernel is %lld and kernel_h, kernel_w, stride_h, stride_w, pad_h or pad_w "
+                              "is set too; give a square window in kernel, stride and pad, or set kernel 0 and give the "
+                              "rectangular one", what, (long long)k);
+    if (k != 0) { kh = kw = k; sh = sw = s; ph = pw = p; }
+    else if (s || p)
+        return dt__fail_build(m, DT_ERR_INVALID_ARG, "%s: kernel is 0 but stride (%lld) or pad (%lld) is set; with kernel 0 the "
+                              "window is kernel_h x kernel_w, with stride_h, stride_w, pad_h and pad_w", what, (long long)s,
+                              (long long)p);
+    if (kh <= 0 || kw <= 0 || sh < 0 || sw < 0 || ph < 0 || pw < 0)
+        return dt__fail_build(m, DT_ERR_SHAPE, "%s: kernel %lld x %lld, stride %lld x %lld, padding %lld x %lld: the kernel must be "
+                              "at least 1 x 1 (kernel, or kernel_h and kernel_w), strides (0: the default) and padding not "
+                              "negative", what, (long long)kh, (long long)kw, (long long)sh, (long long)sw, (long long)ph,
+                              (long long)pw);
+    if (sh == 0) sh = pool ? kh : 1;
+    if (sw == 0) sw = pool ? kw : 1;
+    if (pool && (ph * 2 > kh || pw * 2 > kw))
+        return dt__fail_build(m, DT_ERR_SHAPE, "%s: padding %lld x %lld is more than half the kernel %lld x %lld (PyTorch's limit too)",
+                              what, (long long)ph, (long long)pw, (long long)kh, (long long)kw);
+    g->kh = kh; g->kw = kw; g->sh = sh; g->sw = sw; g->ph = ph; g->pw = pw;
+    return 0;
+}
+
+/* Adds a window node over x: a convolution with oc output channels or a pooling (oc = x's channels), with
+   the window of w (its kh, kw, sh, sw, ph, pw) */
+static int dt__window(dt_model *m, int x, dt_layer_kind kind, int64_t oc, const dt_conv_geom *w, const char *what) {
+    dt_conv_geom g = *w;
     dt__node *n;
-    const dt__node *src;
-    if (dt__check_input(m, x, what)) return -1;
-    src = &m->nodes[x];
+    const dt__node *src = &m->nodes[x];
     if (src->ndim != 3)
         return dt__fail_build(m, DT_ERR_SHAPE, "%s: input node %d (%s) is a vector of %lld; it needs an image [c, h, w]",
                               what, x, src->name, (long long)src->size);
-    if (kind == DT_LAYER_MAXPOOL2D || kind == DT_LAYER_AVGPOOL2D) {
-        if (stride == 0) stride = k;
-        if (pad * 2 > k)
-            return dt__fail_build(m, DT_ERR_SHAPE, "%s: padding %lld is more than half the kernel %lld (PyTorch's limit too)",
-                                  what, (long long)pad, (long long)k);
-    } else if (stride == 0) stride = 1;
-    memset(&g, 0, sizeof g);
-    g.c = src->c; g.h = src->h; g.w = src->w; g.kh = g.kw = k; g.sh = g.sw = stride; g.ph = g.pw = pad;
     if (oc <= 0) return dt__fail_build(m, DT_ERR_INVALID_ARG, "%s: out_channels is %lld; it must be > 0", what, (long long)oc);
+    g.c = src->c; g.h = src->h; g.w = src->w;
     if (dt_conv_geom_resolve(&g) != DT_OK) return dt__fail_build(m, DT_ERR_SHAPE, "%s: %s", what, dt_last_error());
     if (!(n = dt__add_node(m, kind, x))) return -1;
     dt__set_shape3(n, oc, g.oh, g.ow);
-    n->k = k; n->stride = stride; n->pad = pad;
+    n->kh = g.kh; n->kw = g.kw; n->sh = g.sh; n->sw = g.sw; n->ph = g.ph; n->pw = g.pw;
     return m->nnodes - 1;
 }
 
 int dt_conv2d_ex(dt_model *m, int x, const dt_conv2d_desc *d) {
     int id;
     dt__node *n;
-    int64_t cin;
-    if (!d) { if (m) return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_conv2d_ex: desc is NULL"); return -1; }
-    id = dt__window(m, x, DT_LAYER_CONV2D, d->out_channels, d->kernel, d->stride, d->pad, "dt_conv2d");
-    if (id < 0) return -1;
+    dt_conv_geom g;
+    if (dt__check_input(m, x, "dt_conv2d")) return -1;
+    if (!d) return dt__fail_build(m, DT_ERR_INVALID_ARG, "dt_conv2d_ex: desc is NULL");
+    memset(&g, 0, sizeof g);
+    if (dt__window_desc(m, &g, d->kernel, d->stride, d->pad, d->kernel_h, d->kernel_w, d->stride_h, d->stride_w, d->pad_h,
+                        d->pad_w, 0, "dt_conv2d"))
+        return -1;
+    if ((id = dt__window(m, x, DT_LAYER_CONV2D, d->out_channels, &g, "dt_conv2d")) < 0) return -1;
     n = &m->nodes[id];
-    cin = m->nodes[x].c;
     n->has_bias = !d->no_bias;
-    if (dt__add_view(m, 0, "weight", 4, d->out_channels, cin, d->kernel, d->kernel)) return -1;
+    if (dt__add_view(m, 0, "weight", 4, d->out_channels, m->nodes[x].c, g.kh, g.kw)) return -1;
     if (n->has_bias && dt__add_view(m, 0, "bias", 1, d->out_channels, 0, 0, 0)) return -1;
     return id;
 }
 int dt_conv2d(dt_model *m, int x, int64_t out_channels, int64_t kernel, int64_t stride, int64_t pad) {
     dt_conv2d_desc d;
+    if (dt__check_input(m, x, "dt_conv2d")) return -1;
+    if (kernel <= 0)   /* in the desc, kernel 0 asks for the rectangular fields */
+        return dt__fail_build(m, DT_ERR_SHAPE, "dt_conv2d: kernel is %lld; it must be at least 1", (long long)kernel);
     memset(&d, 0, sizeof d);
     d.out_channels = out_channels; d.kernel = kernel; d.stride = stride; d.pad = pad;
     return dt_conv2d_ex(m, x, &d);
 }
+static int dt__pool(dt_model *m, int x, dt_layer_kind kind, const dt_pool2d_desc *d, const char *what) {
+    dt_conv_geom g;
+    if (dt__check_input(m, x, what)) return -1;
+    if (!d) return dt__fail_build(m, DT_ERR_INVALID_ARG, "%s_ex: desc is NULL", what);
+    memset(&g, 0, sizeof g);
+    if (dt__window_desc(m, &g, d->kernel, d->stride, d->pad, d->kernel_h, d->kernel_w, d->stride_h, d->stride_w, d->pad_h,
+                        d->pad_w, 1, what))
+        return -1;
+    return dt__window(m, x, kind, m->nodes[x].c, &g, what);
+}
+static int dt__pool_square(dt_model *m, int x, dt_layer_kind kind, int64_t kernel, int64_t stride, int64_t pad, const char *what) {
+    dt_pool2d_desc d;
+    if (dt__check_input(m, x, what)) return -1;
+    if (kernel <= 0) return dt__fail_build(m, DT_ERR_SHAPE, "%s: kernel is %lld; it must be at least 1", what, (long long)kernel);
+    memset(&d, 0, sizeof d);
+    d.kernel = kernel; d.stride = stride; d.pad = pad;
+    return dt__pool(m, x, kind, &d, what);
+}
 int dt_maxpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad) {
-    if (dt__check_input(m, x, "dt_maxpool2d")) return -1;
-    return dt__window(m, x, DT_LAYER_MAXPOOL2D, m->nodes[x].c, kernel, stride, pad, "dt_maxpool2d");
+    return dt__pool_square(m, x, DT_LAYER_MAXPOOL2D, kernel, stride, pad, "dt_maxpool2d");
 }
 int dt_avgpool2d(dt_model *m, int x, int64_t kernel, int64_t stride, int64_t pad) {
-    if (dt__check_input(m, x, "dt_avgpool2d")) return -1;
-    return dt__window(m, x, DT_LAYER_AVGPOOL2D, m->nodes[x].c, kernel, stride, pad, "dt_avgpool2d");
+    return dt__pool_square(m, x, DT_LAYER_AVGPOOL2D, kernel, stride, pad, "dt_avgpool2d");
 }
+int dt_maxpool2d_ex(dt_model *m, int x, const dt_pool2d_desc *d) { return dt__pool(m, x, DT_LAYER_MAXPOOL2D, d, "dt_maxpool2d"); }
+int dt_avgpool2d_ex(dt_model *m, int x, const dt_pool2d_desc *d) { return dt__pool(m, x, DT_LAYER_AVGPOOL2D, d, "dt_avgpool2d"); }
 
 static int dt__unary(dt_model *m, int x, dt_layer_kind kind, const char *what) {
     if (dt__check_input(m, x, what)) return -1;
@@ -579,7 +637,7 @@ int dt_pad_shortcut(dt_model *m, int x, int64_t out_channels, int64_t stride) {
                               (long long)stride);
     if ((id = dt__unary(m, x, DT_LAYER_PAD_SHORTCUT, "dt_pad_shortcut")) < 0) return -1;
     dt__set_shape3(&m->nodes[id], out_channels, (src->h + stride - 1) / stride, (src->w + stride - 1) / stride);
-    m->nodes[id].stride = stride;
+    m->nodes[id].sh = stride;
     return id;
 }
 int dt_log_softmax(dt_model *m, int x) {
@@ -919,7 +977,7 @@ static void dt__node_fwd(dt_model *m, dt__node *n, int64_t batch) {
         } else if (n->relu) O->add_relu_fwd(C, m->nodes[n->relu].out, x, m->nodes[n->in1].out, cnt);
         else O->add(C, n->out, x, m->nodes[n->in1].out, cnt);
         break;
-    case DT_LAYER_PAD_SHORTCUT: O->pad_shortcut_fwd(C, x, n->out, batch, in->c, in->h, in->w, n->c, n->stride); break;
+    case DT_LAYER_PAD_SHORTCUT: O->pad_shortcut_fwd(C, x, n->out, batch, in->c, in->h, in->w, n->c, n->sh); break;
     case DT_LAYER_LOG_SOFTMAX: O->log_softmax_fwd(C, x, n->out, batch, n->c); break;
     default: break;
     }
@@ -971,7 +1029,7 @@ static void dt__node_bwd(dt_model *m, dt__node *n, int64_t batch) {
         if (dx1 && n->ow[1]) O->copy(C, dx1, dy, cnt);
         else if (dx1) O->axpy(C, dx1, dy, cnt, 1.0f);
     } break;
-    case DT_LAYER_PAD_SHORTCUT: if (dx) O->pad_shortcut_bwd(C, dy, dx, batch, in->c, in->h, in->w, n->c, n->stride); break;
+    case DT_LAYER_PAD_SHORTCUT: if (dx) O->pad_shortcut_bwd(C, dy, dx, batch, in->c, in->h, in->w, n->c, n->sh); break;
     case DT_LAYER_LOG_SOFTMAX: if (dx) O->log_softmax_bwd(C, n->out, dy, dx, batch, n->c); break;
     default: break;
     }

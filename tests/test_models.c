@@ -447,6 +447,49 @@ static void test_builder(void) {
     dt_log_configure(NULL, NULL, DT_LOG_INFO);
     CHECK(summary_lines == 1 + 5 + 1);
     dt_model_destroy(m);
+    {   /* rectangular windows: a 1 x 3 convolution with strides 1 x 2 and padding 0 x 1, a 3 x 2 pooling with
+           strides 2 x 1 and padding 1 x 0 (output (h + 2 ph - kh) / sh + 1 on each axis); the weight's shape */
+        dt_conv2d_desc cd;
+        dt_pool2d_desc pd;
+        memset(&cd, 0, sizeof cd);
+        memset(&pd, 0, sizeof pd);
+        CHECK_OK(dt_model_create(&m, &d));
+        cd.out_channels = 4; cd.kernel_h = 1; cd.kernel_w = 3; cd.stride_w = 2; cd.pad_w = 1;
+        x = dt_conv2d_ex(m, dt_model_input(m), &cd);
+        CHECK(dt_model_node_shape(m, x, s) == 3 && s[0] == 4 && s[1] == 11 && s[2] == 5);
+        pd.kernel_h = 3; pd.kernel_w = 2; pd.stride_w = 1; pd.pad_h = 1;
+        x = dt_maxpool2d_ex(m, x, &pd);
+        CHECK(dt_model_node_shape(m, x, s) == 3 && s[0] == 4 && s[1] == 4 && s[2] == 4);
+        x = dt_avgpool2d_ex(m, x, &pd);
+        CHECK(dt_model_node_shape(m, x, s) == 3 && s[1] == 2 && s[2] == 3);
+        CHECK_OK(dt_model_finalize(m));
+        CHECK(dt_model_param_info(m, 0).ndim == 4 && dt_model_param_info(m, 0).shape[2] == 1 && dt_model_param_info(m, 0).shape[3] == 3);
+        dt_model_destroy(m);
+        /* a square kernel and a rectangular field at once, kernel 0 with stride, padding past half a pooling
+           window, a zero kernel: refused, naming the cause */
+        CHECK_OK(dt_model_create(&m, &d));
+        cd.kernel = 3;
+        CHECK(dt_conv2d_ex(m, dt_model_input(m), &cd) == -1);
+        CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+        CHECK(strstr(dt_last_error(), "kernel is 3 and kernel_h") != NULL);
+        dt_model_destroy(m);
+        CHECK_OK(dt_model_create(&m, &d));
+        memset(&pd, 0, sizeof pd);
+        pd.stride = 2;
+        CHECK(dt_maxpool2d_ex(m, dt_model_input(m), &pd) == -1);
+        CHECK_ERR(dt_model_finalize(m), DT_ERR_INVALID_ARG);
+        dt_model_destroy(m);
+        CHECK_OK(dt_model_create(&m, &d));
+        pd.stride = 0; pd.kernel_h = 2; pd.kernel_w = 3; pd.pad_w = 2;
+        CHECK(dt_avgpool2d_ex(m, dt_model_input(m), &pd) == -1);
+        CHECK_ERR(dt_model_finalize(m), DT_ERR_SHAPE);
+        CHECK(strstr(dt_last_error(), "more than half the kernel 2 x 3") != NULL);
+        dt_model_destroy(m);
+        CHECK_OK(dt_model_create(&m, &d));
+        CHECK(dt_conv2d(m, dt_model_input(m), 4, 0, 1, 0) == -1);
+        CHECK_ERR(dt_model_finalize(m), DT_ERR_SHAPE);
+        dt_model_destroy(m);
+    }
 }
 
 int main(int argc, char **argv) {
