@@ -627,6 +627,7 @@ int dt_add(dt_model *m, int a, int b) {
 }
 int dt_pad_shortcut(dt_model *m, int x, int64_t out_channels, int64_t stride) {
     int id;
+    int64_t h, w;
     const dt__node *src;
     if (dt__check_input(m, x, "dt_pad_shortcut")) return -1;
     src = &m->nodes[x];
@@ -635,8 +636,9 @@ int dt_pad_shortcut(dt_model *m, int x, int64_t out_channels, int64_t stride) {
                               "channels with stride %lld: it needs an image, out_channels >= in_channels with an even "
                               "difference, and stride > 0", x, src->name, (long long)src->c, (long long)out_channels,
                               (long long)stride);
+    h = src->h; w = src->w;   /* (adding the node may move the node array) */
     if ((id = dt__unary(m, x, DT_LAYER_PAD_SHORTCUT, "dt_pad_shortcut")) < 0) return -1;
-    dt__set_shape3(&m->nodes[id], out_channels, (src->h + stride - 1) / stride, (src->w + stride - 1) / stride);
+    dt__set_shape3(&m->nodes[id], out_channels, (h + stride - 1) / stride, (w + stride - 1) / stride);
     m->nodes[id].sh = stride;
     return id;
 }

@@ -490,6 +490,18 @@ static void test_builder(void) {
         CHECK_ERR(dt_model_finalize(m), DT_ERR_SHAPE);
         dt_model_destroy(m);
     }
+    {   /* a padding shortcut added when the node array grows (its 17th node, 33rd, ...) still reads its input's shape
+           (it read it after the array had moved: under AddressSanitizer, a use after free) */
+        int i, k;
+        for (k = 16; k <= 32; k += 16) {
+            CHECK_OK(dt_model_create(&m, &d));
+            for (x = dt_model_input(m), i = 1; i < k; i++) x = dt_relu(m, x);
+            CHECK(dt_model_nodes(m) == k);
+            x = dt_pad_shortcut(m, x, 5, 2);
+            CHECK(dt_model_node_shape(m, x, s) == 3 && s[0] == 5 && s[1] == 6 && s[2] == 5);
+            dt_model_destroy(m);
+        }
+    }
 }
 
 int main(int argc, char **argv) {
