@@ -994,6 +994,7 @@ static void run_graph(const graph *G) {
                 dump_vec("logits", step, RF.logits, RF.nlogits); dump_vec("loss", step, &RF.loss, 1);
                 dump_vec("grads", step, RF.grads, S.np); dump_vec("dx", step, RF.dx, RF.ndx);
                 dump_vec("bufs", step, RF.bufs, S.nb); dump_vec("pnew", step, RF.params, S.np);
+                dump_vec("relu", step, RF.relu, RF.nrelu); dump_vec("argmax", step, RF.argmax, RF.nargmax);
                 if (RF.eval) dump_vec("eval", -1, RF.eval, RF.nlogits);
                 for (t = 1; t < fast->nnodes; t++)
                     if (fast->nodes[t].kind == DT_LAYER_DROPOUT) {
@@ -1057,7 +1058,7 @@ int main(int argc, char **argv) {
     t0 = dt_time_now();
     dt_t_checks_failed = 0;
     /* the run's graphs, and then more (up to DIFF_GRAPHS_MAX) while a fast path is still to be taken */
-    for (i = only >= 0 ? only : 0; only >= 0 ? i == only : i < graphs || (i < DIFF_GRAPHS_MAX && !all_taken()); i++) {
+    for (i = only >= 0 ? only : 0; only >= 0 ? i == only : i < graphs || (!dump_dir && i < DIFF_GRAPHS_MAX && !all_taken()); i++) {
         graph G;
         gmake(&G, seed, i);
         run_graph(&G);
@@ -1077,7 +1078,7 @@ int main(int argc, char **argv) {
             for (p = 0; p < 8; p++) printf(" %s1e%d: %lld", p ? "<" : "<=", p - 6, (long long)ratio_hist[k][p]);
             printf("\n");
         }
-        if (only >= 0) continue;
+        if (only >= 0 || dump_dir) continue;   /* one graph, or a dump for PyTorch: the paths are another run's to check */
         dt_t_checks_failed = 0;
         for (p = 0; p < P_COUNT; p++) {
             if (path_exists(k, p) && !taken[k][p]) {
