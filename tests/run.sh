@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/run.sh CC BUILD TEST... - runs the test suite in its configurations and prints the total.
 #   1. the optimised build (from make): every test program; test_layers and test_models again on each other
-#      CPU tier this machine runs (DT_CPU=avx2, portable)
+#      CPU tier this machine runs (DT_CPU=avx2, portable); test_diff runs every tier in one binary: seeded random
+#      graphs with every fast path and fusion on against the reference kernels with fusion off
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++;
 #      each module of dtrain/ alone after the modules it includes; x86 intrinsics only in dtrain/cpu_x86.h, ARM
 #      ones only in dtrain/cpu_arm.h;
@@ -14,8 +15,9 @@
 #       declarations as C11 and C++; and, where nvcc is installed, dtrain_cuda.cu compiled for the GPU and
 #       linked into examples/train.c and test_cuda, which without a GPU must report its tests skipped
 #       (they count neither as passed nor as failed; make test-cuda runs them on a GPU)
-#   2c. ARM64: test_core, test_layers, test_models and test_comm cross-compiled for aarch64 with Debian's
-#       gcc-aarch64-linux-gnu and run under qemu-user (their results count; qemu's timings mean nothing)
+#   2c. ARM64: test_core, test_layers, test_models, test_comm and test_diff (the neon tier's fast paths against the
+#       reference on random graphs) cross-compiled for aarch64 with Debian's gcc-aarch64-linux-gnu and run under
+#       qemu-user (their results count; qemu's timings mean nothing)
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
@@ -175,7 +177,7 @@ fi
 echo "== 2c. ARM64 (aarch64, cross-compiled, run under qemu-user)"
 if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
     mkdir -p "$B/aarch64"
-    for t in test_core test_layers test_models test_comm; do
+    for t in test_core test_layers test_models test_comm test_diff; do
         if aarch64-linux-gnu-gcc $WARN -O2 -fopenmp -pthread "tests/$t.c" -o "$B/aarch64/$t" -lm; then
             run "aarch64 $t" env DT_TEST_QUICK=1 qemu-aarch64 -L /usr/aarch64-linux-gnu "$B/aarch64/$t"
         else echo "FAIL build of $t for aarch64"; failed=$((failed + 1)); fi
