@@ -566,22 +566,26 @@ static void twin_same(const void *a, const void *b, int64_t bytes, const char *w
 }
 
 static void test_tier_twins(void) {
-    /* n, c, h, w, k, stride, padding: images of 2x2 and 4x4 (one permutation each), 8x8, 16x16 and 32x32
-       (16-lane tiles), odd sizes, strides 1 and 2, 5x5 windows */
-    static const int64_t geoms[][7] = {{3, 2, 2, 2, 3, 1, 1}, {5, 3, 4, 4, 3, 2, 1}, {4, 2, 8, 8, 3, 1, 1}, {2, 3, 16, 16, 3, 1, 1},
-                                       {2, 2, 32, 32, 5, 1, 2}, {3, 2, 5, 7, 3, 1, 0}, {2, 2, 7, 9, 3, 2, 1}, {3, 1, 28, 28, 5, 1, 2},
-                                       {9, 2, 2, 2, 1, 1, 0}, {4, 3, 3, 3, 2, 1, 1}};
+    /* n, c, h, w, oc, kh, kw, sh, sw, ph, pw: images of 2x2 and 4x4 (one permutation each), 8x8, 16x16 and
+       32x32 (16-lane tiles), odd sizes, strides 1 and 2, 5x5 windows; rectangular windows, strides and padding
+       on each of AVX-512's paths: images of 8 and 15 pixels (a gather of two images, a permutation), 16 x 8
+       and 4 x 32 images of their own size (16-lane tiles of 2 rows and of a row's 16 columns), and the rest
+       of a row at strides 2 x 1 and 1 x 2 */
+    static const int64_t geoms[][11] = {SQ(3, 2, 2, 2, 4, 3, 1, 1), SQ(5, 3, 4, 4, 4, 3, 2, 1), SQ(4, 2, 8, 8, 4, 3, 1, 1),
+                                        SQ(2, 3, 16, 16, 4, 3, 1, 1), SQ(2, 2, 32, 32, 4, 5, 1, 2), SQ(3, 2, 5, 7, 4, 3, 1, 0),
+                                        SQ(2, 2, 7, 9, 4, 3, 2, 1), SQ(3, 1, 28, 28, 4, 5, 1, 2), SQ(9, 2, 2, 2, 4, 1, 1, 0),
+                                        SQ(4, 3, 3, 3, 4, 2, 1, 1),
+                                        {3, 2, 2, 4, 4, 1, 3, 1, 1, 0, 1}, {4, 2, 2, 2, 4, 2, 1, 1, 1, 1, 0},
+                                        {2, 2, 5, 3, 4, 3, 1, 1, 1, 1, 0}, {2, 2, 16, 8, 4, 3, 1, 1, 1, 1, 0},
+                                        {2, 2, 4, 32, 4, 1, 5, 1, 1, 0, 2}, {2, 3, 9, 13, 4, 2, 5, 2, 1, 1, 2},
+                                        {2, 3, 13, 9, 4, 5, 2, 1, 2, 2, 0}, {2, 2, 11, 10, 4, 3, 2, 2, 2, 1, 0}};
     const dt__kernel *k = dt__kernels[twin_tier], *p = &dt__kernel_portable;
     int gi, used = 0;
     char what[96];
     for (gi = 0; gi < (int)(sizeof geoms / sizeof geoms[0]); gi++) {
-        dt_conv_geom g;
+        dt_conv_geom g = conv_geom(geoms[gi]);
         int64_t xs, cs;
         float *x, *c1, *c2, *d1, *d2;
-        memset(&g, 0, sizeof g);
-        g.n = geoms[gi][0]; g.c = geoms[gi][1]; g.h = geoms[gi][2]; g.w = geoms[gi][3]; g.oc = 4;
-        g.kh = g.kw = geoms[gi][4]; g.sh = g.sw = geoms[gi][5]; g.ph = g.pw = geoms[gi][6];
-        CHECK_OK(dt_conv_geom_resolve(&g));
         xs = g.n * g.c * g.h * g.w;
         cs = g.c * g.kh * g.kw * g.n * g.oh * g.ow;
         x = twin_alloc(xs); c1 = twin_alloc(cs); c2 = twin_alloc(cs); d1 = twin_alloc(xs); d2 = twin_alloc(xs);
@@ -636,31 +640,47 @@ static void test_tier_twins(void) {
         twin_same(b1, b2, (int64_t)sizeof(float) * np, "packing of B^T");
         free(A); free(B); free(a1); free(a2); free(b1); free(b2); free(tmp);
     }
-    {   /* 2 x 2 max pooling: values and indices, ties and NaN (the first maximum, the first NaN) */
+    {   /* 2 x 2 max pooling: values and indices, ties and NaN (the first maximum, the first NaN); then the
+           windows next to it, which its row kernel must leave to the general loop: 2 x 2 at strides 2 x 1 and
+           1 x 2 or padded 0 x 1 and 1 x 0, 2 x 1 and 1 x 2 at stride 2, 3 x 2 and 2 x 3; each also against
+           dt_body_maxpool_window, window by window */
         /* rows of 19, 1, 33, 13 and 8 outputs: whole and partial steps of 16 (AVX-512) and of 8 (AVX2) */
         static const int64_t shapes[][4] = {{3, 4, 8, 38}, {2, 3, 2, 2}, {1, 2, 6, 66}, {2, 2, 4, 26}, {1, 3, 4, 16}};
-        int si;
-        for (si = 0; si < 5; si++) {
-            dt_conv_geom g;
-            int64_t xs, ys, i;
-            float *x, *y1, *y2;
-            int32_t *i1, *i2;
-            memset(&g, 0, sizeof g);
-            g.n = shapes[si][0]; g.c = shapes[si][1]; g.h = shapes[si][2]; g.w = shapes[si][3];
-            g.kh = g.kw = g.sh = g.sw = 2;
-            CHECK_OK(dt_conv_geom_resolve(&g));
-            xs = g.n * g.c * g.h * g.w; ys = g.n * g.c * g.oh * g.ow;
-            x = twin_alloc(xs); y1 = twin_alloc(ys); y2 = twin_alloc(ys);
-            i1 = (int32_t *)calloc((size_t)ys, sizeof(int32_t)); i2 = (int32_t *)calloc((size_t)ys, sizeof(int32_t));
-            dt_t_fill(x, xs, -1, 1);
-            for (i = 0; i < xs; i += 7) x[i] = x[i + 1 < xs ? i + 1 : i];   /* ties */
-            for (i = 5; i < xs; i += 23) x[i] = NAN;
-            dt__maxpool_fwd(k, &g, x, y1, i1);
-            dt__maxpool_fwd(NULL, &g, x, y2, i2);
-            twin_same(y1, y2, (int64_t)sizeof(float) * ys, "2 x 2 max pooling's maxima");
-            twin_same(i1, i2, (int64_t)sizeof(int32_t) * ys, "2 x 2 max pooling's indices");
-            free(x); free(y1); free(y2); free(i1); free(i2);
-        }
+        static const int64_t windows[][6] = {{2, 2, 2, 2, 0, 0}, {2, 2, 2, 1, 0, 0}, {2, 2, 1, 2, 0, 0}, {2, 2, 2, 2, 0, 1},
+                                             {2, 2, 2, 2, 1, 0}, {2, 1, 2, 2, 0, 0}, {1, 2, 2, 2, 0, 0}, {3, 2, 2, 1, 1, 0},
+                                             {2, 3, 1, 2, 0, 1}};
+        int si, wi;
+        for (si = 0; si < 5; si++)
+            for (wi = 0; wi < (int)(sizeof windows / sizeof windows[0]); wi++) {
+                dt_conv_geom g;
+                int64_t xs, ys, i, nc, o, at;
+                float *x, *y1, *y2, best;
+                int32_t *i1, *i2;
+                memset(&g, 0, sizeof g);
+                g.n = shapes[si][0]; g.c = shapes[si][1]; g.h = shapes[si][2]; g.w = shapes[si][3];
+                g.kh = windows[wi][0]; g.kw = windows[wi][1]; g.sh = windows[wi][2]; g.sw = windows[wi][3];
+                g.ph = windows[wi][4]; g.pw = windows[wi][5];
+                CHECK_OK(dt_conv_geom_resolve(&g));
+                g.oc = g.c;
+                xs = g.n * g.c * g.h * g.w; ys = g.n * g.c * g.oh * g.ow;
+                x = twin_alloc(xs); y1 = twin_alloc(ys); y2 = twin_alloc(ys);
+                i1 = (int32_t *)calloc((size_t)ys, sizeof(int32_t)); i2 = (int32_t *)calloc((size_t)ys, sizeof(int32_t));
+                dt_t_fill(x, xs, -1, 1);
+                for (i = 0; i < xs; i += 7) x[i] = x[i + 1 < xs ? i + 1 : i];   /* ties */
+                for (i = 5; i < xs; i += 23) x[i] = NAN;
+                dt__maxpool_fwd(k, &g, x, y1, i1);
+                dt__maxpool_fwd(NULL, &g, x, y2, i2);
+                snprintf(what, sizeof what, "%lld x %lld max pooling's maxima, window %d", (long long)g.kh, (long long)g.kw, wi);
+                twin_same(y1, y2, (int64_t)sizeof(float) * ys, what);
+                twin_same(i1, i2, (int64_t)sizeof(int32_t) * ys, "max pooling's indices");
+                for (nc = 0; nc < g.n * g.c; nc++)
+                    for (o = 0; o < g.oh * g.ow; o++) {
+                        best = dt_body_maxpool_window(&g, x + nc * g.h * g.w, o / g.ow, o % g.ow, &at);
+                        CHECK(i1[nc * g.oh * g.ow + o] == at);
+                        CHECK(memcmp(&y1[nc * g.oh * g.ow + o], &best, sizeof best) == 0);
+                    }
+                free(x); free(y1); free(y2); free(i1); free(i2);
+            }
     }
     {   /* batch norm's channel sums in double: x, x*x; x, x*y; through a ReLU's mask; rows with tails. The
            AVX2 tier adds in the portable order: the same bits; AVX-512's lanes add in another order */
