@@ -751,6 +751,12 @@ static void test_geom_errors(void) {
     CHECK_ERR(dt_conv_geom_resolve(&g), DT_ERR_SHAPE);
     g.kh = g.kw = 0;
     CHECK_ERR(dt_conv_geom_resolve(&g), DT_ERR_SHAPE);
+    g.h = 2; g.w = 9; g.kh = 5; g.kw = 3; g.ph = 1; g.pw = 0;   /* too tall, not too wide: both axes named */
+    CHECK_ERR(dt_conv_geom_resolve(&g), DT_ERR_SHAPE);
+    CHECK(strstr(dt_last_error(), "kernel 5x3") && strstr(dt_last_error(), "padded input 4x9") && strstr(dt_last_error(), "padding 1x0"));
+    g.ph = 2;
+    CHECK_OK(dt_conv_geom_resolve(&g));
+    CHECK(g.oh == 2 && g.ow == 7);
 }
 
 int main(int argc, char **argv) {
