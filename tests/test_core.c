@@ -431,7 +431,8 @@ static void conv_path_check(const char *what, conv_fwd_fn fwd, conv_bwd_fn bwd, 
    forward with and without bias, dW added to what it held, dx written or added (accumulate), no dx; small
    and odd images, windows 3 x 3 (padding 0 to 2), 5 x 5, 1 x 3, 3 x 1, 2 x 5 and 5 x 2 (padding 0 x 1,
    1 x 0, 2 x 1, 1 x 2), channels across the GEMM's K blocks, and workspaces of one, several and all images
-   per chunk. Every geometry is taken (dt__tap_min_zeros and dt__tap_min_len 0), and must be. */
+   per chunk. Every geometry is taken (dt__tap_min_zeros and dt__tap_min_len 0), and must be; and by the
+   GEMMs' input gradient as a convolution of dy (dt__cpu_conv_gemm_dgrad), which declines a stride. */
 static void test_conv_taps(void) {
     static const int64_t cases[][9] = {   /* n, c, h, w, oc, kh, kw, ph, pw */
         {3, 4, 1, 1, 5, 3, 3, 1, 1}, {5, 6, 2, 2, 7, 3, 3, 1, 1}, {4, 3, 3, 5, 6, 3, 3, 1, 1}, {7, 5, 4, 4, 9, 3, 3, 1, 1},
@@ -468,6 +469,25 @@ static void test_conv_taps(void) {
                 snprintf(what, sizeof what, "%s: taps case %d, %lld a chunk", dt_cpu_tier(), ci, (long long)nb);
                 conv_path_check(what, dt__tap_conv_fwd, dt__tap_conv_bwd, &st, &g, &io);
                 CHECK(dt__tap_taken == taken + 6);
+            }
+            {   /* the GEMMs' input gradient as a convolution of dy takes these geometries too (stride 1, padding
+                   at most k - 1 on each axis) with room for the flipped weights and the images, not with a float
+                   less */
+                int64_t wn = io.kk + g.c * g.n * g.h * g.w, i;
+                float *gws = twin_alloc(wn);
+                char what[128];
+                memcpy(io.dx, io.dx0, sizeof(float) * (size_t)io.xs);
+                CHECK(dt__cpu_conv_gemm_dgrad(&st, &g, io.W, io.dy, io.dx, gws, wn) == 1);
+                for (i = 0; i < io.xs; i++) io.want[i] = io.dx0[i] + io.dxr[i];
+                snprintf(what, sizeof what, "%s: the GEMMs' input gradient, taps case %d, dx +=", dt_cpu_tier(), ci);
+                CHECK_CLOSE(io.dx, io.want, io.xs, 1e-5, what);
+                CHECK(dt__cpu_conv_gemm_dgrad(&st, &g, io.W, io.dy, io.dx, gws, wn - 1) == 0);
+                g.sw = 2;   /* a stride: declined, with nothing written */
+                memcpy(io.dx, io.dx0, sizeof(float) * (size_t)io.xs);
+                CHECK(dt__cpu_conv_gemm_dgrad(&st, &g, io.W, io.dy, io.dx, gws, wn) == 0);
+                CHECK(memcmp(io.dx, io.dx0, sizeof(float) * (size_t)io.xs) == 0);
+                g.sw = 1;
+                free(gws);
             }
         }
         st.conv_ws_count = dt__tap_fixed(&g);   /* no room for an image: not taken */
