@@ -764,7 +764,7 @@ static void dt__cu_add(void *ctx, float *y, const float *a, const float *b, int6
    is, read column-major with leading dimension ld, its transpose. So C^T [N, M] = op(B)^T op(A)^T is one
    column-major GEMM with the operands swapped: A' = B (transposed iff tb), B' = A (transposed iff ta),
    m' = N, n' = M, k' = K, and the row strides as leading dimensions. */
-/* Split K: a product with few outputs and a long sum (a convolution's weight gradient: oc x c k k outputs,
+/* Split K: a product with few outputs and a long sum (a convolution's weight gradient: oc x c kh kw outputs,
    a sum over every pixel of the batch) gives cuBLAS too few tiles to fill the GPU. It is computed as P
    products over slices of K into a workspace (one strided-batched call, and one more for a shorter last
    slice), then C = alpha (the slices' sum, in slice order) + beta C. P is fixed by the shape, so the

@@ -467,8 +467,9 @@ static void dt__cpu_conv_gemm_wgrad(void *ctx, const dt_conv_geom *g, const floa
     dt__cpu_gemm_src(ctx, 0, g->oc, ckk, ns, 1.0f, t, ns, &bs, 1.0f, dW, ckk);
 }
 /* The input gradient of a stride-1 convolution is itself a convolution, of dy with the flipped and
-   transposed kernel W'[c][o][kh-1-ky][kw-1-kx] = W[o][c][ky][kx] and padding k-1-p: t [c, n*h*w] = W' im2col(dy),
-   then dx += t as [n, c, h, w]. The GEMM packs from dy, so nothing im2col-sized is written or scattered. */
+   transposed kernel W'[c][o][kh-1-ky][kw-1-kx] = W[o][c][ky][kx] and padding kh-1-ph x kw-1-pw (so neither
+   padding may pass k - 1; 0 is returned for strides or such padding): t [c, n*h*w] = W' im2col(dy), then
+   dx += t as [n, c, h, w]. The GEMM packs from dy, so nothing im2col-sized is written or scattered. */
 static int dt__cpu_conv_gemm_dgrad(void *ctx, const dt_conv_geom *g, const float *W, const float *dy, float *dx, float *ws,
                                    int64_t ws_count) {
     int64_t kk = g->kh * g->kw, hw = g->h * g->w, wn = g->c * g->oc * kk, i;
@@ -528,8 +529,8 @@ static void dt__tap_range(int64_t k, int64_t pad, int64_t in, int64_t out, int64
     *hi = in + pad - k < out ? in + pad - k : out;
     if (*hi < *lo) *hi = *lo;
 }
-/* 1 when the taps take g: stride 1, padding at most k - 1 (so the input gradient's view holds too), and at
-   least dt__tap_min_zeros of im2col padding */
+/* 1 when the taps take g: stride 1 on both axes, padding at most kh - 1 x kw - 1 (so the input gradient's view
+   holds too), and at least dt__tap_min_zeros of im2col padding */
 static int dt__tap_fits(const dt_conv_geom *g) {
     int64_t k, lo, hi, ry = 0, rx = 0;
     if (g->sh != 1 || g->sw != 1 || g->ph > g->kh - 1 || g->pw > g->kw - 1) return 0;

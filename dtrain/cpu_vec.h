@@ -68,42 +68,44 @@ static DT__MAYBE_UNUSED DT__THREAD_LOCAL int64_t dt__shift_taken;   /* calls tha
    convolution reads padded pixel (oy + ky, ox + kx). Over s = oy * wp + ox, row k = (c, ky, kx) of im2col
    is the padded image itself from offset c * hp * wp + ky * wp + kx on, so the GEMM reads its B operand
    straight from the padded image through a table of K offsets and packs nothing: the output is computed
-   over oh rows of wp columns and the last wp - ow columns of each row are dropped. Stride-2 3 x 3
-   convolutions take the same tiles over phase planes (dt__shift_geom, dt__shift_dgrad2). Each thread takes
+   over oh rows of wp columns and the last wp - ow columns of each row are dropped. Convolutions of stride 2
+   on either axis take the same tiles over phase planes (dt__shift_geom, dt__shift_dgrad2). Each thread takes
    whole images (forward, input gradient) or fixed units of the weight gradient over every image, so each
    output is summed in one order whatever the thread count. Other strides and kernels too large for the
    caches take the packed GEMM. */
 #define DT__SHIFT_MAX_W (1 << 17)   /* most weights (oc * c * kh * kw) a shifted convolution takes */
 #define DT__SHIFT_SLACK 128         /* zeros after a padded image: the dropped columns read past its end */
 
-/* The padded geometry of one image of c channels h x w, padded by ph, pw, for a kh x kw window with stride
-   st (1 or 2). With stride 2 each channel is stored as 4 phase planes of hq x wq (plane (a, b) holds the
-   padded pixels (2 qy + a, 2 qx + b)), so that output (oy, ox) reads tap (ky, kx) in plane (ky % 2, kx % 2)
-   at (oy + ky / 2, ox + kx / 2): a shifted row again, over s = oy * wq + ox, with nothing computed twice. */
+/* The padded geometry of one image of c channels h x w, padded by ph, pw, for a kh x kw window with strides
+   sh, sw (1 or 2 each). With strides each channel is stored as sh * sw phase planes of hq x wq (plane (a, b)
+   holds the padded pixels (sh qy + a, sw qx + b)), so that output (oy, ox) reads tap (ky, kx) in plane
+   (ky % sh, kx % sw) at (oy + ky / sh, ox + kx / sw): a shifted row again, over s = oy * wq + ox, with nothing
+   computed twice. */
 typedef struct dt__shift_geom {
     int64_t c, h, w, ph, pw, kh, kw, hp, wp, oh, ow;
-    int64_t st, hq, wq;   /* stride; a phase plane's rows and columns (hp, wp with stride 1) */
-    int64_t cp;      /* floats of one channel: st * st * hq * wq */
+    int64_t sh, sw, hq, wq;   /* strides; a phase plane's rows and columns (hp, wp with stride 1) */
+    int64_t cp;      /* floats of one channel: sh * sw * hq * wq */
     int64_t ns;      /* outputs computed per channel: oh * wq */
     int64_t plane;   /* floats of one padded image: c * cp + DT__SHIFT_SLACK */
 } dt__shift_geom;
-static dt__shift_geom dt__shift_make(int64_t c, int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t st) {
+static dt__shift_geom dt__shift_make(int64_t c, int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t sh,
+                                     int64_t sw) {
     dt__shift_geom s;
-    s.c = c; s.h = h; s.w = w; s.ph = ph; s.pw = pw; s.kh = kh; s.kw = kw; s.st = st;
-    s.hp = h + 2 * ph; s.wp = w + 2 * pw; s.oh = (s.hp - kh) / st + 1; s.ow = (s.wp - kw) / st + 1;
-    s.hq = (s.hp + st - 1) / st; s.wq = (s.wp + st - 1) / st;
-    s.cp = st * st * s.hq * s.wq;
+    s.c = c; s.h = h; s.w = w; s.ph = ph; s.pw = pw; s.kh = kh; s.kw = kw; s.sh = sh; s.sw = sw;
+    s.hp = h + 2 * ph; s.wp = w + 2 * pw; s.oh = (s.hp - kh) / sh + 1; s.ow = (s.wp - kw) / sw + 1;
+    s.hq = (s.hp + sh - 1) / sh; s.wq = (s.wp + sw - 1) / sw;
+    s.cp = sh * sw * s.hq * s.wq;
     s.ns = s.oh * s.wq;
     s.plane = c * s.cp + DT__SHIFT_SLACK;
     return s;
 }
 /* offsets of im2col's rows (c, ky, kx), c from c0 to c1, into a padded image */
 static void dt__shift_offsets(const dt__shift_geom *s, int64_t c0, int64_t c1, int32_t *off) {
-    int64_t c, ky, kx, k = 0, st = s->st;
+    int64_t c, ky, kx, k = 0, sh = s->sh, sw = s->sw;
     for (c = c0; c < c1; c++)
         for (ky = 0; ky < s->kh; ky++)
             for (kx = 0; kx < s->kw; kx++)
-                off[k++] = (int32_t)((c - c0) * s->cp + ((ky % st) * st + kx % st) * s->hq * s->wq + ky / st * s->wq + kx / st);
+                off[k++] = (int32_t)((c - c0) * s->cp + ((ky % sh) * sw + kx % sw) * s->hq * s->wq + ky / sh * s->wq + kx / sw);
 }
 
 /* Where 16 computed columns go: their kept lanes (keep: those of output pixels, not the wp - ow junk
@@ -142,7 +144,7 @@ typedef struct dt__shift_kern {
     void (*wtile)(int64_t nimg, int64_t ld, const float *d, int64_t ldd, int64_t dstride, const float *xp, int64_t xstride,
                   const int32_t *off, float *dW, int64_t ldw, int ni, int nk);
     /* the 3 x 3 weight gradient's transposed tile (dt__shift_wgrad3): dWT [9][ocp] += one input channel's
-       taps for `width` (16 or 32) output channels, over the positions of one image; st the stride */
+       taps for `width` (16 or 32) output channels, over the positions of one image; st the stride of both axes */
     void (*wt3)(int st, int width, const float *x, int64_t wq, int64_t pq, int64_t oh, int64_t ow, const float *dbT,
                 int64_t ocp, float *dWT);
     /* data movement: rows x len floats from src (rows lds apart) to dst (rows ldd apart); channels c0..c1 of
@@ -160,17 +162,18 @@ static void dt__shift_copy_c(float *dst, int64_t ldd, const float *src, int64_t 
 }
 static void dt__shift_pad_c(const dt__shift_geom *s, const float *x, int64_t c0, int64_t c1, float *xp) {
     int64_t c, iy, ix, pq = s->hq * s->wq;
-    if (s->st == 1) {
+    if (s->sh == 1 && s->sw == 1) {
         for (c = c0; c < c1; c++)
             dt__shift_copy_c(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w);
         return;
     }
-    for (c = c0; c < c1; c++)   /* stride 2: padded pixel (py, px) to plane (py % 2, px % 2) at (py / 2, px / 2) */
+    for (c = c0; c < c1; c++)   /* strides: padded pixel (py, px) to plane (py % sh, px % sw) at (py / sh, px / sw) */
         for (iy = 0; iy < s->h; iy++) {
             int64_t py = iy + s->ph;
             const float *src = x + (c * s->h + iy) * s->w;
-            float *row = xp + (c - c0) * s->cp + (py % 2) * 2 * pq + py / 2 * s->wq;
-            for (ix = 0; ix < s->w; ix++) row[((ix + s->pw) % 2) * pq + (ix + s->pw) / 2] = src[ix];
+            float *row = xp + (c - c0) * s->cp + (py % s->sh) * s->sw * pq + py / s->sh * s->wq;
+            if (s->sw == 1) memcpy(row + s->pw, src, sizeof(float) * (size_t)s->w);
+            else for (ix = 0; ix < s->w; ix++) row[((ix + s->pw) % 2) * pq + (ix + s->pw) / 2] = src[ix];
         }
 }
 static void dt__transpose_dy_c(const float *dy, int64_t oc, int64_t S, float *dbT, int64_t ocp) {
@@ -265,7 +268,7 @@ static int64_t dt__shift_wgrad_image(const dt__shift_geom *s, int64_t oc) {
    image. */
 static void dt__shift_wgrad(const dt__shift_kern *kn, const dt_conv_geom *g, const float *x, const float *dy, float *dW,
                             float *ws, int64_t ws_count, int threads) {
-    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, 1);
+    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh, g->sw);
     int64_t kk = g->kh * g->kw, K = g->c * kk, S = g->oh * g->ow, ld = (s.ns + 15) / 16 * 16, per = ws_count / threads;
     int64_t ot = (g->oc + 3) / 4;
     DT__OMP(parallel num_threads(threads) if (threads > 1))
@@ -302,7 +305,7 @@ static void dt__shift_wgrad(const dt__shift_kern *kn, const dt_conv_geom *g, con
                 for (img = 0; img < m; img++) {
                     kn->pad(&s, x + (b0 + img) * g->c * g->h * g->w, c0, c1, xb + img * xstride);
                     for (o = o0; o < o1; o++)
-                        kn->copy(db + (img * nco + o - o0) * ld, s.wp, dy + ((b0 + img) * g->oc + o) * S, g->ow, g->oh, g->ow);
+                        kn->copy(db + (img * nco + o - o0) * ld, s.wq, dy + ((b0 + img) * g->oc + o) * S, g->ow, g->oh, g->ow);
                 }
                 for (o = o0; o < o1; o += kn->wr)
                     for (k = 0; k < K0; k += kn->wk)
@@ -319,20 +322,22 @@ static void dt__shift_wgrad(const dt__shift_kern *kn, const dt_conv_geom *g, con
    each tap broadcasts its padded x, which a vector of dbT multiplies. No horizontal sums, and 10 or 11 loads
    feed 9 or 18 multiply-adds from data small enough for L1 and L2 (the dot-product tile streams 4 rows of
    dy and 6 of x per 24 from L2). */
+/* 1 when the weight gradient of g takes the transposed tiles: 3 x 3, the same stride on both axes */
+static int dt__shift_wgrad3_fits(const dt_conv_geom *g) { return g->kh == 3 && g->kw == 3 && g->sh == g->sw; }
 /* Floats of workspace the shifted weight gradient of g takes per thread, whatever the thread count (counted
-   for every channel, so the path taken does not depend on it): for 3 x 3, the padded image, dy transposed
-   and dW^T; otherwise one image's worth of padded image and dy rows plus an offset table. */
+   for every channel, so the path taken does not depend on it): for the transposed tiles, the padded image,
+   dy transposed and dW^T; otherwise one image's worth of padded image and dy rows plus an offset table. */
 static int64_t dt__shift_wgrad_need(const dt_conv_geom *g) {
-    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
-    if (g->kh == 3 && g->kw == 3) return s.plane + (g->oh * g->ow + g->c * 9) * ((g->oc + 15) / 16 * 16);
+    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh, g->sw);
+    if (dt__shift_wgrad3_fits(g)) return s.plane + (g->oh * g->ow + g->c * 9) * ((g->oc + 15) / 16 * 16);
     return dt__shift_wgrad_image(&s, g->oc) + g->c * g->kh * g->kw + 16;
 }
-/* The 3 x 3 weight gradient dW [oc, c*9] += by the transposed tiles. The work is cut into units of one
-   input channel x 32 output channels; each thread takes a range of units and every image in order, so
-   each sum runs in one order whatever the thread count. */
+/* The 3 x 3 weight gradient dW [oc, c*9] += by the transposed tiles (one stride for both axes). The work is
+   cut into units of one input channel x 32 output channels; each thread takes a range of units and every
+   image in order, so each sum runs in one order whatever the thread count. */
 static void dt__shift_wgrad3(const dt__shift_kern *kn, const dt_conv_geom *g, const float *x, const float *dy, float *dW,
                              float *ws, int64_t ws_count, int threads) {
-    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, 3, 3, g->sh);
+    dt__shift_geom s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, 3, 3, g->sh, g->sw);
     int64_t S = g->oh * g->ow, ocp = (g->oc + 15) / 16 * 16, hw = s.cp, pq = s.hq * s.wq, per = ws_count / threads;
     int64_t nto = (ocp + 31) / 32, units = g->c * nto;
     DT__OMP(parallel num_threads(threads) if (threads > 1))
@@ -357,7 +362,7 @@ static void dt__shift_wgrad3(const dt__shift_kern *kn, const dt_conv_geom *g, co
                 kn->transpose_dy(dy + img * g->oc * S, g->oc, S, dbT, ocp);
                 for (u = u0; u < u1; u++) {
                     c = u / nto; o = u % nto * 32;
-                    kn->wt3((int)s.st, ocp - o >= 32 ? 32 : 16, xp + (c - c0) * hw, s.wq, pq, g->oh, g->ow, dbT + o, ocp,
+                    kn->wt3((int)s.sh, ocp - o >= 32 ? 32 : 16, xp + (c - c0) * hw, s.wq, pq, g->oh, g->ow, dbT + o, ocp,
                             dWT + (c - c0) * 9 * ocp + o);
                 }
             }
@@ -370,47 +375,51 @@ static void dt__shift_wgrad3(const dt__shift_kern *kn, const dt_conv_geom *g, co
     }
 }
 
-/* The input gradient of a stride-2 3 x 3 convolution by phase planes: dx's padded pixel (2 qy + a, 2 qx + b)
-   takes the taps (ky, kx) = (a + 2 ty, b + 2 tx), which read dy at (qy - ty, qx - tx); so each phase (a, b)
-   is a shifted-row convolution of dy (padded by a row and a column before it) with 1 x 1 to 2 x 2 taps, and
-   the four phases' results are interleaved into dx. Floats of workspace: shared (the packed kernels, offsets
-   and column table) and per thread (padded dy and the phases' results); dt__shift_dgrad2_fits asks for both
-   per thread, so whether it runs does not depend on the thread count. */
-typedef struct dt__dgrad2_geom { int64_t hq, wq, wd, pd, S, rp, nv, shared, per; } dt__dgrad2_geom;
+/* The input gradient of a convolution of strides sh, sw (1 or 2 each, not both 1) by phase planes: dx's padded
+   pixel (sh qy + a, sw qx + b) takes the taps (ky, kx) = (a + sh ty, b + sw tx), which read dy at (qy - ty,
+   qx - tx); so each phase (a, b) is a shifted-row convolution of dy (padded by th - 1 rows and tw - 1
+   columns before it, th = ceil(kh / sh), tw = ceil(kw / sw)) with up to th x tw taps (a 3 x 3 window at
+   stride 2: 1 x 1 to 2 x 2), and the sh * sw phases' results are interleaved into dx. Floats of workspace:
+   shared (the packed kernels, offsets and column table) and per thread (padded dy and the phases' results);
+   dt__shift_dgrad2_fits asks for both per thread, so whether it runs does not depend on the thread count. */
+typedef struct dt__dgrad2_geom { int64_t th, tw, hq, wq, wd, pd, S, rp, nv, shared, per; } dt__dgrad2_geom;
 static dt__dgrad2_geom dt__dgrad2_make(const dt_conv_geom *g, int mr) {
     dt__dgrad2_geom d;
-    d.hq = (g->h + 2 * g->ph + 1) / 2; d.wq = (g->w + 2 * g->pw + 1) / 2; d.wd = d.wq + 1;
-    d.pd = (d.hq + 1) * d.wd; d.S = d.hq * d.wq; d.rp = dt__shift_rows(g->c, mr);
+    int64_t kk = g->kh * g->kw;
+    d.th = (g->kh + g->sh - 1) / g->sh; d.tw = (g->kw + g->sw - 1) / g->sw;
+    d.hq = (g->h + 2 * g->ph + g->sh - 1) / g->sh; d.wq = (g->w + 2 * g->pw + g->sw - 1) / g->sw; d.wd = d.wq + d.tw - 1;
+    d.pd = (d.hq + d.th - 1) * d.wd; d.S = d.hq * d.wq; d.rp = dt__shift_rows(g->c, mr);
     d.nv = (d.hq * d.wd + 47) / 48 * 3;
-    d.shared = d.rp * 9 * g->oc + 9 * g->oc + 4 + 4 * d.nv + 16;
-    d.per = g->oc * d.pd + DT__SHIFT_SLACK + 4 * d.S * g->c;
+    d.shared = d.rp * kk * g->oc + kk * g->oc + 4 + 4 * d.nv + 16;
+    d.per = g->oc * d.pd + DT__SHIFT_SLACK + g->sh * g->sw * d.S * g->c;
     return d;
 }
 static int dt__shift_dgrad2_fits(const dt__shift_kern *kn, const dt__cpu_state *st, const dt_conv_geom *g, int threads) {
     dt__dgrad2_geom d = dt__dgrad2_make(g, kn->mr);
-    return g->kh == 3 && g->kw == 3 && g->sh == 2 && g->sw == 2 && d.shared + d.per <= st->gemm_ws_count / threads;
+    return g->sh * g->sw > 1 && d.shared + d.per <= st->gemm_ws_count / threads;
 }
 static void dt__shift_dgrad2(const dt__shift_kern *kn, dt__cpu_state *st, const dt_conv_geom *g, const float *W, const float *dy,
                              float *dx, int add, int threads) {
     dt__dgrad2_geom d = dt__dgrad2_make(g, kn->mr);
-    int64_t K0[5], p, t, k, rows = g->c, mr = kn->mr;
+    int64_t K0[5], p, t, k, rows = g->c, mr = kn->mr, kk = g->kh * g->kw, np = g->sh * g->sw;
     float *Ap = st->gemm_ws, *ws = st->gemm_ws + d.shared;
-    int32_t *off = (int32_t *)(void *)(Ap + d.rp * 9 * g->oc);
-    dt__shift_vec *vec = dt__shift_vec_at(Ap + d.rp * 9 * g->oc + 9 * g->oc);
+    int32_t *off = (int32_t *)(void *)(Ap + d.rp * kk * g->oc);
+    dt__shift_vec *vec = dt__shift_vec_at(Ap + d.rp * kk * g->oc + kk * g->oc);
     dt__shift_geom vg;
     memset(&vg, 0, sizeof vg);
     vg.wq = d.wd; vg.oh = d.hq; vg.ow = d.wq;   /* computed over hq rows of wd, kept wq of each */
     dt__shift_vecs(&vg, d.nv, vec);
     K0[0] = 0;
-    for (p = 0; p < 4; p++) {   /* phase p = 2a + b: (2 - a) x (2 - b) taps (ty, tx) */
-        int64_t a = p / 2, b = p % 2, na = 2 - a, nb = 2 - b, Kp = g->oc * na * nb;
+    for (p = 0; p < np; p++) {   /* phase p = a sw + b: na x nb taps (ty, tx), none where the window is narrower than the stride */
+        int64_t a = p / g->sw, b = p % g->sw, na = (g->kh - a + g->sh - 1) / g->sh, nb = (g->kw - b + g->sw - 1) / g->sw;
+        int64_t Kp = g->oc * na * nb;
         K0[p + 1] = K0[p] + Kp;
         for (k = 0; k < Kp; k++) {
             int64_t o = k / (na * nb), ty = k % (na * nb) / nb, tx = k % nb;
-            off[K0[p] + k] = (int32_t)(o * d.pd + (1 - ty) * d.wd + (1 - tx));
+            off[K0[p] + k] = (int32_t)(o * d.pd + (d.th - 1 - ty) * d.wd + (d.tw - 1 - tx));
             for (t = 0; t < d.rp; t++)
                 Ap[K0[p] * d.rp + (t / mr * Kp + k) * mr + t % mr] =
-                    t < rows ? W[((o * g->c + t) * 3 + a + 2 * ty) * 3 + b + 2 * tx] : 0.0f;
+                    t < rows ? W[((o * g->c + t) * g->kh + a + g->sh * ty) * g->kw + b + g->sw * tx] : 0.0f;
         }
     }
     DT__OMP(parallel num_threads(threads) if (threads > 1))
@@ -429,22 +438,22 @@ static void dt__shift_dgrad2(const dt__shift_kern *kn, dt__cpu_state *st, const 
             const float *dyi = dy + img * g->oc * g->oh * g->ow;
             float *dxi = dx + img * g->c * g->h * g->w;
             for (o = 0; o < g->oc; o++)
-                kn->copy(dyp + o * d.pd + d.wd + 1, d.wd, dyi + o * g->oh * g->ow, g->ow, g->oh, g->ow);
-            for (q = 0; q < 4; q++) {
+                kn->copy(dyp + o * d.pd + (d.th - 1) * d.wd + d.tw - 1, d.wd, dyi + o * g->oh * g->ow, g->ow, g->oh, g->ow);
+            for (q = 0; q < np; q++) {   /* (a phase without taps: its tiles write zeros) */
                 int64_t Kp = K0[q + 1] - K0[q];
                 for (r = 0; r < rows; r += mr)
                     for (j = 0; j < d.hq * d.wd; j += kn->nc)
                         kn->tile(Kp, Ap + K0[q] * d.rp + r * Kp, dyp + j, off + K0[q], vec + j / 16, P + (q * rows + r) * d.S,
                                  d.S, NULL, 0, rows - r < mr ? (int)(rows - r) : (int)mr);
             }
-            for (c = 0; c < rows; c++)   /* the phases interleaved into dx */
+            for (c = 0; c < rows; c++)   /* the phases interleaved into dx (strides 1 or 2: % and / by a mask and a shift) */
                 for (iy = 0; iy < g->h; iy++) {
-                    int64_t py = iy + g->ph;
-                    const float *p0 = P + ((py % 2) * 2 * rows + c) * d.S + py / 2 * d.wq;
+                    int64_t py = iy + g->ph, mw = g->sw - 1;
+                    const float *p0 = P + ((py & (g->sh - 1)) * g->sw * rows + c) * d.S + (py >> (g->sh - 1)) * d.wq;
                     float *dr = dxi + (c * g->h + iy) * g->w;
                     for (ix = 0; ix < g->w; ix++) {
                         int64_t px = ix + g->pw;
-                        float v = p0[(px % 2) * rows * d.S + px / 2];
+                        float v = p0[(px & mw) * rows * d.S + (px >> mw)];
                         dr[ix] = add ? dr[ix] + v : v;
                     }
                 }
@@ -458,28 +467,28 @@ static void dt__shift_dgrad2(const dt__shift_kern *kn, dt__cpu_state *st, const 
 static void dt__shift_conv(const dt__shift_kern *kn, dt__cpu_state *st, const dt_conv_geom *g, const float *W, const float *src,
                            const float *b, float *dst, int grad, int add, int threads) {
     int64_t kk = g->kh * g->kw, rows = grad ? g->c : g->oc, K = (grad ? g->oc : g->c) * kk, ap = dt__shift_rows(rows, kn->mr) * K;
-    dt__shift_geom s = grad ? dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw, 1)
-                            : dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
+    dt__shift_geom s = grad ? dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw, 1, 1)
+                            : dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh, g->sw);
     dt__shift_pack_a(W, rows, K, grad, kk, kn->mr, st->gemm_ws);
     dt__shift_run(kn, &s, g->n, src, st->gemm_ws, rows, dst, b, add, st->gemm_ws + ap, dt__shift_run_need(&s), threads);
 }
 /* 1 when the shifted path takes this convolution (forward, or grad: both gradients) on the model's
-   workspace with `threads` threads: stride 1 (or 2 with a 3 x 3 window), a kernel small enough for the
-   caches, at least an image per thread (with fewer, the packed GEMM shares better), the input gradient's
-   padding k - 1 - p not negative, and the workspace large enough */
+   workspace with `threads` threads: strides 1 or 2 on each axis, a kernel small enough for the caches (and
+   at most 64 wide: the dropped columns read past a padded image), at least an image per thread (with fewer,
+   the packed GEMM shares better), at stride 1 the input gradient's padding k - 1 - p not negative, and the
+   workspace large enough */
 static int dt__shift_fits(const dt__shift_kern *kn, const dt__cpu_state *st, const dt_conv_geom *g, int grad, int threads) {
     int64_t kk = g->kh * g->kw;
     dt__shift_geom s;
-    if (!st || !st->gemm_ws || dt__shift_off || g->sh != g->sw || g->sh < 1 || g->sh > 2 ||
-        (g->sh == 2 && (g->kh != 3 || g->kw != 3)) || g->kw + 64 > DT__SHIFT_SLACK || g->oc * g->c * kk > DT__SHIFT_MAX_W ||
-        g->n < threads)
+    if (!st || !st->gemm_ws || dt__shift_off || g->sh < 1 || g->sh > 2 || g->sw < 1 || g->sw > 2 || g->kw + 64 > DT__SHIFT_SLACK ||
+        g->oc * g->c * kk > DT__SHIFT_MAX_W || g->n < threads)
         return 0;
-    s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh);
+    s = dt__shift_make(g->c, g->h, g->w, g->ph, g->pw, g->kh, g->kw, g->sh, g->sw);
     if (!grad) return dt__shift_rows(g->oc, kn->mr) * g->c * kk + threads * dt__shift_run_need(&s) <= st->gemm_ws_count;
     if (st->gemm_ws_count / threads < dt__shift_wgrad_need(g)) return 0;
-    if (g->sh == 2) return 1;   /* the weight gradient only */
+    if (g->sh * g->sw > 1) return 1;   /* the weight gradient; the input gradient's phases are checked when it runs */
     if (g->ph > g->kh - 1 || g->pw > g->kw - 1) return 0;
-    s = dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw, 1);
+    s = dt__shift_make(g->oc, g->oh, g->ow, g->kh - 1 - g->ph, g->kw - 1 - g->pw, g->kh, g->kw, 1, 1);
     return dt__shift_rows(g->c, kn->mr) * g->oc * kk + threads * dt__shift_run_need(&s) <= st->gemm_ws_count;
 }
 /* dt_ops.conv_fwd and conv_bwd with a tier's kernels: 0 when the GEMMs are to take the convolution; 2 when
@@ -498,11 +507,11 @@ static int dt__shift_conv_bwd(const dt__shift_kern *kn, void *ctx, const dt_conv
     dt__cpu_state *st = (dt__cpu_state *)ctx;
     int threads = dt_cpu_threads();
     if (!dt__shift_fits(kn, st, g, 1, threads)) return 0;
-    if (g->kh == 3 && g->kw == 3) dt__shift_wgrad3(kn, g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
+    if (dt__shift_wgrad3_fits(g)) dt__shift_wgrad3(kn, g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
     else dt__shift_wgrad(kn, g, x, dy, dW, st->gemm_ws, st->gemm_ws_count, threads);
     dt__shift_taken++;
-    if (dx && g->sh == 2 && !dt__shift_dgrad2_fits(kn, st, g, threads)) return 2;   /* the input gradient by the GEMMs */
-    if (dx && g->sh == 2) { dt__shift_dgrad2(kn, st, g, W, dy, dx, accumulate != 0, threads); return 1; }
+    if (dx && g->sh * g->sw > 1 && !dt__shift_dgrad2_fits(kn, st, g, threads)) return 2;   /* the input gradient by the GEMMs */
+    if (dx && g->sh * g->sw > 1) { dt__shift_dgrad2(kn, st, g, W, dy, dx, accumulate != 0, threads); return 1; }
     if (dx) dt__shift_conv(kn, st, g, W, dy, NULL, dx, 1, accumulate != 0, threads);
     return 1;
 }

@@ -349,19 +349,21 @@ static void dt__shift_copy_avx512(float *dst, int64_t ldd, const float *src, int
 __attribute__((target("avx512f")))
 static void dt__shift_pad_avx512(const dt__shift_geom *s, const float *x, int64_t c0, int64_t c1, float *xp) {
     int64_t c, iy, ix;
-    if (s->st == 1) {
+    if (s->sh == 1 && s->sw == 1) {
         for (c = c0; c < c1; c++)
             dt__shift_copy_avx512(xp + ((c - c0) * s->hp + s->ph) * s->wp + s->pw, s->wp, x + c * s->h * s->w, s->w, s->h, s->w);
         return;
     }
-    for (c = c0; c < c1; c++)   /* stride 2: each row's even and odd padded columns to their planes */
+    for (c = c0; c < c1; c++)   /* strides: each row to its plane of rows (py % sh); at stride 2 across, its even and odd
+                                   padded columns to their planes */
         for (iy = 0; iy < s->h; iy++) {
             int64_t py = iy + s->ph, pq = s->hq * s->wq;
             const float *src = x + (c * s->h + iy) * s->w;
-            float *row = xp + (c - c0) * s->cp + (py % 2) * 2 * pq + py / 2 * s->wq;
+            float *row = xp + (c - c0) * s->cp + (py % s->sh) * s->sw * pq + py / s->sh * s->wq, *ev, *od;
+            if (s->sw == 1) { dt__shift_copy_avx512(row + s->pw, 0, src, 0, 1, s->w); continue; }
             /* input column ix0 + 2j goes to plane pw % 2 at ix0 / 2 + j + pw / 2, ix0 + 2j + 1 to the other
                plane at ix0 / 2 + j + (pw + 1) / 2 */
-            float *ev = row + (s->pw % 2) * pq + s->pw / 2, *od = row + ((s->pw + 1) % 2) * pq + (s->pw + 1) / 2;
+            ev = row + (s->pw % 2) * pq + s->pw / 2; od = row + ((s->pw + 1) % 2) * pq + (s->pw + 1) / 2;
             for (ix = 0; ix < s->w; ix += 16) {
                 int len = s->w - ix < 16 ? (int)(s->w - ix) : 16;
                 __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << len) - 1u), src + ix);

@@ -820,7 +820,7 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
         if (n->kind == DT_LAYER_BATCHNORM) total += 2 * n->c;
         if (n->kind == DT_LAYER_MAXPOOL2D) itotal += batch * n->size;
         if (n->kind == DT_LAYER_CONV2D) {
-            /* workspace: col [c k k, nb s] + t [oc, nb s] for a chunk of nb images */
+            /* workspace: col [c kh kw, nb s] + t [oc, nb s] for a chunk of nb images */
             dt_conv_geom g = dt__geom(m, n, batch);
             int64_t per = (g.c * g.kh * g.kw + g.oc) * g.oh * g.ow;
             int64_t nb = DT_CONV_WORKSPACE / per;
@@ -881,7 +881,7 @@ static float *dt__pv(dt_model *m, const dt__node *n, int j) { return m->params +
 static float *dt__gv(dt_model *m, const dt__node *n, int j) { return m->grads + m->pinfo[n->param0 + j].offset; }
 static float *dt__bv(dt_model *m, const dt__node *n, int j) { return m->buffers + m->binfo[n->buf0 + j].offset; }
 
-/* Convolution as im2col + one GEMM per chunk of images:  t [oc, nb*s] = W [oc, c*k*k] col [c*k*k, nb*s] */
+/* Convolution as im2col + one GEMM per chunk of images:  t [oc, nb*s] = W [oc, c*kh*kw] col [c*kh*kw, nb*s] */
 static void dt__conv_fwd(dt_model *m, const dt__node *n, int64_t batch) {
     const dt_ops *O = m->ops;
     dt_conv_geom g = dt__geom(m, n, batch);

@@ -348,9 +348,9 @@ dt_result dt_conv_geom_resolve(dt_conv_geom *g) {
                             (long long)g->pw);
     if (g->h + 2 * g->ph < g->kh || g->w + 2 * g->pw < g->kw)
         return dt_set_error(DT_ERR_SHAPE, "kernel %lldx%lld does not fit the padded input %lldx%lld (input %lldx%lld, "
-                            "padding %lld): use a smaller kernel or more padding", (long long)g->kh, (long long)g->kw,
+                            "padding %lldx%lld): use a smaller kernel or more padding", (long long)g->kh, (long long)g->kw,
                             (long long)(g->h + 2 * g->ph), (long long)(g->w + 2 * g->pw), (long long)g->h,
-                            (long long)g->w, (long long)g->ph);
+                            (long long)g->w, (long long)g->ph, (long long)g->pw);
     g->oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
     g->ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
     return DT_OK;

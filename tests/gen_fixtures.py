@@ -217,31 +217,49 @@ def case_linear(cfg):
     return weighted_records(x, w, b, y)
 
 
+def case_conv2d_rect(cfg):
+    """A kh x kw window, strides sh, sw, padding ph, pw (the same draws as case_conv2d when square)."""
+    N, C, H, W, OC, KH, KW, SH, SW, PH, PW, has_bias = cfg
+    x = torch.randn(N, C, H, W, requires_grad=True)
+    w = (torch.randn(OC, C, KH, KW) * 0.5).requires_grad_()
+    b = torch.randn(OC, requires_grad=True) if has_bias else None
+    y = F.conv2d(x, w, b, stride=(SH, SW), padding=(PH, PW))
+    return weighted_records(x, w, b, y)
+
+
 def case_conv2d(cfg):
     N, C, H, W, OC, K, stride, pad, has_bias = cfg
+    return case_conv2d_rect([N, C, H, W, OC, K, K, stride, stride, pad, pad, has_bias])
+
+
+def pool_records(x, pool):
+    y = pool(x)
+    dy = torch.randn_like(y)
+    (y * dy).sum().backward()
+    return [("x", x), ("dy", dy), ("y", y), ("dx", x.grad)]
+
+
+def case_maxpool_rect(cfg):
+    N, C, H, W, KH, KW, SH, SW, PH, PW = cfg
+    x = distinct((N, C, H, W)).requires_grad_()
+    return pool_records(x, lambda v: F.max_pool2d(v, (KH, KW), (SH, SW), (PH, PW)))
+
+
+def case_avgpool_rect(cfg):
+    N, C, H, W, KH, KW, SH, SW, PH, PW = cfg
     x = torch.randn(N, C, H, W, requires_grad=True)
-    w = (torch.randn(OC, C, K, K) * 0.5).requires_grad_()
-    b = torch.randn(OC, requires_grad=True) if has_bias else None
-    y = F.conv2d(x, w, b, stride=stride, padding=pad)
-    return weighted_records(x, w, b, y)
+    # count_include_pad=True, ceil_mode=False: the padding's zeros count in every window's mean
+    return pool_records(x, lambda v: F.avg_pool2d(v, (KH, KW), (SH, SW), (PH, PW)))
 
 
 def case_maxpool(cfg):
     N, C, H, W, K, stride, pad = cfg
-    x = distinct((N, C, H, W)).requires_grad_()
-    y = F.max_pool2d(x, K, stride, pad)
-    dy = torch.randn_like(y)
-    (y * dy).sum().backward()
-    return [("x", x), ("dy", dy), ("y", y), ("dx", x.grad)]
+    return case_maxpool_rect([N, C, H, W, K, K, stride, stride, pad, pad])
 
 
 def case_avgpool(cfg):
     N, C, H, W, K, stride, pad = cfg
-    x = torch.randn(N, C, H, W, requires_grad=True)
-    y = F.avg_pool2d(x, K, stride, pad)  # count_include_pad=True, ceil_mode=False
-    dy = torch.randn_like(y)
-    (y * dy).sum().backward()
-    return [("x", x), ("dy", dy), ("y", y), ("dx", x.grad)]
+    return case_avgpool_rect([N, C, H, W, K, K, stride, stride, pad, pad])
 
 
 def case_gap(cfg):
@@ -407,6 +425,20 @@ CASES = [
     ("pad_shortcut_a", [2, 3, 6, 5, 2, 2], case_pad_shortcut),
     ("simplecnn", [3], case_simplecnn),
     ("resnet20", [2], case_resnet20),
+    # rectangular windows (appended: each case's seed is SEED + its index, so the cases above keep theirs)
+    # conv: N C H W OC KH KW SH SW PH PW bias
+    ("conv2d_rect_a", [2, 3, 7, 9, 4, 1, 3, 1, 2, 0, 1, 1], case_conv2d_rect),
+    ("conv2d_rect_b", [2, 3, 9, 7, 4, 3, 1, 2, 1, 1, 0, 1], case_conv2d_rect),
+    ("conv2d_rect_c", [2, 2, 11, 8, 3, 5, 2, 2, 2, 2, 1, 1], case_conv2d_rect),
+    ("conv2d_rect_d", [2, 2, 8, 11, 3, 2, 5, 1, 1, 1, 2, 1], case_conv2d_rect),
+    ("conv2d_rect_e", [3, 2, 1, 13, 3, 1, 4, 1, 3, 0, 2, 0], case_conv2d_rect),
+    # pooling: N C H W KH KW SH SW PH PW
+    ("maxpool_rect_a", [2, 3, 7, 8, 2, 3, 2, 1, 1, 1], case_maxpool_rect),
+    ("maxpool_rect_b", [2, 2, 9, 6, 3, 1, 2, 1, 1, 0], case_maxpool_rect),
+    ("maxpool_rect_c", [1, 2, 5, 9, 1, 3, 1, 2, 0, 1], case_maxpool_rect),
+    ("avgpool_rect_a", [2, 3, 7, 8, 2, 3, 2, 1, 1, 1], case_avgpool_rect),
+    ("avgpool_rect_b", [2, 2, 9, 6, 3, 1, 2, 1, 1, 0], case_avgpool_rect),
+    ("avgpool_rect_c", [2, 2, 6, 9, 2, 4, 2, 3, 0, 2], case_avgpool_rect),
 ]
 
 

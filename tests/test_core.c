@@ -235,48 +235,90 @@ static void conv_bwd_ref(const dt_conv_geom *g, const float *x, const float *w, 
                 }
 }
 
+/* a square window in a row of the convolution tables: n, c, h, w, oc, k, stride, pad */
+#define SQ(n, c, h, w, oc, k, s, p) {n, c, h, w, oc, k, k, s, s, p, p}
+/* geometry from a table row: n, c, h, w, oc, kh, kw, sh, sw, ph, pw */
+static dt_conv_geom conv_geom(const int64_t *cs) {
+    dt_conv_geom g;
+    memset(&g, 0, sizeof g);
+    g.n = cs[0]; g.c = cs[1]; g.h = cs[2]; g.w = cs[3]; g.oc = cs[4];
+    g.kh = cs[5]; g.kw = cs[6]; g.sh = cs[7]; g.sw = cs[8]; g.ph = cs[9]; g.pw = cs[10];
+    CHECK_OK(dt_conv_geom_resolve(&g));
+    return g;
+}
+/* a model of one convolution of geometry g (its weights: those of the seed) */
+static dt_model *conv_model(const dt_conv_geom *g, uint64_t seed) {
+    dt_model *m;
+    dt_model_desc d;
+    dt_conv2d_desc cd;
+    memset(&d, 0, sizeof d);
+    d.in_c = g->c; d.in_h = g->h; d.in_w = g->w; d.seed = seed; d.input_grad = 1;
+    memset(&cd, 0, sizeof cd);
+    cd.out_channels = g->oc; cd.kernel_h = g->kh; cd.kernel_w = g->kw; cd.stride_h = g->sh; cd.stride_w = g->sw;
+    cd.pad_h = g->ph; cd.pad_w = g->pw;
+    CHECK_OK(dt_model_create(&m, &d));
+    dt_conv2d_ex(m, dt_model_input(m), &cd);
+    CHECK_OK(dt_model_finalize(m));
+    return m;
+}
+/* Which convolutions the tier's shifted rows take (dtrain/cpu_vec.h), forward (bwd 0) or backward (bwd 1):
+   strides 1 or 2 on each axis, at least an image per thread, a tier with shifted convolutions (avx512, avx2,
+   and portable or neon built by GCC or Clang); backward, at stride 1 on both axes, padding at most k - 1 */
+static int shift_takes(const dt_conv_geom *g, int bwd) {
+    if (!dt__pick_kernel()->conv_fwd || dt__shift_off || g->sh > 2 || g->sw > 2 || g->n < dt_cpu_threads()) return 0;
+    return !bwd || g->sh == 2 || g->sw == 2 || (g->ph < g->kh && g->pw < g->kw);
+}
+
 static void test_conv_vs_direct(void) {
-    /* n, c, h, w, oc, k, stride, pad */
-    static const int64_t cases[][8] = {{1, 1, 5, 5, 1, 3, 1, 0}, {3, 2, 7, 6, 4, 3, 1, 1}, {2, 3, 9, 9, 5, 3, 2, 1},
-                                       {4, 5, 8, 11, 3, 1, 1, 0}, {2, 4, 6, 6, 6, 1, 2, 0}, {3, 3, 10, 7, 2, 5, 1, 2},
-                                       {5, 16, 8, 8, 17, 3, 1, 1}, {2, 3, 13, 13, 7, 4, 3, 2}, {9, 2, 6, 6, 3, 3, 1, 1},
-                                       /* the GEMMs' k and n across their blocks (256 and 1152): 360 x 2700 */
-                                       {3, 40, 30, 30, 9, 3, 1, 1}, {7, 29, 25, 23, 5, 3, 2, 1},
-                                       /* the packing's 16-lane steps: 16 x 16, 4 x 4 and 2 x 2 images (VGG-11's) */
-                                       {3, 5, 16, 16, 7, 3, 1, 1}, {6, 8, 4, 4, 9, 3, 1, 1}, {9, 6, 2, 2, 10, 3, 1, 1},
-                                       /* col2im on small images: more output channels than pixels, stride 2 */
-                                       {2, 3, 2, 2, 40, 3, 1, 1}, {5, 4, 4, 4, 6, 3, 2, 1},
-                                       /* stride 1 by shifted rows (AVX-512): ResNet-20's first stage, rows and
-                                          channels not multiples of the tiles, padding past k - 1 (the input
-                                          gradient then by GEMM), a 5 x 5 window, the weight gradient over
-                                          several blocks of images */
-                                       {6, 16, 32, 32, 16, 3, 1, 1}, {4, 3, 9, 9, 13, 3, 1, 1}, {3, 2, 8, 8, 5, 3, 1, 3},
-                                       {5, 7, 5, 6, 9, 5, 1, 2}, {8, 64, 32, 32, 6, 3, 1, 1}, {4, 1, 28, 28, 32, 3, 1, 1},
-                                       /* SimpleCNN's conv2 at 16 images: the packing shared by the threads */
-                                       {16, 32, 14, 14, 64, 3, 1, 1},
-                                       /* stride 2 by phase planes (3 x 3 only; the input gradient by GEMM):
-                                          ResNet-20's two, odd sizes, no padding */
-                                       {4, 16, 32, 32, 32, 3, 2, 1}, {3, 32, 16, 16, 64, 3, 2, 1}, {3, 5, 9, 11, 20, 3, 2, 1},
-                                       {2, 3, 8, 7, 17, 3, 2, 0},
-                                       /* the tiles' edges on every tier (rows of 8, 6 and 2, columns of 48
-                                          and 16): odd channel counts and sizes, 5 x 5 without padding, 1 x 1
-                                          padded (the input gradient then by GEMM), stride 2 padded by 2 */
-                                       {3, 7, 11, 9, 13, 5, 1, 0}, {2, 5, 7, 5, 11, 1, 1, 1}, {3, 9, 13, 11, 7, 3, 1, 2},
-                                       {2, 7, 9, 9, 11, 3, 2, 2}, {4, 3, 15, 13, 5, 1, 1, 0}};
+    /* n, c, h, w, oc, kh, kw, sh, sw, ph, pw */
+    static const int64_t cases[][11] = {SQ(1, 1, 5, 5, 1, 3, 1, 0), SQ(3, 2, 7, 6, 4, 3, 1, 1), SQ(2, 3, 9, 9, 5, 3, 2, 1),
+                                        SQ(4, 5, 8, 11, 3, 1, 1, 0), SQ(2, 4, 6, 6, 6, 1, 2, 0), SQ(3, 3, 10, 7, 2, 5, 1, 2),
+                                        SQ(5, 16, 8, 8, 17, 3, 1, 1), SQ(2, 3, 13, 13, 7, 4, 3, 2), SQ(9, 2, 6, 6, 3, 3, 1, 1),
+                                        /* the GEMMs' k and n across their blocks (256 and 1152): 360 x 2700 */
+                                        SQ(3, 40, 30, 30, 9, 3, 1, 1), SQ(7, 29, 25, 23, 5, 3, 2, 1),
+                                        /* the packing's 16-lane steps: 16 x 16, 4 x 4 and 2 x 2 images (VGG-11's) */
+                                        SQ(3, 5, 16, 16, 7, 3, 1, 1), SQ(6, 8, 4, 4, 9, 3, 1, 1), SQ(9, 6, 2, 2, 10, 3, 1, 1),
+                                        /* col2im on small images: more output channels than pixels, stride 2 */
+                                        SQ(2, 3, 2, 2, 40, 3, 1, 1), SQ(5, 4, 4, 4, 6, 3, 2, 1),
+                                        /* stride 1 by shifted rows (AVX-512): ResNet-20's first stage, rows and
+                                           channels not multiples of the tiles, padding past k - 1 (the
+                                           backward pass then by GEMM), a 5 x 5 window, the weight gradient
+                                           over several blocks of images */
+                                        SQ(6, 16, 32, 32, 16, 3, 1, 1), SQ(4, 3, 9, 9, 13, 3, 1, 1), SQ(3, 2, 8, 8, 5, 3, 1, 3),
+                                        SQ(5, 7, 5, 6, 9, 5, 1, 2), SQ(8, 64, 32, 32, 6, 3, 1, 1), SQ(4, 1, 28, 28, 32, 3, 1, 1),
+                                        /* SimpleCNN's conv2 at 16 images: the packing shared by the threads */
+                                        SQ(16, 32, 14, 14, 64, 3, 1, 1),
+                                        /* stride 2 by phase planes: ResNet-20's two, odd sizes, no padding */
+                                        SQ(4, 16, 32, 32, 32, 3, 2, 1), SQ(3, 32, 16, 16, 64, 3, 2, 1), SQ(3, 5, 9, 11, 20, 3, 2, 1),
+                                        SQ(2, 3, 8, 7, 17, 3, 2, 0),
+                                        /* the tiles' edges on every tier (rows of 8, 6 and 2, columns of 48
+                                           and 16): odd channel counts and sizes, 5 x 5 without padding, 1 x 1
+                                           padded (the backward pass then by GEMM), stride 2 padded by 2 */
+                                        SQ(3, 7, 11, 9, 13, 5, 1, 0), SQ(2, 5, 7, 5, 11, 1, 1, 1), SQ(3, 9, 13, 11, 7, 3, 1, 2),
+                                        SQ(2, 7, 9, 9, 11, 3, 2, 2), SQ(4, 3, 15, 13, 5, 1, 1, 0),
+                                        /* rectangular windows: 1 x 3, 3 x 1, 5 x 2 and 2 x 5 at stride 1, padded
+                                           0 x 1, 1 x 0, 2 x 1, 1 x 2; a 1-D convolution (1 x 7 on one row) */
+                                        {3, 4, 7, 9, 5, 1, 3, 1, 1, 0, 1}, {3, 4, 9, 7, 5, 3, 1, 1, 1, 1, 0},
+                                        {2, 3, 11, 8, 6, 5, 2, 1, 1, 2, 1}, {2, 3, 8, 11, 6, 2, 5, 1, 1, 1, 2},
+                                        {3, 4, 1, 20, 6, 1, 7, 1, 1, 0, 3},
+                                        /* strides 1 x 2, 2 x 1 and 2 x 2 with rectangular kernels and padding */
+                                        {3, 5, 6, 13, 7, 1, 3, 1, 2, 0, 1}, {3, 5, 13, 6, 7, 3, 1, 2, 1, 1, 0},
+                                        {2, 3, 11, 9, 5, 5, 2, 2, 2, 2, 1}, {2, 3, 9, 12, 5, 2, 5, 2, 2, 0, 2},
+                                        {3, 4, 10, 9, 6, 2, 5, 2, 1, 1, 2}, {3, 4, 9, 10, 6, 5, 2, 1, 2, 2, 0},
+                                        /* 3 x 3 at strides 1 x 2 and 2 x 1, and at stride 2 padded 1 x 0; a 1 x 1
+                                           kernel at stride 2 x 1 (odd padded rows get no gradient) */
+                                        {3, 6, 9, 11, 10, 3, 3, 1, 2, 1, 1}, {3, 6, 11, 9, 10, 3, 3, 2, 1, 0, 1},
+                                        {3, 5, 10, 9, 18, 3, 3, 2, 2, 1, 0}, {2, 3, 7, 8, 4, 1, 1, 2, 1, 0, 0},
+                                        /* past what the shifted rows take: strides 3 x 1 and 1 x 3, and padding
+                                           past k - 1 on one axis (their backward pass then by GEMM) */
+                                        {2, 3, 10, 9, 4, 3, 2, 3, 1, 1, 0}, {2, 3, 9, 10, 4, 2, 3, 1, 3, 0, 1},
+                                        {2, 3, 6, 5, 4, 3, 1, 1, 1, 1, 1}, {2, 5, 23, 29, 7, 2, 3, 2, 2, 1, 1}};
     int ci, k, i;
     for (ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
-        const int64_t *cs = cases[ci];
         dt_model *m;
-        dt_model_desc d;
-        dt_conv_geom g;
+        dt_conv_geom g = conv_geom(cases[ci]);
         int64_t np, xs, ys;
         float *x, *y, *dy, *yref, *dxr, *dwr, *gr;
-        memset(&d, 0, sizeof d);
-        d.in_c = cs[1]; d.in_h = cs[2]; d.in_w = cs[3]; d.seed = (uint64_t)ci; d.input_grad = 1;
-        memset(&g, 0, sizeof g);
-        g.n = cs[0]; g.c = cs[1]; g.h = cs[2]; g.w = cs[3]; g.oc = cs[4];
-        g.kh = g.kw = cs[5]; g.sh = g.sw = cs[6]; g.ph = g.pw = cs[7];
-        CHECK_OK(dt_conv_geom_resolve(&g));
         xs = g.n * g.c * g.h * g.w;
         ys = g.n * g.oc * g.oh * g.ow;
         x = (float *)malloc(sizeof(float) * (size_t)xs); dxr = (float *)malloc(sizeof(float) * (size_t)xs);
@@ -284,9 +326,7 @@ static void test_conv_vs_direct(void) {
         dy = (float *)malloc(sizeof(float) * (size_t)ys);
         dt_t_fill(x, xs, -1, 1);
         dt_t_fill(dy, ys, -1, 1);
-        CHECK_OK(dt_model_create(&m, &d));   /* the reference, once per case: every model of its seed has these weights */
-        dt_conv2d(m, dt_model_input(m), cs[4], cs[5], cs[6], cs[7]);
-        CHECK_OK(dt_model_finalize(m));
+        m = conv_model(&g, (uint64_t)ci);   /* the reference, once per case: every model of its seed has these weights */
         {
             float *p = dt_model_params(m, &np);
             dwr = (float *)malloc(sizeof(float) * (size_t)np);
@@ -303,25 +343,20 @@ static void test_conv_vs_direct(void) {
                 char what[96];
                 const char *path = i ? "packed GEMM" : "shifted rows where taken";
                 dt__shift_off = i;
-                CHECK_OK(dt_model_create(&m, &d));
-                dt_conv2d(m, dt_model_input(m), cs[4], cs[5], cs[6], cs[7]);
-                CHECK_OK(dt_model_finalize(m));
+                m = conv_model(&g, (uint64_t)ci);
                 CHECK_OK(dt_model_forward(m, x, g.n));
                 CHECK_OK(dt_model_output(m, y, ys));
                 snprintf(what, sizeof what, "%s: conv case %d forward, %s", dt_cpu_tier(), ci, path);
                 CHECK_CLOSE(y, yref, ys, 1e-5, what);
+                /* the shifted path runs where it applies, never when switched off */
+                CHECK(dt__shift_taken == taken + shift_takes(&g, 0));
                 CHECK_OK(dt_model_backward(m, dy));
                 CHECK_OK(dt_model_get_grads(m, gr, np));
                 snprintf(what, sizeof what, "%s: conv case %d dW,db, %s", dt_cpu_tier(), ci, path);
                 CHECK_CLOSE(gr, dwr, np, 1e-5, what);
                 snprintf(what, sizeof what, "%s: conv case %d dx, %s", dt_cpu_tier(), ci, path);
                 CHECK_CLOSE(dt_model_node_grad(m, 0), dxr, xs, 1e-5, what);
-                /* the shifted path runs where it applies (stride 1, or 2 with a 3 x 3 window; at least an
-                   image per thread; a tier with shifted convolutions: avx512, avx2, and portable or neon
-                   built by GCC or Clang), never when switched off */
-                if (i) CHECK(dt__shift_taken == taken);
-                else if ((g.sh == 1 || (g.sh == 2 && g.kh == 3)) && g.n >= dt_cpu_threads() && dt__pick_kernel()->conv_fwd)
-                    CHECK(dt__shift_taken > taken);
+                CHECK(dt__shift_taken == taken + shift_takes(&g, 0) + shift_takes(&g, 1));
                 dt_model_destroy(m);
             }
         }
@@ -343,38 +378,82 @@ static int twin_tier;   /* the tier under test: an index into dt__kernels */
 
 static float *twin_alloc(int64_t n) { return (float *)calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
 
+/* A convolution's operands, its references (dt_conv2d_ref, conv_bwd_ref) and room for a path's results */
+typedef struct conv_io {
+    int64_t xs, ys, kk;
+    float *x, *W, *b, *dy, *dx0, *dW0;   /* inputs; the gradients' values before the backward pass adds to them */
+    float *yref, *dxr, *dwr, *dbr;       /* references */
+    float *y, *dx, *dW, *want;           /* results */
+} conv_io;
+static void conv_io_make(conv_io *io, const dt_conv_geom *g) {
+    io->xs = g->n * g->c * g->h * g->w; io->ys = g->n * g->oc * g->oh * g->ow; io->kk = g->oc * g->c * g->kh * g->kw;
+    io->x = twin_alloc(io->xs); io->dx = twin_alloc(io->xs); io->dx0 = twin_alloc(io->xs); io->dxr = twin_alloc(io->xs);
+    io->want = twin_alloc(io->xs > io->kk ? io->xs : io->kk);
+    io->dy = twin_alloc(io->ys); io->y = twin_alloc(io->ys); io->yref = twin_alloc(io->ys);
+    io->W = twin_alloc(io->kk); io->dW = twin_alloc(io->kk); io->dW0 = twin_alloc(io->kk); io->dwr = twin_alloc(io->kk);
+    io->b = twin_alloc(g->oc); io->dbr = twin_alloc(g->oc);
+    dt_t_fill(io->x, io->xs, -1, 1); dt_t_fill(io->dy, io->ys, -1, 1); dt_t_fill(io->W, io->kk, -1, 1);
+    dt_t_fill(io->b, g->oc, -1, 1); dt_t_fill(io->dx0, io->xs, -1, 1); dt_t_fill(io->dW0, io->kk, -1, 1);
+    conv_bwd_ref(g, io->x, io->W, io->dy, io->dxr, io->dwr, io->dbr);
+}
+static void conv_io_free(conv_io *io) {
+    free(io->x); free(io->dx); free(io->dx0); free(io->dxr); free(io->want); free(io->dy); free(io->y); free(io->yref);
+    free(io->W); free(io->dW); free(io->dW0); free(io->dwr); free(io->b); free(io->dbr);
+}
+typedef int (*conv_fwd_fn)(void *, const dt_conv_geom *, const float *, const float *, const float *, float *);
+typedef int (*conv_bwd_fn)(void *, const dt_conv_geom *, const float *, const float *, const float *, float *, float *, int);
+/* A path of dt_ops.conv_fwd and conv_bwd on ctx against the references, three times: forward with the bias
+   and dx written, forward without the bias and dx added to (accumulate), and no dx (then left as it was);
+   dW added to what it held. Every call must take g. what: the path, the tier and the case. */
+static void conv_path_check(const char *what, conv_fwd_fn fwd, conv_bwd_fn bwd, void *ctx, const dt_conv_geom *g, conv_io *io) {
+    char msg[160];
+    int64_t i;
+    int acc;
+    for (acc = 0; acc < 3; acc++) {   /* dx written, added to, none; the bias, none */
+        snprintf(msg, sizeof msg, "%s, forward%s", what, acc == 1 ? " without bias" : "");
+        dt_conv2d_ref(g, io->x, io->W, acc == 1 ? NULL : io->b, io->yref);
+        CHECK(fwd(ctx, g, io->x, io->W, acc == 1 ? NULL : io->b, io->y) == 1);
+        CHECK_CLOSE(io->y, io->yref, io->ys, 1e-5, msg);
+        memcpy(io->dx, io->dx0, sizeof(float) * (size_t)io->xs);
+        memcpy(io->dW, io->dW0, sizeof(float) * (size_t)io->kk);
+        CHECK(bwd(ctx, g, io->x, io->W, io->dy, io->dW, acc == 2 ? NULL : io->dx, acc) == 1);
+        for (i = 0; i < io->kk; i++) io->want[i] = io->dW0[i] + io->dwr[i];
+        snprintf(msg, sizeof msg, "%s, dW +=", what);
+        CHECK_CLOSE(io->dW, io->want, io->kk, 1e-5, msg);
+        if (acc == 2) { CHECK(memcmp(io->dx, io->dx0, sizeof(float) * (size_t)io->xs) == 0); continue; }
+        for (i = 0; i < io->xs; i++) io->want[i] = acc ? io->dx0[i] + io->dxr[i] : io->dxr[i];
+        snprintf(msg, sizeof msg, "%s, dx %s", what, acc ? "+=" : "=");
+        CHECK_CLOSE(io->dx, io->want, io->xs, 1e-5, msg);
+    }
+}
+
 /* The convolutions by taps (dtrain/cpu.h) on every tier against dt_conv2d_ref and the direct gradients:
    forward with and without bias, dW added to what it held, dx written or added (accumulate), no dx; small
-   and odd images, windows 3 x 3 (padding 0 to 2), 5 x 5, 1 x 3 and 3 x 1, channels across the GEMM's K
-   blocks, and workspaces of one, several and all images per chunk. Every geometry is taken
-   (dt__tap_min_zeros and dt__tap_min_len 0), and must be. */
+   and odd images, windows 3 x 3 (padding 0 to 2), 5 x 5, 1 x 3, 3 x 1, 2 x 5 and 5 x 2 (padding 0 x 1,
+   1 x 0, 2 x 1, 1 x 2), channels across the GEMM's K blocks, and workspaces of one, several and all images
+   per chunk. Every geometry is taken (dt__tap_min_zeros and dt__tap_min_len 0), and must be; and by the
+   GEMMs' input gradient as a convolution of dy (dt__cpu_conv_gemm_dgrad), which declines a stride. */
 static void test_conv_taps(void) {
     static const int64_t cases[][9] = {   /* n, c, h, w, oc, kh, kw, ph, pw */
         {3, 4, 1, 1, 5, 3, 3, 1, 1}, {5, 6, 2, 2, 7, 3, 3, 1, 1}, {4, 3, 3, 5, 6, 3, 3, 1, 1}, {7, 5, 4, 4, 9, 3, 3, 1, 1},
         {3, 4, 7, 7, 5, 3, 3, 1, 1}, {4, 3, 4, 4, 5, 5, 5, 2, 2}, {3, 5, 5, 6, 4, 5, 5, 2, 2}, {4, 3, 6, 5, 5, 3, 3, 0, 0},
         {3, 4, 4, 5, 6, 1, 3, 0, 1}, {3, 4, 5, 4, 6, 3, 1, 1, 0}, {2, 3, 3, 3, 4, 3, 3, 2, 2}, {3, 3, 4, 6, 4, 3, 3, 1, 0},
+        {3, 4, 5, 7, 5, 5, 2, 2, 1}, {3, 4, 7, 5, 5, 2, 5, 1, 2}, {2, 3, 3, 9, 4, 2, 5, 0, 2},
         {3, 20, 2, 2, 260, 3, 3, 1, 1}, {2, 260, 3, 2, 8, 3, 3, 1, 1}};
-    int ci, k, cw, acc;
+    int ci, k, cw;
     dt__tap_min_zeros = 0.0;
     dt__tap_min_len = 0;
     for (ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         const int64_t *cs = cases[ci];
         dt_conv_geom g;
-        int64_t xs, ys, ws, i, kk;
-        float *x, *W, *b, *dy, *y, *yref, *dxr, *dwr, *dbr, *dx, *dx0, *dW, *dW0, *want;
+        int64_t ws;
+        conv_io io;
         dt__cpu_state st;
         memset(&g, 0, sizeof g);
         g.n = cs[0]; g.c = cs[1]; g.h = cs[2]; g.w = cs[3]; g.oc = cs[4];
         g.kh = cs[5]; g.kw = cs[6]; g.sh = g.sw = 1; g.ph = cs[7]; g.pw = cs[8];
         CHECK_OK(dt_conv_geom_resolve(&g));
-        xs = g.n * g.c * g.h * g.w; ys = g.n * g.oc * g.oh * g.ow; kk = g.oc * g.c * g.kh * g.kw;
-        x = twin_alloc(xs); dx = twin_alloc(xs); dx0 = twin_alloc(xs); dxr = twin_alloc(xs); want = twin_alloc(xs > kk ? xs : kk);
-        dy = twin_alloc(ys); y = twin_alloc(ys); yref = twin_alloc(ys);
-        W = twin_alloc(kk); dW = twin_alloc(kk); dW0 = twin_alloc(kk); dwr = twin_alloc(kk);
-        b = twin_alloc(g.oc); dbr = twin_alloc(g.oc);
-        dt_t_fill(x, xs, -1, 1); dt_t_fill(dy, ys, -1, 1); dt_t_fill(W, kk, -1, 1); dt_t_fill(b, g.oc, -1, 1);
-        dt_t_fill(dx0, xs, -1, 1); dt_t_fill(dW0, kk, -1, 1);
-        conv_bwd_ref(&g, x, W, dy, dxr, dwr, dbr);
+        conv_io_make(&io, &g);
         st.gemm_ws_count = dt__gemm_ws_count(dt_cpu_threads());
         st.gemm_ws = twin_alloc(st.gemm_ws_count);
         ws = dt__tap_fixed(&g) + g.n * dt__tap_image(&g);
@@ -387,31 +466,34 @@ static void test_conv_taps(void) {
                 char what[128];
                 st.conv_ws_count = dt__tap_fixed(&g) + nb * dt__tap_image(&g);
                 CHECK(dt__tap_chunk(&st, &g) == nb);
-                for (acc = 0; acc < 3; acc++) {   /* dx written, added to, none; the bias, none */
-                    snprintf(what, sizeof what, "%s: taps case %d, %lld a chunk, forward%s", dt_cpu_tier(), ci, (long long)nb,
-                             acc == 1 ? " without bias" : "");
-                    dt_conv2d_ref(&g, x, W, acc == 1 ? NULL : b, yref);
-                    CHECK(dt__tap_conv_fwd(&st, &g, x, W, acc == 1 ? NULL : b, y) == 1);
-                    CHECK_CLOSE(y, yref, ys, 1e-5, what);
-                    memcpy(dx, dx0, sizeof(float) * (size_t)xs);
-                    memcpy(dW, dW0, sizeof(float) * (size_t)kk);
-                    CHECK(dt__tap_conv_bwd(&st, &g, x, W, dy, dW, acc == 2 ? NULL : dx, acc) == 1);
-                    for (i = 0; i < kk; i++) want[i] = dW0[i] + dwr[i];
-                    snprintf(what, sizeof what, "%s: taps case %d, %lld a chunk, dW +=", dt_cpu_tier(), ci, (long long)nb);
-                    CHECK_CLOSE(dW, want, kk, 1e-5, what);
-                    if (acc == 2) { CHECK(memcmp(dx, dx0, sizeof(float) * (size_t)xs) == 0); continue; }
-                    for (i = 0; i < xs; i++) want[i] = acc ? dx0[i] + dxr[i] : dxr[i];
-                    snprintf(what, sizeof what, "%s: taps case %d, %lld a chunk, dx %s", dt_cpu_tier(), ci, (long long)nb,
-                             acc ? "+=" : "=");
-                    CHECK_CLOSE(dx, want, xs, 1e-5, what);
-                }
+                snprintf(what, sizeof what, "%s: taps case %d, %lld a chunk", dt_cpu_tier(), ci, (long long)nb);
+                conv_path_check(what, dt__tap_conv_fwd, dt__tap_conv_bwd, &st, &g, &io);
                 CHECK(dt__tap_taken == taken + 6);
+            }
+            {   /* the GEMMs' input gradient as a convolution of dy takes these geometries too (stride 1, padding
+                   at most k - 1 on each axis) with room for the flipped weights and the images, not with a float
+                   less */
+                int64_t wn = io.kk + g.c * g.n * g.h * g.w, i;
+                float *gws = twin_alloc(wn);
+                char what[128];
+                memcpy(io.dx, io.dx0, sizeof(float) * (size_t)io.xs);
+                CHECK(dt__cpu_conv_gemm_dgrad(&st, &g, io.W, io.dy, io.dx, gws, wn) == 1);
+                for (i = 0; i < io.xs; i++) io.want[i] = io.dx0[i] + io.dxr[i];
+                snprintf(what, sizeof what, "%s: the GEMMs' input gradient, taps case %d, dx +=", dt_cpu_tier(), ci);
+                CHECK_CLOSE(io.dx, io.want, io.xs, 1e-5, what);
+                CHECK(dt__cpu_conv_gemm_dgrad(&st, &g, io.W, io.dy, io.dx, gws, wn - 1) == 0);
+                g.sw = 2;   /* a stride: declined, with nothing written */
+                memcpy(io.dx, io.dx0, sizeof(float) * (size_t)io.xs);
+                CHECK(dt__cpu_conv_gemm_dgrad(&st, &g, io.W, io.dy, io.dx, gws, wn) == 0);
+                CHECK(memcmp(io.dx, io.dx0, sizeof(float) * (size_t)io.xs) == 0);
+                g.sw = 1;
+                free(gws);
             }
         }
         st.conv_ws_count = dt__tap_fixed(&g);   /* no room for an image: not taken */
-        CHECK(dt__tap_chunk(&st, &g) == 0 && !dt__tap_conv_fwd(&st, &g, x, W, b, y));
-        free(x); free(dx); free(dx0); free(dxr); free(want); free(dy); free(y); free(yref);
-        free(W); free(dW); free(dW0); free(dwr); free(b); free(dbr); free(st.gemm_ws); free(st.conv_ws);
+        CHECK(dt__tap_chunk(&st, &g) == 0 && !dt__tap_conv_fwd(&st, &g, io.x, io.W, io.b, io.y));
+        conv_io_free(&io);
+        free(st.gemm_ws); free(st.conv_ws);
     }
     dt__tap_min_zeros = 0.1;
     dt__tap_min_len = 32;
@@ -442,28 +524,88 @@ static void test_conv_taps(void) {
     }
     CHECK_OK(dt_cpu_set_tier(NULL));
 }
+/* The convolutions by shifted rows of every tier that has them (dtrain/cpu_vec.h, cpu_x86.h), called
+   directly, against dt_conv2d_ref and the direct gradients as test_conv_taps: rectangular windows (1 x 3,
+   3 x 1, 5 x 2, 2 x 5, 1 x 7 on one row) at strides 1 x 1, 1 x 2, 2 x 1 and 2 x 2 with padding 0 x 1, 1 x 0,
+   2 x 1 and more, 3 x 3 at unequal strides (the dot-product tile for the weight gradient) and at stride 2
+   padded 1 x 0 (the transposed tile), windows narrower than the stride (phases of the input gradient
+   without taps), and tiles' edges (13 rows, 61 columns). Each is taken whole, the input gradient by phase
+   planes at the strides; strides of 3 and windows wider than 64 are not, nor at stride 1 the backward pass
+   with padding past k - 1. */
+static void test_conv_shifted(void) {
+    static const int64_t cases[][11] = {   /* n, c, h, w, oc, kh, kw, sh, sw, ph, pw */
+        {2, 4, 7, 9, 5, 1, 3, 1, 1, 0, 1}, {2, 4, 9, 7, 5, 3, 1, 1, 1, 1, 0}, {2, 3, 11, 8, 6, 5, 2, 1, 1, 2, 1},
+        {2, 3, 8, 11, 6, 2, 5, 1, 1, 1, 2}, {3, 4, 1, 20, 6, 1, 7, 1, 1, 0, 3},
+        {2, 5, 6, 13, 7, 1, 3, 1, 2, 0, 1}, {2, 6, 9, 11, 10, 3, 3, 1, 2, 1, 1}, {2, 3, 8, 11, 6, 2, 5, 1, 2, 1, 2},
+        {2, 5, 13, 6, 7, 3, 1, 2, 1, 1, 0}, {2, 6, 11, 9, 10, 3, 3, 2, 1, 0, 1}, {2, 3, 11, 8, 6, 5, 2, 2, 1, 2, 0},
+        {2, 3, 11, 9, 5, 5, 2, 2, 2, 2, 1}, {2, 3, 9, 12, 5, 2, 5, 2, 2, 0, 2}, {2, 5, 10, 9, 18, 3, 3, 2, 2, 1, 0},
+        {2, 3, 7, 8, 4, 1, 1, 2, 2, 0, 0}, {2, 3, 7, 8, 4, 1, 2, 2, 1, 0, 0}, {2, 4, 9, 9, 5, 4, 4, 2, 2, 1, 1},
+        {2, 11, 9, 61, 13, 3, 2, 2, 2, 1, 1}, {2, 3, 4, 40, 5, 1, 9, 1, 2, 0, 4}};
+    static const int64_t declined[][11] = {   /* the last one's backward pass only */
+        {2, 3, 10, 9, 4, 3, 2, 3, 1, 1, 0}, {2, 3, 9, 10, 4, 2, 3, 1, 3, 0, 1}, {2, 1, 1, 80, 2, 1, 65, 1, 1, 0, 0},
+        {2, 3, 6, 5, 4, 3, 1, 1, 1, 1, 1}};
+    int ci, k, tiers = 0, nd = (int)(sizeof declined / sizeof declined[0]);
+    dt__cpu_state st;
+    memset(&st, 0, sizeof st);
+    st.gemm_ws_count = dt__gemm_ws_count(dt_cpu_threads());
+    st.gemm_ws = twin_alloc(st.gemm_ws_count);
+    for (k = 0; k < DT__NKERNELS; k++) {
+        const dt__kernel *kn = dt__kernels[k];
+        if (!dt__kernel_ok(k) || !kn->conv_fwd) continue;
+        tiers++;
+        for (ci = 0; ci < (int)(sizeof cases / sizeof cases[0]) + nd; ci++) {
+            int dec = ci >= (int)(sizeof cases / sizeof cases[0]);
+            int64_t row[11], taken = dt__shift_taken;
+            dt_conv_geom g;
+            conv_io io;
+            char what[128];
+            memcpy(row, dec ? declined[ci - (int)(sizeof cases / sizeof cases[0])] : cases[ci], sizeof row);
+            if (row[0] < dt_cpu_threads()) row[0] = dt_cpu_threads();   /* (they take an image per thread at least) */
+            g = conv_geom(row);
+            conv_io_make(&io, &g);
+            if (!dec) {
+                snprintf(what, sizeof what, "%s: shifted rows, case %d", kn->name, ci);
+                conv_path_check(what, kn->conv_fwd, kn->conv_bwd, &st, &g, &io);
+                CHECK(dt__shift_taken == taken + 6);
+            } else {
+                int fwd = kn->conv_fwd(&st, &g, io.x, io.W, io.b, io.y);
+                CHECK(fwd == (ci + 1 == (int)(sizeof cases / sizeof cases[0]) + nd));
+                CHECK(kn->conv_bwd(&st, &g, io.x, io.W, io.dy, io.dW, io.dx, 0) == 0);
+                CHECK(dt__shift_taken == taken + fwd);
+            }
+            conv_io_free(&io);
+        }
+    }
+    free(st.gemm_ws);
+    if (!tiers) dt_t_skip("test_conv_shifted", "no tier of this build and CPU has shifted convolutions");
+}
+
 /* the same bits, or a failed check naming what differs */
 static void twin_same(const void *a, const void *b, int64_t bytes, const char *what) {
     if (memcmp(a, b, (size_t)bytes) != 0) { dt_t_checks_failed++; printf("    %s differs from the portable twin\n", what); }
 }
 
 static void test_tier_twins(void) {
-    /* n, c, h, w, k, stride, padding: images of 2x2 and 4x4 (one permutation each), 8x8, 16x16 and 32x32
-       (16-lane tiles), odd sizes, strides 1 and 2, 5x5 windows */
-    static const int64_t geoms[][7] = {{3, 2, 2, 2, 3, 1, 1}, {5, 3, 4, 4, 3, 2, 1}, {4, 2, 8, 8, 3, 1, 1}, {2, 3, 16, 16, 3, 1, 1},
-                                       {2, 2, 32, 32, 5, 1, 2}, {3, 2, 5, 7, 3, 1, 0}, {2, 2, 7, 9, 3, 2, 1}, {3, 1, 28, 28, 5, 1, 2},
-                                       {9, 2, 2, 2, 1, 1, 0}, {4, 3, 3, 3, 2, 1, 1}};
+    /* n, c, h, w, oc, kh, kw, sh, sw, ph, pw: images of 2x2 and 4x4 (one permutation each), 8x8, 16x16 and
+       32x32 (16-lane tiles), odd sizes, strides 1 and 2, 5x5 windows; rectangular windows, strides and padding
+       on each of AVX-512's paths: images of 8 and 15 pixels (a gather of two images, a permutation), 16 x 8
+       and 4 x 32 images of their own size (16-lane tiles of 2 rows and of a row's 16 columns), and the rest
+       of a row at strides 2 x 1 and 1 x 2 */
+    static const int64_t geoms[][11] = {SQ(3, 2, 2, 2, 4, 3, 1, 1), SQ(5, 3, 4, 4, 4, 3, 2, 1), SQ(4, 2, 8, 8, 4, 3, 1, 1),
+                                        SQ(2, 3, 16, 16, 4, 3, 1, 1), SQ(2, 2, 32, 32, 4, 5, 1, 2), SQ(3, 2, 5, 7, 4, 3, 1, 0),
+                                        SQ(2, 2, 7, 9, 4, 3, 2, 1), SQ(3, 1, 28, 28, 4, 5, 1, 2), SQ(9, 2, 2, 2, 4, 1, 1, 0),
+                                        SQ(4, 3, 3, 3, 4, 2, 1, 1),
+                                        {3, 2, 2, 4, 4, 1, 3, 1, 1, 0, 1}, {4, 2, 2, 2, 4, 2, 1, 1, 1, 1, 0},
+                                        {2, 2, 5, 3, 4, 3, 1, 1, 1, 1, 0}, {2, 2, 16, 8, 4, 3, 1, 1, 1, 1, 0},
+                                        {2, 2, 4, 32, 4, 1, 5, 1, 1, 0, 2}, {2, 3, 9, 13, 4, 2, 5, 2, 1, 1, 2},
+                                        {2, 3, 13, 9, 4, 5, 2, 1, 2, 2, 0}, {2, 2, 11, 10, 4, 3, 2, 2, 2, 1, 0}};
     const dt__kernel *k = dt__kernels[twin_tier], *p = &dt__kernel_portable;
     int gi, used = 0;
     char what[96];
     for (gi = 0; gi < (int)(sizeof geoms / sizeof geoms[0]); gi++) {
-        dt_conv_geom g;
+        dt_conv_geom g = conv_geom(geoms[gi]);
         int64_t xs, cs;
         float *x, *c1, *c2, *d1, *d2;
-        memset(&g, 0, sizeof g);
-        g.n = geoms[gi][0]; g.c = geoms[gi][1]; g.h = geoms[gi][2]; g.w = geoms[gi][3]; g.oc = 4;
-        g.kh = g.kw = geoms[gi][4]; g.sh = g.sw = geoms[gi][5]; g.ph = g.pw = geoms[gi][6];
-        CHECK_OK(dt_conv_geom_resolve(&g));
         xs = g.n * g.c * g.h * g.w;
         cs = g.c * g.kh * g.kw * g.n * g.oh * g.ow;
         x = twin_alloc(xs); c1 = twin_alloc(cs); c2 = twin_alloc(cs); d1 = twin_alloc(xs); d2 = twin_alloc(xs);
@@ -518,31 +660,47 @@ static void test_tier_twins(void) {
         twin_same(b1, b2, (int64_t)sizeof(float) * np, "packing of B^T");
         free(A); free(B); free(a1); free(a2); free(b1); free(b2); free(tmp);
     }
-    {   /* 2 x 2 max pooling: values and indices, ties and NaN (the first maximum, the first NaN) */
+    {   /* 2 x 2 max pooling: values and indices, ties and NaN (the first maximum, the first NaN); then the
+           windows next to it, which its row kernel must leave to the general loop: 2 x 2 at strides 2 x 1 and
+           1 x 2 or padded 0 x 1 and 1 x 0, 2 x 1 and 1 x 2 at stride 2, 3 x 2 and 2 x 3; each also against
+           dt_body_maxpool_window, window by window */
         /* rows of 19, 1, 33, 13 and 8 outputs: whole and partial steps of 16 (AVX-512) and of 8 (AVX2) */
         static const int64_t shapes[][4] = {{3, 4, 8, 38}, {2, 3, 2, 2}, {1, 2, 6, 66}, {2, 2, 4, 26}, {1, 3, 4, 16}};
-        int si;
-        for (si = 0; si < 5; si++) {
-            dt_conv_geom g;
-            int64_t xs, ys, i;
-            float *x, *y1, *y2;
-            int32_t *i1, *i2;
-            memset(&g, 0, sizeof g);
-            g.n = shapes[si][0]; g.c = shapes[si][1]; g.h = shapes[si][2]; g.w = shapes[si][3];
-            g.kh = g.kw = g.sh = g.sw = 2;
-            CHECK_OK(dt_conv_geom_resolve(&g));
-            xs = g.n * g.c * g.h * g.w; ys = g.n * g.c * g.oh * g.ow;
-            x = twin_alloc(xs); y1 = twin_alloc(ys); y2 = twin_alloc(ys);
-            i1 = (int32_t *)calloc((size_t)ys, sizeof(int32_t)); i2 = (int32_t *)calloc((size_t)ys, sizeof(int32_t));
-            dt_t_fill(x, xs, -1, 1);
-            for (i = 0; i < xs; i += 7) x[i] = x[i + 1 < xs ? i + 1 : i];   /* ties */
-            for (i = 5; i < xs; i += 23) x[i] = NAN;
-            dt__maxpool_fwd(k, &g, x, y1, i1);
-            dt__maxpool_fwd(NULL, &g, x, y2, i2);
-            twin_same(y1, y2, (int64_t)sizeof(float) * ys, "2 x 2 max pooling's maxima");
-            twin_same(i1, i2, (int64_t)sizeof(int32_t) * ys, "2 x 2 max pooling's indices");
-            free(x); free(y1); free(y2); free(i1); free(i2);
-        }
+        static const int64_t windows[][6] = {{2, 2, 2, 2, 0, 0}, {2, 2, 2, 1, 0, 0}, {2, 2, 1, 2, 0, 0}, {2, 2, 2, 2, 0, 1},
+                                             {2, 2, 2, 2, 1, 0}, {2, 1, 2, 2, 0, 0}, {1, 2, 2, 2, 0, 0}, {3, 2, 2, 1, 1, 0},
+                                             {2, 3, 1, 2, 0, 1}};
+        int si, wi;
+        for (si = 0; si < 5; si++)
+            for (wi = 0; wi < (int)(sizeof windows / sizeof windows[0]); wi++) {
+                dt_conv_geom g;
+                int64_t xs, ys, i, nc, o, at;
+                float *x, *y1, *y2, best;
+                int32_t *i1, *i2;
+                memset(&g, 0, sizeof g);
+                g.n = shapes[si][0]; g.c = shapes[si][1]; g.h = shapes[si][2]; g.w = shapes[si][3];
+                g.kh = windows[wi][0]; g.kw = windows[wi][1]; g.sh = windows[wi][2]; g.sw = windows[wi][3];
+                g.ph = windows[wi][4]; g.pw = windows[wi][5];
+                CHECK_OK(dt_conv_geom_resolve(&g));
+                g.oc = g.c;
+                xs = g.n * g.c * g.h * g.w; ys = g.n * g.c * g.oh * g.ow;
+                x = twin_alloc(xs); y1 = twin_alloc(ys); y2 = twin_alloc(ys);
+                i1 = (int32_t *)calloc((size_t)ys, sizeof(int32_t)); i2 = (int32_t *)calloc((size_t)ys, sizeof(int32_t));
+                dt_t_fill(x, xs, -1, 1);
+                for (i = 0; i < xs; i += 7) x[i] = x[i + 1 < xs ? i + 1 : i];   /* ties */
+                for (i = 5; i < xs; i += 23) x[i] = NAN;
+                dt__maxpool_fwd(k, &g, x, y1, i1);
+                dt__maxpool_fwd(NULL, &g, x, y2, i2);
+                snprintf(what, sizeof what, "%lld x %lld max pooling's maxima, window %d", (long long)g.kh, (long long)g.kw, wi);
+                twin_same(y1, y2, (int64_t)sizeof(float) * ys, what);
+                twin_same(i1, i2, (int64_t)sizeof(int32_t) * ys, "max pooling's indices");
+                for (nc = 0; nc < g.n * g.c; nc++)
+                    for (o = 0; o < g.oh * g.ow; o++) {
+                        best = dt_body_maxpool_window(&g, x + nc * g.h * g.w, o / g.ow, o % g.ow, &at);
+                        CHECK(i1[nc * g.oh * g.ow + o] == at);
+                        CHECK(memcmp(&y1[nc * g.oh * g.ow + o], &best, sizeof best) == 0);
+                    }
+                free(x); free(y1); free(y2); free(i1); free(i2);
+            }
     }
     {   /* batch norm's channel sums in double: x, x*x; x, x*y; through a ReLU's mask; rows with tails. The
            AVX2 tier adds in the portable order: the same bits; AVX-512's lanes add in another order */
@@ -613,6 +771,12 @@ static void test_geom_errors(void) {
     CHECK_ERR(dt_conv_geom_resolve(&g), DT_ERR_SHAPE);
     g.kh = g.kw = 0;
     CHECK_ERR(dt_conv_geom_resolve(&g), DT_ERR_SHAPE);
+    g.h = 2; g.w = 9; g.kh = 5; g.kw = 3; g.ph = 1; g.pw = 0;   /* too tall, not too wide: both axes named */
+    CHECK_ERR(dt_conv_geom_resolve(&g), DT_ERR_SHAPE);
+    CHECK(strstr(dt_last_error(), "kernel 5x3") && strstr(dt_last_error(), "padded input 4x9") && strstr(dt_last_error(), "padding 1x0"));
+    g.ph = 2;
+    CHECK_OK(dt_conv_geom_resolve(&g));
+    CHECK(g.oh == 2 && g.ow == 7);
 }
 
 int main(int argc, char **argv) {
@@ -629,6 +793,7 @@ int main(int argc, char **argv) {
     RUN(test_gemm_beta_zero_ignores_c);
     RUN(test_conv_vs_direct);
     RUN(test_conv_taps);
+    RUN(test_conv_shifted);
     RUN(test_cpu_tier);
     for (twin_tier = 0; twin_tier < DT__NKERNELS; twin_tier++) {   /* each faster tier against the portable one */
         char name[64];

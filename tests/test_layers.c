@@ -87,21 +87,32 @@ static void test_torch_linear(void) {
     }
 }
 
+/* The convolutions against PyTorch: square windows (cfg N C H W OC K stride pad bias), and rectangular ones
+   (cfg N C H W OC KH KW SH SW PH PW bias: 1 x 3 at stride 1 x 2, 3 x 1 at 2 x 1, 5 x 2 at 2 x 2 padded 2 x 1,
+   2 x 5 padded 1 x 2, 1 x 4 at stride 1 x 3 on one row without bias), by whichever path the CPU tier takes */
 static void test_torch_conv2d(void) {
-    const char *cases[] = {"conv2d_a", "conv2d_b", "conv2d_c", "conv2d_d", "conv2d_e"};
+    const char *cases[] = {"conv2d_a", "conv2d_b", "conv2d_c", "conv2d_d", "conv2d_e", "conv2d_rect_a", "conv2d_rect_b",
+                           "conv2d_rect_c", "conv2d_rect_d", "conv2d_rect_e"};
     int i;
-    for (i = 0; i < 5; i++) {
+    for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         dt_t_fix f;
         float *cfg;
+        int64_t nc = 0;
         dt_model *m;
         dt_conv2d_desc d;
         if (dt_t_fix_load(&f, cases[i])) continue;
-        cfg = dt_t_get(&f, "cfg", NULL);   /* N C H W OC K stride pad bias */
+        cfg = dt_t_get(&f, "cfg", &nc);
         m = new_model((int64_t)cfg[1], (int64_t)cfg[2], (int64_t)cfg[3]);
         memset(&d, 0, sizeof d);
-        d.out_channels = (int64_t)cfg[4]; d.kernel = (int64_t)cfg[5]; d.stride = (int64_t)cfg[6]; d.pad = (int64_t)cfg[7];
-        d.no_bias = cfg[8] == 0.0f;
-        dt_conv2d_ex(m, dt_model_input(m), &d);
+        d.out_channels = (int64_t)cfg[4];
+        if (nc == 12) {
+            d.kernel_h = (int64_t)cfg[5]; d.kernel_w = (int64_t)cfg[6]; d.stride_h = (int64_t)cfg[7]; d.stride_w = (int64_t)cfg[8];
+            d.pad_h = (int64_t)cfg[9]; d.pad_w = (int64_t)cfg[10];
+        } else {
+            d.kernel = (int64_t)cfg[5]; d.stride = (int64_t)cfg[6]; d.pad = (int64_t)cfg[7];
+        }
+        d.no_bias = cfg[nc - 1] == 0.0f;
+        CHECK(dt_conv2d_ex(m, dt_model_input(m), &d) == 1);
         CHECK_OK(dt_model_finalize(m));
         compare_layer(m, &f, (int64_t)cfg[0], P_WB, G_WB, 2, cases[i]);
         dt_model_destroy(m);
@@ -109,16 +120,24 @@ static void test_torch_conv2d(void) {
     }
 }
 
+/* cfg N C H W K stride pad (dt_maxpool2d, dt_avgpool2d), or N C H W KH KW SH SW PH PW (the _ex forms) */
 static void pool_cases(const char **cases, int k, int maxpool) {
     int i;
     for (i = 0; i < k; i++) {
         dt_t_fix f;
         float *cfg;
+        int64_t nc = 0;
         dt_model *m;
         if (dt_t_fix_load(&f, cases[i])) continue;
-        cfg = dt_t_get(&f, "cfg", NULL);   /* N C H W K stride pad */
+        cfg = dt_t_get(&f, "cfg", &nc);
         m = new_model((int64_t)cfg[1], (int64_t)cfg[2], (int64_t)cfg[3]);
-        if (maxpool) dt_maxpool2d(m, 0, (int64_t)cfg[4], (int64_t)cfg[5], (int64_t)cfg[6]);
+        if (nc == 10) {
+            dt_pool2d_desc d;
+            memset(&d, 0, sizeof d);
+            d.kernel_h = (int64_t)cfg[4]; d.kernel_w = (int64_t)cfg[5]; d.stride_h = (int64_t)cfg[6]; d.stride_w = (int64_t)cfg[7];
+            d.pad_h = (int64_t)cfg[8]; d.pad_w = (int64_t)cfg[9];
+            CHECK((maxpool ? dt_maxpool2d_ex(m, 0, &d) : dt_avgpool2d_ex(m, 0, &d)) == 1);
+        } else if (maxpool) dt_maxpool2d(m, 0, (int64_t)cfg[4], (int64_t)cfg[5], (int64_t)cfg[6]);
         else dt_avgpool2d(m, 0, (int64_t)cfg[4], (int64_t)cfg[5], (int64_t)cfg[6]);
         CHECK_OK(dt_model_finalize(m));
         compare_layer(m, &f, (int64_t)cfg[0], NULL, NULL, 0, cases[i]);
@@ -126,9 +145,10 @@ static void pool_cases(const char **cases, int k, int maxpool) {
         dt_t_fix_free(&f);
     }
 }
+/* rectangular: 2 x 3 at stride 2 x 1 padded 1 x 1, 3 x 1 at 2 x 1 padded 1 x 0, 1 x 3 at 1 x 2 padded 0 x 1 */
 static void test_torch_maxpool(void) {
-    const char *cases[] = {"maxpool_a", "maxpool_b", "maxpool_c"};
-    pool_cases(cases, 3, 1);
+    const char *cases[] = {"maxpool_a", "maxpool_b", "maxpool_c", "maxpool_rect_a", "maxpool_rect_b", "maxpool_rect_c"};
+    pool_cases(cases, 6, 1);
 }
 /* Max pooling's ties and NaN, by the 2 x 2 stride-2 path and the general one (a 2 x 2 window at stride 1 on
    the same rows): the first maximum in scan order wins, a NaN wins over numbers and the first NaN over
@@ -192,9 +212,11 @@ static void test_maxpool_ties_nan(void) {
         dt_model_destroy(m);
     }
 }
+/* the padding's zeros counted in the mean (count_include_pad); rectangular: the windows of the max pooling
+   cases a and b, and 2 x 4 at stride 2 x 3 padded 0 x 2 */
 static void test_torch_avgpool(void) {
-    const char *cases[] = {"avgpool_a", "avgpool_b"};
-    pool_cases(cases, 2, 0);
+    const char *cases[] = {"avgpool_a", "avgpool_b", "avgpool_rect_a", "avgpool_rect_b", "avgpool_rect_c"};
+    pool_cases(cases, 5, 0);
 }
 
 /* Parameter-free layers: the fixture's cfg gives N, then the input shape, then the layer's settings. */

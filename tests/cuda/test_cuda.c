@@ -157,16 +157,22 @@ static void test_rows(void) {
     drop(&y); drop(&b); drop(&db);
 }
 
-/* geometries: n c h w, out channels, kernel kh kw, stride, padding */
-static const int64_t geoms[][9] = {
-    {2, 3, 7, 5, 4, 3, 3, 1, 1}, {2, 2, 8, 8, 3, 3, 3, 2, 1}, {1, 3, 9, 7, 2, 5, 5, 2, 2},
-    {3, 1, 6, 6, 2, 1, 1, 1, 0}, {2, 2, 5, 6, 2, 2, 3, 2, 0}, {1, 2, 4, 4, 3, 3, 3, 3, 1}};
+/* geometries: n c h w, out channels, kernel kh kw, strides sh sw, padding ph pw; the last four rectangular
+   in every way (1 x 3 at stride 1 x 2 padded 0 x 1, 3 x 1 at 2 x 1 padded 1 x 0, 5 x 2 at 2 x 3 padded 2 x 1,
+   2 x 5 at 3 x 1 padded 1 x 2) */
+static const int64_t geoms[][11] = {
+    {2, 3, 7, 5, 4, 3, 3, 1, 1, 1, 1}, {2, 2, 8, 8, 3, 3, 3, 2, 2, 1, 1}, {1, 3, 9, 7, 2, 5, 5, 2, 2, 2, 2},
+    {3, 1, 6, 6, 2, 1, 1, 1, 1, 0, 0}, {2, 2, 5, 6, 2, 2, 3, 2, 2, 0, 0}, {1, 2, 4, 4, 3, 3, 3, 3, 3, 1, 1},
+    {2, 3, 7, 9, 4, 1, 3, 1, 2, 0, 1}, {2, 2, 9, 7, 3, 3, 1, 2, 1, 1, 0}, {1, 2, 11, 8, 3, 5, 2, 2, 3, 2, 1},
+    {2, 2, 8, 11, 2, 2, 5, 3, 1, 1, 2}};
+/* geometry i (a padding past half the kernel on an axis, which pooling refuses, is dropped there) */
 static dt_conv_geom geom(int i) {
     dt_conv_geom g;
     memset(&g, 0, sizeof g);
     g.n = geoms[i][0]; g.c = geoms[i][1]; g.h = geoms[i][2]; g.w = geoms[i][3]; g.oc = geoms[i][4];
-    g.kh = geoms[i][5]; g.kw = geoms[i][6]; g.sh = g.sw = geoms[i][7]; g.ph = g.pw = geoms[i][8];
-    if (g.ph * 2 > g.kh || g.pw * 2 > g.kw) g.ph = g.pw = 0;
+    g.kh = geoms[i][5]; g.kw = geoms[i][6]; g.sh = geoms[i][7]; g.sw = geoms[i][8]; g.ph = geoms[i][9]; g.pw = geoms[i][10];
+    if (g.ph * 2 > g.kh) g.ph = 0;
+    if (g.pw * 2 > g.kw) g.pw = 0;
     CHECK_OK(dt_conv_geom_resolve(&g));
     return g;
 }
