@@ -55,7 +55,7 @@
 #include <errno.h>
 
 #ifndef DIFF_GRAPHS
-#define DIFF_GRAPHS 300        /* graphs of a make test run */
+#define DIFF_GRAPHS 500        /* graphs of a make test run */
 #endif
 #define DIFF_GRAPHS_QUICK 40   /* under DT_TEST_QUICK=1 (no OpenMP, sanitizers, qemu) */
 #define DIFF_GRAPHS_MAX 1000   /* more while a fast path is still to be taken, up to this many */
@@ -366,12 +366,13 @@ static void gmake(graph *G, uint64_t seed, int index) {
 
 /* ---- counting the fast paths ---- */
 enum {
-    P_SHIFT_FWD, P_SHIFT_BWD, P_SHIFT_DGRAD2, P_SHIFT_WGRAD_ONLY, P_TAPS_FWD, P_TAPS_BWD, P_GEMM_FWD, P_GEMM_WGRAD,
+    P_SHIFT_FWD, P_SHIFT_FWD2, P_SHIFT_BWD, P_SHIFT_WGRAD3, P_SHIFT_DGRAD2, P_SHIFT_WGRAD_ONLY, P_TAPS_FWD, P_TAPS_BWD, P_GEMM_FWD, P_GEMM_WGRAD,
     P_GEMM_DGRAD, P_COL2IM_DGRAD, P_K_COL_SPAN, P_K_PACK_A8, P_K_PACK_BT, P_K_COL2IM, P_K_MAXPOOL2, P_K_BN_SUMS,
     P_BN_RELU, P_BN_RELU_EVAL, P_BN_ADD_RELU, P_ADD_RELU, P_OW_ADD, P_OW_LINEAR, P_OW_BN, P_OW_CONV, P_COUNT
 };
 static const char *path_name[P_COUNT] = {
-    "shifted rows: forward", "shifted rows: both gradients", "shifted rows: stride 2's input gradient by phases",
+    "shifted rows: forward", "shifted rows: forward of stride 2 by phases", "shifted rows: both gradients",
+    "shifted rows: 3 x 3 weight gradient by transposed tiles", "shifted rows: stride 2's input gradient by phases",
     "shifted rows: the weight gradient alone", "taps: forward", "taps: both gradients", "packed GEMM: forward",
     "packed GEMM: weight gradient", "packed GEMM: input gradient as a convolution", "GEMM + col2im: input gradient",
     "kernel: im2col stretches", "kernel: A's 8-tall panels", "kernel: B^T's panels", "kernel: col2im", "kernel: 2 x 2 max pooling",
@@ -434,7 +435,7 @@ static dt_ops fast_ops;
 static int f_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
     int64_t s0 = dt__shift_taken, t0 = dt__tap_taken;
     int r = dt_cpu_ops()->conv_fwd(ctx, g, x, W, b, y);
-    if (dt__shift_taken > s0) COUNT(P_SHIFT_FWD);
+    if (dt__shift_taken > s0) COUNT(g->sh * g->sw > 1 ? P_SHIFT_FWD2 : P_SHIFT_FWD);
     if (dt__tap_taken > t0) COUNT(P_TAPS_FWD);
     return r;
 }
@@ -442,7 +443,12 @@ static int f_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const fl
                       int accumulate) {
     int64_t s0 = dt__shift_taken, t0 = dt__tap_taken;
     int r = dt_cpu_ops()->conv_bwd(ctx, g, x, W, dy, dW, dx, accumulate);
-    if (dt__shift_taken > s0) COUNT(r == 2 ? P_SHIFT_WGRAD_ONLY : dx && g->sh == 2 ? P_SHIFT_DGRAD2 : P_SHIFT_BWD);
+    if (dt__shift_taken > s0) {
+        COUNT(r == 2 ? P_SHIFT_WGRAD_ONLY : dx && g->sh * g->sw > 1 ? P_SHIFT_DGRAD2 : P_SHIFT_BWD);
+#ifdef DT__SHIFT
+        if (dt__shift_wgrad3_fits(g)) COUNT(P_SHIFT_WGRAD3);
+#endif
+    }
     if (dt__tap_taken > t0) COUNT(P_TAPS_BWD);
     return r;
 }
@@ -691,7 +697,7 @@ static void run_step(const graph *G, dt_model *m, dt_optim *o, const state *S, c
                 dt_conv_geom g;
                 if (m->nodes[i].kind != DT_LAYER_CONV2D) continue;
                 g = dt__geom(m, &m->nodes[i], G->batch);
-                if (g.sh == 2 && g.sw == 2 && g.kh == 3 && g.kw == 3 && dt__shift_wgrad_need(&g) * dt_cpu_threads() > need)
+                if (g.sh * g.sw > 1 && dt__shift_wgrad_need(&g) * dt_cpu_threads() > need)
                     need = dt__shift_wgrad_need(&g) * dt_cpu_threads();
             }
 #endif
