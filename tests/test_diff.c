@@ -809,8 +809,10 @@ static int64_t compared[8], flips_skipped[8], steps_run[8], ratio_hist[8][8];
 static const graph *cur_graph;
 /* Compares a tensor of the fast model with the reference's: its largest difference may be DIFF_C times the
    spread's plus DIFF_FLOOR times the larger of the reference's largest value and `family`, the largest of its
-   kind (all gradients, all parameters) in the model: a sum that cancels to rounding, such as the gradient of a
-   bias before a batch norm (zero but for rounding), is then held to the scale of its terms, not to its own.
+   kind in the model (all gradients, the input's among them; all buffers): a sum that cancels to rounding, such
+   as the gradient of a bias before a batch norm (zero but for rounding), or every gradient before a batch norm
+   whose output is averaged (a batch norm's output has mean 0 whatever its input, so global pooling after it
+   passes back nothing but rounding), is then held to the scale of its kind, not to its own.
    `extra` is added to the tolerance (the loss's: what its logits' may move it). Returns the tolerance. */
 static const float *pert2;   /* the second spread's run of the tensor compare is given (the same offset) */
 static double compare(const char *what, const float *fast, const float *ref, const float *pert, int64_t n, int step, double family,
@@ -1031,13 +1033,14 @@ static void run_graph(const graph *G) {
                 flips_skipped[k]++;   /* a ReLU or pooling decided otherwise within rounding: the gradients differ */
             } else {
                 pert2 = RQ.dx;
-                compare("input gradient", RF.dx, RR.dx, RP.dx, RR.ndx, step, 0.0, 0.0);
+                double gfam = maxabs(RR.grads, S.np) > maxabs(RR.dx, RR.ndx) ? maxabs(RR.grads, S.np) : maxabs(RR.dx, RR.ndx);
+                compare("input gradient", RF.dx, RR.dx, RP.dx, RR.ndx, step, gfam, 0.0);
                 for (t = 0; t < dt_model_param_tensors(ref); t++) {
                     dt_param_info p = dt_model_param_info(ref, t);
                     char what[128];
                     snprintf(what, sizeof what, "%s gradient", p.name);
                     pert2 = RQ.grads + p.offset;
-                    compare(what, RF.grads + p.offset, RR.grads + p.offset, RP.grads + p.offset, p.count, step, maxabs(RR.grads, S.np), 0.0);
+                    compare(what, RF.grads + p.offset, RR.grads + p.offset, RP.grads + p.offset, p.count, step, gfam, 0.0);
                 }
                 check_step(G, fast, &S, &RF, step);
             }
