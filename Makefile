@@ -10,6 +10,8 @@
 #                     step of every zoo model, DDP on one GPU; on a machine without a GPU it reports its tests
 #                     skipped. Then, with a GPU, the examples train briefly on it
 #   make bench-cuda   the training step on the GPU next to PyTorch's on the same GPU (bench/cuda.sh; minutes)
+#   make test-diff    the differential test at length: DIFF_GRAPHS (5000) random graphs from DIFF_SEED (today's
+#                     date) through every fast path on every CPU tier, against the reference kernels
 #   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
@@ -117,6 +119,16 @@ $(B)/bench/%: bench/%.c $(HEADERS)
 
 test: all
 	@FUZZ="$(FUZZ)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
+
+# the differential test at length (tests/test_diff.c): DIFF_GRAPHS random graphs (default 5000, a few minutes here)
+# on every CPU tier against the reference kernels, from DIFF_SEED (default: today's date, so each day draws new
+# graphs; a failure names its seed and graph)
+DIFF_GRAPHS ?= 5000
+DIFF_SEED   ?= $(shell date +%Y%m%d)
+test-diff: $(B)/tests/test_diff
+	$(B)/tests/test_diff --graphs $(DIFF_GRAPHS) --seed $(DIFF_SEED)
+
+.PHONY: test-diff
 
 demo: $(B)/examples/ddp
 	$(B)/examples/ddp --ranks 4 --model simplecnn --epochs 1
