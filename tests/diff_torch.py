@@ -222,6 +222,17 @@ def flat(ts):
     return np.concatenate([t.detach().double().reshape(-1).numpy() for t in ts]) if ts else np.zeros(0)
 
 
+def perturbed(G, D, k, keys):
+    """D with the records `keys` moved by one unit in the last place of float32 (each element times 1 +- 2^-23,
+    the sign drawn per element; the same draw on every run of graph G's step k)"""
+    rng = np.random.default_rng([G.seed % 2 ** 32, G.index, k])
+    Dp = dict(D)
+    for key in keys:
+        a = D[key].astype(np.float32)
+        Dp[key] = a * np.where(rng.integers(0, 2, a.shape) == 1, np.float32(1 + 2.0 ** -23), np.float32(1 - 2.0 ** -23))
+    return Dp
+
+
 def run_step(G, D, k, dtype, force=None):
     """step k from its dumped state in dtype: logits, loss, gradients, the input's gradient, buffers after"""
     training = not G.eval
@@ -243,11 +254,11 @@ def run_step(G, D, k, dtype, force=None):
             "dx": x.grad.detach(), "bufs": flat(border), "rec": rec, "porder": porder}
 
 
-def eval_logits(G, pflat, bflat, dtype, force=None):
+def eval_logits(G, D, pflat, bflat, dtype, force=None):
     with torch.no_grad():
         P, _ = param_tensors(G, pflat, dtype, False)
         Bf, _ = buffer_tensors(G, bflat, dtype)
-        x = torch.tensor(G.D["x"].astype(np.float64), dtype=dtype)
+        x = torch.tensor(D["x"].astype(np.float64), dtype=dtype)
         return forward(G, x, P, Bf, False, None, force)
 
 
@@ -356,6 +367,7 @@ class Stats:
         self.steps, self.left_out = 0, 0
         self.far_flips = []
         self.flips_seen = 0
+        self.records = []          # (graph, step, what, dtrain's error, float32 PyTorch's, the scale)
         self.no_masks = []         # (graph, step) whose dropout masks the dump lacks
 
 
@@ -377,15 +389,19 @@ def fail(G, msg):
 
 
 def compare(G, k, what, dt, t64, t32, family=0.0, extra=0.0):
-    dt, t64, t32 = npd(dt), npd(t64), npd(t32)
+    """t32: float32 PyTorch's runs of the tensor (from the state, and from the state moved by one ulp)"""
+    dt, t64 = npd(dt), npd(t64)
     if dt.size != t64.size:
         fail(G, "step %d, %s: dtrain has %d values, PyTorch %d" % (k, what, dt.size, t64.size))
         return math.inf
-    e, e32, r = maxabs(dt - t64), maxabs(t32 - t64), maxabs(t64)
+    e, r = maxabs(dt - t64), maxabs(t64)
+    e32s = [maxabs(npd(t) - t64) for t in t32]
+    e32 = max(e32s)
     scale = max(r, family)
     tol = C_SPREAD * e32 + F_FLOOR * scale + extra
     ratio = e / tol if tol > 0 else (math.inf if e > 0 else 0.0)
     ST.compared += 1
+    ST.records.append((G.index, k, what, e, e32, scale, e32s[0]))
     if e32 > 0:
         ST.over32.append(e / e32)
     else:
@@ -417,7 +433,7 @@ def check_decisions(G, k, D, R64, R32):
             if n.op != kind:
                 continue
             a64, dec = R64["rec"][n.id]
-            a32 = R32["rec"][n.id][0]
+            a32 = [R["rec"][n.id][0] for R in R32]
             cnt = dec.numel()
             mine = dtv[off:off + cnt]
             off += cnt
@@ -432,7 +448,7 @@ def check_decisions(G, k, D, R64, R32):
             ST.flips_seen += bad.size
             z = a64.detach().double()
             zmax = maxabs(npd(z))
-            thr = max(BOUNDARY * zmax, C_SPREAD * maxabs(npd(a32) - npd(z)))
+            thr = max(BOUNDARY * zmax, C_SPREAD * max(maxabs(npd(a) - npd(z)) for a in a32))
             if kind == "relu":
                 zf = npd(z)
                 gap = np.abs(zf[bad])
@@ -471,8 +487,11 @@ def check_decisions(G, k, D, R64, R32):
 
 def compare_eval(G, D, k):
     """dtrain's eval-mode logits on its parameters and buffers after step k"""
-    e64, rec = eval_logits(G, D["pnew%d" % k], D["bufs%d" % k], torch.float64)
-    e32, _ = eval_logits(G, D["pnew%d" % k], D["bufs%d" % k], torch.float32, {nid: dec for nid, (a, dec) in rec.items()})
+    e64, rec = eval_logits(G, D, D["pnew%d" % k], D["bufs%d" % k], torch.float64)
+    force = {nid: dec for nid, (a, dec) in rec.items()}
+    Dp = perturbed(G, D, 4, ("x", "pnew%d" % k, "bufs%d" % k))
+    e32 = [eval_logits(G, D, D["pnew%d" % k], D["bufs%d" % k], torch.float32, force)[0],
+           eval_logits(G, Dp, Dp["pnew%d" % k], Dp["bufs%d" % k], torch.float32, force)[0]]
     compare(G, k, "eval-mode logits", D["eval"], e64, e32)
 
 
@@ -491,24 +510,25 @@ def run_graph(txt):
             continue
         R64 = run_step(G, D, k, torch.float64)
         force = {nid: dec for nid, (a, dec) in R64["rec"].items()}
-        R32 = run_step(G, D, k, torch.float32, force)
+        R32 = [run_step(G, D, k, torch.float32, force),
+               run_step(G, perturbed(G, D, k, ("x", "p%d" % k, "b%d" % k)), k, torch.float32, force)]
         ST.steps += 1
-        tol = compare(G, k, "logits", D["logits%d" % k], R64["logits"], R32["logits"])
-        compare(G, k, "loss", D["loss%d" % k], R64["loss"], R32["loss"], 0.0, 2.0 * tol)
+        tol = compare(G, k, "logits", D["logits%d" % k], R64["logits"], [R["logits"] for R in R32])
+        compare(G, k, "loss", D["loss%d" % k], R64["loss"], [R["loss"] for R in R32], 0.0, 2.0 * tol)
         bfam = maxabs(R64["bufs"])
         for name, nid, off, cnt in G.buffers:
             compare(G, k, name, D["bufs%d" % k][off:off + cnt], R64["bufs"][off:off + cnt],
-                    R32["bufs"][off:off + cnt], bfam)
+                    [R["bufs"][off:off + cnt] for R in R32], bfam)
         if k == STEPS - 1:
             compare_eval(G, D, k)
         if not check_decisions(G, k, D, R64, R32):
             ST.left_out += 1
             continue
-        compare(G, k, "input gradient", D["dx%d" % k], R64["dx"], R32["dx"])
+        compare(G, k, "input gradient", D["dx%d" % k], R64["dx"], [R["dx"] for R in R32])
         gfam = maxabs(R64["grads"])
         for name, nid, off, cnt in G.params:
             compare(G, k, name + " gradient", D["grads%d" % k][off:off + cnt], R64["grads"][off:off + cnt],
-                    R32["grads"][off:off + cnt], gfam)
+                    [R["grads"][off:off + cnt] for R in R32], gfam)
         # the step: torch.optim's float64 update of dtrain's own gradients, within the rounding of its inputs
         grads = D["grads%d" % k].reshape(-1)
         want = torch_update(G, D, k, grads)
