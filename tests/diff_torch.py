@@ -13,15 +13,22 @@ parameter tensor's gradient; dtrain's parameters after its optimizer step agains
 on dtrain's own gradients; after the last step, dtrain's eval-mode logits against a float64 eval-mode forward
 pass on dtrain's new parameters and buffers.
 
-Tolerance. The same step runs a second time in float32 PyTorch (its own kernels: an independent float32
-implementation), with the ReLU masks and max pooling choices of the float64 run (so that its difference is
-rounding, not a decision taken otherwise). A tensor passes when its largest difference from float64 is at
-most C times float32 PyTorch's plus F times the larger of its largest float64 value and `family`, the largest
-value of its kind in the model (all gradients, all parameters' steps, all buffers): a gradient that is
+Tolerance. The same step runs twice more in float32 PyTorch (its own kernels: an independent float32
+implementation), from the state and from the state moved by one unit in the last place (x, parameters and
+buffers times 1 +- 2^-23), both with the ReLU masks and max pooling choices of the float64 run (so that their
+difference is rounding, not a decision taken otherwise). A tensor passes when its largest difference from
+float64 is at most C times float32 PyTorch's larger one plus F times the larger of its largest float64 value
+and `family`, the largest value of its kind in the model (all gradients, all buffers): a gradient that is
 rounding in exact arithmetic (a bias's before a batch norm) is held to the scale of its kind. The loss may
-move by twice its logits' tolerance more. C and F were chosen from the distribution of dtrain's error over
-float32 PyTorch's on a thousand graphs (printed at the end of every run) with a wide margin. The parameters
-after a step are held to the float64 update of dtrain's own gradients within the float32 rounding of the
+move by twice its logits' tolerance more. The run from the moved state is there for ill-conditioned graphs
+(batch norm over two samples): float32 PyTorch from the exact state can be luckily exact there, 100 times
+closer than float32 rounding allows. C and F: on 1000 graphs (seeds 20261127 and 7; 75,000 tensors)
+dtrain's error over float32 PyTorch's had a median of 0.45, 99.9% under 17, at most 18 where the loss is
+cross entropy and 78 where it is NLL on dtrain's log_softmax (dt_body_log_softmax_row computes x - (max +
+log sum), rounding the sum to the largest logit's ulp, where PyTorch's (x - max) - log sum keeps a saturated
+class's log-probability exact); F needed at most 2e-8 with C = 128. C = 128 and F = 4e-6 (test_diff's),
+the worst tensor at 0.62 of its tolerance. Every run prints the distribution. The parameters after a step
+are held to torch.optim's float64 update of dtrain's own gradients within the float32 rounding of the
 update's inputs and result (Adam's first step turns gradients of +-1e-9, rounding, into steps of +-lr; the
 gradients themselves are held to PyTorch's).
 
@@ -29,7 +36,10 @@ ReLU and max pooling decide discontinuously: dtrain's masks and argmaxes are com
 a step where one differs still has its forward values compared, but its gradients and parameters are left
 out and counted (more than 5% of the steps left out fail), and a decision taken otherwise where the float64
 value is not within rounding of the boundary (1e-4 of the node's largest value, or C times float32 PyTorch's
-difference there) fails.
+difference there) fails; so does an argmax outside its window.
+
+A training step with a dropout of p > 0 whose dumped mask is all ones has no mask in the dump (test_diff
+writes the last step's masks after its eval-mode pass): its training comparisons are left out, said in a note.
 
 The last line is "N passed, M failed" (tests/run.sh adds them up): one test for every graph matching, one for
 the steps left out (few, and each decision within rounding). Without torch it says it skipped and passes.
@@ -610,7 +620,7 @@ def main():
     else:
         passed += 1
         print("ok   dtrain against float64 PyTorch on %d graphs, %d steps (%.1f s)" % (n, ST.steps, dt))
-    over = ST.left_out > FLIPS_MAX * ST.steps
+    over = ST.left_out > FLIPS_MAX * ST.steps and ARGS.graph is None   # (one graph's replay: its steps are few)
     if over or ST.far_flips:
         failed += 1
         print("FAIL steps left out for a ReLU or max pooling decided otherwise: %d of %d%s%s" % (
