@@ -3,6 +3,10 @@
 #   1. the optimised build (from make): every test program; test_layers and test_models again on each other
 #      CPU tier this machine runs (DT_CPU=avx2, portable); test_diff runs every tier in one binary: seeded random
 #      graphs with every fast path and fusion on against the reference kernels with fusion off
+#   1a. dtrain against PyTorch: test_diff --dump writes 60 of its graphs with the default tier's results, and
+#       tests/diff_torch.py runs each in float64 PyTorch from every step's state (forward, loss, gradients,
+#       torch.optim's SGD and Adam steps, eval-mode logits) and compares them, within float32 PyTorch's own
+#       difference (skipped without /usr/bin/python3 and its torch)
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++;
 #      each module of dtrain/ alone after the modules it includes; x86 intrinsics only in dtrain/cpu_x86.h, ARM
 #      ones only in dtrain/cpu_arm.h;
@@ -98,6 +102,16 @@ for tier in avx512 avx2 portable; do
     fi
     for t in test_layers test_models; do run "$t DT_CPU=$tier" env DT_CPU=$tier "$B/tests/$t"; done
 done
+
+echo "== 1a. dtrain against float64 PyTorch (tests/diff_torch.py)"
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
+    DD=$(mktemp -d)
+    run "test_diff --dump" "$B/tests/test_diff" --graphs 60 --dump "$DD"
+    run "diff_torch" /usr/bin/python3 tests/diff_torch.py "$DD"
+    rm -rf "$DD"
+else
+    echo "skipped: tests/diff_torch.py (dtrain against float64 PyTorch): /usr/bin/python3 with torch is not installed"
+fi
 
 echo "== 2. compile checks"
 mkdir -p "$B/check"
