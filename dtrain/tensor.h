@@ -254,13 +254,15 @@ static inline DT__HD double dt__exp_sum(const float *x, int64_t k, float *mx) {
     *mx = m;
     return sum;
 }
-/* y [k] = x - log(sum exp(x)) */
+/* y [k] = x - log(sum exp(x)), as (x - max) - log(sum exp(x - max)) (PyTorch's order): x - max is exact, so the
+   most probable class's log-probability keeps its digits (x - (max + log(sum)) rounded it to half a unit of
+   the largest logit: -1.31607e-4 for -1.31495e-4, an NLL gradient 0.1% off, a loss of 2.2e-7 read as 0) */
 static inline DT__HD void dt_body_log_softmax_row(const float *x, float *y, int64_t k) {
-    float mx;
+    float mx, ls;
     double sum = dt__exp_sum(x, k, &mx);
-    float lse = mx + (float)log(sum);
     int64_t j;
-    for (j = 0; j < k; j++) y[j] = x[j] - lse;
+    ls = (float)log(sum);
+    for (j = 0; j < k; j++) y[j] = (x[j] - mx) - ls;
 }
 /* dx [k] += dy - exp(y) sum(dy), for y = log_softmax(x) */
 static inline DT__HD void dt_body_log_softmax_row_bwd(const float *y, const float *dy, float *dx, int64_t k) {

@@ -38,9 +38,6 @@ out and counted (more than 5% of the steps left out fail), and a decision taken 
 value is not within rounding of the boundary (1e-4 of the node's largest value, or C times float32 PyTorch's
 difference there) fails; so does an argmax outside its window.
 
-A training step with a dropout of p > 0 whose dumped mask is all ones has no mask in the dump (test_diff
-writes the last step's masks after its eval-mode pass): its training comparisons are left out, said in a note.
-
 The last line is "N passed, M failed" (tests/run.sh adds them up): one test for every graph matching, one for
 the steps left out (few, and each decision within rounding). Without torch it says it skipped and passes.
 """
@@ -378,7 +375,6 @@ class Stats:
         self.far_flips = []
         self.flips_seen = 0
         self.records = []          # (graph, step, what, dtrain's error, float32 PyTorch's, the scale)
-        self.no_masks = []         # (graph, step) whose dropout masks the dump lacks
 
 
 ST = Stats()
@@ -510,14 +506,6 @@ def run_graph(txt):
     D = read_bin(txt[:-4] + ".bin")
     G.D = D
     for k in range(STEPS):
-        if not G.eval and any(n.op == "dropout" and n.f["p"] > 0 and np.all(D["mask%d_%d" % (k, n.id)] == 1.0)
-                              for n in G.nodes):
-            # a dropout of p > 0 whose mask is all ones in a training step: the dump has the mask of another pass
-            # (test_diff wrote the last step's eval-mode pass's); only the eval-mode logits can be compared
-            ST.no_masks.append((G.index, k))
-            if k == STEPS - 1:
-                compare_eval(G, D, k)
-            continue
         R64 = run_step(G, D, k, torch.float64)
         force = {nid: dec for nid, (a, dec) in R64["rec"].items()}
         R32 = [run_step(G, D, k, torch.float32, force),
@@ -630,10 +618,6 @@ def main():
         passed += 1
         print("ok   %d of %d steps' gradients left out for a ReLU or max pooling decided otherwise within rounding "
               "(%d decisions)" % (ST.left_out, ST.steps, ST.flips_seen))
-    if ST.no_masks:
-        print("     note: %d steps' dropout masks are not in the dump (all ones in a training step, p > 0: test_diff "
-              "wrote another pass's mask), their training-step comparisons left out: graph/step %s" % (
-                  len(ST.no_masks), " ".join("%d/%d" % gk for gk in ST.no_masks[:12])))
     print("     %d comparisons; worst difference / tolerance %.3g (%s); worst relative error of a tensor float32 "
           "determines well (PyTorch's float32 difference under 1e-4 of it) %.3g (%s)" % (
               ST.compared, ST.worst_ratio, ST.worst_what, ST.worst_rel, ST.worst_rel_what))
