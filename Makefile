@@ -11,7 +11,8 @@
 #                     skipped. Then, with a GPU, the examples train briefly on it
 #   make bench-cuda   the training step on the GPU next to PyTorch's on the same GPU (bench/cuda.sh; minutes)
 #   make test-diff    the differential test at length: DIFF_GRAPHS (5000) random graphs from DIFF_SEED (today's
-#                     date) through every fast path on every CPU tier, against the reference kernels
+#                     date) through every fast path on every CPU tier, against the reference kernels, and
+#                     DIFF_TORCH (1000) of them against float64 PyTorch
 #   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
@@ -122,11 +123,18 @@ test: all
 
 # the differential test at length (tests/test_diff.c): DIFF_GRAPHS random graphs (default 5000, a few minutes here)
 # on every CPU tier against the reference kernels, from DIFF_SEED (default: today's date, so each day draws new
-# graphs; a failure names its seed and graph)
+# graphs; a failure names its seed and graph); then DIFF_TORCH of them (default 1000) against float64 PyTorch
+# (tests/diff_torch.py, where /usr/bin/python3 has torch)
 DIFF_GRAPHS ?= 5000
+DIFF_TORCH  ?= 1000
 DIFF_SEED   ?= $(shell date +%Y%m%d)
 test-diff: $(B)/tests/test_diff
 	$(B)/tests/test_diff --graphs $(DIFF_GRAPHS) --seed $(DIFF_SEED)
+	@if /usr/bin/python3 -c 'import torch' 2>/dev/null; then \
+	    rm -rf $(B)/diff && mkdir -p $(B)/diff && \
+	    $(B)/tests/test_diff --graphs $(DIFF_TORCH) --seed $(DIFF_SEED) --dump $(B)/diff > /dev/null && \
+	    /usr/bin/python3 tests/diff_torch.py $(B)/diff; \
+	else echo "skipped: tests/diff_torch.py (no /usr/bin/python3 with torch: sh tools/deps.sh installs it)"; fi
 
 .PHONY: test-diff
 
