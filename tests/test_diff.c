@@ -508,13 +508,12 @@ static int r_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const fl
     dt_conv2d_ref(g, x, W, b, y);
     return 1;
 }
-/* dW += and dx = or += the direct gradients, each summed in double */
-static int r_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
-                      int accumulate) {
+/* dW += and dx = or += the direct gradients, each summed in double, or (f32) in float: each product and sum
+   rounded to float, in the loops' order */
+static int conv_bwd_direct(const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
+                           int accumulate, int f32) {
     int64_t xs = g->n * g->c * g->h * g->w, ws = g->oc * g->c * g->kh * g->kw, n, o, oy, ox, c, ky, kx, i;
-    double *ax = (double *)calloc((size_t)(xs + ws), sizeof(double)), *aw = ax + xs;
-    (void)ctx;
-    if (!ax) { fprintf(stderr, "test_diff: out of memory\n"); exit(2); }
+    double *ax = (double *)xmalloc(8 * (xs + ws)), *aw = ax + xs;
     for (n = 0; n < g->n; n++)
         for (o = 0; o < g->oc; o++)
             for (oy = 0; oy < g->oh; oy++)
@@ -529,12 +528,21 @@ static int r_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const fl
                                 xi = ((n * g->c + c) * g->h + iy) * g->w + ix;
                                 aw[wi] += d * x[xi];
                                 ax[xi] += d * W[wi];
+                                if (f32) {
+                                    aw[wi] = (float)aw[wi];   /* (d * x is exact in double: one rounding, as float's) */
+                                    ax[xi] = (float)ax[xi];
+                                }
                             }
                 }
     for (i = 0; i < ws; i++) dW[i] = (float)((double)dW[i] + aw[i]);
     for (i = 0; dx && i < xs; i++) dx[i] = accumulate ? (float)((double)dx[i] + ax[i]) : (float)ax[i];
     free(ax);
     return 1;
+}
+static int r_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
+                      int accumulate) {
+    (void)ctx;
+    return conv_bwd_direct(g, x, W, dy, dW, dx, accumulate, 0);
 }
 /* The same in float: every sum in float, in the loops' order (the spread's model, below) */
 static dt_ops ref32_ops;
@@ -570,29 +578,8 @@ static int r32_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const 
 }
 static int r32_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
                         int accumulate) {
-    int64_t xs = g->n * g->c * g->h * g->w, ws = g->oc * g->c * g->kh * g->kw, n, o, oy, ox, c, ky, kx, i;
-    float *ax = (float *)xmalloc(4 * (xs + ws)), *aw = ax + xs;
     (void)ctx;
-    for (n = 0; n < g->n; n++)
-        for (o = 0; o < g->oc; o++)
-            for (oy = 0; oy < g->oh; oy++)
-                for (ox = 0; ox < g->ow; ox++) {
-                    float d = dy[((n * g->oc + o) * g->oh + oy) * g->ow + ox];
-                    for (c = 0; c < g->c; c++)
-                        for (ky = 0; ky < g->kh; ky++)
-                            for (kx = 0; kx < g->kw; kx++) {
-                                int64_t iy = oy * g->sh - g->ph + ky, ix = ox * g->sw - g->pw + kx, wi, xi;
-                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                                wi = ((o * g->c + c) * g->kh + ky) * g->kw + kx;
-                                xi = ((n * g->c + c) * g->h + iy) * g->w + ix;
-                                aw[wi] += d * x[xi];
-                                ax[xi] += d * W[wi];
-                            }
-                }
-    for (i = 0; i < ws; i++) dW[i] += aw[i];
-    for (i = 0; dx && i < xs; i++) dx[i] = accumulate ? dx[i] + ax[i] : ax[i];
-    free(ax);
-    return 1;
+    return conv_bwd_direct(g, x, W, dy, dW, dx, accumulate, 1);
 }
 static void make_tables(void) {
     fast_ops = *dt_cpu_ops();
