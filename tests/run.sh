@@ -83,13 +83,22 @@ run() {
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "[$label] FAIL: exit status $rc"; failed=$((failed + 1)); fi
 }
 
+# section "N. TITLE": says the section's title and keeps the time the one before it took (the table at the end)
+sec_name=""; sec_t=$(date +%s); sec_times=""
+section() {
+    now=$(date +%s)
+    [ -n "$sec_name" ] && sec_times="$sec_times $sec_name $((now - sec_t)) s,"
+    sec_name=${1%%.*}; sec_t=$now
+    echo "== $1"
+}
+
 check() {   # check NAME COMMAND...: one test that passes when the command succeeds
     name=$1; shift
     if err=$("$@" 2>&1); then echo "ok   $name"; passed=$((passed + 1))
     else echo "FAIL $name"; printf '%s\n' "$err" | head -n 20; failed=$((failed + 1)); fi
 }
 
-echo "== 1. optimised build ($CC)"
+section "1. optimised build ($CC)"
 for t in "$@"; do run "$t" "$B/tests/$t"; done
 
 # the layer and model tests once more on every other CPU tier this machine runs (dtrain/cpu.h: DT_CPU), so each
@@ -103,7 +112,7 @@ for tier in avx512 avx2 portable; do
     for t in test_layers test_models; do run "$t DT_CPU=$tier" env DT_CPU=$tier "$B/tests/$t"; done
 done
 
-echo "== 1a. dtrain against float64 PyTorch (tests/diff_torch.py)"
+section "1a. dtrain against float64 PyTorch (tests/diff_torch.py)"
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
     DD=$(mktemp -d)
     run "test_diff --dump" "$B/tests/test_diff" --graphs 60 --dump "$DD"
@@ -113,7 +122,7 @@ else
     echo "skipped: tests/diff_torch.py (dtrain against float64 PyTorch): /usr/bin/python3 with torch is not installed"
 fi
 
-echo "== 2. compile checks"
+section "2. compile checks"
 mkdir -p "$B/check"
 printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nint main(void){ return dt_cpu_ops() == 0; }\n' > "$B/check/impl.c"
 for cc in gcc clang; do
@@ -143,11 +152,11 @@ check "declarations alone (no implementation)" sh -c "printf '#include \"../../d
 check "a dt_request too small for the request state does not compile" sh -c "! gcc $WARN -DDT__REQUEST_WORDS=8 -c '$B/check/impl.c' \
     -o '$B/check/small-request.o' 2> '$B/check/small-request.err' && grep -q 'too few reserved words' '$B/check/small-request.err'"
 
-echo "== 2a. the docs: API reference and code blocks"
+section "2a. the docs: API reference and code blocks"
 check "docs/api.md documents every public name of the headers (tools/check_api.sh)" sh tools/check_api.sh
 run "snippets" env CC="$CC" sh tools/check_snippets.sh "$B/snippets"
 
-echo "== 2b. the GPU backend (dtrain_cuda.h)"
+section "2b. the GPU backend (dtrain_cuda.h)"
 mkdir -p "$B/cuda"
 if clang++ -x c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
         -c tests/cuda/emulate.cc -o "$B/cuda/emulate.o" &&
@@ -188,7 +197,7 @@ else
     echo "skipped: nvcc not installed (at $CUDA_HOME/bin/nvcc): the GPU backend was not compiled for the GPU"
 fi
 
-echo "== 2c. ARM64 (aarch64, cross-compiled, run under qemu-user)"
+section "2c. ARM64 (aarch64, cross-compiled, run under qemu-user)"
 if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
     mkdir -p "$B/aarch64"
     for t in test_core test_layers test_models test_comm test_diff; do
@@ -201,7 +210,7 @@ else
     failed=$((failed + 1))
 fi
 
-echo "== 3. without OpenMP, portable kernels"
+section "3. without OpenMP, portable kernels"
 mkdir -p "$B/noomp"
 for t in "$@"; do
     if $CC $WARN -O2 -DDT_NO_SIMD $DEFS "tests/$t.c" -o "$B/noomp/$t" $LDLIBS; then run "noomp $t" env DT_TEST_QUICK=1 "$B/noomp/$t"
@@ -213,7 +222,7 @@ if $CC $WARN -O2 -pthread "tests/test_datasets.c" -o "$B/noomp/test_datasets_pla
     run "without DT_USE_ZLIB, DT_USE_STB_IMAGE: test_datasets" "$B/noomp/test_datasets_plain"
 else echo "FAIL build of test_datasets without the optional features"; failed=$((failed + 1)); fi
 
-echo "== 4. AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
+section "4. AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
 mkdir -p "$B/asan"
 for t in "$@"; do
     if clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
@@ -231,7 +240,7 @@ for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume tes
     else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi
 done
 
-echo "== 5. examples"
+section "5. examples"
 T=$(mktemp -d)
 expect_status() {   # expect_status CODE COMMAND...: the command exits with CODE and says why on stderr
     want=$1; shift
@@ -494,12 +503,12 @@ else
 fi
 rm -rf "$T"
 
-echo "== 5b. the tutorial: its experiments, shortened, and its quotations of the examples"
+section "5b. the tutorial: its experiments, shortened, and its quotations of the examples"
 for md in docs/tutorial/*.md; do
     check "$md: its commands run and its quotations are current" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
 done
 
-echo "== 5c. faults on local ranks (DT_FAULT, tests/mpi/fault_ddp.c)"
+section "5c. faults on local ranks (DT_FAULT, tests/mpi/fault_ddp.c)"
 # fault_ends PATTERN COMMAND...: the run ends with exit status 1 within 15 s, its output matches PATTERN
 # (grep -E) and says "the loss is nan" at most once (every rank's NaN loss is one report)
 fault_ends() {
@@ -544,7 +553,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then   #
         fault_ends "rank 1 has not returned" env DT_FAULT="rank=1,coll=6,kind=hang" "$B/examples/ddp" --ranks 3 --limit 600 --batch 60 --timeout 1
 fi
 
-echo "== 5d. the course kit: docs/course, tools/grade_lab.sh, the experiments"
+section "5d. the course kit: docs/course, tools/grade_lab.sh, the experiments"
 for md in docs/course/*.md; do
     check "$md: its commands run" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
 done
@@ -556,7 +565,7 @@ else
     echo "skipped tools/grade_lab.sh's tests and the experiments: dataset-fashion-mnist is not installed"
 fi
 
-echo "== 6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
+section "6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
 mkdir -p "$B/fuzz"
 for f in ${FUZZ:-}; do
     if clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $DEFS "fuzz/$f.c" \
@@ -567,7 +576,7 @@ for f in ${FUZZ:-}; do
     else echo "FAIL build of fuzz target $f"; failed=$((failed + 1)); fi
 done
 
-echo "== 7. MPI (mpiexec -n 2, 3, 4)"
+section "7. MPI (mpiexec -n 2, 3, 4)"
 mkdir -p "$B/mpi"
 if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_comm_mpi.c" -o "$B/mpi/test_comm_mpi" $LDLIBS; then
@@ -688,8 +697,10 @@ else
     echo "FAIL mpicc or mpiexec is not installed (run tools/deps.sh: mpich, libmpich-dev)"; failed=$((failed + 1))
 fi
 
-echo "== 8. install: make install and uninstall, pkg-config, CMake (tests/install.sh)"
+section "8. install: make install and uninstall, pkg-config, CMake (tests/install.sh)"
 . tests/install.sh
 
+section "end"
+echo "time by section:${sec_times%,}"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
