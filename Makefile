@@ -56,7 +56,7 @@ FUZZ     := $(patsubst fuzz/%.c,%,$(wildcard fuzz/fuzz_*.c))
 BENCHES  := $(patsubst bench/%.c,%,$(wildcard bench/*.c))
 export DEFS LDLIBS
 # the library: dtrain.h, the one include, and its modules; the MPI and GPU backends
-HEADERS  := dtrain.h $(wildcard dtrain/*.h) dtrain_mpi.h dtrain_cuda.h
+HEADERS  := dtrain.h $(wildcard dtrain/*/*.h) dtrain_mpi.h dtrain_cuda.h
 B        := build
 # make MPI=1: the MPI backend (dtrain_mpi.h) in every program, in a build directory of its own
 ifdef MPI
@@ -235,10 +235,10 @@ clean-cuda:
 # backend's nvcc translation unit) into PREFIX/share/dtrain, dtrain.pc and dtrain-full.pc (pkg-config) into
 # PREFIX/lib/pkgconfig, and the CMake package (find_package(dtrain): dtrain::dtrain) into PREFIX/lib/cmake/dtrain.
 # The templates are cmake/*.in, which CMakeLists.txt (cmake --install) fills the same way. make uninstall
-# removes those files. The version is DT_VERSION_STRING of dtrain/base.h (the module that defines it).
+# removes those files. The version is DT_VERSION_STRING of dtrain/core/base.h (the module that defines it).
 PREFIX      ?= /usr/local
-DT_VERSION  := $(shell sed -n 's/^\#define DT_VERSION_STRING "\([0-9.]*\)"$$/\1/p' dtrain/base.h)
-DT_MODULES  := $(sort $(wildcard dtrain/*.h))
+DT_VERSION  := $(shell sed -n 's/^\#define DT_VERSION_STRING "\([0-9.]*\)"$$/\1/p' dtrain/core/base.h)
+DT_MODULES  := $(sort $(wildcard dtrain/*/*.h))
 DT_INSTALLED := include/dtrain.h $(addprefix include/,$(DT_MODULES)) include/dtrain_mpi.h include/dtrain_cuda.h \
                share/dtrain/dtrain_cuda.cu \
                lib/pkgconfig/dtrain.pc lib/pkgconfig/dtrain-full.pc lib/cmake/dtrain/dtrainConfig.cmake \
@@ -250,11 +250,11 @@ DT_FILL     = sed -e 's|@DTRAIN_VERSION@|$(DT_VERSION)|g' -e 's|@DTRAIN_PREFIX@|
                   -e 's|@DTRAIN_CONFIG_TO_CUDA_SOURCE@|../../../share/dtrain/dtrain_cuda.cu|g'
 
 install:
-	@test -n "$(DT_VERSION)" || { echo "make install: dtrain/base.h has no #define DT_VERSION_STRING \"X.Y.Z\"" >&2; exit 1; }
+	@test -n "$(DT_VERSION)" || { echo "make install: dtrain/core/base.h has no #define DT_VERSION_STRING \"X.Y.Z\"" >&2; exit 1; }
 	install -d $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(PREFIX)/share/dtrain $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 	    $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
 	install -m 644 dtrain.h dtrain_mpi.h dtrain_cuda.h $(DESTDIR)$(PREFIX)/include
-	install -m 644 $(DT_MODULES) $(DESTDIR)$(PREFIX)/include/dtrain
+	for m in $(DT_MODULES); do install -D -m 644 $$m $(DESTDIR)$(PREFIX)/include/$$m || exit 1; done
 	install -m 644 dtrain_cuda.cu $(DESTDIR)$(PREFIX)/share/dtrain
 	install -m 644 cmake/dtrainFeatures.cmake $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
 	$(DT_FILL) cmake/dtrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc
@@ -265,6 +265,7 @@ install:
 
 uninstall:
 	cd $(DESTDIR)$(PREFIX) && rm -f $(DT_INSTALLED)
+	-rmdir $(addprefix $(DESTDIR)$(PREFIX)/include/,$(sort $(dir $(DT_MODULES)))) 2>/dev/null
 	-rmdir $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(PREFIX)/share/dtrain $(DESTDIR)$(PREFIX)/lib/cmake/dtrain 2>/dev/null
 
 .PHONY: install uninstall

@@ -88,7 +88,7 @@
    The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s);
    DT_FAULT (a test aid, "rank=R,coll=N,kind=fail|return|stall:S|hang|nan") injects a fault (dt_comm_desc);
    DT_NODE_SIZE (ranks per node) groups the ranks into nodes for DT_ALGO_HIER and the link model;
-   DT_CPU (avx512, avx2, neon, portable) the CPU kernels' tier (default: the fastest this CPU runs; dtrain/cpu.h).
+   DT_CPU (avx512, avx2, neon, portable) the CPU kernels' tier (default: the fastest this CPU runs; dtrain/cpu/cpu.h).
    dtrain_cuda.h's DTRAIN_CUDA_IMPLEMENTATION, DT_CUDA_EMULATE and DT_CUDA_DEVICE are in its own manual.
 
    OPTIONAL FEATURES AND POSIX
@@ -155,10 +155,10 @@
 
    BACKENDS
      Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
-     table, dt_cpu_ops(), is dtrain/cpu.h's; another backend supplies another table in dt_model_desc: the GPU's
+     table, dt_cpu_ops(), is dtrain/cpu/cpu.h's; another backend supplies another table in dt_model_desc: the GPU's
      is dt_cuda_ops() (dtrain_cuda.h: CUDA kernels and cuBLAS), the default in builds with DT_USE_CUDA.
-     Communication has its own table (dt_comm_backend): self (one rank), local (threads; dtrain/comm.h) and mpi
-     (dtrain_mpi.h), each written against the backend interface at the end of dtrain/comm.h's
+     Communication has its own table (dt_comm_backend): self (one rank), local (threads; dtrain/comm/comm.h) and mpi
+     (dtrain_mpi.h), each written against the backend interface at the end of dtrain/comm/comm.h's
      declarations. The collective algorithms (naive, ring, tree, hier: hierarchical over nodes of ranks,
      dt_comm_desc.node_size / $DT_NODE_SIZE / --node-size) are written once over its point-to-point calls,
      so they behave and round the same on every backend; NATIVE uses the backend's own (all-reduce,
@@ -166,7 +166,7 @@
 
    VERSION
      DT_VERSION_MAJOR, DT_VERSION_MINOR, DT_VERSION_PATCH (integers) and DT_VERSION_STRING ("0.1.0") are
-     this release's version (defined in dtrain/base.h), which the top comment of every header repeats:
+     this release's version (defined in dtrain/core/base.h), which the top comment of every header repeats:
      take dtrain.h, its modules, dtrain_mpi.h and dtrain_cuda.h from the same release. The library is compiled into the program, so
      the version matters at compile time only: #if DT_VERSION_MAJOR > 0 || DT_VERSION_MINOR >= 2 keeps
      code that needs release 0.2 from older ones. Versioning is semantic: a patch release changes no
@@ -205,17 +205,17 @@
 /* The modules, in dependency order: each uses only the ones before it. Every module holds its declarations
    and, under DTRAIN_IMPLEMENTATION, its implementation, so this file may be included again after
    #define DTRAIN_IMPLEMENTATION. */
-#include "dtrain/base.h"
-#include "dtrain/tensor.h"
-#include "dtrain/cpu_vec.h"
-#include "dtrain/cpu_x86.h"
-#include "dtrain/cpu_arm.h"
-#include "dtrain/cpu.h"
-#include "dtrain/nn.h"
-#include "dtrain/optim.h"
-#include "dtrain/data.h"
-#include "dtrain/comm.h"
-#include "dtrain/train.h"
+#include "dtrain/core/base.h"
+#include "dtrain/core/tensor.h"
+#include "dtrain/cpu/cpu_vec.h"
+#include "dtrain/cpu/cpu_x86.h"
+#include "dtrain/cpu/cpu_arm.h"
+#include "dtrain/cpu/cpu.h"
+#include "dtrain/core/nn.h"
+#include "dtrain/core/optim.h"
+#include "dtrain/core/data.h"
+#include "dtrain/comm/comm.h"
+#include "dtrain/train/train.h"
 
 /* The MPI backend, declarations and (with DTRAIN_IMPLEMENTATION) implementation, for builds with MPI. */
 #ifdef DT_USE_MPI

@@ -91,10 +91,10 @@
      dtrain.h's (DT_VERSION_*; see its VERSION section): take the three headers from the same release.
 */
 /* What the GPU backend needs of dtrain: the ops table it fills and the loop bodies it shares with the CPU
-   (dtrain/tensor.h, which includes dtrain/base.h). With DT_USE_CUDA, dtrain/nn.h includes this file for
+   (dtrain/core/tensor.h, which includes dtrain/core/base.h). With DT_USE_CUDA, dtrain/core/nn.h includes this file for
    dt_cuda_ops(), a model's default backend there; the guards DTRAIN_CUDA_H, DTRAIN_CUDA_DECLARED and
    DTRAIN_SHARED_DONE order the parts. */
-#include "dtrain/tensor.h"
+#include "dtrain/core/tensor.h"
 #ifndef DTRAIN_CUDA_H
 #define DTRAIN_CUDA_H
 

@@ -25,8 +25,8 @@ if [ -z "${passed+set}" ]; then   # alone: the counting of tests/run.sh
 fi
 IT=$(mktemp -d)
 IT_SRC=$(pwd)
-IT_VERSION=$(sed -n 's/^#define DT_VERSION_STRING "\(.*\)"$/\1/p' dtrain/base.h)
-IT_FILES="include/dtrain.h $(ls dtrain/*.h | sed 's|^|include/|') include/dtrain_cuda.h include/dtrain_mpi.h lib/cmake/dtrain/dtrainConfig.cmake
+IT_VERSION=$(sed -n 's/^#define DT_VERSION_STRING "\(.*\)"$/\1/p' dtrain/core/base.h)
+IT_FILES="include/dtrain.h $(ls dtrain/*/*.h | sed 's|^|include/|') include/dtrain_cuda.h include/dtrain_mpi.h lib/cmake/dtrain/dtrainConfig.cmake
 lib/cmake/dtrain/dtrainConfigVersion.cmake lib/cmake/dtrain/dtrainFeatures.cmake lib/pkgconfig/dtrain-full.pc
 lib/pkgconfig/dtrain.pc share/dtrain/dtrain_cuda.cu"
 
@@ -37,7 +37,7 @@ it_install() {
     MAKEFLAGS= make -s install PREFIX="$IT/p" >/dev/null || return 1
     want=$(printf '%s\n' $IT_FILES | LC_ALL=C sort); got=$(it_files "$IT/p")
     [ "$got" = "$want" ] || { printf 'installed:\n%s\nexpected:\n%s\n' "$got" "$want"; return 1; }
-    for h in dtrain.h dtrain/*.h; do cmp "$h" "$IT/p/include/$h" || return 1; done
+    for h in dtrain.h dtrain/*/*.h; do cmp "$h" "$IT/p/include/$h" || return 1; done
     [ -n "$IT_VERSION" ] &&
         grep -qx "Version: $IT_VERSION" "$IT/p/lib/pkgconfig/dtrain.pc" &&
         grep -q "^set(PACKAGE_VERSION \"$IT_VERSION\")" "$IT/p/lib/cmake/dtrain/dtrainConfigVersion.cmake"

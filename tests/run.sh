@@ -8,8 +8,8 @@
 #       torch.optim's SGD and Adam steps, eval-mode logits) and compares them, within float32 PyTorch's own
 #       difference (skipped without /usr/bin/python3 and its torch)
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++;
-#      each module of dtrain/ alone after the modules it includes; x86 intrinsics only in dtrain/cpu_x86.h, ARM
-#      ones only in dtrain/cpu_arm.h;
+#      each module of dtrain/ alone after the modules it includes; x86 intrinsics only in dtrain/cpu/cpu_x86.h, ARM
+#      ones only in dtrain/cpu/cpu_arm.h;
 #      a dt_request with too few reserved words for the request state stops the build
 #   2a. the docs: every public name of the three headers is in docs/api.md (tools/check_api.sh, one
 #       test); every C code block of README.md, docs/**/*.md and the headers' quick starts compiles, and
@@ -101,7 +101,7 @@ check() {   # check NAME COMMAND...: one test that passes when the command succe
 section "1. optimised build ($CC)"
 for t in "$@"; do run "$t" "$B/tests/$t"; done
 
-# the layer and model tests once more on every other CPU tier this machine runs (dtrain/cpu.h: DT_CPU), so each
+# the layer and model tests once more on every other CPU tier this machine runs (dtrain/cpu/cpu.h: DT_CPU), so each
 # tier's kernels train the zoo; a tier the CPU lacks is said to be skipped
 default_tier=$(env -u DT_CPU "$B/examples/zoo" --model mlp --steps 1 | sed -n 's/.*, CPU tier \([a-z0-9]*\)$/\1/p')
 for tier in avx512 avx2 portable; do
@@ -137,16 +137,17 @@ done
 check "gcc C11 without threads (DT_NO_THREADS)" gcc $WARN -DDT_NO_THREADS -c "$B/check/impl.c" -o "$B/check/nothreads.o"
 check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
 # the modules: each compiles alone, with the implementation, after the modules it includes (so none uses one
-# that comes after it; their static helpers for later modules are unused there); only dtrain/cpu_x86.h has x86
-# intrinsics and only dtrain/cpu_arm.h ARM ones
-for m in $(sed -n 's/^#include "dtrain\/\([a-z0-9_]*\)\.h".*/\1/p' dtrain.h); do
-    printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain/%s.h"\n' "$m" > "$B/check/module_$m.c"
+# that comes after it; their static helpers for later modules are unused there); only dtrain/cpu/cpu_x86.h has x86
+# intrinsics and only dtrain/cpu/cpu_arm.h ARM ones
+for m in $(sed -n 's/^#include "dtrain\/\([a-z0-9_/]*\)\.h".*/\1/p' dtrain.h); do
+    f=$(echo "$m" | tr / _)
+    printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain/%s.h"\n' "$m" > "$B/check/module_$f.c"
     check "dtrain/$m.h alone, with what it includes: gcc C11 and g++" sh -c "gcc $WARN -Wno-unused-function -fopenmp $DEFS \
-        -c '$B/check/module_$m.c' -o '$B/check/module_$m.o' && g++ -x c++ -Wall -Wextra -Wpedantic -Werror -Wno-unused-function \
-        -fopenmp $DEFS -c '$B/check/module_$m.c' -o '$B/check/module_$m-cxx.o'"
+        -c '$B/check/module_$f.c' -o '$B/check/module_$f.o' && g++ -x c++ -Wall -Wextra -Wpedantic -Werror -Wno-unused-function \
+        -fopenmp $DEFS -c '$B/check/module_$f.c' -o '$B/check/module_$f-cxx.o'"
 done
-check "SIMD intrinsics in dtrain/cpu_x86.h only" sh -c "[ \"\$(grep -lE '_mm(256|512)?_[a-z]|__m(128|256|512)|immintrin' dtrain.h dtrain/*.h)\" = dtrain/cpu_x86.h ]"
-check "ARM intrinsics in dtrain/cpu_arm.h only" sh -c "[ \"\$(grep -lE 'arm_neon|float(32|64)x[0-9]+_t|v(ld|st)1q?_|vfmaq?_' dtrain.h dtrain/*.h)\" = dtrain/cpu_arm.h ]"
+check "SIMD intrinsics in dtrain/cpu/cpu_x86.h only" sh -c "[ \"\$(grep -lE '_mm(256|512)?_[a-z]|__m(128|256|512)|immintrin' dtrain.h dtrain/*/*.h)\" = dtrain/cpu/cpu_x86.h ]"
+check "ARM intrinsics in dtrain/cpu/cpu_arm.h only" sh -c "[ \"\$(grep -lE 'arm_neon|float(32|64)x[0-9]+_t|v(ld|st)1q?_|vfmaq?_' dtrain.h dtrain/*/*.h)\" = dtrain/cpu/cpu_arm.h ]"
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
 # dt_request's reserved words must hold the library's request state: with too few the build stops, saying so
 check "a dt_request too small for the request state does not compile" sh -c "! gcc $WARN -DDT__REQUEST_WORDS=8 -c '$B/check/impl.c' \

@@ -261,7 +261,7 @@ static dt_model *conv_model(const dt_conv_geom *g, uint64_t seed) {
     CHECK_OK(dt_model_finalize(m));
     return m;
 }
-/* Which convolutions the tier's shifted rows take (dtrain/cpu_vec.h), forward (bwd 0) or backward (bwd 1):
+/* Which convolutions the tier's shifted rows take (dtrain/cpu/cpu_vec.h), forward (bwd 0) or backward (bwd 1):
    strides 1 or 2 on each axis, at least an image per thread, a tier with shifted convolutions (avx512, avx2,
    and portable or neon built by GCC or Clang); backward, at stride 1 on both axes, padding at most k - 1 */
 static int shift_takes(const dt_conv_geom *g, int bwd) {
@@ -373,7 +373,7 @@ static void test_conv_vs_direct(void) {
     CHECK_OK(dt_cpu_set_tier(NULL));
 }
 
-/* ---- every kernel of a faster CPU tier against its portable twin (dtrain/cpu.h's kernel tables) ---- */
+/* ---- every kernel of a faster CPU tier against its portable twin (dtrain/cpu/cpu.h's kernel tables) ---- */
 static int twin_tier;   /* the tier under test: an index into dt__kernels */
 
 static float *twin_alloc(int64_t n) { return (float *)calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
@@ -427,7 +427,7 @@ static void conv_path_check(const char *what, conv_fwd_fn fwd, conv_bwd_fn bwd, 
     }
 }
 
-/* The convolutions by taps (dtrain/cpu.h) on every tier against dt_conv2d_ref and the direct gradients:
+/* The convolutions by taps (dtrain/cpu/cpu.h) on every tier against dt_conv2d_ref and the direct gradients:
    forward with and without bias, dW added to what it held, dx written or added (accumulate), no dx; small
    and odd images, windows 3 x 3 (padding 0 to 2), 5 x 5, 1 x 3, 3 x 1, 2 x 5 and 5 x 2 (padding 0 x 1,
    1 x 0, 2 x 1, 1 x 2), channels across the GEMM's K blocks, and workspaces of one, several and all images
@@ -524,7 +524,7 @@ static void test_conv_taps(void) {
     }
     CHECK_OK(dt_cpu_set_tier(NULL));
 }
-/* The convolutions by shifted rows of every tier that has them (dtrain/cpu_vec.h, cpu_x86.h), called
+/* The convolutions by shifted rows of every tier that has them (dtrain/cpu/cpu_vec.h, cpu_x86.h), called
    directly, against dt_conv2d_ref and the direct gradients as test_conv_taps: rectangular windows (1 x 3,
    3 x 1, 5 x 2, 2 x 5, 1 x 7 on one row) at strides 1 x 1, 1 x 2, 2 x 1 and 2 x 2 with padding 0 x 1, 1 x 0,
    2 x 1 and more, 3 x 3 at unequal strides (the dot-product tile for the weight gradient) and at stride 2

@@ -1,7 +1,7 @@
 /* tests/test_diff.c - the differential test: seeded random graphs, each run through the model as users run it
    (every fusion of the plan and every fast kernel on, on each CPU tier of this build that this CPU runs, in
    one binary) and through the same graph with the plan's fusions off and the reference kernels (the direct
-   convolution and its gradients with double sums, dt_gemm_ref, and the plain loops of dtrain/tensor.h with
+   convolution and its gradients with double sums, dt_gemm_ref, and the plain loops of dtrain/core/tensor.h with
    no tier's kernels), and compared: logits, loss, every parameter's gradient, the input's gradient, the
    batch norms' running statistics, every parameter after SGD and Adam steps, and the logits in eval mode.
 

@@ -4,7 +4,7 @@
 #   DIR/dtrain.h        dtrain.h with each module of dtrain/ written in where dtrain.h includes it, in that order
 #                       (a module's includes of the modules before it are already above it, so they are dropped)
 #   DIR/dtrain_mpi.h    dtrain_mpi.h and dtrain_cuda.h, including "dtrain.h" where they include a module (unless
-#   DIR/dtrain_cuda.h   dtrain.h is what includes them: it does at the end, and dtrain/nn.h's part with DT_USE_CUDA)
+#   DIR/dtrain_cuda.h   dtrain.h is what includes them: it does at the end, and dtrain/core/nn.h's part with DT_USE_CUDA)
 #   DIR/dtrain_cuda.cu  the GPU backend's nvcc translation unit, unchanged
 # The result compiles as the tree does: the same declarations, the same implementation under
 # DTRAIN_IMPLEMENTATION, the same macros. POSIX sh and awk; run from anywhere.
@@ -15,8 +15,8 @@ mkdir -p "$OUT" || exit 1
 # ../dtrain_cuda.h pointing beside the amalgamated file
 module() {
     awk -v m="$1" '
-        /^#include "[a-z0-9_]+\.h"/ { print "/* " $0 "   (above, in this file) */"; next }
-        /^#include "\.\.\/dtrain_cuda\.h"/ { print "#include \"dtrain_cuda.h\""; next }
+        /^#include "(\.\.\/[a-z]+\/)?[a-z0-9_]+\.h"/ { print "/* " $0 "   (above, in this file) */"; next }
+        /^#include "\.\.\/\.\.\/dtrain_cuda\.h"/ { print "#include \"dtrain_cuda.h\""; next }
         { print }' "$1"
 }
 {
@@ -35,7 +35,7 @@ module() {
 } > "$OUT/dtrain.h.tmp" || exit 1
 mv "$OUT/dtrain.h.tmp" "$OUT/dtrain.h"
 for h in dtrain_mpi.h dtrain_cuda.h; do
-    awk '/^#include "dtrain\/[a-z0-9_]+\.h"/ {
+    awk '/^#include "dtrain\/[a-z0-9_\/]+\.h"/ {
              print "#ifndef DTRAIN_H   /* make single: the whole library, unless it is what includes this file */"
              print "#include \"dtrain.h\""; print "#endif"; next }
          { print }' "$h" > "$OUT/$h" || exit 1

@@ -2,7 +2,7 @@
 # tools/check_api.sh [--list] [API_MD] - the API reference documents every public name of the headers.
 #
 # The public names are read from the declaration parts of the headers: dtrain.h's modules (the files it
-# includes from dtrain/, each up to the line that closes its include guard, e.g. dtrain/comm.h up to
+# includes from dtrain/, each up to the line that closes its include guard, e.g. dtrain/comm/comm.h up to
 # "#endif /* DTRAIN_COMM_H */"), dtrain_mpi.h up to "#endif /* DTRAIN_MPI_H */" and dtrain_cuda.h up to
 # "#endif /* DTRAIN_CUDA_H */", comments left out:
 #   function  an identifier dt_... followed by "(" (not "(*": that is a return type of a function pointer)
@@ -21,7 +21,7 @@
 #      `name(...)`) in the text outside fenced code blocks; a declaration inside a code block alone does
 #      not count, so every name has its sentence; and (but configuration macros and environment
 #      variables, which have their own section) it does so in the section of the header that declares it,
-#      the one headed "## dtrain/comm.h: ..." for a name of dtrain/comm.h;
+#      the one headed "## dtrain/comm/comm.h: ..." for a name of dtrain/comm/comm.h;
 #   2. every config macro and environment variable is named in the top comment (the manual) of a header
 #      that reads it; dtrain.h's manual counts for every module.
 # Prints each name missing, then "N public names, N missing"; the exit status is 1 when any is missing or
@@ -31,12 +31,12 @@ cd "$(dirname "$0")/.." || exit 1
 list=0
 if [ "${1:-}" = "--list" ]; then list=1; shift; fi
 API=${1:-docs/api.md}
-MODULES=$(sed -n 's/^#include "\(dtrain\/[a-z0-9_]*\.h\)".*/\1/p' dtrain.h)
+MODULES=$(sed -n 's/^#include "\(dtrain\/[a-z0-9_/]*\.h\)".*/\1/p' dtrain.h)
 HEADERS="dtrain.h $MODULES dtrain_mpi.h dtrain_cuda.h"
 T=$(mktemp -d) || exit 1
 trap 'rm -rf "$T"' EXIT
-mkdir -p "$T/dtrain"
-if [ -z "$MODULES" ]; then echo "FAIL dtrain.h includes no module dtrain/*.h"; exit 1; fi
+for h in $MODULES; do mkdir -p "$T/${h%/*}"; done
+if [ -z "$MODULES" ]; then echo "FAIL dtrain.h includes no module dtrain/*/*.h"; exit 1; fi
 
 # the C text of a file without comments (strings kept, a comment becomes a space)
 strip_comments() {
@@ -64,7 +64,7 @@ strip_comments() {
 
 status=0
 for h in $HEADERS; do
-    guard=$(echo "$h" | sed 's|^dtrain/|dtrain_|' | tr 'a-z.' 'A-Z_')
+    guard=$(echo "$h" | sed 's|^dtrain/.*/|dtrain_|' | tr 'a-z.' 'A-Z_')
     # the declaration part: up to the line that closes the include guard
     if ! awk -v end="#endif /* $guard */" '{ print } index($0, end) == 1 { found = 1; exit } END { exit !found }' \
             "$h" > "$T/$h.decl"; then
@@ -99,7 +99,7 @@ for h in $HEADERS; do
         awk -v h="$h" '!seen[$1]++ { print $1, $2, h }' > "$T/$h.names"
 done
 # one line per name: NAME KIND HEADER (the first header that declares it; a config macro may be read by several)
-cat "$T"/*.names "$T"/dtrain/*.names | awk '!seen[$1]++' | sort > "$T/names"
+cat "$T"/*.names "$T"/dtrain/*/*.names | awk '!seen[$1]++' | sort > "$T/names"
 if [ "$list" -eq 1 ]; then cat "$T/names"; exit "$status"; fi
 
 if [ ! -f "$API" ]; then echo "FAIL $API does not exist"; exit 1; fi
@@ -125,7 +125,7 @@ for h in $HEADERS; do
     awk '{ print } /\*\// { exit }' "$h" > "$T/$h.manual"
 done
 for h in $MODULES; do cat "$T/dtrain.h.manual" >> "$T/$h.manual"; done
-for name in $(cat "$T"/*.config "$T"/dtrain/*.config | grep -vE '^(dt__|DT__)' | grep -vE '^DTRAIN(_[A-Z0-9_]*)?(_H|_DECLARED|_DONE) ' |
+for name in $(cat "$T"/*.config "$T"/dtrain/*/*.config | grep -vE '^(dt__|DT__)' | grep -vE '^DTRAIN(_[A-Z0-9_]*)?(_H|_DECLARED|_DONE) ' |
               awk '{ print $1 }' | sort -u); do
     found=0
     for h in $HEADERS; do

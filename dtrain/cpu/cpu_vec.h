@@ -1,4 +1,4 @@
-/* dtrain/cpu_vec.h - the convolutions by shifted rows, written once for every CPU's vectors.   Part of
+/* dtrain/cpu/cpu_vec.h - the convolutions by shifted rows, written once for every CPU's vectors.   Part of
    dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
@@ -11,8 +11,8 @@
                       dt__vwt3), written once with GCC/Clang vector extensions and instantiated per tier:
                         dt__shift_kern_avx2   x86-64 AVX2 + FMA: 8-float vectors (target attribute)
                         dt__shift_kern_base   the build's baseline: SSE2 on x86-64, NEON on aarch64 (4 floats)
-                      The AVX-512 tier plugs its intrinsic kernels (dtrain/cpu_x86.h) into the same drivers.
-     Their twins are im2col + GEMM (dtrain/nn.h, cpu.h) and dt_conv2d_ref; test_core and test_models hold
+                      The AVX-512 tier plugs its intrinsic kernels (dtrain/cpu/cpu_x86.h) into the same drivers.
+     Their twins are im2col + GEMM (dtrain/core/nn.h, cpu.h) and dt_conv2d_ref; test_core and test_models hold
      them equal on every tier the CPU runs.
    HOW THE KERNELS ARE WRITTEN ONCE
      C has no templates, and a vector type has one width (GCC lowers a type wider than the target's
@@ -31,15 +31,15 @@
      Not compiled with DT_NO_SIMD, compilers other than GCC and Clang, or CPUs other than x86 and aarch64
      (the GEMMs then take every convolution).
    USES
-     dtrain/tensor.h (and base.h through it).
+     dtrain/core/tensor.h (and base.h through it).
    READ FIRST
      dt__shift_tile_fn (what a tile computes), dt__shift_image and dt__shift_run (the forward pass),
      DT__VEC_KERNELS (the kernels), dt__shift_conv_fwd and dt__shift_conv_bwd (what the tiers call).
 */
 #ifndef DTRAIN_CPU_VEC_H
 #define DTRAIN_CPU_VEC_H
-#include "tensor.h"
-/* (no declarations: everything here is reached through dtrain/cpu.h's kernel tables) */
+#include "../core/tensor.h"
+/* (no declarations: everything here is reached through dtrain/cpu/cpu.h's kernel tables) */
 #endif /* DTRAIN_CPU_VEC_H */
 
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_CPU_VEC_IMPLEMENTATION_DONE)
@@ -687,7 +687,7 @@ DT__VEC_KERNELS(base, , dt__v4, 4, 2, 1, 2, 4)
 #pragma GCC pop_options
 #endif
 
-/* the tiers' dt_ops.conv_fwd and conv_bwd (dtrain/cpu.h's and cpu_x86.h's tables) */
+/* the tiers' dt_ops.conv_fwd and conv_bwd (dtrain/cpu/cpu.h's and cpu_x86.h's tables) */
 #define DT__VEC_CONV(T)                                                                                                 \
     static int dt__vec_conv_fwd_##T(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b,   \
                                     float *y) {                                                                         \

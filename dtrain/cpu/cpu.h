@@ -1,16 +1,16 @@
-/* dtrain/cpu.h - the CPU backend: the blocked GEMM, the choice of kernels, and dt_cpu_ops().   Part of
+/* dtrain/cpu/cpu.h - the CPU backend: the blocked GEMM, the choice of kernels, and dt_cpu_ops().   Part of
    dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
      The blocked GEMM (after Goto and van de Geijn: packing into panels that stay in the caches, a small
      register-tiled micro-kernel, threads that share nothing), in portable C; the tiers of kernels (the
-     portable one defined here, with dtrain/cpu_vec.h's convolutions at the baseline ISA; "avx512" and
-     "avx2" from dtrain/cpu_x86.h, "neon" from dtrain/cpu_arm.h), chosen once per process by the CPU's
+     portable one defined here, with dtrain/cpu/cpu_vec.h's convolutions at the baseline ISA; "avx512" and
+     "avx2" from dtrain/cpu/cpu_x86.h, "neon" from dtrain/cpu/cpu_arm.h), chosen once per process by the CPU's
      features or $DT_CPU, and dt_cpu_set_tier; the convolutions by taps (stride 1 on small images: a GEMM
      per tap and output row, none of the padding multiplied), on every tier; and the CPU's ops table: the
-     ops of dtrain/tensor.h, with the chosen tier's kernels where it has them.
+     ops of dtrain/core/tensor.h, with the chosen tier's kernels where it has them.
    USES
-     dtrain/cpu_x86.h, dtrain/cpu_arm.h, dtrain/cpu_vec.h and dtrain/tensor.h (and base.h).
+     dtrain/cpu/cpu_x86.h, dtrain/cpu/cpu_arm.h, dtrain/cpu/cpu_vec.h and dtrain/core/tensor.h (and base.h).
    READ FIRST
      dt__gemm_part (the loops of the blocked GEMM), dt__pack_a and dt__pack_b, dt__micro (the portable
      micro-kernel), dt__pick_kernel (the choice), dt__tap_conv_fwd (the taps), dt__cpu_ops_table (the
@@ -34,8 +34,8 @@ const dt_ops *dt_cpu_ops(void);
 void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
-/* The CPU's kernels come in tiers: "avx512" and "avx2" (x86-64, dtrain/cpu_x86.h), "neon" (ARM64,
-   dtrain/cpu_arm.h) and "portable" (C that every CPU runs, and that the others are tested against; its
+/* The CPU's kernels come in tiers: "avx512" and "avx2" (x86-64, dtrain/cpu/cpu_x86.h), "neon" (ARM64,
+   dtrain/cpu/cpu_arm.h) and "portable" (C that every CPU runs, and that the others are tested against; its
    convolutions by shifted rows in vector extensions at the build's baseline, SSE2 or NEON, where GCC or
    Clang builds it). By default the fastest tier this CPU runs, or the one the environment variable DT_CPU
    names (avx512, avx2, neon, portable). The ops give the same results on every tier up to the order of
@@ -213,7 +213,7 @@ static void dt__pack_b(const dt__kernel *kern, const dt__bsrc *bs, int64_t p0, i
    lane (fmla only where the compiler may contract: gcc -std=c11 does not; the neon tier of cpu_arm.h has
    it). Written as loops over the tile, gcc keeps the accumulators in memory (-O2 unrolls no loop) or
    vectorises across the rows with shuffles (-O3): 2 GFLOP/s against 30-38 on this machine's core.
-   DT_NO_SIMD, or another compiler: the same tile in plain loops (DT__VEC, dtrain/tensor.h). Each element
+   DT_NO_SIMD, or another compiler: the same tile in plain loops (DT__VEC, dtrain/core/tensor.h). Each element
    of c is summed in order of p, one rounding per multiply and per add. */
 #if DT__VEC
 static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
@@ -251,7 +251,7 @@ static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__
 
 /* ---- the tiers ------------------------------------------------------------------------------ */
 /* The portable tier: the micro-kernel above and the portable code of every other entry, but for the
-   convolutions by shifted rows of dtrain/cpu_vec.h at the build's baseline ISA where GCC or Clang builds
+   convolutions by shifted rows of dtrain/cpu/cpu_vec.h at the build's baseline ISA where GCC or Clang builds
    them (SSE2 on x86-64, NEON on aarch64) */
 #ifdef DT__VEC_BASE
 #define DT__BASE_CONV_FWD dt__vec_conv_fwd_base
@@ -708,7 +708,7 @@ static int dt__tap_conv_bwd(void *ctx, const dt_conv_geom *g, const float *x, co
     return 1;
 }
 
-/* ---- the ops with a faster twin: the portable code of dtrain/tensor.h with the tier's kernels ---- */
+/* ---- the ops with a faster twin: the portable code of dtrain/core/tensor.h with the tier's kernels ---- */
 static void dt__cpu_im2col(void *ctx, const dt_conv_geom *g, const float *x, float *col) {
     (void)ctx;
     dt__im2col(dt__pick_kernel(), g, x, col);
@@ -750,7 +750,7 @@ static void dt__cpu_bn_relu_bwd(void *ctx, int training, const float *x, const f
     dt__bn_bwd(dt__pick_kernel(), training, x, y, dy, dx, accumulate, dr, acc_r, n, c, s, gamma, save_mean, save_invstd, dgamma,
                dbeta);
 }
-/* convolutions without im2col: by the tier's shifted rows where it has them and takes g (dtrain/cpu_vec.h,
+/* convolutions without im2col: by the tier's shifted rows where it has them and takes g (dtrain/cpu/cpu_vec.h,
    cpu_x86.h), else by taps where they take g; 0 leaves g to the packed GEMMs */
 static int dt__cpu_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
     const dt__kernel *k = dt__pick_kernel();

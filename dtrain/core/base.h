@@ -1,11 +1,11 @@
-/* dtrain/base.h - what every other module stands on.   Part of dtrain v0.1.0, MIT license (see the end of
+/* dtrain/core/base.h - what every other module stands on.   Part of dtrain v0.1.0, MIT license (see the end of
    dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
      Results and errors (dt_result, dt_set_error, dt_last_error), the allocator hooks (DT_MALLOC, DT_FREE),
      logging, random numbers (PCG32 streams), timers, the progress bar, the version macros; and for the
      modules after it: the timeline recorder behind dt_trace_begin (one event lane per thread, written out
-     by dtrain/comm.h's launcher), the thread, mutex and condition helpers over POSIX threads, OpenMP's
+     by dtrain/comm/comm.h's launcher), the thread, mutex and condition helpers over POSIX threads, OpenMP's
      pragma macro, and the loop bodies shared with the GPU backend (the dropout hash).
    USES
      The C library; POSIX threads unless DT_NO_THREADS; OpenMP when compiled with it.

@@ -1,4 +1,4 @@
-/* dtrain/data.h - datasets, transforms, partitioners, the distributed sampler and the loader.   Part of
+/* dtrain/core/data.h - datasets, transforms, partitioners, the distributed sampler and the loader.   Part of
    dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
@@ -8,7 +8,7 @@
      each sample in exactly one part; a distributed sampler with PyTorch's semantics; and the loader: the
      batches of one rank, the same for (seed, epoch, rank), converted on a background thread.
    USES
-     dtrain/base.h only (a dataset knows nothing of models); zlib, stb_image and POSIX directories when
+     dtrain/core/base.h only (a dataset knows nothing of models); zlib, stb_image and POSIX directories when
      built with them.
    READ FIRST
      dt_partition_dirichlet, dt_sampler_indices, dt_loader_next.

@@ -1,11 +1,11 @@
-/* dtrain/cpu_x86.h - the CPU's fast kernels for x86-64: AVX2 and AVX-512.   Part of dtrain v0.1.0, MIT
+/* dtrain/cpu/cpu_x86.h - the CPU's fast kernels for x86-64: AVX2 and AVX-512.   Part of dtrain v0.1.0, MIT
    license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
      The only intrinsics of the library. Nothing here is needed to understand an algorithm: every kernel
      answers to a portable twin that computes the same (test_core holds each pair equal, on every tier
      this CPU runs), and is reached only through the kernel tables at the end of this file, which
-     dtrain/cpu.h chooses from once per process by the CPU's features (or DT_CPU):
+     dtrain/cpu/cpu.h chooses from once per process by the CPU's features (or DT_CPU):
        kernel                                 portable twin
        dt__col_span_avx512                    dt__col_span (tensor.h): im2col's row stretches, same floats
        dt__pack_a8_avx, dt__pack_bt_avx512    dt__pack_a, dt__pack_b (cpu.h): the GEMM's packing, same floats
@@ -14,20 +14,20 @@
        dt__maxpool2_avx512, _avx2             dt__maxpool_fwd's 2 x 2 rows (tensor.h), the same selects
        dt__bn_sums512, _avx2                  dt__bn_sums (tensor.h): batch norm's sums in double (AVX2's
                                               in the portable order: the same bits)
-       dt__shift_kern_avx512                  the tiles of dtrain/cpu_vec.h's convolutions by shifted rows
+       dt__shift_kern_avx512                  the tiles of dtrain/cpu/cpu_vec.h's convolutions by shifted rows
                                               (twins: its vector-extension tiles, im2col + GEMM and
                                               dt_conv2d_ref), which the avx2 tier takes from cpu_vec.h
      A build without x86-64 GCC or Clang, or with DT_NO_SIMD, compiles none of it.
    USES
-     dtrain/cpu_vec.h and dtrain/tensor.h (and base.h through them); <immintrin.h>.
+     dtrain/cpu/cpu_vec.h and dtrain/core/tensor.h (and base.h through them); <immintrin.h>.
    READ FIRST
-     The tables at the end; then dt__shift_tile_avx512, the AVX-512 form of dtrain/cpu_vec.h's tile, which
+     The tables at the end; then dt__shift_tile_avx512, the AVX-512 form of dtrain/cpu/cpu_vec.h's tile, which
      writes its kept lanes by compress and masked stores.
 */
 #ifndef DTRAIN_CPU_X86_H
 #define DTRAIN_CPU_X86_H
 #include "cpu_vec.h"
-/* (no declarations: everything here is reached through dtrain/cpu.h's kernel tables) */
+/* (no declarations: everything here is reached through dtrain/cpu/cpu.h's kernel tables) */
 #endif /* DTRAIN_CPU_X86_H */
 
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_CPU_X86_IMPLEMENTATION_DONE)
@@ -331,7 +331,7 @@ static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const floa
 
 /* ---- convolutions by shifted rows ---------------------------------------------------------------- */
 /* The AVX-512 tier's inner kernels of the convolutions by shifted rows; the geometry, the tables and the
-   loops over images, tiles and threads are dtrain/cpu_vec.h's drivers, which every tier shares (read them
+   loops over images, tiles and threads are dtrain/cpu/cpu_vec.h's drivers, which every tier shares (read them
    first). A tile here is 8 rows x 48 columns (24 accumulators of 16 lanes), or 16 or 32 columns for an
    image's last tile, and it writes each vector's kept lanes with vcompressps and a masked store instead of
    going through a buffer. */
@@ -463,7 +463,7 @@ static void dt__shift_wtile_avx512(int64_t nimg, int64_t ld, const float *d, int
     for (i = 0; i < ni; i++)
         for (j = 0; j < nk; j++) dW[i * ldw + j] += dt__hsum512(acc[i][j]);
 }
-/* The 3 x 3 weight gradient's transposed tile (dtrain/cpu_vec.h, dt__shift_wgrad3): dWT [9][ocp] += one
+/* The 3 x 3 weight gradient's transposed tile (dtrain/cpu/cpu_vec.h, dt__shift_wgrad3): dWT [9][ocp] += one
    input channel's sums for tap (ky, kx) at row ky * 3 + kx, for 16 (ov 1) or 32 (ov 2) output channels. */
 /* named accumulators (not an array), so that every compiler and level keeps them in registers */
 #define DT__WT3_TAP(t, row, kx) do {                                          \
@@ -567,7 +567,7 @@ static void dt__wt3_avx512(int st, int width, const float *x, int64_t wq, int64_
     else if (width == 32) dt__wt3_tile32s2(x, wq, pq, oh, ow, dbT, ocp, dWT);
     else dt__wt3_tile16s2(x, wq, pq, oh, ow, dbT, ocp, dWT);
 }
-/* the AVX-512 kernels for dtrain/cpu_vec.h's drivers, and the tier's dt_ops.conv_fwd and conv_bwd */
+/* the AVX-512 kernels for dtrain/cpu/cpu_vec.h's drivers, and the tier's dt_ops.conv_fwd and conv_bwd */
 static const dt__shift_kern dt__shift_kern_avx512 = {
     8, 48, dt__shift_tile_avx512, 4, DT__WT_K, dt__shift_wtile_avx512, dt__wt3_avx512, dt__shift_copy_avx512,
     dt__shift_pad_avx512, dt__transpose_dy_avx512
@@ -778,7 +778,7 @@ static void dt__bn_sums_avx2(const float *x, const float *y, const float *mk, in
     _mm256_storeu_pd(b, vb[0]); _mm256_storeu_pd(b + 4, vb[1]);
 }
 
-/* ---- the tables: what each tier replaces (dtrain/cpu.h chooses one) --------------------------------- */
+/* ---- the tables: what each tier replaces (dtrain/cpu/cpu.h chooses one) --------------------------------- */
 static int dt__x86_avx512_runs(void) { return __builtin_cpu_supports("avx512f"); }
 static int dt__x86_avx2_runs(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 /* AVX-512 (Skylake-X and later Xeons, Ice Lake and later, Zen 4): everything above */
@@ -786,7 +786,7 @@ static const dt__kernel dt__kernel_avx512 = {
     "avx512", dt__x86_avx512_runs, dt__micro_avx512, DT__MR512, 16 * DT__NV512, dt__col_span_avx512, dt__pack_a8_avx,
     dt__pack_bt_avx512, dt__col2im_small, dt__maxpool2_avx512, dt__bn_sums512, dt__x86_conv_fwd, dt__x86_conv_bwd
 };
-/* AVX2 + FMA (Haswell and later, Zen): the GEMM's micro-kernel, dtrain/cpu_vec.h's convolutions, 2 x 2 max
+/* AVX2 + FMA (Haswell and later, Zen): the GEMM's micro-kernel, dtrain/cpu/cpu_vec.h's convolutions, 2 x 2 max
    pooling and batch norm's sums; the rest is portable */
 static const dt__kernel dt__kernel_avx2 = {
     "avx2", dt__x86_avx2_runs, dt__micro_avx2, 6, 16, NULL, NULL, NULL, NULL, dt__maxpool2_avx2, dt__bn_sums_avx2,

@@ -1,25 +1,25 @@
-/* dtrain/cpu_arm.h - the CPU's fast kernels for ARM64 (AArch64): NEON.   Part of dtrain v0.1.0, MIT license
+/* dtrain/cpu/cpu_arm.h - the CPU's fast kernels for ARM64 (AArch64): NEON.   Part of dtrain v0.1.0, MIT license
    (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
      The library's only ARM intrinsics, reached only through the kernel table at the end of this file (the
-     tier "neon"), which dtrain/cpu.h puts first on aarch64: every ARMv8-A CPU has NEON (Advanced SIMD), so
+     tier "neon"), which dtrain/cpu/cpu.h puts first on aarch64: every ARMv8-A CPU has NEON (Advanced SIMD), so
      the tier is chosen at compile time and needs no test of the CPU. Each kernel answers to a portable twin
      that test_core holds it equal to:
        kernel             portable twin
        dt__micro_neon     dt__micro (cpu.h): the GEMM's micro-kernel, 8 x 12
-     The tier's convolutions by shifted rows are dtrain/cpu_vec.h's, written once in vector extensions and
+     The tier's convolutions by shifted rows are dtrain/cpu/cpu_vec.h's, written once in vector extensions and
      compiled for aarch64's baseline, which is NEON.
      A build for another CPU, with a compiler other than GCC or Clang, or with DT_NO_SIMD, compiles none of it.
    USES
-     dtrain/cpu_vec.h (and tensor.h, base.h through it); <arm_neon.h>.
+     dtrain/cpu/cpu_vec.h (and tensor.h, base.h through it); <arm_neon.h>.
    READ FIRST
      dt__micro_neon.
 */
 #ifndef DTRAIN_CPU_ARM_H
 #define DTRAIN_CPU_ARM_H
 #include "cpu_vec.h"
-/* (no declarations: everything here is reached through dtrain/cpu.h's kernel tables) */
+/* (no declarations: everything here is reached through dtrain/cpu/cpu.h's kernel tables) */
 #endif /* DTRAIN_CPU_ARM_H */
 
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_CPU_ARM_IMPLEMENTATION_DONE)
@@ -68,8 +68,8 @@ static void dt__micro_neon(int64_t kc, const float *DT__RESTRICT a, const float 
 #undef DT__NEON_ROW
 #undef DT__NEON_OUT
 
-/* ---- the table: what the tier replaces (dtrain/cpu.h chooses it) ----------------------------------- */
-/* NEON (every AArch64 CPU): the GEMM's micro-kernel and dtrain/cpu_vec.h's convolutions (compiled for the
+/* ---- the table: what the tier replaces (dtrain/cpu/cpu.h chooses it) ----------------------------------- */
+/* NEON (every AArch64 CPU): the GEMM's micro-kernel and dtrain/cpu/cpu_vec.h's convolutions (compiled for the
    baseline, which on aarch64 is NEON); the rest is portable */
 static const dt__kernel dt__kernel_neon = {
     "neon", NULL, dt__micro_neon, 8, 12, NULL, NULL, NULL, NULL, NULL, NULL, dt__vec_conv_fwd_base, dt__vec_conv_bwd_base

@@ -1,4 +1,4 @@
-/* dtrain/comm.h - communication: topologies, the communicator, its algorithms and backends, the launcher.
+/* dtrain/comm/comm.h - communication: topologies, the communicator, its algorithms and backends, the launcher.
    Part of dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
@@ -15,7 +15,7 @@
      against the backend interface that dtrain_mpi.h uses too (the end of the declarations); the
      launcher (dt_launch: threads here, processes under mpiexec with dtrain_mpi.h) and the timeline file.
    USES
-     dtrain/base.h only (what travels is bytes: the trainers in dtrain/train.h bring the models).
+     dtrain/core/base.h only (what travels is bytes: the trainers in dtrain/train/train.h bring the models).
    READ FIRST
      dt__allreduce_ring with dt__ring_reduce_scatter and dt__ring_allgather, dt__tree_reduce, the naive
      algorithms, dt__coll_allreduce (how a call picks one), dt_topology_create; then the local backend
@@ -24,7 +24,7 @@
 */
 #ifndef DTRAIN_COMM_H
 #define DTRAIN_COMM_H
-#include "base.h"
+#include "../core/base.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,4 +1,4 @@
-/* dtrain/nn.h - models: a graph of layers over flat parameter buffers, losses, and the model zoo.   Part of
+/* dtrain/core/nn.h - models: a graph of layers over flat parameter buffers, losses, and the model zoo.   Part of
    dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
@@ -9,14 +9,14 @@
      added), the losses, the flat buffers' accessors and views, and the zoo (MLP, SimpleCNN, LeNet-5, the
      FedAvg paper's CNN and 2NN, VGG-11, ResNet-20).
    USES
-     dtrain/cpu.h (the default backend) and what it includes; dtrain_cuda.h's declarations with DT_USE_CUDA.
+     dtrain/cpu/cpu.h (the default backend) and what it includes; dtrain_cuda.h's declarations with DT_USE_CUDA.
    READ FIRST
      dt_model_finalize (the flat buffers), dt__node_fwd and dt__node_bwd (every layer's two passes in one
      place), dt_model_forward / dt_model_backward, dt__plan, dt__zoo_build.
 */
 #ifndef DTRAIN_NN_H
 #define DTRAIN_NN_H
-#include "cpu.h"
+#include "../cpu/cpu.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -190,7 +190,7 @@ dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, con
 /* The GPU backend's declarations in CUDA builds: dt_cuda_ops() is then a model's default backend (its
    implementation is dtrain_cuda.cu, compiled by nvcc). */
 #ifdef DT_USE_CUDA
-#include "../dtrain_cuda.h"
+#include "../../dtrain_cuda.h"
 #endif
 #endif /* DTRAIN_NN_H */
 

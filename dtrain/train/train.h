@@ -1,4 +1,4 @@
-/* dtrain/train.h - the trainers: local SGD, Hogwild, DDP, D-PSGD and FedAvg; evaluation and checkpoints.
+/* dtrain/train/train.h - the trainers: local SGD, Hogwild, DDP, D-PSGD and FedAvg; evaluation and checkpoints.
    Part of dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
@@ -11,16 +11,16 @@
      feedback), D-PSGD (gossip with the mixing matrix, CTA or ATC order, consensus) and
      FedAvg (server and clients, sample-weighted aggregation, robust aggregators, attacks, dropouts).
    USES
-     dtrain/optim.h, dtrain/data.h and dtrain/comm.h, and what they include: every module before it.
+     dtrain/core/optim.h, dtrain/core/data.h and dtrain/comm/comm.h, and what they include: every module before it.
    READ FIRST
      dt_ddp_backward with dt__ddp_hook (buckets launched as backward finishes them), dt__dpsgd_gossip,
      dt_fed_round with dt_fed_aggregate, dt_localsgd_step.
 */
 #ifndef DTRAIN_TRAIN_H
 #define DTRAIN_TRAIN_H
-#include "optim.h"
-#include "data.h"
-#include "comm.h"
+#include "../core/optim.h"
+#include "../core/data.h"
+#include "../comm/comm.h"
 
 #ifdef __cplusplus
 extern "C" {

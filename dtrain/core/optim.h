@@ -1,4 +1,4 @@
-/* dtrain/optim.h - optimizers over the flat buffers, gradient clipping, learning-rate schedules.   Part of
+/* dtrain/core/optim.h - optimizers over the flat buffers, gradient clipping, learning-rate schedules.   Part of
    dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
@@ -7,7 +7,7 @@
      adam_step); freezing and per-tensor step counts; clipping by the global norm; constant, multi-step
      and cosine schedules with warm-up.
    USES
-     dtrain/nn.h (the model's buffers and ops) and what it includes.
+     dtrain/core/nn.h (the model's buffers and ops) and what it includes.
    READ FIRST
      dt_optim_step, dt_sched_lr.
 */

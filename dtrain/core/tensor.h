@@ -1,18 +1,18 @@
-/* dtrain/tensor.h - tensors, the backend ops table, and the CPU's plain reference ops.   Part of dtrain
+/* dtrain/core/tensor.h - tensors, the backend ops table, and the CPU's plain reference ops.   Part of dtrain
    v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
      Tensor views and window geometry; dt_ops, the table of operations every layer calls (one table per
-     backend: dtrain/cpu.h fills the CPU's, dtrain_cuda.h the GPU's); the loop bodies the CPU and the GPU
+     backend: dtrain/cpu/cpu.h fills the CPU's, dtrain_cuda.h the GPU's); the loop bodies the CPU and the GPU
      share (pooling windows, softmax rows, the optimizers' updates); dt__kernel, the table of what a
      faster CPU tier may replace; and the CPU ops in plain C: im2col and col2im, pooling, batch norm,
      activations, losses, the optimizer steps, the naive GEMM (dt_gemm_ref) and the naive convolution
      (dt_conv2d_ref). Each op is the reference twin of its fast kernels: read these to know what an op
-     computes; dtrain/cpu_x86.h and dtrain/cpu_arm.h compute the same faster. The loops that compilers
+     computes; dtrain/cpu/cpu_x86.h and dtrain/cpu/cpu_arm.h compute the same faster. The loops that compilers
      leave scalar as written (batch norm's sums) use GNU C's vector types where there are (DT__VEC), with
      the plain loop beside them for DT_NO_SIMD and other compilers: the same bits either way.
    USES
-     dtrain/base.h.
+     dtrain/core/base.h.
    READ FIRST
      struct dt_ops (each op's shapes and contract), dt__col_span (im2col one row stretch at a time, never
      materialised), dt_gemm_ref, dt__bn_fwd and dt__bn_bwd (batch norm with its sums in double),
@@ -173,7 +173,7 @@ typedef struct dt_ops {
 } dt_ops;
 
 /* The plain GEMM with the semantics of dt_ops.gemm (a double accumulator per element), the twin of the
-   blocked dt_gemm of dtrain/cpu.h */
+   blocked dt_gemm of dtrain/cpu/cpu.h */
 void dt_gemm_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* Naive direct convolution, the twin of im2col + GEMM: y [n, oc, oh, ow] = w [oc, c, kh, kw] * x + b */
@@ -185,7 +185,7 @@ int dt_cpu_threads(void);
    backend calls in its own loops, so that every backend computes the same numbers from one definition:
    dt_body_relu, dt_body_maxpool_window, dt_body_avgpool_window, dt_body_log_softmax_row, dt_body_log_softmax_row_bwd,
    dt_body_softmax_xent_row, dt_body_argmax_row, dt_body_sgd_update, dt_body_adam_update (below, after
-   these declarations) and dt_body_hash_uniform (dtrain/base.h). They are static inline, host and device
+   these declarations) and dt_body_hash_uniform (dtrain/core/base.h). They are static inline, host and device
    functions under nvcc, and are defined where DTRAIN_IMPLEMENTATION or DTRAIN_CUDA_IMPLEMENTATION is:
    dtrain_cuda.h's kernels are their other user. */
 
@@ -381,16 +381,16 @@ static DT__MAYBE_UNUSED dt__v4 dt__v4_load(const float *p) { dt__v4 v; memcpy(&v
 #endif
 
 /* ---- the CPU kernel table ---------------------------------------------------------------------- */
-/* What a faster CPU tier may replace. dtrain/cpu.h chooses one table per process (the fastest this CPU runs,
-   or the one dt_cpu_set_tier names) and passes it down; dtrain/cpu_x86.h fills the AVX2 and AVX-512 tables.
+/* What a faster CPU tier may replace. dtrain/cpu/cpu.h chooses one table per process (the fastest this CPU runs,
+   or the one dt_cpu_set_tier names) and passes it down; dtrain/cpu/cpu_x86.h fills the AVX2 and AVX-512 tables.
    An entry left NULL runs the portable code, which is its reference twin: the function named in its comment
-   (here or in dtrain/cpu.h), with the same contract. test_core holds every entry equal to its twin. */
+   (here or in dtrain/cpu/cpu.h), with the same contract. test_core holds every entry equal to its twin. */
 typedef void (*dt__micro_fn)(int64_t kc, const float *a, const float *b, float *C, int64_t ldc, int64_t mr, int64_t nr,
                              float alpha, float beta);
 typedef struct dt__kernel {
     const char *name;     /* the tier: "avx512", "avx2", "portable" ("neon" on aarch64) */
     int (*runs)(void);    /* 1 when this CPU has the tier's instructions (NULL: every CPU does) */
-    /* the blocked GEMM's micro-kernel (twin: dt__micro, dtrain/cpu.h): C = alpha a b + beta C for an
+    /* the blocked GEMM's micro-kernel (twin: dt__micro, dtrain/cpu/cpu.h): C = alpha a b + beta C for an
        mr x nr tile of packed panels a [kc][mr] and b [kc][nr]; the packing follows mr and nr */
     dt__micro_fn fn;
     int mr, nr;
@@ -411,7 +411,7 @@ typedef struct dt__kernel {
        tail in 0..7; AVX2: all in 0..7, in the portable loop's order) */
     void (*bn_sums)(const float *x, const float *y, const float *mk, int64_t n, int64_t cs, int64_t s, double *a, double *b);
     /* dt_ops.conv_fwd and conv_bwd (convolutions without im2col: 0 = not taken, the GEMMs then run; twins:
-       dt_conv2d_ref and the im2col + GEMM path of dtrain/nn.h) */
+       dt_conv2d_ref and the im2col + GEMM path of dtrain/core/nn.h) */
     int (*conv_fwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y);
     int (*conv_bwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
                     int accumulate);
@@ -582,7 +582,7 @@ static void dt__cpu_add(void *ctx, float *y, const float *a, const float *b, int
     for (i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 /* The CPU backend's own state, when a model gives it one: the GEMM packing workspace and the model's
-   convolution workspace (the taps' operands, dtrain/cpu.h), so a training step allocates nothing. */
+   convolution workspace (the taps' operands, dtrain/cpu/cpu.h), so a training step allocates nothing. */
 typedef struct dt__cpu_state { float *gemm_ws; int64_t gemm_ws_count; float *conv_ws; int64_t conv_ws_count; } dt__cpu_state;
 
 /* (In C, OpenMP makes only the parallel loop's own variable private: inner loops declare theirs inside.) */
@@ -607,8 +607,8 @@ static void dt__cpu_sum_rows_bwd(void *ctx, float *db, const float *dy, int64_t 
     }
 }
 
-/* ---- the ops of the CPU table with a faster twin: dtrain/cpu.h passes the chosen kernel table k ---- */
-/* (Each takes k, NULL for the portable code alone; the ops in the table are dtrain/cpu.h's.) */
+/* ---- the ops of the CPU table with a faster twin: dtrain/cpu/cpu.h passes the chosen kernel table k ---- */
+/* (Each takes k, NULL for the portable code alone; the ops in the table are dtrain/cpu/cpu.h's.) */
 
 static void dt__im2col(const dt__kernel *k, const dt_conv_geom *g, const float *x, float *col) {
     int64_t rows = g->c * g->kh * g->kw, S = g->oh * g->ow, r;
