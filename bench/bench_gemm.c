@@ -67,13 +67,12 @@ int main(int argc, char **argv) {
     const char *only = NULL;
     size_t k;
     int i;
-    for (i = 1; i < argc; i++) {
+    for (i = 1; i < argc; i += 2) {   /* flag and value */
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--windows") && v && atol(v) > 0) windows = atol(v);
         else if (!strcmp(f, "--min-seconds") && v && atof(v) > 0) secs = atof(v);
         else if (!strcmp(f, "--shape") && v) only = v;
         else { fprintf(stderr, "usage: bench_gemm [--windows N] [--min-seconds S] [--shape NAME]\n"); return 2; }
-        i++;
     }
 #ifdef BENCH_OPENBLAS
     openblas_set_num_threads(dt_cpu_threads());

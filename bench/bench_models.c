@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
     double *rate, t0, base = rss_mb();
     struct rusage ru;
     dt_rng rng;
-    for (i = 1; i < argc; i++) {
+    for (i = 1; i < argc; i += 2) {   /* flag and value */
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--model") && v) name = v;
         else if (!strcmp(f, "--batch")) batch = arg_long(f, v, 1);
@@ -61,7 +61,6 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--iters")) iters = arg_long(f, v, 1);
         else if (!strcmp(f, "--windows")) windows = arg_long(f, v, 1);
         else { fprintf(stderr, "usage: bench_models [--model NAME] [--batch N] [--warmup N] [--iters N] [--windows N]\n"); return 2; }
-        i++;
     }
     if ((z = dt_zoo_from_name(name)) < 0) { fprintf(stderr, "bench_models: unknown model '%s'\n", name); return 2; }
     memset(&md, 0, sizeof md);

@@ -177,9 +177,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     }
 
     for (epoch = meta.epoch; epoch < a->epochs && r == DT_OK; epoch++) {
-        const float *x;
-        const int32_t *y;
-        int64_t n;
+        const float *x = NULL;
+        const int32_t *y = NULL;
+        int64_t n = 0;
         double t0 = dt_time_now() - meta.values[4], *sums = meta.values, secs, mb, dist;   /* sums: loss x samples, samples */
         float loss = 0.0f, lr = dt_sched_lr(&sd, epoch);
         uint64_t sent0 = dt_dpsgd_get_stats(d).bytes_sent - (uint64_t)meta.values[2];   /* gossip only: no checkpoint's */

@@ -86,11 +86,11 @@ static const ex_col COLS[] = {EX_COL_TIME, EX_COL_TRAIN_LOSS, EX_COL_TEST_LOSS, 
 static dt_result worker(dt_hogwild_worker *w, void *arg) {
     args *a = (args *)arg;
     dt_model *rep = a->replica[w->index];
-    int64_t nshare = dt_sampler_size(a->data.ntrain, w->threads, 0), *ids, n, b = 0;
+    int64_t nshare = dt_sampler_size(a->data.ntrain, w->threads, 0), *ids, n = 0, b = 0;
     dt_loader *loader = NULL;
     dt_loader_desc ld;
-    const float *x;
-    const int32_t *y;
+    const float *x = NULL;
+    const int32_t *y = NULL;
     float loss = 0.0f;
     dt_result r = DT_OK;
     dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */

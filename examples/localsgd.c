@@ -129,9 +129,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     }
 
     for (epoch = meta.epoch; epoch < a->epochs && r == DT_OK; epoch++) {
-        const float *x;
-        const int32_t *y;
-        int64_t n;
+        const float *x = NULL;
+        const int32_t *y = NULL;
+        int64_t n = 0;
         double t0 = dt_time_now() - meta.values[4], *sums = meta.values, secs, mb;   /* sums: loss x samples, samples */
         float loss = 0.0f;
         dt_localsgd_stats st0 = dt_localsgd_get_stats(d), st;

@@ -141,9 +141,9 @@ int main(int argc, char **argv) {
            ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, dt_cpu_threads(), a.data.seed);
 
     for (epoch = meta.epoch; epoch < a.epochs; epoch++) {
-        const float *x;
-        const int32_t *y;
-        int64_t n;
+        const float *x = NULL;
+        const int32_t *y = NULL;
+        int64_t n = 0;
         double t0 = dt_time_now() - meta.values[4], secs, v[EX_COUNT(COLS)];
         float lr = dt_sched_lr(&sd, epoch), loss = 0.0f;
         dt_eval_result ev;
