@@ -186,7 +186,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_result e;
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
-        dt_optim_set_lr(o, lr);
+        TRY(dt_optim_set_lr(o, lr));
         dt_model_train(m, 1);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
         TRY(dt_loader_set_indices(loader, ids, nshare));

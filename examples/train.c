@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
         dt_eval_result ev;
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
-        dt_optim_set_lr(o, lr);
+        TRY(dt_optim_set_lr(o, lr));
         dt_model_train(m, 1);
         TRY(dt_loader_seek(loader, epoch, meta.batch));   /* batch 0, or where a resumed epoch stopped */
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);

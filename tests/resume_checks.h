@@ -172,7 +172,7 @@ static dt_result rs_fed(dt_comm *c, const rs_args *a, dt_model *m, dt_checkpoint
 static dt_result rs_step(int kind, void *trainer, dt_model *m, dt_optim *o, const float *x, const int32_t *y, int64_t n,
                          float lr, float *loss) {
     dt_result r;
-    dt_optim_set_lr(o, lr);
+    if ((r = dt_optim_set_lr(o, lr)) != DT_OK) return r;
     dt_model_zero_grad(m);
     if ((r = dt_model_forward(m, x, n)) != DT_OK || (r = dt_model_loss_labels(m, y, loss)) != DT_OK) return r;
     if (kind == 1) r = dt_ddp_backward((dt_ddp *)trainer, NULL, n, 1);

@@ -50,7 +50,7 @@ static void run_case(const char *name) {
         float lr = dt_sched_lr(&sd, s), norm = 0.0f;
         snprintf(what, sizeof what, "%s: lr at step %lld", name, (long long)s);
         CHECK_CLOSE(&lr, &lrs[s], 1, 1e-6, what);
-        dt_optim_set_lr(o, lr);
+        CHECK_OK(dt_optim_set_lr(o, lr));
         memcpy(dt_model_grads(m, NULL), grads + s * n, sizeof(float) * (size_t)n);
         if (cfg[9] > 0.0f) {
             CHECK_OK(dt_optim_clip_grad_norm(o, cfg[9], &norm));
@@ -158,7 +158,8 @@ static void test_optim_errors(void) {
 }
 
 /* lr 0 is 0, not the default: SGD (momentum, weight decay, Nesterov), Adam and AdamW leave every parameter
-   as it was, from create and from dt_optim_set_lr (a schedule that ends at 0); a NULL desc is every default. */
+   as it was, from create and from dt_optim_set_lr (a schedule that ends at 0); a NULL desc is every default;
+   dt_optim_set_lr refuses a rate that is negative or not finite. */
 static void test_lr_zero(void) {
     dt_model *m = two_linear();
     dt_optim *o = NULL;
@@ -176,7 +177,7 @@ static void test_lr_zero(void) {
         if (d.kind == DT_OPTIM_SGD) { d.momentum = 0.9f; d.nesterov = 1; }
         CHECK_OK(dt_optim_create(&o, m, &d));
         if (!o) continue;
-        if (kind > DT_OPTIM_ADAMW) dt_optim_set_lr(o, 0.0f);
+        if (kind > DT_OPTIM_ADAMW) CHECK_OK(dt_optim_set_lr(o, 0.0f));
         CHECK(dt_optim_lr(o) == 0.0f);
         memcpy(before, dt_model_params(m, NULL), sizeof(float) * (size_t)n);
         for (step = 0; step < 3; step++) {
@@ -188,6 +189,13 @@ static void test_lr_zero(void) {
     }
     CHECK_OK(dt_optim_create(&o, m, NULL));
     CHECK(dt_optim_lr(o) == 0.01f);
+    /* a negative, NaN or infinite rate is refused, naming it, and the rate stays */
+    CHECK_ERR(dt_optim_set_lr(o, -0.1f), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_optim_set_lr(o, NAN), DT_ERR_INVALID_ARG);
+    CHECK_ERR(dt_optim_set_lr(o, INFINITY), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "learning rate inf") != NULL);
+    CHECK(dt_optim_lr(o) == 0.01f);
+    CHECK_ERR(dt_optim_set_lr(NULL, 0.1f), DT_ERR_INVALID_ARG);
     dt_optim_destroy(o);
     dt_model_destroy(m);
 }

@@ -42,7 +42,7 @@ void      dt_optim_destroy(dt_optim *o);
 /* One update of every trainable parameter from dt_model_grads(). One loop over the flat buffer (or over
    each stretch between frozen tensors). */
 dt_result dt_optim_step(dt_optim *o);
-void      dt_optim_set_lr(dt_optim *o, float lr);   /* lr >= 0 (0 is 0: a schedule may end there) */
+dt_result dt_optim_set_lr(dt_optim *o, float lr);   /* a finite lr >= 0 (0 is 0: a schedule may end there) */
 float     dt_optim_lr(const dt_optim *o);
 /* Freezes (frozen = 1) or unfreezes the parameter tensors whose name starts with prefix ("" or NULL =
    all); frozen tensors are neither updated nor clipped. Returns the number of tensors matched, or -1. */
@@ -160,7 +160,14 @@ void dt_optim_destroy(dt_optim *o) {
     DT_FREE(o);
 }
 
-void  dt_optim_set_lr(dt_optim *o, float lr) { if (o && lr >= 0.0f) o->d.lr = lr; }
+dt_result dt_optim_set_lr(dt_optim *o, float lr) {
+    if (!o) return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_set_lr: the optimizer is NULL");
+    if (!(lr >= 0.0f) || !isfinite(lr))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_set_lr: learning rate %g: it must be finite and >= 0 (a schedule "
+                            "that ends at 0 may set 0); the rate stays %g", (double)lr, (double)o->d.lr);
+    o->d.lr = lr;
+    return DT_OK;
+}
 float dt_optim_lr(const dt_optim *o) { return o ? o->d.lr : 0.0f; }
 
 int dt_optim_freeze(dt_optim *o, const char *prefix, int frozen) {
