@@ -157,9 +157,8 @@
      Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
      table, dt_cpu_ops(), is dtrain/cpu/cpu.h's; another backend supplies another table in dt_model_desc: the GPU's
      is dt_cuda_ops() (dtrain_cuda.h: CUDA kernels and cuBLAS), the default in builds with DT_USE_CUDA.
-     Communication has its own table (dt_comm_backend): self (one rank), local (threads; dtrain/comm/comm.h) and mpi
-     (dtrain_mpi.h), each written against the backend interface at the end of dtrain/comm/comm.h's
-     declarations. The collective algorithms (naive, ring, tree, hier: hierarchical over nodes of ranks,
+     Communication has its own table (dt_comm_backend): self (one rank), local (threads; dtrain/comm/local.h) and mpi
+     (dtrain_mpi.h), each written against the backend interface of dtrain/comm/backend.h. The collective algorithms (naive, ring, tree, hier: hierarchical over nodes of ranks,
      dt_comm_desc.node_size / $DT_NODE_SIZE / --node-size) are written once over its point-to-point calls,
      so they behave and round the same on every backend; NATIVE uses the backend's own (all-reduce,
      broadcast, all-to-all).
@@ -191,17 +190,29 @@
      nn.h       model graph on flat buffers, layers, losses, the plan of a pass, model zoo
      optim.h    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
      data.h     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, sampler, loader
-     comm.h     gossip topologies; the communicator: point-to-point, collectives and their algorithms,
-                the self and local backends, faults and counters; the launcher and the timeline file
+     topology.h gossip topologies: mixing matrices, spectral gaps, time-varying schedules
+     comm.h     the communicator's API: element types, options, point-to-point, collectives, counters
+     backend.h  the backend-author interface (dt_comm_backend, dt_message) and the generic layer behind
+                it: the communicator's state, signatures, point-to-point through a backend, creation
+     algos.h    the algorithms (naive, ring, tree, hier, all-to-all) and the calls of comm.h that run
+                them, with their checks and the injected faults
+     local.h    the self and local backends (ranks as threads, the link model)
+     launch.h   the launcher (dt_launch, its flags) and the timeline file
      train.h    evaluation, checkpoints, and the trainers: local SGD and Hogwild, DDP (gradient averaging
                 by five methods, buckets overlapped with backward, accumulation, uneven data, gradients
                 sent as bf16, fp16, top-k pairs or PowerSGD factors with error feedback), D-PSGD
                 (gossip through a mixing matrix), FedAvg (server and clients, robust aggregation, attacks)
-   Beside this file: dtrain_mpi.h (the MPI backend of comm.h) and dtrain_cuda.h (the GPU's ops table).
+   Beside this file: dtrain_mpi.h (the MPI backend of comm/backend.h) and dtrain_cuda.h (the GPU's ops table).
 */
 #ifndef DTRAIN_H
 #define DTRAIN_H
 #endif /* DTRAIN_H */
+/* Backends are registered here, the composition root, not named by the modules: built with DT_USE_MPI,
+   dt_launch (dtrain/comm/launch.h) runs a program started by mpiexec through dtrain_mpi.h's launcher
+   (which dtrain_mpi.h registers the same way when it is included alone). */
+#if defined(DT_USE_MPI) && !defined(DT__LAUNCH_PROCESSES)
+#define DT__LAUNCH_PROCESSES dt_launch_mpi
+#endif
 /* The modules, in dependency order: each uses only the ones before it. Every module holds its declarations
    and, under DTRAIN_IMPLEMENTATION, its implementation, so this file may be included again after
    #define DTRAIN_IMPLEMENTATION. */
@@ -214,7 +225,12 @@
 #include "dtrain/core/nn.h"
 #include "dtrain/core/optim.h"
 #include "dtrain/core/data.h"
+#include "dtrain/comm/topology.h"
 #include "dtrain/comm/comm.h"
+#include "dtrain/comm/backend.h"
+#include "dtrain/comm/algos.h"
+#include "dtrain/comm/local.h"
+#include "dtrain/comm/launch.h"
 #include "dtrain/train/train.h"
 
 /* The MPI backend, declarations and (with DTRAIN_IMPLEMENTATION) implementation, for builds with MPI. */

@@ -13,16 +13,16 @@
          #define DTRAIN_IMPLEMENTATION
          #include "dtrain.h"
      in one file gives the MPI backend too, and dt_launch runs each process started by mpiexec as one rank
-     of MPI_COMM_WORLD. This file includes only what it needs, dtrain/comm/comm.h (the communicator, on
-     dtrain/core/base.h): including "dtrain_mpi.h" alone gives the communicator and this backend, and dtrain.h
-     adds the models, optimizers, data and trainers. Link with MPI (mpicc does).
+     of MPI_COMM_WORLD (dt_launch_mpi, registered as dt_launch's launcher for such jobs). This file includes only what it needs, dtrain/comm/backend.h and dtrain/comm/launch.h
+     (the communicator's modules, on dtrain/core/base.h): including "dtrain_mpi.h" alone gives the communicator
+     and this backend, and dtrain.h adds the models, optimizers, data and trainers. Link with MPI (mpicc does).
 
    API
      dt_comm_create_mpi(&c, comm, &desc)   a dt_comm over a duplicate of comm (collective over comm)
      dt_comm_mpi_handle(c)                 that duplicate, for the program's own MPI calls
      dt_comm_destroy(c)                    frees it
      dt_launch_mpi(&desc, fn, arg)         what dt_launch runs under mpiexec (one rank per process)
-   It is written against the backend interface of dtrain/comm/comm.h alone: a model for another transport.
+   It is written against the backend interface of dtrain/comm/backend.h alone: a model for another transport.
 
    QUICK START
      dt_launch does all of this for a rank function; a program that runs MPI itself:
@@ -75,7 +75,13 @@
 #define DTRAIN_MPI_H
 
 #include <mpi.h>
-#include "dtrain/comm/comm.h"   /* the communicator this backend fills (and dtrain/core/base.h) */
+/* This backend's launcher is dt_launch's under mpiexec: registered before dtrain/comm/launch.h's
+   implementation is compiled (dtrain.h, which includes this file last, registers it the same way). */
+#if defined(DT_USE_MPI) && !defined(DT__LAUNCH_PROCESSES)
+#define DT__LAUNCH_PROCESSES dt_launch_mpi
+#endif
+#include "dtrain/comm/backend.h"   /* the interface this backend fills (and the communicator, dtrain/core/base.h) */
+#include "dtrain/comm/launch.h"    /* dt_launch_rank, for dt_launch_mpi */
 
 #ifdef __cplusplus
 extern "C" {
@@ -110,7 +116,7 @@ extern "C" {
 #endif
 
 /* ---- the MPI backend ----------------------------------------------------------------------------
-   Written against dtrain/comm/comm.h's backend interface alone (dt_comm_create_backend, dt_message, ...).
+   Written against dtrain/comm/backend.h's backend interface alone (dt_comm_create_backend, dt_message, ...).
    Tags: user messages 0 .. DT_TAG_USER_MAX; collectives (dt_comm_coll_tag) below tag_ub; tag_ub itself
    carries abort notices. Each wait polls MPI_Test and, between polls, looks for abort notices and, in a
    collective, at the first message pending from the rank it waits for: a collective tag with another

@@ -5,7 +5,7 @@
      Results and errors (dt_result, dt_set_error, dt_last_error), the allocator hooks (DT_MALLOC, DT_FREE),
      logging, random numbers (PCG32 streams), timers, the progress bar, the version macros; and for the
      modules after it: the timeline recorder behind dt_trace_begin (one event lane per thread, written out
-     by dtrain/comm/comm.h's launcher), the thread, mutex and condition helpers over POSIX threads, OpenMP's
+     by dtrain/comm/launch.h's launcher), the thread, mutex and condition helpers over POSIX threads, OpenMP's
      pragma macro, and the loop bodies shared with the GPU backend (the dropout hash).
    USES
      The C library; POSIX threads unless DT_NO_THREADS; OpenMP when compiled with it.

@@ -11,7 +11,8 @@
      feedback), D-PSGD (gossip with the mixing matrix, CTA or ATC order, consensus) and
      FedAvg (server and clients, sample-weighted aggregation, robust aggregators, attacks, dropouts).
    USES
-     dtrain/core/optim.h, dtrain/core/data.h and dtrain/comm/comm.h, and what they include: every module before it.
+     dtrain/core/optim.h, dtrain/core/data.h, dtrain/comm/topology.h and dtrain/comm/launch.h (the
+     communicator's modules), and what they include: every module before it.
    READ FIRST
      dt_ddp_backward with dt__ddp_hook (buckets launched as backward finishes them), dt__dpsgd_gossip,
      dt_fed_round with dt_fed_aggregate, dt_localsgd_step.
@@ -20,7 +21,8 @@
 #define DTRAIN_TRAIN_H
 #include "../core/optim.h"
 #include "../core/data.h"
-#include "../comm/comm.h"
+#include "../comm/topology.h"
+#include "../comm/launch.h"
 
 #ifdef __cplusplus
 extern "C" {
