@@ -33,7 +33,8 @@
 #                     quotations, and its quotations of the examples (tools/docs_check.sh; DOCS_CHECK_FULL=1: at
 #                     full length, comparing every quoted output and redrawing docs/tutorial/img)
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
-#   make examples     only the example programs (build/examples: what docs/course needs on a laptop)
+#   make examples     only the example programs (build/examples: what docs/course needs on a laptop), and the
+#                     flag-free ones of examples/simple (build/examples/simple)
 #   make experiments  the five workloads, one chart each (tools/experiments.sh, build/experiments; QUICK=1: seconds
 #                     each, as CI runs them; the default length is docs/experiments.md's, about 50 minutes)
 #   make single       the library as one file to copy: build/single/dtrain.h (tools/amalgamate.sh)
@@ -179,6 +180,14 @@ experiments: $(addprefix $(B)/examples/,$(EXAMPLES))
 	B=$(B) QUICK=$(QUICK) sh tools/experiments.sh
 
 .PHONY: docs-check-course examples experiments
+
+# the flag-free programs, one per algorithm and the README's quick start (examples/simple): the library's public
+# API alone, each including "dtrain.h" as a user's program does (-I.)
+SIMPLE := $(patsubst examples/simple/%.c,$(B)/examples/simple/%,$(wildcard examples/simple/*.c))
+all examples: $(SIMPLE)
+$(SIMPLE): $(B)/examples/simple/%: examples/simple/%.c $(HEADERS) $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -I. $< -o $@ $(LDLIBS)
 
 bench-slownet: $(B)/examples/ddp $(B)/examples/dpsgd
 	sh bench/slownet.sh $(B)

@@ -34,7 +34,8 @@
 #      (CSV rows and the last checkpoint's bytes), and refuses damaged, foreign or mismatched checkpoints; --trace writes a timeline; ddp refuses a batch that does not
 #      split over the ranks, runs VGG-11 on Fashion-MNIST padded to 32x32, and --wd and --milestones change its
 #      run; every header line states the whole recipe; ddp --compress says what travels, bf16 and top-k 1%
-#      send half and under a twentieth of fp32's bytes, and top-k killed and resumed ends as never stopped
+#      send half and under a twentieth of fp32's bytes, and top-k killed and resumed ends as never stopped;
+#      the flag-free programs of examples/simple run and end above 50% test accuracy
 #   5b. the tutorial (docs/tutorial): its experiments, shortened, and its quotations of the examples
 #       (tools/docs_check.sh, as make docs-check)
 #   5c. faults (DT_FAULT) on 2, 3 and 4 local ranks: tests/mpi/fault_ddp.c with each kind (fail, return,
@@ -56,7 +57,8 @@
 #      of another world size, a damaged one and another trainer's are refused, naming the cause;
 #      section 5c's faults under mpiexec -n 2, 3 and 4 (a stalled rank ends the job with MPI_Abort);
 #      examples/ddp, localsgd, dpsgd and fedavg built with mpicc log under mpiexec the losses and accuracy
-#      they log on as many local ranks (with the Fashion-MNIST dataset); examples/ddp under mpiexec -n 3 with
+#      they log on as many local ranks (with the Fashion-MNIST dataset); examples/simple/ddp built with mpicc
+#      ends above 50% under mpiexec -n 2; examples/ddp under mpiexec -n 3 with
 #      --checkpoint, a rank killed with SIGKILL and the job resumed, ends as a job never stopped
 #      examples/ddp under mpiexec -f HOSTS -n 4, HOSTS naming this machine twice (docs/multi-machine.md)
 #   8. tests/install.sh: make install PREFIX, pkg-config, CMake find_package and add_subdirectory, cmake --install,
@@ -490,6 +492,19 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 else
     echo "skipped train resume check: dataset-fashion-mnist is not installed"
 fi
+# examples/simple: each flag-free program exits 0 and its last epoch (or round) is above 50% test accuracy;
+# the quick start, which needs no data, ends its 200 steps
+if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    for ex in ddp dpsgd fedavg localsgd hogwild; do
+        check "examples/simple/$ex: exit 0, last test accuracy above 50%" sh -c "
+            '$B/examples/simple/$ex' > '$T/simple.out' 2>&1 &&
+            sed -n 's/.*test acc *\\([0-9.]*\\)%.*/\\1/p' '$T/simple.out' | awk '{ a = \$1 } END { exit !(NR > 0 && a > 50) }' ||
+                { cat '$T/simple.out'; exit 1; }"
+    done
+else
+    echo "skipped examples/simple: dataset-fashion-mnist is not installed"
+fi
+check "examples/simple/quickstart --ranks 2: exit 0 after 200 steps" sh -c "'$B/examples/simple/quickstart' --ranks 2 | grep -q '^step 200 '"
 # tools/plot.sh: a chart from a small CSV, and a CSV without the asked column refused before drawing
 printf 'round,train_loss,test_loss,test_acc\n1,0.9,0.8,0.70\n2,0.6,0.5,0.80\n' > "$T/p.csv"
 check "tools/plot.sh -y class_acc on a CSV without it: exit 2 naming the column" sh -c "
@@ -663,6 +678,12 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         check "fedavg: mpiexec -n 3 logs the rounds, losses and accuracy of 3 local ranks" \
             mpi_example fedavg 1,3-10 3 --clients 7 --rounds 2 --frac 0.9 --dropout-prob 0.3 --agg median --attack signflip \
             --attackers 1 --model fedavg_2nn --limit 700
+        # examples/simple/ddp built with mpicc: under mpiexec -n 2 each process is a rank (RANKS is for local ranks)
+        check "examples/simple/ddp under mpiexec -n 2: exit 0, last test accuracy above 50%" sh -c "
+            mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS -I. examples/simple/ddp.c -o '$B/mpi/simple_ddp' $LDLIBS &&
+            timeout 300 mpiexec -n 2 '$B/mpi/simple_ddp' > '$MT/simple.out' 2>&1 &&
+            sed -n 's/.*test acc *\\([0-9.]*\\)%.*/\\1/p' '$MT/simple.out' | awk '{ a = \$1 } END { exit !(NR > 0 && a > 50) }' ||
+                { cat '$MT/simple.out'; exit 1; }"
         # ddp under mpiexec -n 3 with --checkpoint-every, one rank killed with SIGKILL a random time after the first
         # checkpoint (the job ends with it), then resumed: the CSV rows and checkpoint bytes of a job never stopped
         mpi_kill_resume() {

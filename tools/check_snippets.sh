@@ -32,6 +32,8 @@
 #                                      block uses; several lines add up)
 #   <!-- snippet-run: ARGS -->         a program is also run with ARGS in DIR (within 120 s) and must
 #                                      exit with status 0
+#   <!-- snippet-file: PATH -->        the block is the text of the file PATH (from the repository's root,
+#                                      e.g. examples/simple/quickstart.c) and must equal it, byte for byte
 # Prints "ok" or "FAIL" (with the compiler's messages) per block, then "N passed, N failed"; the exit
 # status is 1 when a block failed. POSIX sh and awk.
 cd "$(dirname "$0")/.." || exit 1
@@ -54,7 +56,7 @@ DOCS=$(ls README.md 2>/dev/null; find docs -name '*.md' 2>/dev/null | LC_ALL=C s
 if [ -n "$DOCS" ]; then
     # shellcheck disable=SC2086
     awk -v out="$OUT" '
-        function reset() { kind = ""; run = 0; pre = ""; runargs = "" }
+        function reset() { kind = ""; run = 0; pre = ""; runargs = ""; fileref = "" }
         function directive(s, name) {   # the text of <!-- name: TEXT -->
             sub("^.*<!--[ \t]*" name ":[ \t]*", "", s); sub("[ \t]*-->.*$", "", s); return s
         }
@@ -74,6 +76,7 @@ if [ -n "$DOCS" ]; then
                         printf "" > file
                         if (pre != "") { printf "%s", pre > (out "/" id ".pre"); close(out "/" id ".pre") }
                         if (run) { print runargs > (out "/" id ".run"); close(out "/" id ".run") }
+                        if (fileref != "") { print fileref > (out "/" id ".file"); close(out "/" id ".file") }
                         k = kind == "" ? "auto" : kind
                         if (k ~ /^skip/) { r = k; sub(/^skip[ \t]*/, "", r); print r > (out "/" id ".skip"); close(out "/" id ".skip"); k = "skip" }
                         else if (k !~ /^(auto|program|file|body)$/) k = "bad:" k
@@ -84,6 +87,7 @@ if [ -n "$DOCS" ]; then
                 if (line ~ /<!--[ \t]*snippet:/) kind = directive(line, "snippet")
                 if (line ~ /<!--[ \t]*snippet-preamble:/) pre = pre directive(line, "snippet-preamble") "\n"
                 if (line ~ /<!--[ \t]*snippet-run:/) { run = 1; runargs = directive(line, "snippet-run") }
+                if (line ~ /<!--[ \t]*snippet-file:/) fileref = directive(line, "snippet-file")
                 next
             }
             if (line ~ /^ ? ? ?```[ \t]*$/) {
@@ -135,6 +139,12 @@ while read -r id src line kind run; do
         skip) echo "skip $where: $(cat "$OUT/$id.skip")"; skipped=$((skipped + 1)); continue ;;
         bad:*) fail "unknown kind '${kind#bad:}' in <!-- snippet: ... --> (program, file, body or skip REASON)"; continue ;;
     esac
+    if [ -f "$OUT/$id.file" ]; then   # <!-- snippet-file: PATH -->: the block and the file are one text
+        ref=$(cat "$OUT/$id.file")
+        if ! cmp -s "$block" "$ref"; then
+            diff "$ref" "$block" > "$OUT/$id.err" 2>&1; fail "is not the text of $ref (<!-- snippet-file -->): make them the same"; continue
+        fi
+    fi
     # blocks of dtrain.h's own top comment do not include it (it is the file they are in)
     header=dtrain.h
     case "$src" in *.h) header=$src ;; esac

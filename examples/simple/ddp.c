@@ -1,0 +1,68 @@
+/* ddp.c: data-parallel SGD (DDP), SimpleCNN on Fashion-MNIST, on 4 ranks, without flags. Every rank trains a
+   replica on its shard of the data; after each backward pass the gradients are averaged over the ranks, so
+   the replicas stay equal and the run follows one process with the ranks' batches together (128 here).
+   The full program, with every option: examples/ddp.c. Build: make (build/examples/simple/ddp). */
+#include <stdio.h>
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+
+enum { RANKS = 4, SAMPLES = 4000, EPOCHS = 3, BATCH = 32 };   /* the first 4000 training images; 32 per rank */
+static const float LR = 0.05f, MOMENTUM = 0.9f;
+
+static dt_dataset train, test;                               /* loaded by main, read by every rank */
+static const dt_transform NORM = {{0.2860f}, {0.3530f}, 0, 0};   /* x = (pixel / 255 - mean) / std */
+
+#define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
+
+static dt_result rank_main(dt_comm *c, void *arg) {   /* runs once on every rank */
+    int me = dt_comm_rank(c);
+    dt_model *m = NULL; dt_optim *o = NULL; dt_ddp *d = NULL; dt_loader *l = NULL;
+    dt_model_desc md = {0}; dt_optim_desc od = {0}; dt_loader_desc ld = {0};
+    dt_partition part = {0};
+    dt_result r;
+    (void)arg;
+    md.seed = 1; od.lr = LR; od.momentum = MOMENTUM;
+    TRY(dt_zoo_create(&m, DT_ZOO_SIMPLE_CNN, 10, &md));
+    TRY(dt_optim_create(&o, m, &od));
+    TRY(dt_ddp_create(&d, c, m, NULL));                          /* rank 0's weights on every rank */
+    TRY(dt_partition_iid(&part, SAMPLES, dt_comm_size(c), 1));   /* the same split everywhere: my shard is part me */
+    ld.dataset = &train; ld.indices = part.indices + part.offsets[me]; ld.count = part.offsets[me + 1] - part.offsets[me];
+    ld.batch = BATCH; ld.shuffle = 1; ld.transform = &NORM; ld.rank = (uint64_t)me;
+    TRY(dt_loader_create(&l, &ld));
+    for (int epoch = 0; epoch < EPOCHS; epoch++) {
+        const float *x; const int32_t *y; int64_t n;
+        double sum[2] = {0.0, 0.0};                             /* loss x samples, samples */
+        float loss;
+        dt_eval_result ev;
+        TRY(dt_loader_start_epoch(l, epoch));
+        while ((r = dt_loader_next(l, &x, &y, &n)) == DT_OK && n > 0) {
+            TRY(dt_model_forward(m, x, n));                    /* x [n, 1, 28, 28] -> log-probabilities [n, 10] */
+            TRY(dt_model_loss_labels(m, y, &loss));
+            TRY(dt_ddp_backward(d, NULL, n, 1));               /* backward; the gradients averaged over the ranks */
+            TRY(dt_optim_step(o));                             /* the same step on every replica */
+            dt_model_zero_grad(m);
+            sum[0] += (double)loss * (double)n; sum[1] += (double)n;
+        }
+        TRY(r);                                                /* the loader's error, if it stopped on one */
+        TRY(dt_comm_allreduce(c, sum, 2, DT_F64, DT_SUM, DT_ALGO_AUTO));
+        if (me == 0) {
+            TRY(dt_evaluate(m, &test, NULL, 0, &NORM, 1000, 1, &ev));
+            printf("epoch %d  train loss %.4f  test acc %.2f%%\n", epoch + 1, sum[0] / sum[1], 100.0 * ev.top1);
+        }
+    }
+done:
+    dt_loader_destroy(l); dt_partition_free(&part); dt_ddp_destroy(d); dt_optim_destroy(o); dt_model_destroy(m);
+    return r;
+}
+
+int main(void) {
+    dt_launch_desc ld = {0};
+    ld.ranks = RANKS;                                          /* threads; under mpiexec, one rank per process */
+    if (dt_dataset_load_mnist_dir(&train, NULL, 1) != DT_OK || dt_dataset_load_mnist_dir(&test, NULL, 0) != DT_OK) {
+        fprintf(stderr, "ddp: %s\n", dt_last_error());      /* NULL: Debian's /usr/share/datasets/fashion-mnist */
+        return 1;
+    }
+    if (dt_launch(&ld, rank_main, NULL) != DT_OK) return 1;    /* dt_launch has logged which rank failed and why */
+    dt_dataset_free(&train); dt_dataset_free(&test);
+    return 0;
+}
