@@ -21,7 +21,7 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {   /* one thread, one 
     int t = w->index;
     dt_model *rep = replica[t];
     dt_loader *l = NULL; dt_loader_desc ld = {0};
-    const float *x; const int32_t *y; int64_t n;
+    const float *x = NULL; const int32_t *y = NULL; int64_t n = 0;
     float loss;
     dt_result r;
     ld.dataset = &train; ld.indices = part.indices + part.offsets[t]; ld.count = part.offsets[t + 1] - part.offsets[t];

@@ -30,7 +30,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {   /* runs once on every rank
     ld.batch = BATCH; ld.shuffle = 1; ld.transform = &NORM; ld.rank = (uint64_t)me;
     TRY(dt_loader_create(&l, &ld));
     for (int epoch = 0; epoch < EPOCHS; epoch++) {
-        const float *x; const int32_t *y; int64_t n;
+        const float *x = NULL; const int32_t *y = NULL; int64_t n = 0;
         double sum[2] = {0.0, 0.0};                             /* loss x samples, samples */
         float loss;
         dt_eval_result ev;
