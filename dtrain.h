@@ -156,9 +156,11 @@
    BACKENDS
      Layers call a table of backend operations (dt_ops) and never loop over elements themselves. The CPU
      table, dt_cpu_ops(), is dtrain/cpu/cpu.h's; another backend supplies another table in dt_model_desc: the GPU's
-     is dt_cuda_ops() (dtrain_cuda.h: CUDA kernels and cuBLAS), the default in builds with DT_USE_CUDA.
-     Communication has its own table (dt_comm_backend): self (one rank), local (threads; dtrain/comm/local.h) and mpi
-     (dtrain_mpi.h), each written against the backend interface of dtrain/comm/backend.h. The collective algorithms (naive, ring, tree, hier: hierarchical over nodes of ranks,
+     is dt_cuda_ops() (dtrain_cuda.h: CUDA kernels and cuBLAS), the default in builds with DT_USE_CUDA (this
+     file registers it, dt_cuda_backend(), below; the modules name no backend). Communication has its own
+     table (dt_comm_backend): self (one rank), local (threads; dtrain/comm/local.h) and mpi (dtrain_mpi.h),
+     each written against the backend interface of dtrain/comm/backend.h. The collective algorithms (naive,
+     ring, tree, hier: hierarchical over nodes of ranks,
      dt_comm_desc.node_size / $DT_NODE_SIZE / --node-size) are written once over its point-to-point calls,
      so they behave and round the same on every backend; NATIVE uses the backend's own (all-reduce,
      broadcast, all-to-all).
@@ -187,9 +189,13 @@
      cpu_arm.h  the NEON kernels of ARM64 (the library's only ARM intrinsics; optional to read)
      cpu.h      the CPU backend: the blocked GEMM, the kernels' tiers and their choice, the convolutions
                 of small images by taps, dt_cpu_ops()
-     nn.h       model graph on flat buffers, layers, losses, the plan of a pass, model zoo
+     nn.h       model graph on flat buffers, layers, losses, the plan of a pass
+     zoo.h      the model zoo: MLP, SimpleCNN, LeNet-5, the FedAvg paper's CNN and 2NN, VGG-11, ResNet-20
      optim.h    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
-     data.h     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, sampler, loader
+     partition.h  partitioners (IID, shards, Dirichlet, ...) and the distributed sampler
+     data.h     datasets in memory, transforms, the loader
+     data_files.h  datasets from IDX (MNIST, Fashion-MNIST) and CIFAR-10 files
+     image_folder.h  datasets from image folders (stb_image)
      topology.h gossip topologies: mixing matrices, spectral gaps, time-varying schedules
      comm.h     the communicator's API: element types, options, point-to-point, collectives, counters
      backend.h  the backend-author interface (dt_comm_backend, dt_message) and the generic layer behind
@@ -207,11 +213,17 @@
 #ifndef DTRAIN_H
 #define DTRAIN_H
 #endif /* DTRAIN_H */
-/* Backends are registered here, the composition root, not named by the modules: built with DT_USE_MPI,
+/* Backends are registered here, the composition root, not named by the modules. Built with DT_USE_MPI,
    dt_launch (dtrain/comm/launch.h) runs a program started by mpiexec through dtrain_mpi.h's launcher
    (which dtrain_mpi.h registers the same way when it is included alone). */
 #if defined(DT_USE_MPI) && !defined(DT__LAUNCH_PROCESSES)
 #define DT__LAUNCH_PROCESSES dt_launch_mpi
+#endif
+/* With DT_USE_CUDA the GPU's, dt_cuda_backend() (declared by dtrain_cuda.h, included below, and defined by its
+   implementation, dtrain_cuda.cu), is the default backend of models whose desc.ops is NULL (dtrain/core/nn.h
+   calls the function this names). */
+#if defined(DT_USE_CUDA) && !defined(DT__DEFAULT_BACKEND)
+#define DT__DEFAULT_BACKEND dt_cuda_backend
 #endif
 /* The modules, in dependency order: each uses only the ones before it. Every module holds its declarations
    and, under DTRAIN_IMPLEMENTATION, its implementation, so this file may be included again after
@@ -223,8 +235,12 @@
 #include "dtrain/cpu/cpu_arm.h"
 #include "dtrain/cpu/cpu.h"
 #include "dtrain/core/nn.h"
+#include "dtrain/core/zoo.h"
 #include "dtrain/core/optim.h"
+#include "dtrain/core/partition.h"
 #include "dtrain/core/data.h"
+#include "dtrain/core/data_files.h"
+#include "dtrain/core/image_folder.h"
 #include "dtrain/comm/topology.h"
 #include "dtrain/comm/comm.h"
 #include "dtrain/comm/backend.h"
@@ -236,6 +252,11 @@
 /* The MPI backend, declarations and (with DTRAIN_IMPLEMENTATION) implementation, for builds with MPI. */
 #ifdef DT_USE_MPI
 #include "dtrain_mpi.h"
+#endif
+/* The GPU backend's declarations, for builds with CUDA (its implementation is dtrain_cuda.cu, compiled by
+   nvcc). */
+#ifdef DT_USE_CUDA
+#include "dtrain_cuda.h"
 #endif
 
 /*

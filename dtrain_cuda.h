@@ -91,9 +91,9 @@
      dtrain.h's (DT_VERSION_*; see its VERSION section): take the three headers from the same release.
 */
 /* What the GPU backend needs of dtrain: the ops table it fills and the loop bodies it shares with the CPU
-   (dtrain/core/tensor.h, which includes dtrain/core/base.h). With DT_USE_CUDA, dtrain/core/nn.h includes this file for
-   dt_cuda_ops(), a model's default backend there; the guards DTRAIN_CUDA_H, DTRAIN_CUDA_DECLARED and
-   DTRAIN_SHARED_DONE order the parts. */
+   (dtrain/core/tensor.h, which includes dtrain/core/base.h). With DT_USE_CUDA, dtrain.h includes this file and
+   registers dt_cuda_backend() as a model's default backend (dtrain/core/nn.h names no backend); the guards
+   DTRAIN_CUDA_H, DTRAIN_CUDA_DECLARED and DTRAIN_SHARED_DONE order the parts. */
 #include "dtrain/core/tensor.h"
 #ifndef DTRAIN_CUDA_H
 #define DTRAIN_CUDA_H
@@ -121,6 +121,10 @@ dt_result dt_cuda_create(dt_cuda **out, const dt_cuda_desc *desc);
 void      dt_cuda_destroy(dt_cuda *cu);
 /* The GPU ops table; its ctx argument is a dt_cuda. */
 const dt_ops *dt_cuda_ops(void);
+/* The GPU as a default backend (dt_backend): dt_cuda_ops(), and contexts made by dt_cuda_create(&cu, NULL)
+   and freed by dt_cuda_destroy. dtrain.h registers it with DT_USE_CUDA, so that a model whose desc.ops is
+   NULL runs on the GPU. */
+const dt_backend *dt_cuda_backend(void);
 /* Waits until the context's work is done; DT_OK or the context's first failure (the table's sync). */
 dt_result dt_cuda_sync(dt_cuda *cu);
 /* The context's GPU: its index and its name (e.g. "NVIDIA H100 80GB HBM3"). */
@@ -1198,5 +1202,18 @@ dt_result dt_cuda_sync(dt_cuda *cu) {
 }
 int dt_cuda_device(const dt_cuda *cu) { return cu ? cu->device : -1; }
 const char *dt_cuda_device_name(const dt_cuda *cu) { return cu ? cu->name : ""; }
+
+/* the registered default backend (dt_cuda_backend): a model's own context, on the environment's GPU */
+static dt_result dt__cu_ctx_create(void **ctx) {
+    dt_cuda *cu = NULL;
+    dt_result r = dt_cuda_create(&cu, NULL);
+    *ctx = cu;
+    return r;
+}
+static void dt__cu_ctx_destroy(void *ctx) { dt_cuda_destroy((dt_cuda *)ctx); }
+const dt_backend *dt_cuda_backend(void) {
+    static const dt_backend backend = {dt_cuda_ops, dt__cu_ctx_create, dt__cu_ctx_destroy};
+    return &backend;
+}
 
 #endif /* the implementation */

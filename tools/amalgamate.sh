@@ -4,19 +4,17 @@
 #   DIR/dtrain.h        dtrain.h with each module of dtrain/ written in where dtrain.h includes it, in that order
 #                       (a module's includes of the modules before it are already above it, so they are dropped)
 #   DIR/dtrain_mpi.h    dtrain_mpi.h and dtrain_cuda.h, including "dtrain.h" where they include a module (unless
-#   DIR/dtrain_cuda.h   dtrain.h is what includes them: it does at the end, and dtrain/core/nn.h's part with DT_USE_CUDA)
+#   DIR/dtrain_cuda.h   dtrain.h is what includes them: it does at the end, with DT_USE_MPI and DT_USE_CUDA)
 #   DIR/dtrain_cuda.cu  the GPU backend's nvcc translation unit, unchanged
 # The result compiles as the tree does: the same declarations, the same implementation under
 # DTRAIN_IMPLEMENTATION, the same macros. POSIX sh and awk; run from anywhere.
 cd "$(dirname "$0")/.." || exit 1
 OUT=${1:-build/single}
 mkdir -p "$OUT" || exit 1
-# one module: its text, with its includes of other modules dropped (they precede it in the file) and its include of
-# ../dtrain_cuda.h pointing beside the amalgamated file
+# one module: its text, with its includes of other modules dropped (they precede it in the file)
 module() {
     awk -v m="$1" '
         /^#include "(\.\.\/[a-z]+\/)?[a-z0-9_]+\.h"/ { print "/* " $0 "   (above, in this file) */"; next }
-        /^#include "\.\.\/\.\.\/dtrain_cuda\.h"/ { print "#include \"dtrain_cuda.h\""; next }
         { print }' "$1"
 }
 {

@@ -1,4 +1,4 @@
-/* dtrain/core/nn.h - models: a graph of layers over flat parameter buffers, losses, and the model zoo.   Part of
+/* dtrain/core/nn.h - models: a graph of layers over flat parameter buffers, and losses.   Part of
    dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
@@ -6,13 +6,14 @@
      parameter a view into ONE flat buffer, gradients in a twin buffer, batch norm's statistics in a third),
      each layer's forward and backward written once against the dt_ops table, the plan of a pass (which
      ReLUs run inside the batch norm or residual add before them, which gradients are written instead of
-     added), the losses, the flat buffers' accessors and views, and the zoo (MLP, SimpleCNN, LeNet-5, the
-     FedAvg paper's CNN and 2NN, VGG-11, ResNet-20).
+     added), the losses, and the flat buffers' accessors and views. The zoo's models are built in
+     dtrain/core/zoo.h.
    USES
-     dtrain/cpu/cpu.h (the default backend) and what it includes; dtrain_cuda.h's declarations with DT_USE_CUDA.
+     dtrain/cpu/cpu.h (the default backend) and what it includes. Another default backend is registered,
+     not named: dtrain.h defines DT__DEFAULT_BACKEND (the GPU's, with DT_USE_CUDA).
    READ FIRST
      dt_model_finalize (the flat buffers), dt__node_fwd and dt__node_bwd (every layer's two passes in one
-     place), dt_model_forward / dt_model_backward, dt__plan, dt__zoo_build.
+     place), dt_model_forward / dt_model_backward, dt__plan.
 */
 #ifndef DTRAIN_NN_H
 #define DTRAIN_NN_H
@@ -166,31 +167,8 @@ const float *dt_model_node_grad(const dt_model *m, int node);
 /* Writes a table of the layers, shapes and parameter counts (like torchsummary) with dt_log(INFO). */
 void dt_model_summary(const dt_model *m);
 
-/* Model zoo. Each builds on a created, empty model (input shape from its desc), names its layers as the
-   usual PyTorch modules do, and finalizes it. num_classes 0 = 10. */
-typedef enum dt_zoo_model {
-    DT_ZOO_MLP = 0,       /* flatten, hidden layers of `width` (default 512, 256) with ReLU, linear */
-    DT_ZOO_SIMPLE_CNN,    /* tutorial CNN for 1x28x28: 421,642 parameters; log-softmax output */
-    DT_ZOO_LENET5,        /* LeNet-5 for 1x28x28 (padding 2 on conv1): 61,706 parameters */
-    DT_ZOO_FEDAVG_CNN,    /* McMahan et al. CNN for 1x28x28: 1,663,370 parameters */
-    DT_ZOO_FEDAVG_2NN,    /* McMahan et al. 2NN (784-200-200-10): 199,210 parameters */
-    DT_ZOO_VGG11,         /* VGG-11 with batchnorm for 3x32x32: 9,231,114 parameters */
-    DT_ZOO_RESNET20,      /* ResNet-20 (option A shortcuts) for 3x32x32: 269,722 parameters */
-    DT_ZOO_COUNT
-} dt_zoo_model;
-const char *dt_zoo_name(dt_zoo_model z);                  /* "resnet20", ... */
-int         dt_zoo_from_name(const char *name);           /* -1 when unknown */
-/* Creates and finalizes a zoo model. desc's input shape is filled in when zero. */
-dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, const dt_model_desc *desc);
-
 #ifdef __cplusplus
 }
-#endif
-
-/* The GPU backend's declarations in CUDA builds: dt_cuda_ops() is then a model's default backend (its
-   implementation is dtrain_cuda.cu, compiled by nvcc). */
-#ifdef DT_USE_CUDA
-#include "../../dtrain_cuda.h"
 #endif
 #endif /* DTRAIN_NN_H */
 
@@ -262,8 +240,16 @@ struct dt_model {
     dt_backward_hook hook;          /* called after each node's backward (dt_ddp's buckets) */
     void *hook_user;
     dt__cpu_state cpu;              /* the CPU backend's state (ctx) when no other is given */
-    void *own_ctx;                  /* a backend context the model created (the CUDA build's default), or NULL */
+    void *own_ctx;                  /* a backend context the model created (the registered default's), or NULL */
+    const dt_backend *own_backend;  /* the backend that destroys own_ctx */
 };
+
+/* The default backend a build registered: dtrain.h, the composition root, defines DT__DEFAULT_BACKEND as the
+   name of the function that returns it, which the backend's implementation defines (the GPU's, with
+   DT_USE_CUDA). Without one, a model whose desc.ops is NULL runs on the CPU. */
+#ifdef DT__DEFAULT_BACKEND
+const dt_backend *DT__DEFAULT_BACKEND(void);
+#endif
 
 /* Waits for the backend's ops (dt_ops.sync) and returns their first failure, named after the call. */
 static dt_result dt__sync(const dt_model *m, const char *what) {
@@ -377,15 +363,18 @@ dt_result dt_model_create(dt_model **out, const dt_model_desc *desc) {
     memset(m, 0, sizeof *m);
     m->ops = desc->ops ? desc->ops : dt_cpu_ops();
     m->ctx = desc->ops_ctx;
-#ifdef DT_USE_CUDA
-    if (!desc->ops || desc->ops == dt_cuda_ops()) {   /* a CUDA build: the GPU is the default, on the given
-                                                          dt_cuda or on one the model creates */
-        m->ops = dt_cuda_ops();
-        if (!m->ctx) {
-            dt_cuda *cu = NULL;
-            dt_result r = dt_cuda_create(&cu, NULL);
-            if (r != DT_OK) { DT_FREE(m); return r; }
-            m->ctx = m->own_ctx = cu;
+#ifdef DT__DEFAULT_BACKEND
+    {   /* a registered default backend (a CUDA build's GPU): on the given context or on one the model creates */
+        const dt_backend *b = DT__DEFAULT_BACKEND();
+        if (!desc->ops || desc->ops == b->ops()) {
+            m->ops = b->ops();
+            if (!m->ctx) {
+                void *ctx = NULL;
+                dt_result r = b->ctx_create(&ctx);
+                if (r != DT_OK) { DT_FREE(m); return r; }
+                m->ctx = m->own_ctx = ctx;
+                m->own_backend = b;
+            }
         }
     }
 #endif
@@ -420,9 +409,7 @@ void dt_model_destroy(dt_model *m) {
     if (m->params) m->ops->free(m->ctx, m->params);
     if (m->grads) m->ops->free(m->ctx, m->grads);
     if (m->buffers) m->ops->free(m->ctx, m->buffers);
-#ifdef DT_USE_CUDA
-    if (m->own_ctx) dt_cuda_destroy((dt_cuda *)m->own_ctx);   /* after everything allocated on it */
-#endif
+    if (m->own_ctx) m->own_backend->ctx_destroy(m->own_ctx);   /* after everything allocated on it */
     DT_FREE(m->nodes);
     DT_FREE(m->pinfo);
     DT_FREE(m->binfo);
@@ -1326,125 +1313,6 @@ void dt_model_summary(const dt_model *m) {
         dt_log(DT_LOG_INFO, "%-4d %-24.24s %-15s %-18s %12lld", i, n->name, dt_layer_kind_str(n->kind), shape, (long long)np);
     }
     dt_log(DT_LOG_INFO, "parameters: %lld trainable, %lld buffer elements", (long long)m->nparams, (long long)m->nbuffers);
-}
-
-/* ---- model zoo ------------------------------------------------------------------------------------- */
-
-static const char *dt__zoo_names[DT_ZOO_COUNT] = {"mlp", "simplecnn", "lenet5", "fedavg_cnn", "fedavg_2nn", "vgg11", "resnet20"};
-const char *dt_zoo_name(dt_zoo_model z) { return (z >= 0 && z < DT_ZOO_COUNT) ? dt__zoo_names[z] : "unknown"; }
-int dt_zoo_from_name(const char *name) {
-    int i;
-    if (!name) return -1;
-    for (i = 0; i < DT_ZOO_COUNT; i++)
-        if (strcmp(name, dt__zoo_names[i]) == 0) return i;
-    return -1;
-}
-
-/* conv (optionally without bias) + name */
-static int dt__zconv(dt_model *m, int x, int64_t oc, int64_t k, int64_t s, int64_t p, int no_bias, const char *name) {
-    dt_conv2d_desc d;
-    memset(&d, 0, sizeof d);
-    d.out_channels = oc; d.kernel = k; d.stride = s; d.pad = p; d.no_bias = no_bias;
-    return dt_model_set_node_name(m, dt_conv2d_ex(m, x, &d), name);
-}
-static int dt__zfc(dt_model *m, int x, int64_t out, const char *name) {
-    return dt_model_set_node_name(m, dt_linear(m, x, out, 1), name);
-}
-
-static void dt__zoo_build(dt_model *m, dt_zoo_model z, int64_t nc) {
-    int x = dt_model_input(m), i;
-    char nm[64];
-    switch (z) {
-    case DT_ZOO_MLP: case DT_ZOO_FEDAVG_2NN: {   /* two hidden layers with ReLU */
-        int64_t h1 = z == DT_ZOO_MLP ? 512 : 200, h2 = z == DT_ZOO_MLP ? 256 : 200;
-        x = dt_relu(m, dt__zfc(m, dt_flatten(m, x), h1, "fc1"));
-        dt__zfc(m, dt_relu(m, dt__zfc(m, x, h2, "fc2")), nc, "fc3");
-    } break;
-    case DT_ZOO_SIMPLE_CNN:
-        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 32, 3, 1, 1, 0, "conv1")), 2, 2, 0);
-        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 64, 3, 1, 1, 0, "conv2")), 2, 2, 0);
-        x = dt_flatten(m, dt_model_set_node_name(m, dt_dropout(m, x, 0.25f), "dropout1"));
-        x = dt_model_set_node_name(m, dt_dropout(m, dt_relu(m, dt__zfc(m, x, 128, "fc1")), 0.5f), "dropout2");
-        dt_log_softmax(m, dt__zfc(m, x, nc, "fc2"));
-        break;
-    case DT_ZOO_LENET5:
-        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 6, 5, 1, 2, 0, "conv1")), 2, 2, 0);
-        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 16, 5, 1, 0, 0, "conv2")), 2, 2, 0);
-        x = dt_flatten(m, x);
-        x = dt_relu(m, dt__zfc(m, x, 120, "fc1"));
-        x = dt_relu(m, dt__zfc(m, x, 84, "fc2"));
-        dt__zfc(m, x, nc, "fc3");
-        break;
-    case DT_ZOO_FEDAVG_CNN:
-        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 32, 5, 1, 2, 0, "conv1")), 2, 2, 0);
-        x = dt_maxpool2d(m, dt_relu(m, dt__zconv(m, x, 64, 5, 1, 2, 0, "conv2")), 2, 2, 0);
-        x = dt_flatten(m, x);
-        x = dt_relu(m, dt__zfc(m, x, 512, "fc1"));
-        dt__zfc(m, x, nc, "fc2");
-        break;
-    case DT_ZOO_VGG11: {
-        static const int cfg[] = {64, 0, 128, 0, 256, 256, 0, 512, 512, 0, 512, 512, 0};
-        int idx = 0;   /* index in PyTorch's nn.Sequential, so names match "features.N.weight" */
-        for (i = 0; i < (int)(sizeof cfg / sizeof cfg[0]); i++) {
-            if (cfg[i] == 0) { x = dt_maxpool2d(m, x, 2, 2, 0); idx++; continue; }
-            snprintf(nm, sizeof nm, "features.%d", idx);
-            x = dt__zconv(m, x, cfg[i], 3, 1, 1, 0, nm);
-            snprintf(nm, sizeof nm, "features.%d", idx + 1);
-            x = dt_relu(m, dt_model_set_node_name(m, dt_batchnorm(m, x), nm));
-            idx += 3;
-        }
-        dt__zfc(m, dt_flatten(m, x), nc, "classifier");
-    } break;
-    case DT_ZOO_RESNET20: {
-        int64_t cin = 16;
-        int stage, blk, b = 0;
-        x = dt_relu(m, dt_model_set_node_name(m, dt_batchnorm(m, dt__zconv(m, x, 16, 3, 1, 1, 1, "conv1")), "bn1"));
-        for (stage = 0; stage < 3; stage++) {
-            int64_t cout = 16 << stage;
-            for (blk = 0; blk < 3; blk++, b++) {
-                int64_t s = (stage > 0 && blk == 0) ? 2 : 1;
-                int y, sc = x;
-                snprintf(nm, sizeof nm, "layers.%d.conv1", b);
-                y = dt__zconv(m, x, cout, 3, s, 1, 1, nm);
-                snprintf(nm, sizeof nm, "layers.%d.bn1", b);
-                y = dt_relu(m, dt_model_set_node_name(m, dt_batchnorm(m, y), nm));
-                snprintf(nm, sizeof nm, "layers.%d.conv2", b);
-                y = dt__zconv(m, y, cout, 3, 1, 1, 1, nm);
-                snprintf(nm, sizeof nm, "layers.%d.bn2", b);
-                y = dt_model_set_node_name(m, dt_batchnorm(m, y), nm);
-                if (s != 1 || cin != cout) sc = dt_pad_shortcut(m, x, cout, s);
-                x = dt_relu(m, dt_add(m, y, sc));
-                cin = cout;
-            }
-        }
-        dt__zfc(m, dt_global_avgpool(m, x), nc, "fc");
-    } break;
-    default: break;
-    }
-}
-
-dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, const dt_model_desc *desc) {
-    dt_model_desc d;
-    dt_result r;
-    int cifar = z == DT_ZOO_VGG11 || z == DT_ZOO_RESNET20;
-    if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_zoo_create: out is NULL");
-    *out = NULL;
-    if (z < 0 || z >= DT_ZOO_COUNT)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_zoo_create: unknown model %d; use a dt_zoo_model value", (int)z);
-    if (num_classes < 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_zoo_create: num_classes is %lld", (long long)num_classes);
-    if (desc) d = *desc;
-    else memset(&d, 0, sizeof d);
-    if (d.in_c == 0) { d.in_c = cifar ? 3 : 1; d.in_h = d.in_w = cifar ? 32 : 28; }
-    if ((r = dt_model_create(out, &d)) != DT_OK) return r;
-    dt__zoo_build(*out, z, num_classes ? num_classes : 10);
-    if ((r = dt_model_finalize(*out)) != DT_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", dt_last_error());
-        dt_model_destroy(*out);
-        *out = NULL;
-        return dt_set_error(r, "dt_zoo_create(%s): %s", dt_zoo_name(z), msg);
-    }
-    return DT_OK;
 }
 
 #ifdef __cplusplus

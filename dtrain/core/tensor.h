@@ -172,6 +172,16 @@ typedef struct dt_ops {
     void  (*add_relu_bwd)(void *ctx, const float *y, const float *dy, float *da, int acc_a, float *db, int acc_b, int64_t n);
 } dt_ops;
 
+/* A backend that a build registers as the default of models whose dt_model_desc.ops is NULL (dtrain.h
+   registers the GPU's, dtrain_cuda.h's dt_cuda_backend(), with DT_USE_CUDA; without one the default is the
+   CPU): its table, and the context a model creates for itself when desc.ops_ctx is NULL and destroys last. */
+typedef struct dt_backend {
+    const dt_ops *(*ops)(void);               /* the table */
+    dt_result     (*ctx_create)(void **ctx);  /* a context with the backend's defaults into *ctx; on failure
+                                                 the error dt_model_create returns */
+    void          (*ctx_destroy)(void *ctx);  /* frees what ctx_create made */
+} dt_backend;
+
 /* The plain GEMM with the semantics of dt_ops.gemm (a double accumulator per element), the twin of the
    blocked dt_gemm of dtrain/cpu/cpu.h */
 void dt_gemm_ref(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
