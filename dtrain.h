@@ -193,10 +193,17 @@
      data.h     datasets (IDX, CIFAR-10, image folders), transforms, partitioners, sampler, loader
      comm.h     gossip topologies; the communicator: point-to-point, collectives and their algorithms,
                 the self and local backends, faults and counters; the launcher and the timeline file
-     train.h    evaluation, checkpoints, and the trainers: local SGD and Hogwild, DDP (gradient averaging
-                by five methods, buckets overlapped with backward, accumulation, uneven data, gradients
-                sent as bf16, fp16, top-k pairs or PowerSGD factors with error feedback), D-PSGD
-                (gossip through a mixing matrix), FedAvg (server and clients, robust aggregation, attacks)
+   and the trainers, a file each, in dtrain/train/:
+     eval.h     evaluation: loss and accuracy of a classifier over a data set
+     checkpoint.h  checkpoints of every rank in one file (atomic, checked), and the checks every trainer
+                shares
+     localsgd.h local SGD (periodic averaging) and Hogwild (lock-free threads on one buffer)
+     compress.h DDP's gradients sent as bf16, fp16, top-k pairs or PowerSGD factors with error feedback
+     ddp.h      DDP: gradient averaging by five methods, buckets overlapped with backward, accumulation,
+                uneven data
+     dpsgd.h    D-PSGD (gossip through a mixing matrix)
+     aggregate.h  FedAvg's robust aggregators (pure functions over the clients' updates)
+     fedavg.h   FedAvg (server and clients, dropouts, attacks)
    Beside this file: dtrain_mpi.h (the MPI backend of comm.h) and dtrain_cuda.h (the GPU's ops table).
 */
 #ifndef DTRAIN_H
@@ -215,7 +222,14 @@
 #include "dtrain/core/optim.h"
 #include "dtrain/core/data.h"
 #include "dtrain/comm/comm.h"
-#include "dtrain/train/train.h"
+#include "dtrain/train/eval.h"
+#include "dtrain/train/checkpoint.h"
+#include "dtrain/train/localsgd.h"
+#include "dtrain/train/compress.h"
+#include "dtrain/train/ddp.h"
+#include "dtrain/train/dpsgd.h"
+#include "dtrain/train/aggregate.h"
+#include "dtrain/train/fedavg.h"
 
 /* The MPI backend, declarations and (with DTRAIN_IMPLEMENTATION) implementation, for builds with MPI. */
 #ifdef DT_USE_MPI
