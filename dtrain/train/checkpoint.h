@@ -570,10 +570,10 @@ static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, co
    all-reduce of {n, -n} with MAX: both come back unchanged only when every n is equal), then, with
    broadcast set, gives every rank rank 0's parameters and buffers so the replicas start equal. */
 static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast) {
-    int64_t nb = 0, n, v[2];
-    float *b = dt_model_buffers(m, &nb);
+    int64_t np = 0, nb = 0, n, v[2];
+    float *p = dt_model_params(m, &np), *b = dt_model_buffers(m, &nb);
     dt_result r;
-    n = m->nparams + nb;
+    n = np + nb;
     v[0] = n;
     v[1] = -n;
     if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
@@ -581,7 +581,7 @@ static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int bro
         return dt_set_error(DT_ERR_MISMATCH, "%s: rank %d: its model has %lld parameters and buffers but another rank's has %lld: "
                             "every rank must build the same model", fn, dt_comm_rank(c), (long long)n, (long long)(v[0] != n ? v[0] : -v[1]));
     if (!broadcast) return DT_OK;
-    if ((r = dt_comm_broadcast(c, m->params, (size_t)m->nparams, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    if ((r = dt_comm_broadcast(c, p, (size_t)np, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
     return nb > 0 ? dt_comm_broadcast(c, b, (size_t)nb, DT_F32, 0, DT_ALGO_AUTO) : DT_OK;
 }
 

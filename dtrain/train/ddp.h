@@ -274,11 +274,11 @@ static dt_result dt__ddp_reduce(dt_ddp *d, int i) {
     float *g;
     dt_result r;
     dt__ddp_slice(d, i, &off, &cnt);
-    g = d->model->grads + off;
+    g = dt_model_grads(d->model, NULL) + off;
     if (d->scale != 1.0f)
         for (j = 0; j < cnt; j++) g[j] *= d->scale;
     if (dt_comm_size(d->comm) == 1) return DT_OK;
-    if (d->desc.compress != DT_DDP_FP32) return dt__compress_slice(&d->z, i, d->model->grads, off, cnt, d->active, d->acc_samples);
+    if (d->desc.compress != DT_DDP_FP32) return dt__compress_slice(&d->z, i, dt_model_grads(d->model, NULL), off, cnt, d->active, d->acc_samples);
     if (i > 0) return dt__ddp_sum(d, g, cnt);
     memcpy(d->carry, g, sizeof(float) * (size_t)cnt);
     d->carry[cnt] = d->active ? (float)d->acc_samples : 0.0f;
@@ -389,16 +389,16 @@ dt_result dt_ddp_broadcast_params(dt_ddp *d) {
 }
 
 /* The compression settings: a known kind, a ratio in (0, 1], an all-reduce method; fills in the default ratio. */
-static dt_result dt__ddp_compress_check(dt_ddp_desc *dd, const dt_model *m, int me) {
+static dt_result dt__ddp_compress_check(dt_ddp_desc *dd, int64_t nparams, int me) {
     if (dd->compress < 0 || dd->compress >= DT_DDP_COMPRESS_COUNT || !(dd->topk_ratio >= 0.0 && dd->topk_ratio <= 1.0))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: bad desc (compress %d, topk_ratio %g): compress is a "
                             "dt_ddp_compress, topk_ratio in (0, 1] (0: %g)", me, (int)dd->compress, dd->topk_ratio, DT_DDP_TOPK_RATIO);
     if (dd->compress != DT_DDP_FP32 && (dd->method == DT_DDP_PARAM_SERVER || dd->method == DT_DDP_P2P))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: compression (%s) works with the all-reduce methods: use "
                             "--sync buckets, flat or per-layer, not %s", me, dt_ddp_compress_name(dd->compress), dt_ddp_method_name(dd->method));
-    if (dd->compress == DT_DDP_TOPK && m->nparams > INT32_MAX)
+    if (dd->compress == DT_DDP_TOPK && nparams > INT32_MAX)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: top-k sends 32-bit indices, but the model has %lld "
-                            "parameters: use bf16", me, (long long)m->nparams);
+                            "parameters: use bf16", me, (long long)nparams);
     if (dd->powersgd_rank < 0 || dd->powersgd_rank > 1024)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: powersgd_rank %d: give a rank from 1 to 1024 (0: %d)", me,
                             dd->powersgd_rank, DT_DDP_POWERSGD_RANK);
@@ -433,6 +433,7 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
     dt_ddp_desc dd;
     dt_ddp *d;
     dt_result r;
+    int64_t np = 0;
     int me = dt_comm_rank(c);
     if (out) *out = NULL;
     if ((r = dt__trainer_check("dt_ddp_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
@@ -443,13 +444,14 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
                             "method is a dt_ddp_method, algo a dt_algo, bucket_bytes >= 0", me, (int)dd.method,
                             (int)dd.algo, (long long)dd.bucket_bytes);
     if (!dd.bucket_bytes) dd.bucket_bytes = DT_DDP_BUCKET_BYTES;
-    if ((r = dt__ddp_compress_check(&dd, m, me)) != DT_OK) return r;
+    dt_model_params(m, &np);
+    if ((r = dt__ddp_compress_check(&dd, np, me)) != DT_OK) return r;
     if (!(d = (dt_ddp *)DT_MALLOC(sizeof *d))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory", me);
     memset(d, 0, sizeof *d);
     d->comm = c;
     d->model = m;
     d->desc = dd;
-    d->n = m->nparams;
+    d->n = np;
     d->tls_rank = dt__tls_rank;
     d->trace = dt__trace_lane_of(1);
     if (dt__ddp_plan(d) != DT_OK) {
@@ -470,7 +472,7 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
         if (!d->gathered || !d->reqs) {
             dt__ddp_free(d);
             return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank 0: no memory to gather %d gradients of %lld floats "
-                                "(the parameter server's buffer); use --sync flat or buckets", dt_comm_size(c), (long long)m->nparams);
+                                "(the parameter server's buffer); use --sync flat or buckets", dt_comm_size(c), (long long)np);
         }
     }
     if (dt_comm_size(c) > 1 && dd.compress != DT_DDP_FP32 && dt__ddp_compress_init(d) != DT_OK) {
@@ -525,7 +527,7 @@ static dt_result dt__ddp_bad(const dt_ddp *d, int64_t samples, const char *what)
 
 /* After the sum: the division by all samples, buffers if asked, counters, and a fresh accumulation. */
 static dt_result dt__ddp_done(dt_ddp *d, dt_result r, double t0) {
-    float *g = d->model->grads, total = (float)d->total;
+    float *g = dt_model_grads(d->model, NULL), total = (float)d->total;
     int64_t j;
     if (r == DT_OK && dt_comm_size(d->comm) > 1 && total > 0)
         for (j = 0; j < d->n; j++) g[j] /= total;
@@ -554,8 +556,8 @@ dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync)
     double t0;
     if ((r = dt__ddp_bad(d, samples, "dt_ddp_backward")) != DT_OK) return r;
     if (d->last_samples > 0 && d->last_samples != samples) {   /* keep the buffer = sum of gradients / samples */
-        float f = (float)((double)d->last_samples / (double)samples);
-        for (j = 0; j < d->n; j++) d->model->grads[j] *= f;
+        float f = (float)((double)d->last_samples / (double)samples), *g = dt_model_grads(d->model, NULL);
+        for (j = 0; j < d->n; j++) g[j] *= f;
     }
     d->acc_samples += samples;
     d->last_samples = samples;

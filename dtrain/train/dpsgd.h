@@ -235,7 +235,7 @@ static dt_result dt__dpsgd_schedule_start(dt_dpsgd *d) {
 /* Collective: the mean of every rank's params and buffers into d->avg [n + nb]. */
 static dt_result dt__dpsgd_mean(dt_dpsgd *d) {
     dt_result r;
-    memcpy(d->avg, d->model->params, sizeof(float) * (size_t)d->n);
+    memcpy(d->avg, dt_model_params(d->model, NULL), sizeof(float) * (size_t)d->n);
     if (d->nb) memcpy(d->avg + d->n, dt_model_buffers(d->model, NULL), sizeof(float) * (size_t)d->nb);
     if (dt_comm_size(d->comm) == 1) return DT_OK;
     r = dt_comm_allreduce(d->comm, d->avg, (size_t)(d->n + d->nb), DT_F32, DT_MEAN, DT_ALGO_AUTO);
@@ -271,7 +271,7 @@ dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topo
     d->comm = c;
     d->model = m;
     d->desc = dd;
-    d->n = m->nparams;
+    dt_model_params(m, &d->n);
     dt_model_buffers(m, &d->nb);
     big = d->n > d->nb ? d->n : d->nb;
     d->own = (float *)DT_MALLOC(sizeof(float) * (size_t)(big + 1));
@@ -300,7 +300,7 @@ dt_result dt_dpsgd_step(dt_dpsgd *d, dt_optim *o) {
         const dt_topology *g;
         if ((r = dt__dpsgd_graph_at(d, d->step, "dt_dpsgd_step", &g)) != DT_OK || (r = dt__dpsgd_use_graph(d, g)) != DT_OK) return r;
     }
-    x = d->model->params;
+    x = dt_model_params(d->model, NULL);
     if (o && d->desc.order == DT_DPSGD_ADAPT_THEN_COMBINE && (r = dt_optim_step(o)) != DT_OK) return r;
     memcpy(d->own, x, sizeof(float) * (size_t)d->n);
     if (o && d->desc.order == DT_DPSGD_COMBINE_THEN_ADAPT) {
@@ -321,12 +321,14 @@ dt_result dt_dpsgd_step(dt_dpsgd *d, dt_optim *o) {
 dt_result dt_dpsgd_consensus(dt_dpsgd *d, double *dist) {
     double s = 0.0;
     int64_t k;
+    const float *x;
     dt_result r;
     if (!d || !dist) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_consensus: %s is NULL", d ? "dist" : "dpsgd");
     *dist = 0.0;
     if ((r = dt__dpsgd_mean(d)) != DT_OK) return r;
+    x = dt_model_params(d->model, NULL);
     for (k = 0; k < d->n; k++) {
-        double e = (double)d->model->params[k] - (double)d->avg[k];
+        double e = (double)x[k] - (double)d->avg[k];
         s += e * e;
     }
     s = sqrt(s);
@@ -340,7 +342,7 @@ dt_result dt_dpsgd_average(dt_dpsgd *d, float *out) {
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_average: dpsgd is NULL");
     if ((r = dt__dpsgd_mean(d)) != DT_OK) return r;
     if (out) { memcpy(out, d->avg, sizeof(float) * (size_t)d->n); return DT_OK; }
-    memcpy(d->model->params, d->avg, sizeof(float) * (size_t)d->n);
+    memcpy(dt_model_params(d->model, NULL), d->avg, sizeof(float) * (size_t)d->n);
     if (d->nb) memcpy(dt_model_buffers(d->model, NULL), d->avg + d->n, sizeof(float) * (size_t)d->nb);
     return DT_OK;
 }
@@ -353,12 +355,12 @@ dt_result dt_dpsgd_use_average(dt_dpsgd *d, int use) {
                             use ? "holds" : "does not hold");
     b = dt_model_buffers(d->model, NULL);
     if (!use) {
-        memcpy(d->model->params, d->keep, sizeof(float) * (size_t)d->n);
+        memcpy(dt_model_params(d->model, NULL), d->keep, sizeof(float) * (size_t)d->n);
         if (d->nb) memcpy(b, d->keep + d->n, sizeof(float) * (size_t)d->nb);
         d->using_avg = 0;
         return DT_OK;
     }
-    memcpy(d->keep, d->model->params, sizeof(float) * (size_t)d->n);
+    memcpy(d->keep, dt_model_params(d->model, NULL), sizeof(float) * (size_t)d->n);
     if (d->nb) memcpy(d->keep + d->n, b, sizeof(float) * (size_t)d->nb);
     d->using_avg = 1;
     return dt_dpsgd_average(d, NULL);

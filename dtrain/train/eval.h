@@ -72,8 +72,8 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
         r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_evaluate: no memory for a batch of %lld", (long long)batch);
         goto done;
     }
-    was_training = m->training;
-    m->training = 0;
+    was_training = dt_model_is_training(m);
+    dt_model_train(m, 0);
     dt_trace_begin("evaluate", "compute");
     dt__trace_arg("samples", NULL, count);
     for (start = 0; start < count && r == DT_OK; start += batch) {
@@ -97,7 +97,7 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
         }
     }
     dt_trace_end();
-    m->training = was_training;
+    dt_model_train(m, was_training);
     if (r == DT_OK) {
         out->count = count;
         out->loss = loss_sum / (double)count;

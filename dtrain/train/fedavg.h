@@ -253,7 +253,10 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
                             d.local_epochs, (long long)d.batch, (double)d.prox_mu, (double)d.dropout_prob);
     if (!(f = (dt_fed *)DT_MALLOC(sizeof *f))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory", me);
     memset(f, 0, sizeof *f);
-    f->comm = c; f->model = m; f->desc = d; f->n = m->nparams; f->len = m->nparams + m->nbuffers;
+    f->comm = c; f->model = m; f->desc = d;
+    dt_model_params(m, &f->n);
+    dt_model_buffers(m, &f->len);
+    f->len += f->n;
     f->desc.behaviour = NULL;
     f->nsel = (int)floor((double)d.frac * (double)nc + 0.5);
     if (f->nsel < 1) f->nsel = 1;

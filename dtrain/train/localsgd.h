@@ -136,14 +136,15 @@ void dt_localsgd_destroy(dt_localsgd *d) { DT_FREE(d); }
 
 dt_result dt_localsgd_average(dt_localsgd *d) {
     dt_result r = DT_OK;
-    int64_t nb = 0;
-    float *b;
+    int64_t nb = 0, np = 0;
+    float *b, *p;
     double t0 = dt_time_now();
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_average: localsgd is NULL");
     d->since = 0;
     if (dt_comm_size(d->comm) > 1) {
         dt_trace_begin("local sgd average", "comm");
-        r = dt_comm_allreduce(d->comm, d->model->params, (size_t)d->model->nparams, DT_F32, DT_MEAN, d->desc.algo);
+        p = dt_model_params(d->model, &np);
+        r = dt_comm_allreduce(d->comm, p, (size_t)np, DT_F32, DT_MEAN, d->desc.algo);
         b = dt_model_buffers(d->model, &nb);
         if (r == DT_OK && d->desc.sync_buffers && nb > 0)
             r = dt_comm_allreduce(d->comm, b, (size_t)nb, DT_F32, DT_MEAN, d->desc.algo);
@@ -234,34 +235,41 @@ dt_result dt_hogwild_run(dt_model *shared, int threads, dt_hogwild_fn fn, void *
 
 static dt_result dt__hogwild_check(dt_model *shared, dt_model *replica, const char *what) {
     dt_result r;
+    int64_t sp = 0, sb = 0, rp = 0, rb = 0;
     if ((r = dt__trainer_check(what, 1, 0, NULL, shared, "the shared model")) != DT_OK ||
         (r = dt__trainer_check(what, 1, 0, NULL, replica, "the replica")) != DT_OK) return r;
-    if (shared->nparams != replica->nparams || shared->nbuffers != replica->nbuffers)
+    dt_model_params(shared, &sp); dt_model_buffers(shared, &sb);
+    dt_model_params(replica, &rp); dt_model_buffers(replica, &rb);
+    if (sp != rp || sb != rb)
         return dt_set_error(DT_ERR_MISMATCH, "%s: the replica has %lld parameters and %lld buffer elements but the shared "
                             "model %lld and %lld: build the replica with the same architecture", what,
-                            (long long)replica->nparams, (long long)replica->nbuffers, (long long)shared->nparams,
-                            (long long)shared->nbuffers);
+                            (long long)rp, (long long)rb, (long long)sp, (long long)sb);
     return DT_OK;
 }
 
 dt_result dt_hogwild_pull(dt_model *shared, dt_model *replica) {
     dt_result r = dt__hogwild_check(shared, replica, "dt_hogwild_pull");
+    int64_t n = 0, nb = 0;
+    float *p, *b;
     if (r != DT_OK) return r;
-    memcpy(replica->params, shared->params, sizeof(float) * (size_t)shared->nparams);
-    memcpy(replica->buffers, shared->buffers, sizeof(float) * (size_t)shared->nbuffers);
+    p = dt_model_params(shared, &n);
+    b = dt_model_buffers(shared, &nb);
+    memcpy(dt_model_params(replica, NULL), p, sizeof(float) * (size_t)n);
+    memcpy(dt_model_buffers(replica, NULL), b, sizeof(float) * (size_t)nb);
     return DT_OK;
 }
 
 dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr) {
     dt_result r = dt__hogwild_check(shared, replica, "dt_hogwild_push");
-    float *p, *g;
-    int64_t i, n;
+    float *p, *g, *b;
+    int64_t i, n = 0, nb = 0;
     if (r != DT_OK) return r;
     if (!(lr >= 0.0f)) return dt_set_error(DT_ERR_INVALID_ARG, "dt_hogwild_push: lr %g must be >= 0", (double)lr);
-    p = shared->params; g = replica->grads; n = shared->nparams;
+    p = dt_model_params(shared, &n); g = dt_model_grads(replica, NULL);
     for (i = 0; i < n; i++) p[i] -= lr * g[i];   /* the same arithmetic as the SGD step */
     /* publishes the statistics the replica's forward updated: the shared model is evaluated with them */
-    memcpy(shared->buffers, replica->buffers, sizeof(float) * (size_t)shared->nbuffers);
+    b = dt_model_buffers(shared, &nb);
+    memcpy(b, dt_model_buffers(replica, NULL), sizeof(float) * (size_t)nb);
     dt_model_zero_grad(replica);
     return DT_OK;
 }
