@@ -178,7 +178,8 @@
      (DT_ERR_FORMAT).
 
    MODULES (dtrain/, in the order included: each uses only modules above it; each one's top comment says
-   what it holds, what it uses and which functions to read first)
+   what it holds, what it uses and which functions to read first): the core, in dtrain/core/, with the CPU
+   backend in dtrain/cpu/ (cpu_vec.h, cpu_x86.h, cpu_arm.h, cpu.h):
      base.h     results and errors, allocator hooks, logging, RNG, timers, progress, the timeline
                 recorder, threads
      tensor.h   tensor views, the backend ops table (dt_ops), and the CPU ops in plain C: the reference
@@ -196,6 +197,7 @@
      data.h     datasets in memory, transforms, the loader
      data_files.h  datasets from IDX (MNIST, Fashion-MNIST) and CIFAR-10 files
      image_folder.h  datasets from image folders (stb_image)
+   communication, in dtrain/comm/:
      topology.h gossip topologies: mixing matrices, spectral gaps, time-varying schedules
      comm.h     the communicator's API: element types, options, point-to-point, collectives, counters
      backend.h  the backend-author interface (dt_comm_backend, dt_message) and the generic layer behind
@@ -204,10 +206,17 @@
                 them, with their checks and the injected faults
      local.h    the self and local backends (ranks as threads, the link model)
      launch.h   the launcher (dt_launch, its flags) and the timeline file
-     train.h    evaluation, checkpoints, and the trainers: local SGD and Hogwild, DDP (gradient averaging
-                by five methods, buckets overlapped with backward, accumulation, uneven data, gradients
-                sent as bf16, fp16, top-k pairs or PowerSGD factors with error feedback), D-PSGD
-                (gossip through a mixing matrix), FedAvg (server and clients, robust aggregation, attacks)
+   and the trainers, a file each, in dtrain/train/:
+     eval.h     evaluation: loss and accuracy of a classifier over a data set
+     checkpoint.h  checkpoints of every rank in one file (atomic, checked), and the checks every trainer
+                shares
+     localsgd.h local SGD (periodic averaging) and Hogwild (lock-free threads on one buffer)
+     compress.h DDP's gradients sent as bf16, fp16, top-k pairs or PowerSGD factors with error feedback
+     ddp.h      DDP: gradient averaging by five methods, buckets overlapped with backward, accumulation,
+                uneven data
+     dpsgd.h    D-PSGD (gossip through a mixing matrix)
+     aggregate.h  FedAvg's robust aggregators (pure functions over the clients' updates)
+     fedavg.h   FedAvg (server and clients, dropouts, attacks)
    Beside this file: dtrain_mpi.h (the MPI backend of comm/backend.h) and dtrain_cuda.h (the GPU's ops table).
 */
 #ifndef DTRAIN_H
@@ -247,7 +256,14 @@
 #include "dtrain/comm/algos.h"
 #include "dtrain/comm/local.h"
 #include "dtrain/comm/launch.h"
-#include "dtrain/train/train.h"
+#include "dtrain/train/eval.h"
+#include "dtrain/train/checkpoint.h"
+#include "dtrain/train/localsgd.h"
+#include "dtrain/train/compress.h"
+#include "dtrain/train/ddp.h"
+#include "dtrain/train/dpsgd.h"
+#include "dtrain/train/aggregate.h"
+#include "dtrain/train/fedavg.h"
 
 /* The MPI backend, declarations and (with DTRAIN_IMPLEMENTATION) implementation, for builds with MPI. */
 #ifdef DT_USE_MPI

@@ -392,7 +392,7 @@ dt_result dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, in
 dt_result dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag, size_t *received) {
     return dt__p2p(c, DT_REQ_RECV, buf, count, t, src, tag, received, 0);
 }
-/* The library's own point-to-point messages (train.h's DDP and FedAvg, the launcher's timeline): the same
+/* The library's own point-to-point messages (dtrain/train/ddp.h's and fedavg.h's, the launcher's timeline): the same
    calls on its reserved tags DT__TAG_DDP, DT__TAG_FEDAVG, DT__TAG_TRACE, which the public ones refuse. */
 static inline dt_result dt__lib_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag, dt_request *req) {
     return dt__p2p_post(c, DT_REQ_SEND, buf, count, t, dst, tag, req, 1);

@@ -16,7 +16,7 @@
        dtrain/comm/local.h    the self and local backends (ranks as threads)
        dtrain/comm/launch.h   the launcher (dt_launch), its flags and the timeline file
    USES
-     dtrain/core/base.h only (what travels is bytes: the trainers in dtrain/train/train.h bring the models).
+     dtrain/core/base.h only (what travels is bytes: the trainers in dtrain/train/ bring the models).
    READ FIRST
      dt_comm_allreduce and dt_algo here, then dt__allreduce_ring in dtrain/comm/algos.h.
 */

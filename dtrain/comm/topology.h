@@ -6,7 +6,7 @@
      symmetric, doubly stochastic and connected), their spectral gap, and time-varying ones
      (dt_topology_schedule: the one-peer exponential graph; each step's matrix checked symmetric and
      doubly stochastic, the period's union connected). Pure arithmetic on graphs: D-PSGD
-     (dtrain/train/train.h) sends what they say over the communicator.
+     (dtrain/train/dpsgd.h) sends what they say over the communicator.
    USES
      dtrain/core/base.h only.
    READ FIRST

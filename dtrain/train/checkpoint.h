@@ -1,0 +1,591 @@
+/* dtrain/train/checkpoint.h - checkpoints of every rank in one file, and what every trainer shares.
+   Part of dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
+
+   WHAT IS HERE
+     The checkpoint format (version 2): magic, version, world size, writer, one section per rank, checksum;
+     atomic writes by rank 0 (write, fsync, rename), loads checked everywhere before any rank changes;
+     dt_checkpoint_save and _load (one process) and _comm (collective), and the dt__ckpt calls each trainer's
+     save and load go through. And the checks every trainer's create starts with (dt__trainer_check,
+     dt__same_model).
+   READ FIRST
+     dt__ckpt_save, dt__ckpt_load, dt__ckpt_words (the layout of a section).
+   USES
+     dtrain/core/optim.h and dtrain/comm/comm.h, and what they include.
+*/
+#ifndef DTRAIN_CHECKPOINT_H
+#define DTRAIN_CHECKPOINT_H
+#include "../core/optim.h"
+#include "../comm/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Checkpoints: parameters, buffers, the model's dropout RNG (seed, stream, step), optimizer state, step
+   counts and learning rate, and the caller's progress (dt_checkpoint_meta) - of every rank, in one file.
+   The file has a magic number, a version, the world size, the writer (dt_checkpoint_save, or which
+   trainer's save), one section per rank with a signature of the model's parameter names and shapes, and a
+   checksum. Rank 0 alone writes it: "<path>.tmp", flushed to disk, renamed over path, the directory synced;
+   the call returns on every rank only after that, with rank 0's result, so every rank agrees which
+   checkpoint is the last complete one and a crash at any moment leaves the previous one whole. Loading
+   checks everything before it changes anything: a file that is not a checkpoint, of another version,
+   truncated or damaged (the checksum), of another world size, writer or model, or with an optimizer state
+   that does not fit is refused with a message naming the file and the cause, on every rank, and no rank's
+   model or optimizer changes. A model holding NaN or infinity (a diverged run) is never saved: every rank
+   gets DT_ERR_NUMERIC and the checkpoint already at path stays; a file holding such values, or negative
+   counters, is refused on load. Rank 0 stages the whole file in memory (one section per rank). */
+#define DT_CHECKPOINT_VALUES 8
+typedef struct dt_checkpoint_meta {
+    int64_t epoch, step, round;   /* the caller's counters: e.g. epochs completed */
+    int64_t batch;                /* batches of the current epoch done: where dt_loader_seek resumes */
+    dt_rng  rng;                  /* any RNG the caller wants restored */
+    double  values[DT_CHECKPOINT_VALUES];  /* any numbers the caller wants restored, e.g. running loss sums */
+} dt_checkpoint_meta;
+/* One process (the single-process loop): a checkpoint of one rank. o may be NULL (no optimizer state saved);
+   meta may be NULL (zeros). */
+dt_result dt_checkpoint_save(const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta);
+/* o NULL skips the optimizer state in the file; meta NULL skips the counters. */
+dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta);
+/* Collective: the same for every rank of c (its model m, optimizer o, meta), e.g. a loop of your own over the
+   communicator; on one rank the file is dt_checkpoint_save's. Each rank gets its own section back. */
+dt_result dt_checkpoint_save_comm(dt_comm *c, const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta);
+dt_result dt_checkpoint_load_comm(dt_comm *c, const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta);
+/* Each trainer saves and resumes through its own pair (dt_ddp_save, dt_localsgd_save, dt_dpsgd_save,
+   dt_fed_save and their _load), declared with it (ddp.h, localsgd.h, dpsgd.h, fedavg.h): the same file with the
+   trainer's state added. */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_CHECKPOINT_H */
+
+#if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_CHECKPOINT_IMPLEMENTATION_DONE)
+#define DTRAIN_CHECKPOINT_IMPLEMENTATION_DONE
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- checkpoints ----
+   Version 2. One file holds every rank's state, written by rank 0 alone, so that its atomicity is one
+   rename: a crash before the rename leaves the previous checkpoint whole, and no file ever mixes ranks of
+   two checkpoints. The file: the magic, then little-endian 64-bit words: the version, the world size, the
+   trainer (DT__CKPT_PLAIN, ...), each rank's section size in bytes [world]; then the sections in rank
+   order; then the FNV-1a checksum of everything before it. A section: DT__CKPT_SEC_WORDS words (see
+   dt__ckpt_words), then the parameters, buffers and optimizer state (float32) and the per-tensor step
+   counts (int64). Everything is staged in memory: rank 0 holds the whole file while it writes or reads. */
+
+#define DT__CKPT_MAGIC "DTCKPT\r\n"
+#define DT__CKPT_VERSION 2u
+#define DT__CKPT_HEAD_WORDS 3          /* version, world, trainer; then the sizes */
+#define DT__CKPT_SEC_WORDS (19 + DT_CHECKPOINT_VALUES)
+
+/* Which call wrote a checkpoint: each trainer's resume reads only its own. */
+enum { DT__CKPT_PLAIN = 0, DT__CKPT_DDP, DT__CKPT_LOCALSGD, DT__CKPT_DPSGD, DT__CKPT_FEDAVG, DT__CKPT_TRAINERS };
+static const char *const dt__ckpt_writers[DT__CKPT_TRAINERS] = {
+    "dt_checkpoint_save(_comm)", "dt_ddp_save", "dt_localsgd_save", "dt_dpsgd_save", "dt_fed_save"};
+
+/* FNV-1a, 64-bit, over bytes: the checksum and the model signature */
+static uint64_t dt__fnv(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < n; i++) { h ^= p[i]; h *= 0x100000001b3ULL; }
+    return h;
+}
+static uint64_t dt__model_signature(const dt_model *m) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    int i;
+    for (i = 0; i < m->npinfo; i++) {
+        h = dt__fnv(h, m->pinfo[i].name, strlen(m->pinfo[i].name));
+        h = dt__fnv(h, m->pinfo[i].shape, sizeof m->pinfo[i].shape);
+    }
+    for (i = 0; i < m->nbinfo; i++) h = dt__fnv(h, m->binfo[i].name, strlen(m->binfo[i].name));
+    return h;
+}
+
+static void dt__put_u64(unsigned char *p, uint64_t v) {
+    int i;
+    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint64_t dt__get_u64(const unsigned char *p) {
+    uint64_t v = 0;
+    int i;
+    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static int dt__little_endian(void) {
+    const uint32_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
+
+/* Makes the data of f, and then the rename in its directory, durable. POSIX fsync where the platform has
+   it; a directory that cannot be synced (some file systems refuse) is no error: the rename itself is. */
+#if defined(__unix__) || defined(__APPLE__)
+#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX)
+extern int fileno(FILE *stream);
+#endif
+#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__USE_MISC)
+extern int fsync(int fd);
+#endif
+#include <unistd.h>
+#include <fcntl.h>
+static int dt__sync_file(FILE *f) { return fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -1; }
+static void dt__sync_dir(const char *path) {
+    char dir[1024];
+    const char *slash = strrchr(path, '/');
+    int fd;
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if ((fd = open(dir, O_RDONLY)) < 0) return;
+    (void)fsync(fd);
+    close(fd);
+}
+#else
+static int dt__sync_file(FILE *f) { return fflush(f) == 0 ? 0 : -1; }
+static void dt__sync_dir(const char *path) { (void)path; }
+#endif
+
+/* One rank's part of a checkpoint call. */
+typedef struct dt__ckpt {
+    dt_comm   *c;          /* NULL: one process, no communicator */
+    int        rank, world, trainer;
+    const char *fn, *path;
+    dt_model  *m;
+    dt_optim  *o;
+    int64_t    word;       /* the trainer's own state (local SGD: steps since the last average) */
+    float     *extra;      /* [nextra] the trainer's own floats (DDP's residual and PowerSGD's Qs), host memory; or NULL */
+    int64_t    nextra;
+} dt__ckpt;
+
+static int64_t dt__ckpt_state(const dt__ckpt *k) {
+    int64_t n = 0;
+    if (k->o) dt_optim_state(k->o, &n);
+    return n;
+}
+static int64_t dt__ckpt_section_bytes(const dt__ckpt *k) {
+    return 8 * DT__CKPT_SEC_WORDS + 4 * (k->m->nparams + k->m->nbuffers + dt__ckpt_state(k)) +
+           8 * (int64_t)(k->o ? k->o->ntensors : 0) + 4 * k->nextra;
+}
+
+/* The words of a section: rank, model signature, parameters, buffer values, optimizer state values and
+   tensors (0: no optimizer), optimizer kind and learning rate (its float's bits), the model's dropout RNG
+   (seed, stream, step), the meta (epoch, step, round, batch, RNG state and increment, the values' bits),
+   the trainer's word and its floats' count (0 in files written before there were any). */
+static void dt__ckpt_words(const dt__ckpt *k, const dt_checkpoint_meta *meta, uint64_t *w) {
+    dt_checkpoint_meta z;
+    uint32_t lr = 0;
+    float f = k->o ? k->o->d.lr : 0.0f;
+    int i;
+    memset(&z, 0, sizeof z);
+    if (!meta) meta = &z;
+    memcpy(&lr, &f, sizeof lr);
+    w[0] = (uint64_t)k->rank; w[1] = dt__model_signature(k->m); w[2] = (uint64_t)k->m->nparams;
+    w[3] = (uint64_t)k->m->nbuffers; w[4] = (uint64_t)dt__ckpt_state(k); w[5] = (uint64_t)(k->o ? k->o->ntensors : 0);
+    w[6] = k->o ? (uint64_t)k->o->d.kind : 0; w[7] = lr;
+    w[8] = k->m->seed; w[9] = k->m->stream; w[10] = k->m->step;
+    w[11] = (uint64_t)meta->epoch; w[12] = (uint64_t)meta->step; w[13] = (uint64_t)meta->round;
+    w[14] = (uint64_t)meta->batch; w[15] = meta->rng.state; w[16] = meta->rng.inc;
+    w[17] = (uint64_t)k->word; w[18] = (uint64_t)k->nextra;
+    for (i = 0; i < DT_CHECKPOINT_VALUES; i++) memcpy(&w[19 + i], &meta->values[i], sizeof(double));
+}
+
+/* This rank's section into sec [dt__ckpt_section_bytes]. */
+static void dt__ckpt_write_section(const dt__ckpt *k, const dt_checkpoint_meta *meta, unsigned char *sec) {
+    uint64_t w[DT__CKPT_SEC_WORDS];
+    dt_model *m = k->m;
+    int64_t ns = dt__ckpt_state(k), i;
+    unsigned char *p = sec + 8 * DT__CKPT_SEC_WORDS;
+    dt__ckpt_words(k, meta, w);
+    for (i = 0; i < DT__CKPT_SEC_WORDS; i++) dt__put_u64(sec + 8 * i, w[i]);
+    m->ops->download(m->ctx, p, m->params, 4 * m->nparams);
+    p += 4 * m->nparams;
+    if (m->nbuffers) m->ops->download(m->ctx, p, m->buffers, 4 * m->nbuffers);
+    p += 4 * m->nbuffers;
+    if (ns) m->ops->download(m->ctx, p, k->o->state, 4 * ns);
+    p += 4 * ns;
+    for (i = 0; k->o && i < k->o->ntensors; i++) dt__put_u64(p + 8 * i, (uint64_t)k->o->steps[i]);
+    p += 8 * (k->o ? k->o->ntensors : 0);
+    if (k->nextra) memcpy(p, k->extra, 4 * (size_t)k->nextra);
+}
+
+/* The values of a section [len] that must be finite (parameters, buffers, optimizer state: the floats after its
+   words, `nf` of them) and its counters, which are never negative: a section that holds NaN or infinity
+   comes from a diverged run, and saving it would replace a good checkpoint with a useless one. `doing` says
+   "save" or "load" for the message. */
+static dt_result dt__ckpt_check_values(const dt__ckpt *k, const unsigned char *sec, int64_t nf, const char *doing) {
+    const unsigned char *p = sec + 8 * DT__CKPT_SEC_WORDS;
+    int64_t i, bad = 0, first = -1;
+    for (i = 0; i < nf; i++) {
+        float v;
+        memcpy(&v, p + 4 * i, sizeof v);
+        if (!(v - v == 0.0f)) { bad++; if (first < 0) first = i; }   /* NaN or infinity */
+    }
+    for (i = 11; i <= 14; i++)   /* epoch, step, round, batch */
+        if ((int64_t)dt__get_u64(sec + 8 * i) < 0)
+            return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds a negative epoch, step, round or batch: the file is "
+                                "damaged or was not written by dtrain", k->fn, k->rank, k->path);
+    if (!bad) return DT_OK;
+    if (doing[0] == 's')
+        return dt_set_error(DT_ERR_NUMERIC, "%s: rank %d: %lld of its %lld values (parameters, buffers, optimizer state; the first "
+                            "at %lld) are NaN or infinite: the model diverged; nothing is written (a checkpoint already at %s is "
+                            "kept: resume from it with a lower learning rate)", k->fn, k->rank, (long long)bad,
+                            (long long)nf, (long long)first, k->path);
+    return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %lld NaN or infinite values (the first at %lld): it was saved "
+                        "from a diverged run or is damaged; use an earlier checkpoint", k->fn, k->rank, k->path, (long long)bad,
+                        (long long)first);
+}
+
+/* Sets result r with message s, a dt_last_error() of r from another thread or rank, as it was there: without its
+   "DT_ERR_...: ", which dt_set_error adds back. */
+static dt_result dt__set_error_again(dt_result r, const char *s) {
+    size_t pre = strlen(dt_result_str(r));
+    if (strncmp(s, dt_result_str(r), pre) == 0 && s[pre] == ':') s += pre + (s[pre + 1] == ' ' ? 2 : 1);
+    return dt_set_error(r, "%s", s);
+}
+
+/* Collective agreement on a result: every rank returns DT_OK, or the result and message of the lowest rank
+   that failed (so all ranks report the same cause). */
+static dt_result dt__ckpt_agree(const dt__ckpt *k, dt_result r) {
+    int64_t first = r != DT_OK ? k->rank : k->world, code = (int64_t)r;
+    char msg[512];
+    dt_result e;
+    if (!k->c || k->world == 1) return r;
+    if ((e = dt_comm_allreduce(k->c, &first, 1, DT_I64, DT_MIN, DT_ALGO_AUTO)) != DT_OK) return e;
+    if (first == k->world) return DT_OK;
+    memset(msg, 0, sizeof msg);
+    if (first == k->rank) snprintf(msg, sizeof msg, "%s", dt_last_error());
+    if ((e = dt_comm_broadcast(k->c, &code, 1, DT_I64, (int)first, DT_ALGO_AUTO)) != DT_OK ||
+        (e = dt_comm_broadcast(k->c, msg, sizeof msg, DT_U8, (int)first, DT_ALGO_AUTO)) != DT_OK) return e;
+    msg[sizeof msg - 1] = 0;
+    return dt__set_error_again((dt_result)code, msg);
+}
+
+/* Rank 0: writes file [bytes] to "<path>.tmp", flushes it to disk, renames it over path, syncs the directory. */
+static dt_result dt__ckpt_write_file(const dt__ckpt *k, const unsigned char *file, int64_t bytes) {
+    char tmp[1024];
+    FILE *f;
+    dt_result r = DT_OK;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", k->path) >= (int)sizeof tmp)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: path is too long", k->fn);
+    if (!(f = fopen(tmp, "wb")))
+        return dt_set_error(DT_ERR_IO, "%s: cannot create %s (does the directory exist and is it writable?)", k->fn, tmp);
+    if (fwrite(file, 1, (size_t)bytes, f) != (size_t)bytes || dt__sync_file(f) != 0)
+        r = dt_set_error(DT_ERR_IO, "%s: writing %s failed (disk full?); the previous %s is untouched", k->fn, tmp, k->path);
+    if (fclose(f) != 0 && r == DT_OK)
+        r = dt_set_error(DT_ERR_IO, "%s: closing %s failed; the previous %s is untouched", k->fn, tmp, k->path);
+    if (r == DT_OK && rename(tmp, k->path) != 0)
+        r = dt_set_error(DT_ERR_IO, "%s: cannot rename %s to %s", k->fn, tmp, k->path);
+    if (r != DT_OK) remove(tmp);
+    else dt__sync_dir(k->path);
+    return r;
+}
+
+/* Collective (or one process with k->c NULL): every rank's section, gathered by rank 0, which writes the file.
+   Every rank returns rank 0's result: the checkpoint exists for all of them once the file is complete. */
+static dt_result dt__ckpt_save(dt__ckpt *k, const dt_checkpoint_meta *meta) {
+    int64_t mine = dt__ckpt_section_bytes(k), most = 0, head, bytes = 0, off, i;
+    int64_t *sizes = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)k->world);
+    unsigned char *sec = NULL, *file = NULL, *slots = NULL;
+    dt_result r = DT_OK;
+    if (!sizes) r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", k->fn, k->rank);
+    if ((r = dt__ckpt_agree(k, r)) != DT_OK) { DT_FREE(sizes); return r; }
+    sizes[0] = mine;
+    if (k->c && k->world > 1 && (r = dt_comm_allgather(k->c, &mine, sizes, 1, DT_I64)) != DT_OK) { DT_FREE(sizes); return r; }
+    head = 8 + 8 * (DT__CKPT_HEAD_WORDS + k->world);
+    for (i = 0; i < k->world; i++) { most = sizes[i] > most ? sizes[i] : most; bytes += sizes[i]; }
+    bytes += head + 8;
+    sec = (unsigned char *)DT_MALLOC((size_t)most);   /* padded to the largest, for one gather */
+    if (k->rank == 0) {
+        file = (unsigned char *)DT_MALLOC((size_t)bytes);
+        slots = (unsigned char *)DT_MALLOC((size_t)(most * k->world));
+    }
+    if (!sec || (k->rank == 0 && (!file || !slots)))
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory to stage %lld bytes of checkpoint", k->fn, k->rank,
+                         (long long)(k->rank == 0 ? bytes + most * (k->world + 1) : most));
+    if ((r = dt__ckpt_agree(k, r)) == DT_OK) {
+        memset(sec, 0, (size_t)most);
+        dt__ckpt_write_section(k, meta, sec);
+        r = dt__ckpt_agree(k, dt__ckpt_check_values(k, sec, k->m->nparams + k->m->nbuffers + dt__ckpt_state(k), "save"));
+    }
+    if (r == DT_OK) {
+        if (k->c && k->world > 1) r = dt_comm_gather(k->c, sec, slots, (size_t)most, DT_U8, 0);
+        else memcpy(slots, sec, (size_t)most);
+    }
+    if (r == DT_OK && k->rank == 0) {
+        memcpy(file, DT__CKPT_MAGIC, 8);
+        dt__put_u64(file + 8, DT__CKPT_VERSION);
+        dt__put_u64(file + 16, (uint64_t)k->world);
+        dt__put_u64(file + 24, (uint64_t)k->trainer);
+        for (i = 0, off = head; i < k->world; off += sizes[i], i++) {
+            dt__put_u64(file + 32 + 8 * i, (uint64_t)sizes[i]);
+            memcpy(file + off, slots + i * most, (size_t)sizes[i]);
+        }
+        dt__put_u64(file + bytes - 8, dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)));
+        r = dt__ckpt_write_file(k, file, bytes);
+    }
+    DT_FREE(sizes); DT_FREE(sec); DT_FREE(file); DT_FREE(slots);
+    return dt__ckpt_agree(k, r);
+}
+
+/* Rank 0: the whole file into *file [*bytes]. */
+static dt_result dt__ckpt_read_file(const dt__ckpt *k, unsigned char **file, int64_t *bytes) {
+    FILE *f;
+    long size;
+    const char *why;
+    *file = NULL;
+    if (!(f = dt__open_read(k->path, &why)))   /* a FIFO is refused, not waited on */
+        return dt_set_error(DT_ERR_IO, "%s: cannot open %s: %s", k->fn, k->path, why);
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return dt_set_error(DT_ERR_IO, "%s: cannot read %s", k->fn, k->path);
+    }
+    if (!(*file = (unsigned char *)DT_MALLOC((size_t)size + 1))) {
+        fclose(f);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: no memory to stage %s (%ld bytes)", k->fn, k->path, size);
+    }
+    *bytes = (int64_t)size;
+    if (fread(*file, 1, (size_t)size, f) != (size_t)size) {
+        fclose(f);
+        return dt_set_error(DT_ERR_IO, "%s: reading %s failed", k->fn, k->path);
+    }
+    fclose(f);
+    return DT_OK;
+}
+
+/* Rank 0: the checks of the whole file, in the order that makes each message true: what it is (magic,
+   version), whether it is whole (sizes, checksum), then whether it fits this run (world size, trainer).
+   sizes [k->world] receives the sections' sizes. */
+static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *file, int64_t bytes, int64_t *sizes) {
+    uint64_t version, world, trainer, i;
+    int64_t head, sum = 0;
+    if (bytes < 8 + 8 * DT__CKPT_HEAD_WORDS + 8 || memcmp(file, DT__CKPT_MAGIC, 8) != 0)   /* + the checksum */
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s is not a dtrain checkpoint (wrong magic number or too short)", k->fn, k->path);
+    version = dt__get_u64(file + 8); world = dt__get_u64(file + 16); trainer = dt__get_u64(file + 24);
+    if (version != DT__CKPT_VERSION)
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s has format version %llu; this dtrain reads version %u%s", k->fn, k->path,
+                            (unsigned long long)version, DT__CKPT_VERSION,
+                            version == 1 ? " (version 1 held one model; save it again with this dtrain)" : "");
+    if (world < 1 || world > (uint64_t)(bytes - 8 - 8 * DT__CKPT_HEAD_WORDS - 8) / 8)
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s is truncated or damaged (a world of %llu ranks in %lld bytes)", k->fn,
+                            k->path, (unsigned long long)world, (long long)bytes);
+    head = 8 + 8 * (DT__CKPT_HEAD_WORDS + (int64_t)world);
+    for (i = 0; i < world && sum <= bytes; i++) {
+        uint64_t s = dt__get_u64(file + 32 + 8 * i);
+        sum = s < 8 * DT__CKPT_SEC_WORDS || s > (uint64_t)bytes ? bytes + 1 : sum + (int64_t)s;
+    }
+    if (sum + head + 8 != bytes)
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s is %lld bytes, which is not what its header describes: the file is "
+                            "truncated or damaged; use an earlier checkpoint", k->fn, k->path, (long long)bytes);
+    if (dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)) != dt__get_u64(file + bytes - 8))
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s is damaged (checksum mismatch); use an earlier checkpoint", k->fn, k->path);
+    if (world != (uint64_t)k->world)
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s holds the state of %llu ranks but this run has %d: resume on %llu ranks",
+                            k->fn, k->path, (unsigned long long)world, k->world, (unsigned long long)world);
+    if (trainer != (uint64_t)k->trainer)
+        return dt_set_error(DT_ERR_FORMAT, "%s: %s was written by %s; %s reads what %s writes: resume with the trainer that "
+                            "wrote it", k->fn, k->path, trainer < DT__CKPT_TRAINERS ? dt__ckpt_writers[trainer] : "an unknown trainer",
+                            k->fn, dt__ckpt_writers[k->trainer]);
+    for (i = 0; i < world; i++) sizes[i] = (int64_t)dt__get_u64(file + 32 + 8 * i);
+    return DT_OK;
+}
+
+/* Each rank: its section [len] against its model and optimizer; w receives the section's words. */
+static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *sec, int64_t len, uint64_t *w) {
+    dt_model *m = k->m;
+    int i;
+    for (i = 0; i < DT__CKPT_SEC_WORDS; i++) w[i] = dt__get_u64(sec + 8 * i);
+    if (w[0] != (uint64_t)k->rank || w[4] > (uint64_t)len || w[5] > (uint64_t)len || w[18] > (uint64_t)len ||
+        (int64_t)(8 * DT__CKPT_SEC_WORDS + 4 * (w[2] + w[3] + w[4] + w[18]) + 8 * w[5]) != len)
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: its section of %s is damaged (impossible sizes)", k->fn, k->rank, k->path);
+    if (w[2] != (uint64_t)m->nparams || w[3] != (uint64_t)m->nbuffers || w[1] != dt__model_signature(m))
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds another model (%llu parameters, %llu buffer values, signature "
+                            "%016llx) than this one (%lld, %lld, %016llx): build the same model to load it", k->fn, k->rank,
+                            k->path, (unsigned long long)w[2], (unsigned long long)w[3], (unsigned long long)w[1],
+                            (long long)m->nparams, (long long)m->nbuffers, (unsigned long long)dt__model_signature(m));
+    if (k->o && w[5] == 0)
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s has no optimizer state; pass NULL for the optimizer to load the "
+                            "model alone", k->fn, k->rank, k->path);
+    if (k->o && (w[6] != (uint64_t)k->o->d.kind || w[4] != (uint64_t)dt__ckpt_state(k) || w[5] != (uint64_t)k->o->ntensors))
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: the optimizer state in %s (kind %llu, %llu values) does not fit this "
+                            "optimizer (kind %d, %lld values)", k->fn, k->rank, k->path, (unsigned long long)w[6],
+                            (unsigned long long)w[4], (int)k->o->d.kind, (long long)dt__ckpt_state(k));
+    if (w[18] != (uint64_t)k->nextra)
+        return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %llu values of the trainer's own state (DDP: the compression's "
+                            "residual, and PowerSGD's Qs) but this run keeps %lld: resume with the settings that wrote it (DDP: the same --compress, "
+                            "with or without error feedback)", k->fn, k->rank, k->path, (unsigned long long)w[18],
+                            (long long)k->nextra);
+    return dt__ckpt_check_values(k, sec, (int64_t)(w[2] + w[3] + w[4]), "load");
+}
+
+/* Each rank, after every rank's checks passed: its section into its model, optimizer, meta and word. */
+static void dt__ckpt_apply(dt__ckpt *k, const unsigned char *sec, const uint64_t *w, dt_checkpoint_meta *meta) {
+    dt_model *m = k->m;
+    const unsigned char *p = sec + 8 * DT__CKPT_SEC_WORDS;
+    uint32_t lr = (uint32_t)w[7];
+    int64_t i;
+    int j;
+    m->ops->upload(m->ctx, m->params, p, 4 * m->nparams);
+    p += 4 * m->nparams;
+    if (m->nbuffers) m->ops->upload(m->ctx, m->buffers, p, 4 * m->nbuffers);
+    p += 4 * m->nbuffers;
+    m->seed = w[8]; m->stream = w[9]; m->step = w[10];
+    if (k->o) {
+        if (w[4]) m->ops->upload(m->ctx, k->o->state, p, 4 * (int64_t)w[4]);
+        for (i = 0; i < k->o->ntensors; i++) k->o->steps[i] = (int64_t)dt__get_u64(p + 4 * (int64_t)w[4] + 8 * i);
+        memcpy(&k->o->d.lr, &lr, sizeof lr);
+    }
+    p += 4 * (int64_t)w[4] + 8 * (int64_t)w[5];   /* the optimizer's part, loaded or not: the trainer's floats follow */
+    if (k->nextra) memcpy(k->extra, p, 4 * (size_t)k->nextra);
+    if (meta) {
+        meta->epoch = (int64_t)w[11]; meta->step = (int64_t)w[12]; meta->round = (int64_t)w[13];
+        meta->batch = (int64_t)w[14]; meta->rng.state = w[15]; meta->rng.inc = w[16];
+        for (j = 0; j < DT_CHECKPOINT_VALUES; j++) memcpy(&meta->values[j], &w[19 + j], sizeof(double));
+    }
+    k->word = (int64_t)w[17];
+}
+
+/* Collective (or one process with k->c NULL): rank 0 reads and checks the file and hands each rank its
+   section; each rank checks its own; only when every check passed on every rank does any rank change. */
+static dt_result dt__ckpt_load(dt__ckpt *k, dt_checkpoint_meta *meta) {
+    int64_t *sizes = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)k->world), bytes = 0, most = 0, i, off;
+    unsigned char *file = NULL, *slots = NULL, *sec = NULL;
+    uint64_t w[DT__CKPT_SEC_WORDS];
+    int packed = 0;
+    dt_result r = DT_OK;
+    if (!sizes) r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", k->fn, k->rank);
+    else if (k->rank == 0 && (r = dt__ckpt_read_file(k, &file, &bytes)) == DT_OK) r = dt__ckpt_check_file(k, file, bytes, sizes);
+    if ((r = dt__ckpt_agree(k, r)) != DT_OK) goto done;
+    if (k->c && k->world > 1 && (r = dt_comm_broadcast(k->c, sizes, (size_t)k->world, DT_I64, 0, DT_ALGO_AUTO)) != DT_OK)
+        goto done;
+    for (i = 0; i < k->world; i++) most = sizes[i] > most ? sizes[i] : most;
+    if (k->rank == 0) {   /* the sections as slots of the largest one's size: in place when they are equal */
+        slots = file + 8 + 8 * (DT__CKPT_HEAD_WORDS + k->world);
+        for (i = 0; i < k->world; i++) packed |= sizes[i] != most;
+        if (packed && (slots = (unsigned char *)DT_MALLOC((size_t)(most * k->world))) != NULL)
+            for (i = 0, off = 8 + 8 * (DT__CKPT_HEAD_WORDS + k->world); i < k->world; off += sizes[i], i++)
+                memcpy(slots + i * most, file + off, (size_t)sizes[i]);
+    }
+    sec = (unsigned char *)DT_MALLOC((size_t)most);
+    if (!sec || (k->rank == 0 && !slots))
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory to stage %lld bytes of checkpoint", k->fn, k->rank,
+                         (long long)most);
+    if ((r = dt__ckpt_agree(k, r)) != DT_OK) goto done;
+    if (k->c && k->world > 1) r = dt_comm_scatter(k->c, slots, sec, (size_t)most, DT_U8, 0);
+    else memcpy(sec, slots, (size_t)most);
+    if (r == DT_OK) r = dt__ckpt_check_section(k, sec, sizes[k->rank], w);
+    if ((r = dt__ckpt_agree(k, r)) == DT_OK) dt__ckpt_apply(k, sec, w, meta);   /* everything checked everywhere */
+done:
+    if (packed) DT_FREE(slots);
+    DT_FREE(sizes); DT_FREE(file); DT_FREE(sec);
+    return r;
+}
+
+/* Fills the call's description; refuses what no rank can save or load. */
+static dt_result dt__ckpt_init(dt__ckpt *k, dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m,
+                               dt_optim *o) {
+    dt_result r;
+    memset(k, 0, sizeof *k);
+    k->c = c; k->fn = fn; k->trainer = trainer; k->path = path; k->m = m; k->o = o;
+    k->rank = c ? dt_comm_rank(c) : 0;
+    k->world = c ? dt_comm_size(c) : 1;
+    if ((r = dt__need_final(m, fn)) != DT_OK) return r;
+    if (!path || !*path) return dt_set_error(DT_ERR_INVALID_ARG, "%s: path is empty", fn);
+    if (o && o->m != m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the optimizer belongs to another model", fn);
+    if (!dt__little_endian()) return dt_set_error(DT_ERR_UNSUPPORTED, "%s: big-endian hosts are not supported", fn);
+    return DT_OK;
+}
+
+dt_result dt_checkpoint_save(const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta) {
+    dt__ckpt k;
+    dt_result r = dt__ckpt_init(&k, NULL, "dt_checkpoint_save", DT__CKPT_PLAIN, path, m, o);
+    return r != DT_OK ? r : dt__ckpt_save(&k, meta);
+}
+
+dt_result dt_checkpoint_load(const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta) {
+    dt__ckpt k;
+    dt_result r = dt__ckpt_init(&k, NULL, "dt_checkpoint_load", DT__CKPT_PLAIN, path, m, o);
+    return r != DT_OK ? r : dt__ckpt_load(&k, meta);
+}
+
+/* The collective entry points: each rank's refusal of its own arguments is agreed like any other failure, so
+   no rank waits in a collective that another never enters. */
+static dt_result dt__ckpt_save_extra(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
+                                     const dt_checkpoint_meta *meta, int64_t word, float *extra, int64_t nextra, dt_result pre) {
+    dt__ckpt k;
+    dt_result r = dt__ckpt_init(&k, c, fn, trainer, path, m, o);
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
+    k.word = word;
+    k.extra = extra;
+    k.nextra = nextra;
+    if ((r = dt__ckpt_agree(&k, pre != DT_OK ? pre : r)) != DT_OK) return r;
+    return dt__ckpt_save(&k, meta);
+}
+static dt_result dt__ckpt_save_comm(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
+                                    const dt_checkpoint_meta *meta, int64_t word, dt_result pre) {
+    return dt__ckpt_save_extra(c, fn, trainer, path, m, o, meta, word, NULL, 0, pre);
+}
+static dt_result dt__ckpt_load_extra(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
+                                     dt_checkpoint_meta *meta, int64_t *word, float *extra, int64_t nextra, dt_result pre) {
+    dt__ckpt k;
+    dt_result r = dt__ckpt_init(&k, c, fn, trainer, path, m, o);
+    if (!c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
+    k.extra = extra;
+    k.nextra = nextra;
+    if ((r = dt__ckpt_agree(&k, pre != DT_OK ? pre : r)) != DT_OK || (r = dt__ckpt_load(&k, meta)) != DT_OK) return r;
+    if (word) *word = k.word;
+    return DT_OK;
+}
+static dt_result dt__ckpt_load_comm(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m, dt_optim *o,
+                                    dt_checkpoint_meta *meta, int64_t *word, dt_result pre) {
+    return dt__ckpt_load_extra(c, fn, trainer, path, m, o, meta, word, NULL, 0, pre);
+}
+
+dt_result dt_checkpoint_save_comm(dt_comm *c, const char *path, dt_model *m, dt_optim *o, const dt_checkpoint_meta *meta) {
+    return dt__ckpt_save_comm(c, "dt_checkpoint_save_comm", DT__CKPT_PLAIN, path, m, o, meta, 0, DT_OK);
+}
+dt_result dt_checkpoint_load_comm(dt_comm *c, const char *path, dt_model *m, dt_optim *o, dt_checkpoint_meta *meta) {
+    return dt__ckpt_load_comm(c, "dt_checkpoint_load_comm", DT__CKPT_PLAIN, path, m, o, meta, NULL, DT_OK);
+}
+
+/* ---- shared by the trainers -------------------------------------------------------------------- */
+
+/* The checks every trainer's create and dt_hogwild_run (and Hogwild's pull and push) start with, so that they
+   refuse the same things alike: a NULL out, communicator (when the trainer has one: has_comm) or model is
+   DT_ERR_INVALID_ARG, a model that is not finalized DT_ERR_STATE. `model` names it in the message ("the
+   model", "the replica"). A NULL desc is no error: every create reads it as a zeroed desc. */
+static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, const dt_comm *c, const dt_model *m,
+                                   const char *model) {
+    char at[32] = "";   /* "rank 3: " */
+    if (has_comm && c) snprintf(at, sizeof at, "rank %d: ", dt_comm_rank(c));
+    if (!has_out) return dt_set_error(DT_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    if (has_comm && !c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
+    if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: %s%s is NULL", fn, at, model);
+    if (!m->finalized)
+        return dt_set_error(DT_ERR_STATE, "%s: %s%s is not finalized: call dt_model_finalize after building it", fn, at, model);
+    return DT_OK;
+}
+
+/* Collective, for every trainer's create: checks that all ranks built a model of the same size (one
+   all-reduce of {n, -n} with MAX: both come back unchanged only when every n is equal), then, with
+   broadcast set, gives every rank rank 0's parameters and buffers so the replicas start equal. */
+static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast) {
+    int64_t np = 0, nb = 0, n, v[2];
+    float *p = dt_model_params(m, &np), *b = dt_model_buffers(m, &nb);
+    dt_result r;
+    n = np + nb;
+    v[0] = n;
+    v[1] = -n;
+    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
+    if (v[0] != n || -v[1] != n)
+        return dt_set_error(DT_ERR_MISMATCH, "%s: rank %d: its model has %lld parameters and buffers but another rank's has %lld: "
+                            "every rank must build the same model", fn, dt_comm_rank(c), (long long)n, (long long)(v[0] != n ? v[0] : -v[1]));
+    if (!broadcast) return DT_OK;
+    if ((r = dt_comm_broadcast(c, p, (size_t)np, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
+    return nb > 0 ? dt_comm_broadcast(c, b, (size_t)nb, DT_F32, 0, DT_ALGO_AUTO) : DT_OK;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* the implementation */

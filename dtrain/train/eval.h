@@ -1,0 +1,116 @@
+/* dtrain/train/eval.h - evaluation: loss and accuracy of a classifier over a data set.
+   Part of dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
+
+   WHAT IS HERE
+     dt_evaluate: a model in eval mode over samples of a data set, batch by batch (top-1, top-k, mean loss).
+   USES
+     dtrain/core/nn.h and dtrain/core/data.h, and what they include.
+*/
+#ifndef DTRAIN_EVAL_H
+#define DTRAIN_EVAL_H
+#include "../core/nn.h"
+#include "../core/data.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Loss and accuracy of a classifier over samples idx[0..count) of ds (idx NULL = all), in eval mode
+   (the mode is restored after). The loss is NLL when the model ends in dt_log_softmax, cross-entropy
+   otherwise. topk (e.g. 5) also counts samples whose label is among the k highest scores. */
+typedef struct dt_eval_result {
+    double  loss;            /* mean over the samples */
+    double  top1, topk;      /* fractions in [0, 1] */
+    int64_t count;
+    int     k;
+} dt_eval_result;
+dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
+                      int64_t batch, int topk, dt_eval_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_EVAL_H */
+
+#if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_EVAL_IMPLEMENTATION_DONE)
+#define DTRAIN_EVAL_IMPLEMENTATION_DONE
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+
+dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
+                      int64_t batch, int topk, dt_eval_result *out) {
+    dt_result r = DT_OK;
+    int64_t start, k, in_size, i, j, top1 = 0, topk_hits = 0;
+    int was_training;
+    double loss_sum = 0.0;
+    float *x = NULL, *scores = NULL;
+    int32_t *y = NULL;
+    int64_t *ids = NULL;
+    if ((r = dt__need_final(m, "dt_evaluate")) != DT_OK) return r;
+    if (!ds || !out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: dataset or result is NULL");
+    memset(out, 0, sizeof *out);
+    if (!idx) count = ds->count;
+    if (count <= 0 || batch <= 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: count %lld and batch %lld must be > 0", (long long)count, (long long)batch);
+    in_size = m->nodes[0].size;
+    k = m->nodes[m->nnodes - 1].size;
+    if (ds->c * ds->h * ds->w != in_size)
+        return dt_set_error(DT_ERR_SHAPE, "dt_evaluate: samples of %s are %lldx%lldx%lld but the model takes %lld values",
+                            ds->source[0] ? ds->source : "the dataset", (long long)ds->c, (long long)ds->h,
+                            (long long)ds->w, (long long)in_size);
+    if (topk < 1) topk = 1;
+    if (topk > k) topk = (int)k;
+    if (batch > count) batch = count;
+    x = (float *)DT_MALLOC(sizeof(float) * (size_t)(batch * in_size));
+    scores = (float *)DT_MALLOC(sizeof(float) * (size_t)(batch * k));
+    y = (int32_t *)DT_MALLOC(sizeof(int32_t) * (size_t)batch);
+    ids = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)batch);
+    if (!x || !scores || !y || !ids) {
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_evaluate: no memory for a batch of %lld", (long long)batch);
+        goto done;
+    }
+    was_training = dt_model_is_training(m);
+    dt_model_train(m, 0);
+    dt_trace_begin("evaluate", "compute");
+    dt__trace_arg("samples", NULL, count);
+    for (start = 0; start < count && r == DT_OK; start += batch) {
+        int64_t n = count - start < batch ? count - start : batch;
+        float loss = 0.0f;
+        for (i = 0; i < n; i++) ids[i] = idx ? idx[start + i] : start + i;
+        if ((r = dt_dataset_batch(ds, ids, n, t, 0, 0, x, y)) != DT_OK) break;
+        if ((r = dt_model_forward(m, x, n)) != DT_OK) break;
+        r = dt_model_loss_labels(m, y, &loss);
+        if (r != DT_OK && r != DT_ERR_NUMERIC) break;
+        r = DT_OK;                                /* a NaN loss is reported as such in the result */
+        loss_sum += (double)loss * (double)n;
+        m->ops->download(m->ctx, scores, m->nodes[m->nnodes - 1].out, (int64_t)sizeof(float) * n * k);
+        for (i = 0; i < n; i++) {
+            const float *row = scores + i * k;
+            int64_t above = 0;                    /* classes scoring strictly higher than the label, or equal and earlier */
+            for (j = 0; j < k; j++)
+                above += row[j] > row[y[i]] || (row[j] == row[y[i]] && j < y[i]) || row[j] != row[j];   /* NaN: wrong */
+            top1 += above == 0;
+            topk_hits += above < topk;
+        }
+    }
+    dt_trace_end();
+    dt_model_train(m, was_training);
+    if (r == DT_OK) {
+        out->count = count;
+        out->loss = loss_sum / (double)count;
+        out->top1 = (double)top1 / (double)count;
+        out->topk = (double)topk_hits / (double)count;
+        out->k = topk;
+    }
+done:
+    DT_FREE(x); DT_FREE(scores); DT_FREE(y); DT_FREE(ids);
+    return r;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* the implementation */
