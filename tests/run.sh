@@ -64,6 +64,9 @@
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # DT_SECTIONS="3 4 7" runs only those sections (their numbers as above: 1 1a 2 2a 2b 2c 3 4 5 5b 5c 5d 6 7 8); the
 # programs the Makefile builds must be there (make all).
+# Each configuration's programs share one object of the implementation (tests/impl.c compiled with its flags, e.g.
+# $B/asan/dtrain.o); a program whose source defines DTRAIN_IMPLEMENTATION itself (it uses the library's internals
+# or a macro that changes the implementation) is compiled alone (build, below).
 # Each test program ends with "N passed, N failed"; each compile check counts as one test.
 # The last line is the sum, "N passed, N failed"; the exit status is non-zero when anything failed.
 CC=$1; B=$2; shift 2
@@ -98,6 +101,22 @@ want() {    # want: whether the current section runs (DT_SECTIONS unset or namin
     [ "$sec_name" = end ] && return 0
     case " $DT_SECTIONS " in *" $sec_name "*) return 0 ;; esac
     return 1
+}
+
+# build OBJ SOURCE OUT LIBS COMPILER FLAGS...: SOURCE into the program OUT, linked with OBJ (the configuration's
+# object of the implementation, compiled by the same COMPILER FLAGS from tests/impl.c); a SOURCE that defines
+# DTRAIN_IMPLEMENTATION itself is compiled alone, and so is any SOURCE where OBJ is "" (-DDTRAIN_IMPLEMENTATION)
+build() {
+    b_obj=$1; b_src=$2; b_out=$3; b_libs=$4; shift 4
+    if grep -q '^#define DTRAIN_IMPLEMENTATION' "$b_src"; then b_obj=""
+    elif [ -z "$b_obj" ]; then set -- "$@" -DDTRAIN_IMPLEMENTATION; fi
+    "$@" "$b_src" $b_obj -o "$b_out" $b_libs
+}
+# impl OBJ COMPILER FLAGS...: the configuration's object of the implementation; a failure counts once
+impl() {
+    i_obj=$1; shift
+    "$@" -c tests/impl.c -o "$i_obj" && return 0
+    echo "FAIL build of the implementation (tests/impl.c) into $i_obj"; failed=$((failed + 1)); return 1
 }
 
 check() {   # check NAME COMMAND...: one test that passes when the command succeeds
@@ -225,7 +244,7 @@ if want; then
 if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
     mkdir -p "$B/aarch64"
     for t in test_core test_layers test_models test_comm test_diff; do
-        if aarch64-linux-gnu-gcc $WARN -O2 -fopenmp -pthread "tests/$t.c" -o "$B/aarch64/$t" -lm; then
+        if build "" "tests/$t.c" "$B/aarch64/$t" -lm aarch64-linux-gnu-gcc $WARN -O2 -fopenmp -pthread; then
             run "aarch64 $t" env DT_TEST_QUICK=1 qemu-aarch64 -L /usr/aarch64-linux-gnu "$B/aarch64/$t"
         else echo "FAIL build of $t for aarch64"; failed=$((failed + 1)); fi
     done
@@ -238,13 +257,15 @@ fi
 section "3. without OpenMP, portable kernels"
 if want; then
 mkdir -p "$B/noomp"
+impl "$B/noomp/dtrain.o" $CC $WARN -O2 -DDT_NO_SIMD $DEFS
 for t in "$@"; do
-    if $CC $WARN -O2 -DDT_NO_SIMD $DEFS "tests/$t.c" -o "$B/noomp/$t" $LDLIBS; then run "noomp $t" env DT_TEST_QUICK=1 "$B/noomp/$t"
+    if build "$B/noomp/dtrain.o" "tests/$t.c" "$B/noomp/$t" "$LDLIBS" $CC $WARN -O2 -DDT_NO_SIMD $DEFS; then
+        run "noomp $t" env DT_TEST_QUICK=1 "$B/noomp/$t"
     else echo "FAIL build of $t without OpenMP"; failed=$((failed + 1)); fi
 done
 
 # the dataset tests once more without gzip and image support: the loaders must say which macro to build with
-if $CC $WARN -O2 -pthread "tests/test_datasets.c" -o "$B/noomp/test_datasets_plain" -lm; then
+if build "" "tests/test_datasets.c" "$B/noomp/test_datasets_plain" -lm $CC $WARN -O2 -pthread; then
     run "without DT_USE_ZLIB, DT_USE_STB_IMAGE: test_datasets" "$B/noomp/test_datasets_plain"
 else echo "FAIL build of test_datasets without the optional features"; failed=$((failed + 1)); fi
 fi
@@ -252,9 +273,10 @@ fi
 section "4. AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
 if want; then
 mkdir -p "$B/asan"
+ASAN="clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $DEFS"
+impl "$B/asan/dtrain.o" $ASAN
 for t in "$@"; do
-    if clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
-        $DEFS "tests/$t.c" -o "$B/asan/$t" $LDLIBS; then
+    if build "$B/asan/dtrain.o" "tests/$t.c" "$B/asan/$t" "$LDLIBS" $ASAN; then
         ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 run "asan $t" env DT_TEST_QUICK=1 "$B/asan/$t"
     else echo "FAIL build of $t with sanitizers"; failed=$((failed + 1)); fi
 done
@@ -262,8 +284,10 @@ done
 # the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
 # rank's thread runs backward, recording into its own trace lane) under ThreadSanitizer (no OpenMP, whose
 # runtime TSan cannot see into); and the launcher's count of ended ranks, which leaves a stalled one behind
+TSAN="clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS"
+impl "$B/asan/dtrain_tsan.o" $TSAN
 for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume test_faults test_compress; do
-    if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/$t.c" -o "$B/asan/${t}_tsan" $LDLIBS; then
+    if build "$B/asan/dtrain_tsan.o" "tests/$t.c" "$B/asan/${t}_tsan" "$LDLIBS" $TSAN; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan $t" env DT_TEST_QUICK=1 "$B/asan/${t}_tsan"
     else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi
 done
@@ -574,7 +598,7 @@ fault_cases() {
 }
 if want; then
 mkdir -p "$B/faults"
-if $CC $WARN -O2 -pthread $DEFS tests/mpi/fault_ddp.c -o "$B/faults/fault_ddp" $LDLIBS; then
+if build "" tests/mpi/fault_ddp.c "$B/faults/fault_ddp" "$LDLIBS" $CC $WARN -O2 -pthread $DEFS; then
     for n in 2 3 4; do fault_cases $((n - 1)) "$B/faults/fault_ddp" --ranks $n; done
     check "DT_FAULT that is not a fault: exit 1 naming the form" sh -c "
         DT_FAULT='rank=1,coll=0,kind=fail' '$B/faults/fault_ddp' 2>&1 | grep -q 'is not rank=R,coll=N,kind=K'"
@@ -619,20 +643,22 @@ section "7. MPI (mpiexec -n 2, 3, 4)"
 if want; then
 mkdir -p "$B/mpi"
 if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
-    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_comm_mpi.c" -o "$B/mpi/test_comm_mpi" $LDLIBS; then
+    MPICC="mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS"
+    impl "$B/mpi/dtrain.o" $MPICC
+    if build "$B/mpi/dtrain.o" tests/mpi/test_comm_mpi.c "$B/mpi/test_comm_mpi" "$LDLIBS" $MPICC; then
         for n in 2 3 4; do run "mpi -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_comm_mpi"; done
     else echo "FAIL build of tests/mpi/test_comm_mpi.c with mpicc"; failed=$((failed + 1)); fi
     # --trace under MPI: rank 0 gathers every rank's events into one file; after a failure, a file per rank
-    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_trace_mpi.c" -o "$B/mpi/test_trace_mpi" $LDLIBS; then
+    if build "$B/mpi/dtrain.o" tests/mpi/test_trace_mpi.c "$B/mpi/test_trace_mpi" "$LDLIBS" $MPICC; then
         run "mpi trace -n 2" timeout 300 mpiexec -n 2 "$B/mpi/test_trace_mpi"
     else echo "FAIL build of tests/mpi/test_trace_mpi.c with mpicc"; failed=$((failed + 1)); fi
-    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_train_mpi.c" -o "$B/mpi/test_train_mpi" $LDLIBS; then
+    if build "$B/mpi/dtrain.o" tests/mpi/test_train_mpi.c "$B/mpi/test_train_mpi" "$LDLIBS" $MPICC; then
         for n in 2 3 4; do run "mpi train -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_train_mpi"; done
     else echo "FAIL build of tests/mpi/test_train_mpi.c with mpicc"; failed=$((failed + 1)); fi
     # resume under mpiexec (tests/mpi/test_resume_mpi.c): a run killed with SIGKILL after a random step K (one
     # rank kills itself, which ends the job) and resumed from its last checkpoint writes the bytes of an
     # uninterrupted run; K is printed with a failure, and DT_TEST_KILL_AT=K replays it
-    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_resume_mpi.c" -o "$B/mpi/test_resume_mpi" $LDLIBS; then
+    if build "$B/mpi/dtrain.o" tests/mpi/test_resume_mpi.c "$B/mpi/test_resume_mpi" "$LDLIBS" $MPICC; then
         RT=$(mktemp -d)
         mpi_resume() {   # mpi_resume TRAINER N [K]: K, when given, fixes the step of the kill
             k=${DT_TEST_KILL_AT:-${3:-$((3 + $(od -An -N2 -tu2 /dev/urandom) % 11))}}
@@ -670,11 +696,11 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     else echo "FAIL build of tests/mpi/test_resume_mpi.c with mpicc"; failed=$((failed + 1)); fi
     # faults under mpiexec: each kind ends the job (a stalled rank with MPI_Abort) with exit status 1 and a message
     # naming the cause and the rank (fault_cases, section 5c)
-    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS tests/mpi/fault_ddp.c -o "$B/mpi/fault_ddp" $LDLIBS; then
+    if build "$B/mpi/dtrain.o" tests/mpi/fault_ddp.c "$B/mpi/fault_ddp" "$LDLIBS" $MPICC; then
         for n in 2 3 4; do fault_cases $((n - 1)) mpiexec -n $n "$B/mpi/fault_ddp"; done
     else echo "FAIL build of tests/mpi/fault_ddp.c with mpicc"; failed=$((failed + 1)); fi
-    check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl.o' &&
-        mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl-cxx.o'"
+    check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c tests/impl.c -o '$B/mpi/impl.o' &&
+        mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c tests/impl.c -o '$B/mpi/impl-cxx.o'"
     printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL) == DT_OK ? 0 : 1; }\n' > "$B/mpi/nompi.c"
     check "built without MPI, under mpiexec -n 2: exit 1, saying to rebuild with MPI" sh -c "
         $CC $WARN -pthread '$B/mpi/nompi.c' -o '$B/mpi/nompi' -lm || exit 1
@@ -686,7 +712,7 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         MT=$(mktemp -d)
         mpi_example() {   # mpi_example NAME COLUMNS N ARGS...: the CSV's COLUMNS agree, mpiexec -n N and --ranks N
             name=$1; cols=$2; n=$3; shift 3
-            mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "examples/$name.c" -o "$B/mpi/$name" $LDLIBS || return 1
+            $MPICC "examples/$name.c" -o "$B/mpi/$name" $LDLIBS || return 1
             timeout 300 mpiexec -n "$n" "$B/mpi/$name" "$@" --csv "$MT/$name-mpi.csv" >/dev/null || return 1
             timeout 300 "$B/examples/$name" --ranks "$n" "$@" --csv "$MT/$name-local.csv" >/dev/null || return 1
             cut -d, -f"$cols" "$MT/$name-mpi.csv" > "$MT/$name-mpi.cut"; cut -d, -f"$cols" "$MT/$name-local.csv" > "$MT/$name-local.cut"
