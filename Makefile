@@ -1,5 +1,5 @@
 # dtrain - build the examples and tests, run the tests.
-#   make              build examples and tests (build/)
+#   make              build examples and tests (build/), which link the implementation compiled once (build/obj/dtrain.o)
 #   make MPI=1        the same with mpicc and -DDT_USE_MPI (build-mpi/), plus the MPI tests
 #                     (build-mpi/tests/mpi/test_comm_mpi, test_train_mpi: run them with mpiexec -n 2, 3 or 4;
 #                     test_resume_mpi: one run of tests/resume_checks.h, which tests/run.sh kills and resumes)
@@ -96,6 +96,22 @@ endif
 
 all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS)
 
+# the implementation, compiled once: $(B)/obj/dtrain.o (tests/impl.c), linked into every test, MPI test and benchmark
+# whose source does not define DTRAIN_IMPLEMENTATION itself. A program that uses what only the implementation
+# defines (dt__ internals, DT__ macros, the dt_body_* loop bodies, DT_MALLOC) or sets a macro that changes it
+# (allocator hooks, DT_CONV_WORKSPACE, DT_IMAGE_MAX_PIXELS, ...) keeps its #define DTRAIN_IMPLEMENTATION, with a
+# comment saying why, and compiles the implementation itself; so do the examples, which users compile alone. tests/run.sh builds an object the same way for each of its other
+# configurations (no OpenMP, sanitizers, MPI).
+IMPL_OBJ  := $(B)/obj/dtrain.o
+OWN_IMPL  := $(shell grep -l '^\#define DTRAIN_IMPLEMENTATION' tests/test_*.c tests/mpi/*.c bench/*.c)
+LINKED    := $(filter-out $(patsubst %.c,$(B)/%,$(OWN_IMPL)),$(addprefix $(B)/tests/,$(TESTS)) \
+                 $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS))
+$(IMPL_OBJ): tests/impl.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -c $< -o $@
+$(LINKED): $(IMPL_OBJ)
+$(LINKED): OBJ := $(IMPL_OBJ)
+
 $(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h tests/dt_test_trace.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
@@ -109,7 +125,7 @@ $(B)/tests/test_examples: examples/common.h
 $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h tests/comm_checks.h tests/dt_test_trace.h \
              $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< $(OBJ) -o $@ $(LDLIBS)
 
 $(B)/examples/%: examples/%.c examples/common.h $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -117,7 +133,7 @@ $(B)/examples/%: examples/%.c examples/common.h $(HEADERS)
 
 $(B)/bench/%: bench/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< $(OBJ) -o $@ $(LDLIBS)
 
 test: all
 	@FUZZ="$(FUZZ)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)

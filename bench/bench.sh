@@ -90,7 +90,7 @@ echo "  memory: peak resident memory of the process minus what it held before th
 echo "== GEMM GFLOP/s (median of $((ROUNDS * WINDOWS)) windows)"
 gemm="$B/bench/bench_gemm"
 if pkg-config --exists openblas 2>/dev/null; then
-    ${CC:-cc} -std=c11 -O3 -fopenmp -DBENCH_OPENBLAS $(pkg-config --cflags openblas) bench/bench_gemm.c -o "$OUT/bench_gemm_openblas" \
+    ${CC:-cc} -std=c11 -O3 -fopenmp -DDTRAIN_IMPLEMENTATION -DBENCH_OPENBLAS $(pkg-config --cflags openblas) bench/bench_gemm.c -o "$OUT/bench_gemm_openblas" \
         $(pkg-config --libs openblas) -lm || exit 1
     gemm="$OUT/bench_gemm_openblas"
 else

@@ -6,7 +6,6 @@
    Built with -DDT_USE_MPI and started by mpiexec it measures the MPI backend and MPICH's own
    MPI_Allreduce (algo "mpich", separate send/receive buffers like the peer program).
      ./bench_comm --ranks 2 [--algos naive,ring,tree,native] [--max-bytes N] [--window S] */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include <stdio.h>
 #include <stdlib.h>

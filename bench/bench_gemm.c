@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #ifdef BENCH_OPENBLAS
 #include <cblas.h>

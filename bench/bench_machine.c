@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): DT__OMP, the implementation's OpenMP macro */
 #include "../dtrain.h"
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>

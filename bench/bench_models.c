@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 
 static int cmp_double(const void *a, const void *b) {

@@ -14,7 +14,7 @@ for n in 2 4; do
     "$B/bench/bench_comm" --ranks $n --max-bytes $MAX --window $WIN >> "$CSV" || exit 1
 done
 if command -v mpicc >/dev/null 2>&1 && [ -f dtrain_mpi.h ]; then
-    mpicc -std=c11 -O3 -fopenmp -pthread -DDT_USE_MPI bench/bench_comm.c -o "$B/bench/bench_comm_mpi" -lm || exit 1
+    mpicc -std=c11 -O3 -fopenmp -pthread -DDT_USE_MPI -DDTRAIN_IMPLEMENTATION bench/bench_comm.c -o "$B/bench/bench_comm_mpi" -lm || exit 1
     for n in 2 4; do
         echo "MPI backend and MPICH's MPI_Allreduce, $n processes ..." >&2
         mpiexec -n $n "$B/bench/bench_comm_mpi" --max-bytes $MAX --window $WIN >> "$CSV" || exit 1

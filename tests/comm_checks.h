@@ -16,6 +16,8 @@
 #include <string.h>
 #include <math.h>
 #include <time.h>
+#include <limits.h>
+#include <sched.h>   /* sched_yield */
 
 #define CC_MAX_RANKS 256
 

@@ -12,7 +12,7 @@ fi
 check() {   # check NAME COMMAND...: one test that passes when the command succeeds
     name=$1; shift
     if err=$("$@" 2>&1); then echo "ok   $name"; passed=$((passed + 1))
-    else echo "FAIL $name"; printf '%s\n' "$err" | head -n 20; failed=$((failed + 1)); fi
+    else echo "FAIL $name"; printf '%s\n' "$err" | tail -n 30; failed=$((failed + 1)); fi
 }
 G=$B/grade-test; rm -rf "$G"
 for lab in 1 2 3 4; do

@@ -64,6 +64,11 @@
 #   8. tests/install.sh: make install PREFIX, pkg-config, CMake find_package and add_subdirectory, cmake --install,
 #      make uninstall
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
+# DT_SECTIONS="3 4 7" runs only those sections (their numbers as above: 1 1a 2 2a 2b 2c 3 4 5 5b 5c 5d 6 7 8); the
+# programs the Makefile builds must be there (make all).
+# Each configuration's programs share one object of the implementation (tests/impl.c compiled with its flags, e.g.
+# $B/asan/dtrain.o); a program whose source defines DTRAIN_IMPLEMENTATION itself (it uses the library's internals
+# or a macro that changes the implementation) is compiled alone (build, below).
 # Each test program ends with "N passed, N failed"; each compile check counts as one test.
 # The last line is the sum, "N passed, N failed"; the exit status is non-zero when anything failed.
 CC=$1; B=$2; shift 2
@@ -89,18 +94,45 @@ run() {
 sec_name=""; sec_t=$(date +%s); sec_times=""
 section() {
     now=$(date +%s)
-    [ -n "$sec_name" ] && sec_times="$sec_times $sec_name $((now - sec_t)) s,"
+    [ -n "$sec_name" ] && want && sec_times="$sec_times $sec_name $((now - sec_t)) s,"
     sec_name=${1%%.*}; sec_t=$now
-    echo "== $1"
+    if want; then echo "== $1"; else echo "== $1: not run (DT_SECTIONS=$DT_SECTIONS)"; fi
+}
+want() {    # want: whether the current section runs (DT_SECTIONS unset or naming it)
+    [ -z "${DT_SECTIONS:-}" ] && return 0
+    [ "$sec_name" = end ] && return 0
+    case " $DT_SECTIONS " in *" $sec_name "*) return 0 ;; esac
+    return 1
+}
+
+# build OBJ SOURCE OUT LIBS COMPILER FLAGS...: SOURCE into the program OUT, linked with OBJ (the configuration's
+# object of the implementation, compiled by the same COMPILER FLAGS from tests/impl.c); a SOURCE that defines
+# DTRAIN_IMPLEMENTATION itself is compiled alone, and so is any SOURCE where OBJ is "" (-DDTRAIN_IMPLEMENTATION)
+build() {
+    b_obj=$1; b_src=$2; b_out=$3; b_libs=$4; shift 4
+    if grep -q '^#define DTRAIN_IMPLEMENTATION' "$b_src"; then b_obj=""
+    elif [ -z "$b_obj" ]; then set -- "$@" -DDTRAIN_IMPLEMENTATION; fi
+    "$@" "$b_src" $b_obj -o "$b_out" $b_libs
+}
+# impl OBJ COMPILER FLAGS...: the configuration's object of the implementation; a failure counts once
+impl() {
+    i_obj=$1; shift
+    "$@" -c tests/impl.c -o "$i_obj" && return 0
+    echo "FAIL build of the implementation (tests/impl.c) into $i_obj"; failed=$((failed + 1)); return 1
 }
 
 check() {   # check NAME COMMAND...: one test that passes when the command succeeds
     name=$1; shift
     if err=$("$@" 2>&1); then echo "ok   $name"; passed=$((passed + 1))
-    else echo "FAIL $name"; printf '%s\n' "$err" | head -n 20; failed=$((failed + 1)); fi
+    else   # the end of its output, where the cause is
+        echo "FAIL $name"; n=$(printf '%s\n' "$err" | wc -l)
+        [ "$n" -gt 30 ] && echo "  ($((n - 30)) lines before these left out)"
+        printf '%s\n' "$err" | tail -n 30; failed=$((failed + 1))
+    fi
 }
 
 section "1. optimised build ($CC)"
+if want; then
 for t in "$@"; do run "$t" "$B/tests/$t"; done
 
 # the layer and model tests once more on every other CPU tier this machine runs (dtrain/cpu/cpu.h: DT_CPU), so each
@@ -113,8 +145,10 @@ for tier in avx512 avx2 portable; do
     fi
     for t in test_layers test_models; do run "$t DT_CPU=$tier" env DT_CPU=$tier "$B/tests/$t"; done
 done
+fi
 
 section "1a. dtrain against float64 PyTorch (tests/diff_torch.py)"
+if want; then
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
     DD=$(mktemp -d)
     run "test_diff --dump" "$B/tests/test_diff" --graphs 60 --dump "$DD"
@@ -123,8 +157,10 @@ if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import torch' >/dev/null 2>&1
 else
     echo "skipped: tests/diff_torch.py (dtrain against float64 PyTorch): /usr/bin/python3 with torch is not installed"
 fi
+fi
 
 section "2. compile checks"
+if want; then
 mkdir -p "$B/check"
 printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nint main(void){ return dt_cpu_ops() == 0; }\n' > "$B/check/impl.c"
 for cc in gcc clang; do
@@ -154,12 +190,16 @@ check "declarations alone (no implementation)" sh -c "printf '#include \"../../d
 # dt_request's reserved words must hold the library's request state: with too few the build stops, saying so
 check "a dt_request too small for the request state does not compile" sh -c "! gcc $WARN -DDT__REQUEST_WORDS=8 -c '$B/check/impl.c' \
     -o '$B/check/small-request.o' 2> '$B/check/small-request.err' && grep -q 'too few reserved words' '$B/check/small-request.err'"
+fi
 
 section "2a. the docs: API reference and code blocks"
+if want; then
 check "docs/api.md documents every public name of the headers (tools/check_api.sh)" sh tools/check_api.sh
 run "snippets" env CC="$CC" sh tools/check_snippets.sh "$B/snippets"
+fi
 
 section "2b. the GPU backend (dtrain_cuda.h)"
+if want; then
 mkdir -p "$B/cuda"
 if clang++ -x c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
         -c tests/cuda/emulate.cc -o "$B/cuda/emulate.o" &&
@@ -199,12 +239,14 @@ if [ -x "$CUDA_HOME/bin/nvcc" ]; then
 else
     echo "skipped: nvcc not installed (at $CUDA_HOME/bin/nvcc): the GPU backend was not compiled for the GPU"
 fi
+fi
 
 section "2c. ARM64 (aarch64, cross-compiled, run under qemu-user)"
+if want; then
 if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
     mkdir -p "$B/aarch64"
     for t in test_core test_layers test_models test_comm test_diff; do
-        if aarch64-linux-gnu-gcc $WARN -O2 -fopenmp -pthread "tests/$t.c" -o "$B/aarch64/$t" -lm; then
+        if build "" "tests/$t.c" "$B/aarch64/$t" -lm aarch64-linux-gnu-gcc $WARN -O2 -fopenmp -pthread; then
             run "aarch64 $t" env DT_TEST_QUICK=1 qemu-aarch64 -L /usr/aarch64-linux-gnu "$B/aarch64/$t"
         else echo "FAIL build of $t for aarch64"; failed=$((failed + 1)); fi
     done
@@ -212,24 +254,31 @@ else
     echo "FAIL aarch64-linux-gnu-gcc or qemu-aarch64 is not installed (run tools/deps.sh: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user)"
     failed=$((failed + 1))
 fi
+fi
 
 section "3. without OpenMP, portable kernels"
+if want; then
 mkdir -p "$B/noomp"
+impl "$B/noomp/dtrain.o" $CC $WARN -O2 -DDT_NO_SIMD $DEFS
 for t in "$@"; do
-    if $CC $WARN -O2 -DDT_NO_SIMD $DEFS "tests/$t.c" -o "$B/noomp/$t" $LDLIBS; then run "noomp $t" env DT_TEST_QUICK=1 "$B/noomp/$t"
+    if build "$B/noomp/dtrain.o" "tests/$t.c" "$B/noomp/$t" "$LDLIBS" $CC $WARN -O2 -DDT_NO_SIMD $DEFS; then
+        run "noomp $t" env DT_TEST_QUICK=1 "$B/noomp/$t"
     else echo "FAIL build of $t without OpenMP"; failed=$((failed + 1)); fi
 done
 
 # the dataset tests once more without gzip and image support: the loaders must say which macro to build with
-if $CC $WARN -O2 -pthread "tests/test_datasets.c" -o "$B/noomp/test_datasets_plain" -lm; then
+if build "" "tests/test_datasets.c" "$B/noomp/test_datasets_plain" -lm $CC $WARN -O2 -pthread; then
     run "without DT_USE_ZLIB, DT_USE_STB_IMAGE: test_datasets" "$B/noomp/test_datasets_plain"
 else echo "FAIL build of test_datasets without the optional features"; failed=$((failed + 1)); fi
+fi
 
 section "4. AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
+if want; then
 mkdir -p "$B/asan"
+ASAN="clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $DEFS"
+impl "$B/asan/dtrain.o" $ASAN
 for t in "$@"; do
-    if clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
-        $DEFS "tests/$t.c" -o "$B/asan/$t" $LDLIBS; then
+    if build "$B/asan/dtrain.o" "tests/$t.c" "$B/asan/$t" "$LDLIBS" $ASAN; then
         ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 run "asan $t" env DT_TEST_QUICK=1 "$B/asan/$t"
     else echo "FAIL build of $t with sanitizers"; failed=$((failed + 1)); fi
 done
@@ -237,13 +286,17 @@ done
 # the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
 # rank's thread runs backward, recording into its own trace lane) under ThreadSanitizer (no OpenMP, whose
 # runtime TSan cannot see into); and the launcher's count of ended ranks, which leaves a stalled one behind
+TSAN="clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS"
+impl "$B/asan/dtrain_tsan.o" $TSAN
 for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume test_faults test_compress; do
-    if clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS "tests/$t.c" -o "$B/asan/${t}_tsan" $LDLIBS; then
+    if build "$B/asan/dtrain_tsan.o" "tests/$t.c" "$B/asan/${t}_tsan" "$LDLIBS" $TSAN; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan $t" env DT_TEST_QUICK=1 "$B/asan/${t}_tsan"
     else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi
 done
+fi
 
 section "5. examples"
+if want; then
 T=$(mktemp -d)
 expect_status() {   # expect_status CODE COMMAND...: the command exits with CODE and says why on stderr
     want=$1; shift
@@ -518,11 +571,14 @@ else
     echo "skipped tools/plot.sh chart check: gnuplot is not installed (tools/deps.sh gnuplot-nox)"
 fi
 rm -rf "$T"
+fi
 
 section "5b. the tutorial: its experiments, shortened, and its quotations of the examples"
+if want; then
 for md in docs/tutorial/*.md; do
     check "$md: its commands run and its quotations are current" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
 done
+fi
 
 section "5c. faults on local ranks (DT_FAULT, tests/mpi/fault_ddp.c)"
 # fault_ends PATTERN COMMAND...: the run ends with exit status 1 within 15 s, its output matches PATTERN
@@ -555,8 +611,9 @@ fault_cases() {
     check "$* one NaN pixel in rank $r's batch at step 3: exit 1, DT_ERR_NUMERIC naming rank $r, epoch 1, step 3, once" \
         fault_ends "DT_ERR_NUMERIC: rank $r: epoch 1, step 3: .*the loss is nan" "$@" --timeout 0.5 --nan-pixel "$r:3"
 }
+if want; then
 mkdir -p "$B/faults"
-if $CC $WARN -O2 -pthread $DEFS tests/mpi/fault_ddp.c -o "$B/faults/fault_ddp" $LDLIBS; then
+if build "" tests/mpi/fault_ddp.c "$B/faults/fault_ddp" "$LDLIBS" $CC $WARN -O2 -pthread $DEFS; then
     for n in 2 3 4; do fault_cases $((n - 1)) "$B/faults/fault_ddp" --ranks $n; done
     check "DT_FAULT that is not a fault: exit 1 naming the form" sh -c "
         DT_FAULT='rank=1,coll=0,kind=fail' '$B/faults/fault_ddp' 2>&1 | grep -q 'is not rank=R,coll=N,kind=K'"
@@ -568,8 +625,10 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then   #
     check "ddp: rank 1 stalled for good (DT_FAULT) ends the run: exit 1 within 15 s, naming it" \
         fault_ends "rank 1 has not returned" env DT_FAULT="rank=1,coll=6,kind=hang" "$B/examples/ddp" --ranks 3 --limit 600 --batch 60 --timeout 1
 fi
+fi
 
 section "5d. the course kit: docs/course, tools/grade_lab.sh, the experiments"
+if want; then
 for md in docs/course/*.md; do
     check "$md: its commands run" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
 done
@@ -580,8 +639,10 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 else
     echo "skipped tools/grade_lab.sh's tests and the experiments: dataset-fashion-mnist is not installed"
 fi
+fi
 
 section "6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
+if want; then
 mkdir -p "$B/fuzz"
 for f in ${FUZZ:-}; do
     if clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $DEFS "fuzz/$f.c" \
@@ -591,24 +652,28 @@ for f in ${FUZZ:-}; do
         check "fuzz $f" "$B/fuzz/$f" -max_total_time="${FUZZ_SECONDS:-20}" -rss_limit_mb=2048 "$B/fuzz/$f.corpus" $seeds
     else echo "FAIL build of fuzz target $f"; failed=$((failed + 1)); fi
 done
+fi
 
 section "7. MPI (mpiexec -n 2, 3, 4)"
+if want; then
 mkdir -p "$B/mpi"
 if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
-    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_comm_mpi.c" -o "$B/mpi/test_comm_mpi" $LDLIBS; then
+    MPICC="mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS"
+    impl "$B/mpi/dtrain.o" $MPICC
+    if build "$B/mpi/dtrain.o" tests/mpi/test_comm_mpi.c "$B/mpi/test_comm_mpi" "$LDLIBS" $MPICC; then
         for n in 2 3 4; do run "mpi -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_comm_mpi"; done
     else echo "FAIL build of tests/mpi/test_comm_mpi.c with mpicc"; failed=$((failed + 1)); fi
     # --trace under MPI: rank 0 gathers every rank's events into one file; after a failure, a file per rank
-    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_trace_mpi.c" -o "$B/mpi/test_trace_mpi" $LDLIBS; then
+    if build "$B/mpi/dtrain.o" tests/mpi/test_trace_mpi.c "$B/mpi/test_trace_mpi" "$LDLIBS" $MPICC; then
         run "mpi trace -n 2" timeout 300 mpiexec -n 2 "$B/mpi/test_trace_mpi"
     else echo "FAIL build of tests/mpi/test_trace_mpi.c with mpicc"; failed=$((failed + 1)); fi
-    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_train_mpi.c" -o "$B/mpi/test_train_mpi" $LDLIBS; then
+    if build "$B/mpi/dtrain.o" tests/mpi/test_train_mpi.c "$B/mpi/test_train_mpi" "$LDLIBS" $MPICC; then
         for n in 2 3 4; do run "mpi train -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_train_mpi"; done
     else echo "FAIL build of tests/mpi/test_train_mpi.c with mpicc"; failed=$((failed + 1)); fi
     # resume under mpiexec (tests/mpi/test_resume_mpi.c): a run killed with SIGKILL after a random step K (one
     # rank kills itself, which ends the job) and resumed from its last checkpoint writes the bytes of an
     # uninterrupted run; K is printed with a failure, and DT_TEST_KILL_AT=K replays it
-    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "tests/mpi/test_resume_mpi.c" -o "$B/mpi/test_resume_mpi" $LDLIBS; then
+    if build "$B/mpi/dtrain.o" tests/mpi/test_resume_mpi.c "$B/mpi/test_resume_mpi" "$LDLIBS" $MPICC; then
         RT=$(mktemp -d)
         mpi_resume() {   # mpi_resume TRAINER N [K]: K, when given, fixes the step of the kill
             k=${DT_TEST_KILL_AT:-${3:-$((3 + $(od -An -N2 -tu2 /dev/urandom) % 11))}}
@@ -646,11 +711,11 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     else echo "FAIL build of tests/mpi/test_resume_mpi.c with mpicc"; failed=$((failed + 1)); fi
     # faults under mpiexec: each kind ends the job (a stalled rank with MPI_Abort) with exit status 1 and a message
     # naming the cause and the rank (fault_cases, section 5c)
-    if mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS tests/mpi/fault_ddp.c -o "$B/mpi/fault_ddp" $LDLIBS; then
+    if build "$B/mpi/dtrain.o" tests/mpi/fault_ddp.c "$B/mpi/fault_ddp" "$LDLIBS" $MPICC; then
         for n in 2 3 4; do fault_cases $((n - 1)) mpiexec -n $n "$B/mpi/fault_ddp"; done
     else echo "FAIL build of tests/mpi/fault_ddp.c with mpicc"; failed=$((failed + 1)); fi
-    check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl.o' &&
-        mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c '$B/check/impl.c' -o '$B/mpi/impl-cxx.o'"
+    check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c tests/impl.c -o '$B/mpi/impl.o' &&
+        mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c tests/impl.c -o '$B/mpi/impl-cxx.o'"
     printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL) == DT_OK ? 0 : 1; }\n' > "$B/mpi/nompi.c"
     check "built without MPI, under mpiexec -n 2: exit 1, saying to rebuild with MPI" sh -c "
         $CC $WARN -pthread '$B/mpi/nompi.c' -o '$B/mpi/nompi' -lm || exit 1
@@ -662,7 +727,7 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         MT=$(mktemp -d)
         mpi_example() {   # mpi_example NAME COLUMNS N ARGS...: the CSV's COLUMNS agree, mpiexec -n N and --ranks N
             name=$1; cols=$2; n=$3; shift 3
-            mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS "examples/$name.c" -o "$B/mpi/$name" $LDLIBS || return 1
+            $MPICC "examples/$name.c" -o "$B/mpi/$name" $LDLIBS || return 1
             timeout 300 mpiexec -n "$n" "$B/mpi/$name" "$@" --csv "$MT/$name-mpi.csv" >/dev/null || return 1
             timeout 300 "$B/examples/$name" --ranks "$n" "$@" --csv "$MT/$name-local.csv" >/dev/null || return 1
             cut -d, -f"$cols" "$MT/$name-mpi.csv" > "$MT/$name-mpi.cut"; cut -d, -f"$cols" "$MT/$name-local.csv" > "$MT/$name-local.cut"
@@ -718,9 +783,12 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
 else
     echo "FAIL mpicc or mpiexec is not installed (run tools/deps.sh: mpich, libmpich-dev)"; failed=$((failed + 1))
 fi
+fi
 
 section "8. install: make install and uninstall, pkg-config, CMake (tests/install.sh)"
+if want; then
 . tests/install.sh
+fi
 
 section "end"
 echo "time by section:${sec_times%,}"

@@ -4,7 +4,7 @@
 #include <unistd.h>
 /* Checkpoints: round trip of every piece of state, a resumed run bit-identical to an uninterrupted one,
    evaluation, and refusal of files that are missing, foreign, of another version, truncated or damaged. */
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): dt__fnv, the checksum */
 #include "../dtrain.h"
 #include "dt_test.h"
 

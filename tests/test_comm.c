@@ -5,7 +5,7 @@
    and leave the communicator broken; the link model; the launcher (flags, results, rank-prefixed log).
    DT_TEST_QUICK=1 leaves out the million-element cases (for the sanitizer builds). */
 #define _POSIX_C_SOURCE 200809L
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): dt__lib_send, dt__req */
 #include "../dtrain.h"
 #include "dt_test.h"
 #include "comm_checks.h"

@@ -6,7 +6,6 @@
    input), a short run in which top-k 1% with error feedback (and PowerSGD) lands in fp32's accuracy band
    and top-k without it does not, and resumed top-k and PowerSGD runs that end with the bits of
    uninterrupted ones. DT_TEST_QUICK=1 (sanitizer and portable builds) leaves out the accuracy run. */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 #include "train_checks.h"

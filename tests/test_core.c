@@ -1,7 +1,7 @@
 /* Base (results, RNG, timers), GEMM against its naive twin, and convolution (im2col + GEMM, chunked)
    against a direct convolution. Built with a tiny convolution workspace so chunking is exercised. */
 #define DT_CONV_WORKSPACE 3000
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): DT_CONV_WORKSPACE, and the kernels' internals */
 #include "../dtrain.h"
 #include "dt_test.h"
 

@@ -7,7 +7,7 @@
 #include "dt_test_alloc.h"   /* counting allocator hooks, before the implementation */
 #define DT_IMAGE_MAX_PIXELS 4096   /* small, so the test can exceed it */
 
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): the allocator hooks, DT_IMAGE_MAX_PIXELS */
 #include "../dtrain.h"
 #include "dt_test.h"
 #include <dirent.h>

@@ -2,7 +2,6 @@
    ends, after k SGD steps, with the parameters of one rank trained with batch B; the initial broadcast;
    gradient accumulation; ranks with unequal numbers of batches; BatchNorm statistics; bad arguments.
    DT_TEST_QUICK=1 (sanitizer builds) tries fewer algorithms. */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 #include "train_checks.h"

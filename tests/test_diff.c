@@ -48,7 +48,7 @@
    add_relu, and written-not-added gradients by the add, linear, fused batch norm and convolution). The
    test counts them (wrapping the tier's kernel table and the CPU's ops table) and fails naming any that no
    graph reached. */
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): the kernels' internals */
 #include "../dtrain.h"
 #include "dt_test.h"
 

@@ -7,7 +7,6 @@
    consensus in log2 p steps on 4 and 8 ranks (bit for bit: every replica is the mean) and not on 3; the hook
    is asked for the right steps; a bad graph from it stops every rank with a named error, a schedule whose
    graphs never connect the ranks is refused. */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 

@@ -2,7 +2,7 @@
    (this file also runs under AddressSanitizer + UndefinedBehaviorSanitizer). */
 #include "dt_test_alloc.h"   /* counting allocator hooks, before the implementation */
 
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): the allocator hooks */
 #include "../dtrain.h"
 #include "dt_test.h"
 

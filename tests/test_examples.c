@@ -1,7 +1,7 @@
 /* The flags the examples share (examples/common.h) that a unit test can hold to their meaning: a rate
    (--link-bandwidth) read as bytes per second with or without a unit, garbage refused, and printed in the
    charts' Gbit/s and Mbit/s; the datasets without a default directory refused before any file is read. */
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): examples/common.h uses DT_MALLOC, DT_FREE */
 #include "../dtrain.h"
 #include "dt_test.h"
 #define EX_PROG "test_examples"

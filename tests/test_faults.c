@@ -4,7 +4,6 @@
    DT_ERR_NUMERIC naming that rank, the epoch and the step, logged once; bad fault specs are refused.
    (tests/run.sh runs tests/mpi/fault_ddp.c with the same faults as a program, on local ranks and under
    mpiexec, for the exit status.) */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 #include "train_checks.h"

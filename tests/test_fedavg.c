@@ -3,7 +3,6 @@
    sign flipping, zero that means zero (the noise std, Krum's f, the learning rate), a batchnorm model's global
    parameters and statistics the same on 1 and 3 ranks, dropouts that leave clients out without hanging, and
    100 clients over 4 local ranks. */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 

@@ -1,6 +1,6 @@
 /* Every layer and loss, forward AND backward: against PyTorch's numbers (fixtures written by
    tests/gen_fixtures.py) and against finite differences on small odd shapes. */
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): dt_body_argmax_row, a loop body of the implementation */
 #include "../dtrain.h"
 #include "dt_test.h"
 

@@ -4,7 +4,6 @@
    averages and BatchNorm buffers; Hogwild with one worker is plain SGD exactly, with several workers on a
    linear regression it converges; bad arguments. Hogwild races by design, so this test is not among
    tests/run.sh's ThreadSanitizer runs. */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 #include "train_checks.h"

@@ -1,7 +1,7 @@
 /* The model graph and the zoo: parameter counts as PyTorch counts them, PyTorch's parameter names,
    one full forward+backward of SimpleCNN and ResNet-20 against PyTorch, initialisation, gradient
    accumulation, train/eval. */
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): the kernels' internals */
 #include "../dtrain.h"
 #include "dt_test.h"
 #ifdef _OPENMP

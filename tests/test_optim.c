@@ -1,6 +1,5 @@
 /* Optimizers, gradient clipping, frozen parameters and LR schedules against PyTorch's trajectories
    (fixtures written by tests/gen_optim_fixtures.py): 20 steps within 1e-5 relative. */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 

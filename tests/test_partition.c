@@ -3,7 +3,7 @@
    DistributedSampler padding, prefetch on == off byte for byte, clean errors and out-of-memory paths. */
 #include "dt_test_alloc.h"   /* counting allocator hooks, before the implementation */
 
-#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): the allocator hooks, the RNG's internals */
 #include "../dtrain.h"
 #include "dt_test.h"
 

@@ -13,7 +13,6 @@
    batches an uninterrupted epoch does; and collective checkpoints that are damaged, foreign, of another
    world size, writer or model are refused on every rank with a message naming the cause, and no rank's
    model changes. */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 #include "resume_checks.h"

@@ -2,7 +2,6 @@
    (symmetric, doubly stochastic, connected) and the spectral gap against closed forms; the one-peer
    exponential schedule (its product over a period is exactly the averaging matrix for a power of two),
    dt_topology_check's refusals and the union's connectivity. */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 

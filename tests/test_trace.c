@@ -6,7 +6,6 @@
 #define _POSIX_C_SOURCE 200809L   /* mkdtemp */
 #include <stdlib.h>
 #include <pthread.h>
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 #include "dt_test_files.h"

@@ -1,6 +1,5 @@
 /* Per-batch conversion of uint8 samples: normalisation, random crop with zero padding, horizontal flip;
    deterministic for (seed, epoch, sample). */
-#define DTRAIN_IMPLEMENTATION
 #include "../dtrain.h"
 #include "dt_test.h"
 

@@ -3,7 +3,8 @@
    from DT_FAULT (dt_comm_desc.fault); --nan-pixel R:S puts one NaN pixel into rank R's batch at step S.
    The exit status is 0 when every rank succeeded, 1 after a failure (logged by dt_launch), 2 for a bad flag:
    every fault must end with 1, a message naming the cause and the rank, in bounded time. */
-#define DTRAIN_IMPLEMENTATION
+#include <stdio.h>
+#include <math.h>
 #include "../../dtrain.h"
 #include "../train_checks.h"
 #include "../fault_ddp.h"

@@ -6,7 +6,6 @@
    Fault tests use fresh communicators: a mismatch, a rank that stops, a rank that leaves with an error.
    Rank 0 prints one line per test (failed checks summed over the ranks) and "N passed, N failed". */
 #define _POSIX_C_SOURCE 200809L
-#define DTRAIN_IMPLEMENTATION
 #include "../../dtrain.h"
 #include "../dt_test.h"
 #include "../comm_checks.h"

@@ -6,7 +6,6 @@
    a random step K (one rank kills itself, which ends the job), and resumed from the last checkpoint; the
    resumed run must write the uninterrupted run's bytes. Exit status 0, 1 after a failure, 2 for bad flags. */
 #define _POSIX_C_SOURCE 200809L
-#define DTRAIN_IMPLEMENTATION
 #include "../../dtrain.h"
 #include "../resume_checks.h"
 #ifndef DT_USE_MPI

@@ -7,7 +7,6 @@
    The program initialises MPI itself, so dt_launch leaves it initialised and can run twice; rank 0 reads
    the files and prints one line per test and "N passed, N failed". */
 #define _POSIX_C_SOURCE 200809L   /* mkdtemp */
-#define DTRAIN_IMPLEMENTATION
 #include "../../dtrain.h"
 #include "../dt_test.h"
 #include "../dt_test_files.h"

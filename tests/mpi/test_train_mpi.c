@@ -16,7 +16,6 @@
    a power of two. Rank 0 prints one line per test (failed
    checks summed over the ranks) and "N passed, N failed". */
 #define _POSIX_C_SOURCE 200809L
-#define DTRAIN_IMPLEMENTATION
 #include "../../dtrain.h"
 #include "../dt_test.h"
 #include "../train_checks.h"
