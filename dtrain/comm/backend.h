@@ -117,6 +117,7 @@ int       dt_comm_tag_seq(int tag);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../internal.h"
 
 /* ---- communicator: the generic layer ----------------------------------------------------------- */
 /* Everything between the calls and the transport: the collective's signature and sequence number, error
@@ -189,6 +190,11 @@ static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "b
 enum { DT__TAG_DDP = DT_TAG_USER_MAX + 1, DT__TAG_FEDAVG, DT__TAG_TRACE, DT__TAG_LIB_END = DT_TAG_USER_MAX + 65 };
 #define DT__TAG_COLL DT__TAG_LIB_END
 #define DT__TAG_HASH_BITS 6
+
+/* The accessors dtrain/internal.h declares for the backends (comm/local.h). */
+static inline dt_comm_stats *dt__comm_stats(dt_comm *c) { return &c->stats; }
+static inline const uint64_t *dt__comm_sig(const dt_comm *c) { return c->sig; }
+static inline const uint64_t *dt__comm_coll_sig(const dt_comm *c) { return c->coll_sig; }
 
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }

@@ -209,6 +209,7 @@ static inline DT__HD float dt_body_hash_uniform(uint64_t key, uint64_t counter) 
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../internal.h"
 
 static DT__THREAD_LOCAL char dt__errmsg[512];
 

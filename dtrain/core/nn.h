@@ -178,6 +178,7 @@ void dt_model_summary(const dt_model *m);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../internal.h"
 
 const char *dt_layer_kind_str(dt_layer_kind k) {
     static const char *names[DT_LAYER_KIND_COUNT] = {"input", "linear", "conv2d", "maxpool2d", "avgpool2d",
@@ -1031,6 +1032,17 @@ static dt_result dt__need_final(const dt_model *m, const char *what) {
     if (!m->finalized) return dt_set_error(DT_ERR_STATE, "%s: call dt_model_finalize after building the model", what);
     return DT_OK;
 }
+
+/* The accessors dtrain/internal.h declares for later modules (the optimizer, evaluation, checkpoints, DDP). */
+static inline const dt_ops *dt__model_ops(const dt_model *m, void **ctx) { *ctx = m->ctx; return m->ops; }
+static inline int dt__model_finalized(const dt_model *m) { return m->finalized; }
+static inline void dt__model_get_rng(const dt_model *m, uint64_t rng[3]) {
+    rng[0] = m->seed; rng[1] = m->stream; rng[2] = m->step;
+}
+static inline void dt__model_set_rng(dt_model *m, const uint64_t rng[3]) {
+    m->seed = rng[0]; m->stream = rng[1]; m->step = rng[2];
+}
+static inline void *dt__model_hook_user(const dt_model *m) { return m->hook_user; }
 
 /* Train-mode batch norm needs more than one value per channel: the variance of one value is 0, so the layer
    would output beta and pass back no gradient (PyTorch refuses too). */

@@ -131,6 +131,7 @@ dt_result dt_ddp_load(dt_ddp *d, const char *path, dt_optim *o, dt_checkpoint_me
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../internal.h"
 
 /* ---- DDP ---------------------------------------------------------------------------------------
    A sync is one sequence of collectives, the same on every rank (so a joined rank that contributes zeros
@@ -515,7 +516,7 @@ void dt_ddp_destroy(dt_ddp *d) {
         dt__mutex_destroy(&d->mu);
     }
 #endif
-    if (d->model->hook_user == d) dt_model_set_backward_hook(d->model, NULL, NULL);
+    if (dt__model_hook_user(d->model) == d) dt_model_set_backward_hook(d->model, NULL, NULL);
     dt__ddp_free(d);
 }
 

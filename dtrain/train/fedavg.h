@@ -107,6 +107,7 @@ dt_result dt_fed_load(dt_fed *f, const char *path, dt_checkpoint_meta *meta);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../internal.h"
 
 /* ---- FedAvg ------------------------------------------------------------------------------------
    The aggregators are pure functions over the updates. The round protocol needs no agreement message:
