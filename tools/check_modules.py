@@ -54,7 +54,7 @@ def defined_names(s):
     d |= set(re.findall(r'typedef\s+[^;{]*?\b(dt__\w+)\s*(?:__attribute__\s*\(\(.*?\)\)\s*)?;', s))
     d |= set(re.findall(r'typedef\s+[^;{()]*?\(\s*\*\s*(dt__\w+)\s*\)', s))
     d |= set(re.findall(r'\b(?:struct|union|enum)\s+(dt__\w+)\s*\{', s))
-    d |= set(re.findall(r'^(?:static\s+)?(?:DT__THREAD_LOCAL\s+)?(?:const\s+)?[A-Za-z_][\w ]*?[\s\*]+(dt__\w+)\s*(?:\[[^\]]*\])*\s*(?:=|;)', s, re.M))
+    d |= set(re.findall(r'^(?:static\s+)?(?:DT__THREAD_LOCAL\s+)?(?:const\s+)?[A-Za-z_][\w \*]*?[\s\*]+(dt__\w+)\s*(?:\[[^\]]*\])*\s*(?:=|;)', s, re.M))
     for body in re.findall(r'\benum\s*\w*\s*\{([^}]*)\}', s):   # enum constants
         d |= set(re.findall(r'(?:^|,)\s*((?:DT__|dt__)\w+)', body))
     return d

@@ -96,6 +96,8 @@ dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks
 extern "C" {
 #endif
 #include "../internal.h"
+/* The tag of the timeline's messages under MPI: the library's third (comm/backend.h). */
+#define DT__TAG_TRACE (DT__TAG_LIB + 2)
 
 /* ---- the launcher ------------------------------------------------------------------------------ */
 
@@ -566,7 +568,7 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
         rt = dt__trace_finish_local(d.trace_path, lanes, n);
         if (rt != DT_OK && log) dt_log(DT_LOG_ERROR, "%s", dt_last_error());
         if (rt != DT_OK && r == DT_OK) r = rt;
-        else if (rt != DT_OK) snprintf(dt__errmsg, sizeof dt__errmsg, "%s", cause_msg);   /* the run's failure comes first */
+        else if (rt != DT_OK) dt__error_restore(cause_msg);   /* the run's failure comes first */
         dt__trace_lanes_free(lanes, n);
     }
     for (i = 0; i < n; i++) dt_comm_destroy(comms[i]);

@@ -254,7 +254,7 @@ const dt_backend *DT__DEFAULT_BACKEND(void);
 
 /* Waits for the backend's ops (dt_ops.sync) and returns their first failure, named after the call. */
 static dt_result dt__sync(const dt_model *m, const char *what) {
-    char msg[sizeof dt__errmsg];
+    char msg[DT__ERROR_CAP];
     const char *prev, *name;
     size_t k;
     dt_result r;
@@ -279,14 +279,14 @@ static int dt__fail_build(dt_model *m, dt_result r, const char *fmt, ...) {
         va_end(ap);
         m->error = r;
     }
-    snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg);
+    dt__error_restore(m->error_msg);
     return -1;
 }
 
 /* Validates a builder call's input; returns 0 when the call may go on. */
 static int dt__check_input(dt_model *m, int x, const char *what) {
     if (!m) { dt_set_error(DT_ERR_INVALID_ARG, "%s: model is NULL", what); return -1; }
-    if (m->error != DT_OK) { snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg); return -1; }
+    if (m->error != DT_OK) { dt__error_restore(m->error_msg); return -1; }
     if (m->finalized) return dt__fail_build(m, DT_ERR_STATE, "%s: model is already finalized; add every layer before dt_model_finalize", what);
     if (x < 0 || x >= m->nnodes) return dt__fail_build(m, DT_ERR_INVALID_ARG, "%s: input node %d does not exist (model has %d nodes)", what, x, m->nnodes);
     return 0;
@@ -674,7 +674,7 @@ dt_result dt_model_finalize(dt_model *m) {
     dt_result r;
     int i;
     if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_finalize: model is NULL");
-    if (m->error != DT_OK) { snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg); return m->error; }
+    if (m->error != DT_OK) { dt__error_restore(m->error_msg); return m->error; }
     if (m->finalized) return dt_set_error(DT_ERR_STATE, "dt_model_finalize: the model is already finalized");
     if (m->nnodes < 2) return dt_set_error(DT_ERR_STATE, "dt_model_finalize: the model has no layers; add some with dt_linear, dt_conv2d, ...");
     dt__full_names(m, m->pinfo, m->npinfo);

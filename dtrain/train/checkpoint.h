@@ -54,6 +54,9 @@ dt_result dt_checkpoint_load_comm(dt_comm *c, const char *path, dt_model *m, dt_
    dt_fed_save and their _load), declared with it (ddp.h, localsgd.h, dpsgd.h, fedavg.h): the same file with the
    trainer's state added. */
 
+/* Internal (for the trainers' dt__ckpt_save_comm and dt__ckpt_load_comm, not the API): which call wrote a
+   checkpoint; each trainer's resume reads only its own. */
+enum { DT__CKPT_PLAIN = 0, DT__CKPT_DDP, DT__CKPT_LOCALSGD, DT__CKPT_DPSGD, DT__CKPT_FEDAVG, DT__CKPT_TRAINERS };
 #ifdef __cplusplus
 }
 #endif
@@ -81,8 +84,6 @@ extern "C" {
 #define DT__CKPT_HEAD_WORDS 3          /* version, world, trainer; then the sizes */
 #define DT__CKPT_SEC_WORDS (19 + DT_CHECKPOINT_VALUES)
 
-/* Which call wrote a checkpoint: each trainer's resume reads only its own. */
-enum { DT__CKPT_PLAIN = 0, DT__CKPT_DDP, DT__CKPT_LOCALSGD, DT__CKPT_DPSGD, DT__CKPT_FEDAVG, DT__CKPT_TRAINERS };
 static const char *const dt__ckpt_writers[DT__CKPT_TRAINERS] = {
     "dt_checkpoint_save(_comm)", "dt_ddp_save", "dt_localsgd_save", "dt_dpsgd_save", "dt_fed_save"};
 

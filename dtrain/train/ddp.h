@@ -132,6 +132,8 @@ dt_result dt_ddp_load(dt_ddp *d, const char *path, dt_optim *o, dt_checkpoint_me
 extern "C" {
 #endif
 #include "../internal.h"
+/* The tag of DDP's own messages (parameter server, P2P): the library's first (comm/backend.h). */
+#define DT__TAG_DDP (DT__TAG_LIB + 0)
 
 /* ---- DDP ---------------------------------------------------------------------------------------
    A sync is one sequence of collectives, the same on every rank (so a joined rank that contributes zeros
