@@ -96,6 +96,13 @@ static dt_result dt__recv_reduce(dt_comm *c, void *buf, size_t bytes, int src, v
 static void dt__reduce_into(void *DT__RESTRICT dst, const void *DT__RESTRICT src, size_t n, dt_dtype t,
                             dt_reduce_op op);
 static dt_result dt__send(dt_comm *c, const void *buf, size_t bytes, int dst, dt_dtype t);
+/* requests (dt__req, in backend.h's declarations): posting, waiting, a dt_request's state */
+static dt__req *dt__rq(dt_request *q);
+static dt_result dt__post(dt_comm *c, int kind, const void *buf, size_t bytes, int peer, int tag, int esize,
+                          dt__req *q);
+static dt_result dt__isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt__req *q);
+static dt_result dt__irecv(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt__req *q);
+static dt_result dt__wait(dt_comm *c, dt__req *q, int exact);
 static void dt__sig_str(const uint64_t *sig, char *buf, size_t cap);
 static dt_result dt__signal(dt_comm *c, int dst, int src);
 static dt_result dt__step(dt_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes, int src,
@@ -142,6 +149,14 @@ static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int bro
 static dt_result dt__set_error_again(dt_result r, const char *s);
 static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, const dt_comm *c, const dt_model *m,
                                    const char *model);
+#endif
+
+/* ==== dtrain/train/compress.h: DDP's compressors (dt__compress, in compress.h's declarations) ==== */
+#ifdef DTRAIN_COMPRESS_IMPLEMENTATION_DONE
+static dt_result dt__compress_alloc(dt__compress *d, int nslices, const int64_t *soff, const int64_t *scnt);
+static dt_result dt__compress_slice(dt__compress *d, int i, float *grads, int64_t off, int64_t cnt, int active,
+                                    int64_t samples);
+static void dt__compress_free(dt__compress *d);
 #endif
 
 /* ==== dtrain/train/aggregate.h: FedAvg's aggregation ==== */

@@ -118,6 +118,24 @@ enum { DT__FAULT_NONE = 0, DT__FAULT_FAIL, DT__FAULT_RETURN, DT__FAULT_STALL, DT
    user's tag can never meet them. A module that sends such messages names its tag DT__TAG_LIB + k, k its own:
    0 DDP's parameter server and P2P (ddp.h), 1 FedAvg's reports (fedavg.h), 2 the timeline under MPI (launch.h). */
 enum { DT__TAG_LIB = DT_TAG_USER_MAX + 1, DT__TAG_LIB_END = DT_TAG_USER_MAX + 65 };
+/* Internal, for the algorithms and the local backend (not the API): a fault to inject (dt_comm_desc.fault),
+   parsed; */
+typedef struct dt__fault {
+    int      kind, rank;
+    uint64_t coll;
+    double   seconds;   /* stall */
+} dt__fault;
+/* and what a dt_request holds: the message its backend sees, then what only the library (and its local
+   backend) keeps. A dt_request's reserved words are only ever read and written as this struct (its size and
+   alignment are checked in the implementation). */
+typedef struct dt__req {
+    dt_message      m;            /* first: a backend's dt_message * is the dt__req * */
+    uint64_t        sig[3];       /* the operation the message belongs to (the local backend compares them) */
+    double          not_before;   /* local link model: the time the message has crossed the link */
+    dt_result       error;        /* local: a mismatch found when the message was matched */
+    int             esize;        /* bytes per element of the type posted (dt_request_received) */
+    struct dt__req *next;         /* local: the queue link */
+} dt__req;
 #ifdef __cplusplus
 }
 #endif
@@ -142,12 +160,6 @@ extern "C" {
 #endif
 
 /* The communicator of one rank: private to the library (a backend reads it through the backend interface). */
-/* A fault to inject (dt_comm_desc.fault), parsed (its kinds DT__FAULT_*: above). */
-typedef struct dt__fault {
-    int      kind, rank;
-    uint64_t coll;
-    double   seconds;   /* stall */
-} dt__fault;
 
 struct dt_comm {
     int                    rank, size;
@@ -172,16 +184,6 @@ struct dt_comm {
                                                the ring_nodes nodes' leaders (dt__ring_size) */
 };
 
-/* What a dt_request holds: the message its backend sees, then what only the library (and its local
-   backend) keeps. A dt_request's reserved words are only ever read and written as this struct. */
-typedef struct dt__req {
-    dt_message      m;            /* first: a backend's dt_message * is the dt__req * */
-    uint64_t        sig[3];       /* the operation the message belongs to (the local backend compares them) */
-    double          not_before;   /* local link model: the time the message has crossed the link */
-    dt_result       error;        /* local: a mismatch found when the message was matched */
-    int             esize;        /* bytes per element of the type posted (dt_request_received) */
-    struct dt__req *next;         /* local: the queue link */
-} dt__req;
 typedef struct dt__req_align { char c; dt__req r; } dt__req_align;
 typedef struct dt__request_align { char c; dt_request r; } dt__request_align;
 DT__STATIC_ASSERT(sizeof(dt__req) <= sizeof(dt_request), "dtrain: dt_request has too few reserved words for dt__req");
