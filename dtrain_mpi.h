@@ -114,7 +114,7 @@ dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "dtrain/internal.h"
+#include "dtrain/core/internal.h"
 
 /* ---- the MPI backend ----------------------------------------------------------------------------
    Written against dtrain/comm/backend.h's backend interface alone (dt_comm_create_backend, dt_message, ...).

@@ -11,7 +11,7 @@ include guard) and an implementation part (after it). A module may use, of a mod
     a call of base.h);
   - the registration hooks the composition root defines (dtrain.h's #define DT__...: DT__LAUNCH_PROCESSES,
     DT__DEFAULT_BACKEND), which the module that calls them tests with #ifdef;
-  - the library-internal calls declared in dtrain/internal.h, under the heading of the module that defines
+  - the library-internal calls declared in dtrain/core/internal.h, under the heading of the module that defines
     them ("/* ==== dtrain/x/y.h" and then "#ifdef DTRAIN_Y_IMPLEMENTATION_DONE", which that module defines where
     its implementation part begins): the only door between modules' implementation parts, like ggml's
     backend-impl header;
@@ -27,7 +27,7 @@ longer crosses (delete it). Prints each failure, then a total line; exit status 
 import re, sys, os, collections
 
 os.chdir(os.environ.get('DT_ROOT') or os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-INTERNAL = 'dtrain/internal.h'
+INTERNAL = 'dtrain/core/internal.h'
 PLATFORM = 'dtrain/core/base.h'
 PLATFORM_PRIVATE = {'dt__errmsg'}
 ALLOWED = os.environ.get('DT_MODULE_LINES_ALLOWED') or 'tools/module_lines.allowed'

@@ -147,7 +147,7 @@ typedef struct dt__req {
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "../core/internal.h"
 
 /* ---- communicator: the generic layer ----------------------------------------------------------- */
 /* Everything between the calls and the transport: the collective's signature and sequence number, error
@@ -197,7 +197,7 @@ static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "b
 #define DT__TAG_COLL DT__TAG_LIB_END
 #define DT__TAG_HASH_BITS 6
 
-/* The accessors dtrain/internal.h declares for the backends (comm/local.h). */
+/* The accessors dtrain/core/internal.h declares for the backends (comm/local.h). */
 static inline dt_comm_stats *dt__comm_stats(dt_comm *c) { return &c->stats; }
 static inline const uint64_t *dt__comm_sig(const dt_comm *c) { return c->sig; }
 static inline const uint64_t *dt__comm_coll_sig(const dt_comm *c) { return c->coll_sig; }

@@ -95,7 +95,7 @@ dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "../core/internal.h"
 /* The tag of the timeline's messages under MPI: the library's third (comm/backend.h). */
 #define DT__TAG_TRACE (DT__TAG_LIB + 2)
 

@@ -40,7 +40,7 @@ dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc);
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "../core/internal.h"
 
 /* ---- the local backend: ranks as threads of this process ----------------------------------------
    Messages are rendezvous: isend and irecv each look for their partner in the destination's queues

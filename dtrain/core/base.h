@@ -209,7 +209,7 @@ static inline DT__HD float dt_body_hash_uniform(uint64_t key, uint64_t counter) 
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "internal.h"
 
 #define DT__ERROR_CAP 512
 static DT__THREAD_LOCAL char dt__errmsg[DT__ERROR_CAP];

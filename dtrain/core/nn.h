@@ -178,7 +178,7 @@ void dt_model_summary(const dt_model *m);
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "internal.h"
 
 const char *dt_layer_kind_str(dt_layer_kind k) {
     static const char *names[DT_LAYER_KIND_COUNT] = {"input", "linear", "conv2d", "maxpool2d", "avgpool2d",
@@ -1033,7 +1033,7 @@ static dt_result dt__need_final(const dt_model *m, const char *what) {
     return DT_OK;
 }
 
-/* The accessors dtrain/internal.h declares for later modules (the optimizer, evaluation, checkpoints, DDP). */
+/* The accessors dtrain/core/internal.h declares for later modules (the optimizer, evaluation, checkpoints, DDP). */
 static inline const dt_ops *dt__model_ops(const dt_model *m, void **ctx) { *ctx = m->ctx; return m->ops; }
 static inline int dt__model_finalized(const dt_model *m) { return m->finalized; }
 static inline void dt__model_get_rng(const dt_model *m, uint64_t rng[3]) {

@@ -85,7 +85,7 @@ float dt_sched_lr(const dt_sched_desc *s, int64_t t);
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "internal.h"
 
 /* The rate DT_DEFAULT stands for: torch.optim's SGD has none, so 0.01 as the common course default; Adam's. */
 static inline float dt__optim_default_lr(dt_optim_kind k) { return k == DT_OPTIM_SGD ? 0.01f : 0.001f; }
@@ -271,7 +271,7 @@ dt_result dt_optim_clip_grad_norm(dt_optim *o, float max_norm, float *total_norm
     return dt__sync(o->m, "dt_optim_clip_grad_norm");
 }
 
-/* The accessors dtrain/internal.h declares for checkpoints. */
+/* The accessors dtrain/core/internal.h declares for checkpoints. */
 static inline dt_model *dt__optim_model(const dt_optim *o) { return o->m; }
 static inline dt_optim_desc *dt__optim_desc(dt_optim *o) { return &o->d; }
 static inline int64_t *dt__optim_steps(dt_optim *o) { return o->steps; }

@@ -32,7 +32,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "../core/internal.h"
 
 #ifdef DT__ARM
 /* ---- GEMM micro-kernel --------------------------------------------------------------------------- */

@@ -40,7 +40,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "../core/internal.h"
 
 #ifdef DT__X86
 /* ---- im2col and packing ----------------------------------------------------------------------- */

@@ -68,7 +68,7 @@ enum { DT__CKPT_PLAIN = 0, DT__CKPT_DDP, DT__CKPT_LOCALSGD, DT__CKPT_DPSGD, DT__
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "../core/internal.h"
 
 /* ---- checkpoints ----
    Version 2. One file holds every rank's state, written by rank 0 alone, so that its atomicity is one

@@ -107,7 +107,7 @@ typedef struct dt__compress {
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "../core/internal.h"
 
 static const char *const dt__ddp_compress_names[DT_DDP_COMPRESS_COUNT] = {"fp32", "bf16", "fp16", "topk", "powersgd"};
 const char *dt_ddp_compress_name(dt_ddp_compress k) { return dt__enum_name(dt__ddp_compress_names, DT_DDP_COMPRESS_COUNT, (int)k); }

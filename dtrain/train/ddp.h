@@ -131,7 +131,7 @@ dt_result dt_ddp_load(dt_ddp *d, const char *path, dt_optim *o, dt_checkpoint_me
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "../core/internal.h"
 /* The tag of DDP's own messages (parameter server, P2P): the library's first (comm/backend.h). */
 #define DT__TAG_DDP (DT__TAG_LIB + 0)
 

@@ -38,7 +38,7 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "../core/internal.h"
 
 
 dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,

@@ -107,7 +107,7 @@ dt_result dt_fed_load(dt_fed *f, const char *path, dt_checkpoint_meta *meta);
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../internal.h"
+#include "../core/internal.h"
 /* The tag of FedAvg's reports: the library's second (comm/backend.h). */
 #define DT__TAG_FEDAVG (DT__TAG_LIB + 1)
 

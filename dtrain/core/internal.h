@@ -1,4 +1,4 @@
-/* dtrain/internal.h - the library-internal calls between dtrain's modules (not part of the API).
+/* dtrain/core/internal.h - the library-internal calls between dtrain's modules (not part of the API).
 
    A module uses of another only its declarations (the public API, and what its declaration part marks
    internal) and the calls declared here, under the heading of the module that defines them, never its
