@@ -217,6 +217,8 @@
      dpsgd.h    D-PSGD (gossip through a mixing matrix)
      aggregate.h  FedAvg's robust aggregators (pure functions over the clients' updates)
      fedavg.h   FedAvg (server and clients, dropouts, attacks)
+   Between them, dtrain/core/internal.h: the library-internal calls one module offers the later ones (no API;
+   docs/design.md, "The lines between modules"; tools/check_modules.py checks that modules use nothing else).
    Beside this file: dtrain_mpi.h (the MPI backend of comm/backend.h) and dtrain_cuda.h (the GPU's ops table).
 */
 #ifndef DTRAIN_H

@@ -143,6 +143,7 @@ const char *dt_cuda_device_name(const dt_cuda *cu);
 #if defined(DTRAIN_CUDA_IMPLEMENTATION) && defined(DTRAIN_CUDA_DECLARED) && defined(DTRAIN_SHARED_DONE) && \
     !defined(DTRAIN_CUDA_IMPLEMENTATION_DONE)
 #define DTRAIN_CUDA_IMPLEMENTATION_DONE
+#include "dtrain/core/internal.h"
 
 /* DT_CUDA_EMULATE: whoever defines it provides the few CUDA and cuBLAS calls below and runs each kernel
    as one host loop (tests/cuda/cuda_emu.h does, so the kernels' index arithmetic is tested on machines

@@ -114,6 +114,7 @@ dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "dtrain/core/internal.h"
 
 /* ---- the MPI backend ----------------------------------------------------------------------------
    Written against dtrain/comm/backend.h's backend interface alone (dt_comm_create_backend, dt_message, ...).
@@ -712,7 +713,7 @@ static int dt__mpi_end(dt_comm *c, MPI_Comm end, dt_result r, char *m, size_t ca
 dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
     int had = 0, provided = 0, rc, local = 1;
     MPI_Comm end = MPI_COMM_NULL;   /* the end's all-reduce (dt__mpi_end) */
-    char msg[sizeof dt__errmsg];
+    char msg[DT__ERROR_CAP];
     dt_comm *c = NULL;
     dt_launch_desc d;
     dt_result r = DT_OK;
@@ -736,7 +737,7 @@ dt_result dt_launch_mpi(const dt_launch_desc *desc, dt_rank_fn fn, void *arg) {
         r = dt_launch_rank(c, &d, local, fn, arg);
         snprintf(msg, sizeof msg, "%s", dt_last_error());
         if (dt__mpi_end(c, end, r, msg, sizeof msg)) dt_log(DT_LOG_ERROR, "%s", msg);
-        snprintf(dt__errmsg, sizeof dt__errmsg, "%s", msg);   /* this rank's failure, also when another's was logged */
+        dt__error_restore(msg);   /* this rank's failure, also when another's was logged */
         MPI_Comm_free(&end);
     } else dt_log(DT_LOG_ERROR, "%s", dt_last_error()[0] ? dt_last_error() : "its rank function failed");
     dt_comm_destroy(c);

@@ -6,6 +6,8 @@
 #   DIR/dtrain_mpi.h    dtrain_mpi.h and dtrain_cuda.h, including "dtrain.h" where they include a module (unless
 #   DIR/dtrain_cuda.h   dtrain.h is what includes them: it does at the end, with DT_USE_MPI and DT_USE_CUDA)
 #   DIR/dtrain_cuda.cu  the GPU backend's nvcc translation unit, unchanged
+# dtrain/core/internal.h (the prototypes of the calls between modules) is left out: in one file each of those calls
+# is defined above its first use.
 # The result compiles as the tree does: the same declarations, the same implementation under
 # DTRAIN_IMPLEMENTATION, the same macros. POSIX sh and awk; run from anywhere.
 cd "$(dirname "$0")/.." || exit 1
@@ -14,6 +16,7 @@ mkdir -p "$OUT" || exit 1
 # one module: its text, with its includes of other modules dropped (they precede it in the file)
 module() {
     awk -v m="$1" '
+        /^#include "(\.\.\/core\/)?internal\.h"/ { print "/* " $0 "   (its prototypes: each call is defined above its uses here) */"; next }
         /^#include "(\.\.\/[a-z]+\/)?[a-z0-9_]+\.h"/ { print "/* " $0 "   (above, in this file) */"; next }
         { print }' "$1"
 }
@@ -33,7 +36,8 @@ module() {
 } > "$OUT/dtrain.h.tmp" || exit 1
 mv "$OUT/dtrain.h.tmp" "$OUT/dtrain.h"
 for h in dtrain_mpi.h dtrain_cuda.h; do
-    awk '/^#include "dtrain\/[a-z0-9_\/]+\.h"/ {
+    awk '/^#include "dtrain\/core\/internal\.h"/ { print "/* " $0 "   (make single: not needed, the calls are defined above) */"; next }
+         /^#include "dtrain\/[a-z0-9_\/]+\.h"/ {
              print "#ifndef DTRAIN_H   /* make single: the whole library, unless it is what includes this file */"
              print "#include \"dtrain.h\""; print "#endif"; next }
          { print }' "$h" > "$OUT/$h" || exit 1

@@ -35,6 +35,7 @@ extern "C" {
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 /* Chunk k of n elements split over p ranks: the first n % p chunks have one element more. */
 static size_t dt__chunk_off(size_t n, int p, int k) { return (size_t)k * (n / (size_t)p) + ((size_t)k < n % (size_t)p ? (size_t)k : n % (size_t)p); }

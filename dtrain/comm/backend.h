@@ -106,6 +106,36 @@ int       dt_comm_coll_tag(const dt_comm *c);
    point-to-point tag (the user's, or the library's own). */
 int       dt_comm_tag_seq(int tag);
 
+/* Internal (for the algorithms, the local backend and the library's own messages; not the API):
+   what a communicator is doing, the kind of its current operation (stored in its signature's third word); */
+enum { DT__OP_P2P = 0, DT__OP_BARRIER, DT__OP_BROADCAST, DT__OP_REDUCE, DT__OP_ALLREDUCE, DT__OP_SCATTER,
+       DT__OP_GATHER, DT__OP_ALLGATHER, DT__OP_REDUCE_SCATTER, DT__OP_NEIGHBOR, DT__OP_ALLTOALL, DT__OP_ALLTOALLV,
+       DT__OP_COUNT };
+/* the kinds of fault to inject (dt_comm_desc.fault); */
+enum { DT__FAULT_NONE = 0, DT__FAULT_FAIL, DT__FAULT_RETURN, DT__FAULT_STALL, DT__FAULT_HANG, DT__FAULT_NAN };
+/* and the tags: the user's are 0 .. DT_TAG_USER_MAX. Above them, DT__TAG_LIB .. DT__TAG_LIB_END - 1 belong to
+   the library's own point-to-point messages, which only its internal calls (dt__lib_send, ...) may use: a
+   user's tag can never meet them. A module that sends such messages names its tag DT__TAG_LIB + k, k its own:
+   0 DDP's parameter server and P2P (ddp.h), 1 FedAvg's reports (fedavg.h), 2 the timeline under MPI (launch.h). */
+enum { DT__TAG_LIB = DT_TAG_USER_MAX + 1, DT__TAG_LIB_END = DT_TAG_USER_MAX + 65 };
+/* Internal, for the algorithms and the local backend (not the API): a fault to inject (dt_comm_desc.fault),
+   parsed; */
+typedef struct dt__fault {
+    int      kind, rank;
+    uint64_t coll;
+    double   seconds;   /* stall */
+} dt__fault;
+/* and what a dt_request holds: the message its backend sees, then what only the library (and its local
+   backend) keeps. A dt_request's reserved words are only ever read and written as this struct (its size and
+   alignment are checked in the implementation). */
+typedef struct dt__req {
+    dt_message      m;            /* first: a backend's dt_message * is the dt__req * */
+    uint64_t        sig[3];       /* the operation the message belongs to (the local backend compares them) */
+    double          not_before;   /* local link model: the time the message has crossed the link */
+    dt_result       error;        /* local: a mismatch found when the message was matched */
+    int             esize;        /* bytes per element of the type posted (dt_request_received) */
+    struct dt__req *next;         /* local: the queue link */
+} dt__req;
 #ifdef __cplusplus
 }
 #endif
@@ -117,6 +147,7 @@ int       dt_comm_tag_seq(int tag);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 /* ---- communicator: the generic layer ----------------------------------------------------------- */
 /* Everything between the calls and the transport: the collective's signature and sequence number, error
@@ -129,13 +160,6 @@ extern "C" {
 #endif
 
 /* The communicator of one rank: private to the library (a backend reads it through the backend interface). */
-/* A fault to inject (dt_comm_desc.fault), parsed. */
-enum { DT__FAULT_NONE = 0, DT__FAULT_FAIL, DT__FAULT_RETURN, DT__FAULT_STALL, DT__FAULT_HANG, DT__FAULT_NAN };
-typedef struct dt__fault {
-    int      kind, rank;
-    uint64_t coll;
-    double   seconds;   /* stall */
-} dt__fault;
 
 struct dt_comm {
     int                    rank, size;
@@ -160,35 +184,23 @@ struct dt_comm {
                                                the ring_nodes nodes' leaders (dt__ring_size) */
 };
 
-/* What a dt_request holds: the message its backend sees, then what only the library (and its local
-   backend) keeps. A dt_request's reserved words are only ever read and written as this struct. */
-typedef struct dt__req {
-    dt_message      m;            /* first: a backend's dt_message * is the dt__req * */
-    uint64_t        sig[3];       /* the operation the message belongs to (the local backend compares them) */
-    double          not_before;   /* local link model: the time the message has crossed the link */
-    dt_result       error;        /* local: a mismatch found when the message was matched */
-    int             esize;        /* bytes per element of the type posted (dt_request_received) */
-    struct dt__req *next;         /* local: the queue link */
-} dt__req;
 typedef struct dt__req_align { char c; dt__req r; } dt__req_align;
 typedef struct dt__request_align { char c; dt_request r; } dt__request_align;
 DT__STATIC_ASSERT(sizeof(dt__req) <= sizeof(dt_request), "dtrain: dt_request has too few reserved words for dt__req");
 DT__STATIC_ASSERT(offsetof(dt__request_align, r) >= offsetof(dt__req_align, r), "dtrain: dt_request is less aligned than dt__req");
 static dt__req *dt__rq(dt_request *q) { return (dt__req *)(void *)q; }
-/* What a communicator is doing: the kind of its current operation, stored in sig[2]. */
-enum { DT__OP_P2P = 0, DT__OP_BARRIER, DT__OP_BROADCAST, DT__OP_REDUCE, DT__OP_ALLREDUCE, DT__OP_SCATTER,
-       DT__OP_GATHER, DT__OP_ALLGATHER, DT__OP_REDUCE_SCATTER, DT__OP_NEIGHBOR, DT__OP_ALLTOALL, DT__OP_ALLTOALLV,
-       DT__OP_COUNT };
+/* The names of the kinds of operation (DT__OP_*: above). */
 static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "broadcast", "reduce", "all-reduce",
                                                   "scatter", "gather", "all-gather", "reduce-scatter",
                                                   "neighbour exchange", "all-to-all", "all-to-all-v"};
-/* Tags: the user's are 0 .. DT_TAG_USER_MAX. Above them, 64 belong to the library's own point-to-point
-   messages (DDP's parameter server and P2P, FedAvg's reports, the timeline under MPI), which only its
-   internal calls (dt__lib_send, ...) may use: a user's tag can never meet them. From DT__TAG_COLL up they
-   belong to collectives: number and signature hash (dt_comm_coll_tag). */
-enum { DT__TAG_DDP = DT_TAG_USER_MAX + 1, DT__TAG_FEDAVG, DT__TAG_TRACE, DT__TAG_LIB_END = DT_TAG_USER_MAX + 65 };
+/* From DT__TAG_COLL up the tags belong to collectives: number and signature hash (dt_comm_coll_tag). */
 #define DT__TAG_COLL DT__TAG_LIB_END
 #define DT__TAG_HASH_BITS 6
+
+/* The accessors dtrain/core/internal.h declares for the backends (comm/local.h). */
+static inline dt_comm_stats *dt__comm_stats(dt_comm *c) { return &c->stats; }
+static inline const uint64_t *dt__comm_sig(const dt_comm *c) { return c->sig; }
+static inline const uint64_t *dt__comm_coll_sig(const dt_comm *c) { return c->coll_sig; }
 
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }

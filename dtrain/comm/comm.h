@@ -207,6 +207,7 @@ void dt_comm_reset_stats(dt_comm *c);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 size_t dt_dtype_size(dt_dtype t) {
     switch (t) {

@@ -95,6 +95,9 @@ dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
+/* The tag of the timeline's messages under MPI: the library's third (comm/backend.h). */
+#define DT__TAG_TRACE (DT__TAG_LIB + 2)
 
 /* ---- the launcher ------------------------------------------------------------------------------ */
 
@@ -388,7 +391,7 @@ static void dt__rank_exit(void *p) {   /* the thread ended inside fn (pthread_ex
     dt__rank_ctx *x = (dt__rank_ctx *)p;
     if (x->finished) return;
     x->result = DT_ERR_STATE;
-    snprintf(x->msg, sizeof x->msg, "DT_ERR_STATE: rank %d: its thread exited before its rank function returned", x->comm->rank);
+    snprintf(x->msg, sizeof x->msg, "DT_ERR_STATE: rank %d: its thread exited before its rank function returned", dt_comm_rank(x->comm));
     dt_comm_leave(x->comm, x->result, x->msg + strlen("DT_ERR_STATE: "));
     dt__rank_ended(x);
 }
@@ -403,13 +406,13 @@ static void dt__rank_msg(char *out, size_t cap, int rank, dt_result r, const cha
 }
 static void dt__rank_body(dt__rank_ctx *x) {
     x->result = x->fn(x->comm, x->arg);
-    if (x->result != DT_OK) dt__rank_msg(x->msg, sizeof x->msg, x->comm->rank, x->result, dt_last_error());
+    if (x->result != DT_OK) dt__rank_msg(x->msg, sizeof x->msg, dt_comm_rank(x->comm), x->result, dt_last_error());
     x->finished = 1;
     dt_comm_leave(x->comm, x->result, dt__cause(x->msg, x->result));   /* without the code's name: the others' reports add it */
 }
 static void dt__rank_main(void *p) {
     dt__rank_ctx *x = (dt__rank_ctx *)p;
-    dt__tls_rank = x->comm->rank;
+    dt__tls_rank = dt_comm_rank(x->comm);
     dt__tls_trace = x->trace;
 #if DT__HAVE_OMP
     omp_set_num_threads(x->threads);
@@ -565,7 +568,7 @@ static dt_result dt__launch_local(const dt_launch_desc *desc, dt_rank_fn fn, voi
         rt = dt__trace_finish_local(d.trace_path, lanes, n);
         if (rt != DT_OK && log) dt_log(DT_LOG_ERROR, "%s", dt_last_error());
         if (rt != DT_OK && r == DT_OK) r = rt;
-        else if (rt != DT_OK) snprintf(dt__errmsg, sizeof dt__errmsg, "%s", cause_msg);   /* the run's failure comes first */
+        else if (rt != DT_OK) dt__error_restore(cause_msg);   /* the run's failure comes first */
         dt__trace_lanes_free(lanes, n);
     }
     for (i = 0; i < n; i++) dt_comm_destroy(comms[i]);
@@ -597,14 +600,14 @@ static int dt__mpiexec_size(void) {
 #define DT__TRACE_CHUNK (1 << 26)      /* bytes per message, well below MPI's INT_MAX */
 
 static dt_result dt__launch_trace_start(dt_comm *c, const dt_launch_desc *desc, dt__trace_lane **lanes) {
-    dt_result r = c->rank == 0 ? dt__trace_check_path(desc->trace_path) : DT_OK;   /* rank 0 writes the file */
+    dt_result r = dt_comm_rank(c) == 0 ? dt__trace_check_path(desc->trace_path) : DT_OK;   /* rank 0 writes the file */
     int64_t bad = r != DT_OK;
     dt_result e;
     int i;
     if ((e = dt_comm_allreduce(c, &bad, 1, DT_I64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return e;
     if (bad) return r != DT_OK ? r : dt_set_error(DT_ERR_PEER, "dt_launch: rank 0 cannot write the trace %s", desc->trace_path);
     if (!(*lanes = dt__trace_lanes(1, desc->trace_max_events)))
-        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: rank %d: no memory for the trace", c->rank);
+        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: rank %d: no memory for the trace", dt_comm_rank(c));
     if ((r = dt_comm_barrier(c)) != DT_OK) return r;
     for (i = 0; i < DT__TRACE_LANES; i++) (*lanes)[i].origin = dt_time_now();
     dt_comm_reset_stats(c);   /* the barrier is not the program's */
@@ -616,22 +619,22 @@ static dt_result dt__launch_trace_move(dt_comm *c, dt__text *t, int k, int64_t l
     int64_t off, part;
     size_t got = 0;
     dt_result r = DT_OK;
-    if (c->rank == 0 && dt__text_reserve(t, (size_t)len + 1) != 0)
+    if (dt_comm_rank(c) == 0 && dt__text_reserve(t, (size_t)len + 1) != 0)
         return dt_set_error(DT_ERR_OUT_OF_MEMORY, "trace: rank 0: no memory for rank %d's %lld bytes of events", k, (long long)len);
     for (off = 0; off < len && r == DT_OK; off += part) {
         part = len - off < DT__TRACE_CHUNK ? len - off : DT__TRACE_CHUNK;
-        if (c->rank != 0) r = dt__lib_send(c, t->p + off, (size_t)part, DT_U8, 0, DT__TAG_TRACE);
+        if (dt_comm_rank(c) != 0) r = dt__lib_send(c, t->p + off, (size_t)part, DT_U8, 0, DT__TAG_TRACE);
         else if ((r = dt__lib_recv(c, t->p + t->n + off, (size_t)part, DT_U8, k, DT__TAG_TRACE, &got)) == DT_OK && got != (size_t)part)
             r = dt_set_error(DT_ERR_MISMATCH, "trace: rank %d sent %zu bytes of events where %lld were due", k, got, (long long)part);
     }
-    if (r == DT_OK && c->rank == 0) t->n += (size_t)len;
+    if (r == DT_OK && dt_comm_rank(c) == 0) t->n += (size_t)len;
     return r;
 }
 
 static dt_result dt__launch_trace_finish(dt_comm *c, const char *path, dt__trace_lane *lanes, int failed) {
     dt__text t;
     int64_t mine[3] = {0, 0, 0}, *all = NULL, events, dropped;   /* bytes of text, events, dropped events */
-    int me = c->rank, k, ok = 0, done = 1;
+    int me = dt_comm_rank(c), k, ok = 0, done = 1;
     char own[1024];
     dt_result r = DT_OK;
     memset(&t, 0, sizeof t);
@@ -639,10 +642,10 @@ static dt_result dt__launch_trace_finish(dt_comm *c, const char *path, dt__trace
     mine[0] = (int64_t)t.n;
     events = mine[1];
     dropped = mine[2];
-    if (!failed && !t.oom && (me != 0 || (all = (int64_t *)DT_MALLOC(sizeof(int64_t) * 3 * (size_t)c->size)))) {
+    if (!failed && !t.oom && (me != 0 || (all = (int64_t *)DT_MALLOC(sizeof(int64_t) * 3 * (size_t)dt_comm_size(c))))) {
         r = dt_comm_gather(c, mine, all, 3, DT_I64, 0);
         if (me != 0 && r == DT_OK) r = dt__launch_trace_move(c, &t, 0, mine[0]);
-        for (k = 1; me == 0 && k < c->size && r == DT_OK; k++) {
+        for (k = 1; me == 0 && k < dt_comm_size(c) && r == DT_OK; k++) {
             r = dt__launch_trace_move(c, &t, k, all[3 * k]);
             events += all[3 * k + 1];
             dropped += all[3 * k + 2];
@@ -651,7 +654,7 @@ static dt_result dt__launch_trace_finish(dt_comm *c, const char *path, dt__trace
         ok = r == DT_OK;
     }
     DT_FREE(all);
-    if (ok && me == 0) r = dt__trace_write(path, &t, c->size, events, dropped, lanes[0].max);
+    if (ok && me == 0) r = dt__trace_write(path, &t, dt_comm_size(c), events, dropped, lanes[0].max);
     else if (!ok) {
         t.n = (size_t)mine[0];   /* this rank's own events */
         if (snprintf(own, sizeof own, "%s.rank%d", path, me) >= (int)sizeof own) r = dt_set_error(DT_ERR_INVALID_ARG, "trace %s: the path is too long", path);
@@ -670,7 +673,7 @@ dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks
     dt_result r = DT_OK, rt = DT_OK;
     char m[512];
     if (!c || !desc || !fn) return dt_set_error(DT_ERR_INVALID_ARG, "dt_launch_rank: communicator, desc and rank function must not be NULL");
-    dt__tls_rank = c->rank;
+    dt__tls_rank = dt_comm_rank(c);
     dt__log_all_ranks = desc->log_all_ranks;
 #if DT__HAVE_OMP
     omp_set_num_threads(desc->threads_per_rank > 0 ? desc->threads_per_rank : dt__default_threads(local_ranks > 0 ? local_ranks : 1));
@@ -682,7 +685,7 @@ dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks
     if (r == DT_OK) r = fn(c, arg);
     dt__tls_trace = NULL;
     if (r != DT_OK) {   /* logged by the backend's launcher, once for every rank that failed the same way */
-        dt__rank_msg(m, sizeof m, c->rank, r, dt_last_error());
+        dt__rank_msg(m, sizeof m, dt_comm_rank(c), r, dt_last_error());
         dt_comm_leave(c, r, dt__cause(m, r));
     }
     if (lanes && (rt = dt__launch_trace_finish(c, desc->trace_path, lanes, r != DT_OK)) != DT_OK)

@@ -40,6 +40,7 @@ dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 /* ---- the local backend: ranks as threads of this process ----------------------------------------
    Messages are rendezvous: isend and irecv each look for their partner in the destination's queues
@@ -272,12 +273,13 @@ static dt_result dt__mismatch_error(int peer, const uint64_t *mine, const uint64
    which it then copies to other. Reads k's published signature as a seqlock: no lock needed. */
 static int dt__local_peer_differs(const dt__lworld *W, const dt_comm *c, int k, uint64_t *other) {
     const dt_comm *o = W->comms[k];
+    const uint64_t *coll = o ? dt__comm_coll_sig(o) : NULL;
     uint64_t s0, s1, s2;
-    if (!o || k == c->rank || (c->sig[2] & 0xff) == DT__OP_P2P) return 0;
-    if ((s0 = DT__ATOMIC_LOAD(&o->coll_sig[0])) != c->sig[0]) return 0;
-    s1 = DT__ATOMIC_LOAD(&o->coll_sig[1]);
-    s2 = DT__ATOMIC_LOAD(&o->coll_sig[2]);
-    if (DT__ATOMIC_LOAD(&o->coll_sig[0]) != s0 || (s1 == c->sig[1] && s2 == c->sig[2])) return 0;
+    if (!o || k == dt_comm_rank(c) || (dt__comm_sig(c)[2] & 0xff) == DT__OP_P2P) return 0;
+    if ((s0 = DT__ATOMIC_LOAD(&coll[0])) != dt__comm_sig(c)[0]) return 0;
+    s1 = DT__ATOMIC_LOAD(&coll[1]);
+    s2 = DT__ATOMIC_LOAD(&coll[2]);
+    if (DT__ATOMIC_LOAD(&coll[0]) != s0 || (s1 == dt__comm_sig(c)[1] && s2 == dt__comm_sig(c)[2])) return 0;
     other[0] = s0; other[1] = s1; other[2] = s2;
     return 1;
 }
@@ -304,29 +306,29 @@ static dt_result dt__local_finish(dt__lworld *W, int me, dt__req *q) {
 static dt_result dt__local_wait(dt_comm *c, dt_message *msg, double deadline) {
     dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     dt__req *q = (dt__req *)msg;
-    dt__lrank *me = &W->r[c->rank];
+    dt__lrank *me = &W->r[dt_comm_rank(c)];
     if (DT__ATOMIC_LOAD(&q->m.state) == DT_REQ_CANCELLED) return dt_set_error(DT_ERR_STATE, "the request was cancelled");
     if (DT__ATOMIC_LOAD(&q->m.state) != DT_REQ_DONE && !dt__local_spin(W, &q->m.state, DT_REQ_DONE)) {
         dt__mutex_lock(&me->mu);
         while (DT__ATOMIC_LOAD(&q->m.state) != DT_REQ_DONE) {
             double now = dt_time_now();
-            int gone = q->m.peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->m.peer].gone);
+            int gone = q->m.peer != dt_comm_rank(c) && DT__ATOMIC_LOAD(&W->r[q->m.peer].gone);
             uint64_t other[3];
             int differs = dt_comm_tag_seq(q->m.tag) >= 0 && dt__local_peer_differs(W, c, q->m.peer, other);
             if (gone || differs || now >= deadline) {
                 dt__mutex_unlock(&me->mu);
                 dt__local_cancel(c, msg);
-                if (DT__ATOMIC_LOAD(&q->m.state) == DT_REQ_DONE) return dt__local_finish(W, c->rank, q);   /* it made it after all */
+                if (DT__ATOMIC_LOAD(&q->m.state) == DT_REQ_DONE) return dt__local_finish(W, dt_comm_rank(c), q);   /* it made it after all */
                 if (gone) return dt__local_gone_error(W, q->m.peer);
-                if (differs) return dt__mismatch_error(q->m.peer, c->sig, other);
+                if (differs) return dt__mismatch_error(q->m.peer, dt__comm_sig(c), other);
                 return dt_set_error(DT_ERR_TIMEOUT, "no %s rank %d within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)",
-                                    q->m.kind == DT_REQ_SEND ? "receive was posted by" : "message came from", q->m.peer, c->desc.timeout);
+                                    q->m.kind == DT_REQ_SEND ? "receive was posted by" : "message came from", q->m.peer, dt_comm_get_desc(c).timeout);
             }
             dt__cond_wait_for(&me->cv, &me->mu, deadline - now);
         }
         dt__mutex_unlock(&me->mu);
     }
-    return dt__local_finish(W, c->rank, q);
+    return dt__local_finish(W, dt_comm_rank(c), q);
 }
 
 static dt_result dt__local_test(dt_comm *c, dt_message *msg, int *done) {
@@ -338,7 +340,7 @@ static dt_result dt__local_test(dt_comm *c, dt_message *msg, int *done) {
         *done = 1;
         return q->error != DT_OK ? dt__local_req_error(q) : DT_OK;
     }
-    if (q->m.peer != c->rank && DT__ATOMIC_LOAD(&W->r[q->m.peer].gone)) {
+    if (q->m.peer != dt_comm_rank(c) && DT__ATOMIC_LOAD(&W->r[q->m.peer].gone)) {
         dt__local_cancel(c, msg);
         if (DT__ATOMIC_LOAD(&q->m.state) != DT_REQ_DONE) return dt__local_gone_error(W, q->m.peer);
     }
@@ -358,14 +360,14 @@ static int dt__local_gone_rank(dt__lworld *W, int me) {
    complete without it: the others must not go on to read its buffer. */
 static dt_result dt__local_barrier(dt_comm *c, double deadline) {
     dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
-    int n = W->n, me = c->rank, k;
+    int n = W->n, me = dt_comm_rank(c), k;
     uint64_t gen, other[3];
     double t0 = dt_time_now();
     dt_result r = DT_OK;
     dt__mutex_lock(&W->mu);
     gen = W->bar_gen;
     if ((k = dt__local_gone_rank(W, me)) >= 0) { dt__mutex_unlock(&W->mu); return dt__local_gone_error(W, k); }
-    memcpy(&W->bar_sig[(size_t)me * 3], c->sig, 3 * sizeof(uint64_t));
+    memcpy(&W->bar_sig[(size_t)me * 3], dt__comm_sig(c), 3 * sizeof(uint64_t));
     if (++W->bar_count == n) {
         int bad = -1;
         for (k = 1; k < n && bad < 0; k++)
@@ -391,16 +393,16 @@ static dt_result dt__local_barrier(dt_comm *c, double deadline) {
             if (gone >= 0 || bad >= 0 || now >= deadline) {
                 W->bar_count--;
                 dt__mutex_unlock(&W->mu);   /* before the reports, which may take it */
-                c->stats.wait_seconds += dt_time_now() - t0;
+                dt__comm_stats(c)->wait_seconds += dt_time_now() - t0;
                 if (gone >= 0) return dt__local_gone_error(W, gone);
-                if (bad >= 0) return dt__mismatch_error(bad, c->sig, other);
-                return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", c->desc.timeout);
+                if (bad >= 0) return dt__mismatch_error(bad, dt__comm_sig(c), other);
+                return dt_set_error(DT_ERR_TIMEOUT, "not every rank arrived within %.3g s (the communicator's timeout; set it with --timeout, DT_COMM_TIMEOUT or dt_comm_desc.timeout)", dt_comm_get_desc(c).timeout);
             }
             dt__cond_wait_for(&W->cv, &W->mu, deadline - now);
         }
         dt__mutex_unlock(&W->mu);
     }
-    c->stats.wait_seconds += dt_time_now() - t0;
+    dt__comm_stats(c)->wait_seconds += dt_time_now() - t0;
     if (W->bar_bad[gen & 1] >= 0) {
         char a[128], b[128];
         dt__sig_str(W->bar_badsig[gen & 1], a, sizeof a);
@@ -416,9 +418,9 @@ static dt_result dt__local_broadcast(dt_comm *c, void *buf, size_t bytes, int ro
     dt_result r;
     if (W->latency > 0 || W->bandwidth > 0) return dt__tree_broadcast(c, buf, bytes, root);   /* messages feel the link model */
     dt_comm_count_native(c, bytes, 1);
-    W->r[c->rank].ptr = buf;
+    W->r[dt_comm_rank(c)].ptr = buf;
     if ((r = dt__local_barrier(c, deadline)) != DT_OK) return r;
-    if (c->rank != root && bytes) memcpy(buf, W->r[root].ptr, bytes);
+    if (dt_comm_rank(c) != root && bytes) memcpy(buf, W->r[root].ptr, bytes);
     return dt__local_barrier(c, deadline);   /* the root's buffer is read until everyone passes here */
 }
 
@@ -432,7 +434,7 @@ static dt_result dt__local_broadcast(dt_comm *c, void *buf, size_t bytes, int ro
 static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, double deadline) {
     dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     size_t es = dt_dtype_size(t), bytes = n * es;
-    int p = W->n, me = c->rank, k;
+    int p = W->n, me = dt_comm_rank(c), k;
     dt_result r;
     if (W->latency > 0 || W->bandwidth > 0) {
         /* messages feel the link model: the ring, or the binomial tree where the model makes it faster
@@ -480,7 +482,7 @@ static dt_result dt__local_allreduce(dt_comm *c, void *buf, size_t n, dt_dtype t
    blocks travel as messages (pairwise exchange), so they feel it. */
 static dt_result dt__local_alltoall(dt_comm *c, const void *send, void *recv, size_t bytes, double deadline) {
     dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
-    int p = W->n, me = c->rank, k;
+    int p = W->n, me = dt_comm_rank(c), k;
     dt_result r;
     if (W->latency > 0 || W->bandwidth > 0) return dt__alltoall_even(c, send, recv, bytes);
     dt_comm_count_native(c, bytes * (size_t)p, 1);
@@ -498,7 +500,7 @@ static void dt__local_missing(dt_comm *c, uint64_t seq, char *msg, size_t cap) {
     for (k = 0; k < W->n && len + 48 < cap; k++) {
         uint64_t s;
         int n;
-        if (k == c->rank) continue;
+        if (k == dt_comm_rank(c)) continue;
         if (!W->comms[k]) continue;
         s = DT__ATOMIC_LOAD(&W->comms[k]->seq);
         if (DT__ATOMIC_LOAD(&W->r[k].gone)) n = snprintf(msg + len, cap - len, "%s%d (%s)", any ? ", " : "ranks not in it: ", k, W->r[k].gone_result == DT_OK ? "finished" : "failed");
@@ -513,14 +515,14 @@ static void dt__local_missing(dt_comm *c, uint64_t seq, char *msg, size_t cap) {
    everyone so that waits for it end now. */
 static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
     dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
-    dt__lrank *me = &W->r[c->rank];
+    dt__lrank *me = &W->r[dt_comm_rank(c)];
     dt__req *it, *next;
     int k;
     if (DT__ATOMIC_LOAD(&me->gone)) return;
     dt__mutex_lock(&W->mu);   /* the root cause is written before anyone can see this rank gone */
     if (res != DT_OK && res != DT_ERR_PEER && !W->cause[0]) {   /* named by its rank, unless the message does it */
         if (msg && strncmp(msg, "rank ", 5) == 0) snprintf(W->cause, sizeof W->cause, "%.300s (%s)", msg, dt_result_str(res));
-        else snprintf(W->cause, sizeof W->cause, "rank %d: %.300s (%s)", c->rank, msg ? msg : "", dt_result_str(res));
+        else snprintf(W->cause, sizeof W->cause, "rank %d: %.300s (%s)", dt_comm_rank(c), msg ? msg : "", dt_result_str(res));
     }
     dt__mutex_unlock(&W->mu);
     dt__mutex_lock(&me->mu);
@@ -536,7 +538,7 @@ static void dt__local_gone(dt_comm *c, dt_result res, const char *msg) {
         dt__mutex_lock(&o->mu);
         for (it = o->inbox; it; it = next) {
             next = it->next;
-            if (it->m.owner == c->rank) { dt__lq_unlink(&o->inbox, &o->inbox_tail, it); DT__ATOMIC_STORE(&it->m.state, DT_REQ_CANCELLED); }
+            if (it->m.owner == dt_comm_rank(c)) { dt__lq_unlink(&o->inbox, &o->inbox_tail, it); DT__ATOMIC_STORE(&it->m.state, DT_REQ_CANCELLED); }
         }
         dt__cond_broadcast(&o->cv);
         dt__mutex_unlock(&o->mu);
@@ -551,7 +553,7 @@ static void dt__local_destroy(dt_comm *c) {
     int last;
     dt__mutex_lock(&W->mu);
     last = --W->refs == 0;
-    W->comms[c->rank] = NULL;
+    W->comms[dt_comm_rank(c)] = NULL;
     dt__mutex_unlock(&W->mu);
     if (last) dt__local_free_world(W);
 }

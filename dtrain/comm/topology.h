@@ -92,6 +92,7 @@ const dt_topology *dt_topology_schedule_at(int64_t step, void *s);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 const char *dt_topology_name(dt_topology_kind k) {
     static const char *names[] = {"ring", "torus", "exponential", "full", "custom"};

@@ -209,8 +209,13 @@ static inline DT__HD float dt_body_hash_uniform(uint64_t key, uint64_t counter) 
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "internal.h"
 
-static DT__THREAD_LOCAL char dt__errmsg[512];
+#define DT__ERROR_CAP 512
+static DT__THREAD_LOCAL char dt__errmsg[DT__ERROR_CAP];
+/* Sets the last error's text verbatim (a message formatted and kept earlier): the call other modules use,
+   with DT__ERROR_CAP for the size of a copy, never dt__errmsg itself. */
+static inline void dt__error_restore(const char *msg) { snprintf(dt__errmsg, sizeof dt__errmsg, "%s", msg); }
 
 const char *dt_result_str(dt_result r) {
     switch (r) {

@@ -105,6 +105,7 @@ dt_result dt_loader_set_indices(dt_loader *l, const int64_t *indices, int64_t co
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "internal.h"
 
 void dt_dataset_free(dt_dataset *ds) {
     int64_t i;

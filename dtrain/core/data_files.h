@@ -50,6 +50,7 @@ dt_result dt_dataset_load_cifar10(dt_dataset *ds, const char *dir, int train);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "internal.h"
 
 #ifndef DT_MNIST_DEFAULT_DIR
 #define DT_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"

@@ -47,6 +47,7 @@ dt_result dt_dataset_load_image_folder(dt_dataset *ds, const char *root, int64_t
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "internal.h"
 
 #ifndef DT_IMAGE_MAX_PIXELS
 #define DT_IMAGE_MAX_PIXELS ((int64_t)1 << 26)

@@ -178,6 +178,7 @@ void dt_model_summary(const dt_model *m);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "internal.h"
 
 const char *dt_layer_kind_str(dt_layer_kind k) {
     static const char *names[DT_LAYER_KIND_COUNT] = {"input", "linear", "conv2d", "maxpool2d", "avgpool2d",
@@ -253,7 +254,7 @@ const dt_backend *DT__DEFAULT_BACKEND(void);
 
 /* Waits for the backend's ops (dt_ops.sync) and returns their first failure, named after the call. */
 static dt_result dt__sync(const dt_model *m, const char *what) {
-    char msg[sizeof dt__errmsg];
+    char msg[DT__ERROR_CAP];
     const char *prev, *name;
     size_t k;
     dt_result r;
@@ -278,14 +279,14 @@ static int dt__fail_build(dt_model *m, dt_result r, const char *fmt, ...) {
         va_end(ap);
         m->error = r;
     }
-    snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg);
+    dt__error_restore(m->error_msg);
     return -1;
 }
 
 /* Validates a builder call's input; returns 0 when the call may go on. */
 static int dt__check_input(dt_model *m, int x, const char *what) {
     if (!m) { dt_set_error(DT_ERR_INVALID_ARG, "%s: model is NULL", what); return -1; }
-    if (m->error != DT_OK) { snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg); return -1; }
+    if (m->error != DT_OK) { dt__error_restore(m->error_msg); return -1; }
     if (m->finalized) return dt__fail_build(m, DT_ERR_STATE, "%s: model is already finalized; add every layer before dt_model_finalize", what);
     if (x < 0 || x >= m->nnodes) return dt__fail_build(m, DT_ERR_INVALID_ARG, "%s: input node %d does not exist (model has %d nodes)", what, x, m->nnodes);
     return 0;
@@ -673,7 +674,7 @@ dt_result dt_model_finalize(dt_model *m) {
     dt_result r;
     int i;
     if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_finalize: model is NULL");
-    if (m->error != DT_OK) { snprintf(dt__errmsg, sizeof dt__errmsg, "%s", m->error_msg); return m->error; }
+    if (m->error != DT_OK) { dt__error_restore(m->error_msg); return m->error; }
     if (m->finalized) return dt_set_error(DT_ERR_STATE, "dt_model_finalize: the model is already finalized");
     if (m->nnodes < 2) return dt_set_error(DT_ERR_STATE, "dt_model_finalize: the model has no layers; add some with dt_linear, dt_conv2d, ...");
     dt__full_names(m, m->pinfo, m->npinfo);
@@ -1031,6 +1032,17 @@ static dt_result dt__need_final(const dt_model *m, const char *what) {
     if (!m->finalized) return dt_set_error(DT_ERR_STATE, "%s: call dt_model_finalize after building the model", what);
     return DT_OK;
 }
+
+/* The accessors dtrain/core/internal.h declares for later modules (the optimizer, evaluation, checkpoints, DDP). */
+static inline const dt_ops *dt__model_ops(const dt_model *m, void **ctx) { *ctx = m->ctx; return m->ops; }
+static inline int dt__model_finalized(const dt_model *m) { return m->finalized; }
+static inline void dt__model_get_rng(const dt_model *m, uint64_t rng[3]) {
+    rng[0] = m->seed; rng[1] = m->stream; rng[2] = m->step;
+}
+static inline void dt__model_set_rng(dt_model *m, const uint64_t rng[3]) {
+    m->seed = rng[0]; m->stream = rng[1]; m->step = rng[2];
+}
+static inline void *dt__model_hook_user(const dt_model *m) { return m->hook_user; }
 
 /* Train-mode batch norm needs more than one value per channel: the variance of one value is 0, so the layer
    would output beta and pass back no gradient (PyTorch refuses too). */

@@ -85,6 +85,7 @@ float dt_sched_lr(const dt_sched_desc *s, int64_t t);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "internal.h"
 
 /* The rate DT_DEFAULT stands for: torch.optim's SGD has none, so 0.01 as the common course default; Adam's. */
 static inline float dt__optim_default_lr(dt_optim_kind k) { return k == DT_OPTIM_SGD ? 0.01f : 0.001f; }
@@ -102,9 +103,12 @@ struct dt_optim {
 dt_result dt_optim_create(dt_optim **out, dt_model *m, const dt_optim_desc *desc) {
     dt_optim *o;
     dt_optim_desc d;
+    const dt_ops *ops;
+    void *ctx;
+    int64_t nparams;
     if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_create: out is NULL");
     *out = NULL;
-    if (!m || !m->finalized) return dt_set_error(DT_ERR_STATE, "dt_optim_create: the model is NULL or not finalized");
+    if (!m || !dt__model_finalized(m)) return dt_set_error(DT_ERR_STATE, "dt_optim_create: the model is NULL or not finalized");
     if (desc) d = *desc;
     else { memset(&d, 0, sizeof d); d.lr = DT_DEFAULT; }
     if (d.kind < DT_OPTIM_SGD || d.kind > DT_OPTIM_ADAMW)
@@ -131,19 +135,21 @@ dt_result dt_optim_create(dt_optim **out, dt_model *m, const dt_optim_desc *desc
     memset(o, 0, sizeof *o);
     o->m = m;
     o->d = d;
-    o->ntensors = m->npinfo;
+    o->ntensors = dt_model_param_tensors(m);
+    ops = dt__model_ops(m, &ctx);
+    nparams = dt_model_param_count(m);
     o->nstate = d.kind == DT_OPTIM_SGD ? (d.momentum != 0.0f ? 1 : 0) : 2;
     o->steps = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(o->ntensors + 1));
     o->frozen = (unsigned char *)DT_MALLOC((size_t)o->ntensors + 1);
-    if (o->nstate) o->state = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * o->nstate * m->nparams);
+    if (o->nstate) o->state = (float *)ops->alloc(ctx, (int64_t)sizeof(float) * o->nstate * nparams);
     if (!o->steps || !o->frozen || (o->nstate && !o->state)) {
-        long long want = (long long)(o->nstate * m->nparams);
+        long long want = (long long)(o->nstate * nparams);
         dt_optim_destroy(o);
         return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_optim_create: no memory for the optimizer state (%lld floats)", want);
     }
     memset(o->steps, 0, sizeof(int64_t) * (size_t)o->ntensors);
     memset(o->frozen, 0, (size_t)o->ntensors);
-    if (o->nstate) m->ops->fill(m->ctx, o->state, o->nstate * m->nparams, 0.0f);
+    if (o->nstate) ops->fill(ctx, o->state, o->nstate * nparams, 0.0f);
     {
         dt_result r = dt__sync(m, "dt_optim_create");
         if (r != DT_OK) { dt_optim_destroy(o); return r; }
@@ -154,7 +160,11 @@ dt_result dt_optim_create(dt_optim **out, dt_model *m, const dt_optim_desc *desc
 
 void dt_optim_destroy(dt_optim *o) {
     if (!o) return;
-    if (o->state) o->m->ops->free(o->m->ctx, o->state);
+    if (o->state) {
+        void *ctx;
+        const dt_ops *ops = dt__model_ops(o->m, &ctx);
+        ops->free(ctx, o->state);
+    }
     DT_FREE(o->steps);
     DT_FREE(o->frozen);
     DT_FREE(o);
@@ -175,7 +185,7 @@ int dt_optim_freeze(dt_optim *o, const char *prefix, int frozen) {
     size_t len = prefix ? strlen(prefix) : 0;
     if (!o) return -1;
     for (i = 0; i < o->ntensors; i++)
-        if (!len || strncmp(o->m->pinfo[i].name, prefix, len) == 0) { o->frozen[i] = (unsigned char)(frozen != 0); n++; }
+        if (!len || strncmp(dt_model_param_info(o->m, i).name, prefix, len) == 0) { o->frozen[i] = (unsigned char)(frozen != 0); n++; }
     return n;
 }
 
@@ -187,25 +197,30 @@ static void dt__optim_stretches(dt_optim *o, dt__stretch_fn fn, void *arg) {
     while (i < o->ntensors) {
         int j = i;
         if (o->frozen[i]) { i++; continue; }
+        dt_param_info first, last;
         while (j + 1 < o->ntensors && !o->frozen[j + 1] && o->steps[j + 1] == o->steps[i]) j++;
-        fn(o, o->m->pinfo[i].offset, o->m->pinfo[j].offset + o->m->pinfo[j].count - o->m->pinfo[i].offset, o->steps[i], arg);
+        first = dt_model_param_info(o->m, i);
+        last = dt_model_param_info(o->m, j);
+        fn(o, first.offset, last.offset + last.count - first.offset, o->steps[i], arg);
         i = j + 1;
     }
 }
 
 static void dt__optim_apply(dt_optim *o, int64_t off, int64_t n, int64_t step, void *arg) {
-    dt_model *m = o->m;
+    void *ctx;
+    const dt_ops *ops = dt__model_ops(o->m, &ctx);
+    float *params = dt_model_params(o->m, NULL), *grads = dt_model_grads(o->m, NULL);
     const dt_optim_desc *d = &o->d;
     (void)arg;
     if (d->kind == DT_OPTIM_SGD) {
-        m->ops->sgd_step(m->ctx, m->params + off, m->grads + off, o->state ? o->state + off : NULL, n, d->lr, d->momentum,
-                         d->dampening, d->weight_decay, d->nesterov, step == 0);
+        ops->sgd_step(ctx, params + off, grads + off, o->state ? o->state + off : NULL, n, d->lr, d->momentum,
+                      d->dampening, d->weight_decay, d->nesterov, step == 0);
     } else {
         /* bias corrections in double, as Python computes them, then used in float like PyTorch's kernels */
         double t = (double)(step + 1);
         double bc1 = 1.0 - pow((double)d->beta1, t), bc2 = 1.0 - pow((double)d->beta2, t);
-        m->ops->adam_step(m->ctx, m->params + off, m->grads + off, o->state + off, o->state + m->nparams + off, n, d->lr,
-                          d->beta1, d->beta2, d->eps, d->weight_decay, d->kind == DT_OPTIM_ADAMW,
+        ops->adam_step(ctx, params + off, grads + off, o->state + off, o->state + dt_model_param_count(o->m) + off, n, d->lr,
+                       d->beta1, d->beta2, d->eps, d->weight_decay, d->kind == DT_OPTIM_ADAMW,
                           (float)((double)d->lr / bc1), (float)sqrt(bc2));
     }
 }
@@ -225,13 +240,17 @@ dt_result dt_optim_step(dt_optim *o) {
 
 static void dt__optim_sumsq(dt_optim *o, int64_t off, int64_t n, int64_t step, void *arg) {
     double part = 0.0;
+    void *ctx;
+    const dt_ops *ops = dt__model_ops(o->m, &ctx);
     (void)step;
-    o->m->ops->sum_squares(o->m->ctx, o->m->grads + off, n, &part);
+    ops->sum_squares(ctx, dt_model_grads(o->m, NULL) + off, n, &part);
     *(double *)arg += part;
 }
 static void dt__optim_scale(dt_optim *o, int64_t off, int64_t n, int64_t step, void *arg) {
+    void *ctx;
+    const dt_ops *ops = dt__model_ops(o->m, &ctx);
     (void)step;
-    o->m->ops->scale(o->m->ctx, o->m->grads + off, n, *(float *)arg);
+    ops->scale(ctx, dt_model_grads(o->m, NULL) + off, n, *(float *)arg);
 }
 
 dt_result dt_optim_clip_grad_norm(dt_optim *o, float max_norm, float *total_norm) {
@@ -252,8 +271,13 @@ dt_result dt_optim_clip_grad_norm(dt_optim *o, float max_norm, float *total_norm
     return dt__sync(o->m, "dt_optim_clip_grad_norm");
 }
 
+/* The accessors dtrain/core/internal.h declares for checkpoints. */
+static inline dt_model *dt__optim_model(const dt_optim *o) { return o->m; }
+static inline dt_optim_desc *dt__optim_desc(dt_optim *o) { return &o->d; }
+static inline int64_t *dt__optim_steps(dt_optim *o) { return o->steps; }
+
 float *dt_optim_state(dt_optim *o, int64_t *count) {
-    if (count) *count = o ? o->nstate * o->m->nparams : 0;
+    if (count) *count = o ? o->nstate * dt_model_param_count(o->m) : 0;
     return o ? o->state : NULL;
 }
 int dt_optim_tensors(const dt_optim *o) { return o ? o->ntensors : 0; }

@@ -88,6 +88,7 @@ dt_result dt_sampler_indices(int64_t count, int rank, int world, uint64_t seed, 
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "internal.h"
 
 /* ---- random helpers for the partitioners, the sampler and the loader ------------------------- */
 

@@ -329,6 +329,7 @@ static inline DT__HD void dt_body_adam_update(float *p, const float *g, float *m
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "internal.h"
 
 dt_tensor dt_tensor_view(float *data, int ndim, const int64_t *shape) {
     dt_tensor t;

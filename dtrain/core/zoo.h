@@ -45,6 +45,7 @@ dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, con
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "internal.h"
 
 static const char *dt__zoo_names[DT_ZOO_COUNT] = {"mlp", "simplecnn", "lenet5", "fedavg_cnn", "fedavg_2nn", "vgg11", "resnet20"};
 const char *dt_zoo_name(dt_zoo_model z) { return (z >= 0 && z < DT_ZOO_COUNT) ? dt__zoo_names[z] : "unknown"; }

@@ -59,6 +59,7 @@ dt_result dt_cpu_set_tier(const char *tier);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 /* ---- the blocked GEMM ------------------------------------------------------------------------- */
 /* Blocked GEMM after Goto & van de Geijn: for each (NC x KC) block of op(B), packed into NR-wide

@@ -32,6 +32,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 #ifdef DT__ARM
 /* ---- GEMM micro-kernel --------------------------------------------------------------------------- */

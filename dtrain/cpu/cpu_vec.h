@@ -57,6 +57,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 /* The tests' hooks of the shifted convolutions, in every build so the tests compile everywhere */
 static DT__MAYBE_UNUSED int dt__shift_off;                  /* 1: never take the shifted path (the tests compare both paths) */

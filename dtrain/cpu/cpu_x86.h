@@ -40,6 +40,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 #ifdef DT__X86
 /* ---- im2col and packing ----------------------------------------------------------------------- */

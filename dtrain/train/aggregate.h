@@ -69,6 +69,7 @@ dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const d
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 static const char *const dt__fed_agg_names[DT_FED_AGG_COUNT] = {"mean", "median", "trimmed", "krum", "multikrum", "classmean"};
 const char *dt_fed_agg_name(dt_fed_agg k) { return dt__enum_name(dt__fed_agg_names, DT_FED_AGG_COUNT, (int)k); }

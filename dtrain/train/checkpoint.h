@@ -54,6 +54,9 @@ dt_result dt_checkpoint_load_comm(dt_comm *c, const char *path, dt_model *m, dt_
    dt_fed_save and their _load), declared with it (ddp.h, localsgd.h, dpsgd.h, fedavg.h): the same file with the
    trainer's state added. */
 
+/* Internal (for the trainers' dt__ckpt_save_comm and dt__ckpt_load_comm, not the API): which call wrote a
+   checkpoint; each trainer's resume reads only its own. */
+enum { DT__CKPT_PLAIN = 0, DT__CKPT_DDP, DT__CKPT_LOCALSGD, DT__CKPT_DPSGD, DT__CKPT_FEDAVG, DT__CKPT_TRAINERS };
 #ifdef __cplusplus
 }
 #endif
@@ -65,6 +68,7 @@ dt_result dt_checkpoint_load_comm(dt_comm *c, const char *path, dt_model *m, dt_
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 /* ---- checkpoints ----
    Version 2. One file holds every rank's state, written by rank 0 alone, so that its atomicity is one
@@ -80,8 +84,6 @@ extern "C" {
 #define DT__CKPT_HEAD_WORDS 3          /* version, world, trainer; then the sizes */
 #define DT__CKPT_SEC_WORDS (19 + DT_CHECKPOINT_VALUES)
 
-/* Which call wrote a checkpoint: each trainer's resume reads only its own. */
-enum { DT__CKPT_PLAIN = 0, DT__CKPT_DDP, DT__CKPT_LOCALSGD, DT__CKPT_DPSGD, DT__CKPT_FEDAVG, DT__CKPT_TRAINERS };
 static const char *const dt__ckpt_writers[DT__CKPT_TRAINERS] = {
     "dt_checkpoint_save(_comm)", "dt_ddp_save", "dt_localsgd_save", "dt_dpsgd_save", "dt_fed_save"};
 
@@ -95,11 +97,15 @@ static uint64_t dt__fnv(uint64_t h, const void *data, size_t n) {
 static uint64_t dt__model_signature(const dt_model *m) {
     uint64_t h = 0xcbf29ce484222325ULL;
     int i;
-    for (i = 0; i < m->npinfo; i++) {
-        h = dt__fnv(h, m->pinfo[i].name, strlen(m->pinfo[i].name));
-        h = dt__fnv(h, m->pinfo[i].shape, sizeof m->pinfo[i].shape);
+    for (i = 0; i < dt_model_param_tensors(m); i++) {
+        dt_param_info t = dt_model_param_info(m, i);
+        h = dt__fnv(h, t.name, strlen(t.name));
+        h = dt__fnv(h, t.shape, sizeof t.shape);
     }
-    for (i = 0; i < m->nbinfo; i++) h = dt__fnv(h, m->binfo[i].name, strlen(m->binfo[i].name));
+    for (i = 0; i < dt_model_buffer_tensors(m); i++) {
+        dt_param_info t = dt_model_buffer_info(m, i);
+        h = dt__fnv(h, t.name, strlen(t.name));
+    }
     return h;
 }
 
@@ -163,9 +169,16 @@ static int64_t dt__ckpt_state(const dt__ckpt *k) {
     if (k->o) dt_optim_state(k->o, &n);
     return n;
 }
+/* The model's floats in a section: its parameters, then its buffers. */
+static int64_t dt__ckpt_model_floats(const dt__ckpt *k) {
+    int64_t nparams, nbuffers;
+    dt_model_params(k->m, &nparams);
+    dt_model_buffers(k->m, &nbuffers);
+    return nparams + nbuffers;
+}
 static int64_t dt__ckpt_section_bytes(const dt__ckpt *k) {
-    return 8 * DT__CKPT_SEC_WORDS + 4 * (k->m->nparams + k->m->nbuffers + dt__ckpt_state(k)) +
-           8 * (int64_t)(k->o ? k->o->ntensors : 0) + 4 * k->nextra;
+    return 8 * DT__CKPT_SEC_WORDS + 4 * (dt__ckpt_model_floats(k) + dt__ckpt_state(k)) +
+           8 * (int64_t)(k->o ? dt_optim_tensors(k->o) : 0) + 4 * k->nextra;
 }
 
 /* The words of a section: rank, model signature, parameters, buffer values, optimizer state values and
@@ -175,15 +188,18 @@ static int64_t dt__ckpt_section_bytes(const dt__ckpt *k) {
 static void dt__ckpt_words(const dt__ckpt *k, const dt_checkpoint_meta *meta, uint64_t *w) {
     dt_checkpoint_meta z;
     uint32_t lr = 0;
-    float f = k->o ? k->o->d.lr : 0.0f;
+    float f = k->o ? dt_optim_lr(k->o) : 0.0f;
+    int64_t nparams, nbuffers;
     int i;
     memset(&z, 0, sizeof z);
     if (!meta) meta = &z;
     memcpy(&lr, &f, sizeof lr);
-    w[0] = (uint64_t)k->rank; w[1] = dt__model_signature(k->m); w[2] = (uint64_t)k->m->nparams;
-    w[3] = (uint64_t)k->m->nbuffers; w[4] = (uint64_t)dt__ckpt_state(k); w[5] = (uint64_t)(k->o ? k->o->ntensors : 0);
-    w[6] = k->o ? (uint64_t)k->o->d.kind : 0; w[7] = lr;
-    w[8] = k->m->seed; w[9] = k->m->stream; w[10] = k->m->step;
+    dt_model_params(k->m, &nparams);
+    dt_model_buffers(k->m, &nbuffers);
+    w[0] = (uint64_t)k->rank; w[1] = dt__model_signature(k->m); w[2] = (uint64_t)nparams;
+    w[3] = (uint64_t)nbuffers; w[4] = (uint64_t)dt__ckpt_state(k); w[5] = (uint64_t)(k->o ? dt_optim_tensors(k->o) : 0);
+    w[6] = k->o ? (uint64_t)dt__optim_desc(k->o)->kind : 0; w[7] = lr;
+    dt__model_get_rng(k->m, &w[8]);   /* seed, stream, step: w[8..10] */
     w[11] = (uint64_t)meta->epoch; w[12] = (uint64_t)meta->step; w[13] = (uint64_t)meta->round;
     w[14] = (uint64_t)meta->batch; w[15] = meta->rng.state; w[16] = meta->rng.inc;
     w[17] = (uint64_t)k->word; w[18] = (uint64_t)k->nextra;
@@ -193,19 +209,22 @@ static void dt__ckpt_words(const dt__ckpt *k, const dt_checkpoint_meta *meta, ui
 /* This rank's section into sec [dt__ckpt_section_bytes]. */
 static void dt__ckpt_write_section(const dt__ckpt *k, const dt_checkpoint_meta *meta, unsigned char *sec) {
     uint64_t w[DT__CKPT_SEC_WORDS];
-    dt_model *m = k->m;
-    int64_t ns = dt__ckpt_state(k), i;
+    void *ctx;
+    const dt_ops *ops = dt__model_ops(k->m, &ctx);
+    int64_t nparams, nbuffers, ns = dt__ckpt_state(k), i;
+    float *params = dt_model_params(k->m, &nparams), *buffers = dt_model_buffers(k->m, &nbuffers);
+    int ntensors = k->o ? dt_optim_tensors(k->o) : 0;
     unsigned char *p = sec + 8 * DT__CKPT_SEC_WORDS;
     dt__ckpt_words(k, meta, w);
     for (i = 0; i < DT__CKPT_SEC_WORDS; i++) dt__put_u64(sec + 8 * i, w[i]);
-    m->ops->download(m->ctx, p, m->params, 4 * m->nparams);
-    p += 4 * m->nparams;
-    if (m->nbuffers) m->ops->download(m->ctx, p, m->buffers, 4 * m->nbuffers);
-    p += 4 * m->nbuffers;
-    if (ns) m->ops->download(m->ctx, p, k->o->state, 4 * ns);
+    ops->download(ctx, p, params, 4 * nparams);
+    p += 4 * nparams;
+    if (nbuffers) ops->download(ctx, p, buffers, 4 * nbuffers);
+    p += 4 * nbuffers;
+    if (ns) ops->download(ctx, p, dt_optim_state(k->o, NULL), 4 * ns);
     p += 4 * ns;
-    for (i = 0; k->o && i < k->o->ntensors; i++) dt__put_u64(p + 8 * i, (uint64_t)k->o->steps[i]);
-    p += 8 * (k->o ? k->o->ntensors : 0);
+    for (i = 0; i < ntensors; i++) dt__put_u64(p + 8 * i, (uint64_t)dt_optim_tensor_steps(k->o, (int)i));
+    p += 8 * ntensors;
     if (k->nextra) memcpy(p, k->extra, 4 * (size_t)k->nextra);
 }
 
@@ -306,7 +325,7 @@ static dt_result dt__ckpt_save(dt__ckpt *k, const dt_checkpoint_meta *meta) {
     if ((r = dt__ckpt_agree(k, r)) == DT_OK) {
         memset(sec, 0, (size_t)most);
         dt__ckpt_write_section(k, meta, sec);
-        r = dt__ckpt_agree(k, dt__ckpt_check_values(k, sec, k->m->nparams + k->m->nbuffers + dt__ckpt_state(k), "save"));
+        r = dt__ckpt_agree(k, dt__ckpt_check_values(k, sec, dt__ckpt_model_floats(k) + dt__ckpt_state(k), "save"));
     }
     if (r == DT_OK) {
         if (k->c && k->world > 1) r = dt_comm_gather(k->c, sec, slots, (size_t)most, DT_U8, 0);
@@ -393,23 +412,27 @@ static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *fil
 /* Each rank: its section [len] against its model and optimizer; w receives the section's words. */
 static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *sec, int64_t len, uint64_t *w) {
     dt_model *m = k->m;
+    int64_t nparams, nbuffers;
     int i;
+    dt_model_params(m, &nparams);
+    dt_model_buffers(m, &nbuffers);
     for (i = 0; i < DT__CKPT_SEC_WORDS; i++) w[i] = dt__get_u64(sec + 8 * i);
     if (w[0] != (uint64_t)k->rank || w[4] > (uint64_t)len || w[5] > (uint64_t)len || w[18] > (uint64_t)len ||
         (int64_t)(8 * DT__CKPT_SEC_WORDS + 4 * (w[2] + w[3] + w[4] + w[18]) + 8 * w[5]) != len)
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: its section of %s is damaged (impossible sizes)", k->fn, k->rank, k->path);
-    if (w[2] != (uint64_t)m->nparams || w[3] != (uint64_t)m->nbuffers || w[1] != dt__model_signature(m))
+    if (w[2] != (uint64_t)nparams || w[3] != (uint64_t)nbuffers || w[1] != dt__model_signature(m))
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds another model (%llu parameters, %llu buffer values, signature "
                             "%016llx) than this one (%lld, %lld, %016llx): build the same model to load it", k->fn, k->rank,
                             k->path, (unsigned long long)w[2], (unsigned long long)w[3], (unsigned long long)w[1],
-                            (long long)m->nparams, (long long)m->nbuffers, (unsigned long long)dt__model_signature(m));
+                            (long long)nparams, (long long)nbuffers, (unsigned long long)dt__model_signature(m));
     if (k->o && w[5] == 0)
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s has no optimizer state; pass NULL for the optimizer to load the "
                             "model alone", k->fn, k->rank, k->path);
-    if (k->o && (w[6] != (uint64_t)k->o->d.kind || w[4] != (uint64_t)dt__ckpt_state(k) || w[5] != (uint64_t)k->o->ntensors))
+    if (k->o && (w[6] != (uint64_t)dt__optim_desc(k->o)->kind || w[4] != (uint64_t)dt__ckpt_state(k) ||
+                 w[5] != (uint64_t)dt_optim_tensors(k->o)))
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: the optimizer state in %s (kind %llu, %llu values) does not fit this "
                             "optimizer (kind %d, %lld values)", k->fn, k->rank, k->path, (unsigned long long)w[6],
-                            (unsigned long long)w[4], (int)k->o->d.kind, (long long)dt__ckpt_state(k));
+                            (unsigned long long)w[4], (int)dt__optim_desc(k->o)->kind, (long long)dt__ckpt_state(k));
     if (w[18] != (uint64_t)k->nextra)
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %llu values of the trainer's own state (DDP: the compression's "
                             "residual, and PowerSGD's Qs) but this run keeps %lld: resume with the settings that wrote it (DDP: the same --compress, "
@@ -420,20 +443,24 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
 
 /* Each rank, after every rank's checks passed: its section into its model, optimizer, meta and word. */
 static void dt__ckpt_apply(dt__ckpt *k, const unsigned char *sec, const uint64_t *w, dt_checkpoint_meta *meta) {
-    dt_model *m = k->m;
+    void *ctx;
+    const dt_ops *ops = dt__model_ops(k->m, &ctx);
+    int64_t nparams, nbuffers;
+    float *params = dt_model_params(k->m, &nparams), *buffers = dt_model_buffers(k->m, &nbuffers);
     const unsigned char *p = sec + 8 * DT__CKPT_SEC_WORDS;
     uint32_t lr = (uint32_t)w[7];
     int64_t i;
     int j;
-    m->ops->upload(m->ctx, m->params, p, 4 * m->nparams);
-    p += 4 * m->nparams;
-    if (m->nbuffers) m->ops->upload(m->ctx, m->buffers, p, 4 * m->nbuffers);
-    p += 4 * m->nbuffers;
-    m->seed = w[8]; m->stream = w[9]; m->step = w[10];
+    ops->upload(ctx, params, p, 4 * nparams);
+    p += 4 * nparams;
+    if (nbuffers) ops->upload(ctx, buffers, p, 4 * nbuffers);
+    p += 4 * nbuffers;
+    dt__model_set_rng(k->m, &w[8]);   /* seed, stream, step: w[8..10] */
     if (k->o) {
-        if (w[4]) m->ops->upload(m->ctx, k->o->state, p, 4 * (int64_t)w[4]);
-        for (i = 0; i < k->o->ntensors; i++) k->o->steps[i] = (int64_t)dt__get_u64(p + 4 * (int64_t)w[4] + 8 * i);
-        memcpy(&k->o->d.lr, &lr, sizeof lr);
+        int64_t *steps = dt__optim_steps(k->o);
+        if (w[4]) ops->upload(ctx, dt_optim_state(k->o, NULL), p, 4 * (int64_t)w[4]);
+        for (i = 0; i < dt_optim_tensors(k->o); i++) steps[i] = (int64_t)dt__get_u64(p + 4 * (int64_t)w[4] + 8 * i);
+        memcpy(&dt__optim_desc(k->o)->lr, &lr, sizeof lr);
     }
     p += 4 * (int64_t)w[4] + 8 * (int64_t)w[5];   /* the optimizer's part, loaded or not: the trainer's floats follow */
     if (k->nextra) memcpy(k->extra, p, 4 * (size_t)k->nextra);
@@ -491,7 +518,7 @@ static dt_result dt__ckpt_init(dt__ckpt *k, dt_comm *c, const char *fn, int trai
     k->world = c ? dt_comm_size(c) : 1;
     if ((r = dt__need_final(m, fn)) != DT_OK) return r;
     if (!path || !*path) return dt_set_error(DT_ERR_INVALID_ARG, "%s: path is empty", fn);
-    if (o && o->m != m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the optimizer belongs to another model", fn);
+    if (o && dt__optim_model(o) != m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the optimizer belongs to another model", fn);
     if (!dt__little_endian()) return dt_set_error(DT_ERR_UNSUPPORTED, "%s: big-endian hosts are not supported", fn);
     return DT_OK;
 }
@@ -561,7 +588,7 @@ static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, co
     if (!has_out) return dt_set_error(DT_ERR_INVALID_ARG, "%s: out is NULL", fn);
     if (has_comm && !c) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
     if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: %s%s is NULL", fn, at, model);
-    if (!m->finalized)
+    if (!dt__model_finalized(m))
         return dt_set_error(DT_ERR_STATE, "%s: %s%s is not finalized: call dt_model_finalize after building it", fn, at, model);
     return DT_OK;
 }

@@ -60,6 +60,42 @@ dt_result   dt_ddp_compress_parse(const char *s, dt_ddp_compress *out, double *p
    bits, then one pass. */
 int64_t dt_topk_split(float *x, int64_t n, int64_t k, int32_t *idx, float *val);
 
+/* Internal (the interface DDP uses; not the API).
+   One dt__compress per dt_ddp that compresses (more than one rank): DDP fills in the settings and its plan,
+   dt__compress_alloc makes the buffers, dt__compress_slice replaces the all-reduce of one slice of the
+   weighted gradient (a bucket, a tensor or the buffer), dt__compress_free frees what alloc made. The first
+   slice of a sync also sums this rank's samples and activity; the compressor hands the sums to DDP's
+   counts(user, total, nactive) as soon as it has them (a failure there stops the sync). DDP reads residual
+   and nstate: the state its checkpoints keep. */
+typedef struct dt__compress {
+    /* settings (from dt_ddp_desc, defaults filled in) */
+    dt_ddp_compress kind;           /* BF16, FP16, TOPK or POWERSGD */
+    dt_algo      algo;              /* of the all-reduces */
+    double       topk_ratio;
+    int          no_feedback, powersgd_rank;
+    /* DDP's plan, borrowed */
+    dt_comm     *comm;
+    const dt_model *model;          /* POWERSGD: the tensors' shapes */
+    int64_t      n;                 /* gradient elements */
+    int          ntensors;
+    const int64_t *toff, *tcnt;     /* [ntensors] parameter tensors, last first */
+    dt_result  (*counts)(void *user, float total, float nactive);
+    void        *user;
+    /* the slice being reduced: whether this rank has data, and its samples (set by dt__compress_slice) */
+    int          active;
+    int64_t      acc_samples;
+    /* state */
+    uint16_t    *half;              /* BF16, FP16: [largest slice] the slice as it travels */
+    float       *residual;          /* TOPK with feedback: [n] what this rank has not sent yet */
+    int32_t     *sel_idx;           /* TOPK: [largest k] the pairs chosen */
+    float       *sel_val;
+    int32_t     *wire, *gathered_wire;  /* TOPK: [2 k + 2] this rank's pairs and counts; [size (2 kmax + 2)] everyone's */
+    int64_t     *mrows, *mcols, *qoff;  /* POWERSGD: [ntensors + 1] in toff's order: a matrix's shape (0: sent as
+                                           it is) and where its Q starts in psq */
+    float       *psq;               /* POWERSGD: the Qs, after the residual's n floats (one block: both are saved) */
+    float       *psbuf;             /* POWERSGD: [largest slice's Ps and vectors + 2] */
+    int64_t      nstate;            /* floats of residual (and POWERSGD's Qs) that a checkpoint keeps */
+} dt__compress;
 #ifdef __cplusplus
 }
 #endif
@@ -71,6 +107,7 @@ int64_t dt_topk_split(float *x, int64_t n, int64_t k, int32_t *idx, float *val);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 static const char *const dt__ddp_compress_names[DT_DDP_COMPRESS_COUNT] = {"fp32", "bf16", "fp16", "topk", "powersgd"};
 const char *dt_ddp_compress_name(dt_ddp_compress k) { return dt__enum_name(dt__ddp_compress_names, DT_DDP_COMPRESS_COUNT, (int)k); }
@@ -141,42 +178,7 @@ int64_t dt_topk_split(float *x, int64_t n, int64_t k, int32_t *idx, float *val) 
     return got;
 }
 
-/* ---- the interface DDP uses ----
-   One dt__compress per dt_ddp that compresses (more than one rank): DDP fills in the settings and its plan,
-   dt__compress_alloc makes the buffers, dt__compress_slice replaces the all-reduce of one slice of the
-   weighted gradient (a bucket, a tensor or the buffer), dt__compress_free frees what alloc made. The first
-   slice of a sync also sums this rank's samples and activity; the compressor hands the sums to DDP's
-   counts(user, total, nactive) as soon as it has them (a failure there stops the sync). DDP reads residual
-   and nstate: the state its checkpoints keep. */
-typedef struct dt__compress {
-    /* settings (from dt_ddp_desc, defaults filled in) */
-    dt_ddp_compress kind;           /* BF16, FP16, TOPK or POWERSGD */
-    dt_algo      algo;              /* of the all-reduces */
-    double       topk_ratio;
-    int          no_feedback, powersgd_rank;
-    /* DDP's plan, borrowed */
-    dt_comm     *comm;
-    const dt_model *model;          /* POWERSGD: the tensors' shapes */
-    int64_t      n;                 /* gradient elements */
-    int          ntensors;
-    const int64_t *toff, *tcnt;     /* [ntensors] parameter tensors, last first */
-    dt_result  (*counts)(void *user, float total, float nactive);
-    void        *user;
-    /* the slice being reduced: whether this rank has data, and its samples (set by dt__compress_slice) */
-    int          active;
-    int64_t      acc_samples;
-    /* state */
-    uint16_t    *half;              /* BF16, FP16: [largest slice] the slice as it travels */
-    float       *residual;          /* TOPK with feedback: [n] what this rank has not sent yet */
-    int32_t     *sel_idx;           /* TOPK: [largest k] the pairs chosen */
-    float       *sel_val;
-    int32_t     *wire, *gathered_wire;  /* TOPK: [2 k + 2] this rank's pairs and counts; [size (2 kmax + 2)] everyone's */
-    int64_t     *mrows, *mcols, *qoff;  /* POWERSGD: [ntensors + 1] in toff's order: a matrix's shape (0: sent as
-                                           it is) and where its Q starts in psq */
-    float       *psq;               /* POWERSGD: the Qs, after the residual's n floats (one block: both are saved) */
-    float       *psbuf;             /* POWERSGD: [largest slice's Ps and vectors + 2] */
-    int64_t      nstate;            /* floats of residual (and POWERSGD's Qs) that a checkpoint keeps */
-} dt__compress;
+/* ---- the interface DDP uses: dt__compress (above, in the declarations) ---- */
 
 /* BF16 and FP16: the slice rounded to 16 bits, summed over DT_BF16 or DT_F16 (partial sums rounded as they
    travel), decoded; the first collective's counts go before it as two floats. */

@@ -131,6 +131,9 @@ dt_result dt_ddp_load(dt_ddp *d, const char *path, dt_optim *o, dt_checkpoint_me
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
+/* The tag of DDP's own messages (parameter server, P2P): the library's first (comm/backend.h). */
+#define DT__TAG_DDP (DT__TAG_LIB + 0)
 
 /* ---- DDP ---------------------------------------------------------------------------------------
    A sync is one sequence of collectives, the same on every rank (so a joined rank that contributes zeros
@@ -515,7 +518,7 @@ void dt_ddp_destroy(dt_ddp *d) {
         dt__mutex_destroy(&d->mu);
     }
 #endif
-    if (d->model->hook_user == d) dt_model_set_backward_hook(d->model, NULL, NULL);
+    if (dt__model_hook_user(d->model) == d) dt_model_set_backward_hook(d->model, NULL, NULL);
     dt__ddp_free(d);
 }
 

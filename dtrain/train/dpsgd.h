@@ -105,6 +105,7 @@ dt_result dt_dpsgd_load(dt_dpsgd *d, const char *path, dt_optim *o, dt_checkpoin
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 /* ---- D-PSGD ------------------------------------------------------------------------------------
    One neighbour exchange per step sends the replica (n floats) to each neighbour and receives theirs

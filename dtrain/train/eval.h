@@ -38,6 +38,7 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 
 dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
@@ -49,14 +50,17 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
     float *x = NULL, *scores = NULL;
     int32_t *y = NULL;
     int64_t *ids = NULL;
+    const dt_ops *ops;
+    void *ctx;
     if ((r = dt__need_final(m, "dt_evaluate")) != DT_OK) return r;
+    ops = dt__model_ops(m, &ctx);
     if (!ds || !out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: dataset or result is NULL");
     memset(out, 0, sizeof *out);
     if (!idx) count = ds->count;
     if (count <= 0 || batch <= 0)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: count %lld and batch %lld must be > 0", (long long)count, (long long)batch);
-    in_size = m->nodes[0].size;
-    k = m->nodes[m->nnodes - 1].size;
+    in_size = dt_model_node_size(m, 0);
+    k = dt_model_node_size(m, dt_model_output_node(m));
     if (ds->c * ds->h * ds->w != in_size)
         return dt_set_error(DT_ERR_SHAPE, "dt_evaluate: samples of %s are %lldx%lldx%lld but the model takes %lld values",
                             ds->source[0] ? ds->source : "the dataset", (long long)ds->c, (long long)ds->h,
@@ -86,7 +90,7 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
         if (r != DT_OK && r != DT_ERR_NUMERIC) break;
         r = DT_OK;                                /* a NaN loss is reported as such in the result */
         loss_sum += (double)loss * (double)n;
-        m->ops->download(m->ctx, scores, m->nodes[m->nnodes - 1].out, (int64_t)sizeof(float) * n * k);
+        ops->download(ctx, scores, dt_model_node_output(m, dt_model_output_node(m)), (int64_t)sizeof(float) * n * k);
         for (i = 0; i < n; i++) {
             const float *row = scores + i * k;
             int64_t above = 0;                    /* classes scoring strictly higher than the label, or equal and earlier */

@@ -107,6 +107,9 @@ dt_result dt_fed_load(dt_fed *f, const char *path, dt_checkpoint_meta *meta);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
+/* The tag of FedAvg's reports: the library's second (comm/backend.h). */
+#define DT__TAG_FEDAVG (DT__TAG_LIB + 1)
 
 /* ---- FedAvg ------------------------------------------------------------------------------------
    The aggregators are pure functions over the updates. The round protocol needs no agreement message:

@@ -100,6 +100,7 @@ dt_result dt_hogwild_push(dt_model *shared, dt_model *replica, float lr);
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "../core/internal.h"
 
 /* ---- local SGD and Hogwild ---------------------------------------------------------------------- */
 

@@ -1,0 +1,168 @@
+/* dtrain/core/internal.h - the library-internal calls between dtrain's modules (not part of the API).
+
+   A module uses of another only its declarations (the public API, and what its declaration part marks
+   internal) and the calls declared here, under the heading of the module that defines them, never its
+   static helpers or the fields of its private structs (docs/design.md, "The modules"; tools/check_modules.py
+   checks it). Each module's implementation part includes this file. Every group is under the macro
+   DTRAIN_<NAME>_IMPLEMENTATION_DONE of the module that defines it, which that module defines where its
+   implementation part begins (its declarations complete, its bodies to follow in this translation unit), so
+   the file may be included by any module whatever came before (not under the include guard DTRAIN_<NAME>_H:
+   that is defined before the module's own includes, while its types are not declared yet); it has no
+   include guard (a prototype may repeat). The calls are static: a prototype here, the body in the module's
+   implementation part. Where a later module needs a field of a private struct, the module that owns
+   the struct adds a small accessor here rather than exposing the struct. Keep it small: a public call, where
+   one does the job, is better than a line here. */
+
+/* ==== dtrain/cpu/cpu.h: the convolution workspace the model plans for the CPU backend ==== */
+#ifdef DTRAIN_CPU_IMPLEMENTATION_DONE
+static int64_t dt__gemm_ws_count(int threads);
+static int64_t dt__tap_ws(const dt_conv_geom *g);
+#endif
+
+/* ==== dtrain/core/nn.h: the model's state for the optimizer, evaluation and checkpoints ==== */
+#ifdef DTRAIN_NN_IMPLEMENTATION_DONE
+/* DT_OK, or the error (named after what) of a NULL or unfinalized model */
+static dt_result dt__need_final(const dt_model *m, const char *what);
+/* waits for the backend's ops and returns their first failure, named after what */
+static dt_result dt__sync(const dt_model *m, const char *what);
+/* the model's ops table, and in *ctx the context its ops take */
+static inline const dt_ops *dt__model_ops(const dt_model *m, void **ctx);
+/* whether dt_model_finalize succeeded */
+static inline int dt__model_finalized(const dt_model *m);
+/* the dropout RNG's state (seed, stream, step): read and restored by checkpoints */
+static inline void dt__model_get_rng(const dt_model *m, uint64_t rng[3]);
+static inline void dt__model_set_rng(dt_model *m, const uint64_t rng[3]);
+/* the user pointer of the backward hook (dt_model_set_backward_hook) */
+static inline void *dt__model_hook_user(const dt_model *m);
+#endif
+
+/* ==== dtrain/core/optim.h: the optimizer's state for checkpoints ==== */
+#ifdef DTRAIN_OPTIM_IMPLEMENTATION_DONE
+/* the model it updates */
+static inline dt_model *dt__optim_model(const dt_optim *o);
+/* its settings (kind, lr: a checkpoint restores lr's bits as saved) */
+static inline dt_optim_desc *dt__optim_desc(dt_optim *o);
+/* its step counts [dt_optim_tensors]: a checkpoint restores them */
+static inline int64_t *dt__optim_steps(dt_optim *o);
+/* the rate DT_DEFAULT stands for */
+static inline float dt__optim_default_lr(dt_optim_kind k);
+#endif
+
+/* ==== dtrain/core/partition.h: the seeded shuffles the loader shares ==== */
+#ifdef DTRAIN_PARTITION_IMPLEMENTATION_DONE
+static void dt__rng_epoch(dt_rng *r, uint64_t seed, uint64_t epoch, uint64_t stream);
+static void dt__shuffle(int64_t *a, int64_t n, dt_rng *r);
+#endif
+
+/* ==== dtrain/core/data_files.h: file helpers the image-folder loader shares ==== */
+#ifdef DTRAIN_DATA_FILES_IMPLEMENTATION_DONE
+static uint32_t dt__be32(const uint8_t *p);
+static int64_t dt__file_size(FILE *fp);
+static char *dt__path(const char *dir, const char *name);
+static char *dt__str3(const char *a, const char *b, const char *c);
+#endif
+
+/* ==== dtrain/comm/comm.h: names of element types, reductions and enums ==== */
+#ifdef DTRAIN_COMM_IMPLEMENTATION_DONE
+static int dt__dtype_half(dt_dtype t);
+static const char *dt__enum_name(const char *const *names, int n, int k);
+static dt_result dt__enum_parse(const char *const *names, int n, const char *s, int *out, const char *what);
+static const char *dt__reduce_name(int op);
+#endif
+
+/* ==== dtrain/comm/backend.h: the communicator's state for its backends ==== */
+#ifdef DTRAIN_BACKEND_IMPLEMENTATION_DONE
+/* its counters (a backend adds its waits) */
+static inline dt_comm_stats *dt__comm_stats(dt_comm *c);
+/* the signature [3] of the operation in progress */
+static inline const uint64_t *dt__comm_sig(const dt_comm *c);
+/* the signature [3] of the collective in progress, published for the other ranks (a seqlock: [0] is written
+   last; read it with DT__ATOMIC_LOAD) */
+static inline const uint64_t *dt__comm_coll_sig(const dt_comm *c);
+/* the generic layer: requests, scratch, failures, point-to-point through the backend, reductions */
+static inline int dt__comm_any_thread(const dt_comm *c);
+static void dt__cancel_all(dt_comm *c, dt_request *reqs, int n);
+static const char *dt__cause(const char *m, dt_result r);
+static void dt__comm_begin(dt_comm *c, int kind, size_t count, int t, int op, int root, int algo);
+static dt_result dt__comm_broken(const dt_comm *c);
+static dt_result dt__comm_fail(dt_comm *c, dt_result r, const char *cause);
+static dt_result dt__comm_reqs(dt_comm *c, int n, dt_request **out);
+static dt_result dt__comm_scratch(dt_comm *c, size_t bytes, void **out);
+static void dt__mean_finish(void *buf, size_t n, dt_dtype t, int p);
+static int dt__node_of(const dt_comm *c, int k);
+static dt_result dt__recv(dt_comm *c, void *buf, size_t bytes, int src, dt_dtype t);
+static dt_result dt__recv_reduce(dt_comm *c, void *buf, size_t bytes, int src, void *tmp, dt_dtype t,
+                                 dt_reduce_op op);
+static void dt__reduce_into(void *DT__RESTRICT dst, const void *DT__RESTRICT src, size_t n, dt_dtype t,
+                            dt_reduce_op op);
+static dt_result dt__send(dt_comm *c, const void *buf, size_t bytes, int dst, dt_dtype t);
+/* requests (dt__req, in backend.h's declarations): posting, waiting, a dt_request's state */
+static dt__req *dt__rq(dt_request *q);
+static dt_result dt__post(dt_comm *c, int kind, const void *buf, size_t bytes, int peer, int tag, int esize,
+                          dt__req *q);
+static dt_result dt__isend(dt_comm *c, const void *buf, size_t bytes, int dst, int tag, dt__req *q);
+static dt_result dt__irecv(dt_comm *c, void *buf, size_t bytes, int src, int tag, dt__req *q);
+static dt_result dt__wait(dt_comm *c, dt__req *q, int exact);
+static void dt__sig_str(const uint64_t *sig, char *buf, size_t cap);
+static dt_result dt__signal(dt_comm *c, int dst, int src);
+static dt_result dt__step(dt_comm *c, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes, int src,
+                          void *tmp, int reduce, dt_dtype t, dt_reduce_op op);
+#endif
+
+/* ==== dtrain/comm/algos.h: the algorithms the local backend reuses; the library's point-to-point ==== */
+#ifdef DTRAIN_ALGOS_IMPLEMENTATION_DONE
+static dt_result dt__allreduce_ring(dt_comm *c, void *buf, size_t n, dt_dtype t, dt_reduce_op op, void *tmp);
+static dt_result dt__alltoall_even(dt_comm *c, const void *send, void *recv, size_t bytes);
+static size_t dt__chunk_len(size_t n, int p, int k);
+static size_t dt__chunk_off(size_t n, int p, int k);
+/* the library's own messages (tags above the user's: DDP, FedAvg, the trace) */
+static inline dt_result dt__lib_irecv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag,
+                                      dt_request *req);
+static inline dt_result dt__lib_isend(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag,
+                                      dt_request *req);
+static inline dt_result dt__lib_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int src, int tag,
+                                     size_t *received);
+static inline dt_result dt__lib_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag);
+static dt_result dt__tree_broadcast(dt_comm *c, void *buf, size_t bytes, int root);
+static dt_result dt__tree_reduce(dt_comm *c, void *buf, size_t bytes, dt_dtype t, dt_reduce_op op, int root,
+                                 void *tmp);
+#endif
+
+/* ==== dtrain/comm/launch.h: the threads per rank ==== */
+#ifdef DTRAIN_LAUNCH_IMPLEMENTATION_DONE
+static int dt__default_threads(int ranks);
+#endif
+
+/* ==== dtrain/train/checkpoint.h: the checks and checkpoints every trainer shares ==== */
+#ifdef DTRAIN_CHECKPOINT_IMPLEMENTATION_DONE
+static dt_result dt__ckpt_load_comm(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m,
+                                    dt_optim *o, dt_checkpoint_meta *meta, int64_t *word, dt_result pre);
+static dt_result dt__ckpt_load_extra(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m,
+                                     dt_optim *o, dt_checkpoint_meta *meta, int64_t *word, float *extra,
+                                     int64_t nextra, dt_result pre);
+static dt_result dt__ckpt_save_comm(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m,
+                                    dt_optim *o, const dt_checkpoint_meta *meta, int64_t word, dt_result pre);
+static dt_result dt__ckpt_save_extra(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m,
+                                     dt_optim *o, const dt_checkpoint_meta *meta, int64_t word, float *extra,
+                                     int64_t nextra, dt_result pre);
+static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast);
+static dt_result dt__set_error_again(dt_result r, const char *s);
+static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, const dt_comm *c, const dt_model *m,
+                                   const char *model);
+#endif
+
+/* ==== dtrain/train/compress.h: DDP's compressors (dt__compress, in compress.h's declarations) ==== */
+#ifdef DTRAIN_COMPRESS_IMPLEMENTATION_DONE
+static dt_result dt__compress_alloc(dt__compress *d, int nslices, const int64_t *soff, const int64_t *scnt);
+static dt_result dt__compress_slice(dt__compress *d, int i, float *grads, int64_t off, int64_t cnt, int active,
+                                    int64_t samples);
+static void dt__compress_free(dt__compress *d);
+#endif
+
+/* ==== dtrain/train/aggregate.h: FedAvg's aggregation ==== */
+#ifdef DTRAIN_AGGREGATE_IMPLEMENTATION_DONE
+static dt_result dt__fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n,
+                                   int64_t len, int64_t sel_len, float *out, int *kept_out,
+                                   const dt_fed_agg_desc *desc);
+static int dt__fed_min_clients(dt_fed_agg kind, const dt_fed_agg_desc *a);
+#endif

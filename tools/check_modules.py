@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""tools/check_modules.py - the lines between dtrain's modules are real (make test, tests/run.sh section 2).
+
+The modules are the files dtrain.h includes from dtrain/, in its order, then the backends dtrain_mpi.h and
+dtrain_cuda.h. Each has a declaration part (up to the line #endif /* DTRAIN_<NAME>_H */ that closes its
+include guard) and an implementation part (after it). A module may use, of a module before it:
+  - its declaration part: the public API, and the dt__/DT__ names a module declares there for the library
+    (e.g. tensor.h's kernel table dt__kernel), which its top comment says are internal;
+  - the platform layer: every internal name dtrain/core/base.h defines (threads, locks, atomics, the OpenMP
+    and restrict macros, files, the trace recorder), except its error buffer dt__errmsg (use dt_set_error or
+    a call of base.h);
+  - the registration hooks the composition root defines (dtrain.h's #define DT__...: DT__LAUNCH_PROCESSES,
+    DT__DEFAULT_BACKEND), which the module that calls them tests with #ifdef;
+  - the library-internal calls declared in dtrain/core/internal.h, under the heading of the module that defines
+    them ("/* ==== dtrain/x/y.h" and then "#ifdef DTRAIN_Y_IMPLEMENTATION_DONE", which that module defines where
+    its implementation part begins): the only door between modules' implementation parts, like ggml's
+    backend-impl header;
+and never another module's other internal names (dt__..., DT__...: static helpers, private macros, enum
+constants and types of an implementation part) or the fields of its private structures (a public type whose
+body is in the implementation part, e.g. struct dt_model, read through a pointer: m->nparams, also in a
+chain such as k->m->nparams or d->comm->stats).
+The crossings that remain from before the rule are listed in tools/module_lines.allowed (MODULE PROVIDER NAME,
+a field as TYPE.FIELD); that list only shrinks: a crossing not in it fails, and so does a line of it that no
+longer crosses (delete it). Prints each failure, then a total line; exit status 1 on any.
+--list prints every crossing (allowed or not) as MODULE PROVIDER NAME, then counts by module pair.
+"""
+import re, sys, os, collections
+
+os.chdir(os.environ.get('DT_ROOT') or os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+INTERNAL = 'dtrain/core/internal.h'
+PLATFORM = 'dtrain/core/base.h'
+PLATFORM_PRIVATE = {'dt__errmsg'}
+ALLOWED = os.environ.get('DT_MODULE_LINES_ALLOWED') or 'tools/module_lines.allowed'
+
+def strip(s):
+    """comments and string literals out, line numbers kept"""
+    s = re.sub(r'/\*.*?\*/', lambda m: '\n' * m.group(0).count('\n'), s, flags=re.S)
+    s = re.sub(r'//[^\n]*', '', s)
+    s = re.sub(r"'(\\.|[^'\\\n])'", "' '", s)
+    return re.sub(r'"(\\.|[^"\\\n])*"', '""', s)
+
+def split_decl(s):
+    """(declarations, implementation, guard) of a module, comments out: the guard's closing line splits them"""
+    m = re.search(r'^#endif /\* (DTRAIN_\w+_H) \*/', s, re.M)
+    return (strip(s[:m.end()]), strip(s[m.end():]), m.group(1)) if m else ('', strip(s), None)
+
+def defined_names(s):
+    """the dt__/DT__ names a piece of a module defines: macros, functions, types, variables, enum constants"""
+    d = set()
+    d |= set(re.findall(r'^\s*#\s*define\s+((?:dt__|DT__)\w+)', s, re.M))
+    d |= set(re.findall(r'^(?!\s*(?:return|if|else|while|for|switch|case|do)\b)[A-Za-z_][^;{}()=]*?\b(dt__\w+)\s*\([^;{]*?\)\s*\{',
+                        s, re.S | re.M))   # function definitions: a type, the name, the parameters, the body
+    d |= set(re.findall(r'\}\s*(dt__\w+)\s*;', s))
+    d |= set(re.findall(r'typedef\s+[^;{]*?\b(dt__\w+)\s*(?:__attribute__\s*\(\(.*?\)\)\s*)?;', s))
+    d |= set(re.findall(r'typedef\s+[^;{()]*?\(\s*\*\s*(dt__\w+)\s*\)', s))
+    d |= set(re.findall(r'\b(?:struct|union|enum)\s+(dt__\w+)\s*\{', s))
+    d |= set(re.findall(r'^(?:static\s+)?(?:DT__THREAD_LOCAL\s+)?(?:const\s+)?[A-Za-z_][\w \*]*?[\s\*]+(dt__\w+)\s*(?:\[[^\]]*\])*\s*(?:=|;)', s, re.M))
+    for body in re.findall(r'\benum\s*\w*\s*\{([^}]*)\}', s):   # enum constants
+        d |= set(re.findall(r'(?:^|,)\s*((?:DT__|dt__)\w+)', body))
+    return d
+
+PTR_DECL = r'\b(dt_\w+)\s*\*\s*(?:const\s+)?(\w+)\s*(?=[;,)=\[])'   # dt_x *name, a parameter, variable or field
+
+def chunks(s):
+    """the top-level pieces of a module: each function definition, struct, declaration (brace depth 0 to 0)"""
+    directive = r'^[ \t]*#(?:[^\n]*\\\n)*[^\n]*'   # a preprocessor line (with its continuations): a piece of its own
+    out = re.findall(directive, s, re.M)
+    s = re.sub(directive, lambda m: '\n' * m.group(0).count('\n'), s, flags=re.M)
+    s = re.sub(r'extern\s*""\s*\{', '', s)   # extern "C" { ... }: its body is top level (its } is ignored below)
+    depth, start = 0, 0
+    for i, ch in enumerate(s):
+        if ch == '{': depth += 1
+        elif ch == '}':
+            depth = max(depth - 1, 0)
+            if depth == 0 and not re.match(r'\s*\w*\s*;', s[i + 1:i + 80]): out.append(s[start:i + 1]); start = i + 1
+        elif ch == ';' and depth == 0: out.append(s[start:i + 1]); start = i + 1
+    out.append(s[start:])
+    return out
+
+def field_reads(s, private, me):
+    """(type, field) of each read through a pointer to another module's private struct: p->f where p is a
+    parameter or variable of the function it is in (or a file-scope variable), and chains a->p->f where p is a
+    field declared in one of the module's structs"""
+    def ptrs(text):
+        d = collections.defaultdict(set)
+        for t, n in re.findall(PTR_DECL, text):
+            if t in private and private[t] != me: d[n].add(t)
+        return d
+    parts = chunks(s)
+    fields, top = collections.defaultdict(set), collections.defaultdict(set)
+    for c in parts:
+        if re.match(r'\s*(?:typedef\s+)?(?:struct|union)\b[^(]*\{', c):
+            for n, ts in ptrs(c).items(): fields[n] |= ts
+        elif '{' not in c:
+            for n, ts in ptrs(c).items(): top[n] |= ts
+    out = []
+    for c in parts:
+        local = ptrs(c)
+        for m in re.finditer(r'(?<![\w])(\w+)(?=\s*->\s*(\w+))', c):   # overlapping: a->b->c gives a->b and b->c
+            n, f = m.group(1), m.group(2)
+            chained = re.search(r'(->|\.)\s*$', c[:m.start()])
+            for t in (fields.get(n, ()) if chained else local.get(n) or top.get(n, ())):
+                out.append((t, f))
+    return out
+
+def main():
+    listing = '--list' in sys.argv
+    raw = open('dtrain.h').read()
+    top = strip(raw)
+    mods = re.findall(r'^#include "(dtrain/[a-z0-9_/]+\.h)"', raw, re.M) + ['dtrain_mpi.h', 'dtrain_cuda.h']
+    hooks = set(re.findall(r'^\s*#\s*define\s+(DT__\w+)', top, re.M))
+    src, decl, impl, guard, defs, decl_defs = {}, {}, {}, {}, {}, {}
+    fails, done = [], {}
+    for m in mods:
+        raw = open(m).read()
+        s = strip(raw)
+        src[m] = s
+        decl[m], impl[m], guard[m] = split_decl(raw)
+        d = re.search(r'^#define (DTRAIN_\w+_IMPLEMENTATION_DONE)', raw, re.M)
+        done[m] = d.group(1) if d else None
+        if not guard[m]: fails.append(f'{m}: no line #endif /* DTRAIN_<NAME>_H */ closes its declarations')
+        defs[m] = defined_names(s)
+        decl_defs[m] = defined_names(decl[m])
+    # the internal header: "/* ==== dtrain/x/y.h" headings, each group under #ifdef of that module's guard
+    declared = collections.defaultdict(set)
+    if os.path.exists(INTERNAL):
+        cur, cur_guard = None, None
+        for no, line in enumerate(strip_keep_headings(open(INTERNAL).read()).split('\n'), 1):
+            h = re.match(r'\s*/\* =+ (\S+\.h)', line)
+            if h:
+                cur, cur_guard = h.group(1), None
+                if cur not in mods: fails.append(f'{INTERNAL}:{no}: heading {cur} is not a module')
+                continue
+            g = re.match(r'\s*#\s*ifdef\s+(\w+)', line)
+            if g and cur and cur_guard is None:
+                cur_guard = g.group(1)
+                if cur in done and done[cur] != cur_guard:
+                    fails.append(f'{INTERNAL}:{no}: the group of {cur} must be under #ifdef {done[cur]}')
+                continue
+            if re.match(r'\s*#', line): continue
+            for n in re.findall(r'\b((?:dt__|DT__)\w+)\s*\(', line):
+                if not cur or cur_guard is None:
+                    fails.append(f'{INTERNAL}:{no}: {n} is not under a module heading and its #ifdef'); continue
+                if n not in defs.get(cur, ()):
+                    fails.append(f'{INTERNAL}:{no}: {n} is declared for {cur}, which does not define it')
+                declared[cur].add(n)
+    # private structures: a public type (dt_...) whose body is in a module's implementation part
+    private = {}
+    for m in mods:
+        for t in re.findall(r'^struct (dt_\w+) \{', impl[m], re.M):
+            private[t] = m
+    crossings = []   # (module, provider, name, allowed by the rule)
+    for i, m in enumerate(mods):
+        before = mods[:i] if m != 'dtrain_mpi.h' and m != 'dtrain_cuda.h' else [x for x in mods if x != m]
+        for n in sorted(set(re.findall(r'\b((?:dt__|DT__)\w+)', src[m]))):
+            if n in defs[m]: continue                        # its own (also when an earlier module has one)
+            if n in hooks: continue                          # registration hooks of the composition root
+            owners = [o for o in before if n in defs[o]]
+            if not owners: continue                          # a parameter of a macro, or defined nowhere
+            o = owners[-1]
+            ok = (o == PLATFORM and n not in PLATFORM_PRIVATE) or n in decl_defs[o] or n in declared[o]
+            crossings.append((m, o, n, ok))
+        # fields of other modules' private structures, read through pointers (variables, parameters, fields)
+        for t, f in sorted(set(field_reads(src[m], private, m))):
+            crossings.append((m, private[t], f'{t}.{f}', False))
+    allowed = set()
+    if os.path.exists(ALLOWED):
+        for no, line in enumerate(open(ALLOWED), 1):
+            line = line.split('#', 1)[0].split()
+            if not line: continue
+            if len(line) != 3: fails.append(f'{ALLOWED}:{no}: want MODULE PROVIDER NAME'); continue
+            allowed.add(tuple(line))
+    seen = set()
+    for m, o, n, ok in crossings:
+        if ok: continue
+        seen.add((m, o, n))
+        if (m, o, n) not in allowed:
+            what = f'reads field {n.split(".")[1]} of {o}\'s private struct {n.split(".")[0]}' if '.' in n \
+                else f'uses {n} of {o}, which neither its declarations nor {INTERNAL} declare'
+            fails.append(f'{m}: {what} (a new crossing of a module line: see docs/design.md, "The modules")')
+    for a in sorted(allowed - seen):
+        fails.append(f'{ALLOWED}: {" ".join(a)} no longer crosses: delete the line (the list only shrinks)')
+    if listing:
+        pairs = collections.Counter()
+        for m, o, n, ok in crossings:
+            print(f'{m} {o} {n}{"" if ok else "  (listed)" if (m, o, n) in allowed else "  (NEW)"}')
+            if not ok: pairs[(m, o)] += 1
+        print('-- crossings outside the rule, by module pair:')
+        for (m, o), k in sorted(pairs.items()): print(f'{k:4d} {m} -> {o}')
+    for f in fails: print(f)
+    nout = sum(1 for c in crossings if not c[3])
+    print(f'{len(mods)} modules: {len(crossings) - nout} uses through declarations and {INTERNAL}, {nout} crossings '
+          f'left from before the rule (listed in {ALLOWED}), {len(fails)} failures')
+    return 1 if fails else 0
+
+def strip_keep_headings(s):
+    """internal.h without comments, but its "/* ==== module" heading lines kept"""
+    s = re.sub(r'/\*\s*=+ (\S+\.h)[^\n]*', lambda m: '/* ==== ' + m.group(1) + ' */', s)
+    return re.sub(r'/\*(?! ==== ).*?\*/', lambda m: '\n' * m.group(0).count('\n'), s, flags=re.S)
+
+sys.exit(main())
