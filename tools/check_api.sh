@@ -24,8 +24,10 @@
 #      the one headed "## dtrain/comm/comm.h: ..." for a name of dtrain/comm/comm.h;
 #   2. every config macro and environment variable is named in the top comment (the manual) of a header
 #      that reads it; dtrain.h's manual counts for every module.
-# Prints each name missing, then "N public names, N missing"; the exit status is 1 when any is missing or
-# a header's declaration part cannot be found. --list prints the names with their kinds and exits.
+#   3. the contents line at the top of API_MD links every "## " section, in order, with its GitHub anchor.
+# Prints each name missing, then "N public names, N missing"; the exit status is 1 when any is missing, a
+# header's declaration part cannot be found or the contents line is out of date. --list prints the names
+# with their kinds and exits.
 # POSIX sh, awk, grep, sed, sort. Run from the repository root (or anywhere: it changes to it).
 cd "$(dirname "$0")/.." || exit 1
 list=0
@@ -136,5 +138,17 @@ for name in $(cat "$T"/*.config "$T"/dtrain/*/*.config | grep -vE '^(dt__|DT__)'
         echo "missing from the top comment of the header that reads it: $name"; missing=$((missing + 1))
     fi
 done
+# 3. the contents line at the top of API_MD links every "## " section, in order, with the anchor GitHub gives
+#    its heading (lower case; what is not a letter, digit, space, "-" or "_" dropped; spaces as "-")
+awk '/^Contents: / { inc = 1 } inc && /^$/ { inc = 0 }
+     inc { s = $0; while (match(s, /\(#[^)]*\)/)) { print substr(s, RSTART + 2, RLENGTH - 3) > "/dev/stderr"; s = substr(s, RSTART + RLENGTH) } }
+     /^```/ { code = !code }
+     !code && /^## / { h = tolower(substr($0, 4)); gsub(/[^a-z0-9 _-]/, "", h); gsub(/ /, "-", h); print h }' \
+    "$API" > "$T/contents.heads" 2> "$T/contents.links"
+if ! cmp -s "$T/contents.links" "$T/contents.heads"; then
+    echo "FAIL $API: the contents line does not link each \"## \" section in order (links < >, headings):"
+    diff "$T/contents.links" "$T/contents.heads" | sed 's/^/    /'
+    status=1
+fi
 echo "$(wc -l < "$T/names" | tr -d ' ') public names, $missing missing"
 [ "$missing" -eq 0 ] && [ "$status" -eq 0 ]
