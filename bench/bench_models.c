@@ -41,7 +41,7 @@ static long arg_long(const char *flag, const char *v, long lo) {
 int main(int argc, char **argv) {
     const char *name = "simplecnn";
     long batch = 128, warmup = 3, iters = 3, windows = 7, w, s, i;
-    int z;
+    dt_zoo_model z = DT_ZOO_MLP;
     dt_model *m = NULL;
     dt_optim *o = NULL;
     dt_model_desc md;
@@ -61,9 +61,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--windows")) windows = arg_long(f, v, 1);
         else { fprintf(stderr, "usage: bench_models [--model NAME] [--batch N] [--warmup N] [--iters N] [--windows N]\n"); return 2; }
     }
-    if ((z = dt_zoo_from_name(name)) < 0) { fprintf(stderr, "bench_models: unknown model '%s'\n", name); return 2; }
+    if (dt_zoo_parse(name, &z) != DT_OK) { fprintf(stderr, "bench_models: %s\n", dt_last_error()); return 2; }
     memset(&md, 0, sizeof md);
-    CHECK(dt_zoo_create(&m, (dt_zoo_model)z, 10, &md));
+    CHECK(dt_zoo_create(&m, z, 10, &md));
     memset(&od, 0, sizeof od);
     od.lr = 0.01f;
     od.momentum = 0.9f;

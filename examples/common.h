@@ -401,9 +401,10 @@ static inline dt_result ex_model_create(dt_model **m, const char *name, const ex
     dt_model_desc md;
     dt_result r;
     char why[1024];
+    dt_zoo_model z = DT_ZOO_MLP;
     memset(&md, 0, sizeof md);
     md.in_c = d->train.c; md.in_h = d->train.h; md.in_w = d->train.w; md.seed = (uint64_t)d->seed; md.stream = stream;
-    if ((r = dt_zoo_create(m, (dt_zoo_model)dt_zoo_from_name(name), d->train.num_classes, &md)) != DT_ERR_SHAPE || d->train.h >= 32)
+    if ((r = dt_zoo_parse(name, &z)) != DT_OK || (r = dt_zoo_create(m, z, d->train.num_classes, &md)) != DT_ERR_SHAPE || d->train.h >= 32)
         return r;
     snprintf(why, sizeof why, "%s", dt_last_error());   /* dt_set_error writes over the message it would quote */
     return dt_set_error(r, "%s does not fit %s's %lldx%lld images: zero-pad them with --pad-to 32 (%s)", name, d->dataset,

@@ -97,7 +97,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         if (bad) return -1;
         i++;
     }
-    if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "ddp: unknown model '%s'\n", a->model); return -1; }
+    if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "ddp: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     if (ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt)) return -1;
     if (a->ddp.no_feedback && a->ddp.compress < DT_DDP_TOPK) { fprintf(stderr, "ddp: --no-feedback is top-k's and powersgd's\n"); return -1; }

@@ -105,7 +105,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         if (bad) { fprintf(stderr, "fedavg: bad value '%s' for %s\n", v, f); return -1; }
         i++;
     }
-    if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "fedavg: unknown model '%s'\n", a->model); return -1; }
+    if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "fedavg: %s\n", dt_last_error()); return -1; }
     if (strcmp(a->attack, "none") && strcmp(a->attack, "labelflip") && strcmp(a->attack, "signflip") && strcmp(a->attack, "noise")) {
         fprintf(stderr, "fedavg: unknown --attack '%s': use none, labelflip, signflip or noise\n", a->attack);
         return -1;

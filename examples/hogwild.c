@@ -72,7 +72,7 @@ static int parse_args(int argc, char **argv, args *a) {
         if (bad) return -1;
         i++;
     }
-    if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "hogwild: unknown model '%s'\n", a->model); return -1; }
+    if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "hogwild: %s\n", dt_last_error()); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "hogwild: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     return ex_recipe_check(&a->recipe, a->epochs, "epochs");
 }

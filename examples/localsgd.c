@@ -67,7 +67,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         if (bad) return -1;
         i++;
     }
-    if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "localsgd: unknown model '%s'\n", a->model); return -1; }
+    if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "localsgd: %s\n", dt_last_error()); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "localsgd: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     if (a->period > 1000000) { fprintf(stderr, "localsgd: --period %ld is too large\n", a->period); return -1; }
     return ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) ? -1 : 0;

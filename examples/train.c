@@ -75,7 +75,7 @@ static int parse_args(int argc, char **argv, args *a) {
         if (bad) return -1;
         i++;
     }
-    if (dt_zoo_from_name(a->model) < 0) { fprintf(stderr, "train: unknown model '%s'\n", a->model); return -1; }
+    if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "train: %s\n", dt_last_error()); return -1; }
     if (ex_ckpt_check(&a->ckpt)) return -1;
     return ex_recipe_check(&a->recipe, a->epochs, "epochs");
 }

@@ -73,8 +73,9 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         else if (!strcmp(a, "--summary")) summary = 1;
         else if (!strcmp(a, "--model") && v) {
-            which = strcmp(v, "all") ? dt_zoo_from_name(v) : -1;
-            if (strcmp(v, "all") && which < 0) { fprintf(stderr, "zoo: unknown model '%s'\n", v); usage(stderr); return 2; }
+            dt_zoo_model zm = DT_ZOO_MLP;
+            if (strcmp(v, "all") && dt_zoo_parse(v, &zm) != DT_OK) { fprintf(stderr, "zoo: %s\n", dt_last_error()); usage(stderr); return 2; }
+            which = strcmp(v, "all") ? (int)zm : -1;
             i++;
         } else if (!strcmp(a, "--batch") && v) {
             if ((batch = parse_long(v, 1, 1 << 20)) < 0) { fprintf(stderr, "zoo: --batch needs an integer in 1..1048576, got '%s'\n", v); return 2; }

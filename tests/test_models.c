@@ -26,23 +26,32 @@ static void test_zoo_param_counts(void) {
             printf("    %s: %lld parameters, expected %lld\n", dt_zoo_name(want[i].z), (long long)dt_model_param_count(m),
                    (long long)want[i].count);
         CHECK(dt_model_param_count(m) == want[i].count);
-        CHECK(dt_zoo_from_name(dt_zoo_name(want[i].z)) == (int)want[i].z);
+        {
+            dt_zoo_model back = DT_ZOO_COUNT;
+            CHECK_OK(dt_zoo_parse(dt_zoo_name(want[i].z), &back));
+            CHECK(back == want[i].z);
+        }
         dt_model_destroy(m);
     }
     CHECK(fp != NULL);
     while (fp && fscanf(fp, "%63s %lld", name, &cnt) == 2) {   /* and the counts PyTorch wrote */
-        int z = dt_zoo_from_name(name);
+        dt_zoo_model z = DT_ZOO_COUNT;
         dt_model *m;
-        CHECK(z >= 0);
-        if (z < 0) continue;
-        CHECK_OK(dt_zoo_create(&m, (dt_zoo_model)z, 0, NULL));
+        CHECK_OK(dt_zoo_parse(name, &z));
+        if (z == DT_ZOO_COUNT) continue;
+        CHECK_OK(dt_zoo_create(&m, z, 0, NULL));
         CHECK(m && dt_model_param_count(m) == cnt);
         dt_model_destroy(m);
         seen++;
     }
     CHECK(seen == 6);
     if (fp) fclose(fp);
-    CHECK(dt_zoo_from_name("resnet56") == -1);
+    {   /* an unknown name is refused, naming the models there are */
+        dt_zoo_model z = DT_ZOO_COUNT;
+        CHECK_ERR(dt_zoo_parse("resnet56", &z), DT_ERR_INVALID_ARG);
+        CHECK(z == DT_ZOO_COUNT && strstr(dt_last_error(), "unknown model 'resnet56': use mlp, simplecnn") != NULL);
+        CHECK_ERR(dt_zoo_parse(NULL, &z), DT_ERR_INVALID_ARG);
+    }
 }
 
 static void test_param_names(void) {

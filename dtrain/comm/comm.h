@@ -274,20 +274,6 @@ float dt_f16_to_float(uint16_t h) {
 }
 /* The names of an enum's values, shared by the dt_*_name / dt_*_parse pairs: the name of k ("unknown"
    outside 0..n-1), and the value named s (or DT_ERR_INVALID_ARG listing the choices; what names the kind). */
-static const char *dt__enum_name(const char *const *names, int n, int k) { return k >= 0 && k < n ? names[k] : "unknown"; }
-static dt_result dt__enum_parse(const char *const *names, int n, const char *s, int *out, const char *what) {
-    char list[256];
-    size_t len = 0;
-    int k;
-    for (k = 0; s && k < n; k++)
-        if (strcmp(s, names[k]) == 0) { *out = k; return DT_OK; }
-    list[0] = 0;
-    for (k = 0; k < n && len < sizeof list; k++) {
-        int w = snprintf(list + len, sizeof list - len, "%s%s", k == 0 ? "" : k == n - 1 ? " or " : ", ", names[k]);
-        if (w > 0) len += (size_t)w;
-    }
-    return dt_set_error(DT_ERR_INVALID_ARG, "unknown %s '%s': use %s", what, s ? s : "(null)", list);
-}
 
 static const char *const dt__algo_names[DT_ALGO_COUNT] = {"auto", "naive", "ring", "tree", "native", "hier"};
 const char *dt_algo_name(dt_algo a) { return dt__enum_name(dt__algo_names, DT_ALGO_COUNT, (int)a); }

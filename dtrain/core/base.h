@@ -252,6 +252,23 @@ dt_result dt_set_error(dt_result r, const char *fmt, ...) {
     return r;
 }
 
+/* the name of enum value k in names[0..n) ("unknown" outside), and the value of name s, refused naming the choices:
+   every *_name and *_parse of the library */
+static inline const char *dt__enum_name(const char *const *names, int n, int k) { return k >= 0 && k < n ? names[k] : "unknown"; }
+static inline dt_result dt__enum_parse(const char *const *names, int n, const char *s, int *out, const char *what) {
+    char list[256];
+    size_t len = 0;
+    int k;
+    for (k = 0; s && k < n; k++)
+        if (strcmp(s, names[k]) == 0) { *out = k; return DT_OK; }
+    list[0] = 0;
+    for (k = 0; k < n && len < sizeof list; k++) {
+        int w = snprintf(list + len, sizeof list - len, "%s%s", k == 0 ? "" : k == n - 1 ? " or " : ", ", names[k]);
+        if (w > 0) len += (size_t)w;
+    }
+    return dt_set_error(DT_ERR_INVALID_ARG, "unknown %s '%s': use %s", what, s ? s : "(null)", list);
+}
+
 /* Opens a file the library reads (a data set, a checkpoint): fopen(path, "rb"), after refusing what is not a
    regular file, since opening a FIFO blocks until a writer comes and a device may never end. NULL on failure,
    with *why saying why (strerror's text, or what the path is) for the caller's message. */

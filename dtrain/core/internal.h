@@ -62,11 +62,9 @@ static char *dt__path(const char *dir, const char *name);
 static char *dt__str3(const char *a, const char *b, const char *c);
 #endif
 
-/* ==== dtrain/comm/comm.h: names of element types, reductions and enums ==== */
+/* ==== dtrain/comm/comm.h: element types and reductions ==== */
 #ifdef DTRAIN_COMM_IMPLEMENTATION_DONE
 static int dt__dtype_half(dt_dtype t);
-static const char *dt__enum_name(const char *const *names, int n, int k);
-static dt_result dt__enum_parse(const char *const *names, int n, const char *s, int *out, const char *what);
 static const char *dt__reduce_name(int op);
 #endif
 

@@ -30,7 +30,7 @@ typedef enum dt_zoo_model {
     DT_ZOO_COUNT
 } dt_zoo_model;
 const char *dt_zoo_name(dt_zoo_model z);                  /* "resnet20", ... */
-int         dt_zoo_from_name(const char *name);           /* -1 when unknown */
+dt_result   dt_zoo_parse(const char *name, dt_zoo_model *out);   /* DT_ERR_INVALID_ARG naming the models */
 /* Creates and finalizes a zoo model. desc's input shape is filled in when zero. */
 dt_result dt_zoo_create(dt_model **out, dt_zoo_model z, int64_t num_classes, const dt_model_desc *desc);
 
@@ -47,14 +47,13 @@ extern "C" {
 #endif
 #include "internal.h"
 
-static const char *dt__zoo_names[DT_ZOO_COUNT] = {"mlp", "simplecnn", "lenet5", "fedavg_cnn", "fedavg_2nn", "vgg11", "resnet20"};
+static const char *const dt__zoo_names[DT_ZOO_COUNT] = {"mlp", "simplecnn", "lenet5", "fedavg_cnn", "fedavg_2nn", "vgg11", "resnet20"};
 const char *dt_zoo_name(dt_zoo_model z) { return (z >= 0 && z < DT_ZOO_COUNT) ? dt__zoo_names[z] : "unknown"; }
-int dt_zoo_from_name(const char *name) {
-    int i;
-    if (!name) return -1;
-    for (i = 0; i < DT_ZOO_COUNT; i++)
-        if (strcmp(name, dt__zoo_names[i]) == 0) return i;
-    return -1;
+dt_result dt_zoo_parse(const char *name, dt_zoo_model *out) {
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__zoo_names, DT_ZOO_COUNT, name, &k, "model");
+    if (r == DT_OK && out) *out = (dt_zoo_model)k;
+    return r;
 }
 
 /* conv (optionally without bias) + name */
