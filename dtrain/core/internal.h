@@ -144,7 +144,6 @@ static dt_result dt__ckpt_save_extra(dt_comm *c, const char *fn, int trainer, co
                                      dt_optim *o, const dt_checkpoint_meta *meta, int64_t word, float *extra,
                                      int64_t nextra, dt_result pre);
 static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast);
-static dt_result dt__set_error_again(dt_result r, const char *s);
 static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, const dt_comm *c, const dt_model *m,
                                    const char *model);
 #endif

@@ -255,14 +255,6 @@ static dt_result dt__ckpt_check_values(const dt__ckpt *k, const unsigned char *s
                         (long long)first);
 }
 
-/* Sets result r with message s, a dt_last_error() of r from another thread or rank, as it was there: without its
-   "DT_ERR_...: ", which dt_set_error adds back. */
-static dt_result dt__set_error_again(dt_result r, const char *s) {
-    size_t pre = strlen(dt_result_str(r));
-    if (strncmp(s, dt_result_str(r), pre) == 0 && s[pre] == ':') s += pre + (s[pre + 1] == ' ' ? 2 : 1);
-    return dt_set_error(r, "%s", s);
-}
-
 /* Collective agreement on a result: every rank returns DT_OK, or the result and message of the lowest rank
    that failed (so all ranks report the same cause). */
 static dt_result dt__ckpt_agree(const dt__ckpt *k, dt_result r) {
@@ -273,11 +265,16 @@ static dt_result dt__ckpt_agree(const dt__ckpt *k, dt_result r) {
     if ((e = dt_comm_allreduce(k->c, &first, 1, DT_I64, DT_MIN, DT_ALGO_AUTO)) != DT_OK) return e;
     if (first == k->world) return DT_OK;
     memset(msg, 0, sizeof msg);
-    if (first == k->rank) snprintf(msg, sizeof msg, "%s", dt_last_error());
+    if (first == k->rank) {
+        const char *s = dt_last_error();
+        size_t pre = strlen(dt_result_str(r));   /* without its "DT_ERR_...: ", which dt_set_error adds back */
+        if (strncmp(s, dt_result_str(r), pre) == 0 && s[pre] == ':') s += pre + (s[pre + 1] == ' ' ? 2 : 1);
+        snprintf(msg, sizeof msg, "%s", s);
+    }
     if ((e = dt_comm_broadcast(k->c, &code, 1, DT_I64, (int)first, DT_ALGO_AUTO)) != DT_OK ||
         (e = dt_comm_broadcast(k->c, msg, sizeof msg, DT_U8, (int)first, DT_ALGO_AUTO)) != DT_OK) return e;
     msg[sizeof msg - 1] = 0;
-    return dt__set_error_again((dt_result)code, msg);
+    return dt_set_error((dt_result)code, "%s", msg);
 }
 
 /* Rank 0: writes file [bytes] to "<path>.tmp", flushes it to disk, renames it over path, syncs the directory. */

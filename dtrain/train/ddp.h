@@ -598,7 +598,7 @@ dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync)
     dt__mutex_unlock(&d->mu);
     dt_trace_end();
     if (rb != DT_OK) return rb;
-    if (r != DT_OK) dt__set_error_again(r, d->hmsg);
+    if (r != DT_OK) dt__error_restore(d->hmsg);   /* the helper thread's message, as it was */
     return dt__ddp_done(d, r, t0);
 }
 
