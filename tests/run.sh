@@ -117,6 +117,7 @@ build() {
 # impl OBJ COMPILER FLAGS...: the configuration's object of the implementation; a failure counts once
 impl() {
     i_obj=$1; shift
+    rm -f "$i_obj"   # never a stale one from an earlier run
     "$@" -c tests/impl.c -o "$i_obj" && return 0
     echo "FAIL build of the implementation (tests/impl.c) into $i_obj"; failed=$((failed + 1)); return 1
 }
@@ -715,7 +716,8 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     if build "$B/mpi/dtrain.o" tests/mpi/fault_ddp.c "$B/mpi/fault_ddp" "$LDLIBS" $MPICC; then
         for n in 2 3 4; do fault_cases $((n - 1)) mpiexec -n $n "$B/mpi/fault_ddp"; done
     else echo "FAIL build of tests/mpi/fault_ddp.c with mpicc"; failed=$((failed + 1)); fi
-    check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "mpicc $WARN -fopenmp -DDT_USE_MPI $DEFS -c tests/impl.c -o '$B/mpi/impl.o' &&
+    # C11 is this section's object, built above with $WARN (-Werror); C++ here
+    check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "[ -f '$B/mpi/dtrain.o' ] &&
         mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c tests/impl.c -o '$B/mpi/impl-cxx.o'"
     printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL) == DT_OK ? 0 : 1; }\n' > "$B/mpi/nompi.c"
     check "built without MPI, under mpiexec -n 2: exit 1, saying to rebuild with MPI" sh -c "
