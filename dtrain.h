@@ -85,6 +85,10 @@
      | DT_USE_CUDA              | undefined        | include dtrain_cuda.h (the GPU backend): models  |
      |                          |                  | whose desc.ops is NULL run on the GPU; link      |
      |                          |                  | dtrain_cuda.cu's object (nvcc), -lcublas -lcudart|
+   DTRAIN_IMPLEMENTATION_LINKED (undefined by default): the implementation is in another object of the
+   program (e.g. a file holding only the #define and the include, compiled once), so a #define
+   DTRAIN_IMPLEMENTATION in this file is ignored; a one-file program can so be linked with that object too (the
+   Makefile builds the examples that way).
    The environment variable DT_COMM_TIMEOUT (seconds) sets the default communicator timeout (300 s);
    DT_FAULT (a test aid, "rank=R,coll=N,kind=fail|return|stall:S|hang|nan") injects a fault (dt_comm_desc);
    DT_NODE_SIZE (ranks per node) groups the ranks into nodes for DT_ALGO_HIER and the link model;
@@ -239,6 +243,9 @@
 /* The modules, in dependency order: each uses only the ones before it. Every module holds its declarations
    and, under DTRAIN_IMPLEMENTATION, its implementation, so this file may be included again after
    #define DTRAIN_IMPLEMENTATION. */
+#ifdef DTRAIN_IMPLEMENTATION_LINKED   /* the implementation is another object's */
+#undef DTRAIN_IMPLEMENTATION
+#endif
 #include "dtrain/core/base.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/cpu/cpu_vec.h"

@@ -328,21 +328,6 @@ static inline void ex_free(ex_data *d) {
     dt_dataset_free(&d->train);
 }
 
-/* Zero-pads every image of ds to size x size, centred (torchvision's Pad before ToTensor), in place. */
-static inline dt_result ex_pad_dataset(dt_dataset *ds, int64_t size) {
-    int64_t top = (size - ds->h) / 2, left = (size - ds->w) / 2, i, y;
-    uint8_t *p = (uint8_t *)DT_MALLOC((size_t)(ds->count * ds->c * size * size));
-    if (!p) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to pad %s to %lldx%lld", ds->source, (long long)size, (long long)size);
-    memset(p, 0, (size_t)(ds->count * ds->c * size * size));
-    for (i = 0; i < ds->count * ds->c; i++)
-        for (y = 0; y < ds->h; y++)
-            memcpy(p + (i * size + y + top) * size + left, ds->pixels + (i * ds->h + y) * ds->w, (size_t)ds->w);
-    DT_FREE(ds->pixels);
-    ds->pixels = p;
-    ds->h = ds->w = size;
-    return DT_OK;
-}
-
 /* Adds the training transform's augmentation, which shapes training, to d->name (" with random crops (pad 4) and
    flips"); nothing without one. Returns 0. */
 static inline int ex_name_augment(ex_data *d) {
@@ -365,7 +350,7 @@ static inline int ex_pad(ex_data *d) {
                 d->pad_to, d->dataset, (long long)h, (long long)w, (long long)(h > w ? h : w));
         return 2;
     }
-    if (ex_pad_dataset(&d->train, s) != DT_OK || (!shared && ex_pad_dataset(&d->test, s) != DT_OK)) {
+    if (dt_dataset_pad(&d->train, s, s) != DT_OK || (!shared && dt_dataset_pad(&d->test, s, s) != DT_OK)) {
         fprintf(stderr, "%s: %s\n", EX_PROG, dt_last_error());
         return 1;
     }

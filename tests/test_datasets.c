@@ -162,6 +162,33 @@ static void test_idx_raw(void) {
     CHECK(live_allocs == 0);
 }
 
+/* dt_dataset_pad: zeros around each image, centred (an odd margin puts the extra row and column after); a size
+   smaller than the images refused naming both; the same size a no-op; memory accounted */
+static void test_pad(void) {
+    dt_dataset ds;
+    int64_t i, y, x, h = IH + 3, w = IW + 4, top = 1, left = 2;
+    int bad = 0;
+    write_idx_pair("p-img", "p-lab", 0);
+    CHECK_OK(dt_dataset_load_idx(&ds, tp("p-img"), tp("p-lab")));
+    CHECK_ERR(dt_dataset_pad(&ds, IH - 1, IW), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "smaller than the images") != NULL);
+    CHECK_OK(dt_dataset_pad(&ds, IH, IW));
+    check_idx_small(&ds);
+    CHECK_OK(dt_dataset_pad(&ds, h, w));
+    CHECK(ds.h == h && ds.w == w && ds.count == IN && live_allocs == 2);
+    for (i = 0; ds.pixels && ds.h == h && i < IN; i++)
+        for (y = 0; y < h; y++)
+            for (x = 0; x < w; x++) {
+                int in = y >= top && y < top + IH && x >= left && x < left + IW;
+                uint8_t want = in ? idx_pix[(i * IH + y - top) * IW + x - left] : 0;
+                bad += ds.pixels[(i * h + y) * w + x] != want;
+            }
+    CHECK(bad == 0);
+    dt_dataset_free(&ds);
+    CHECK(live_allocs == 0);
+    CHECK_ERR(dt_dataset_pad(&ds, h, w), DT_ERR_STATE);
+}
+
 #ifdef DT_USE_ZLIB
 static void test_idx_gzip(void) {
     dt_dataset ds;
@@ -971,6 +998,7 @@ int main(int argc, char **argv) {
         for (i = 0; i < 16; i++) cifar_lab[i] = (i * 7) % 10;
     }
     RUN(test_idx_raw);
+    RUN(test_pad);
 #ifdef DT_USE_ZLIB
     RUN(test_idx_gzip);
 #else

@@ -35,6 +35,10 @@ typedef struct dt_dataset {
 
 /* Frees the arrays a loader allocated and zeroes *ds. NULL is allowed. */
 void dt_dataset_free(dt_dataset *ds);
+/* Zero-pads every image of ds to h x w, centred (torchvision's Pad before ToTensor; e.g. Fashion-MNIST's
+   28x28 to VGG-11's 32x32), in place: the pixels array is replaced by one allocated here, so ds must hold
+   arrays a loader allocated. h and w at least the images' size; the same size leaves ds as it is. */
+dt_result dt_dataset_pad(dt_dataset *ds, int64_t h, int64_t w);
 
 /* Per-batch conversion: x = (pixel / 255 - mean[c]) / std[c] after an optional random crop (zero padding
    of crop_pad pixels on each side, then a crop of the original size) and an optional random horizontal
@@ -116,6 +120,32 @@ void dt_dataset_free(dt_dataset *ds) {
     DT_FREE(ds->pixels);
     DT_FREE(ds->labels);
     memset(ds, 0, sizeof *ds);
+}
+
+dt_result dt_dataset_pad(dt_dataset *ds, int64_t h, int64_t w) {
+    int64_t top, left, i, y;
+    uint8_t *p;
+    if (!ds) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_pad: NULL dataset");
+    if (!ds->pixels || ds->count <= 0) return dt_set_error(DT_ERR_STATE, "dt_dataset_pad: the dataset is empty; load it first");
+    if (h < ds->h || w < ds->w)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_pad: %lldx%lld is smaller than the images of %s (%lldx%lld); "
+                            "give at least their size", (long long)h, (long long)w, ds->source, (long long)ds->h, (long long)ds->w);
+    if (h == ds->h && w == ds->w) return DT_OK;
+    if (h > (int64_t)1 << 20 || w > (int64_t)1 << 20 || (uint64_t)(ds->count * ds->c) > SIZE_MAX / (uint64_t)h / (uint64_t)w)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_pad: %lldx%lld images of %s would not fit in memory",
+                            (long long)h, (long long)w, ds->source);
+    p = (uint8_t *)DT_MALLOC((size_t)(ds->count * ds->c * h * w));
+    if (!p) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dataset_pad: no memory to pad %s to %lldx%lld", ds->source,
+                                (long long)h, (long long)w);
+    memset(p, 0, (size_t)(ds->count * ds->c * h * w));
+    top = (h - ds->h) / 2; left = (w - ds->w) / 2;
+    for (i = 0; i < ds->count * ds->c; i++)
+        for (y = 0; y < ds->h; y++)
+            memcpy(p + (i * h + y + top) * w + left, ds->pixels + (i * ds->h + y) * ds->w, (size_t)ds->w);
+    DT_FREE(ds->pixels);
+    ds->pixels = p;
+    ds->h = h; ds->w = w;
+    return DT_OK;
 }
 
 dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, const dt_transform *t, uint64_t seed,

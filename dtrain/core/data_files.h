@@ -31,6 +31,9 @@ dt_result dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const cha
    0), each raw or with .gz appended (raw preferred). dir NULL means DT_MNIST_DEFAULT_DIR, where Debian's
    package dataset-fashion-mnist installs Fashion-MNIST. */
 dt_result dt_dataset_load_mnist_dir(dt_dataset *ds, const char *dir, int train);
+#ifndef DT_MNIST_DEFAULT_DIR
+#define DT_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
+#endif
 /* CIFAR-10, binary version: dir/data_batch_1.bin .. data_batch_5.bin (train != 0) or dir/test_batch.bin,
    records of 1 label byte + 3072 pixel bytes (R, G, B planes of 32x32). Gives c = 3, h = w = 32,
    num_classes = 10; class_names from dir/batches.meta.txt (one name per line) when present, else NULL. */
@@ -51,10 +54,6 @@ dt_result dt_dataset_load_cifar10(dt_dataset *ds, const char *dir, int train);
 extern "C" {
 #endif
 #include "internal.h"
-
-#ifndef DT_MNIST_DEFAULT_DIR
-#define DT_MNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
-#endif
 
 /* "a" + "b" + "c" in a new DT_MALLOC'd string, or NULL when out of memory. */
 static char *dt__str3(const char *a, const char *b, const char *c) {
