@@ -1,5 +1,6 @@
 # dtrain - build the examples and tests, run the tests.
-#   make              build examples and tests (build/), which link the implementation compiled once (build/obj/dtrain.o)
+#   make              build examples and tests (build/), which link the implementation compiled once (build/obj/dtrain.o),
+#                     JOBS (default: the CPUs) at a time
 #   make MPI=1        the same with mpicc and -DDT_USE_MPI (build-mpi/), plus the MPI tests
 #                     (build-mpi/tests/mpi/test_comm_mpi, test_train_mpi: run them with mpiexec -n 2, 3 or 4;
 #                     test_resume_mpi: one run of tests/resume_checks.h, which tests/run.sh kills and resumes)
@@ -44,6 +45,12 @@
 
 CC      ?= cc
 CFLAGS  ?= -O3
+# as many programs built at once as the machine has CPUs (make -j1 or JOBS=1: one at a time); tests/run.sh's
+# pool reads JOBS from the environment too
+JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
+ifeq (,$(filter -j%,$(MAKEFLAGS)))
+MAKEFLAGS += -j$(JOBS)
+endif
 # every warning; an error only in make test (which builds with WERROR=-Werror), so that a newer compiler's new
 # warning never stops a user's make, while the project's own code stays warning-free
 WERROR  ?=
@@ -103,8 +110,10 @@ all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $
 # whose source does not define DTRAIN_IMPLEMENTATION itself. A program that uses what only the implementation
 # defines (dt__ internals, DT__ macros, the dt_body_* loop bodies, DT_MALLOC) or sets a macro that changes it
 # (allocator hooks, DT_CONV_WORKSPACE, DT_IMAGE_MAX_PIXELS, ...) keeps its #define DTRAIN_IMPLEMENTATION, with a
-# comment saying why, and compiles the implementation itself; so do the examples, which users compile alone. tests/run.sh builds an object the same way for each of its other
-# configurations (no OpenMP, sanitizers, MPI).
+# comment saying why, and compiles the implementation itself. The examples, which users compile alone, define it
+# too; here they are built with -DDTRAIN_IMPLEMENTATION_LINKED, which makes dtrain.h ignore that, and link the object
+# (tests/run.sh section 7 compiles them alone with mpicc). tests/run.sh builds an object the same way for each of
+# its other configurations (no OpenMP, sanitizers, MPI).
 IMPL_OBJ  := $(B)/obj/dtrain.o
 OWN_IMPL  := $(shell grep -l '^\#define DTRAIN_IMPLEMENTATION' tests/test_*.c tests/mpi/*.c bench/*.c)
 LINKED    := $(filter-out $(patsubst %.c,$(B)/%,$(OWN_IMPL)),$(addprefix $(B)/tests/,$(TESTS)) \
@@ -130,9 +139,9 @@ $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_file
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< $(OBJ) -o $@ $(LDLIBS)
 
-$(B)/examples/%: examples/%.c examples/common.h $(HEADERS)
+$(B)/examples/%: examples/%.c examples/common.h $(HEADERS) $(IMPL_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -DDTRAIN_IMPLEMENTATION_LINKED $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
 $(B)/bench/%: bench/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -140,7 +149,7 @@ $(B)/bench/%: bench/%.c $(HEADERS)
 
 test: WERROR := -Werror
 test: all
-	@FUZZ="$(FUZZ)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
+	@JOBS="$(JOBS)" FUZZ="$(FUZZ)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
 
 # the differential test at length (tests/test_diff.c): DIFF_GRAPHS random graphs (default 5000, a few minutes here)
 # on every CPU tier against the reference kernels, from DIFF_SEED (default: today's date, so each day draws new
@@ -205,9 +214,9 @@ experiments: $(addprefix $(B)/examples/,$(EXAMPLES))
 # API alone, each including "dtrain.h" as a user's program does (-I.)
 SIMPLE := $(patsubst examples/simple/%.c,$(B)/examples/simple/%,$(wildcard examples/simple/*.c))
 all examples: $(SIMPLE)
-$(SIMPLE): $(B)/examples/simple/%: examples/simple/%.c $(HEADERS) $(CUDA_OBJ)
+$(SIMPLE): $(B)/examples/simple/%: examples/simple/%.c $(HEADERS) $(CUDA_OBJ) $(IMPL_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -I. $< -o $@ $(LDLIBS)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -DDTRAIN_IMPLEMENTATION_LINKED -I. $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
 bench-slownet: $(B)/examples/ddp $(B)/examples/dpsgd
 	sh bench/slownet.sh $(B)

@@ -16,8 +16,10 @@
 #                float *images, int32_t *labels, int64_t batch, int argc, char **argv
 #            (a declaration in the block hides the placeholder of the same name)
 # A block that does not #include "dtrain.h" itself gets <stdio.h>, <stdlib.h>, <string.h>, <stdint.h> and
-# "dtrain.h" (a block from dtrain_mpi.h or dtrain_cuda.h: that header too) in front; a program that does not
-# define DTRAIN_IMPLEMENTATION itself is linked with the implementation, compiled once.
+# "dtrain.h" (a block from dtrain_mpi.h or dtrain_cuda.h: that header too) in front; a program is linked with the
+# implementation, compiled once; one that defines DTRAIN_IMPLEMENTATION itself (as a user's one-file program
+# does) gets -DDTRAIN_IMPLEMENTATION_LINKED, unless it sets a DT_ or DTRAIN_ macro or is compiled by mpicc: then
+# it is compiled alone.
 # Warnings are errors: $CC -std=c11 -Wall -Wextra -Wpedantic -Werror, with OpenMP when $CC has it, and
 # $DEFS / $LDLIBS (the Makefile's optional features; defaults -pthread / -lm). In file and body blocks,
 # which are parts of a larger program, unused variables, parameters and static functions are allowed.
@@ -177,10 +179,17 @@ while read -r id src line kind run; do
     # shellcheck disable=SC2086
     case "$kind" in
         program)
-            objs="$OUT/impl.o"
-            if grep -qE '^[[:space:]]*#[[:space:]]*define[[:space:]]+DTRAIN_IMPLEMENTATION' "$block"; then objs=""
-            elif ! impl; then cp "$OUT/impl.err" "$OUT/$id.err"; fail "the implementation does not compile"; continue; fi
-            if ! $cc $flags "$s" $objs -o "$OUT/$id" $LDLIBS 2> "$OUT/$id.err"; then fail "does not compile"; continue; fi
+            # a program that defines DTRAIN_IMPLEMENTATION, as a user's one file does, links the object too
+            # (-DDTRAIN_IMPLEMENTATION_LINKED), unless it sets a macro of the library's (DT_..., DTRAIN_...) or is MPI's
+            objs="$OUT/impl.o"; linked=""
+            if grep -qE '^[[:space:]]*#[[:space:]]*define[[:space:]]+DTRAIN_IMPLEMENTATION' "$block"; then
+                if [ "$cc" = "$CC" ] && ! cat "$block" "$OUT/$id.pre" 2>/dev/null |
+                        grep -E '^[[:space:]]*#[[:space:]]*define[[:space:]]+(DT_|DT__|DTRAIN_)' | grep -qv 'DTRAIN_IMPLEMENTATION[[:space:]]*$'; then
+                    linked=-DDTRAIN_IMPLEMENTATION_LINKED
+                else objs=""; fi
+            fi
+            if [ -n "$objs" ] && ! impl; then cp "$OUT/impl.err" "$OUT/$id.err"; fail "the implementation does not compile"; continue; fi
+            if ! $cc $flags $linked "$s" $objs -o "$OUT/$id" $LDLIBS 2> "$OUT/$id.err"; then fail "does not compile"; continue; fi
             if [ "$run" = 1 ]; then
                 args=$(cat "$OUT/$id.run")
                 if ! (cd "$OUT" && timeout 120 "./$id" $args > "$id.out" 2>&1); then
