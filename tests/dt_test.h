@@ -45,11 +45,29 @@ static DT_T_UNUSED double dt_t_relerr(const float *a, const float *b, int64_t n)
 
 typedef void (*dt_t_fn)(void);
 static DT_T_UNUSED int dt_t_passed, dt_t_failed, dt_t_skipped;
-static const char *dt_t_only;    /* run only tests whose name contains this (argv[1]) */
+/* argv[1]: run only the tests whose name contains one of these comma-separated words ("threads,planned"), or,
+   after a ~, all but those ("~threads,planned"); tests/run.sh splits a long program into parallel runs so */
+static const char *dt_t_only;
 static const char *dt_t_skip_why; /* when set, every test is skipped (counted apart), e.g. "no GPU" */
 
+static DT_T_UNUSED int dt_t_selected(const char *name) {
+    const char *p = dt_t_only;
+    int but = 0;
+    if (!p) return 1;
+    if (*p == '~') { but = 1; p++; }
+    while (*p) {
+        char word[64];
+        size_t n = strcspn(p, ",");
+        if (n > 0 && n < sizeof word) {
+            memcpy(word, p, n); word[n] = 0;
+            if (strstr(name, word)) return !but;
+        }
+        p += n + (p[n] == ',');
+    }
+    return but;
+}
 static DT_T_UNUSED void dt_t_run(const char *name, dt_t_fn fn) {
-    if (dt_t_only && !strstr(name, dt_t_only)) return;
+    if (!dt_t_selected(name)) return;
     if (dt_t_skip_why) { dt_t_skipped++; printf("skip %s: %s\n", name, dt_t_skip_why); fflush(stdout); return; }
     dt_t_checks_failed = 0;
     fn();
@@ -61,7 +79,7 @@ static DT_T_UNUSED void dt_t_run(const char *name, dt_t_fn fn) {
 /* A test that cannot run here (e.g. kernels for instructions this CPU lacks): said, and counted as skipped,
    never as passed */
 static DT_T_UNUSED void dt_t_skip(const char *name, const char *why) {
-    if (dt_t_only && !strstr(name, dt_t_only)) return;
+    if (!dt_t_selected(name)) return;
     dt_t_skipped++;
     printf("skip %s: %s\n", name, why);
     fflush(stdout);

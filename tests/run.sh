@@ -64,6 +64,9 @@
 #   8. tests/install.sh: make install PREFIX, pkg-config, CMake find_package and add_subdirectory, cmake --install,
 #      make uninstall
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
+# JOBS (default: the CPUs) programs at a time where a section's cases are independent (the compiles, the sanitizer,
+# qemu and no-OpenMP runs, the fuzz targets; the pool below); the examples, the docs and MPI run one at a time,
+# as their timeouts and link models are set for a machine that is theirs.
 # DT_SECTIONS="3 4 7" runs only those sections (their numbers as above: 1 1a 2 2a 2b 2c 3 4 5 5b 5c 5d 6 7 8); the
 # programs the Makefile builds must be there (make all).
 # Each configuration's programs share one object of the implementation (tests/impl.c compiled with its flags, e.g.
@@ -122,6 +125,31 @@ impl() {
     echo "FAIL build of the implementation (tests/impl.c) into $i_obj"; failed=$((failed + 1)); return 1
 }
 
+# The pool: `job COMMAND...` runs COMMAND (a program, or check, run or a section's own function) in the background,
+# JOBS at a time (default: the CPUs, e.g. JOBS=1 for one at a time), its output kept apart; `jobs_done` waits for
+# them all and prints each one's output in the order they were started, adding their counts. For the cases that
+# use files of their own only (compiles, the sanitizer and qemu runs, the fuzz targets), which on a 2-core machine
+# run on one core each. A job that ends without its counts counts as a failure. Its OpenMP threads wait passively
+# (OMP_WAIT_POLICY=passive, unless set): two programs' threads spinning on two cores would slow both manyfold.
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+PJ=$(mktemp -d); mkfifo "$PJ/tokens"; exec 9<>"$PJ/tokens"   # JOBS tokens: a job takes one to start, returns it
+i=0; while [ "$i" -lt "$JOBS" ]; do echo >&9; i=$((i + 1)); done
+pn=0; pdone=0
+job() {
+    pn=$((pn + 1)); read -r _ <&9
+    ( passed=0; failed=0; OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}; export OMP_WAIT_POLICY
+      "$@" > "$PJ/$pn.out" 2>&1; echo "$passed $failed" > "$PJ/$pn.count"; echo >&9 ) &
+}
+jobs_done() {
+    wait
+    while [ "$pdone" -lt "$pn" ]; do
+        pdone=$((pdone + 1)); cat "$PJ/$pdone.out"
+        if read -r jp jf < "$PJ/$pdone.count"; then passed=$((passed + jp)); failed=$((failed + jf))
+        else echo "FAIL a job of the pool ended without its counts"; failed=$((failed + 1)); fi
+        rm -f "$PJ/$pdone.out" "$PJ/$pdone.count"
+    done
+}
+
 check() {   # check NAME COMMAND...: one test that passes when the command succeeds
     name=$1; shift
     if err=$("$@" 2>&1); then echo "ok   $name"; passed=$((passed + 1))
@@ -166,22 +194,22 @@ mkdir -p "$B/check"
 printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nint main(void){ return dt_cpu_ops() == 0; }\n' > "$B/check/impl.c"
 for cc in gcc clang; do
     if command -v $cc >/dev/null 2>&1; then
-        check "$cc C11 with OpenMP and the optional features" $cc $WARN -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/$cc-omp.o"
-        check "$cc C11 without OpenMP" $cc $WARN -c "$B/check/impl.c" -o "$B/check/$cc.o"
-        check "$cc C11 portable kernels (DT_NO_SIMD)" $cc $WARN -DDT_NO_SIMD -c "$B/check/impl.c" -o "$B/check/$cc-nosimd.o"
+        job check "$cc C11 with OpenMP and the optional features" $cc $WARN -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/$cc-omp.o"
+        job check "$cc C11 without OpenMP" $cc $WARN -c "$B/check/impl.c" -o "$B/check/$cc.o"
+        job check "$cc C11 portable kernels (DT_NO_SIMD)" $cc $WARN -DDT_NO_SIMD -c "$B/check/impl.c" -o "$B/check/$cc-nosimd.o"
     else
         echo "FAIL $cc is not installed (run tools/deps.sh)"; failed=$((failed + 1))
     fi
 done
-check "gcc C11 without threads (DT_NO_THREADS)" gcc $WARN -DDT_NO_THREADS -c "$B/check/impl.c" -o "$B/check/nothreads.o"
-check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
+job check "gcc C11 without threads (DT_NO_THREADS)" gcc $WARN -DDT_NO_THREADS -c "$B/check/impl.c" -o "$B/check/nothreads.o"
+job check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
 # the modules: each compiles alone, with the implementation, after the modules it includes (so none uses one
 # that comes after it; their static helpers for later modules are unused there); only dtrain/cpu/cpu_x86.h has x86
 # intrinsics and only dtrain/cpu/cpu_arm.h ARM ones
 for m in $(sed -n 's/^#include "dtrain\/\([a-z0-9_/]*\)\.h".*/\1/p' dtrain.h); do
     f=$(echo "$m" | tr / _)
     printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain/%s.h"\n' "$m" > "$B/check/module_$f.c"
-    check "dtrain/$m.h alone, with what it includes: gcc C11 and g++" sh -c "gcc $WARN -Wno-unused-function -fopenmp $DEFS \
+    job check "dtrain/$m.h alone, with what it includes: gcc C11 and g++" sh -c "gcc $WARN -Wno-unused-function -fopenmp $DEFS \
         -c '$B/check/module_$f.c' -o '$B/check/module_$f.o' && g++ -x c++ -Wall -Wextra -Wpedantic -Werror -Wno-unused-function \
         -fopenmp $DEFS -c '$B/check/module_$f.c' -o '$B/check/module_$f-cxx.o'"
 done
@@ -190,37 +218,44 @@ check "ARM intrinsics in dtrain/cpu/cpu_arm.h only" sh -c "[ \"\$(grep -lE 'arm_
 check "module lines: a module uses of the others only their declarations and internal.h (tools/check_modules.py)" python3 tools/check_modules.py
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
 # dt_request's reserved words must hold the library's request state: with too few the build stops, saying so
-check "a dt_request too small for the request state does not compile" sh -c "! gcc $WARN -DDT__REQUEST_WORDS=8 -c '$B/check/impl.c' \
+job check "a dt_request too small for the request state does not compile" sh -c "! gcc $WARN -DDT__REQUEST_WORDS=8 -c '$B/check/impl.c' \
     -o '$B/check/small-request.o' 2> '$B/check/small-request.err' && grep -q 'too few reserved words' '$B/check/small-request.err'"
+jobs_done
 fi
 
 section "2a. the docs: API reference and code blocks"
 if want; then
-check "docs/api.md documents every public name of the headers (tools/check_api.sh)" sh tools/check_api.sh
-run "snippets" env CC="$CC" sh tools/check_snippets.sh "$B/snippets"
+job check "docs/api.md documents every public name of the headers (tools/check_api.sh)" sh tools/check_api.sh
+job run "snippets" env CC="$CC" sh tools/check_snippets.sh "$B/snippets"
+jobs_done
 fi
 
 section "2b. the GPU backend (dtrain_cuda.h)"
 if want; then
 mkdir -p "$B/cuda"
-if clang++ -x c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
-        -c tests/cuda/emulate.cc -o "$B/cuda/emulate.o" &&
-   clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -DDT_USE_CUDA $DEFS \
-        tests/cuda/test_cuda.c "$B/cuda/emulate.o" -o "$B/cuda/test_cuda_emulated" -lstdc++ $LDLIBS; then
-    run "cuda kernels emulated on the host" env DT_TEST_QUICK=1 "$B/cuda/test_cuda_emulated"
-    # the kernels' 64-bit index path, which a GPU takes only beyond 2^30 elements: forced here (no sanitizers)
+cuda_emulated() {   # under ASan and UBSan
+    if clang++ -x c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
+            -c tests/cuda/emulate.cc -o "$B/cuda/emulate.o" &&
+       clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -DDT_USE_CUDA $DEFS \
+            tests/cuda/test_cuda.c "$B/cuda/emulate.o" -o "$B/cuda/test_cuda_emulated" -lstdc++ $LDLIBS; then
+        run "cuda kernels emulated on the host" env DT_TEST_QUICK=1 "$B/cuda/test_cuda_emulated"
+    else echo "FAIL build of tests/cuda/test_cuda.c on the host emulation of the kernels"; failed=$((failed + 1)); fi
+}
+cuda_emulated64() {   # the kernels' 64-bit index path, which a GPU takes only beyond 2^30 elements: forced here (no sanitizers)
     if clang++ -x c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -O1 -DDT__CU_FITS_32=0 -c tests/cuda/emulate.cc \
             -o "$B/cuda/emulate64.o" &&
        clang $WARN -O1 -fopenmp -DDT_USE_CUDA $DEFS tests/cuda/test_cuda.c "$B/cuda/emulate64.o" -o "$B/cuda/test_cuda_emulated64" \
             -lstdc++ $LDLIBS; then
         run "cuda kernels emulated on the host, 64-bit indices" env DT_TEST_QUICK=1 "$B/cuda/test_cuda_emulated64"
     else echo "FAIL build of tests/cuda/test_cuda.c on the host emulation with 64-bit indices"; failed=$((failed + 1)); fi
-else echo "FAIL build of tests/cuda/test_cuda.c on the host emulation of the kernels"; failed=$((failed + 1)); fi
+}
+job cuda_emulated
+job cuda_emulated64
 printf '#include "dtrain_cuda.h"\nint f(void){ return dt_cuda_device_count(); }\n' > "$B/cuda/decl.c"
-check "dtrain_cuda.h's declarations: C11 (gcc) and C++ (g++)" sh -c "gcc $WARN -I. -c '$B/cuda/decl.c' -o '$B/cuda/decl.o' &&
+job check "dtrain_cuda.h's declarations: C11 (gcc) and C++ (g++)" sh -c "gcc $WARN -I. -c '$B/cuda/decl.c' -o '$B/cuda/decl.o' &&
     g++ -x c++ -Wall -Wextra -Wpedantic -Werror -I. -c '$B/cuda/decl.c' -o '$B/cuda/decl-cxx.o'"
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-if [ -x "$CUDA_HOME/bin/nvcc" ]; then
+cuda_nvcc() {
     # once: nvcc is slow; the flags are the Makefile's (make CUDA=1)
     check "nvcc: dtrain_cuda.cu for sm_80 and sm_90, warning-free" "$CUDA_HOME/bin/nvcc" -O3 -fmad=false \
         -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
@@ -238,20 +273,35 @@ if [ -x "$CUDA_HOME/bin/nvcc" ]; then
             else printf '%s\n' "$out"; echo "FAIL tests/cuda/test_cuda without a GPU: it must report its tests skipped"; failed=$((failed + 1)); fi
         fi
     else echo "FAIL build of tests/cuda/test_cuda.c with the GPU backend"; failed=$((failed + 1)); fi
+}
+if [ -x "$CUDA_HOME/bin/nvcc" ]; then job cuda_nvcc
 else
     echo "skipped: nvcc not installed (at $CUDA_HOME/bin/nvcc): the GPU backend was not compiled for the GPU"
 fi
+jobs_done
 fi
 
 section "2c. ARM64 (aarch64, cross-compiled, run under qemu-user)"
 if want; then
 if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1; then
     mkdir -p "$B/aarch64"
-    for t in test_core test_layers test_models test_comm test_diff; do
-        if build "" "tests/$t.c" "$B/aarch64/$t" -lm aarch64-linux-gnu-gcc $WARN -O2 -fopenmp -pthread; then
-            run "aarch64 $t" env DT_TEST_QUICK=1 qemu-aarch64 -L /usr/aarch64-linux-gnu "$B/aarch64/$t"
-        else echo "FAIL build of $t for aarch64"; failed=$((failed + 1)); fi
-    done
+    aarch64_build() {
+        build "" "tests/$1.c" "$B/aarch64/$1" -lm aarch64-linux-gnu-gcc $WARN -O2 -fopenmp -pthread ||
+            { echo "FAIL build of $1 for aarch64"; failed=$((failed + 1)); }
+    }
+    aarch64_run() {   # aarch64_run TEST [TESTS]: TESTS as dt_test.h's argv[1] selects them
+        [ -x "$B/aarch64/$1" ] || return 0   # its build failed, said above
+        run "aarch64 $1${2:+ $2}" env DT_TEST_QUICK=1 qemu-aarch64 -L /usr/aarch64-linux-gnu "$B/aarch64/$1" ${2:+"$2"}
+    }
+    for t in test_models test_diff test_comm test_core test_layers; do rm -f "$B/aarch64/$t"; job aarch64_build $t; done
+    jobs_done
+    # the longest first; test_models in three parts, of about a minute each here
+    job aarch64_run test_models threads_same_bits
+    job aarch64_run test_models planned_passes
+    job aarch64_run test_diff
+    job aarch64_run test_models "~threads_same_bits,planned_passes"
+    for t in test_comm test_core test_layers; do job aarch64_run $t; done
+    jobs_done
 else
     echo "FAIL aarch64-linux-gnu-gcc or qemu-aarch64 is not installed (run tools/deps.sh: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user)"
     failed=$((failed + 1))
@@ -262,39 +312,52 @@ section "3. without OpenMP, portable kernels"
 if want; then
 mkdir -p "$B/noomp"
 impl "$B/noomp/dtrain.o" $CC $WARN -O2 -DDT_NO_SIMD $DEFS
-for t in "$@"; do
-    if build "$B/noomp/dtrain.o" "tests/$t.c" "$B/noomp/$t" "$LDLIBS" $CC $WARN -O2 -DDT_NO_SIMD $DEFS; then
-        run "noomp $t" env DT_TEST_QUICK=1 "$B/noomp/$t"
-    else echo "FAIL build of $t without OpenMP"; failed=$((failed + 1)); fi
-done
+noomp_case() {
+    if build "$B/noomp/dtrain.o" "tests/$1.c" "$B/noomp/$1" "$LDLIBS" $CC $WARN -O2 -DDT_NO_SIMD $DEFS; then
+        run "noomp $1" env DT_TEST_QUICK=1 "$B/noomp/$1"
+    else echo "FAIL build of $1 without OpenMP"; failed=$((failed + 1)); fi
+}
+for t in "$@"; do job noomp_case "$t"; done
 
 # the dataset tests once more without gzip and image support: the loaders must say which macro to build with
-if build "" "tests/test_datasets.c" "$B/noomp/test_datasets_plain" -lm $CC $WARN -O2 -pthread; then
-    run "without DT_USE_ZLIB, DT_USE_STB_IMAGE: test_datasets" "$B/noomp/test_datasets_plain"
-else echo "FAIL build of test_datasets without the optional features"; failed=$((failed + 1)); fi
+plain_case() {
+    if build "" "tests/test_datasets.c" "$B/noomp/test_datasets_plain" -lm $CC $WARN -O2 -pthread; then
+        run "without DT_USE_ZLIB, DT_USE_STB_IMAGE: test_datasets" "$B/noomp/test_datasets_plain"
+    else echo "FAIL build of test_datasets without the optional features"; failed=$((failed + 1)); fi
+}
+job plain_case
+jobs_done
 fi
 
 section "4. AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
 if want; then
 mkdir -p "$B/asan"
 ASAN="clang $WARN -O1 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $DEFS"
-impl "$B/asan/dtrain.o" $ASAN
-for t in "$@"; do
-    if build "$B/asan/dtrain.o" "tests/$t.c" "$B/asan/$t" "$LDLIBS" $ASAN; then
-        ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 run "asan $t" env DT_TEST_QUICK=1 "$B/asan/$t"
-    else echo "FAIL build of $t with sanitizers"; failed=$((failed + 1)); fi
-done
+# a program that compiles the implementation itself does so at -O0: 5 s of clang here instead of 30, which its
+# longer run (test_comm: 17 s instead of 5) more than repays; the sanitizers check the same at every level
+ASAN0="clang $WARN -O0 -g -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $DEFS"
+TSAN="clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS"
+job impl "$B/asan/dtrain.o" $ASAN
+job impl "$B/asan/dtrain_tsan.o" $TSAN
+jobs_done
+asan_case() {
+    a_cc=$ASAN; grep -q '^#define DTRAIN_IMPLEMENTATION' "tests/$1.c" && a_cc=$ASAN0
+    if build "$B/asan/dtrain.o" "tests/$1.c" "$B/asan/$1" "$LDLIBS" $a_cc; then
+        ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 run "asan $1" env DT_TEST_QUICK=1 "$B/asan/$1"
+    else echo "FAIL build of $1 with sanitizers"; failed=$((failed + 1)); fi
+}
+for t in "$@"; do job asan_case "$t"; done
 
 # the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
 # rank's thread runs backward, recording into its own trace lane) under ThreadSanitizer (no OpenMP, whose
 # runtime TSan cannot see into); and the launcher's count of ended ranks, which leaves a stalled one behind
-TSAN="clang $WARN -O1 -g -fsanitize=thread -pthread $DEFS"
-impl "$B/asan/dtrain_tsan.o" $TSAN
-for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume test_faults test_compress; do
-    if build "$B/asan/dtrain_tsan.o" "tests/$t.c" "$B/asan/${t}_tsan" "$LDLIBS" $TSAN; then
-        TSAN_OPTIONS=halt_on_error=1 run "tsan $t" env DT_TEST_QUICK=1 "$B/asan/${t}_tsan"
-    else echo "FAIL build of $t with ThreadSanitizer"; failed=$((failed + 1)); fi
-done
+tsan_case() {
+    if build "$B/asan/dtrain_tsan.o" "tests/$1.c" "$B/asan/${1}_tsan" "$LDLIBS" $TSAN; then
+        TSAN_OPTIONS=halt_on_error=1 run "tsan $1" env DT_TEST_QUICK=1 "$B/asan/${1}_tsan"
+    else echo "FAIL build of $1 with ThreadSanitizer"; failed=$((failed + 1)); fi
+}
+for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume test_faults test_compress; do job tsan_case "$t"; done
+jobs_done
 fi
 
 section "5. examples"
@@ -646,14 +709,17 @@ fi
 section "6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"
 if want; then
 mkdir -p "$B/fuzz"
-for f in ${FUZZ:-}; do
+fuzz_case() {
+    f=$1
     if clang -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $DEFS "fuzz/$f.c" \
         -o "$B/fuzz/$f" $LDLIBS; then
         mkdir -p "$B/fuzz/$f.corpus"
         seeds=""; [ -d "fuzz/corpus/$f" ] && seeds="fuzz/corpus/$f"
         check "fuzz $f" "$B/fuzz/$f" -max_total_time="${FUZZ_SECONDS:-20}" -rss_limit_mb=2048 "$B/fuzz/$f.corpus" $seeds
     else echo "FAIL build of fuzz target $f"; failed=$((failed + 1)); fi
-done
+}
+for f in ${FUZZ:-}; do job fuzz_case "$f"; done
+jobs_done
 fi
 
 section "7. MPI (mpiexec -n 2, 3, 4)"
@@ -728,9 +794,17 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     # with the library's algorithms (--algo ring) and messages (gossip, FedAvg's reports)
     if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         MT=$(mktemp -d)
+        # the examples built with mpicc link this section's object (as make builds them, DTRAIN_IMPLEMENTATION_LINKED);
+        # examples/simple/ddp below is compiled alone, as a user's one file
+        mpi_example_build() {
+            check "examples/$1.c built with mpicc, -DDT_USE_MPI" $MPICC -DDTRAIN_IMPLEMENTATION_LINKED "examples/$1.c" "$B/mpi/dtrain.o" \
+                -o "$B/mpi/$1" $LDLIBS
+        }
+        for ex in ddp localsgd dpsgd fedavg; do rm -f "$B/mpi/$ex"; job mpi_example_build $ex; done
+        jobs_done
         mpi_example() {   # mpi_example NAME COLUMNS N ARGS...: the CSV's COLUMNS agree, mpiexec -n N and --ranks N
             name=$1; cols=$2; n=$3; shift 3
-            $MPICC "examples/$name.c" -o "$B/mpi/$name" $LDLIBS || return 1
+            [ -x "$B/mpi/$name" ] || { echo "not built (above)"; return 1; }
             timeout 300 mpiexec -n "$n" "$B/mpi/$name" "$@" --csv "$MT/$name-mpi.csv" >/dev/null || return 1
             timeout 300 "$B/examples/$name" --ranks "$n" "$@" --csv "$MT/$name-local.csv" >/dev/null || return 1
             cut -d, -f"$cols" "$MT/$name-mpi.csv" > "$MT/$name-mpi.cut"; cut -d, -f"$cols" "$MT/$name-local.csv" > "$MT/$name-local.cut"
@@ -794,6 +868,7 @@ if want; then
 fi
 
 section "end"
+rm -rf "$PJ"
 echo "time by section:${sec_times%,}"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

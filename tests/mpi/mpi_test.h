@@ -30,7 +30,7 @@ static int mt_sum_ranks(int x) {
 /* Runs one test on every rank (all of them call it, in the same order; argv[1] in dt_t_only filters). */
 static void mt_run(const char *name, void (*fn)(void)) {
     int all;
-    if (dt_t_only && !strstr(name, dt_t_only)) return;
+    if (!dt_t_selected(name)) return;
     dt_t_checks_failed = 0;
     fn();
     if (dt_t_checks_failed) printf("    rank %d: %d checks failed in %s\n", mt_rank, dt_t_checks_failed, name);
