@@ -176,11 +176,12 @@ static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "b
 #define DT__TAG_COLL DT__TAG_LIB_END
 #define DT__TAG_HASH_BITS 6
 
-/* The accessors dtrain/core/internal.h declares for the backends (comm/local.h), and the name of a kind of operation */
-static inline const char *dt__op_name(int kind) { return dt__op_names[kind]; }
+/* The accessors dtrain/core/internal.h declares for the backends (comm/local.h), and the name of a kind of operation
+   for the algorithms' trace */
 static inline dt_comm_stats *dt__comm_stats(dt_comm *c) { return &c->stats; }
 static inline const uint64_t *dt__comm_sig(const dt_comm *c) { return c->sig; }
 static inline const uint64_t *dt__comm_coll_sig(const dt_comm *c) { return c->coll_sig; }
+static inline const char *dt__op_name(int kind) { return dt__op_names[kind]; }
 
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }

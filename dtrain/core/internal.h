@@ -102,8 +102,6 @@ struct dt_comm {
                                                the ring_nodes nodes' leaders (dt__ring_size) */
 };
 #endif
-/* the name of a kind of operation, 0 <= kind < DT__OP_COUNT (DT__OP_*: backend.h's declarations) */
-static inline const char *dt__op_name(int kind);
 /* its counters (a backend adds its waits) */
 static inline dt_comm_stats *dt__comm_stats(dt_comm *c);
 /* the signature [3] of the operation in progress */
@@ -111,6 +109,8 @@ static inline const uint64_t *dt__comm_sig(const dt_comm *c);
 /* the signature [3] of the collective in progress, published for the other ranks (a seqlock: [0] is written
    last; read it with DT__ATOMIC_LOAD) */
 static inline const uint64_t *dt__comm_coll_sig(const dt_comm *c);
+/* the name of a kind of operation, 0 <= kind < DT__OP_COUNT (DT__OP_*: backend.h's declarations) */
+static inline const char *dt__op_name(int kind);
 /* the generic layer: requests, scratch, failures, point-to-point through the backend, reductions */
 static inline int dt__comm_any_thread(const dt_comm *c);
 static void dt__cancel_all(dt_comm *c, dt_request *reqs, int n);
