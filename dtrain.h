@@ -221,8 +221,10 @@
      dpsgd.h    D-PSGD (gossip through a mixing matrix)
      aggregate.h  FedAvg's robust aggregators (pure functions over the clients' updates)
      fedavg.h   FedAvg (server and clients, dropouts, attacks)
-   Between them, dtrain/core/internal.h: the library-internal calls one module offers the later ones (no API;
-   docs/design.md, "The lines between modules"; tools/check_modules.py checks that modules use nothing else).
+   Between them, the internal headers (no API): dtrain/core/internal.h, the library-internal calls one module
+   offers the later ones (and the communicator's state, the view dtrain/comm/ shares), and dtrain/cpu/kernel.h,
+   the CPU kernel seam (the kernel table and what the CPU backend's files share with tensor.h's plain ops)
+   (docs/design.md, "The lines between modules"; tools/check_modules.py checks that modules use nothing else).
    Beside this file: dtrain_mpi.h (the MPI backend of comm/backend.h) and dtrain_cuda.h (the GPU's ops table).
 */
 #ifndef DTRAIN_H

@@ -215,7 +215,7 @@ for m in $(sed -n 's/^#include "dtrain\/\([a-z0-9_/]*\)\.h".*/\1/p' dtrain.h); d
 done
 check "SIMD intrinsics in dtrain/cpu/cpu_x86.h only" sh -c "[ \"\$(grep -lE '_mm(256|512)?_[a-z]|__m(128|256|512)|immintrin' dtrain.h dtrain/*/*.h)\" = dtrain/cpu/cpu_x86.h ]"
 check "ARM intrinsics in dtrain/cpu/cpu_arm.h only" sh -c "[ \"\$(grep -lE 'arm_neon|float(32|64)x[0-9]+_t|v(ld|st)1q?_|vfmaq?_' dtrain.h dtrain/*/*.h)\" = dtrain/cpu/cpu_arm.h ]"
-check "module lines: a module uses of the others only their declarations and internal.h (tools/check_modules.py)" python3 tools/check_modules.py
+check "module lines: a module uses of the others only their declarations and the internal headers (tools/check_modules.py)" python3 tools/check_modules.py
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
 # dt_request's reserved words must hold the library's request state: with too few the build stops, saying so
 job check "a dt_request too small for the request state does not compile" sh -c "! gcc $WARN -DDT__REQUEST_WORDS=8 -c '$B/check/impl.c' \

@@ -6,8 +6,9 @@
 #   DIR/dtrain_mpi.h    dtrain_mpi.h and dtrain_cuda.h, including "dtrain.h" where they include a module (unless
 #   DIR/dtrain_cuda.h   dtrain.h is what includes them: it does at the end, with DT_USE_MPI and DT_USE_CUDA)
 #   DIR/dtrain_cuda.cu  the GPU backend's nvcc translation unit, unchanged
-# dtrain/core/internal.h (the prototypes of the calls between modules) is left out: in one file each of those calls
-# is defined above its first use.
+# The internal headers (dtrain/core/internal.h, the calls between modules, and dtrain/cpu/kernel.h, the CPU kernel
+# seam) are written in a group at a time: where a module includes one, its own group (its types, macros and
+# prototypes), and nothing else: in one file every other group's calls are defined above their uses.
 # The result compiles as the tree does: the same declarations, the same implementation under
 # DTRAIN_IMPLEMENTATION, the same macros. POSIX sh and awk; run from anywhere.
 cd "$(dirname "$0")/.." || exit 1
@@ -16,8 +17,18 @@ mkdir -p "$OUT" || exit 1
 # one module: its text, with its includes of other modules dropped (they precede it in the file)
 module() {
     awk -v m="$1" '
-        /^#include "(\.\.\/core\/)?internal\.h"/ { print "/* " $0 "   (its prototypes: each call is defined above its uses here) */"; next }
-        /^#include "(\.\.\/[a-z]+\/)?[a-z0-9_]+\.h"/ { print "/* " $0 "   (above, in this file) */"; next }
+        # the group of module m in internal header h: from its heading "/* ==== m: ..." to the next heading
+        function group(h,    line, on) {
+            while ((getline line < h) > 0) {
+                if (line ~ /^\/\* =+ /) on = index(line, "/* ==== " m ":") == 1
+                if (on) print line
+            }
+            close(h)
+        }
+        /^#include "/ { inc = $0; sub(/[ \t]*\/\*.*$/, "", inc) }   # the line without its comment
+        /^#include "(\.\.\/core\/)?internal\.h"/ { print "/* " inc "   (its group for this module: make single) */"; group("dtrain/core/internal.h"); next }
+        /^#include "(\.\.\/cpu\/)?kernel\.h"/ { print "/* " inc "   (its group for this module: make single) */"; group("dtrain/cpu/kernel.h"); next }
+        /^#include "(\.\.\/[a-z]+\/)?[a-z0-9_]+\.h"/ { print "/* " inc "   (above, in this file) */"; next }
         { print }' "$1"
 }
 {

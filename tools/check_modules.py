@@ -5,32 +5,32 @@ The modules are the files dtrain.h includes from dtrain/, in its order, then the
 dtrain_cuda.h. Each has a declaration part (up to the line #endif /* DTRAIN_<NAME>_H */ that closes its
 include guard) and an implementation part (after it). A module may use, of a module before it:
   - its declaration part: the public API, and the dt__/DT__ names a module declares there for the library
-    (e.g. tensor.h's kernel table dt__kernel), which its top comment says are internal;
+    (e.g. backend.h's request dt__req), which its top comment says are internal;
   - the platform layer: every internal name dtrain/core/base.h defines (threads, locks, atomics, the OpenMP
     and restrict macros, files, the trace recorder), except its error buffer dt__errmsg (use dt_set_error or
     a call of base.h);
   - the registration hooks the composition root defines (dtrain.h's #define DT__...: DT__LAUNCH_PROCESSES,
     DT__DEFAULT_BACKEND), which the module that calls them tests with #ifdef;
-  - the library-internal calls declared in dtrain/core/internal.h, under the heading of the module that defines
-    them ("/* ==== dtrain/x/y.h" and then "#ifdef DTRAIN_Y_IMPLEMENTATION_DONE", which that module defines where
-    its implementation part begins): the only door between modules' implementation parts, like ggml's
-    backend-impl header;
+  - what the internal headers declare (dtrain/core/internal.h, the calls between modules, and dtrain/cpu/kernel.h,
+    the CPU kernel seam) under the heading of the module that provides it ("/* ==== dtrain/x/y.h" and then
+    "#ifdef DTRAIN_Y_IMPLEMENTATION_DONE", which that module defines where its implementation part begins): the
+    prototypes of its static calls (which it must define), and the types and macros the group itself defines
+    (e.g. the kernel table dt__kernel): the only doors between modules' implementation parts, like ggml's
+    backend-impl header. A public type's body there (struct dt_comm, in backend.h's group) is a view for the
+    modules of its provider's folder (dtrain/comm/): to the others its fields stay private;
 and never another module's other internal names (dt__..., DT__...: static helpers, private macros, enum
 constants and types of an implementation part) or the fields of its private structures (a public type whose
-body is in the implementation part, e.g. struct dt_model, read through a pointer: m->nparams, also in a
-chain such as k->m->nparams or d->comm->stats).
-The crossings that remain from before the rule are listed in tools/module_lines.allowed (MODULE PROVIDER NAME,
-a field as TYPE.FIELD); that list only shrinks: a crossing not in it fails, and so does a line of it that no
-longer crosses (delete it). Prints each failure, then a total line; exit status 1 on any.
---list prints every crossing (allowed or not) as MODULE PROVIDER NAME, then counts by module pair.
+body is in the implementation part, e.g. struct dt_model, or in an internal header for another folder, read
+through a pointer: m->nparams, also in a chain such as k->m->nparams or d->comm->stats).
+Prints each failure (any crossing is one), then a total line; exit status 1 on any.
+--list prints every use across a module line as MODULE PROVIDER NAME, a crossing marked (CROSSING).
 """
 import re, sys, os, collections
 
 os.chdir(os.environ.get('DT_ROOT') or os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-INTERNAL = 'dtrain/core/internal.h'
+INTERNALS = ['dtrain/core/internal.h', 'dtrain/cpu/kernel.h']
 PLATFORM = 'dtrain/core/base.h'
 PLATFORM_PRIVATE = {'dt__errmsg'}
-ALLOWED = os.environ.get('DT_MODULE_LINES_ALLOWED') or 'tools/module_lines.allowed'
 
 def strip(s):
     """comments and string literals out, line numbers kept"""
@@ -78,13 +78,13 @@ def chunks(s):
     return out
 
 def field_reads(s, private, me):
-    """(type, field) of each read through a pointer to another module's private struct: p->f where p is a
-    parameter or variable of the function it is in (or a file-scope variable), and chains a->p->f where p is a
-    field declared in one of the module's structs"""
+    """(type, field) of each read through a pointer to a struct private to others (private: type -> the modules
+    that may read its fields): p->f where p is a parameter or variable of the function it is in (or a file-scope
+    variable), and chains a->p->f where p is a field declared in one of the module's structs"""
     def ptrs(text):
         d = collections.defaultdict(set)
         for t, n in re.findall(PTR_DECL, text):
-            if t in private and private[t] != me: d[n].add(t)
+            if t in private and me not in private[t]: d[n].add(t)
         return d
     parts = chunks(s)
     fields, top = collections.defaultdict(set), collections.defaultdict(set)
@@ -121,34 +121,50 @@ def main():
         if not guard[m]: fails.append(f'{m}: no line #endif /* DTRAIN_<NAME>_H */ closes its declarations')
         defs[m] = defined_names(s)
         decl_defs[m] = defined_names(decl[m])
-    # the internal header: "/* ==== dtrain/x/y.h" headings, each group under #ifdef of that module's guard
-    declared = collections.defaultdict(set)
-    if os.path.exists(INTERNAL):
-        cur, cur_guard = None, None
-        for no, line in enumerate(strip_keep_headings(open(INTERNAL).read()).split('\n'), 1):
+    # the internal headers: "/* ==== dtrain/x/y.h" headings, each group under #ifdef of that module's guard
+    declared = collections.defaultdict(set)   # module -> the names an internal header declares for it
+    views = {}                                # public type -> its provider, where its body is in an internal header
+    for hdr in INTERNALS:
+        if not os.path.exists(hdr): fails.append(f'{hdr}: missing'); continue
+        cur, cur_guard, body = None, None, collections.defaultdict(list)
+        for no, line in enumerate(strip_keep_headings(open(hdr).read()).split('\n'), 1):
             h = re.match(r'\s*/\* =+ (\S+\.h)', line)
             if h:
                 cur, cur_guard = h.group(1), None
-                if cur not in mods: fails.append(f'{INTERNAL}:{no}: heading {cur} is not a module')
+                if cur not in mods: fails.append(f'{hdr}:{no}: heading {cur} is not a module')
                 continue
             g = re.match(r'\s*#\s*ifdef\s+(\w+)', line)
             if g and cur and cur_guard is None:
                 cur_guard = g.group(1)
                 if cur in done and done[cur] != cur_guard:
-                    fails.append(f'{INTERNAL}:{no}: the group of {cur} must be under #ifdef {done[cur]}')
+                    fails.append(f'{hdr}:{no}: the group of {cur} must be under #ifdef {done[cur]}')
                 continue
-            if re.match(r'\s*#', line): continue
-            for n in re.findall(r'\b((?:dt__|DT__)\w+)\s*\(', line):
+            names = re.findall(r'^\s*#\s*define\s+((?:dt__|DT__)\w+)', line) if re.match(r'\s*#', line) else \
+                re.findall(r'\b((?:dt__|DT__)\w+)\s*\(', line)   # a macro it defines, or a prototype
+            if not re.match(r'\s*#', line) and line.strip() or names:
                 if not cur or cur_guard is None:
-                    fails.append(f'{INTERNAL}:{no}: {n} is not under a module heading and its #ifdef'); continue
-                if n not in defs.get(cur, ()):
-                    fails.append(f'{INTERNAL}:{no}: {n} is declared for {cur}, which does not define it')
+                    fails.append(f'{hdr}:{no}: {line.strip()[:40]}... is not under a module heading and its #ifdef'); continue
+            if cur: body[cur].append(line)
+            for n in names:
+                if not line.lstrip().startswith('#') and n not in defs.get(cur, ()):
+                    fails.append(f'{hdr}:{no}: {n} is declared for {cur}, which does not define it')
                 declared[cur].add(n)
-    # private structures: a public type (dt_...) whose body is in a module's implementation part
+        for m, lines in body.items():   # the types a group defines (its macros are above) are its module's
+            text = '\n'.join(lines)
+            own = {n for n in defined_names(text) if not re.search(r'\b' + n + r'\s*\(', text) or
+                   re.search(r'typedef[^;]*\(\s*\*\s*' + n + r'\s*\)', text)}
+            declared[m] |= own
+            defs[m] = defs.get(m, set()) | own
+            for t in re.findall(r'^\s*struct (dt_[a-z]\w*) \{', text, re.M):
+                views[t] = m
+    # private structures: a public type (dt_...) whose body is in a module's implementation part (readers: that
+    # module), or in an internal header's group (readers: the modules of its provider's folder)
     private = {}
     for m in mods:
         for t in re.findall(r'^struct (dt_\w+) \{', impl[m], re.M):
-            private[t] = m
+            private[t] = {m}
+    for t, m in views.items():
+        private[t] = {x for x in mods if os.path.dirname(x) == os.path.dirname(m)}
     crossings = []   # (module, provider, name, allowed by the rule)
     for i, m in enumerate(mods):
         before = mods[:i] if m != 'dtrain_mpi.h' and m != 'dtrain_cuda.h' else [x for x in mods if x != m]
@@ -162,39 +178,23 @@ def main():
             crossings.append((m, o, n, ok))
         # fields of other modules' private structures, read through pointers (variables, parameters, fields)
         for t, f in sorted(set(field_reads(src[m], private, m))):
-            crossings.append((m, private[t], f'{t}.{f}', False))
-    allowed = set()
-    if os.path.exists(ALLOWED):
-        for no, line in enumerate(open(ALLOWED), 1):
-            line = line.split('#', 1)[0].split()
-            if not line: continue
-            if len(line) != 3: fails.append(f'{ALLOWED}:{no}: want MODULE PROVIDER NAME'); continue
-            allowed.add(tuple(line))
-    seen = set()
+            crossings.append((m, views.get(t) or next(iter(private[t])), f'{t}.{f}', False))
     for m, o, n, ok in crossings:
         if ok: continue
-        seen.add((m, o, n))
-        if (m, o, n) not in allowed:
-            what = f'reads field {n.split(".")[1]} of {o}\'s private struct {n.split(".")[0]}' if '.' in n \
-                else f'uses {n} of {o}, which neither its declarations nor {INTERNAL} declare'
-            fails.append(f'{m}: {what} (a new crossing of a module line: see docs/design.md, "The modules")')
-    for a in sorted(allowed - seen):
-        fails.append(f'{ALLOWED}: {" ".join(a)} no longer crosses: delete the line (the list only shrinks)')
+        what = f'reads field {n.split(".")[1]} of {o}\'s private struct {n.split(".")[0]}' if '.' in n \
+            else f'uses {n} of {o}, which neither its declarations nor an internal header ({", ".join(INTERNALS)}) declare'
+        fails.append(f'{m}: {what} (a crossing of a module line: see docs/design.md, "The modules")')
     if listing:
-        pairs = collections.Counter()
         for m, o, n, ok in crossings:
-            print(f'{m} {o} {n}{"" if ok else "  (listed)" if (m, o, n) in allowed else "  (NEW)"}')
-            if not ok: pairs[(m, o)] += 1
-        print('-- crossings outside the rule, by module pair:')
-        for (m, o), k in sorted(pairs.items()): print(f'{k:4d} {m} -> {o}')
+            print(f'{m} {o} {n}{"" if ok else "  (CROSSING)"}')
     for f in fails: print(f)
     nout = sum(1 for c in crossings if not c[3])
-    print(f'{len(mods)} modules: {len(crossings) - nout} uses through declarations and {INTERNAL}, {nout} crossings '
-          f'left from before the rule (listed in {ALLOWED}), {len(fails)} failures')
+    print(f'{len(mods)} modules: {len(crossings) - nout} uses through declarations and the internal headers, {nout} crossings, '
+          f'{len(fails)} failures')
     return 1 if fails else 0
 
 def strip_keep_headings(s):
-    """internal.h without comments, but its "/* ==== module" heading lines kept"""
+    """an internal header without comments, but its "/* ==== module" heading lines kept"""
     s = re.sub(r'/\*\s*=+ (\S+\.h)[^\n]*', lambda m: '/* ==== ' + m.group(1) + ' */', s)
     return re.sub(r'/\*(?! ==== ).*?\*/', lambda m: '\n' * m.group(0).count('\n'), s, flags=re.S)
 

@@ -9,7 +9,8 @@
      dtrain/comm/comm.h: their argument checks, the collective's start (signature, sequence number, the
      injected fault of dt_comm_desc.fault) and the choice of an algorithm. No declarations of its own.
    USES
-     dtrain/comm/backend.h (the generic layer) and what it includes.
+     dtrain/comm/backend.h (the generic layer) and what it includes; the communicator's fields through its view
+     in dtrain/core/internal.h (struct dt_comm, under backend.h's heading).
    READ FIRST
      dt__allreduce_ring with dt__ring_reduce_scatter and dt__ring_allgather, dt__tree_reduce, the naive
      algorithms, dt__allreduce_hier, then dt__coll_allreduce (how a call picks one).
@@ -287,7 +288,7 @@ static dt_result dt__coll_start(dt_comm *c, int kind, const void *data, size_t c
     DT__ATOMIC_STORE(&c->coll_sig[0], c->sig[0]);
     c->stats.collectives++;
     if (dt__tls_trace) {   /* closed by the public call's wrapper (dt__trace_close) */
-        dt_trace_begin(dt__op_names[kind], "comm");
+        dt_trace_begin(dt__op_name(kind), "comm");
         dt__trace_arg("bytes", NULL, (int64_t)(count * dt_dtype_size(t)));
         dt__trace_arg("algo", dt_algo_name(algo), 0);
         dt__trace_arg("seq", NULL, (int64_t)c->seq);

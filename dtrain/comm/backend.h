@@ -7,7 +7,8 @@
      uses (dt_comm_create_backend, dt_comm_impl, the current operation's number, signature and tag,
      dt_comm_count_native, dt_comm_set_nodes). dtrain_mpi.h and the local backend are written against
      it. The implementation is the generic layer every backend plugs into: the communicator's private
-     state (struct dt_comm, the request state dt__req in a dt_request's words), signatures and tags,
+     state (struct dt_comm, whose body dtrain/core/internal.h holds as the view dtrain/comm/'s modules share;
+     the request state dt__req in a dt_request's words), signatures and tags,
      failure reports, the reductions of received data, point-to-point through the backend with its
      counters, and creating and destroying communicators. Programs use dtrain/comm/comm.h instead.
    USES
@@ -159,31 +160,9 @@ extern "C" {
 #define DT__STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
 
-/* The communicator of one rank: private to the library (a backend reads it through the backend interface). */
-
-struct dt_comm {
-    int                    rank, size;
-    const dt_comm_backend *backend;
-    void                  *impl;            /* backend state */
-    dt_comm_desc           desc;            /* the options, defaults filled in; desc.algo is what AUTO means */
-    uint64_t               seq;             /* collectives started: the number in error messages */
-    uint64_t               sig[3];          /* the operation in progress (its signature) */
-    uint64_t               coll_sig[3];     /* the collective in progress, published for other ranks'
-                                               mismatch checks (a seqlock: [0] is written last) */
-    int                    tag_ub;          /* largest tag the transport carries */
-    dt_result              broken;          /* sticky: after a failure every call returns it */
-    char                   broken_msg[512];
-    dt_comm_stats          stats;
-    void                  *scratch;         /* reused by the algorithms */
-    size_t                 scratch_bytes;
-    dt_request            *reqs;            /* reused by the algorithms */
-    int                    nreqs;
-    dt__fault              fault;           /* desc.fault parsed: kind 0 = none */
-    int                   *node;            /* [size] the backend's nodes (dt_comm_set_nodes); NULL: by desc.node_size */
-    int                    ring_nodes;      /* > 0 while DT_ALGO_HIER's leaders run the ring: it is then the ring of
-                                               the ring_nodes nodes' leaders (dt__ring_size) */
-};
-
+/* The communicator of one rank, struct dt_comm: its body is in dtrain/core/internal.h (under this module's
+   heading), the view of it that the communicator's modules share (dtrain/comm/: the algorithms of algos.h read
+   its fields); to the other modules and to the programs it is opaque. */
 typedef struct dt__req_align { char c; dt__req r; } dt__req_align;
 typedef struct dt__request_align { char c; dt_request r; } dt__request_align;
 DT__STATIC_ASSERT(sizeof(dt__req) <= sizeof(dt_request), "dtrain: dt_request has too few reserved words for dt__req");
@@ -197,10 +176,12 @@ static const char *dt__op_names[DT__OP_COUNT] = {"point-to-point", "barrier", "b
 #define DT__TAG_COLL DT__TAG_LIB_END
 #define DT__TAG_HASH_BITS 6
 
-/* The accessors dtrain/core/internal.h declares for the backends (comm/local.h). */
+/* The accessors dtrain/core/internal.h declares for the backends (comm/local.h), and the name of a kind of operation
+   for the algorithms' trace */
 static inline dt_comm_stats *dt__comm_stats(dt_comm *c) { return &c->stats; }
 static inline const uint64_t *dt__comm_sig(const dt_comm *c) { return c->sig; }
 static inline const uint64_t *dt__comm_coll_sig(const dt_comm *c) { return c->coll_sig; }
+static inline const char *dt__op_name(int kind) { return dt__op_names[kind]; }
 
 int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 int dt_comm_size(const dt_comm *c) { return c ? c->size : 1; }
@@ -230,7 +211,7 @@ static void dt__comm_begin(dt_comm *c, int kind, size_t count, int t, int op, in
 static void dt__sig_str(const uint64_t *sig, char *buf, size_t cap) {
     int kind = (int)(sig[2] & 0xff), t = (int)((sig[2] >> 8) & 0xff), op = (int)((sig[2] >> 16) & 0xff);
     int root = (int)((sig[2] >> 24) & 0xffffffffu) - 1, algo = (int)(sig[2] >> 56);
-    int n = snprintf(buf, cap, "%s #%llu (", kind < DT__OP_COUNT ? dt__op_names[kind] : "?", (unsigned long long)sig[0]);
+    int n = snprintf(buf, cap, "%s #%llu (", kind < DT__OP_COUNT ? dt__op_name(kind) : "?", (unsigned long long)sig[0]);
     if (n < 0 || (size_t)n >= cap) return;
     if (kind == DT__OP_BARRIER) { snprintf(buf + n, cap - (size_t)n, "%s)", dt_algo_name((dt_algo)algo)); return; }
     if (kind == DT__OP_ALLTOALLV) { snprintf(buf + n, cap - (size_t)n, "%s, a size per block)", dt_dtype_name((dt_dtype)t)); return; }

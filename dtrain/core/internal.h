@@ -1,17 +1,21 @@
 /* dtrain/core/internal.h - the library-internal calls between dtrain's modules (not part of the API).
 
    A module uses of another only its declarations (the public API, and what its declaration part marks
-   internal) and the calls declared here, under the heading of the module that defines them, never its
+   internal) and what the internal headers declare, under the heading of the module that provides it: this
+   file, and for the CPU backend's kernels dtrain/cpu/kernel.h, in the same form. Never another module's
    static helpers or the fields of its private structs (docs/design.md, "The modules"; tools/check_modules.py
    checks it). Each module's implementation part includes this file. Every group is under the macro
-   DTRAIN_<NAME>_IMPLEMENTATION_DONE of the module that defines it, which that module defines where its
+   DTRAIN_<NAME>_IMPLEMENTATION_DONE of the module that provides it, which that module defines where its
    implementation part begins (its declarations complete, its bodies to follow in this translation unit), so
    the file may be included by any module whatever came before (not under the include guard DTRAIN_<NAME>_H:
    that is defined before the module's own includes, while its types are not declared yet); it has no
-   include guard (a prototype may repeat). The calls are static: a prototype here, the body in the module's
-   implementation part. Where a later module needs a field of a private struct, the module that owns
-   the struct adds a small accessor here rather than exposing the struct. Keep it small: a public call, where
-   one does the job, is better than a line here. */
+   include guard (a prototype may repeat; a group's type is defined once, under a guard of its own). The
+   calls are static: a prototype here, the body in the module's implementation part. Where a later module
+   needs a field of a private struct, the module that owns the struct adds a small accessor here rather than
+   exposing the struct; the one body here, struct dt_comm (under backend.h), is the view the modules of
+   dtrain/comm/ share, as ggml's backend-impl header defines the structs its backends share: to every other
+   module dt_comm stays opaque. Keep it small: a public call, where one does the job, is better than a line
+   here. make single writes each group in where its module includes this file. */
 
 /* ==== dtrain/cpu/cpu.h: the convolution workspace the model plans for the CPU backend ==== */
 #ifdef DTRAIN_CPU_IMPLEMENTATION_DONE
@@ -68,8 +72,36 @@ static int dt__dtype_half(dt_dtype t);
 static const char *dt__reduce_name(int op);
 #endif
 
-/* ==== dtrain/comm/backend.h: the communicator's state for its backends ==== */
+/* ==== dtrain/comm/backend.h: the communicator's state for its algorithms and backends ==== */
 #ifdef DTRAIN_BACKEND_IMPLEMENTATION_DONE
+#ifndef DT__INTERNAL_COMM_VIEW
+#define DT__INTERNAL_COMM_VIEW
+/* The communicator of one rank: the view the modules of dtrain/comm/ share (algos.h reads and writes its fields:
+   the rank and size, the sequence number and signatures, the sticky failure, the counters), opaque to every other
+   module, which reads it through the calls below and the public API. */
+struct dt_comm {
+    int                    rank, size;
+    const dt_comm_backend *backend;
+    void                  *impl;            /* backend state */
+    dt_comm_desc           desc;            /* the options, defaults filled in; desc.algo is what AUTO means */
+    uint64_t               seq;             /* collectives started: the number in error messages */
+    uint64_t               sig[3];          /* the operation in progress (its signature) */
+    uint64_t               coll_sig[3];     /* the collective in progress, published for other ranks'
+                                               mismatch checks (a seqlock: [0] is written last) */
+    int                    tag_ub;          /* largest tag the transport carries */
+    dt_result              broken;          /* sticky: after a failure every call returns it */
+    char                   broken_msg[512];
+    dt_comm_stats          stats;
+    void                  *scratch;         /* reused by the algorithms */
+    size_t                 scratch_bytes;
+    dt_request            *reqs;            /* reused by the algorithms */
+    int                    nreqs;
+    dt__fault              fault;           /* desc.fault parsed: kind 0 = none */
+    int                   *node;            /* [size] the backend's nodes (dt_comm_set_nodes); NULL: by desc.node_size */
+    int                    ring_nodes;      /* > 0 while DT_ALGO_HIER's leaders run the ring: it is then the ring of
+                                               the ring_nodes nodes' leaders (dt__ring_size) */
+};
+#endif
 /* its counters (a backend adds its waits) */
 static inline dt_comm_stats *dt__comm_stats(dt_comm *c);
 /* the signature [3] of the operation in progress */
@@ -77,6 +109,8 @@ static inline const uint64_t *dt__comm_sig(const dt_comm *c);
 /* the signature [3] of the collective in progress, published for the other ranks (a seqlock: [0] is written
    last; read it with DT__ATOMIC_LOAD) */
 static inline const uint64_t *dt__comm_coll_sig(const dt_comm *c);
+/* the name of a kind of operation, 0 <= kind < DT__OP_COUNT (DT__OP_*: backend.h's declarations) */
+static inline const char *dt__op_name(int kind);
 /* the generic layer: requests, scratch, failures, point-to-point through the backend, reductions */
 static inline int dt__comm_any_thread(const dt_comm *c);
 static void dt__cancel_all(dt_comm *c, dt_request *reqs, int n);

@@ -179,6 +179,7 @@ void dt_model_summary(const dt_model *m);
 extern "C" {
 #endif
 #include "internal.h"
+#include "../cpu/kernel.h"   /* dt__cpu_state: the CPU backend's state, which a model holds */
 
 const char *dt_layer_kind_str(dt_layer_kind k) {
     static const char *names[DT_LAYER_KIND_COUNT] = {"input", "linear", "conv2d", "maxpool2d", "avgpool2d",

@@ -4,19 +4,21 @@
    WHAT IS HERE
      Tensor views and window geometry; dt_ops, the table of operations every layer calls (one table per
      backend: dtrain/cpu/cpu.h fills the CPU's, dtrain_cuda.h the GPU's); the loop bodies the CPU and the GPU
-     share (pooling windows, softmax rows, the optimizers' updates); dt__kernel, the table of what a
-     faster CPU tier may replace; and the CPU ops in plain C: im2col and col2im, pooling, batch norm,
-     activations, losses, the optimizer steps, the naive GEMM (dt_gemm_ref) and the naive convolution
-     (dt_conv2d_ref). Each op is the reference twin of its fast kernels: read these to know what an op
-     computes; dtrain/cpu/cpu_x86.h and dtrain/cpu/cpu_arm.h compute the same faster. The loops that compilers
+     share (pooling windows, softmax rows, the optimizers' updates); and the CPU ops in plain C, those with a
+     faster twin taking dt__kernel, the table of what a faster CPU tier may replace (dtrain/cpu/kernel.h):
+     im2col and col2im, pooling, batch norm, activations, losses, the optimizer steps, the naive GEMM
+     (dt_gemm_ref) and the naive convolution (dt_conv2d_ref). Each op is the reference twin of its fast
+     kernels: read these to know what an op computes; dtrain/cpu/cpu_x86.h and dtrain/cpu/cpu_arm.h compute
+     the same faster. The loops that compilers
      leave scalar as written (batch norm's sums) use GNU C's vector types where there are (DT__VEC), with
      the plain loop beside them for DT_NO_SIMD and other compilers: the same bits either way.
    USES
-     dtrain/core/base.h.
+     dtrain/core/base.h; dtrain/cpu/kernel.h, the seam it shares with the CPU backend's files.
    READ FIRST
      struct dt_ops (each op's shapes and contract), dt__col_span (im2col one row stretch at a time, never
      materialised), dt_gemm_ref, dt__bn_fwd and dt__bn_bwd (batch norm with its sums in double),
-     dt__maxpool_fwd, struct dt__kernel (the seam to the fast kernels: each entry names its twin here).
+     dt__maxpool_fwd, struct dt__kernel in dtrain/cpu/kernel.h (the seam to the fast kernels: each entry names
+     its twin here; that file declares what of this module the CPU backend's files use).
 */
 #ifndef DTRAIN_TENSOR_H
 #define DTRAIN_TENSOR_H
@@ -330,6 +332,7 @@ static inline DT__HD void dt_body_adam_update(float *p, const float *g, float *m
 extern "C" {
 #endif
 #include "internal.h"
+#include "../cpu/kernel.h"   /* the kernel table, the vector types, dt__bsrc, dt__cpu_state: the seam to dtrain/cpu/ */
 
 dt_tensor dt_tensor_view(float *data, int ndim, const int64_t *shape) {
     dt_tensor t;
@@ -377,56 +380,13 @@ int dt_cpu_threads(void) {
 #endif
 }
 
-/* ---- GNU C's vector types ------------------------------------------------------------------------ */
-/* The portable kernels' vectors: GCC's and Clang's vector types (no intrinsics, no -march) compile to the
-   baseline's vector instructions (SSE2 on x86-64, NEON on aarch64). DT__VEC is 0 with another compiler or
-   DT_NO_SIMD, and the kernels then run as plain loops. Loads and stores go through memcpy: unaligned. */
-#if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 9) && !defined(DT_NO_SIMD)
-#define DT__VEC 1
-typedef float dt__v4 __attribute__((vector_size(16)));
-typedef int32_t dt__v4i __attribute__((vector_size(16)));
-typedef double dt__v4d __attribute__((vector_size(32)));   /* two SSE2 or NEON registers */
+/* ---- GNU C's vector types, and the CPU kernel table -------------------------------------------------------- */
+/* DT__VEC (GCC's and Clang's vector types for the portable kernels: dt__v4 ...) and dt__kernel (what a faster
+   CPU tier may replace), the seam between these ops and the CPU backend, are in dtrain/cpu/kernel.h. */
+#if DT__VEC
+/* a vector from 4 floats at p (memcpy: unaligned) */
 static DT__MAYBE_UNUSED dt__v4 dt__v4_load(const float *p) { dt__v4 v; memcpy(&v, p, sizeof v); return v; }
-#else
-#define DT__VEC 0
 #endif
-
-/* ---- the CPU kernel table ---------------------------------------------------------------------- */
-/* What a faster CPU tier may replace. dtrain/cpu/cpu.h chooses one table per process (the fastest this CPU runs,
-   or the one dt_cpu_set_tier names) and passes it down; dtrain/cpu/cpu_x86.h fills the AVX2 and AVX-512 tables.
-   An entry left NULL runs the portable code, which is its reference twin: the function named in its comment
-   (here or in dtrain/cpu/cpu.h), with the same contract. test_core holds every entry equal to its twin. */
-typedef void (*dt__micro_fn)(int64_t kc, const float *a, const float *b, float *C, int64_t ldc, int64_t mr, int64_t nr,
-                             float alpha, float beta);
-typedef struct dt__kernel {
-    const char *name;     /* the tier: "avx512", "avx2", "portable" ("neon" on aarch64) */
-    int (*runs)(void);    /* 1 when this CPU has the tier's instructions (NULL: every CPU does) */
-    /* the blocked GEMM's micro-kernel (twin: dt__micro, dtrain/cpu/cpu.h): C = alpha a b + beta C for an
-       mr x nr tile of packed panels a [kc][mr] and b [kc][nr]; the packing follows mr and nr */
-    dt__micro_fn fn;
-    int mr, nr;
-    /* dt__col_span with stride 1 (contiguous dst) */
-    void (*col_span)(const dt_conv_geom *g, const float *x, int64_t c, int64_t ky, int64_t kx, int64_t n, int64_t oy,
-                     int64_t ox, int64_t len, float *dst);
-    /* dt__pack_a's 8-tall panels of A's rows: dst[p * 8 + i] = A[i * lda + p], p < kc8 (a multiple of 8) */
-    void (*pack_a8)(const float *A, int64_t lda, int64_t kc8, float *dst);
-    /* dt__pack_b's panels of B^T: dst[p * NR + j] = B[j * ldb + p], p < kc, j < nr, zero for j >= nr (NR a
-       multiple of 16) */
-    void (*pack_bt)(const float *B, int64_t ldb, int64_t kc, int64_t nr, float *dst, int NR);
-    /* dt__col2im for the geometries it takes: 1 when it wrote dx, 0 to leave it to the portable loop */
-    int (*col2im)(const dt_conv_geom *g, const float *col, float *dx);
-    /* cnt (at most 16) outputs of a 2 x 2 stride-2 max pooling row, as dt__maxpool_fwd's scalar loop */
-    void (*maxpool2)(const float *r0, const float *r1, int64_t w, int32_t i0, float *yo, int32_t *io, int cnt);
-    /* dt__bn_sums's sums before the lanes are added: a[16], b[16] (zero on entry) += the terms k with
-       k % 8 == j in lane j or j + 8, which dt__bn_sums then adds (AVX-512: its vector lanes in 8..15, the
-       tail in 0..7; AVX2: all in 0..7, in the portable loop's order) */
-    void (*bn_sums)(const float *x, const float *y, const float *mk, int64_t n, int64_t cs, int64_t s, double *a, double *b);
-    /* dt_ops.conv_fwd and conv_bwd (convolutions without im2col: 0 = not taken, the GEMMs then run; twins:
-       dt_conv2d_ref and the im2col + GEMM path of dtrain/core/nn.h) */
-    int (*conv_fwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y);
-    int (*conv_bwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
-                    int accumulate);
-} dt__kernel;
 
 /* ---- im2col and the reference GEMM ---------------------------------------------------------- */
 
@@ -475,12 +435,7 @@ static void dt__col_span(const dt__kernel *k, const dt_conv_geom *g, const float
     }
 }
 
-/* Where a GEMM's op(B) comes from: a matrix B with row stride ldb (transposed when tb), or, when g is set,
-   im2col(B) of the images B with geometry g, packed straight from the images and never materialised:
-   op(B) = col [c*kh*kw, n*oh*ow] (tb = 0) or its transpose (tb = 1). */
-typedef struct dt__bsrc { const float *B; int64_t ldb; int tb; const dt_conv_geom *g; } dt__bsrc;
-
-/* op(B)[p][j] of a B source */
+/* op(B)[p][j] of a B source (dt__bsrc, dtrain/cpu/kernel.h: a matrix B, or im2col of images) */
 static float dt__bval(const dt__bsrc *bs, int64_t p, int64_t j) {
     const dt_conv_geom *g = bs->g;
     float v;
@@ -592,9 +547,6 @@ static void dt__cpu_add(void *ctx, float *y, const float *a, const float *b, int
     DT__OMP(parallel for if (n > DT__PAR_MIN))
     for (i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
-/* The CPU backend's own state, when a model gives it one: the GEMM packing workspace and the model's
-   convolution workspace (the taps' operands, dtrain/cpu/cpu.h), so a training step allocates nothing. */
-typedef struct dt__cpu_state { float *gemm_ws; int64_t gemm_ws_count; float *conv_ws; int64_t conv_ws_count; } dt__cpu_state;
 
 /* (In C, OpenMP makes only the parallel loop's own variable private: inner loops declare theirs inside.) */
 static void dt__cpu_add_row_bias(void *ctx, float *y, const float *b, int64_t rows, int64_t cols) {

@@ -10,7 +10,8 @@
      per tap and output row, none of the padding multiplied), on every tier; and the CPU's ops table: the
      ops of dtrain/core/tensor.h, with the chosen tier's kernels where it has them.
    USES
-     dtrain/cpu/cpu_x86.h, dtrain/cpu/cpu_arm.h, dtrain/cpu/cpu_vec.h and dtrain/core/tensor.h (and base.h).
+     dtrain/cpu/cpu_x86.h, dtrain/cpu/cpu_arm.h, dtrain/cpu/cpu_vec.h and dtrain/core/tensor.h (and base.h), through
+     what dtrain/cpu/kernel.h declares of them (the kernel table, the tiers' tables, tensor.h's plain ops).
    READ FIRST
      dt__gemm_part (the loops of the blocked GEMM), dt__pack_a and dt__pack_b, dt__micro (the portable
      micro-kernel), dt__pick_kernel (the choice), dt__tap_conv_fwd (the taps), dt__cpu_ops_table (the
@@ -60,6 +61,7 @@ dt_result dt_cpu_set_tier(const char *tier);
 extern "C" {
 #endif
 #include "../core/internal.h"
+#include "kernel.h"   /* the kernel table, the tiers' tables, the plain ops of dtrain/core/tensor.h */
 
 /* ---- the blocked GEMM ------------------------------------------------------------------------- */
 /* Blocked GEMM after Goto & van de Geijn: for each (NC x KC) block of op(B), packed into NR-wide
@@ -266,12 +268,7 @@ static const dt__kernel dt__kernel_portable = {
 };
 /* Every tier of this build, fastest first */
 static const dt__kernel *const dt__kernels[] = {
-#ifdef DT__X86
-    &dt__kernel_avx512, &dt__kernel_avx2,
-#endif
-#ifdef DT__ARM
-    &dt__kernel_neon,
-#endif
+    DT__X86_KERNELS DT__ARM_KERNELS   /* those the build compiles (dtrain/cpu/kernel.h) */
     &dt__kernel_portable,
 };
 #define DT__NKERNELS ((int)(sizeof dt__kernels / sizeof dt__kernels[0]))

@@ -12,7 +12,8 @@
      compiled for aarch64's baseline, which is NEON.
      A build for another CPU, with a compiler other than GCC or Clang, or with DT_NO_SIMD, compiles none of it.
    USES
-     dtrain/cpu/cpu_vec.h (and tensor.h, base.h through it); <arm_neon.h>.
+     dtrain/cpu/cpu_vec.h (and tensor.h, base.h through it), through what dtrain/cpu/kernel.h declares of them;
+     <arm_neon.h>.
    READ FIRST
      dt__micro_neon.
 */
@@ -33,6 +34,7 @@
 extern "C" {
 #endif
 #include "../core/internal.h"
+#include "kernel.h"   /* the kernel table, and cpu_vec.h's convolutions at the baseline */
 
 #ifdef DT__ARM
 /* ---- GEMM micro-kernel --------------------------------------------------------------------------- */

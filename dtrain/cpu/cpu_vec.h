@@ -31,10 +31,12 @@
      Not compiled with DT_NO_SIMD, compilers other than GCC and Clang, or CPUs other than x86 and aarch64
      (the GEMMs then take every convolution).
    USES
-     dtrain/core/tensor.h (and base.h through it).
+     dtrain/core/tensor.h (and base.h through it), through dtrain/cpu/kernel.h (the CPU kernel seam), which also
+     holds this module's types that the AVX-512 tier shares (dt__shift_geom, dt__shift_kern).
    READ FIRST
-     dt__shift_tile_fn (what a tile computes), dt__shift_image and dt__shift_run (the forward pass),
-     DT__VEC_KERNELS (the kernels), dt__shift_conv_fwd and dt__shift_conv_bwd (what the tiers call).
+     dt__shift_tile_fn in dtrain/cpu/kernel.h (what a tile computes), dt__shift_image and dt__shift_run (the
+     forward pass), DT__VEC_KERNELS (the kernels), dt__shift_conv_fwd and dt__shift_conv_bwd (what the tiers
+     call).
 */
 #ifndef DTRAIN_CPU_VEC_H
 #define DTRAIN_CPU_VEC_H
@@ -44,20 +46,12 @@
 
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN_CPU_VEC_IMPLEMENTATION_DONE)
 #define DTRAIN_CPU_VEC_IMPLEMENTATION_DONE
-#if defined(__GNUC__) && !defined(DT_NO_SIMD) && (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__))
-#define DT__SHIFT 1      /* the shifted convolutions are compiled */
-#if defined(__x86_64__) || defined(__i386__)
-#define DT__VEC_X86 1    /* and their AVX2 kernels */
-#endif
-#if defined(__x86_64__) || defined(__aarch64__)
-#define DT__VEC_BASE 1   /* and their kernels at the baseline ISA (SSE2, NEON) */
-#endif
-#endif
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 #include "../core/internal.h"
+#include "kernel.h"   /* what is compiled here (DT__SHIFT, DT__VEC_X86, DT__VEC_BASE), and the tiles' tables */
 
 /* The tests' hooks of the shifted convolutions, in every build so the tests compile everywhere */
 static DT__MAYBE_UNUSED int dt__shift_off;                  /* 1: never take the shifted path (the tests compare both paths) */
@@ -77,18 +71,7 @@ static DT__MAYBE_UNUSED DT__THREAD_LOCAL int64_t dt__shift_taken;   /* calls tha
 #define DT__SHIFT_MAX_W (1 << 17)   /* most weights (oc * c * kh * kw) a shifted convolution takes */
 #define DT__SHIFT_SLACK 128         /* zeros after a padded image: the dropped columns read past its end */
 
-/* The padded geometry of one image of c channels h x w, padded by ph, pw, for a kh x kw window with strides
-   sh, sw (1 or 2 each). With strides each channel is stored as sh * sw phase planes of hq x wq (plane (a, b)
-   holds the padded pixels (sh qy + a, sw qx + b)), so that output (oy, ox) reads tap (ky, kx) in plane
-   (ky % sh, kx % sw) at (oy + ky / sh, ox + kx / sw): a shifted row again, over s = oy * wq + ox, with nothing
-   computed twice. */
-typedef struct dt__shift_geom {
-    int64_t c, h, w, ph, pw, kh, kw, hp, wp, oh, ow;
-    int64_t sh, sw, hq, wq;   /* strides; a phase plane's rows and columns (hp, wp with stride 1) */
-    int64_t cp;      /* floats of one channel: sh * sw * hq * wq */
-    int64_t ns;      /* outputs computed per channel: oh * wq */
-    int64_t plane;   /* floats of one padded image: c * cp + DT__SHIFT_SLACK */
-} dt__shift_geom;
+/* the padded geometry of one image (dt__shift_geom, dtrain/cpu/kernel.h: the phase planes of strides 2) */
 static dt__shift_geom dt__shift_make(int64_t c, int64_t h, int64_t w, int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t sh,
                                      int64_t sw) {
     dt__shift_geom s;
@@ -109,10 +92,8 @@ static void dt__shift_offsets(const dt__shift_geom *s, int64_t c0, int64_t c1, i
                 off[k++] = (int32_t)((c - c0) * s->cp + ((ky % sh) * sw + kx % sw) * s->hq * s->wq + ky / sh * s->wq + kx / sw);
 }
 
-/* Where 16 computed columns go: their kept lanes (keep: those of output pixels, not the wp - ow junk
-   columns after each row) to the output from pixel `at` on, in order. */
-typedef struct dt__shift_vec { int64_t at; uint32_t keep; } dt__shift_vec;
-/* the first 16-byte boundary at or after p, for a table inside the float workspace (4 floats of slack) */
+/* Where 16 computed columns go (dt__shift_vec, dtrain/cpu/kernel.h). The first 16-byte boundary at or after p, for
+   a table inside the float workspace (4 floats of slack); and the table of nv entries for geometry s. */
 static dt__shift_vec *dt__shift_vec_at(float *p) { return (dt__shift_vec *)(void *)(((uintptr_t)p + 15) & ~(uintptr_t)15); }
 static void dt__shift_vecs(const dt__shift_geom *s, int64_t nv, dt__shift_vec *v) {
     int64_t i, col;
@@ -129,34 +110,9 @@ static void dt__shift_vecs(const dt__shift_geom *s, int64_t nv, dt__shift_vec *v
     }
 }
 
-/* A tier's inner kernels of the shifted convolutions. A tile: sum_k a[k][i] xp[off[k] + j] for mr rows i
-   (rows of them kept) x nc columns j, each 16 columns' kept lanes written (packed together, as vec says)
-   to row i of dst (rows S apart) plus bias[i] (bias NULL: none), or added to it (add 1); a is packed by
-   dt__shift_pack_a in groups of mr rows. */
-typedef void (*dt__shift_tile_fn)(int64_t K, const float *DT__RESTRICT a, const float *xp, const int32_t *off,
-                                  const dt__shift_vec *vec, float *dst, int64_t S, const float *bias, int add, int rows);
-typedef struct dt__shift_kern {
-    int mr, nc;   /* a tile's rows (at most 8) and columns (16 or 48) */
-    dt__shift_tile_fn tile;
-    /* the weight gradient's dot-product tile: dW[i][k] += sum over nimg images and s < ld of d[img][i][s]
-       xp[img][off[k] + s], for wr rows i and wk offsets k (ni, nk of them kept); d's rows ldd apart, ld a
-       multiple of 16, images dstride and xstride apart; wr divides 4, the threads' unit of rows */
-    int wr, wk;
-    void (*wtile)(int64_t nimg, int64_t ld, const float *d, int64_t ldd, int64_t dstride, const float *xp, int64_t xstride,
-                  const int32_t *off, float *dW, int64_t ldw, int ni, int nk);
-    /* the 3 x 3 weight gradient's transposed tile (dt__shift_wgrad3): dWT [9][ocp] += one input channel's
-       taps for `width` (16 or 32) output channels, over the positions of one image; st the stride of both axes */
-    void (*wt3)(int st, int width, const float *x, int64_t wq, int64_t pq, int64_t oh, int64_t ow, const float *dbT,
-                int64_t ocp, float *dWT);
-    /* data movement: rows x len floats from src (rows lds apart) to dst (rows ldd apart); channels c0..c1 of
-       an image into its padded image (whose borders and slack are zero); dbT [S][ocp] <- dy [oc][S]
-       transposed, columns oc..ocp zero */
-    void (*copy)(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t len);
-    void (*pad)(const dt__shift_geom *s, const float *x, int64_t c0, int64_t c1, float *xp);
-    void (*transpose_dy)(const float *dy, int64_t oc, int64_t S, float *dbT, int64_t ocp);
-} dt__shift_kern;
-
-/* the data movement in plain C (memcpy moves rows as fast as vectors do) */
+/* A tier's inner kernels (dt__shift_kern, dtrain/cpu/kernel.h: a tile, the weight gradient's tiles, the data
+   movement); those of every tier but AVX-512 are written once, below. The data movement in plain C (memcpy moves
+   rows as fast as vectors do): */
 static void dt__shift_copy_c(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t len) {
     int64_t r;
     for (r = 0; r < rows; r++) memcpy(dst + r * ldd, src + r * lds, sizeof(float) * (size_t)len);
@@ -669,7 +625,6 @@ typedef float dt__v8 __attribute__((vector_size(32)));
 DT__VEC_KERNELS(avx2, __attribute__((target("avx2,fma"))), dt__v8, 8, 6, 1, 2, 6)
 #endif
 #ifdef DT__VEC_BASE
-typedef float dt__v4 __attribute__((vector_size(16)));
 #ifdef __aarch64__
 /* NEON: 32 registers of 4 floats; tiles 5 x 16 (20 accumulators; with 6 rows GCC holds the 6 weights in
    registers of their own and spills accumulators), 9 taps x 8 channels (18), 4 x 4 (16) */
@@ -688,23 +643,25 @@ DT__VEC_KERNELS(base, , dt__v4, 4, 2, 1, 2, 4)
 #pragma GCC pop_options
 #endif
 
-/* the tiers' dt_ops.conv_fwd and conv_bwd (dtrain/cpu/cpu.h's and cpu_x86.h's tables) */
-#define DT__VEC_CONV(T)                                                                                                 \
-    static int dt__vec_conv_fwd_##T(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b,   \
-                                    float *y) {                                                                         \
-        return dt__shift_conv_fwd(&dt__shift_kern_##T, ctx, g, x, W, b, y);                                             \
-    }                                                                                                                   \
-    static int dt__vec_conv_bwd_##T(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy,  \
-                                    float *dW, float *dx, int accumulate) {                                             \
-        return dt__shift_conv_bwd(&dt__shift_kern_##T, ctx, g, x, W, dy, dW, dx, accumulate);                           \
-    }
+/* the tiers' dt_ops.conv_fwd and conv_bwd (dtrain/cpu/cpu.h's, cpu_x86.h's and cpu_arm.h's tables) */
 #ifdef DT__VEC_X86
-DT__VEC_CONV(avx2)
+static int dt__vec_conv_fwd_avx2(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
+    return dt__shift_conv_fwd(&dt__shift_kern_avx2, ctx, g, x, W, b, y);
+}
+static int dt__vec_conv_bwd_avx2(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW,
+                                 float *dx, int accumulate) {
+    return dt__shift_conv_bwd(&dt__shift_kern_avx2, ctx, g, x, W, dy, dW, dx, accumulate);
+}
 #endif
 #ifdef DT__VEC_BASE
-DT__VEC_CONV(base)
+static int dt__vec_conv_fwd_base(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
+    return dt__shift_conv_fwd(&dt__shift_kern_base, ctx, g, x, W, b, y);
+}
+static int dt__vec_conv_bwd_base(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW,
+                                 float *dx, int accumulate) {
+    return dt__shift_conv_bwd(&dt__shift_kern_base, ctx, g, x, W, dy, dW, dx, accumulate);
+}
 #endif
-#undef DT__VEC_CONV
 #endif /* the kernels */
 
 #ifdef __cplusplus

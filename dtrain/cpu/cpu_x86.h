@@ -19,7 +19,8 @@
                                               dt_conv2d_ref), which the avx2 tier takes from cpu_vec.h
      A build without x86-64 GCC or Clang, or with DT_NO_SIMD, compiles none of it.
    USES
-     dtrain/cpu/cpu_vec.h and dtrain/core/tensor.h (and base.h through them); <immintrin.h>.
+     dtrain/cpu/cpu_vec.h and dtrain/core/tensor.h (and base.h through them), through what dtrain/cpu/kernel.h
+     declares of them; <immintrin.h>.
    READ FIRST
      The tables at the end; then dt__shift_tile_avx512, the AVX-512 form of dtrain/cpu/cpu_vec.h's tile, which
      writes its kept lanes by compress and masked stores.
@@ -41,6 +42,7 @@
 extern "C" {
 #endif
 #include "../core/internal.h"
+#include "kernel.h"   /* the kernel table, and cpu_vec.h's tiles and drivers */
 
 #ifdef DT__X86
 /* ---- im2col and packing ----------------------------------------------------------------------- */
