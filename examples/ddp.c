@@ -196,7 +196,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         TRY(dt_optim_set_lr(o, dt_sched_lr(&sd, epoch)));
-        dt_model_train(m, 1);
+        dt_model_set_mode(m, DT_MODE_TRAIN);
         TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
         TRY(dt_loader_set_indices(loader, ids, nshare));
         TRY(dt_loader_seek(loader, epoch, meta.batch));   /* batch 0, or where a resumed epoch stopped */

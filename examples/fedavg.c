@@ -167,9 +167,9 @@ static dt_result confusion(dt_model *m, const args *a, int64_t *conf) {
     float *x = (float *)malloc(sizeof(float) * 1000 * (size_t)(a->data.test.c * a->data.test.h * a->data.test.w));
     float *out = (float *)malloc(sizeof(float) * 1000 * (size_t)K);
     dt_result r = x && out ? DT_OK : dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
-    int training = dt_model_is_training(m);
+    dt_mode mode = dt_model_mode(m);
     memset(conf, 0, sizeof(int64_t) * (size_t)(K * K));
-    dt_model_train(m, 0);
+    dt_model_set_mode(m, DT_MODE_EVAL);
     for (s = 0; r == DT_OK && s < a->data.test.count; s += n) {
         n = a->data.test.count - s < 1000 ? a->data.test.count - s : 1000;
         for (i = 0; i < n; i++) ids[i] = s + i;
@@ -181,7 +181,7 @@ static dt_result confusion(dt_model *m, const args *a, int64_t *conf) {
             conf[y[i] * K + best]++;
         }
     }
-    dt_model_train(m, training);
+    dt_model_set_mode(m, mode);
     free(x);
     free(out);
     return r;

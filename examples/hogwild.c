@@ -146,7 +146,7 @@ int main(int argc, char **argv) {
         dt_eval_result ev;
         memset(a.sums, 0, sizeof a.sums);
         a.lr = dt_sched_lr(&sd, a.epoch);
-        for (i = 0; i < a.threads; i++) dt_model_train(a.replica[i], 1);
+        for (i = 0; i < a.threads; i++) dt_model_set_mode(a.replica[i], DT_MODE_TRAIN);
         dt_progress_begin(&a.bar, stderr, nb, tty);
         TRY(dt_hogwild_run(shared, (int)a.threads, worker, &a));
         dt_progress_end(&a.bar);

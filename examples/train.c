@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         TRY(dt_optim_set_lr(o, lr));
-        dt_model_train(m, 1);
+        dt_model_set_mode(m, DT_MODE_TRAIN);
         TRY(dt_loader_seek(loader, epoch, meta.batch));   /* batch 0, or where a resumed epoch stopped */
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
         while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {

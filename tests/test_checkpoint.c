@@ -289,9 +289,9 @@ static void test_evaluate(void) {
     int32_t y[NS];
     for (i = 0; i < NS; i++) idx[i] = NS - 1 - i;
     CHECK_OK(dt_evaluate(m, &ds, idx, NS, NULL, 7, 2, &r));
-    CHECK(dt_model_is_training(m));
+    CHECK(dt_model_mode(m) == DT_MODE_TRAIN);
     CHECK(r.count == NS && r.k == 2);
-    dt_model_train(m, 0);
+    dt_model_set_mode(m, DT_MODE_EVAL);
     CHECK_OK(dt_dataset_batch(&ds, idx, NS, NULL, 0, 0, x, y));
     CHECK_OK(dt_model_forward(m, x, NS));
     CHECK_OK(dt_model_loss_cross_entropy(m, y, &loss));

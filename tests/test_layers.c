@@ -263,7 +263,7 @@ static void bn_case(const char *name, int twod, int training) {
     memcpy(bufs, rm0, sizeof(float) * (size_t)c);
     memcpy(bufs + c, rv0, sizeof(float) * (size_t)c);
     CHECK_OK(dt_model_set_buffers(m, bufs, nb));
-    dt_model_train(m, training);
+    CHECK_OK(dt_model_set_mode(m, training ? DT_MODE_TRAIN : DT_MODE_EVAL));
     compare_layer(m, &f, (int64_t)cfg[0], P_WB, G_WB, 2, name);
     if (training) {
         float *rm1 = dt_t_get(&f, "rm1", NULL), *rv1 = dt_t_get(&f, "rv1", NULL);
@@ -303,7 +303,7 @@ static void test_batchnorm_one_value(void) {
             CHECK(strstr(dt_last_error(), "bn_one") && strstr(dt_last_error(), "1 value per channel") &&
                   strstr(dt_last_error(), "[3, 1, 1]") && strstr(dt_last_error(), "at least 2") &&
                   strstr(dt_last_error(), "eval mode"));
-            dt_model_train(m, 0);
+            dt_model_set_mode(m, DT_MODE_EVAL);
         }
         CHECK_OK(dt_model_forward(m, x, shapes[s][3]));
         dt_model_destroy(m);
@@ -421,7 +421,7 @@ static void gradcheck(dt_model *m, int64_t batch, int mode, int spread, const ch
 /* Finalizes a built model, sets its mode, checks its gradients and destroys it. */
 static void gc_model(dt_model *m, int64_t batch, int mode, int training, int spread, const char *what) {
     CHECK_OK(dt_model_finalize(m));
-    dt_model_train(m, training);
+    CHECK_OK(dt_model_set_mode(m, training ? DT_MODE_TRAIN : DT_MODE_EVAL));
     gradcheck(m, batch, mode, spread, what);
     dt_model_destroy(m);
 }
@@ -534,7 +534,7 @@ static void test_dropout(void) {
     CHECK_OK(dt_model_output(m, y2, n));
     for (i = 0; i < n; i++) diff += (y[i] == 0.0f) != (y2[i] == 0.0f);
     CHECK(diff > n / 10);
-    dt_model_train(m, 0);
+    dt_model_set_mode(m, DT_MODE_EVAL);
     CHECK_OK(dt_model_forward(m, x, 1));
     CHECK_OK(dt_model_output(m, y2, n));
     CHECK(memcmp(x, y2, sizeof(float) * n) == 0);

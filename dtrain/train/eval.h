@@ -45,7 +45,7 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
                       int64_t batch, int topk, dt_eval_result *out) {
     dt_result r = DT_OK;
     int64_t start, k, in_size, i, j, top1 = 0, topk_hits = 0;
-    int was_training;
+    dt_mode mode;
     double loss_sum = 0.0;
     float *x = NULL, *scores = NULL;
     int32_t *y = NULL;
@@ -76,8 +76,8 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
         r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_evaluate: no memory for a batch of %lld", (long long)batch);
         goto done;
     }
-    was_training = dt_model_is_training(m);
-    dt_model_train(m, 0);
+    mode = dt_model_mode(m);
+    dt_model_set_mode(m, DT_MODE_EVAL);
     dt_trace_begin("evaluate", "compute");
     dt__trace_arg("samples", NULL, count);
     for (start = 0; start < count && r == DT_OK; start += batch) {
@@ -101,7 +101,7 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
         }
     }
     dt_trace_end();
-    dt_model_train(m, was_training);
+    dt_model_set_mode(m, mode);   /* cannot fail: m and mode are valid */
     if (r == DT_OK) {
         out->count = count;
         out->loss = loss_sum / (double)count;

@@ -501,8 +501,8 @@ static void train_step(dt_zoo_model z, int64_t batch) {
         CHECK_OK(dt_model_get_buffers(mg, hg, nb));
         CHECK_CLOSE(hg, hc, nb, TOL, "running statistics");
     }
-    dt_model_train(mc, 0);   /* eval mode: running statistics, no dropout */
-    dt_model_train(mg, 0);
+    dt_model_set_mode(mc, DT_MODE_EVAL);   /* eval mode: running statistics, no dropout */
+    dt_model_set_mode(mg, DT_MODE_EVAL);
     CHECK_OK(dt_model_forward(mc, x, batch));
     CHECK_OK(dt_model_forward(mg, x, batch));
     CHECK_OK(dt_model_output(mc, hc, batch * out));
