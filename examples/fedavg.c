@@ -174,7 +174,7 @@ static dt_result confusion(dt_model *m, const args *a, int64_t *conf) {
         n = a->data.test.count - s < 1000 ? a->data.test.count - s : 1000;
         for (i = 0; i < n; i++) ids[i] = s + i;
         if ((r = dt_dataset_batch(&a->data.test, ids, n, &a->data.te, 0, 0, x, y)) != DT_OK || (r = dt_model_forward(m, x, n)) != DT_OK ||
-            (r = dt_model_output(m, out, n * K)) != DT_OK) break;
+            (r = dt_model_get_output(m, out, n * K)) != DT_OK) break;
         for (i = 0; i < n; i++) {
             int64_t best = 0;
             for (j = 1; j < K; j++) if (out[i * K + j] > out[i * K + best]) best = j;

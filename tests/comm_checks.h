@@ -168,7 +168,7 @@ static cc_val cc_ref(dt_dtype t, dt_reduce_op op, dt_algo algo, int p, int root,
 /* What algo means for an all-reduce (native = 1) or a reduce (native = 0) on this communicator: the
    tests' own reading of the rule, which dt_comm_algo must agree with (cc_algo_query). */
 static dt_algo cc_resolve(const dt_comm *c, dt_algo a, int native) {
-    int has = native && dt_comm_get_backend(c)->allreduce != NULL;
+    int has = native && dt_comm_backend_table(c)->allreduce != NULL;
     if (a == DT_ALGO_AUTO) a = dt_comm_get_desc(c).algo;
     if (a == DT_ALGO_AUTO) a = has ? DT_ALGO_NATIVE : DT_ALGO_RING;
     if (a == DT_ALGO_NATIVE && !has) a = DT_ALGO_RING;

@@ -295,7 +295,7 @@ static void test_evaluate(void) {
     CHECK_OK(dt_dataset_batch(&ds, idx, NS, NULL, 0, 0, x, y));
     CHECK_OK(dt_model_forward(m, x, NS));
     CHECK_OK(dt_model_loss_cross_entropy(m, y, &loss));
-    CHECK_OK(dt_model_output(m, out, NS * 4));
+    CHECK_OK(dt_model_get_output(m, out, NS * 4));
     for (i = 0; i < NS; i++) {
         int above = 0;
         for (j = 0; j < 4; j++) above += out[i * 4 + j] > out[i * 4 + y[i]];

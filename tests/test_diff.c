@@ -673,7 +673,7 @@ static void run_step(const graph *G, dt_model *m, dt_optim *o, const state *S, c
     dt__fuse_off = 0;
     R->nlogits = G->batch * dt_model_node_size(m, dt_model_output_node(m));
     R->logits = (float *)xmalloc(4 * R->nlogits);
-    CHECK_OK(dt_model_output(m, R->logits, R->nlogits));
+    CHECK_OK(dt_model_get_output(m, R->logits, R->nlogits));
     r = dt_model_loss_labels(m, y, &R->loss);
     CHECK(r == DT_OK);
     {
@@ -722,7 +722,7 @@ static void run_step(const graph *G, dt_model *m, dt_optim *o, const state *S, c
         dt_model_set_mode(m, DT_MODE_EVAL);
         R->eval = (float *)xmalloc(4 * R->nlogits);
         CHECK_OK(dt_model_forward(m, x, G->batch));
-        CHECK_OK(dt_model_output(m, R->eval, R->nlogits));
+        CHECK_OK(dt_model_get_output(m, R->eval, R->nlogits));
         CHECK_OK(dt_model_set_mode(m, mode));
     }
 }

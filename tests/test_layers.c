@@ -48,7 +48,7 @@ static void compare_layer(dt_model *m, dt_t_fix *f, int64_t batch, const char **
     }
     y = (float *)malloc(sizeof(float) * (size_t)ycount);
     CHECK_OK(dt_model_forward(m, x, batch));
-    CHECK_OK(dt_model_output(m, y, ycount));
+    CHECK_OK(dt_model_get_output(m, y, ycount));
     snprintf(msg, sizeof msg, "%s: y", what);
     CHECK_CLOSE(y, yref, ycount, TOL, msg);
     dt_model_zero_grad(m);
@@ -169,7 +169,7 @@ static void test_maxpool_ties_nan(void) {
         CHECK_OK(dt_model_forward(m, x, 1));
         if (stride == 2) {
             CHECK(dt_model_node_size(m, node) == 4);
-            CHECK_OK(dt_model_output(m, y, 4));
+            CHECK_OK(dt_model_get_output(m, y, 4));
             CHECK(y[0] == 3 && y[1] != y[1] && y[2] == -1 && y[3] == 7);
             CHECK_OK(dt_model_backward(m, dy));
             memcpy(dx, dt_model_node_grad(m, 0), sizeof dx);
@@ -177,7 +177,7 @@ static void test_maxpool_ties_nan(void) {
         } else {   /* windows at columns 0, 2, 4, 6 of the stride-1 output are the same windows */
             float y1[7];
             CHECK(dt_model_node_size(m, node) == 7);
-            CHECK_OK(dt_model_output(m, y1, 7));
+            CHECK_OK(dt_model_get_output(m, y1, 7));
             CHECK(y1[0] == 3 && y1[2] != y1[2] && y1[4] == -1 && y1[6] == 7);
         }
         dt_model_destroy(m);
@@ -197,7 +197,7 @@ static void test_maxpool_ties_nan(void) {
         dt_maxpool2d(m, 0, 2, 2, 0);
         CHECK_OK(dt_model_finalize(m));
         CHECK_OK(dt_model_forward(m, xs, 1));
-        CHECK_OK(dt_model_output(m, ys, 2 * 35));
+        CHECK_OK(dt_model_get_output(m, ys, 2 * 35));
         CHECK_OK(dt_model_backward(m, dys));
         memcpy(dxs, dt_model_node_grad(m, 0), sizeof dxs);
         for (i = 0; i < 2 * 35; i++) {
@@ -356,7 +356,7 @@ static double objective(dt_model *m, const float *x, int64_t batch, int mode, co
     if (mode == GC_NLL) { CHECK_OK(dt_model_loss_nll(m, labels, &loss)); return loss; }
     if (mode == GC_MSE) { CHECK_OK(dt_model_loss_mse(m, target, &loss)); return loss; }
     y = (float *)malloc(sizeof(float) * (size_t)ycount);
-    CHECK_OK(dt_model_output(m, y, ycount));
+    CHECK_OK(dt_model_get_output(m, y, ycount));
     for (i = 0; i < ycount; i++) f += (double)y[i] * (double)r[i];
     free(y);
     return f;
@@ -518,7 +518,7 @@ static void test_dropout(void) {
     dt_t_fill(x, n, 0.5f, 1.5f);
     dt_t_fill(dy, n, -1, 1);
     CHECK_OK(dt_model_forward(m, x, 1));
-    CHECK_OK(dt_model_output(m, y, n));
+    CHECK_OK(dt_model_get_output(m, y, n));
     CHECK_OK(dt_model_backward(m, dy));
     for (i = 0; i < n; i++) {
         float mask = y[i] / x[i], dx = dt_model_node_grad(m, 0)[i];
@@ -528,15 +528,15 @@ static void test_dropout(void) {
     CHECK(bad == 0);
     CHECK(zeros > 0.28 * n && zeros < 0.32 * n);
     CHECK_OK(dt_model_forward(m2, x, 1));                 /* same seed, same step: same mask */
-    CHECK_OK(dt_model_output(m2, y2, n));
+    CHECK_OK(dt_model_get_output(m2, y2, n));
     CHECK(memcmp(y, y2, sizeof(float) * n) == 0);
     CHECK_OK(dt_model_forward(m, x, 1));                  /* next step: another mask */
-    CHECK_OK(dt_model_output(m, y2, n));
+    CHECK_OK(dt_model_get_output(m, y2, n));
     for (i = 0; i < n; i++) diff += (y[i] == 0.0f) != (y2[i] == 0.0f);
     CHECK(diff > n / 10);
     dt_model_set_mode(m, DT_MODE_EVAL);
     CHECK_OK(dt_model_forward(m, x, 1));
-    CHECK_OK(dt_model_output(m, y2, n));
+    CHECK_OK(dt_model_get_output(m, y2, n));
     CHECK(memcmp(x, y2, sizeof(float) * n) == 0);
     free(x); free(y); free(y2); free(dy);
     dt_model_destroy(m);

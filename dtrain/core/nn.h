@@ -135,7 +135,7 @@ void dt_model_zero_grad(dt_model *m);
 typedef void (*dt_backward_hook)(void *user, dt_model *m, int node);
 void dt_model_set_backward_hook(dt_model *m, dt_backward_hook fn, void *user);
 /* Copies the output of the last forward ([batch, out...]) to host memory; count = batch * output size. */
-dt_result dt_model_output(dt_model *m, float *host, int64_t count);
+dt_result dt_model_get_output(dt_model *m, float *host, int64_t count);
 /* Number of correctly classified samples of the last forward (argmax of the output vs labels). */
 dt_result dt_model_count_correct(dt_model *m, const int32_t *labels, int64_t *correct);
 
@@ -1204,18 +1204,18 @@ void dt_model_zero_grad(dt_model *m) {
     (void)dt__sync(m, "dt_model_zero_grad");   /* a failure stays with the backend: the next call returns it */
 }
 
-dt_result dt_model_output(dt_model *m, float *host, int64_t count) {
+dt_result dt_model_get_output(dt_model *m, float *host, int64_t count) {
     dt_result r;
     int64_t want;
-    if ((r = dt__need_final(m, "dt_model_output")) != DT_OK) return r;
-    if (!m->batch) return dt_set_error(DT_ERR_STATE, "dt_model_output: no forward pass yet");
-    if (!host) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_output: host buffer is NULL");
+    if ((r = dt__need_final(m, "dt_model_get_output")) != DT_OK) return r;
+    if (!m->batch) return dt_set_error(DT_ERR_STATE, "dt_model_get_output: no forward pass yet");
+    if (!host) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_get_output: host buffer is NULL");
     want = m->batch * m->nodes[m->nnodes - 1].size;
     if (count != want)
-        return dt_set_error(DT_ERR_SHAPE, "dt_model_output: count is %lld but the output has %lld elements (batch %lld x %lld)",
+        return dt_set_error(DT_ERR_SHAPE, "dt_model_get_output: count is %lld but the output has %lld elements (batch %lld x %lld)",
                             (long long)count, (long long)want, (long long)m->batch, (long long)m->nodes[m->nnodes - 1].size);
     m->ops->download(m->ctx, host, m->nodes[m->nnodes - 1].out, (int64_t)sizeof(float) * want);
-    return dt__sync(m, "dt_model_output");
+    return dt__sync(m, "dt_model_get_output");
 }
 
 dt_result dt_model_count_correct(dt_model *m, const int32_t *labels, int64_t *correct) {
