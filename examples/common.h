@@ -269,10 +269,13 @@ static inline dt_result load_data(const char *dataset, const char *data, long si
         tt->flip = 1;
     } else if (!strcmp(dataset, "folder")) {
         const float frac[2] = {0.9f, 0.1f};
+        dt_partition_desc pd;
         if (!data) return dt_set_error(DT_ERR_INVALID_ARG, "--dataset folder needs --data ROOT (ROOT/<class>/<image>)");
         if ((r = dt_dataset_load_image_folder(train, data, size, size, 3)) != DT_OK) return r;
         /* one folder: a seeded 90/10 split; the test set shares the training set's pixels */
-        if ((r = dt_partition_fractions(split, train->count, frac, 2, (uint64_t)seed)) != DT_OK) return r;
+        memset(&pd, 0, sizeof pd);
+        pd.kind = DT_PARTITION_FRACTIONS; pd.count = train->count; pd.parts = 2; pd.fractions = frac; pd.seed = (uint64_t)seed;
+        if ((r = dt_partition_create(split, &pd)) != DT_OK) return r;
         if (split->offsets[1] == 0 || split->offsets[2] == split->offsets[1])   /* found now, not at the first evaluation */
             return dt_set_error(DT_ERR_INVALID_ARG, "%s holds %lld images: too few for a 90/10 split into training and test "
                                 "images (each needs one); give a folder of at least 10 images", data, (long long)train->count);
@@ -392,6 +395,15 @@ static inline int ex_load(ex_data *d) {
     if ((rc = ex_pad(d)) != 0) { ex_free(d); return rc; }
     d->ntrain = d->limit && d->limit < d->train.count ? d->limit : d->train.count;   /* --limit: the first N samples */
     return 0;
+}
+
+/* The sampler of the training examples: rank's share of the d->ntrain training samples, reshuffled each epoch
+   (set .epoch), as PyTorch's DistributedSampler with shuffle and without drop_last. */
+static inline dt_sampler_desc ex_sampler(const ex_data *d, int rank, int world) {
+    dt_sampler_desc s;
+    memset(&s, 0, sizeof s);
+    s.count = d->ntrain; s.rank = rank; s.world = world; s.seed = (uint64_t)d->seed; s.shuffle = 1;
+    return s;
 }
 
 /* Creates the zoo model `name` for d's images and classes; its weights come from --seed, and stream (e.g.

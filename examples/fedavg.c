@@ -203,6 +203,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_model *m = NULL;
     dt_fed *f = NULL;
     dt_partition part;
+    dt_partition_desc pd;
     dt_fed_desc fd;
     dt_checkpoint_meta meta;   /* the rounds done (round and step) */
     FILE *csv = NULL;
@@ -212,11 +213,11 @@ static dt_result rank_main(dt_comm *c, void *arg) {
 
     memset(&part, 0, sizeof part);
     TRY(ex_model_create(&m, a->model, &a->data, 0));
-    if (!strcmp(a->partition, "iid")) TRY(dt_partition_iid(&part, ntrain, (int)a->clients, (uint64_t)a->data.seed));
-    else if (!strcmp(a->partition, "shards")) TRY(dt_partition_shards(&part, a->data.train.labels, ntrain, (int)a->clients, 2, (uint64_t)a->data.seed));
-    else if (!strcmp(a->partition, "dirichlet"))
-        TRY(dt_partition_dirichlet(&part, a->data.train.labels, ntrain, a->data.train.num_classes, (int)a->clients, (float)a->alpha, (uint64_t)a->data.seed));
-    else { r = dt_set_error(DT_ERR_INVALID_ARG, "unknown --partition '%s': use iid, shards or dirichlet", a->partition); goto done; }
+    memset(&pd, 0, sizeof pd);   /* client k's samples: part k, the same split on every rank */
+    pd.count = ntrain; pd.parts = (int)a->clients; pd.seed = (uint64_t)a->data.seed; pd.labels = a->data.train.labels;
+    TRY(dt_partition_kind_parse(a->partition, &pd.kind));   /* iid, shards (2 per client) or dirichlet */
+    if (pd.kind == DT_PARTITION_DIRICHLET) { pd.num_classes = a->data.train.num_classes; pd.alpha = (float)a->alpha; }
+    TRY(dt_partition_create(&part, &pd));
     if (!strcmp(a->attack, "labelflip")) beh = DT_FED_LABELFLIP;
     else if (!strcmp(a->attack, "signflip")) beh = DT_FED_SIGNFLIP;
     else if (!strcmp(a->attack, "noise")) beh = DT_FED_NOISE;

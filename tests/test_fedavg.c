@@ -40,6 +40,14 @@ static dt_result make_model_bn(dt_model **m, int bn) {
 }
 static dt_result make_model(dt_model **m) { return make_model_bn(m, 0); }
 
+/* An IID partition of count samples into parts. */
+static dt_result iid(dt_partition *p, int64_t count, int parts, uint64_t seed) {
+    dt_partition_desc d;
+    memset(&d, 0, sizeof d);
+    d.count = count; d.parts = parts; d.seed = seed;
+    return dt_partition_create(p, &d);
+}
+
 /* 5 clients, 2 coordinates, client 4 the outlier. */
 static const float U[5][2] = {{1, 1}, {2, 2}, {3, 3}, {4, 4}, {100, -100}};
 static const float *UP[5] = {U[0], U[1], U[2], U[3], U[4]};
@@ -176,7 +184,7 @@ static void test_one_client_equals_plain(void) {
     const int32_t *y;
     int64_t nb, n;
     float loss, *a, *b;
-    CHECK_OK(dt_partition_iid(&part, NS, 1, 9));
+    CHECK_OK(iid(&part, NS, 1, 9));
     CHECK_OK(make_model(&m));
     n = dt_model_param_count(m);
     a = (float *)malloc(sizeof(float) * (size_t)n);
@@ -259,7 +267,7 @@ static void test_zero_is_zero(void) {
     int noise = DT_FED_NOISE, k;
     int64_t n;
     float *w0, *a, *b;
-    CHECK_OK(dt_partition_iid(&part, NS, 3, 9));
+    CHECK_OK(iid(&part, NS, 3, 9));
     CHECK_OK(make_model(&m));
     n = dt_model_param_count(m);
     w0 = (float *)malloc(sizeof(float) * (size_t)n); a = (float *)malloc(sizeof(float) * (size_t)n);
@@ -334,7 +342,7 @@ static dt_result run_rank(dt_comm *c, void *arg) {
     dt_result r;
     int64_t t;
     memset(&part, 0, sizeof part);
-    if ((r = make_model(&m)) != DT_OK || (r = dt_partition_iid(&part, NS, ra->clients, 1)) != DT_OK) goto done;
+    if ((r = make_model(&m)) != DT_OK || (r = iid(&part, NS, ra->clients, 1)) != DT_OK) goto done;
     memset(&fd, 0, sizeof fd);
     fd.clients = ra->clients; fd.frac = ra->frac; fd.dropout_prob = ra->dropout; fd.batch = 4; fd.optim.lr = 0.05f;
     fd.data = &DS; fd.part = &part; fd.seed = 2;
@@ -383,7 +391,7 @@ static dt_result bn_rank(dt_comm *c, void *arg) {
     dt_result r;
     int64_t t;
     memset(&part, 0, sizeof part);
-    if ((r = make_model_bn(&m, 1)) != DT_OK || (r = dt_partition_iid(&part, NS, 5, 1)) != DT_OK) goto done;
+    if ((r = make_model_bn(&m, 1)) != DT_OK || (r = iid(&part, NS, 5, 1)) != DT_OK) goto done;
     fd = fed_desc(&part, 5);
     fd.batch = 8;                              /* 40 samples a client: no batch of 1, which batch norm refuses */
     fd.agg = ba->agg; fd.agg_desc.f = DT_DEFAULT;

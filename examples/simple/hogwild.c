@@ -43,12 +43,14 @@ done:
 
 int main(void) {
     dt_model *shared = NULL; dt_model_desc md = {0};
+    dt_partition_desc pd = {0};                                /* zero = an IID split */
     dt_eval_result ev;
     dt_result r;
     md.seed = 1;
     TRY(dt_dataset_load_mnist_dir(&train, NULL, 1));           /* NULL: Debian's /usr/share/datasets/fashion-mnist */
     TRY(dt_dataset_load_mnist_dir(&test, NULL, 0));
-    TRY(dt_partition_iid(&part, SAMPLES, THREADS, 1));
+    pd.count = SAMPLES; pd.parts = THREADS; pd.seed = 1;
+    TRY(dt_partition_create(&part, &pd));
     TRY(dt_zoo_create(&shared, DT_ZOO_SIMPLE_CNN, 10, &md));   /* the one model every thread updates */
     for (int t = 0; t < THREADS; t++) TRY(dt_zoo_create(&replica[t], DT_ZOO_SIMPLE_CNN, 10, &md));
     for (int epoch = 0; epoch < EPOCHS; epoch++) {
