@@ -423,6 +423,14 @@ static inline dt_result ex_model_create(dt_model **m, const char *name, const ex
                         (long long)d->train.h, (long long)d->train.w, why);
 }
 
+/* m's loss and top-1 / top-k accuracy on d's test set, with the test transform (dt_evaluate's batch of 1000). */
+static inline dt_result ex_test(dt_model *m, const ex_data *d, int topk, dt_eval_result *ev) {
+    dt_eval_desc e;
+    memset(&e, 0, sizeof e);
+    e.dataset = &d->test; e.transform = &d->te; e.topk = topk;
+    return dt_evaluate(m, &e, ev);
+}
+
 /* The end of an epoch, on every rank (collective): sums (loss x samples, samples) are summed over the
    ranks, *mb (the MB this rank sent) becomes the busiest rank's, and rank 0 evaluates m on the test set
    (top-1 and top-k accuracy into *ev). */
@@ -431,7 +439,7 @@ static inline dt_result ex_epoch_end(dt_comm *c, double sums[2], double *mb, dt_
     dt_result r;
     if ((r = dt_comm_allreduce(c, sums, 2, DT_F64, DT_SUM, DT_ALGO_AUTO)) != DT_OK) return r;
     if ((r = dt_comm_allreduce(c, mb, 1, DT_F64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
-    return dt_comm_rank(c) == 0 ? dt_evaluate(m, &d->test, NULL, 0, &d->te, 1000, topk, ev) : DT_OK;
+    return dt_comm_rank(c) == 0 ? ex_test(m, d, topk, ev) : DT_OK;
 }
 
 /* After an epoch's report, before its checkpoint: a run whose mean training loss or test loss (ev, rank 0's) is

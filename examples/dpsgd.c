@@ -230,7 +230,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     /* the end: every replica becomes the average, which is the trained model */
     TRY(dt_dpsgd_average(d, NULL));
     if (me == 0) {
-        TRY(dt_evaluate(m, &a->data.test, NULL, 0, &a->data.te, 1000, 1, &ev));
+        TRY(ex_test(m, &a->data, 1, &ev));
         printf("average of the %d replicas: test loss %.4f  test acc %.2f%%\n", p, ev.loss, 100.0 * ev.top1);
     }
 done:

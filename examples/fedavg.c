@@ -168,12 +168,16 @@ static dt_result confusion(dt_model *m, const args *a, int64_t *conf) {
     float *out = (float *)malloc(sizeof(float) * 1000 * (size_t)K);
     dt_result r = x && out ? DT_OK : dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
     dt_mode mode = dt_model_mode(m);
+    dt_batch_desc b;
+    memset(&b, 0, sizeof b);
+    b.indices = ids; b.transform = &a->data.te;
     memset(conf, 0, sizeof(int64_t) * (size_t)(K * K));
     dt_model_set_mode(m, DT_MODE_EVAL);
     for (s = 0; r == DT_OK && s < a->data.test.count; s += n) {
         n = a->data.test.count - s < 1000 ? a->data.test.count - s : 1000;
         for (i = 0; i < n; i++) ids[i] = s + i;
-        if ((r = dt_dataset_batch(&a->data.test, ids, n, &a->data.te, 0, 0, x, y)) != DT_OK || (r = dt_model_forward(m, x, n)) != DT_OK ||
+        b.count = n;
+        if ((r = dt_dataset_batch(&a->data.test, &b, x, y)) != DT_OK || (r = dt_model_forward(m, x, n)) != DT_OK ||
             (r = dt_model_get_output(m, out, n * K)) != DT_OK) break;
         for (i = 0; i < n; i++) {
             int64_t best = 0;
@@ -259,7 +263,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         TRY(dt_fed_round(f, t, &info));
         secs = dt_time_now() - t0;
         if (me == 0) {   /* the server's model: evaluated, logged and written to the CSV */
-            TRY(dt_evaluate(m, &a->data.test, NULL, 0, &a->data.te, 1000, 1, &ev));
+            TRY(ex_test(m, &a->data, 1, &ev));
             if (a->class_acc >= 0) {
                 TRY(confusion(m, a, conf));
                 cacc = conf_rate(conf, K, a->class_acc, a->class_acc);

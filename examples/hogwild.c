@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
         dt_progress_end(&a.bar);
         secs = dt_time_now() - t0;
         for (i = 0; i < a.threads; i++) { loss += a.sums[i][0]; seen += a.sums[i][1]; }
-        TRY(dt_evaluate(shared, &a.data.test, NULL, 0, &a.data.te, 1000, 5, &ev));
+        TRY(ex_test(shared, &a.data, 5, &ev));
         v[0] = secs; v[1] = loss / seen; v[2] = ev.loss; v[3] = ev.top1; v[4] = ev.topk; v[5] = seen / secs;
         ex_report(csv, a.epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS));
     }

@@ -387,10 +387,13 @@ static dt_result bn_rank(dt_comm *c, void *arg) {
     dt_fed *f = NULL;
     dt_partition part;
     dt_fed_desc fd;
+    dt_eval_desc ed;
     dt_eval_result ev;
     dt_result r;
     int64_t t;
     memset(&part, 0, sizeof part);
+    memset(&ed, 0, sizeof ed);
+    ed.dataset = &DS; ed.batch = 64;
     if ((r = make_model_bn(&m, 1)) != DT_OK || (r = iid(&part, NS, 5, 1)) != DT_OK) goto done;
     fd = fed_desc(&part, 5);
     fd.batch = 8;                              /* 40 samples a client: no batch of 1, which batch norm refuses */
@@ -402,7 +405,7 @@ static dt_result bn_rank(dt_comm *c, void *arg) {
         dt_model_buffers(m, &ba->nb);
         if (ba->n > BN_MAX || ba->nb > BN_MAX) { r = dt_set_error(DT_ERR_STATE, "raise BN_MAX"); goto done; }
         if ((r = dt_model_get_params(m, ba->params, ba->n)) != DT_OK || (r = dt_model_get_buffers(m, ba->bufs, ba->nb)) != DT_OK ||
-            (r = dt_evaluate(m, &DS, NULL, 0, NULL, 64, 1, &ev)) != DT_OK) goto done;
+            (r = dt_evaluate(m, &ed, &ev)) != DT_OK) goto done;
         ba->acc = ev.top1; ba->loss = ev.loss;
     }
 done:

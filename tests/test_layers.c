@@ -580,7 +580,10 @@ static void test_relu_keeps_nan(void) {
             memset(&ds, 0, sizeof ds);
             memset(pix, 100, sizeof pix);
             ds.count = 2; ds.c = 3; ds.h = 32; ds.w = 32; ds.num_classes = 10; ds.pixels = pix; ds.labels = labels;
-            CHECK_OK(dt_evaluate(m, &ds, NULL, 0, NULL, 2, 5, &ev));
+            dt_eval_desc ed;
+            memset(&ed, 0, sizeof ed);
+            ed.dataset = &ds; ed.batch = 2; ed.topk = 5;
+            CHECK_OK(dt_evaluate(m, &ed, &ev));
             CHECK(isnan(ev.loss) && ev.top1 == 0.0 && ev.topk == 0.0);
         }
         dt_model_destroy(m);
