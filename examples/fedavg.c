@@ -236,7 +236,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     ex_recipe_optim(&a->recipe, &fd.optim);
     ex_recipe_sched(&a->recipe, a->rounds, &fd.sched);   /* stepped once per round */
     fd.prox_mu = (float)a->prox_mu; fd.dropout_prob = (float)a->dropout_prob;
-    fd.agg = a->agg; fd.agg_desc.trim = (float)a->trim; fd.agg_desc.f = (int)a->krum_f;
+    fd.agg.kind = a->agg; fd.agg.trim = (float)a->trim; fd.agg.f = (int)a->krum_f;
     fd.data = &a->data.train; fd.part = &part; fd.transform = &a->data.tt; fd.behaviour = behaviour;
     memcpy(fd.flip, a->flip, sizeof fd.flip); fd.flip_set = a->flip_set;
     fd.noise_std = (float)a->noise_std; fd.seed = (uint64_t)a->data.seed;
