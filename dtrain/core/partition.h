@@ -123,7 +123,7 @@ extern "C" {
 /* RNG streams of the partitioners and the sampler: fixed, so that every rank draws the same numbers. */
 #define DT__STREAM_PARTITION 0x7061727469ULL
 #define DT__STREAM_SAMPLER   0x73616d706cULL
-/* Draws of dt_partition_dirichlet before it moves samples into parts left empty. */
+/* Draws of the Dirichlet partitioner before it moves samples into parts left empty. */
 #define DT__DIRICHLET_TRIES 100
 
 /* Uniform double in the open interval (0, 1), 52 random bits: never 0, so its logarithm is finite. */
