@@ -113,7 +113,7 @@
      returned by dt_model_params() and friends stay valid until dt_model_destroy. Nothing is freed by a
      function that did not allocate it. The same holds for every object: dt_X_create allocates and
      dt_X_destroy frees (optim, loader, comm, ddp, dpsgd, localsgd, fed; destroy accepts NULL); dataset
-     loaders fill a dt_dataset that dt_dataset_free empties, partitioners a dt_partition for
+     loaders fill a dt_dataset that dt_dataset_free empties, dt_partition_create a dt_partition for
      dt_partition_free, dt_topology_create a dt_topology for dt_topology_free (dt_topology_one_peer_exp a
      dt_topology_schedule for dt_topology_schedule_free). Pointers in a *_desc are
      borrowed (they must outlive the object) or copied at create, as each field's comment says. In a *_desc

@@ -562,7 +562,7 @@ static const dt_comm_backend dt__mpi_backend = {
     dt__mpi_alltoall};
 
 MPI_Comm dt_comm_mpi_handle(const dt_comm *c) {
-    return dt_comm_get_backend(c) == &dt__mpi_backend && dt_comm_impl(c) ? dt__mpi_of(c)->comm : MPI_COMM_NULL;
+    return dt_comm_backend_table(c) == &dt__mpi_backend && dt_comm_impl(c) ? dt__mpi_of(c)->comm : MPI_COMM_NULL;
 }
 
 /* The part of create that may fail after the duplicate exists: this rank, the world, the largest tag, the

@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
     dt_rng_init(&rng, 0, 1);
     for (i = 0; i < batch * in_size; i++) x[i] = dt_rng_normal(&rng);
     for (i = 0; i < batch; i++) y[i] = (int32_t)dt_rng_below(&rng, 10);
-    dt_model_train(m, 1);
+    dt_model_set_mode(m, DT_MODE_TRAIN);
     for (w = -1; w < windows; w++) {
         t0 = dt_time_now();
         for (s = 0; s < (w < 0 ? warmup : iters); s++) {

@@ -269,10 +269,13 @@ static inline dt_result load_data(const char *dataset, const char *data, long si
         tt->flip = 1;
     } else if (!strcmp(dataset, "folder")) {
         const float frac[2] = {0.9f, 0.1f};
+        dt_partition_desc pd;
         if (!data) return dt_set_error(DT_ERR_INVALID_ARG, "--dataset folder needs --data ROOT (ROOT/<class>/<image>)");
         if ((r = dt_dataset_load_image_folder(train, data, size, size, 3)) != DT_OK) return r;
         /* one folder: a seeded 90/10 split; the test set shares the training set's pixels */
-        if ((r = dt_partition_fractions(split, train->count, frac, 2, (uint64_t)seed)) != DT_OK) return r;
+        memset(&pd, 0, sizeof pd);
+        pd.kind = DT_PARTITION_FRACTIONS; pd.count = train->count; pd.parts = 2; pd.fractions = frac; pd.seed = (uint64_t)seed;
+        if ((r = dt_partition_create(split, &pd)) != DT_OK) return r;
         if (split->offsets[1] == 0 || split->offsets[2] == split->offsets[1])   /* found now, not at the first evaluation */
             return dt_set_error(DT_ERR_INVALID_ARG, "%s holds %lld images: too few for a 90/10 split into training and test "
                                 "images (each needs one); give a folder of at least 10 images", data, (long long)train->count);
@@ -379,6 +382,15 @@ static inline int ex_load(ex_data *d) {
     return 0;
 }
 
+/* The sampler of the training examples: rank's share of the d->ntrain training samples, reshuffled each epoch
+   (set .epoch), as PyTorch's DistributedSampler with shuffle and without drop_last. */
+static inline dt_sampler_desc ex_sampler(const ex_data *d, int rank, int world) {
+    dt_sampler_desc s;
+    memset(&s, 0, sizeof s);
+    s.count = d->ntrain; s.rank = rank; s.world = world; s.seed = (uint64_t)d->seed; s.shuffle = 1;
+    return s;
+}
+
 /* Creates the zoo model `name` for d's images and classes; its weights come from --seed, and stream (e.g.
    the rank) picks its random stream. A model that needs larger images (VGG-11 on 28x28) is refused naming
    --pad-to. */
@@ -396,6 +408,14 @@ static inline dt_result ex_model_create(dt_model **m, const char *name, const ex
                         (long long)d->train.h, (long long)d->train.w, why);
 }
 
+/* m's loss and top-1 / top-k accuracy on d's test set, with the test transform (dt_evaluate's batch of 1000). */
+static inline dt_result ex_test(dt_model *m, const ex_data *d, int topk, dt_eval_result *ev) {
+    dt_eval_desc e;
+    memset(&e, 0, sizeof e);
+    e.dataset = &d->test; e.transform = &d->te; e.topk = topk;
+    return dt_evaluate(m, &e, ev);
+}
+
 /* The end of an epoch, on every rank (collective): sums (loss x samples, samples) are summed over the
    ranks, *mb (the MB this rank sent) becomes the busiest rank's, and rank 0 evaluates m on the test set
    (top-1 and top-k accuracy into *ev). */
@@ -404,7 +424,7 @@ static inline dt_result ex_epoch_end(dt_comm *c, double sums[2], double *mb, dt_
     dt_result r;
     if ((r = dt_comm_allreduce(c, sums, 2, DT_F64, DT_SUM, DT_ALGO_AUTO)) != DT_OK) return r;
     if ((r = dt_comm_allreduce(c, mb, 1, DT_F64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
-    return dt_comm_rank(c) == 0 ? dt_evaluate(m, &d->test, NULL, 0, &d->te, 1000, topk, ev) : DT_OK;
+    return dt_comm_rank(c) == 0 ? ex_test(m, d, topk, ev) : DT_OK;
 }
 
 /* After an epoch's report, before its checkpoint: a run whose mean training loss or test loss (ev, rank 0's) is

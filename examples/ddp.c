@@ -118,7 +118,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     args *a = (args *)arg;
     int me = dt_comm_rank(c), p = dt_comm_size(c), tty = me == 0 && isatty(fileno(stderr));
     int64_t per_rank = a->batch / p, micro = per_rank / a->accum;
-    int64_t nshare = dt_sampler_size(a->data.ntrain, p, 0), *ids = NULL, epoch;
+    dt_sampler_desc share = ex_sampler(&a->data, me, p);   /* this rank's share of each epoch */
+    int64_t nshare = dt_sampler_size(&share), *ids = NULL, epoch;
     dt_model *m = NULL;
     dt_optim *o = NULL;
     dt_ddp *d = NULL;
@@ -146,7 +147,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     TRY(dt_optim_create(&o, m, &od));
     TRY(dt_ddp_create(&d, c, m, &a->ddp));      /* rank 0's initial weights everywhere */
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "rank %d: no memory", me); goto done; }
-    TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, 0, 1, 0, ids, &nshare));
+    TRY(dt_sampler_indices(&share, ids, &nshare));
     memset(&ld, 0, sizeof ld);
     ld.dataset = &a->data.train; ld.indices = ids; ld.count = nshare; ld.batch = micro;
     ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
@@ -196,8 +197,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         TRY(dt_optim_set_lr(o, dt_sched_lr(&sd, epoch)));
-        dt_model_train(m, 1);
-        TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's share */
+        dt_model_set_mode(m, DT_MODE_TRAIN);
+        share.epoch = epoch;
+        TRY(dt_sampler_indices(&share, ids, &nshare));   /* this epoch's share */
         TRY(dt_loader_set_indices(loader, ids, nshare));
         TRY(dt_loader_seek(loader, epoch, meta.batch));   /* batch 0, or where a resumed epoch stopped */
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);

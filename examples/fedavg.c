@@ -167,21 +167,25 @@ static dt_result confusion(dt_model *m, const args *a, int64_t *conf) {
     float *x = (float *)malloc(sizeof(float) * 1000 * (size_t)(a->data.test.c * a->data.test.h * a->data.test.w));
     float *out = (float *)malloc(sizeof(float) * 1000 * (size_t)K);
     dt_result r = x && out ? DT_OK : dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
-    int training = dt_model_is_training(m);
+    dt_mode mode = dt_model_mode(m);
+    dt_batch_desc b;
+    memset(&b, 0, sizeof b);
+    b.indices = ids; b.transform = &a->data.te;
     memset(conf, 0, sizeof(int64_t) * (size_t)(K * K));
-    dt_model_train(m, 0);
+    dt_model_set_mode(m, DT_MODE_EVAL);
     for (s = 0; r == DT_OK && s < a->data.test.count; s += n) {
         n = a->data.test.count - s < 1000 ? a->data.test.count - s : 1000;
         for (i = 0; i < n; i++) ids[i] = s + i;
-        if ((r = dt_dataset_batch(&a->data.test, ids, n, &a->data.te, 0, 0, x, y)) != DT_OK || (r = dt_model_forward(m, x, n)) != DT_OK ||
-            (r = dt_model_output(m, out, n * K)) != DT_OK) break;
+        b.count = n;
+        if ((r = dt_dataset_batch(&a->data.test, &b, x, y)) != DT_OK || (r = dt_model_forward(m, x, n)) != DT_OK ||
+            (r = dt_model_get_output(m, out, n * K)) != DT_OK) break;
         for (i = 0; i < n; i++) {
             int64_t best = 0;
             for (j = 1; j < K; j++) if (out[i * K + j] > out[i * K + best]) best = j;
             conf[y[i] * K + best]++;
         }
     }
-    dt_model_train(m, training);
+    dt_model_set_mode(m, mode);
     free(x);
     free(out);
     return r;
@@ -203,6 +207,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     dt_model *m = NULL;
     dt_fed *f = NULL;
     dt_partition part;
+    dt_partition_desc pd;
     dt_fed_desc fd;
     dt_checkpoint_meta meta;   /* the rounds done (round and step) */
     FILE *csv = NULL;
@@ -212,11 +217,11 @@ static dt_result rank_main(dt_comm *c, void *arg) {
 
     memset(&part, 0, sizeof part);
     TRY(ex_model_create(&m, a->model, &a->data, 0));
-    if (!strcmp(a->partition, "iid")) TRY(dt_partition_iid(&part, ntrain, (int)a->clients, (uint64_t)a->data.seed));
-    else if (!strcmp(a->partition, "shards")) TRY(dt_partition_shards(&part, a->data.train.labels, ntrain, (int)a->clients, 2, (uint64_t)a->data.seed));
-    else if (!strcmp(a->partition, "dirichlet"))
-        TRY(dt_partition_dirichlet(&part, a->data.train.labels, ntrain, a->data.train.num_classes, (int)a->clients, (float)a->alpha, (uint64_t)a->data.seed));
-    else { r = dt_set_error(DT_ERR_INVALID_ARG, "unknown --partition '%s': use iid, shards or dirichlet", a->partition); goto done; }
+    memset(&pd, 0, sizeof pd);   /* client k's samples: part k, the same split on every rank */
+    pd.count = ntrain; pd.parts = (int)a->clients; pd.seed = (uint64_t)a->data.seed; pd.labels = a->data.train.labels;
+    TRY(dt_partition_kind_parse(a->partition, &pd.kind));   /* iid, shards (2 per client) or dirichlet */
+    if (pd.kind == DT_PARTITION_DIRICHLET) { pd.num_classes = a->data.train.num_classes; pd.alpha = (float)a->alpha; }
+    TRY(dt_partition_create(&part, &pd));
     if (!strcmp(a->attack, "labelflip")) beh = DT_FED_LABELFLIP;
     else if (!strcmp(a->attack, "signflip")) beh = DT_FED_SIGNFLIP;
     else if (!strcmp(a->attack, "noise")) beh = DT_FED_NOISE;
@@ -231,7 +236,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     ex_recipe_optim(&a->recipe, &fd.optim);
     ex_recipe_sched(&a->recipe, a->rounds, &fd.sched);   /* stepped once per round */
     fd.prox_mu = (float)a->prox_mu; fd.dropout_prob = (float)a->dropout_prob;
-    fd.agg = a->agg; fd.agg_desc.trim = (float)a->trim; fd.agg_desc.f = (int)a->krum_f;
+    fd.agg.kind = a->agg; fd.agg.trim = (float)a->trim; fd.agg.f = (int)a->krum_f;
     fd.data = &a->data.train; fd.part = &part; fd.transform = &a->data.tt; fd.behaviour = behaviour;
     memcpy(fd.flip, a->flip, sizeof fd.flip); fd.flip_set = a->flip_set;
     fd.noise_std = (float)a->noise_std; fd.seed = (uint64_t)a->data.seed;
@@ -258,7 +263,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         TRY(dt_fed_round(f, t, &info));
         secs = dt_time_now() - t0;
         if (me == 0) {   /* the server's model: evaluated, logged and written to the CSV */
-            TRY(dt_evaluate(m, &a->data.test, NULL, 0, &a->data.te, 1000, 1, &ev));
+            TRY(ex_test(m, &a->data, 1, &ev));
             if (a->class_acc >= 0) {
                 TRY(confusion(m, a, conf));
                 cacc = conf_rate(conf, K, a->class_acc, a->class_acc);

@@ -86,7 +86,8 @@ static const ex_col COLS[] = {EX_COL_TIME, EX_COL_TRAIN_LOSS, EX_COL_TEST_LOSS, 
 static dt_result worker(dt_hogwild_worker *w, void *arg) {
     args *a = (args *)arg;
     dt_model *rep = a->replica[w->index];
-    int64_t nshare = dt_sampler_size(a->data.ntrain, w->threads, 0), *ids, n = 0, b = 0;
+    dt_sampler_desc shard = ex_sampler(&a->data, w->index, w->threads);   /* this worker's shard of the epoch */
+    int64_t nshare = dt_sampler_size(&shard), *ids, n = 0, b = 0;
     dt_loader *loader = NULL;
     dt_loader_desc ld;
     const float *x = NULL;
@@ -95,7 +96,8 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {
     dt_result r = DT_OK;
     dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory");
-    TRY(dt_sampler_indices(a->data.ntrain, w->index, w->threads, (uint64_t)a->data.seed, a->epoch, 1, 0, ids, &nshare));
+    shard.epoch = a->epoch;
+    TRY(dt_sampler_indices(&shard, ids, &nshare));
     memset(&ld, 0, sizeof ld);
     ld.dataset = &a->data.train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
     ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)w->index;
@@ -142,17 +144,18 @@ int main(int argc, char **argv) {
     fflush(stdout);
     for (a.epoch = 0; a.epoch < a.epochs; a.epoch++) {
         double t0 = dt_time_now(), loss = 0.0, seen = 0.0, secs, v[EX_COUNT(COLS)];
-        int64_t nb = (dt_sampler_size(a.data.ntrain, (int)a.threads, 0) + a.batch - 1) / a.batch;
+        dt_sampler_desc shard = ex_sampler(&a.data, 0, (int)a.threads);
+        int64_t nb = (dt_sampler_size(&shard) + a.batch - 1) / a.batch;
         dt_eval_result ev;
         memset(a.sums, 0, sizeof a.sums);
         a.lr = dt_sched_lr(&sd, a.epoch);
-        for (i = 0; i < a.threads; i++) dt_model_train(a.replica[i], 1);
+        for (i = 0; i < a.threads; i++) dt_model_set_mode(a.replica[i], DT_MODE_TRAIN);
         dt_progress_begin(&a.bar, stderr, nb, tty);
         TRY(dt_hogwild_run(shared, (int)a.threads, worker, &a));
         dt_progress_end(&a.bar);
         secs = dt_time_now() - t0;
         for (i = 0; i < a.threads; i++) { loss += a.sums[i][0]; seen += a.sums[i][1]; }
-        TRY(dt_evaluate(shared, &a.data.test, NULL, 0, &a.data.te, 1000, 5, &ev));
+        TRY(ex_test(shared, &a.data, 5, &ev));
         v[0] = secs; v[1] = loss / seen; v[2] = ev.loss; v[3] = ev.top1; v[4] = ev.topk; v[5] = seen / secs;
         ex_report(csv, a.epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS));
     }

@@ -84,7 +84,8 @@ static const ex_col COLS[] = {EX_COL_TIME, EX_COL_TRAIN_LOSS, EX_COL_TEST_LOSS, 
 static dt_result rank_main(dt_comm *c, void *arg) {
     args *a = (args *)arg;
     int me = dt_comm_rank(c), p = dt_comm_size(c), tty = me == 0 && isatty(fileno(stderr));
-    int64_t nshare = dt_sampler_size(a->data.ntrain, p, 0), *ids = NULL, epoch;
+    dt_sampler_desc shard = ex_sampler(&a->data, me, p);   /* this rank's shard of each epoch */
+    int64_t nshare = dt_sampler_size(&shard), *ids = NULL, epoch;
     dt_model *m = NULL;
     dt_optim *o = NULL;
     dt_localsgd *d = NULL;
@@ -108,7 +109,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     sd.sync_buffers = 1;                          /* BatchNorm statistics too, if the model has any */
     TRY(dt_localsgd_create(&d, c, m, &sd));       /* rank 0's initial weights everywhere */
     if (!(ids = (int64_t *)malloc(sizeof(int64_t) * (size_t)nshare))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "rank %d: no memory", me); goto done; }
-    TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, 0, 1, 0, ids, &nshare));
+    TRY(dt_sampler_indices(&shard, ids, &nshare));
     memset(&ld, 0, sizeof ld);
     ld.dataset = &a->data.train; ld.indices = ids; ld.count = nshare; ld.batch = a->batch;
     ld.transform = &a->data.tt; ld.seed = (uint64_t)a->data.seed; ld.rank = (uint64_t)me; ld.prefetch = 1;
@@ -141,8 +142,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         TRY(dt_optim_set_lr(o, dt_sched_lr(&lr_sched, epoch)));
-        dt_model_train(m, 1);
-        TRY(dt_sampler_indices(a->data.ntrain, me, p, (uint64_t)a->data.seed, epoch, 1, 0, ids, &nshare));   /* this epoch's shard */
+        dt_model_set_mode(m, DT_MODE_TRAIN);
+        shard.epoch = epoch;
+        TRY(dt_sampler_indices(&shard, ids, &nshare));   /* this epoch's shard */
         TRY(dt_loader_set_indices(loader, ids, nshare));
         TRY(dt_loader_seek(loader, epoch, meta.batch));   /* batch 0, or where a resumed epoch stopped */
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);

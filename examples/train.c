@@ -89,6 +89,7 @@ int main(int argc, char **argv) {
     dt_optim_desc od;
     dt_sched_desc sd;
     dt_loader_desc ld;
+    dt_eval_desc ed;
     dt_checkpoint_meta meta;
     FILE *csv = NULL;
     const int64_t *train_idx = NULL, *test_idx = NULL;
@@ -110,6 +111,8 @@ int main(int argc, char **argv) {
     ntrain = split.parts ? split.offsets[1] : a.data.train.count;
     ntest = split.parts ? split.offsets[2] - split.offsets[1] : a.data.test.count;
     if (split.parts) { train_idx = split.indices; test_idx = split.indices + split.offsets[1]; }
+    memset(&ed, 0, sizeof ed);   /* the test set, or the folder's test part; top-1 and top-5 */
+    ed.dataset = &a.data.test; ed.indices = test_idx; ed.count = test_idx ? ntest : 0; ed.transform = &a.data.te; ed.topk = 5;
     if (a.data.limit && a.data.limit < ntrain) {   /* the first --limit training samples (a quick run) */
         int64_t i;
         if (!(limit_idx = (int64_t *)malloc(sizeof(int64_t) * (size_t)a.data.limit))) { fprintf(stderr, "train: out of memory\n"); goto fail; }
@@ -150,7 +153,7 @@ int main(int argc, char **argv) {
         dt_progress bar;
         dt_result got;   /* the loader: DT_OK with n = 0 at the end of the epoch */
         TRY(dt_optim_set_lr(o, lr));
-        dt_model_train(m, 1);
+        dt_model_set_mode(m, DT_MODE_TRAIN);
         TRY(dt_loader_seek(loader, epoch, meta.batch));   /* batch 0, or where a resumed epoch stopped */
         dt_progress_begin(&bar, stderr, dt_loader_batches(loader), tty);
         while ((got = dt_loader_next(loader, &x, &y, &n)) == DT_OK && n > 0) {
@@ -171,7 +174,7 @@ int main(int argc, char **argv) {
         TRY(got);
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
-        TRY(dt_evaluate(m, &a.data.test, test_idx, test_idx ? ntest : 0, &a.data.te, 1000, 5, &ev));
+        TRY(dt_evaluate(m, &ed, &ev));
         v[0] = secs; v[1] = (double)lr; v[2] = meta.values[0] / meta.values[1]; v[3] = ev.loss; v[4] = ev.top1; v[5] = ev.topk;
         v[6] = meta.values[1] / secs;
         ex_report(csv, epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS));

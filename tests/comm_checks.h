@@ -168,7 +168,7 @@ static cc_val cc_ref(dt_dtype t, dt_reduce_op op, dt_algo algo, int p, int root,
 /* What algo means for an all-reduce (native = 1) or a reduce (native = 0) on this communicator: the
    tests' own reading of the rule, which dt_comm_algo must agree with (cc_algo_query). */
 static dt_algo cc_resolve(const dt_comm *c, dt_algo a, int native) {
-    int has = native && dt_comm_get_backend(c)->allreduce != NULL;
+    int has = native && dt_comm_backend_table(c)->allreduce != NULL;
     if (a == DT_ALGO_AUTO) a = dt_comm_get_desc(c).algo;
     if (a == DT_ALGO_AUTO) a = has ? DT_ALGO_NATIVE : DT_ALGO_RING;
     if (a == DT_ALGO_NATIVE && !has) a = DT_ALGO_RING;
@@ -382,6 +382,7 @@ static dt_result cc_neighbors(cc_rank *x, dt_topology_kind kind, size_t n) {
     size_t es = dt_dtype_size(DT_F64);
     int me = x->rank, nn, i, right = (me + 1) % x->p, left = (me + x->p - 1) % x->p;
     const int *nb;
+    dt_neighbors ring;
     char *send = (char *)cc_alloc(n * es), *recv;
     dt_result r;
     memset(&d, 0, sizeof d);
@@ -392,15 +393,20 @@ static dt_result cc_neighbors(cc_rank *x, dt_topology_kind kind, size_t n) {
     nb = topo.neighbors + topo.offsets[me];
     recv = (char *)cc_alloc((size_t)(nn + 1) * n * es);
     cc_fill(DT_F64, x->seed, me, send, 0, n);
-    r = dt_comm_neighbor_exchange(x->c, send, recv, n, DT_F64, nb, nn, nb, nn);
+    ring.to = ring.from = nb; ring.nto = ring.nfrom = nn;
+    r = dt_comm_neighbor_exchange(x->c, send, recv, n, DT_F64, &ring);
     for (i = 0; r == DT_OK && i < nn; i++) CC_CHECK(x, cc_diff_gen(DT_F64, x->seed, nb[i], recv + (size_t)i * n * es, 0, n) == n);
-    if (r == DT_OK) r = dt_comm_neighbor_exchange(x->c, send, recv, n, DT_F64, &right, 1, &left, 1);
+    if (r == DT_OK) {
+        dt_neighbors one = {&right, 1, &left, 1};
+        r = dt_comm_neighbor_exchange(x->c, send, recv, n, DT_F64, &one);
+    }
     if (r == DT_OK) CC_CHECK(x, cc_diff_gen(DT_F64, x->seed, left, recv, 0, n) == n);
     /* a rank may list nobody: only rank 0 sends, to rank p - 1 */
     if (r == DT_OK) {
         int to = x->p - 1, from = 0;
         memset(recv, 0, n * es);
-        r = dt_comm_neighbor_exchange(x->c, send, recv, n, DT_F64, &to, me == 0, &from, me == x->p - 1);
+        dt_neighbors some = {&to, me == 0, &from, me == x->p - 1};
+        r = dt_comm_neighbor_exchange(x->c, send, recv, n, DT_F64, &some);
         if (r == DT_OK && me == x->p - 1) CC_CHECK(x, cc_diff_gen(DT_F64, x->seed, 0, recv, 0, n) == n);
     }
     dt_topology_free(&topo);
@@ -558,9 +564,18 @@ static dt_result cc_bad_args(cc_rank *x) {
         CC_ERR(x, dt_comm_alltoallv(c, g, cnt, cnt, g, big, cnt, DT_F32), DT_ERR_INVALID_ARG);
         CC_ERR(x, dt_comm_alltoallv(c, NULL, one, cnt, g, cnt, cnt, DT_U8), DT_ERR_INVALID_ARG);
     }
-    CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, &bad, 1, &bad, 1), DT_ERR_INVALID_ARG);
-    CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, &nb, 1, NULL, 0), DT_ERR_INVALID_ARG);
-    CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, NULL, 1, NULL, 0), DT_ERR_INVALID_ARG);
+    {
+        dt_neighbors e1 = {&bad, 1, &bad, 1}, e2 = {&nb, 1, NULL, 0}, e3 = {NULL, 1, NULL, 0}, e4 = {&nb, 1, &nb, -1};
+        CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, &e1), DT_ERR_INVALID_ARG);
+        CC_CHECK(x, strstr(dt_last_error(), "(to[0]) is not a rank") != NULL);
+        CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, NULL), DT_ERR_INVALID_ARG);
+        CC_CHECK(x, strstr(dt_last_error(), "the neighbours are NULL") != NULL);
+        CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, &e2), DT_ERR_INVALID_ARG);
+        CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, &e3), DT_ERR_INVALID_ARG);
+        CC_CHECK(x, strstr(dt_last_error(), "nto is 1 and to is NULL") != NULL);
+        CC_ERR(x, dt_comm_neighbor_exchange(c, f, g, 1, DT_F32, &e4), DT_ERR_INVALID_ARG);
+        CC_CHECK(x, strstr(dt_last_error(), "nfrom is -1") != NULL);
+    }
     CC_ERR(x, dt_comm_send(c, f, 4, DT_F32, bad, 0), DT_ERR_INVALID_ARG);
     CC_ERR(x, dt_comm_send(c, f, 4, DT_F32, 0, -1), DT_ERR_INVALID_ARG);
     CC_ERR(x, dt_comm_send(c, f, 4, DT_F32, 0, DT_TAG_USER_MAX + 1), DT_ERR_INVALID_ARG);

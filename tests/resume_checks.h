@@ -140,6 +140,7 @@ static int rs_kind(const char *t) {
 static dt_result rs_fed(dt_comm *c, const rs_args *a, dt_model *m, dt_checkpoint_meta *meta, double *loss) {
     dt_dataset ds = rs_data();
     dt_partition part;
+    dt_partition_desc pd;
     dt_fed_desc fd;
     dt_fed *f = NULL;
     dt_transform t;
@@ -149,7 +150,9 @@ static dt_result rs_fed(dt_comm *c, const rs_args *a, dt_model *m, dt_checkpoint
     memset(&t, 0, sizeof t);
     t.crop_pad = 1; t.flip = 1;
     memset(&fd, 0, sizeof fd);
-    if ((r = dt_partition_iid(&part, RS_N, 5, 3)) != DT_OK) return r;
+    memset(&pd, 0, sizeof pd);
+    pd.count = RS_N; pd.parts = 5; pd.seed = 3;   /* IID */
+    if ((r = dt_partition_create(&part, &pd)) != DT_OK) return r;
     fd.clients = 5; fd.frac = 0.8f; fd.batch = RS_BATCH; fd.data = &ds; fd.part = &part; fd.transform = &t; fd.seed = 9;
     fd.optim.kind = DT_OPTIM_SGD; fd.optim.lr = 0.05f; fd.optim.momentum = 0.9f; fd.prox_mu = 0.01f;
     if ((r = dt_fed_create(&f, c, m, &fd)) == DT_OK && (r = rs_resume(c, a, 4, f, m, NULL, meta, &from)) == DT_OK) {

@@ -45,6 +45,7 @@ static void train_epoch(dt_model *m, dt_optim *o, const dt_dataset *ds, int64_t 
     float x[8 * 144], loss;
     int32_t y[8];
     dt_transform t;
+    dt_batch_desc bd;
     dt_rng rng;
     memset(&t, 0, sizeof t);
     t.crop_pad = 2; t.flip = 1;
@@ -52,7 +53,8 @@ static void train_epoch(dt_model *m, dt_optim *o, const dt_dataset *ds, int64_t 
     dt_rng_init(&rng, 5, (uint64_t)epoch);
     for (i = NS - 1; i > 0; i--) { int64_t j = dt_rng_below(&rng, (uint32_t)i + 1), tmp = order[i]; order[i] = order[j]; order[j] = tmp; }
     for (b = 0; b < NS; b += 8) {
-        CHECK_OK(dt_dataset_batch(ds, order + b, 8, &t, 5, (uint64_t)epoch, x, y));
+        bd.indices = order + b; bd.count = 8; bd.transform = &t; bd.seed = 5; bd.epoch = (uint64_t)epoch;
+        CHECK_OK(dt_dataset_batch(ds, &bd, x, y));
         CHECK_OK(dt_model_forward(m, x, 8));
         CHECK_OK(dt_model_loss_cross_entropy(m, y, &loss));
         dt_model_zero_grad(m);
@@ -284,18 +286,24 @@ static void test_evaluate(void) {
     dt_dataset ds = synth();
     dt_model *m = small_model(4);
     dt_eval_result r;
+    dt_eval_desc ed;
+    dt_batch_desc bd;
     int64_t idx[NS], i, j, c1 = 0, c2 = 0;
     float x[NS * 144], out[NS * 4], loss;
     int32_t y[NS];
     for (i = 0; i < NS; i++) idx[i] = NS - 1 - i;
-    CHECK_OK(dt_evaluate(m, &ds, idx, NS, NULL, 7, 2, &r));
-    CHECK(dt_model_is_training(m));
+    memset(&ed, 0, sizeof ed);
+    ed.dataset = &ds; ed.indices = idx; ed.count = NS; ed.batch = 7; ed.topk = 2;
+    CHECK_OK(dt_evaluate(m, &ed, &r));
+    CHECK(dt_model_mode(m) == DT_MODE_TRAIN);
     CHECK(r.count == NS && r.k == 2);
-    dt_model_train(m, 0);
-    CHECK_OK(dt_dataset_batch(&ds, idx, NS, NULL, 0, 0, x, y));
+    dt_model_set_mode(m, DT_MODE_EVAL);
+    memset(&bd, 0, sizeof bd);
+    bd.indices = idx; bd.count = NS;
+    CHECK_OK(dt_dataset_batch(&ds, &bd, x, y));
     CHECK_OK(dt_model_forward(m, x, NS));
     CHECK_OK(dt_model_loss_cross_entropy(m, y, &loss));
-    CHECK_OK(dt_model_output(m, out, NS * 4));
+    CHECK_OK(dt_model_get_output(m, out, NS * 4));
     for (i = 0; i < NS; i++) {
         int above = 0;
         for (j = 0; j < 4; j++) above += out[i * 4 + j] > out[i * 4 + y[i]];
@@ -304,12 +312,35 @@ static void test_evaluate(void) {
     CHECK(fabs(r.loss - loss) < 1e-5 * fabs(loss));
     CHECK(fabs(r.top1 - (double)c1 / NS) < 1e-12 && fabs(r.topk - (double)c2 / NS) < 1e-12);
     CHECK(r.topk >= r.top1);
-    CHECK_OK(dt_evaluate(m, &ds, NULL, 0, NULL, 64, 9, &r));            /* all samples; k clamped to 4 */
+    memset(&ed, 0, sizeof ed);
+    ed.dataset = &ds; ed.batch = 64; ed.topk = 9;
+    CHECK_OK(dt_evaluate(m, &ed, &r));                                  /* all samples; k clamped to 4 */
     CHECK(r.count == NS && r.k == 4 && r.topk == 1.0);
-    CHECK_ERR(dt_evaluate(m, &ds, NULL, 0, NULL, 0, 1, &r), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_evaluate(m, NULL, NULL, 0, NULL, 8, 1, &r), DT_ERR_INVALID_ARG);
+    {   /* zero is the default: batch 1000 (one pass here), top-1 only */
+        dt_eval_result z;
+        ed.batch = 0; ed.topk = 0;
+        CHECK_OK(dt_evaluate(m, &ed, &z));
+        CHECK(z.count == NS && z.k == 1 && z.topk == z.top1 && z.top1 == r.top1);
+    }
+    ed.batch = -1;
+    CHECK_ERR(dt_evaluate(m, &ed, &r), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "dt_evaluate: batch is -1") != NULL);
+    ed.batch = 8; ed.topk = -2;
+    CHECK_ERR(dt_evaluate(m, &ed, &r), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "topk is -2") != NULL);
+    ed.topk = 1; ed.count = 5;   /* a count without indices */
+    CHECK_ERR(dt_evaluate(m, &ed, &r), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "count is 5 but indices is NULL") != NULL);
+    ed.indices = idx; ed.count = 0;   /* indices without a count */
+    CHECK_ERR(dt_evaluate(m, &ed, &r), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "count is 0") != NULL);
+    ed.indices = NULL; ed.dataset = NULL;
+    CHECK_ERR(dt_evaluate(m, &ed, &r), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "dataset is NULL") != NULL);
+    CHECK_ERR(dt_evaluate(m, NULL, &r), DT_ERR_INVALID_ARG);
+    ed.dataset = &ds;
     ds.w = 11;
-    CHECK_ERR(dt_evaluate(m, &ds, NULL, 0, NULL, 8, 1, &r), DT_ERR_SHAPE);
+    CHECK_ERR(dt_evaluate(m, &ed, &r), DT_ERR_SHAPE);
     dt_model_destroy(m);
 }
 

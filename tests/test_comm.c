@@ -811,7 +811,7 @@ static dt_result backend_rank(dt_comm *c, void *arg) {
     float x[3] = {1, 2, 3};
     char what[128];
     int *bad = (int *)arg, me = dt_comm_rank(c), tag;
-    const dt_comm_backend *b = dt_comm_get_backend(c);
+    const dt_comm_backend *b = dt_comm_backend_table(c);
     if (!b || strcmp(b->name, "local") != 0 || !dt_comm_impl(c) || dt_comm_seq(c) != 0 || dt_comm_broken(c) != DT_OK) bad[me]++;
     if (dt_comm_barrier(c) != DT_OK || dt_comm_allreduce(c, x, 3, DT_F32, DT_SUM, DT_ALGO_RING) != DT_OK) bad[me]++;
     dt_comm_describe(c, what, sizeof what);
@@ -835,10 +835,10 @@ static void test_backend_interface(void) {
     c = cs[0];   /* a failed create sets it to NULL */
     CHECK_ERR(dt_comm_create_backend(&c, &none, NULL, 0, 1, 1 << 30, NULL), DT_ERR_INVALID_ARG);   /* no isend, ... */
     CHECK(c == NULL);
-    CHECK_ERR(dt_comm_create_backend(&c, dt_comm_get_backend(cs[0]), NULL, 2, 2, 1 << 30, NULL), DT_ERR_INVALID_ARG);   /* rank 2 of 2 */
-    CHECK_ERR(dt_comm_create_backend(&c, dt_comm_get_backend(cs[0]), NULL, 0, 2, 32767, NULL), DT_ERR_UNSUPPORTED);   /* no room for collectives */
+    CHECK_ERR(dt_comm_create_backend(&c, dt_comm_backend_table(cs[0]), NULL, 2, 2, 1 << 30, NULL), DT_ERR_INVALID_ARG);   /* rank 2 of 2 */
+    CHECK_ERR(dt_comm_create_backend(&c, dt_comm_backend_table(cs[0]), NULL, 0, 2, 32767, NULL), DT_ERR_UNSUPPORTED);   /* no room for collectives */
     CHECK(strstr(dt_last_error(), "dt_comm_create_local") != NULL && c == NULL);
-    CHECK(dt_comm_impl(NULL) == NULL && dt_comm_get_backend(NULL) == NULL && dt_comm_broken(NULL) == DT_OK);
+    CHECK(dt_comm_impl(NULL) == NULL && dt_comm_backend_table(NULL) == NULL && dt_comm_broken(NULL) == DT_OK);
     /* the library's own point-to-point tags lie between the user's and the collectives', and each side
        refuses the other's */
     CHECK(DT__TAG_DDP == DT_TAG_USER_MAX + 1 && DT__TAG_TRACE < DT__TAG_LIB_END && DT__TAG_LIB_END <= DT__TAG_COLL);

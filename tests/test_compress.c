@@ -449,7 +449,7 @@ static dt_result c_rank(dt_comm *c, void *arg) {
     dt_ddp *d = NULL;
     dt_result r = make_trio(c, &j->desc, &m, &o, &d);
     if (r == DT_OK) r = train_steps(c, d, m, o, 0, CEPOCHS * (CN / CB));
-    dt_model_train(m, 0);
+    dt_model_set_mode(m, DT_MODE_EVAL);
     for (i = 0; i < CN && r == DT_OK && dt_comm_rank(c) == 0; i += 256) {
         int64_t got = 0;
         if ((r = dt_model_forward(m, CX + (CN + i) * CIN, 256)) == DT_OK) r = dt_model_count_correct(m, CY + CN + i, &got);

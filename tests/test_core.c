@@ -345,7 +345,7 @@ static void test_conv_vs_direct(void) {
                 dt__shift_off = i;
                 m = conv_model(&g, (uint64_t)ci);
                 CHECK_OK(dt_model_forward(m, x, g.n));
-                CHECK_OK(dt_model_output(m, y, ys));
+                CHECK_OK(dt_model_get_output(m, y, ys));
                 snprintf(what, sizeof what, "%s: conv case %d forward, %s", dt_cpu_tier(), ci, path);
                 CHECK_CLOSE(y, yref, ys, 1e-5, what);
                 /* the shifted path runs where it applies, never when switched off */

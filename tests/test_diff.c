@@ -609,7 +609,7 @@ static dt_model *build(const graph *G, const dt_ops *ops) {
     for (i = 1; i <= G->nn; i++) gapply(m, &G->node[i]);
     if (dt_model_finalize(m) != DT_OK) { dt_model_destroy(m); return NULL; }
     m->ops = ops;                  /* the CPU backend's state (m->cpu) stays its context */
-    dt_model_train(m, !G->eval);
+    dt_model_set_mode(m, G->eval ? DT_MODE_EVAL : DT_MODE_TRAIN);
     return m;
 }
 typedef struct state {             /* what a step starts from */
@@ -673,7 +673,7 @@ static void run_step(const graph *G, dt_model *m, dt_optim *o, const state *S, c
     dt__fuse_off = 0;
     R->nlogits = G->batch * dt_model_node_size(m, dt_model_output_node(m));
     R->logits = (float *)xmalloc(4 * R->nlogits);
-    CHECK_OK(dt_model_output(m, R->logits, R->nlogits));
+    CHECK_OK(dt_model_get_output(m, R->logits, R->nlogits));
     r = dt_model_loss_labels(m, y, &R->loss);
     CHECK(r == DT_OK);
     {
@@ -718,12 +718,12 @@ static void run_step(const graph *G, dt_model *m, dt_optim *o, const state *S, c
     R->params = (float *)xmalloc(4 * np); memcpy(R->params, dt_model_params(m, NULL), 4 * (size_t)np);
     R->eval = NULL;
     if (step == DIFF_STEPS - 1) {   /* the new parameters' logits in eval mode (running statistics) */
-        int training = dt_model_is_training(m);
-        dt_model_train(m, 0);
+        dt_mode mode = dt_model_mode(m);
+        dt_model_set_mode(m, DT_MODE_EVAL);
         R->eval = (float *)xmalloc(4 * R->nlogits);
         CHECK_OK(dt_model_forward(m, x, G->batch));
-        CHECK_OK(dt_model_output(m, R->eval, R->nlogits));
-        dt_model_train(m, training);
+        CHECK_OK(dt_model_get_output(m, R->eval, R->nlogits));
+        CHECK_OK(dt_model_set_mode(m, mode));
     }
 }
 /* The parameters after graph G's step `step` from state S with gradients g, as the optimizer's update computes

@@ -160,9 +160,9 @@ static void test_run_errors(void) {
     CHECK(strstr(dt_last_error(), "label 10") != NULL);
     CHECK_ERR(dt_model_loss_nll(m, NULL, &loss), DT_ERR_INVALID_ARG);
     CHECK_ERR(dt_model_loss_mse(m, NULL, &loss), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_model_output(m, out, 19), DT_ERR_SHAPE);
-    CHECK_ERR(dt_model_output(m, NULL, 20), DT_ERR_INVALID_ARG);
-    CHECK_OK(dt_model_output(m, out, 20));
+    CHECK_ERR(dt_model_get_output(m, out, 19), DT_ERR_SHAPE);
+    CHECK_ERR(dt_model_get_output(m, NULL, 20), DT_ERR_INVALID_ARG);
+    CHECK_OK(dt_model_get_output(m, out, 20));
     dt_model_params(m, &np);
     CHECK_ERR(dt_model_set_params(m, p, 4), DT_ERR_SHAPE);
     CHECK_ERR(dt_model_set_params(m, NULL, np), DT_ERR_INVALID_ARG);

@@ -40,6 +40,21 @@ static dt_result make_model_bn(dt_model **m, int bn) {
 }
 static dt_result make_model(dt_model **m) { return make_model_bn(m, 0); }
 
+/* dt_fed_aggregate with the aggregator `kind` set in d. */
+static dt_result agg(dt_fed_agg kind, const float *const *u, const double *w, int n, int64_t len, float *out, int *kept,
+                     dt_fed_agg_desc *d) {
+    d->kind = kind;
+    return dt_fed_aggregate(d, u, w, n, len, out, kept);
+}
+
+/* An IID partition of count samples into parts. */
+static dt_result iid(dt_partition *p, int64_t count, int parts, uint64_t seed) {
+    dt_partition_desc d;
+    memset(&d, 0, sizeof d);
+    d.count = count; d.parts = parts; d.seed = seed;
+    return dt_partition_create(p, &d);
+}
+
 /* 5 clients, 2 coordinates, client 4 the outlier. */
 static const float U[5][2] = {{1, 1}, {2, 2}, {3, 3}, {4, 4}, {100, -100}};
 static const float *UP[5] = {U[0], U[1], U[2], U[3], U[4]};
@@ -52,39 +67,39 @@ static void test_aggregators(void) {
     dt_fed_agg_desc d;
     memset(&d, 0, sizeof d);
     d.f = DT_DEFAULT;                                                         /* Krum's f: the default, 1 */
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEAN, ab, w, 2, 2, out, kept, &d));            /* (1 * a + 3 * b) / 4 */
+    CHECK_OK(agg(DT_FED_MEAN, ab, w, 2, 2, out, kept, &d));            /* (1 * a + 3 * b) / 4 */
     CHECK(out[0] == 3.0f && out[1] == 1.0f && kept[0] && kept[1]);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 5, 2, out, kept, &d));       /* sorted columns: 1 2 [3] 4 100, -100 1 [2] 3 4 */
+    CHECK_OK(agg(DT_FED_MEDIAN, UP, NULL, 5, 2, out, kept, &d));       /* sorted columns: 1 2 [3] 4 100, -100 1 [2] 3 4 */
     CHECK(out[0] == 3.0f && out[1] == 2.0f);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 4, 2, out, kept, &d));       /* even n: mean of the middle two */
+    CHECK_OK(agg(DT_FED_MEDIAN, UP, NULL, 4, 2, out, kept, &d));       /* even n: mean of the middle two */
     CHECK(out[0] == 2.5f && out[1] == 2.5f);
     d.trim = 0.2f;                                                            /* 1 cut at each end */
-    CHECK_OK(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 5, 2, out, kept, &d));     /* mean(2,3,4), mean(1,2,3) */
+    CHECK_OK(agg(DT_FED_TRIMMED, UP, NULL, 5, 2, out, kept, &d));     /* mean(2,3,4), mean(1,2,3) */
     CHECK(fabsf(out[0] - 3.0f) < 1e-6f && fabsf(out[1] - 2.0f) < 1e-6f);
     for (i = 0; i < 5; i++) CHECK(kept[i]);                                   /* every update enters a trimmed mean */
     /* Krum, f = 1: scores over the 2 nearest: 10, 4, 4, 10, huge; the tie goes to client 1 */
-    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, kept, &d));
+    CHECK_OK(agg(DT_FED_KRUM, UP, NULL, 5, 2, out, kept, &d));
     CHECK(out[0] == 2.0f && out[1] == 2.0f);
     CHECK(!kept[0] && kept[1] && !kept[2] && !kept[3] && !kept[4]);
     out[0] = out[1] = 0.0f;
-    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, NULL, &d));   /* kept may be NULL */
+    CHECK_OK(agg(DT_FED_KRUM, UP, NULL, 5, 2, out, NULL, &d));   /* kept may be NULL */
     CHECK(out[0] == 2.0f && out[1] == 2.0f);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));   /* the n - f = 4 best: all but client 4 */
+    CHECK_OK(agg(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));   /* the n - f = 4 best: all but client 4 */
     CHECK(out[0] == 2.5f && out[1] == 2.5f && !kept[4]);
     for (i = 0; i < 4; i++) CHECK(kept[i]);
     d.m = 2;                                                                  /* clients 1 and 2 */
-    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));
+    CHECK_OK(agg(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));
     CHECK(out[0] == 2.5f && out[1] == 2.5f && kept[1] && kept[2] && !kept[0] && !kept[3]);
     /* f = 0 is a request, not the default: Krum on 4 clients (f = 1 needs 5), scores over the 2 nearest:
        10, 4, 4, 10; multi-Krum's m = n - f = 5 keeps everyone, the plain mean */
     d.f = 0; d.m = 0;
-    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 4, 2, out, kept, &d));
+    CHECK_OK(agg(DT_FED_KRUM, UP, NULL, 4, 2, out, kept, &d));
     CHECK(out[0] == 2.0f && out[1] == 2.0f && kept[1] && !kept[0] && !kept[2] && !kept[3]);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));
+    CHECK_OK(agg(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, kept, &d));
     CHECK(fabsf(out[0] - 22.0f) < 1e-4f && fabsf(out[1] + 18.0f) < 1e-4f);
     for (i = 0; i < 5; i++) CHECK(kept[i]);
     memset(&d, 0, sizeof d);                                                  /* a zeroed desc: f = 0 too */
-    CHECK_OK(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 3, 2, out, kept, &d));         /* 3 = 2f + 3 clients; scores 2, 2, 2 */
+    CHECK_OK(agg(DT_FED_KRUM, UP, NULL, 3, 2, out, kept, &d));         /* 3 = 2f + 3 clients; scores 2, 2, 2 */
     CHECK(out[0] == 1.0f && out[1] == 1.0f && kept[0] && !kept[1] && !kept[2]);
 }
 
@@ -98,7 +113,7 @@ static void test_classmean(void) {
     dt_fed_agg_desc d;
     memset(&d, 0, sizeof d);
     d.cm_offset = 0; d.cm_rows = 2; d.cm_cols = 2;
-    CHECK_OK(dt_fed_aggregate(DT_FED_CLASSMEAN, p, w, 5, 5, out, kept, &d));
+    CHECK_OK(agg(DT_FED_CLASSMEAN, p, w, 5, 5, out, kept, &d));
     CHECK(kept[0] && kept[1] && kept[2] && !kept[3] && kept[4]);
     CHECK(fabsf(out[2] - 0.025f) < 1e-6f && fabsf(out[4] - 9.0f) < 1e-6f);
 }
@@ -109,18 +124,23 @@ static void test_refusals(void) {
     dt_fed_agg_desc d;
     memset(&d, 0, sizeof d);
     d.f = DT_DEFAULT;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 4, 2, out, NULL, &d), DT_ERR_INVALID_ARG);       /* 4 < 2f + 3 = 5 */
+    CHECK_ERR(agg(DT_FED_KRUM, UP, NULL, 4, 2, out, NULL, &d), DT_ERR_INVALID_ARG);       /* 4 < 2f + 3 = 5 */
     d.f = -3;                                                                                    /* neither f nor DT_DEFAULT */
-    CHECK_ERR(dt_fed_aggregate(DT_FED_KRUM, UP, NULL, 5, 2, out, NULL, &d), DT_ERR_INVALID_ARG);
+    CHECK_ERR(agg(DT_FED_KRUM, UP, NULL, 5, 2, out, NULL, &d), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "f = -3") != NULL && strstr(dt_last_error(), "DT_DEFAULT") != NULL);
-    CHECK_OK(dt_fed_aggregate(DT_FED_MEDIAN, UP, NULL, 5, 2, out, NULL, &d));                         /* f is Krum's alone */
+    CHECK_OK(agg(DT_FED_MEDIAN, UP, NULL, 5, 2, out, NULL, &d));                         /* f is Krum's alone */
     d.f = 2;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, NULL, &d), DT_ERR_INVALID_ARG);  /* 5 < 7 */
+    CHECK_ERR(agg(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, NULL, &d), DT_ERR_INVALID_ARG);  /* 5 < 7 */
     d.trim = 0.5f;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_TRIMMED, UP, NULL, 4, 2, out, NULL, &d), DT_ERR_INVALID_ARG);    /* cuts 2 + 2 of 4 */
+    CHECK_ERR(agg(DT_FED_TRIMMED, UP, NULL, 4, 2, out, NULL, &d), DT_ERR_INVALID_ARG);    /* cuts 2 + 2 of 4 */
     d.cm_rows = 1; d.cm_cols = 2;
-    CHECK_ERR(dt_fed_aggregate(DT_FED_CLASSMEAN, UP, NULL, 2, 2, out, NULL, &d), DT_ERR_INVALID_ARG);  /* needs 3 clients */
-    CHECK_ERR(dt_fed_aggregate(DT_FED_MEAN, UP, bad, 2, 2, out, NULL, NULL), DT_ERR_INVALID_ARG);      /* zero weight */
+    CHECK_ERR(agg(DT_FED_CLASSMEAN, UP, NULL, 2, 2, out, NULL, &d), DT_ERR_INVALID_ARG);  /* needs 3 clients */
+    CHECK_ERR(dt_fed_aggregate(NULL, UP, bad, 2, 2, out, NULL), DT_ERR_INVALID_ARG);      /* zero weight */
+    CHECK_OK(dt_fed_aggregate(NULL, UP, NULL, 2, 2, out, NULL));                          /* NULL: the mean */
+    CHECK(out[0] == 1.5f && out[1] == 1.5f);
+    d.kind = (dt_fed_agg)DT_FED_AGG_COUNT;
+    CHECK_ERR(dt_fed_aggregate(&d, UP, NULL, 5, 2, out, NULL), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "dt_fed_aggregate: kind is 6; use a dt_fed_agg") != NULL);
 }
 
 /* The desc of fed_once: nclients clients on part, batch 7, lr 0.1, seed 5. */
@@ -176,7 +196,7 @@ static void test_one_client_equals_plain(void) {
     const int32_t *y;
     int64_t nb, n;
     float loss, *a, *b;
-    CHECK_OK(dt_partition_iid(&part, NS, 1, 9));
+    CHECK_OK(iid(&part, NS, 1, 9));
     CHECK_OK(make_model(&m));
     n = dt_model_param_count(m);
     a = (float *)malloc(sizeof(float) * (size_t)n);
@@ -259,7 +279,7 @@ static void test_zero_is_zero(void) {
     int noise = DT_FED_NOISE, k;
     int64_t n;
     float *w0, *a, *b;
-    CHECK_OK(dt_partition_iid(&part, NS, 3, 9));
+    CHECK_OK(iid(&part, NS, 3, 9));
     CHECK_OK(make_model(&m));
     n = dt_model_param_count(m);
     w0 = (float *)malloc(sizeof(float) * (size_t)n); a = (float *)malloc(sizeof(float) * (size_t)n);
@@ -285,15 +305,15 @@ static void test_zero_is_zero(void) {
     fd.noise_std = NAN;
     CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
     fd.noise_std = 0.0f;
-    fd.agg = DT_FED_KRUM;                      /* f = 0: Krum takes 3 clients */
+    fd.agg.kind = DT_FED_KRUM;                      /* f = 0: Krum takes 3 clients */
     CHECK_OK(dt_fed_create(&f, c, m, &fd));
     dt_fed_destroy(f);
-    fd.agg_desc.f = DT_DEFAULT;                /* f = 1 needs 5 */
+    fd.agg.f = DT_DEFAULT;                /* f = 1 needs 5 */
     CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "at least 5 clients") != NULL);
-    fd.agg_desc.f = -4;
+    fd.agg.f = -4;
     CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
-    CHECK(strstr(dt_last_error(), "agg_desc.f is -4") != NULL);
+    CHECK(strstr(dt_last_error(), "agg.f is -4") != NULL);
     for (k = 0; k < 3; k++) {
         fd = fed_desc(&part, 3);
         fd.optim.lr = 0.0f;
@@ -334,7 +354,7 @@ static dt_result run_rank(dt_comm *c, void *arg) {
     dt_result r;
     int64_t t;
     memset(&part, 0, sizeof part);
-    if ((r = make_model(&m)) != DT_OK || (r = dt_partition_iid(&part, NS, ra->clients, 1)) != DT_OK) goto done;
+    if ((r = make_model(&m)) != DT_OK || (r = iid(&part, NS, ra->clients, 1)) != DT_OK) goto done;
     memset(&fd, 0, sizeof fd);
     fd.clients = ra->clients; fd.frac = ra->frac; fd.dropout_prob = ra->dropout; fd.batch = 4; fd.optim.lr = 0.05f;
     fd.data = &DS; fd.part = &part; fd.seed = 2;
@@ -379,14 +399,17 @@ static dt_result bn_rank(dt_comm *c, void *arg) {
     dt_fed *f = NULL;
     dt_partition part;
     dt_fed_desc fd;
+    dt_eval_desc ed;
     dt_eval_result ev;
     dt_result r;
     int64_t t;
     memset(&part, 0, sizeof part);
-    if ((r = make_model_bn(&m, 1)) != DT_OK || (r = dt_partition_iid(&part, NS, 5, 1)) != DT_OK) goto done;
+    memset(&ed, 0, sizeof ed);
+    ed.dataset = &DS; ed.batch = 64;
+    if ((r = make_model_bn(&m, 1)) != DT_OK || (r = iid(&part, NS, 5, 1)) != DT_OK) goto done;
     fd = fed_desc(&part, 5);
     fd.batch = 8;                              /* 40 samples a client: no batch of 1, which batch norm refuses */
-    fd.agg = ba->agg; fd.agg_desc.f = DT_DEFAULT;
+    fd.agg.kind = ba->agg; fd.agg.f = DT_DEFAULT;
     if ((r = dt_fed_create(&f, c, m, &fd)) != DT_OK) goto done;
     for (t = 0; t < 2 && r == DT_OK; t++) r = dt_fed_round(f, t, NULL);
     if (r == DT_OK && dt_comm_rank(c) == 0) {
@@ -394,7 +417,7 @@ static dt_result bn_rank(dt_comm *c, void *arg) {
         dt_model_buffers(m, &ba->nb);
         if (ba->n > BN_MAX || ba->nb > BN_MAX) { r = dt_set_error(DT_ERR_STATE, "raise BN_MAX"); goto done; }
         if ((r = dt_model_get_params(m, ba->params, ba->n)) != DT_OK || (r = dt_model_get_buffers(m, ba->bufs, ba->nb)) != DT_OK ||
-            (r = dt_evaluate(m, &DS, NULL, 0, NULL, 64, 1, &ev)) != DT_OK) goto done;
+            (r = dt_evaluate(m, &ed, &ev)) != DT_OK) goto done;
         ba->acc = ev.top1; ba->loss = ev.loss;
     }
 done:

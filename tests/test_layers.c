@@ -48,7 +48,7 @@ static void compare_layer(dt_model *m, dt_t_fix *f, int64_t batch, const char **
     }
     y = (float *)malloc(sizeof(float) * (size_t)ycount);
     CHECK_OK(dt_model_forward(m, x, batch));
-    CHECK_OK(dt_model_output(m, y, ycount));
+    CHECK_OK(dt_model_get_output(m, y, ycount));
     snprintf(msg, sizeof msg, "%s: y", what);
     CHECK_CLOSE(y, yref, ycount, TOL, msg);
     dt_model_zero_grad(m);
@@ -169,7 +169,7 @@ static void test_maxpool_ties_nan(void) {
         CHECK_OK(dt_model_forward(m, x, 1));
         if (stride == 2) {
             CHECK(dt_model_node_size(m, node) == 4);
-            CHECK_OK(dt_model_output(m, y, 4));
+            CHECK_OK(dt_model_get_output(m, y, 4));
             CHECK(y[0] == 3 && y[1] != y[1] && y[2] == -1 && y[3] == 7);
             CHECK_OK(dt_model_backward(m, dy));
             memcpy(dx, dt_model_node_grad(m, 0), sizeof dx);
@@ -177,7 +177,7 @@ static void test_maxpool_ties_nan(void) {
         } else {   /* windows at columns 0, 2, 4, 6 of the stride-1 output are the same windows */
             float y1[7];
             CHECK(dt_model_node_size(m, node) == 7);
-            CHECK_OK(dt_model_output(m, y1, 7));
+            CHECK_OK(dt_model_get_output(m, y1, 7));
             CHECK(y1[0] == 3 && y1[2] != y1[2] && y1[4] == -1 && y1[6] == 7);
         }
         dt_model_destroy(m);
@@ -197,7 +197,7 @@ static void test_maxpool_ties_nan(void) {
         dt_maxpool2d(m, 0, 2, 2, 0);
         CHECK_OK(dt_model_finalize(m));
         CHECK_OK(dt_model_forward(m, xs, 1));
-        CHECK_OK(dt_model_output(m, ys, 2 * 35));
+        CHECK_OK(dt_model_get_output(m, ys, 2 * 35));
         CHECK_OK(dt_model_backward(m, dys));
         memcpy(dxs, dt_model_node_grad(m, 0), sizeof dxs);
         for (i = 0; i < 2 * 35; i++) {
@@ -263,7 +263,7 @@ static void bn_case(const char *name, int twod, int training) {
     memcpy(bufs, rm0, sizeof(float) * (size_t)c);
     memcpy(bufs + c, rv0, sizeof(float) * (size_t)c);
     CHECK_OK(dt_model_set_buffers(m, bufs, nb));
-    dt_model_train(m, training);
+    CHECK_OK(dt_model_set_mode(m, training ? DT_MODE_TRAIN : DT_MODE_EVAL));
     compare_layer(m, &f, (int64_t)cfg[0], P_WB, G_WB, 2, name);
     if (training) {
         float *rm1 = dt_t_get(&f, "rm1", NULL), *rv1 = dt_t_get(&f, "rv1", NULL);
@@ -303,7 +303,7 @@ static void test_batchnorm_one_value(void) {
             CHECK(strstr(dt_last_error(), "bn_one") && strstr(dt_last_error(), "1 value per channel") &&
                   strstr(dt_last_error(), "[3, 1, 1]") && strstr(dt_last_error(), "at least 2") &&
                   strstr(dt_last_error(), "eval mode"));
-            dt_model_train(m, 0);
+            dt_model_set_mode(m, DT_MODE_EVAL);
         }
         CHECK_OK(dt_model_forward(m, x, shapes[s][3]));
         dt_model_destroy(m);
@@ -356,7 +356,7 @@ static double objective(dt_model *m, const float *x, int64_t batch, int mode, co
     if (mode == GC_NLL) { CHECK_OK(dt_model_loss_nll(m, labels, &loss)); return loss; }
     if (mode == GC_MSE) { CHECK_OK(dt_model_loss_mse(m, target, &loss)); return loss; }
     y = (float *)malloc(sizeof(float) * (size_t)ycount);
-    CHECK_OK(dt_model_output(m, y, ycount));
+    CHECK_OK(dt_model_get_output(m, y, ycount));
     for (i = 0; i < ycount; i++) f += (double)y[i] * (double)r[i];
     free(y);
     return f;
@@ -421,7 +421,7 @@ static void gradcheck(dt_model *m, int64_t batch, int mode, int spread, const ch
 /* Finalizes a built model, sets its mode, checks its gradients and destroys it. */
 static void gc_model(dt_model *m, int64_t batch, int mode, int training, int spread, const char *what) {
     CHECK_OK(dt_model_finalize(m));
-    dt_model_train(m, training);
+    CHECK_OK(dt_model_set_mode(m, training ? DT_MODE_TRAIN : DT_MODE_EVAL));
     gradcheck(m, batch, mode, spread, what);
     dt_model_destroy(m);
 }
@@ -518,7 +518,7 @@ static void test_dropout(void) {
     dt_t_fill(x, n, 0.5f, 1.5f);
     dt_t_fill(dy, n, -1, 1);
     CHECK_OK(dt_model_forward(m, x, 1));
-    CHECK_OK(dt_model_output(m, y, n));
+    CHECK_OK(dt_model_get_output(m, y, n));
     CHECK_OK(dt_model_backward(m, dy));
     for (i = 0; i < n; i++) {
         float mask = y[i] / x[i], dx = dt_model_node_grad(m, 0)[i];
@@ -528,15 +528,15 @@ static void test_dropout(void) {
     CHECK(bad == 0);
     CHECK(zeros > 0.28 * n && zeros < 0.32 * n);
     CHECK_OK(dt_model_forward(m2, x, 1));                 /* same seed, same step: same mask */
-    CHECK_OK(dt_model_output(m2, y2, n));
+    CHECK_OK(dt_model_get_output(m2, y2, n));
     CHECK(memcmp(y, y2, sizeof(float) * n) == 0);
     CHECK_OK(dt_model_forward(m, x, 1));                  /* next step: another mask */
-    CHECK_OK(dt_model_output(m, y2, n));
+    CHECK_OK(dt_model_get_output(m, y2, n));
     for (i = 0; i < n; i++) diff += (y[i] == 0.0f) != (y2[i] == 0.0f);
     CHECK(diff > n / 10);
-    dt_model_train(m, 0);
+    dt_model_set_mode(m, DT_MODE_EVAL);
     CHECK_OK(dt_model_forward(m, x, 1));
-    CHECK_OK(dt_model_output(m, y2, n));
+    CHECK_OK(dt_model_get_output(m, y2, n));
     CHECK(memcmp(x, y2, sizeof(float) * n) == 0);
     free(x); free(y); free(y2); free(dy);
     dt_model_destroy(m);
@@ -580,7 +580,10 @@ static void test_relu_keeps_nan(void) {
             memset(&ds, 0, sizeof ds);
             memset(pix, 100, sizeof pix);
             ds.count = 2; ds.c = 3; ds.h = 32; ds.w = 32; ds.num_classes = 10; ds.pixels = pix; ds.labels = labels;
-            CHECK_OK(dt_evaluate(m, &ds, NULL, 0, NULL, 2, 5, &ev));
+            dt_eval_desc ed;
+            memset(&ed, 0, sizeof ed);
+            ed.dataset = &ds; ed.batch = 2; ed.topk = 5;
+            CHECK_OK(dt_evaluate(m, &ed, &ev));
             CHECK(isnan(ev.loss) && ev.top1 == 0.0 && ev.topk == 0.0);
         }
         dt_model_destroy(m);

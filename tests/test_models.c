@@ -108,11 +108,11 @@ static void full_model(dt_zoo_model z, const char *fixture, int training, int nl
         float *bb = dt_t_get(&f, "buffers_before", &nb);
         CHECK_OK(dt_model_set_buffers(m, bb, nb));
     }
-    dt_model_train(m, training);
+    CHECK_OK(dt_model_set_mode(m, training ? DT_MODE_TRAIN : DT_MODE_EVAL));
     CHECK_OK(dt_model_forward(m, x, n));
     out = (float *)malloc(sizeof(float) * (size_t)nout);
     g = (float *)malloc(sizeof(float) * (size_t)np);
-    CHECK_OK(dt_model_output(m, out, nout));
+    CHECK_OK(dt_model_get_output(m, out, nout));
     snprintf(what, sizeof what, "%s output", fixture);
     CHECK_CLOSE(out, out_ref, nout, 1e-4, what);
     CHECK_OK(nll ? dt_model_loss_nll(m, labels, &loss) : dt_model_loss_cross_entropy(m, labels, &loss));
@@ -226,8 +226,8 @@ static void test_accumulate_and_batches(void) {
         CHECK_OK(dt_zoo_create(&m2, DT_ZOO_LENET5, 0, NULL));
         CHECK_OK(dt_model_forward(m, x, 3));
         CHECK_OK(dt_model_forward(m2, x, 3));
-        CHECK_OK(dt_model_output(m, o1, 30));
-        CHECK_OK(dt_model_output(m2, o2, 30));
+        CHECK_OK(dt_model_get_output(m, o1, 30));
+        CHECK_OK(dt_model_get_output(m2, o2, 30));
         CHECK(memcmp(o1, o2, sizeof o1) == 0);
         dt_model_destroy(m2);
     }
@@ -355,7 +355,7 @@ static void test_planned_passes_same_numbers(void) {
             buf[way] = (float *)malloc(sizeof(float) * (size_t)(nb + 1));
             dx[way] = (float *)malloc(sizeof(float) * (size_t)(B * in));
             CHECK_OK(dt_model_forward(m, x, B));
-            CHECK_OK(dt_model_output(m, out[way], B * k));
+            CHECK_OK(dt_model_get_output(m, out[way], B * k));
             CHECK_OK(dt_model_loss_labels(m, y, &loss[way]));
             CHECK_OK(dt_model_backward(m, NULL));
             CHECK_OK(dt_model_get_grads(m, g[way], np));
@@ -364,9 +364,9 @@ static void test_planned_passes_same_numbers(void) {
             for (i = 0; i < dt_model_nodes(m); i++)   /* a fused node keeps no output */
                 if (dt_model_node_kind(m, i) == DT_LAYER_BATCHNORM || dt_model_node_kind(m, i) == DT_LAYER_ADD)
                     folded[way] += dt_model_node_output(m, i) == NULL;
-            dt_model_train(m, 0);
+            dt_model_set_mode(m, DT_MODE_EVAL);
             CHECK_OK(dt_model_forward(m, x, B));
-            CHECK_OK(dt_model_output(m, ev[way], B * k));
+            CHECK_OK(dt_model_get_output(m, ev[way], B * k));
             dt_model_destroy(m);
         }
         dt__fuse_off = 0;
@@ -403,16 +403,19 @@ static void test_train_eval(void) {
     b0 = (float *)malloc(sizeof(float) * 4096);
     dt_model_buffers(m, &nb);
     CHECK(nb <= 4096);
-    CHECK(dt_model_is_training(m));
+    CHECK(dt_model_mode(m) == DT_MODE_TRAIN);
     CHECK_OK(dt_model_get_buffers(m, b0, nb));
     CHECK_OK(dt_model_forward(m, x, 4));
-    CHECK_OK(dt_model_output(m, o1, 40));
+    CHECK_OK(dt_model_get_output(m, o1, 40));
     CHECK(memcmp(b0, dt_model_buffers(m, NULL), sizeof(float) * (size_t)nb) != 0);
-    dt_model_train(m, 0);
-    CHECK(!dt_model_is_training(m));
+    CHECK_ERR(dt_model_set_mode(m, (dt_mode)2), DT_ERR_INVALID_ARG);   /* not a mode: refused, the mode stays */
+    CHECK(dt_model_mode(m) == DT_MODE_TRAIN && strstr(dt_last_error(), "DT_MODE_EVAL"));
+    CHECK_ERR(dt_model_set_mode(NULL, DT_MODE_EVAL), DT_ERR_INVALID_ARG);
+    CHECK_OK(dt_model_set_mode(m, DT_MODE_EVAL));
+    CHECK(dt_model_mode(m) == DT_MODE_EVAL && dt_model_mode(NULL) == DT_MODE_TRAIN);
     CHECK_OK(dt_model_get_buffers(m, b0, nb));
     CHECK_OK(dt_model_forward(m, x, 4));
-    CHECK_OK(dt_model_output(m, o2, 40));
+    CHECK_OK(dt_model_get_output(m, o2, 40));
     CHECK(memcmp(b0, dt_model_buffers(m, NULL), sizeof(float) * (size_t)nb) == 0);
     CHECK(memcmp(o1, o2, sizeof o1) != 0);
     CHECK_OK(dt_model_count_correct(m, y, &correct));

@@ -12,6 +12,53 @@ static const int parts_list[] = {1, 2, 3, 4, 7, 8, 16, 33};
 #define NCOUNTS ((int)(sizeof counts / sizeof counts[0]))
 #define NPARTS ((int)(sizeof parts_list / sizeof parts_list[0]))
 
+/* The partitioners and the sampler with their settings in argument order, for the tests that sweep them. */
+static dt_result part_make(dt_partition *p, dt_partition_kind kind, int64_t count, int parts, uint64_t seed,
+                           dt_partition_desc *d) {
+    d->kind = kind; d->count = count; d->parts = parts; d->seed = seed;
+    return dt_partition_create(p, d);
+}
+static dt_result part_iid(dt_partition *p, int64_t count, int parts, uint64_t seed) {
+    dt_partition_desc d = {0};
+    return part_make(p, DT_PARTITION_IID, count, parts, seed, &d);
+}
+static dt_result part_contiguous(dt_partition *p, int64_t count, int parts) {
+    dt_partition_desc d = {0};
+    return part_make(p, DT_PARTITION_CONTIGUOUS, count, parts, 0, &d);
+}
+static dt_result part_fractions(dt_partition *p, int64_t count, const float *fractions, int parts, uint64_t seed) {
+    dt_partition_desc d = {0};
+    d.fractions = fractions;
+    return part_make(p, DT_PARTITION_FRACTIONS, count, parts, seed, &d);
+}
+static dt_result part_shards(dt_partition *p, const int32_t *labels, int64_t count, int parts, int spp, uint64_t seed) {
+    dt_partition_desc d = {0};
+    d.labels = labels; d.shards_per_part = spp;
+    return part_make(p, DT_PARTITION_SHARDS, count, parts, seed, &d);
+}
+static dt_result part_dirichlet(dt_partition *p, const int32_t *labels, int64_t count, int64_t num_classes, int parts,
+                                float alpha, uint64_t seed) {
+    dt_partition_desc d = {0};
+    d.labels = labels; d.num_classes = num_classes; d.alpha = alpha;
+    return part_make(p, DT_PARTITION_DIRICHLET, count, parts, seed, &d);
+}
+static dt_sampler_desc sampler_desc(int64_t count, int rank, int world, uint64_t seed, int64_t epoch, int shuffle,
+                                    int drop_last) {
+    dt_sampler_desc d = {0};
+    d.count = count; d.rank = rank; d.world = world; d.seed = seed; d.epoch = epoch; d.shuffle = shuffle;
+    d.drop_last = drop_last;
+    return d;
+}
+static dt_result sampler(int64_t count, int rank, int world, uint64_t seed, int64_t epoch, int shuffle, int drop_last,
+                         int64_t *out, int64_t *n) {
+    dt_sampler_desc d = sampler_desc(count, rank, world, seed, epoch, shuffle, drop_last);
+    return dt_sampler_indices(&d, out, n);
+}
+static int64_t sampler_size(int64_t count, int world, int drop_last) {
+    dt_sampler_desc d = sampler_desc(count, 0, world, 0, 0, 0, drop_last);
+    return dt_sampler_size(&d);
+}
+
 /* A valid partition of count samples into parts: offsets from 0 to count, non-decreasing, every id once. */
 static int valid_partition(const dt_partition *p, int64_t count, int parts) {
     char *seen;
@@ -86,19 +133,19 @@ static void test_contiguous_and_iid(void) {
             int64_t count = counts[a], i;
             int parts = parts_list[b];
             dt_partition c, p, q;
-            CHECK_OK(dt_partition_contiguous(&c, count, parts));
+            CHECK_OK(part_contiguous(&c, count, parts));
             CHECK(valid_partition(&c, count, parts));
             for (i = 0; i < count; i++) CHECK(c.indices[i] == i);   /* blocks in index order */
             for (k = 0; k < parts; k++)
                 CHECK(part_size(&c, k) == count / parts + (k < count % parts ? 1 : 0));
             for (seed = 1; seed <= 3; seed++) {
-                CHECK_OK(dt_partition_iid(&p, count, parts, seed));
-                CHECK_OK(dt_partition_iid(&q, count, parts, seed));
+                CHECK_OK(part_iid(&p, count, parts, seed));
+                CHECK_OK(part_iid(&q, count, parts, seed));
                 CHECK(valid_partition(&p, count, parts));
                 CHECK(memcmp(p.offsets, c.offsets, sizeof(int64_t) * (size_t)(parts + 1)) == 0);   /* same sizes */
                 CHECK(same_partition(&p, &q));                                                   /* deterministic */
                 dt_partition_free(&q);
-                CHECK_OK(dt_partition_iid(&q, count, parts, seed + 100));
+                CHECK_OK(part_iid(&q, count, parts, seed + 100));
                 if (count >= 10) CHECK(!same_partition(&p, &q));                                 /* seeds differ */
                 if (count >= 100) CHECK(memcmp(p.indices, c.indices, sizeof(int64_t) * (size_t)count) != 0);
                 dt_partition_free(&p);
@@ -109,7 +156,7 @@ static void test_contiguous_and_iid(void) {
         }
     {   /* count 0 is allowed: every part empty */
         dt_partition p;
-        CHECK_OK(dt_partition_iid(&p, 0, 3, 1));
+        CHECK_OK(part_iid(&p, 0, 3, 1));
         CHECK(valid_partition(&p, 0, 3));
         dt_partition_free(&p);
     }
@@ -141,16 +188,16 @@ static void test_fractions(void) {
             expected_fraction_sizes(count, fs[b], np[b], want);
             for (seed = 0; seed < 3; seed++) {
                 dt_partition p, q;
-                CHECK_OK(dt_partition_fractions(&p, count, fs[b], np[b], seed));
+                CHECK_OK(part_fractions(&p, count, fs[b], np[b], seed));
                 CHECK(valid_partition(&p, count, np[b]));
                 for (k = 0; k < np[b]; k++) {
                     CHECK(part_size(&p, k) == want[k]);
                     if (fs[b][k] == 0.0f) CHECK(part_size(&p, k) == 0);   /* a zero fraction stays empty */
                 }
-                CHECK_OK(dt_partition_fractions(&q, count, fs[b], np[b], seed));
+                CHECK_OK(part_fractions(&q, count, fs[b], np[b], seed));
                 CHECK(same_partition(&p, &q));
                 dt_partition_free(&q);
-                CHECK_OK(dt_partition_fractions(&q, count, fs[b], np[b], seed + 7));
+                CHECK_OK(part_fractions(&q, count, fs[b], np[b], seed + 7));
                 if (count >= 10) CHECK(!same_partition(&p, &q));
                 dt_partition_free(&p);
                 dt_partition_free(&q);
@@ -158,10 +205,10 @@ static void test_fractions(void) {
         }
     {   /* 0.7/0.2/0.1 of 1000 is exactly 700/200/100; of 10 samples 7/2/1; of 11: 7+1, 2, 1 */
         dt_partition p;
-        CHECK_OK(dt_partition_fractions(&p, 1000, f3, 3, 5));
+        CHECK_OK(part_fractions(&p, 1000, f3, 3, 5));
         CHECK(part_size(&p, 0) == 700 && part_size(&p, 1) == 200 && part_size(&p, 2) == 100);
         dt_partition_free(&p);
-        CHECK_OK(dt_partition_fractions(&p, 11, f3, 3, 5));
+        CHECK_OK(part_fractions(&p, 11, f3, 3, 5));
         CHECK(part_size(&p, 0) == 8 && part_size(&p, 1) == 2 && part_size(&p, 2) == 1);
         dt_partition_free(&p);
     }
@@ -185,7 +232,7 @@ static void test_shards(void) {
         int64_t i;
         dt_partition p, q;
         for (i = 0; i < 1000; i++) lab[i] = (int32_t)((i * 7) % 10);
-        CHECK_OK(dt_partition_shards(&p, lab, 1000, 50, 2, 3));
+        CHECK_OK(part_shards(&p, lab, 1000, 50, 2, 3));
         CHECK(valid_partition(&p, 1000, 50));
         for (k = 0; k < 50; k++) {
             int64_t o = p.offsets[k];
@@ -197,10 +244,10 @@ static void test_shards(void) {
                 CHECK(lab[p.indices[o + i]] == lab[p.indices[o]]);
             }
         }
-        CHECK_OK(dt_partition_shards(&q, lab, 1000, 50, 2, 3));
+        CHECK_OK(part_shards(&q, lab, 1000, 50, 2, 3));
         CHECK(same_partition(&p, &q));
         dt_partition_free(&q);
-        CHECK_OK(dt_partition_shards(&q, lab, 1000, 50, 2, 4));
+        CHECK_OK(part_shards(&q, lab, 1000, 50, 2, 4));
         CHECK(!same_partition(&p, &q));
         dt_partition_free(&p);
         dt_partition_free(&q);
@@ -210,8 +257,8 @@ static void test_shards(void) {
         dt_partition p, iid;
         int at_most_2 = 0;
         double avg_shard = 0.0, avg_iid = 0.0;
-        CHECK_OK(dt_partition_shards(&p, lab, 6000, 100, 2, 11));
-        CHECK_OK(dt_partition_iid(&iid, 6000, 100, 11));
+        CHECK_OK(part_shards(&p, lab, 6000, 100, 2, 11));
+        CHECK_OK(part_iid(&iid, 6000, 100, 11));
         CHECK(valid_partition(&p, 6000, 100));
         for (k = 0; k < 100; k++) {
             int n = labels_in_part(&p, k, lab, 10);
@@ -236,11 +283,11 @@ static void test_shards(void) {
                 for (seed = 0; seed < 2; seed++) {
                     dt_partition p, q;
                     int64_t S = (int64_t)parts * spp, qs = count / S;
-                    CHECK_OK(dt_partition_shards(&p, lab, count, parts, spp, seed));
+                    CHECK_OK(part_shards(&p, lab, count, parts, spp, seed));
                     CHECK(valid_partition(&p, count, parts));
                     for (k = 0; k < parts; k++)
                         CHECK(part_size(&p, k) >= spp * qs && part_size(&p, k) <= spp * (qs + 1));
-                    CHECK_OK(dt_partition_shards(&q, lab, count, parts, spp, seed));
+                    CHECK_OK(part_shards(&q, lab, count, parts, spp, seed));
                     CHECK(same_partition(&p, &q));
                     dt_partition_free(&p);
                     dt_partition_free(&q);
@@ -274,8 +321,8 @@ static void test_dirichlet(void) {
         for (seed = 1; seed <= 3; seed++) {
             dt_partition skew, flat;
             double c_skew, c_flat;
-            CHECK_OK(dt_partition_dirichlet(&skew, lab, 5000, 10, 20, 0.1f, seed));
-            CHECK_OK(dt_partition_dirichlet(&flat, lab, 5000, 10, 20, 100.0f, seed));
+            CHECK_OK(part_dirichlet(&skew, lab, 5000, 10, 20, 0.1f, seed));
+            CHECK_OK(part_dirichlet(&flat, lab, 5000, 10, 20, 100.0f, seed));
             CHECK(valid_partition(&skew, 5000, 20) && valid_partition(&flat, 5000, 20));
             for (k = 0; k < 20; k++) CHECK(part_size(&skew, k) > 0 && part_size(&flat, k) > 0);
             CHECK_OK(dt_partition_histogram(&skew, lab, 10, hist));
@@ -297,7 +344,7 @@ static void test_dirichlet(void) {
             for (seed = 0; seed < 4; seed++) {
                 int32_t *lab = random_labels(n[s], 10);
                 dt_partition p;
-                CHECK_OK(dt_partition_dirichlet(&p, lab, n[s], 10, np[s], 0.01f, seed));
+                CHECK_OK(part_dirichlet(&p, lab, n[s], 10, np[s], 0.01f, seed));
                 CHECK(valid_partition(&p, n[s], np[s]));
                 for (k = 0; k < np[s]; k++) CHECK(part_size(&p, k) >= 1);
                 dt_partition_free(&p);
@@ -313,14 +360,14 @@ static void test_dirichlet(void) {
             for (s = 0; s < 3; s++)
                 for (seed = 0; seed < 2; seed++) {
                     dt_partition p, q;
-                    CHECK_OK(dt_partition_dirichlet(&p, lab, count, 7, parts, alphas[s], seed));
+                    CHECK_OK(part_dirichlet(&p, lab, count, 7, parts, alphas[s], seed));
                     CHECK(valid_partition(&p, count, parts));
                     if (count >= parts)
                         for (k = 0; k < parts; k++) CHECK(part_size(&p, k) >= 1);
-                    CHECK_OK(dt_partition_dirichlet(&q, lab, count, 7, parts, alphas[s], seed));
+                    CHECK_OK(part_dirichlet(&q, lab, count, 7, parts, alphas[s], seed));
                     CHECK(same_partition(&p, &q));
                     dt_partition_free(&q);
-                    CHECK_OK(dt_partition_dirichlet(&q, lab, count, 7, parts, alphas[s], seed + 50));
+                    CHECK_OK(part_dirichlet(&q, lab, count, 7, parts, alphas[s], seed + 50));
                     if (count >= 100 && parts >= 2) CHECK(!same_partition(&p, &q));
                     dt_partition_free(&p);
                     dt_partition_free(&q);
@@ -333,7 +380,7 @@ static void test_histogram(void) {
     int32_t lab[6] = {0, 1, 2, 2, 1, 2};
     int64_t hist[2 * 3];
     dt_partition p;
-    CHECK_OK(dt_partition_contiguous(&p, 6, 2));   /* {0, 1, 2} and {3, 4, 5} */
+    CHECK_OK(part_contiguous(&p, 6, 2));   /* {0, 1, 2} and {3, 4, 5} */
     CHECK_OK(dt_partition_histogram(&p, lab, 3, hist));
     CHECK(hist[0] == 1 && hist[1] == 1 && hist[2] == 1 && hist[3] == 0 && hist[4] == 1 && hist[5] == 2);
     CHECK_ERR(dt_partition_histogram(&p, lab, 2, hist), DT_ERR_INVALID_ARG);   /* label 2 with 2 classes */
@@ -353,39 +400,104 @@ static void test_partition_errors(void) {
     float f[3] = {0.5f, 0.3f, 0.1f};
     int32_t lab[4] = {0, 1, 2, 3};
     memset(&p, 0x5a, sizeof p);
-    CHECK_ERR(dt_partition_fractions(&p, 10, f, 3, 0), DT_ERR_INVALID_ARG);     /* sums to 0.9 */
+    CHECK_ERR(part_fractions(&p, 10, f, 3, 0), DT_ERR_INVALID_ARG);     /* sums to 0.9 */
     CHECK(p.offsets == NULL && p.indices == NULL && p.parts == 0);              /* zeroed on failure */
     CHECK(strstr(dt_last_error(), "sum") != NULL);
     f[2] = -0.2f; f[0] = 0.9f;
-    CHECK_ERR(dt_partition_fractions(&p, 10, f, 3, 0), DT_ERR_INVALID_ARG);     /* negative */
+    CHECK_ERR(part_fractions(&p, 10, f, 3, 0), DT_ERR_INVALID_ARG);     /* negative */
     CHECK(strstr(dt_last_error(), "fractions[2]") != NULL);
     f[2] = NAN;
-    CHECK_ERR(dt_partition_fractions(&p, 10, f, 3, 0), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_partition_fractions(&p, 10, NULL, 3, 0), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_partition_fractions(&p, 10, f, 0, 0), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_partition_fractions(NULL, 10, f, 3, 0), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_partition_iid(&p, -1, 2, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_fractions(&p, 10, f, 3, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_fractions(&p, 10, NULL, 3, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_fractions(&p, 10, f, 0, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_fractions(NULL, 10, f, 3, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_iid(&p, -1, 2, 0), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "count") != NULL);
-    CHECK_ERR(dt_partition_iid(&p, 10, 0, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_iid(&p, 10, 0, 0), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "parts") != NULL);
-    CHECK_ERR(dt_partition_contiguous(&p, 10, -3), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_partition_shards(&p, lab, 4, 2, 0, 0), DT_ERR_INVALID_ARG);
-    CHECK(strstr(dt_last_error(), "shards_per_part") != NULL);
-    CHECK_ERR(dt_partition_shards(&p, NULL, 4, 2, 2, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_contiguous(&p, 10, -3), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_shards(&p, lab, 4, 2, -1, 0), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "dt_partition_create (shards): shards_per_part is -1") != NULL);
+    CHECK_ERR(part_shards(&p, NULL, 4, 2, 2, 0), DT_ERR_INVALID_ARG);
     lab[3] = -4;
-    CHECK_ERR(dt_partition_shards(&p, lab, 4, 2, 1, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_shards(&p, lab, 4, 2, 1, 0), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "labels[3]") != NULL);
-    CHECK_ERR(dt_partition_dirichlet(&p, lab, 4, 4, 2, 0.5f, 0), DT_ERR_INVALID_ARG);   /* label -4 */
+    CHECK_ERR(part_dirichlet(&p, lab, 4, 4, 2, 0.5f, 0), DT_ERR_INVALID_ARG);   /* label -4 */
     lab[3] = 3;
-    CHECK_ERR(dt_partition_dirichlet(&p, lab, 4, 3, 2, 0.5f, 0), DT_ERR_INVALID_ARG);   /* label 3 of 3 classes */
+    CHECK_ERR(part_dirichlet(&p, lab, 4, 3, 2, 0.5f, 0), DT_ERR_INVALID_ARG);   /* label 3 of 3 classes */
     CHECK(strstr(dt_last_error(), "num_classes") != NULL);
-    CHECK_ERR(dt_partition_dirichlet(&p, lab, 4, 4, 2, 0.0f, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_dirichlet(&p, lab, 4, 4, 2, 0.0f, 0), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "alpha") != NULL);
-    CHECK_ERR(dt_partition_dirichlet(&p, lab, 4, 4, 2, NAN, 0), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_partition_dirichlet(&p, lab, 4, 4, 2, INFINITY, 0), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_partition_dirichlet(&p, lab, 4, 0, 2, 1.0f, 0), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_partition_dirichlet(&p, NULL, 4, 4, 2, 1.0f, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_dirichlet(&p, lab, 4, 4, 2, NAN, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_dirichlet(&p, lab, 4, 4, 2, INFINITY, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_dirichlet(&p, lab, 4, 0, 2, 1.0f, 0), DT_ERR_INVALID_ARG);
+    CHECK_ERR(part_dirichlet(&p, NULL, 4, 4, 2, 1.0f, 0), DT_ERR_INVALID_ARG);
     CHECK(p.offsets == NULL && p.parts == 0);
+    CHECK(live_allocs == 0);
+}
+
+/* dt_partition_desc: zero is an IID split, shards_per_part 0 is 2, and what is wrong is refused naming the field. */
+static void test_partition_desc(void) {
+    static const struct { dt_partition_kind kind; const char *name; } kinds[] = {
+        {DT_PARTITION_IID, "iid"}, {DT_PARTITION_CONTIGUOUS, "contiguous"}, {DT_PARTITION_FRACTIONS, "fractions"},
+        {DT_PARTITION_SHARDS, "shards"}, {DT_PARTITION_DIRICHLET, "dirichlet"}};
+    dt_partition p, q;
+    dt_partition_desc d;
+    dt_partition_kind k;
+    float f[2] = {0.5f, 0.5f};
+    int32_t lab[8] = {0, 1, 0, 1, 1, 0, 1, 0};
+    int i;
+    for (i = 0; i < 5; i++) {
+        CHECK(strcmp(dt_partition_kind_name(kinds[i].kind), kinds[i].name) == 0);
+        CHECK_OK(dt_partition_kind_parse(kinds[i].name, &k));
+        CHECK(k == kinds[i].kind);
+    }
+    CHECK(strcmp(dt_partition_kind_name(DT_PARTITION_KIND_COUNT), "unknown") == 0);
+    CHECK_ERR(dt_partition_kind_parse("random", &k), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "unknown partition 'random': use iid, contiguous, fractions, shards or dirichlet") != NULL);
+    memset(&d, 0, sizeof d);   /* zero: IID */
+    d.count = 10; d.parts = 3; d.seed = 4;
+    CHECK_OK(dt_partition_create(&p, &d));
+    CHECK_OK(part_iid(&q, 10, 3, 4));
+    CHECK(valid_partition(&p, 10, 3) && memcmp(p.indices, q.indices, 10 * sizeof(int64_t)) == 0);
+    dt_partition_free(&p); dt_partition_free(&q);
+    d.kind = DT_PARTITION_SHARDS; d.labels = lab; d.count = 8; d.parts = 2;   /* shards_per_part 0: 2 */
+    CHECK_OK(dt_partition_create(&p, &d));
+    CHECK_OK(part_shards(&q, lab, 8, 2, 2, 4));
+    CHECK(memcmp(p.offsets, q.offsets, 3 * sizeof(int64_t)) == 0 && memcmp(p.indices, q.indices, 8 * sizeof(int64_t)) == 0);
+    dt_partition_free(&p); dt_partition_free(&q);
+    memset(&p, 0x5a, sizeof p);
+    CHECK_ERR(dt_partition_create(&p, NULL), DT_ERR_INVALID_ARG);
+    CHECK(p.offsets == NULL && strstr(dt_last_error(), "desc is NULL") != NULL);
+    memset(&d, 0, sizeof d);
+    d.count = 10;   /* parts left 0: no default */
+    CHECK_ERR(dt_partition_create(&p, &d), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "dt_partition_create (iid): parts is 0; set it to the number of parts") != NULL);
+    d.parts = 2; d.kind = (dt_partition_kind)9;
+    CHECK_ERR(dt_partition_create(&p, &d), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "kind is 9") != NULL);
+    d.kind = DT_PARTITION_IID; d.fractions = f;   /* fractions without their kind: not silently IID */
+    CHECK_ERR(dt_partition_create(&p, &d), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "fractions (DT_PARTITION_FRACTIONS) is set") != NULL);
+    d.kind = DT_PARTITION_FRACTIONS;
+    CHECK_OK(dt_partition_create(&p, &d));
+    dt_partition_free(&p);
+    d.shards_per_part = 2;
+    CHECK_ERR(dt_partition_create(&p, &d), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "shards_per_part (DT_PARTITION_SHARDS)") != NULL);
+    d.shards_per_part = 0; d.fractions = NULL; d.kind = DT_PARTITION_SHARDS; d.labels = lab; d.count = 8; d.alpha = 0.5f;
+    CHECK_ERR(dt_partition_create(&p, &d), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "alpha (DT_PARTITION_DIRICHLET)") != NULL);
+    d.alpha = 0.0f; d.num_classes = 2;
+    CHECK_ERR(dt_partition_create(&p, &d), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "num_classes (DT_PARTITION_DIRICHLET)") != NULL);
+    d.kind = DT_PARTITION_DIRICHLET;   /* alpha left 0: no default */
+    CHECK_ERR(dt_partition_create(&p, &d), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "dt_partition_create (dirichlet): alpha is 0") != NULL);
+    d.alpha = 0.5f;
+    CHECK_OK(dt_partition_create(&p, &d));
+    CHECK(valid_partition(&p, 8, 2));
+    dt_partition_free(&p);
     CHECK(live_allocs == 0);
 }
 
@@ -400,16 +512,16 @@ static void test_sampler(void) {
                     int world = worlds[b];
                     int *hits = (int *)calloc((size_t)count, sizeof(int));
                     want = dl ? count / world : (count + world - 1) / world;
-                    CHECK(dt_sampler_size(count, world, dl) == want);
+                    CHECK(sampler_size(count, world, dl) == want);
                     perm = (int64_t *)malloc(sizeof(int64_t) * (size_t)count);
                     out = (int64_t *)malloc(sizeof(int64_t) * (size_t)(want + 1));
                     again = (int64_t *)malloc(sizeof(int64_t) * (size_t)(count + 1));   /* also a whole epoch */
                     /* the whole epoch's list is rank 0 of a world of 1 */
-                    CHECK_OK(dt_sampler_indices(count, 0, 1, 42, 3, sh, 0, perm, &n));
+                    CHECK_OK(sampler(count, 0, 1, 42, 3, sh, 0, perm, &n));
                     CHECK(n == count);
                     if (!sh) for (j = 0; j < count; j++) CHECK(perm[j] == j);
                     for (rk = 0; rk < world; rk++) {
-                        CHECK_OK(dt_sampler_indices(count, rk, world, 42, 3, sh, dl, out, &n));
+                        CHECK_OK(sampler(count, rk, world, 42, 3, sh, dl, out, &n));
                         CHECK(n == want);                                     /* every rank the same length */
                         for (j = 0; j < n; j++) {
                             int64_t at = rk + j * world;                      /* position in the padded list */
@@ -417,7 +529,7 @@ static void test_sampler(void) {
                             CHECK(out[j] == perm[at % count]);                /* padding repeats from the start */
                             hits[out[j]]++;
                         }
-                        CHECK_OK(dt_sampler_indices(count, rk, world, 42, 3, sh, dl, again, &m));
+                        CHECK_OK(sampler(count, rk, world, 42, 3, sh, dl, again, &m));
                         CHECK(m == n && memcmp(out, again, sizeof(int64_t) * (size_t)n) == 0);
                     }
                     {   /* union over ranks: every sample (drop_last 0), each at most once apart from padding */
@@ -429,9 +541,9 @@ static void test_sampler(void) {
                         for (j = 0; j < count; j++) CHECK(hits[j] <= (total + count - 1) / count);
                     }
                     if (sh && count >= 10) {   /* another epoch or seed: another permutation */
-                        CHECK_OK(dt_sampler_indices(count, 0, 1, 42, 4, sh, 0, again, &n));
+                        CHECK_OK(sampler(count, 0, 1, 42, 4, sh, 0, again, &n));
                         CHECK(memcmp(perm, again, sizeof(int64_t) * (size_t)count) != 0);
-                        CHECK_OK(dt_sampler_indices(count, 0, 1, 43, 3, sh, 0, again, &n));
+                        CHECK_OK(sampler(count, 0, 1, 43, 3, sh, 0, again, &n));
                         CHECK(memcmp(perm, again, sizeof(int64_t) * (size_t)count) != 0);
                     }
                     free(hits); free(perm); free(out); free(again);
@@ -444,30 +556,54 @@ static void test_sampler_pytorch_example(void) {
     int64_t out[3], n, big[16];
     int r;
     for (r = 0; r < 4; r++) {
-        CHECK_OK(dt_sampler_indices(10, r, 4, 0, 0, 0, 0, out, &n));
+        CHECK_OK(sampler(10, r, 4, 0, 0, 0, 0, out, &n));
         CHECK(n == 3 && memcmp(out, pad[r], sizeof out) == 0);
-        CHECK_OK(dt_sampler_indices(10, r, 4, 0, 0, 0, 1, out, &n));
+        CHECK_OK(sampler(10, r, 4, 0, 0, 0, 1, out, &n));
         CHECK(n == 2 && out[0] == cut[r][0] && out[1] == cut[r][1]);
     }
     /* 3 samples on 8 ranks: padded to 8 with 0, 1, 2, 0, 1 (repeated as often as needed) */
     for (r = 0; r < 8; r++) {
-        CHECK_OK(dt_sampler_indices(3, r, 8, 0, 0, 0, 0, big, &n));
+        CHECK_OK(sampler(3, r, 8, 0, 0, 0, 0, big, &n));
         CHECK(n == 1 && big[0] == r % 3);
-        CHECK_OK(dt_sampler_indices(3, r, 8, 0, 0, 0, 1, big, &n));
+        CHECK_OK(sampler(3, r, 8, 0, 0, 0, 1, big, &n));
         CHECK(n == 0);
     }
-    CHECK_OK(dt_sampler_indices(0, 0, 2, 0, 0, 1, 0, NULL, &n));   /* nothing to sample */
+    CHECK_OK(sampler(0, 0, 2, 0, 0, 1, 0, NULL, &n));   /* nothing to sample */
     CHECK(n == 0);
-    CHECK_ERR(dt_sampler_indices(10, 4, 4, 0, 0, 0, 0, out, &n), DT_ERR_INVALID_ARG);
+    CHECK_ERR(sampler(10, 4, 4, 0, 0, 0, 0, out, &n), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "rank") != NULL);
-    CHECK_ERR(dt_sampler_indices(10, -1, 4, 0, 0, 0, 0, out, &n), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_sampler_indices(10, 0, 0, 0, 0, 0, 0, out, &n), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_sampler_indices(-5, 0, 1, 0, 0, 0, 0, out, &n), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_sampler_indices(10, 0, 4, 0, -1, 0, 0, out, &n), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_sampler_indices(10, 0, 4, 0, 0, 0, 0, NULL, &n), DT_ERR_INVALID_ARG);
+    CHECK_ERR(sampler(10, -1, 4, 0, 0, 0, 0, out, &n), DT_ERR_INVALID_ARG);
+    CHECK_ERR(sampler(10, 0, 0, 0, 0, 0, 0, out, &n), DT_ERR_INVALID_ARG);
+    CHECK_ERR(sampler(-5, 0, 1, 0, 0, 0, 0, out, &n), DT_ERR_INVALID_ARG);
+    CHECK_ERR(sampler(10, 0, 4, 0, -1, 0, 0, out, &n), DT_ERR_INVALID_ARG);
+    CHECK_ERR(sampler(10, 0, 4, 0, 0, 0, 0, NULL, &n), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "dt_sampler_size") != NULL);
-    CHECK_ERR(dt_sampler_indices(10, 0, 4, 0, 0, 0, 0, out, NULL), DT_ERR_INVALID_ARG);
-    CHECK(dt_sampler_size(10, 0, 0) == 0 && dt_sampler_size(-1, 2, 0) == 0 && dt_sampler_size(7, 2, 1) == 3);
+    CHECK_ERR(sampler(10, 0, 4, 0, 0, 0, 0, out, NULL), DT_ERR_INVALID_ARG);
+    CHECK(sampler_size(10, 0, 0) == 0 && sampler_size(-1, 2, 0) == 0 && sampler_size(7, 2, 1) == 3);
+    CHECK(dt_sampler_size(NULL) == 0);
+}
+
+/* dt_sampler_desc: each wrong field refused, naming it and the fix. */
+static void test_sampler_desc(void) {
+    dt_sampler_desc d;
+    int64_t out[10], n = 5;
+    CHECK_ERR(dt_sampler_indices(NULL, out, &n), DT_ERR_INVALID_ARG);
+    CHECK(n == 0 && strstr(dt_last_error(), "desc is NULL") != NULL);
+    memset(&d, 0, sizeof d);
+    d.count = 10;   /* world left 0: no default */
+    CHECK_ERR(dt_sampler_indices(&d, out, &n), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "world is 0; set it to the number of ranks") != NULL);
+    d.world = 2; d.rank = 2;
+    CHECK_ERR(dt_sampler_indices(&d, out, &n), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "rank is 2 of world 2") != NULL);
+    d.rank = 1; d.shuffle = 2;
+    CHECK_ERR(dt_sampler_indices(&d, out, &n), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "shuffle is 2 and drop_last 0; each must be 0 or 1") != NULL);
+    d.shuffle = 0; d.drop_last = -1;
+    CHECK_ERR(dt_sampler_indices(&d, out, &n), DT_ERR_INVALID_ARG);
+    d.drop_last = 0;
+    CHECK_OK(dt_sampler_indices(&d, out, &n));
+    CHECK(n == 5 && out[0] == 1 && out[4] == 9 && dt_sampler_size(&d) == 5);
 }
 
 /* ---- loader ---- */
@@ -726,19 +862,19 @@ static void test_loader_with_sampler(void) {
     memset(&d, 0, sizeof d);
     d.dataset = &ds; d.batch = 5; d.prefetch = 1;
     for (r = 0; r < 3; r++) {
-        d.count = dt_sampler_size(NS, 3, 0);
-        CHECK_OK(dt_sampler_indices(NS, r, 3, 1, 0, 1, 0, want, &n));
+        d.count = sampler_size(NS, 3, 0);
+        CHECK_OK(sampler(NS, r, 3, 1, 0, 1, 0, want, &n));
         d.indices = want;
         CHECK_OK(dt_loader_create(&l[r], &d));
     }
     for (e = 0; e < 3; e++) {
         int hits[NS] = {0}, i;
         for (r = 0; r < 3; r++) {
-            CHECK_OK(dt_sampler_indices(NS, r, 3, 1, e, 1, 0, want, &n));
+            CHECK_OK(sampler(NS, r, 3, 1, e, 1, 0, want, &n));
             CHECK_OK(dt_loader_set_indices(l[r], want, n));
             CHECK_ERR(dt_loader_next(l[r], &x, &y, &nb), DT_ERR_STATE);   /* no epoch after new ids */
             CHECK(strstr(dt_last_error(), "dt_loader_start_epoch") != NULL);
-            CHECK_OK(dt_sampler_indices(NS, r, 3, 1, e, 1, 0, want, &n));
+            CHECK_OK(sampler(NS, r, 3, 1, e, 1, 0, want, &n));
             CHECK(epoch_ids(l[r], e, got, &nb, &last) == n && n == 35);
             CHECK(memcmp(got, want, sizeof(int64_t) * (size_t)n) == 0);
             for (i = 0; i < n; i++) hits[got[i]]++;
@@ -845,19 +981,19 @@ static void test_out_of_memory(void) {
         dt_loader_desc d;
         dt_result r;
         total_allocs = 0; fail_after = k;
-        r = dt_partition_dirichlet(&p, lab, 500, 10, 7, 0.5f, 1);
+        r = part_dirichlet(&p, lab, 500, 10, 7, 0.5f, 1);
         CHECK(r == (k >= 2 ? DT_OK : DT_ERR_OUT_OF_MEMORY) && (r == DT_OK || p.offsets == NULL));
         dt_partition_free(&p);
         total_allocs = 0;
-        r = dt_partition_shards(&p, lab, 500, 7, 2, 1);
+        r = part_shards(&p, lab, 500, 7, 2, 1);
         CHECK(r == (k >= 2 ? DT_OK : DT_ERR_OUT_OF_MEMORY) && (r == DT_OK || p.offsets == NULL));
         dt_partition_free(&p);
         total_allocs = 0;
-        r = dt_partition_iid(&p, 500, 7, 1);
+        r = part_iid(&p, 500, 7, 1);
         CHECK(r == (k >= 1 ? DT_OK : DT_ERR_OUT_OF_MEMORY));
         dt_partition_free(&p);
         total_allocs = 0;
-        r = dt_sampler_indices(500, 1, 3, 0, 0, 1, 0, out, &n);
+        r = sampler(500, 1, 3, 0, 0, 1, 0, out, &n);
         CHECK(r == (k >= 1 ? DT_OK : DT_ERR_OUT_OF_MEMORY) && (r == DT_OK || n == 0));
         for (pf = 0; pf < 2; pf++) {
             memset(&d, 0, sizeof d);
@@ -886,8 +1022,10 @@ int main(int argc, char **argv) {
     RUN(test_dirichlet);
     RUN(test_histogram);
     RUN(test_partition_errors);
+    RUN(test_partition_desc);
     RUN(test_sampler);
     RUN(test_sampler_pytorch_example);
+    RUN(test_sampler_desc);
     RUN(test_loader_batches);
     RUN(test_loader_determinism);
     RUN(test_loader_prefetch_identical);

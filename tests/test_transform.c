@@ -18,18 +18,27 @@ static dt_dataset make_ds(void) {
     return ds;
 }
 
+/* dt_dataset_batch with its desc's fields in argument order. */
+static dt_result batch(const dt_dataset *ds, const int64_t *idx, int64_t n, const dt_transform *t, uint64_t seed,
+                       uint64_t epoch, float *x, int32_t *y) {
+    dt_batch_desc d;
+    memset(&d, 0, sizeof d);
+    d.indices = idx; d.count = n; d.transform = t; d.seed = seed; d.epoch = epoch;
+    return dt_dataset_batch(ds, &d, x, y);
+}
+
 static void test_plain_and_normalise(void) {
     dt_dataset ds = make_ds();
     int64_t idx[2] = {4, 1}, i;
     float x[2 * C * H * W];
     int32_t y[2];
     dt_transform t;
-    CHECK_OK(dt_dataset_batch(&ds, idx, 2, NULL, 0, 0, x, y));
+    CHECK_OK(batch(&ds, idx, 2, NULL, 0, 0, x, y));
     CHECK(y[0] == 1 && y[1] == 1);
     for (i = 0; i < C * H * W; i++) CHECK(fabsf(x[i] - pix[4 * C * H * W + i] / 255.0f) < 1e-6f);
     memset(&t, 0, sizeof t);
     t.mean[0] = 0.5f; t.mean[1] = 0.25f; t.mean[2] = 0.0f; t.std[0] = 0.5f; t.std[1] = 2.0f; t.std[2] = 0.0f;
-    CHECK_OK(dt_dataset_batch(&ds, idx, 2, &t, 0, 0, x, y));
+    CHECK_OK(batch(&ds, idx, 2, &t, 0, 0, x, y));
     for (i = 0; i < C * H * W; i++) {
         int c = (int)(i / (H * W));
         float p = pix[4 * C * H * W + i] / 255.0f, want = c == 0 ? (p - 0.5f) / 0.5f : c == 1 ? (p - 0.25f) / 2.0f : p;
@@ -46,12 +55,12 @@ static void test_crop_flip(void) {
     dt_transform t;
     memset(&t, 0, sizeof t);
     t.crop_pad = 2; t.flip = 1;
-    CHECK_OK(dt_dataset_batch(&ds, idx, 6, &t, 9, 3, x, y));
-    CHECK_OK(dt_dataset_batch(&ds, idx, 6, &t, 9, 3, x2, y));
+    CHECK_OK(batch(&ds, idx, 6, &t, 9, 3, x, y));
+    CHECK_OK(batch(&ds, idx, 6, &t, 9, 3, x2, y));
     CHECK(memcmp(x, x2, sizeof x) == 0);                       /* same (seed, epoch): same result */
     {   /* one sample alone converts as it did inside the batch */
         int64_t one = 4;
-        CHECK_OK(dt_dataset_batch(&ds, &one, 1, &t, 9, 3, x3, y));
+        CHECK_OK(batch(&ds, &one, 1, &t, 9, 3, x3, y));
         CHECK(memcmp(x3, x + 4 * C * H * W, sizeof(float) * C * H * W) == 0);
     }
     for (s = 0; s < 6; s++) {
@@ -81,13 +90,13 @@ static void test_crop_flip(void) {
             dt_transform tf;
             memset(&tf, 0, sizeof tf);
             tf.flip = 1;
-            CHECK_OK(dt_dataset_batch(&ds, &one, 1, &tf, 9, (uint64_t)e, x3, y));
+            CHECK_OK(batch(&ds, &one, 1, &tf, 9, (uint64_t)e, x3, y));
             if (fabsf(x3[0] - pix[0] / 255.0f) < 1e-6f) seen_plain++;
             else if (fabsf(x3[0] - pix[W - 1] / 255.0f) < 1e-6f) seen_flip++;
         }
         CHECK(seen_flip > 8 && seen_plain > 8 && seen_flip + seen_plain == 40);
     }
-    CHECK_OK(dt_dataset_batch(&ds, idx, 6, &t, 9, 4, x2, y));   /* another epoch: other choices */
+    CHECK_OK(batch(&ds, idx, 6, &t, 9, 4, x2, y));   /* another epoch: other choices */
     CHECK(memcmp(x, x2, sizeof x) != 0);
 }
 
@@ -99,13 +108,19 @@ static void test_batch_errors(void) {
     dt_transform t;
     memset(&empty, 0, sizeof empty);
     memset(&t, 0, sizeof t);
-    CHECK_ERR(dt_dataset_batch(&ds, bad, 1, NULL, 0, 0, x, y), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_dataset_batch(&ds, neg, 1, NULL, 0, 0, x, y), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_dataset_batch(&ds, ok, 0, NULL, 0, 0, x, y), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_dataset_batch(&ds, ok, 1, NULL, 0, 0, NULL, y), DT_ERR_INVALID_ARG);
-    CHECK_ERR(dt_dataset_batch(&empty, ok, 1, NULL, 0, 0, x, y), DT_ERR_STATE);
+    CHECK_ERR(batch(&ds, bad, 1, NULL, 0, 0, x, y), DT_ERR_INVALID_ARG);
+    CHECK_ERR(batch(&ds, neg, 1, NULL, 0, 0, x, y), DT_ERR_INVALID_ARG);
+    CHECK_ERR(batch(&ds, ok, 0, NULL, 0, 0, x, y), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "count is 0; set it to the samples of the batch") != NULL);
+    CHECK_ERR(batch(&ds, NULL, 1, NULL, 0, 0, x, y), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "indices is NULL") != NULL);
+    CHECK_ERR(dt_dataset_batch(&ds, NULL, x, y), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "the desc") != NULL);
+    CHECK_ERR(batch(&ds, ok, 1, NULL, 0, 0, NULL, y), DT_ERR_INVALID_ARG);
+    CHECK_ERR(batch(&empty, ok, 1, NULL, 0, 0, x, y), DT_ERR_STATE);
     t.crop_pad = -1;
-    CHECK_ERR(dt_dataset_batch(&ds, ok, 1, &t, 0, 0, x, y), DT_ERR_INVALID_ARG);
+    CHECK_ERR(batch(&ds, ok, 1, &t, 0, 0, x, y), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "crop_pad is -1") != NULL);
     dt_dataset_free(NULL);
 }
 

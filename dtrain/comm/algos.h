@@ -632,17 +632,30 @@ static dt_result dt__coll_alltoallv(dt_comm *c, const void *send, const size_t *
 }
 
 static dt_result dt__coll_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
-                                            const int *to, int nto, const int *from, int nfrom) {
-    dt_result r = dt__comm_check(c, "dt_comm_neighbor_exchange", send, count, t, 0, NULL);
+                                            const dt_neighbors *nb) {
+    const char *fn = "dt_comm_neighbor_exchange";
+    dt_result r = dt__comm_check(c, fn, send, count, t, 0, NULL);
+    const int *to = nb ? nb->to : NULL, *from = nb ? nb->from : NULL;
+    int nto = nb ? nb->nto : 0, nfrom = nb ? nb->nfrom : 0;
     size_t bytes;
     dt_request *q = NULL;
     int i;
-    if (r == DT_OK && (nto < 0 || nfrom < 0 || (nto > 0 && !to) || (nfrom > 0 && !from) || (nfrom > 0 && count > 0 && !recv)))
-        r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_neighbor_exchange: a neighbour list or the receive buffer is missing");
+    if (r == DT_OK && !nb)
+        r = dt_set_error(DT_ERR_INVALID_ARG, "%s: the neighbours are NULL; pass a dt_neighbors (zeroed: none)", fn);
+    else if (r == DT_OK && (nto < 0 || (nto > 0 && !to)))
+        r = dt_set_error(DT_ERR_INVALID_ARG, "%s: nto is %d and to %s; give to [nto] ranks, nto >= 0", fn, nto,
+                         to ? "is set" : "is NULL");
+    else if (r == DT_OK && (nfrom < 0 || (nfrom > 0 && !from)))
+        r = dt_set_error(DT_ERR_INVALID_ARG, "%s: nfrom is %d and from %s; give from [nfrom] ranks, nfrom >= 0", fn, nfrom,
+                         from ? "is set" : "is NULL");
+    else if (r == DT_OK && nfrom > 0 && count > 0 && !recv)
+        r = dt_set_error(DT_ERR_INVALID_ARG, "%s: recv is NULL; it must hold nfrom x count = %d x %zu elements", fn, nfrom,
+                         count);
     for (i = 0; r == DT_OK && i < nto + nfrom; i++) {
         int k = i < nto ? to[i] : from[i - nto];
         if (k < 0 || k >= c->size)
-            r = dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_neighbor_exchange: neighbour %d is not a rank (0..%d)", k, c->size - 1);
+            r = dt_set_error(DT_ERR_INVALID_ARG, "%s: neighbour %d (%s[%d]) is not a rank (0..%d)", fn, k,
+                             i < nto ? "to" : "from", i < nto ? i : i - nto, c->size - 1);
     }
     if (r != DT_OK) return r;
     if (!count) { send = dt__nonnull(send); recv = dt__nonnull(recv); }
@@ -701,9 +714,9 @@ dt_result dt_comm_alltoallv(dt_comm *c, const void *send, const size_t *sendcoun
     return dt__trace_close(mark, dt__coll_alltoallv(c, send, sendcounts, sdispls, recv, recvcounts, rdispls, t));
 }
 dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
-                                    const int *to, int nto, const int *from, int nfrom) {
+                                    const dt_neighbors *nb) {
     int mark = dt__trace_mark();
-    return dt__trace_close(mark, dt__coll_neighbor_exchange(c, send, recv, count, t, to, nto, from, nfrom));
+    return dt__trace_close(mark, dt__coll_neighbor_exchange(c, send, recv, count, t, nb));
 }
 
 #ifdef __cplusplus

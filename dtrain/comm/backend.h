@@ -84,7 +84,7 @@ typedef struct dt_comm_backend {
 dt_result dt_comm_create_backend(dt_comm **out, const dt_comm_backend *backend, void *impl, int rank, int size,
                                  int tag_ub, const dt_comm_desc *desc);
 void     *dt_comm_impl(const dt_comm *c);                           /* the backend's state given at creation */
-const dt_comm_backend *dt_comm_get_backend(const dt_comm *c);       /* the table c runs on */
+const dt_comm_backend *dt_comm_backend_table(const dt_comm *c);     /* the table c runs on */
 /* The backend's grouping of ranks into nodes (node_of[size]: equal values = one node), for DT_ALGO_HIER,
    the link model and dt_comm_nodes; a backend that knows it calls this once, after creation, unless
    dt_comm_get_desc(c).node_size declares one. Without it every rank is its own node. */
@@ -251,7 +251,7 @@ void dt_comm_describe(const dt_comm *c, char *buf, size_t cap) {
 uint64_t dt_comm_signature(const dt_comm *c) { return c ? dt__sig_hash(c->sig) ^ dt__mix64(c->sig[0] + 0x9e3779b97f4a7c15ull) : 0; }
 uint64_t dt_comm_seq(const dt_comm *c) { return c ? c->seq : 0; }
 void *dt_comm_impl(const dt_comm *c) { return c ? c->impl : NULL; }
-const dt_comm_backend *dt_comm_get_backend(const dt_comm *c) { return c ? c->backend : NULL; }
+const dt_comm_backend *dt_comm_backend_table(const dt_comm *c) { return c ? c->backend : NULL; }
 dt_result dt_comm_broken(const dt_comm *c) { return c ? c->broken : DT_OK; }
 
 /* A message that may begin with its result code's name ("DT_ERR_IO: ..."): the text after it. */

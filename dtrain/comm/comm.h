@@ -182,11 +182,19 @@ dt_result dt_comm_alltoall(dt_comm *c, const void *send, void *recv, size_t coun
    DT_ERR_MISMATCH on both). Arrays of size entries; blocks must not overlap. Pairwise exchange. */
 dt_result dt_comm_alltoallv(dt_comm *c, const void *send, const size_t *sendcounts, const size_t *sdispls,
                             void *recv, const size_t *recvcounts, const size_t *rdispls, dt_dtype t);
-/* Neighbour exchange for gossip: send goes to each rank in to[0..nto), and recv[i * count] receives from
-   from[i], i < nfrom. Every rank calls it (with its own lists; a rank may list none); the edges must
+/* The neighbours of one rank in a dt_comm_neighbor_exchange: it sends to to[0..nto) and receives from
+   from[0..nfrom). Zero: no neighbours. */
+typedef struct dt_neighbors {
+    const int *to;       /* [nto] ranks */
+    int        nto;      /* >= 0 */
+    const int *from;     /* [nfrom] ranks */
+    int        nfrom;    /* >= 0 */
+} dt_neighbors;
+/* Neighbour exchange for gossip: send goes to each rank in nb->to, and recv[i * count] receives from
+   nb->from[i], i < nfrom. Every rank calls it (with its own lists; a rank may list none); the edges must
    match (a in b's to exactly when b in a's from). */
 dt_result dt_comm_neighbor_exchange(dt_comm *c, const void *send, void *recv, size_t count, dt_dtype t,
-                                    const int *to, int nto, const int *from, int nfrom);
+                                    const dt_neighbors *nb);
 
 /* The nodes of c's ranks (dt_comm_desc.node_size): returns how many nodes there are and, when node_of is not
    NULL, writes node_of[size]: each rank's node, numbered 0, 1, ... in the order of their lowest ranks. */

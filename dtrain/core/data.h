@@ -49,11 +49,19 @@ typedef struct dt_transform {
     int     flip;
 } dt_transform;
 
-/* Converts samples idx[0..n) of ds into x [n, c, h, w] and y [n] (host memory). Random choices are a
-   pure function of (seed, epoch, sample index), so any rank or thread converting a sample in an epoch
-   gets the same result. t may be NULL (x = pixel / 255). */
-dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, const dt_transform *t, uint64_t seed,
-                           uint64_t epoch, float *x, int32_t *y);
+/* The samples dt_dataset_batch converts, and how. Zero means the default where there is one. */
+typedef struct dt_batch_desc {
+    const int64_t      *indices;     /* [count] sample ids of the dataset */
+    int64_t             count;       /* > 0 (no default) */
+    const dt_transform *transform;   /* NULL = pixel / 255 */
+    uint64_t            seed;        /* the transform's random choices are a function of (seed, epoch, id) */
+    uint64_t            epoch;
+} dt_batch_desc;
+
+/* Converts samples d->indices[0..count) of ds into x [count, c, h, w] and y [count] (host memory). Random
+   choices are a pure function of (seed, epoch, sample index), so any rank or thread converting a sample in
+   an epoch gets the same result. */
+dt_result dt_dataset_batch(const dt_dataset *ds, const dt_batch_desc *d, float *x, int32_t *y);
 
 /* ---- loader ---------------------------------------------------------------------------------- */
 
@@ -148,15 +156,25 @@ dt_result dt_dataset_pad(dt_dataset *ds, int64_t h, int64_t w) {
     return DT_OK;
 }
 
-dt_result dt_dataset_batch(const dt_dataset *ds, const int64_t *idx, int64_t n, const dt_transform *t, uint64_t seed,
-                           uint64_t epoch, float *x, int32_t *y) {
-    int64_t i, plane, chans;
+dt_result dt_dataset_batch(const dt_dataset *ds, const dt_batch_desc *d, float *x, int32_t *y) {
+    const int64_t *idx;
+    const dt_transform *t;
+    uint64_t seed, epoch;
+    int64_t i, n, plane, chans;
     float scale[3], shift[3];
-    if (!ds || !idx || !x || !y) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: NULL argument");
-    if (n <= 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: n is %lld; it must be > 0", (long long)n);
+    if (!ds || !d || !x || !y)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: NULL argument (the dataset, the desc, x and y are needed)");
+    idx = d->indices; n = d->count; t = d->transform; seed = d->seed; epoch = d->epoch;
+    if (n <= 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: count is %lld; set it to the samples of the batch, > 0",
+                            (long long)n);
+    if (!idx) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: indices is NULL; pass the batch's %lld sample ids",
+                                  (long long)n);
     if (!ds->pixels || !ds->labels || ds->count <= 0)
         return dt_set_error(DT_ERR_STATE, "dt_dataset_batch: the dataset is empty; load it first");
-    if (t && t->crop_pad < 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: crop_pad is negative");
+    if (t && t->crop_pad < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_batch: the transform's crop_pad is %lld; it must be >= 0 (0: no crop)",
+                            (long long)t->crop_pad);
     plane = ds->h * ds->w;
     chans = ds->c;
     for (i = 0; i < 3; i++) {   /* x = p * scale + shift, with scale = 1 / (255 std), shift = -mean / std */
@@ -228,9 +246,14 @@ struct dt_loader {
 };
 
 static dt_result dt__loader_convert(dt_loader *l, int64_t k, int slot) {
-    int64_t start = k * l->batch, n = l->count - start < l->batch ? l->count - start : l->batch;
-    return dt_dataset_batch(l->ds, l->order + start, n, l->has_tf ? &l->tf : NULL, l->seed, (uint64_t)l->epoch,
-                            l->x[slot], l->y[slot]);
+    int64_t start = k * l->batch;
+    dt_batch_desc b;
+    b.indices = l->order + start;
+    b.count = l->count - start < l->batch ? l->count - start : l->batch;
+    b.transform = l->has_tf ? &l->tf : NULL;
+    b.seed = l->seed;
+    b.epoch = (uint64_t)l->epoch;
+    return dt_dataset_batch(l->ds, &b, l->x[slot], l->y[slot]);
 }
 
 static void dt__loader_worker(void *arg) {

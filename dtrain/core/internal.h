@@ -192,8 +192,7 @@ static void dt__compress_free(dt__compress *d);
 
 /* ==== dtrain/train/aggregate.h: FedAvg's aggregation ==== */
 #ifdef DTRAIN_AGGREGATE_IMPLEMENTATION_DONE
-static dt_result dt__fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n,
-                                   int64_t len, int64_t sel_len, float *out, int *kept_out,
-                                   const dt_fed_agg_desc *desc);
-static int dt__fed_min_clients(dt_fed_agg kind, const dt_fed_agg_desc *a);
+static dt_result dt__fed_aggregate(const dt_fed_agg_desc *desc, const float *const *updates, const double *weights, int n,
+                                   int64_t len, int64_t sel_len, float *out, int *kept_out);
+static int dt__fed_min_clients(const dt_fed_agg_desc *a);
 #endif

@@ -104,9 +104,12 @@ int dt_model_set_node_name(dt_model *m, int x, const char *name);
    Returns the first builder error, if any. The last node added is the model's output. */
 dt_result dt_model_finalize(dt_model *m);
 
-/* Training mode (default): dropout active, batchnorm uses batch statistics. Eval: the opposite. */
-void dt_model_train(dt_model *m, int training);
-int  dt_model_is_training(const dt_model *m);
+/* The model's mode: DT_MODE_TRAIN (the default: dropout active, batchnorm on batch statistics) or
+   DT_MODE_EVAL (no dropout, batchnorm on its running statistics). */
+typedef enum dt_mode { DT_MODE_TRAIN = 0, DT_MODE_EVAL } dt_mode;
+/* Sets the mode; another value than DT_MODE_TRAIN or DT_MODE_EVAL is DT_ERR_INVALID_ARG and the mode stays. */
+dt_result dt_model_set_mode(dt_model *m, dt_mode mode);
+dt_mode   dt_model_mode(const dt_model *m);   /* DT_MODE_TRAIN for NULL */
 
 /* Forward pass on a host batch x [batch, in_c, in_h, in_w]. Grows the activation arena the first
    time a larger batch is seen. In training mode a batch norm with one value per channel (batch 1 of a
@@ -132,7 +135,7 @@ void dt_model_zero_grad(dt_model *m);
 typedef void (*dt_backward_hook)(void *user, dt_model *m, int node);
 void dt_model_set_backward_hook(dt_model *m, dt_backward_hook fn, void *user);
 /* Copies the output of the last forward ([batch, out...]) to host memory; count = batch * output size. */
-dt_result dt_model_output(dt_model *m, float *host, int64_t count);
+dt_result dt_model_get_output(dt_model *m, float *host, int64_t count);
 /* Number of correctly classified samples of the last forward (argmax of the output vs labels). */
 dt_result dt_model_count_correct(dt_model *m, const int32_t *labels, int64_t *correct);
 
@@ -861,8 +864,14 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
     return DT_OK;
 }
 
-void dt_model_train(dt_model *m, int training) { if (m) m->training = training != 0; }
-int dt_model_is_training(const dt_model *m) { return m ? m->training : 0; }
+dt_result dt_model_set_mode(dt_model *m, dt_mode mode) {
+    if (!m) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_set_mode: the model is NULL");
+    if (mode != DT_MODE_TRAIN && mode != DT_MODE_EVAL)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_set_mode: mode is %d; pass DT_MODE_TRAIN or DT_MODE_EVAL", (int)mode);
+    m->training = mode == DT_MODE_TRAIN;
+    return DT_OK;
+}
+dt_mode dt_model_mode(const dt_model *m) { return m && !m->training ? DT_MODE_EVAL : DT_MODE_TRAIN; }
 
 /* ---- forward and backward of each layer --------------------------------------------------------- */
 
@@ -1055,7 +1064,7 @@ static dt_result dt__bn_batch_check(const dt_model *m, int64_t batch) {
         return dt_set_error(DT_ERR_SHAPE, "dt_model_forward: batch norm node %d (%s) in training mode gets 1 value per channel "
                             "(a batch of 1 of [%lld, %lld, %lld]): its batch statistics are undefined; train with batches of "
                             "at least 2 (drop_last in dt_loader_desc drops a last batch of 1), or put the model in eval "
-                            "mode (dt_model_train(m, 0))", i, n->name, (long long)n->c, (long long)n->h, (long long)n->w);
+                            "mode (dt_model_set_mode(m, DT_MODE_EVAL))", i, n->name, (long long)n->c, (long long)n->h, (long long)n->w);
     }
     return DT_OK;
 }
@@ -1196,18 +1205,18 @@ void dt_model_zero_grad(dt_model *m) {
     (void)dt__sync(m, "dt_model_zero_grad");   /* a failure stays with the backend: the next call returns it */
 }
 
-dt_result dt_model_output(dt_model *m, float *host, int64_t count) {
+dt_result dt_model_get_output(dt_model *m, float *host, int64_t count) {
     dt_result r;
     int64_t want;
-    if ((r = dt__need_final(m, "dt_model_output")) != DT_OK) return r;
-    if (!m->batch) return dt_set_error(DT_ERR_STATE, "dt_model_output: no forward pass yet");
-    if (!host) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_output: host buffer is NULL");
+    if ((r = dt__need_final(m, "dt_model_get_output")) != DT_OK) return r;
+    if (!m->batch) return dt_set_error(DT_ERR_STATE, "dt_model_get_output: no forward pass yet");
+    if (!host) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_get_output: host buffer is NULL");
     want = m->batch * m->nodes[m->nnodes - 1].size;
     if (count != want)
-        return dt_set_error(DT_ERR_SHAPE, "dt_model_output: count is %lld but the output has %lld elements (batch %lld x %lld)",
+        return dt_set_error(DT_ERR_SHAPE, "dt_model_get_output: count is %lld but the output has %lld elements (batch %lld x %lld)",
                             (long long)count, (long long)want, (long long)m->batch, (long long)m->nodes[m->nnodes - 1].size);
     m->ops->download(m->ctx, host, m->nodes[m->nnodes - 1].out, (int64_t)sizeof(float) * want);
-    return dt__sync(m, "dt_model_output");
+    return dt__sync(m, "dt_model_get_output");
 }
 
 dt_result dt_model_count_correct(dt_model *m, const int32_t *labels, int64_t *correct) {

@@ -9,7 +9,7 @@
    USES
      dtrain/core/base.h only (a partition is of sample ids: it knows nothing of datasets or models).
    READ FIRST
-     dt_partition_dirichlet, dt_sampler_indices.
+     dt_partition_create (and dt__partition_dirichlet), dt_sampler_indices.
 */
 #ifndef DTRAIN_PARTITION_H
 #define DTRAIN_PARTITION_H
@@ -22,60 +22,88 @@ extern "C" {
 /* ---- partitions ------------------------------------------------------------------------------ */
 
 /* A split of the sample ids 0..count-1 into `parts` disjoint lists that together hold every id exactly
-   once. Part p is indices[offsets[p] .. offsets[p+1]); offsets[0] = 0 and offsets[parts] = count. The
-   constructors allocate offsets and indices as one block (indices points into it), zero *p on failure,
-   and are pure functions of their arguments: every rank computes the same partition from the same seed
-   without communicating. A part can be empty only where its constructor says so. */
+   once. Part p is indices[offsets[p] .. offsets[p+1]); offsets[0] = 0 and offsets[parts] = count.
+   dt_partition_create allocates offsets and indices as one block (indices points into it), zeroes *p on
+   failure, and is a pure function of its desc: every rank computes the same partition from the same seed
+   without communicating. A part can be empty only where its kind says so. */
 typedef struct dt_partition {
     int      parts;
     int64_t *offsets;            /* [parts + 1] */
     int64_t *indices;            /* [count] sample ids; part p is indices[offsets[p] .. offsets[p+1]) */
 } dt_partition;
 
-/* Frees what a constructor allocated and zeroes *p. NULL is allowed. */
-void dt_partition_free(dt_partition *p);
+/* The partitioners. Every one is a pure function of its desc, each sample in exactly one part:
+     IID         a seeded shuffle, then part p takes floor(count / parts) samples, plus one when
+                 p < count % parts (sizes differ by at most 1; parts beyond count are empty)
+     CONTIGUOUS  the same sizes as blocks in index order: part p is [start_p, start_p + n_p)
+     FRACTIONS   train/val/test style: a seeded shuffle, then consecutive slices, part p taking fractions[p]
+                 of the samples (e.g. {0.7f, 0.2f, 0.1f}), each >= 0, summing to 1 within 1e-4. Sizes:
+                 n_p = floor(count * f_p / sum(f)); the samples left over (fewer than parts) go one each to
+                 the parts with f_p > 0 in order 0, 1, 2, ...; so f_p = 0 gives an empty part
+     SHARDS      the pathological non-IID split of the FedAvg paper (McMahan et al. 2017): the ids are sorted
+                 by label (stable, so ties keep id order), cut into S = parts * shards_per_part shards of
+                 floor(count / S) ids (the first count % S shards one more), and each part receives
+                 shards_per_part shards drawn at random without replacement. With 2 shards per part most
+                 parts hold at most 2 labels. Parts are empty only when count < S leaves shards empty
+     DIRICHLET   label skew: for each class, proportions q ~ Dirichlet(alpha, ..., alpha) over the parts, and
+                 the class's samples (shuffled) are cut at floor(n_class * cumsum(q)). Small alpha (0.1) =
+                 each part dominated by a few classes; large alpha (100) = near IID. When count >= parts no
+                 part is empty: an allocation with an empty part is redrawn (up to 100 draws, as common
+                 implementations do), and if one remains empty, one sample at a time moves to it from the
+                 largest part */
+typedef enum dt_partition_kind {
+    DT_PARTITION_IID = 0, DT_PARTITION_CONTIGUOUS, DT_PARTITION_FRACTIONS, DT_PARTITION_SHARDS, DT_PARTITION_DIRICHLET,
+    DT_PARTITION_KIND_COUNT
+} dt_partition_kind;
+const char *dt_partition_kind_name(dt_partition_kind k);   /* "iid", "contiguous", "fractions", "shards", "dirichlet" */
+dt_result   dt_partition_kind_parse(const char *s, dt_partition_kind *out);
 
-/* Train/val/test style split: a seeded shuffle of 0..count-1, then consecutive slices, part p taking
-   fractions[p] of the samples (e.g. {0.7f, 0.2f, 0.1f}). fractions [parts], each >= 0, summing to 1 within
-   1e-4. Sizes: n_p = floor(count * f_p / sum(f)); the samples left over (fewer than parts) go one each to
-   the parts with f_p > 0 in order 0, 1, 2, ...; so the sizes sum to count and f_p = 0 gives an empty part. */
-dt_result dt_partition_fractions(dt_partition *p, int64_t count, const float *fractions, int parts, uint64_t seed);
-/* Equal IID shards: a seeded shuffle, then part p takes floor(count / parts) samples, plus one when
-   p < count % parts (sizes differ by at most 1; parts beyond count are empty). */
-dt_result dt_partition_iid(dt_partition *p, int64_t count, int parts, uint64_t seed);
-/* Contiguous blocks in index order, sizes as dt_partition_iid: part p is [start_p, start_p + n_p). */
-dt_result dt_partition_contiguous(dt_partition *p, int64_t count, int parts);
-/* Pathological non-IID split of the FedAvg paper (McMahan et al. 2017): the ids are sorted by label (stable,
-   so ties keep id order), cut into S = parts * shards_per_part shards of floor(count / S) ids (the first
-   count % S shards one more), and each part receives shards_per_part shards drawn at random without
-   replacement (seeded). With 2 shards per part most parts hold at most 2 labels. labels [count], each >= 0.
-   Parts are empty only when count < S leaves shards empty. */
-dt_result dt_partition_shards(dt_partition *p, const int32_t *labels, int64_t count, int parts, int shards_per_part,
-                              uint64_t seed);
-/* Label skew: for each class, proportions q ~ Dirichlet(alpha, ..., alpha) over the parts, and the class's
-   samples (shuffled) are cut at floor(n_class * cumsum(q)). Small alpha (0.1) = each part dominated by a
-   few classes; large alpha (100) = near IID. labels [count] in [0, num_classes). When count >= parts no part
-   is empty: an allocation with an empty part is redrawn (up to 100 draws, as common implementations do),
-   and if one remains empty, one sample at a time moves to it from the largest part. */
-dt_result dt_partition_dirichlet(dt_partition *p, const int32_t *labels, int64_t count, int64_t num_classes, int parts,
-                                 float alpha, uint64_t seed);
+/* A partition's settings; zero means the default where there is one. A setting of another kind than `kind`
+   (fractions, shards_per_part, num_classes, alpha) is refused, so a forgotten kind cannot go unnoticed. */
+typedef struct dt_partition_desc {
+    dt_partition_kind kind;             /* default DT_PARTITION_IID */
+    int64_t           count;            /* the samples, ids 0..count-1, >= 0 */
+    int               parts;            /* >= 1 (no default) */
+    uint64_t          seed;             /* the shuffles and draws (CONTIGUOUS draws nothing) */
+    const float      *fractions;        /* FRACTIONS: [parts] */
+    const int32_t    *labels;           /* SHARDS (each >= 0), DIRICHLET (each in [0, num_classes)): [count] */
+    int               shards_per_part;  /* SHARDS: default 2, the FedAvg paper's */
+    int64_t           num_classes;      /* DIRICHLET: >= 1 (no default: the dataset's num_classes) */
+    float             alpha;            /* DIRICHLET: the concentration, finite and > 0 (no default) */
+} dt_partition_desc;
+
+/* Builds the partition d describes into *p, allocating offsets and indices as one block; *p is zeroed on
+   failure, and a wrong setting is DT_ERR_INVALID_ARG naming the field and the fix. */
+dt_result dt_partition_create(dt_partition *p, const dt_partition_desc *d);
+/* Frees what dt_partition_create allocated and zeroes *p. NULL is allowed. */
+void dt_partition_free(dt_partition *p);
 /* Label histogram of each part: hist [parts, num_classes], hist[p * num_classes + k] = samples of class k in
    part p. labels is indexed by sample id; a label outside [0, num_classes) is an error. */
 dt_result dt_partition_histogram(const dt_partition *p, const int32_t *labels, int64_t num_classes, int64_t *hist);
 
 /* ---- distributed sampler --------------------------------------------------------------------- */
 
-/* Samples per rank and epoch: ceil(count / world), or floor(count / world) when drop_last (0 for bad
-   arguments). */
-int64_t dt_sampler_size(int64_t count, int world, int drop_last);
-/* PyTorch's DistributedSampler: rank's sample ids for one epoch. The list is a permutation of 0..count-1
-   seeded by (seed, epoch) alone, the same on every rank (identity when shuffle = 0); drop_last = 0 pads it
-   to total = ceil(count / world) * world by repeating it from its start, drop_last = 1 truncates it to
+/* PyTorch's DistributedSampler, configured. Zero means the default where there is one. */
+typedef struct dt_sampler_desc {
+    int64_t  count;       /* the samples, ids 0..count-1, >= 0 */
+    int      rank;        /* whose share: 0 <= rank < world */
+    int      world;       /* the ranks sharing the samples, >= 1 (no default: e.g. dt_comm_size) */
+    uint64_t seed;        /* the shuffle's, the same on every rank */
+    int64_t  epoch;       /* >= 0; each epoch its own permutation */
+    int      shuffle;     /* 1: a permutation seeded by (seed, epoch); 0 (default): the ids in order */
+    int      drop_last;   /* 1: truncate to floor(count / world) per rank; 0 (default): pad to ceil(count / world) */
+} dt_sampler_desc;
+
+/* Samples per rank and epoch: ceil(count / world), or floor(count / world) with drop_last (0 for NULL or
+   bad fields). */
+int64_t dt_sampler_size(const dt_sampler_desc *d);
+/* d->rank's sample ids for epoch d->epoch. The list is a permutation of 0..count-1 seeded by (seed, epoch)
+   alone, the same on every rank (identity without shuffle); without drop_last it is padded to
+   total = ceil(count / world) * world by repeating it from its start, with drop_last truncated to
    floor(count / world) * world; rank takes positions rank, rank + world, rank + 2 world, ... So every rank
-   gets *n_out = dt_sampler_size(count, world, drop_last) ids, and the ranks' shares are disjoint apart from
-   the padding. out [dt_sampler_size(...)]. With shuffle it allocates a temporary [count] permutation. */
-dt_result dt_sampler_indices(int64_t count, int rank, int world, uint64_t seed, int64_t epoch, int shuffle,
-                             int drop_last, int64_t *out, int64_t *n_out);
+   gets *n_out = dt_sampler_size(d) ids, and the ranks' shares are disjoint apart from the padding.
+   out [dt_sampler_size(d)]. With shuffle it allocates a temporary [count] permutation. */
+dt_result dt_sampler_indices(const dt_sampler_desc *d, int64_t *out, int64_t *n_out);
 
 #ifdef __cplusplus
 }
@@ -95,7 +123,7 @@ extern "C" {
 /* RNG streams of the partitioners and the sampler: fixed, so that every rank draws the same numbers. */
 #define DT__STREAM_PARTITION 0x7061727469ULL
 #define DT__STREAM_SAMPLER   0x73616d706cULL
-/* Draws of dt_partition_dirichlet before it moves samples into parts left empty. */
+/* Draws of the Dirichlet partitioner before it moves samples into parts left empty. */
 #define DT__DIRICHLET_TRIES 100
 
 /* Uniform double in the open interval (0, 1), 52 random bits: never 0, so its logarithm is finite. */
@@ -162,14 +190,44 @@ void dt_partition_free(dt_partition *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* Zeroes *p and checks the arguments every constructor has. */
-static dt_result dt__partition_check(dt_partition *p, int64_t count, int parts, const char *fn) {
+static const char *const dt__partition_kind_names[DT_PARTITION_KIND_COUNT] = {"iid", "contiguous", "fractions", "shards",
+                                                                                "dirichlet"};
+const char *dt_partition_kind_name(dt_partition_kind k) {
+    return dt__enum_name(dt__partition_kind_names, DT_PARTITION_KIND_COUNT, (int)k);
+}
+
+dt_result dt_partition_kind_parse(const char *s, dt_partition_kind *out) {
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__partition_kind_names, DT_PARTITION_KIND_COUNT, s, &k, "partition");
+    if (r == DT_OK && out) *out = (dt_partition_kind)k;
+    return r;
+}
+
+/* Zeroes *p and checks what every kind has, and that no other kind's setting is set (a forgotten kind
+   would otherwise build an IID split silently). fn gets "dt_partition_create (KIND)" for the messages. */
+static dt_result dt__partition_check(dt_partition *p, const dt_partition_desc *d, char *fn, size_t fn_size) {
+    const char *other = NULL;
+    snprintf(fn, fn_size, "dt_partition_create");
     if (!p) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the partition pointer is NULL", fn);
     memset(p, 0, sizeof *p);
-    if (count < 0)
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the desc is NULL; pass a dt_partition_desc with count and parts", fn);
+    if ((int)d->kind < 0 || d->kind >= DT_PARTITION_KIND_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: kind is %d; use a dt_partition_kind (DT_PARTITION_IID, _CONTIGUOUS, "
+                            "_FRACTIONS, _SHARDS or _DIRICHLET)", fn, (int)d->kind);
+    snprintf(fn, fn_size, "dt_partition_create (%s)", dt_partition_kind_name(d->kind));
+    if (d->count < 0)
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: count is %lld; it must be >= 0 (the number of samples)", fn,
-                            (long long)count);
-    if (parts < 1) return dt_set_error(DT_ERR_INVALID_ARG, "%s: parts is %d; it must be >= 1", fn, parts);
+                            (long long)d->count);
+    if (d->parts < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: parts is %d; set it to the number of parts, >= 1 (e.g. the ranks or "
+                            "clients)", fn, d->parts);
+    if (d->fractions && d->kind != DT_PARTITION_FRACTIONS) other = "fractions (DT_PARTITION_FRACTIONS)";
+    else if (d->shards_per_part && d->kind != DT_PARTITION_SHARDS) other = "shards_per_part (DT_PARTITION_SHARDS)";
+    else if (d->num_classes && d->kind != DT_PARTITION_DIRICHLET) other = "num_classes (DT_PARTITION_DIRICHLET)";
+    else if (d->alpha != 0.0f && d->kind != DT_PARTITION_DIRICHLET) other = "alpha (DT_PARTITION_DIRICHLET)";
+    if (other)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: %s is set, which this kind does not use; set kind to the one that "
+                            "does, or leave the field 0", fn, other);
     return DT_OK;
 }
 
@@ -197,14 +255,13 @@ static void dt__iota(int64_t *a, int64_t n) {
     for (i = 0; i < n; i++) a[i] = i;
 }
 
-dt_result dt_partition_fractions(dt_partition *p, int64_t count, const float *fractions, int parts, uint64_t seed) {
-    const char *fn = "dt_partition_fractions";
+static dt_result dt__partition_fractions(dt_partition *p, const dt_partition_desc *d, const char *fn) {
+    const float *fractions = d->fractions;
     double sum = 0.0;
-    int64_t left, n, *off;
-    int k;
+    int64_t count = d->count, left, n, *off;
+    int k, parts = d->parts;
     dt_rng r;
-    dt_result e = dt__partition_check(p, count, parts, fn);
-    if (e != DT_OK) return e;
+    dt_result e;
     if (!fractions)
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: fractions is NULL; pass one fraction per part, e.g. {0.7f, 0.2f, 0.1f}", fn);
     for (k = 0; k < parts; k++) {
@@ -230,27 +287,22 @@ dt_result dt_partition_fractions(dt_partition *p, int64_t count, const float *fr
     off[0] = 0;
     for (k = 0; k < parts; k++) off[k + 1] += off[k];
     dt__iota(p->indices, count);
-    dt_rng_init(&r, seed, DT__STREAM_PARTITION);
+    dt_rng_init(&r, d->seed, DT__STREAM_PARTITION);
     dt__shuffle(p->indices, count, &r);
     return DT_OK;
 }
 
-dt_result dt_partition_iid(dt_partition *p, int64_t count, int parts, uint64_t seed) {
+/* IID (shuffle) and CONTIGUOUS: parts of sizes differing by at most one. */
+static dt_result dt__partition_equal(dt_partition *p, const dt_partition_desc *d, const char *fn) {
     dt_rng r;
-    dt_result e = dt__partition_check(p, count, parts, "dt_partition_iid");
-    if (e != DT_OK || (e = dt__partition_alloc(p, parts, count, "dt_partition_iid")) != DT_OK) return e;
-    dt__offsets_equal(p->offsets, parts, count);
-    dt__iota(p->indices, count);
-    dt_rng_init(&r, seed, DT__STREAM_PARTITION);
-    dt__shuffle(p->indices, count, &r);
-    return DT_OK;
-}
-
-dt_result dt_partition_contiguous(dt_partition *p, int64_t count, int parts) {
-    dt_result e = dt__partition_check(p, count, parts, "dt_partition_contiguous");
-    if (e != DT_OK || (e = dt__partition_alloc(p, parts, count, "dt_partition_contiguous")) != DT_OK) return e;
-    dt__offsets_equal(p->offsets, parts, count);
-    dt__iota(p->indices, count);
+    dt_result e = dt__partition_alloc(p, d->parts, d->count, fn);
+    if (e != DT_OK) return e;
+    dt__offsets_equal(p->offsets, d->parts, d->count);
+    dt__iota(p->indices, d->count);
+    if (d->kind == DT_PARTITION_IID) {
+        dt_rng_init(&r, d->seed, DT__STREAM_PARTITION);
+        dt__shuffle(p->indices, d->count, &r);
+    }
     return DT_OK;
 }
 
@@ -270,16 +322,14 @@ static void dt__sort_by_label(int64_t *ids, int64_t *tmp, int64_t n, const int32
     if (src != ids) memcpy(ids, src, (size_t)n * sizeof *ids);
 }
 
-dt_result dt_partition_shards(dt_partition *p, const int32_t *labels, int64_t count, int parts, int shards_per_part,
-                              uint64_t seed) {
-    const char *fn = "dt_partition_shards";
-    int64_t i, shards, q, rem, pos, *tmp, *sorted, *perm;
-    int k, j;
+static dt_result dt__partition_shards(dt_partition *p, const dt_partition_desc *d, const char *fn) {
+    const int32_t *labels = d->labels;
+    int64_t count = d->count, i, shards, q, rem, pos, *tmp, *sorted, *perm;
+    int k, j, parts = d->parts, shards_per_part = d->shards_per_part ? d->shards_per_part : 2;
     dt_rng r;
-    dt_result e = dt__partition_check(p, count, parts, fn);
-    if (e != DT_OK) return e;
+    dt_result e;
     if (shards_per_part < 1)
-        return dt_set_error(DT_ERR_INVALID_ARG, "%s: shards_per_part is %d; it must be >= 1 (the FedAvg paper uses 2)", fn,
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: shards_per_part is %d; it must be >= 1, or 0 for the default 2 (the FedAvg paper's)", fn,
                             shards_per_part);
     if (count > 0 && !labels) return dt_set_error(DT_ERR_INVALID_ARG, "%s: labels is NULL; pass the dataset's labels", fn);
     for (i = 0; i < count; i++)
@@ -297,7 +347,7 @@ dt_result dt_partition_shards(dt_partition *p, const int32_t *labels, int64_t co
     dt__iota(sorted, count);
     dt__sort_by_label(sorted, p->indices, count, labels);   /* p->indices is the scratch here */
     dt__iota(perm, shards);
-    dt_rng_init(&r, seed, DT__STREAM_PARTITION);
+    dt_rng_init(&r, d->seed, DT__STREAM_PARTITION);
     dt__shuffle(perm, shards, &r);
     q = count / shards;
     rem = count % shards;
@@ -316,16 +366,15 @@ dt_result dt_partition_shards(dt_partition *p, const int32_t *labels, int64_t co
     return DT_OK;
 }
 
-dt_result dt_partition_dirichlet(dt_partition *p, const int32_t *labels, int64_t count, int64_t num_classes, int parts,
-                                 float alpha, uint64_t seed) {
-    const char *fn = "dt_partition_dirichlet";
-    int64_t i, k, cells, n64, *byclass, *coff, *cnt, *tot, *pos;
+static dt_result dt__partition_dirichlet(dt_partition *p, const dt_partition_desc *d, const char *fn) {
+    const int32_t *labels = d->labels;
+    int64_t count = d->count, num_classes = d->num_classes, i, k, cells, n64, *byclass, *coff, *cnt, *tot, *pos;
+    float alpha = d->alpha;
     double *w;
     char *mem;
-    int j, attempt, empty;
+    int j, attempt, empty, parts = d->parts;
     dt_rng r;
-    dt_result e = dt__partition_check(p, count, parts, fn);
-    if (e != DT_OK) return e;
+    dt_result e;
     if (num_classes < 1)
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: num_classes is %lld; it must be >= 1 (the dataset's num_classes)", fn,
                             (long long)num_classes);
@@ -360,7 +409,7 @@ dt_result dt_partition_dirichlet(dt_partition *p, const int32_t *labels, int64_t
     for (i = 0; i < count; i++) byclass[coff[labels[i]]++] = i;
     for (k = num_classes; k > 0; k--) coff[k] = coff[k - 1];
     coff[0] = 0;
-    dt_rng_init(&r, seed, DT__STREAM_PARTITION);
+    dt_rng_init(&r, d->seed, DT__STREAM_PARTITION);
     for (k = 0; k < num_classes; k++) dt__shuffle(byclass + coff[k], coff[k + 1] - coff[k], &r);
     for (attempt = 0; attempt < DT__DIRICHLET_TRIES; attempt++) {
         memset(tot, 0, (size_t)parts * sizeof *tot);
@@ -413,13 +462,25 @@ dt_result dt_partition_dirichlet(dt_partition *p, const int32_t *labels, int64_t
     return DT_OK;
 }
 
+dt_result dt_partition_create(dt_partition *p, const dt_partition_desc *d) {
+    char fn[48];
+    dt_result e = dt__partition_check(p, d, fn, sizeof fn);
+    if (e != DT_OK) return e;
+    switch (d->kind) {
+    case DT_PARTITION_FRACTIONS: return dt__partition_fractions(p, d, fn);
+    case DT_PARTITION_SHARDS: return dt__partition_shards(p, d, fn);
+    case DT_PARTITION_DIRICHLET: return dt__partition_dirichlet(p, d, fn);
+    default: return dt__partition_equal(p, d, fn);   /* IID, CONTIGUOUS */
+    }
+}
+
 dt_result dt_partition_histogram(const dt_partition *p, const int32_t *labels, int64_t num_classes, int64_t *hist) {
     const char *fn = "dt_partition_histogram";
     int64_t i, id;
     int k;
     if (!p || !hist) return dt_set_error(DT_ERR_INVALID_ARG, "%s: NULL argument (partition and hist are needed)", fn);
     if (p->parts < 1 || !p->offsets)
-        return dt_set_error(DT_ERR_STATE, "%s: the partition has no parts; build it with a dt_partition_* constructor", fn);
+        return dt_set_error(DT_ERR_STATE, "%s: the partition has no parts; build it with dt_partition_create", fn);
     if (num_classes < 1)
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: num_classes is %lld; it must be >= 1", fn, (long long)num_classes);
     if (p->offsets[p->parts] > 0 && (!labels || !p->indices))
@@ -441,34 +502,40 @@ dt_result dt_partition_histogram(const dt_partition *p, const int32_t *labels, i
 
 /* ---- distributed sampler --------------------------------------------------------------------- */
 
-int64_t dt_sampler_size(int64_t count, int world, int drop_last) {
-    if (count < 0 || world < 1) return 0;
-    return count / world + (!drop_last && count % world != 0 ? 1 : 0);
+int64_t dt_sampler_size(const dt_sampler_desc *d) {
+    if (!d || d->count < 0 || d->world < 1) return 0;
+    return d->count / d->world + (!d->drop_last && d->count % d->world != 0 ? 1 : 0);
 }
 
-dt_result dt_sampler_indices(int64_t count, int rank, int world, uint64_t seed, int64_t epoch, int shuffle,
-                             int drop_last, int64_t *out, int64_t *n_out) {
+dt_result dt_sampler_indices(const dt_sampler_desc *d, int64_t *out, int64_t *n_out) {
     const char *fn = "dt_sampler_indices";
-    int64_t n, j, *perm = NULL;
+    int64_t n, j, count, *perm = NULL;
+    int rank, world;
     dt_rng r;
     if (!n_out) return dt_set_error(DT_ERR_INVALID_ARG, "%s: n_out is NULL", fn);
     *n_out = 0;
+    if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the desc is NULL; pass a dt_sampler_desc with count, rank and world", fn);
+    count = d->count; rank = d->rank; world = d->world;
     if (count < 0) return dt_set_error(DT_ERR_INVALID_ARG, "%s: count is %lld; it must be >= 0", fn, (long long)count);
-    if (world < 1 || rank < 0 || rank >= world)
-        return dt_set_error(DT_ERR_INVALID_ARG, "%s: rank %d of world %d; it needs world >= 1 and 0 <= rank < world", fn,
-                            rank, world);
-    if (epoch < 0) return dt_set_error(DT_ERR_INVALID_ARG, "%s: epoch is %lld; it must be >= 0", fn, (long long)epoch);
-    n = dt_sampler_size(count, world, drop_last);
+    if (world < 1)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: world is %d; set it to the number of ranks sharing the samples, >= 1 "
+                            "(e.g. dt_comm_size)", fn, world);
+    if (rank < 0 || rank >= world)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: rank is %d of world %d; it must be in 0 .. world - 1", fn, rank, world);
+    if (d->epoch < 0) return dt_set_error(DT_ERR_INVALID_ARG, "%s: epoch is %lld; it must be >= 0", fn, (long long)d->epoch);
+    if ((d->shuffle != 0 && d->shuffle != 1) || (d->drop_last != 0 && d->drop_last != 1))
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: shuffle is %d and drop_last %d; each must be 0 or 1", fn, d->shuffle,
+                            d->drop_last);
+    n = dt_sampler_size(d);
     if (n == 0) return DT_OK;
     if (!out)
-        return dt_set_error(DT_ERR_INVALID_ARG, "%s: out is NULL; it must hold dt_sampler_size(count, world, drop_last) = "
-                            "%lld ids", fn, (long long)n);
-    if (shuffle) {
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s: out is NULL; it must hold dt_sampler_size(d) = %lld ids", fn, (long long)n);
+    if (d->shuffle) {
         if ((uint64_t)count > SIZE_MAX / sizeof(int64_t) || !(perm = (int64_t *)DT_MALLOC((size_t)count * sizeof(int64_t))))
             return dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: out of memory for a permutation of %lld samples", fn,
                                 (long long)count);
         dt__iota(perm, count);
-        dt__rng_epoch(&r, seed, (uint64_t)epoch, DT__STREAM_SAMPLER);
+        dt__rng_epoch(&r, d->seed, (uint64_t)d->epoch, DT__STREAM_SAMPLER);
         dt__shuffle(perm, count, &r);
     }
     for (j = 0; j < n; j++) {   /* position in the padded (or truncated) list; padding repeats it from the start */

@@ -42,6 +42,7 @@ dt_result   dt_fed_agg_parse(const char *s, dt_fed_agg *out);
 
 /* Aggregator settings; zero means the default, except for f, where 0 is a request (DT_DEFAULT in base.h). */
 typedef struct dt_fed_agg_desc {
+    dt_fed_agg kind;           /* the aggregator (default DT_FED_MEAN) */
     float   trim;              /* TRIMMED: fraction cut at each end (default 0.1) */
     int     f;                 /* KRUM, MULTIKRUM: Byzantine clients tolerated, >= 0 (0: none); DT_DEFAULT: 1 */
     int     m;                 /* MULTIKRUM: updates averaged (0 = n - f) */
@@ -50,13 +51,13 @@ typedef struct dt_fed_agg_desc {
     int64_t cm_rows, cm_cols;  /*   update (dt_fed fills these from the model) */
 } dt_fed_agg_desc;
 
-/* Aggregates n updates, each updates[i][0..len), into out[len] (out may not alias an update); kept [n] (may
-   be NULL) receives 1 for each client whose update entered the result, 0 for the others (all 1 for MEAN,
-   MEDIAN and TRIMMED). weights [n] (sample counts, > 0) are used by MEAN and CLASSMEAN; NULL means equal
-   weights. Allocates scratch of n * (n + len) doubles at most (Krum's distances, a column for the median).
-   desc may be NULL. */
-dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
-                           float *out, int *kept, const dt_fed_agg_desc *desc);
+/* Aggregates n updates, each updates[i][0..len), into out[len] with the aggregator desc->kind (out may not
+   alias an update); kept [n] (may be NULL) receives 1 for each client whose update entered the result, 0 for
+   the others (all 1 for MEAN, MEDIAN and TRIMMED). weights [n] (sample counts, > 0) are used by MEAN and
+   CLASSMEAN; NULL means equal weights. Allocates scratch of n * (n + len) doubles at most (Krum's
+   distances, a column for the median). desc may be NULL: the weighted mean. */
+dt_result dt_fed_aggregate(const dt_fed_agg_desc *desc, const float *const *updates, const double *weights, int n,
+                           int64_t len, float *out, int *kept);
 
 #ifdef __cplusplus
 }
@@ -187,21 +188,25 @@ static int dt__fed_krum_f(const dt_fed_agg_desc *a) { return a->f == DT_DEFAULT 
    the class-mean rows): dt_fed's updates are the parameters followed by the buffers, and the buffers go
    through the same aggregator without a say in whom it keeps (docs/design.md, "BatchNorm statistics in
    the trainers"). */
-static dt_result dt__fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
-                                   int64_t sel_len, float *out, int *kept_out, const dt_fed_agg_desc *desc) {
+static dt_result dt__fed_aggregate(const dt_fed_agg_desc *desc, const float *const *updates, const double *weights, int n,
+                                   int64_t len, int64_t sel_len, float *out, int *kept_out) {
     dt_fed_agg_desc a;
+    dt_fed_agg kind;
     double *scratch = NULL;
     int *order = NULL, *kept = NULL, i, t = 0;
     dt_result r = DT_OK;
     memset(&a, 0, sizeof a);
     if (desc) a = *desc;
+    kind = a.kind;
     if (!a.trim) a.trim = 0.1f;
     a.f = dt__fed_krum_f(&a);
     if (!a.k) a.k = 3.0f;
-    if (!updates || !out || n < 1 || len < 0 || kind < 0 || kind >= DT_FED_AGG_COUNT)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: bad arguments (updates %p, out %p, n %d, len %lld, "
-                            "kind %d): give n >= 1 updates of len >= 0 and a dt_fed_agg", (const void *)updates,
-                            (void *)out, n, (long long)len, (int)kind);
+    if ((int)kind < 0 || kind >= DT_FED_AGG_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: kind is %d; use a dt_fed_agg (DT_FED_MEAN, _MEDIAN, "
+                            "_TRIMMED, _KRUM, _MULTIKRUM or _CLASSMEAN)", (int)kind);
+    if (!updates || !out || n < 1 || len < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: bad arguments (updates %p, out %p, n %d, len %lld): "
+                            "give n >= 1 updates of len >= 0", (const void *)updates, (void *)out, n, (long long)len);
     for (i = 0; i < n; i++) {
         if (!updates[i]) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: update %d is NULL", i);
         if (weights && !(weights[i] > 0.0 && weights[i] < INFINITY))
@@ -257,13 +262,14 @@ done:
     return r;
 }
 
-dt_result dt_fed_aggregate(dt_fed_agg kind, const float *const *updates, const double *weights, int n, int64_t len,
-                           float *out, int *kept, const dt_fed_agg_desc *desc) {
-    return dt__fed_aggregate(kind, updates, weights, n, len, len, out, kept, desc);
+dt_result dt_fed_aggregate(const dt_fed_agg_desc *desc, const float *const *updates, const double *weights, int n,
+                           int64_t len, float *out, int *kept) {
+    return dt__fed_aggregate(desc, updates, weights, n, len, len, out, kept);
 }
 
-/* The fewest updates the aggregator accepts (Krum's 2f + 3, the class-mean check's 3). */
-static int dt__fed_min_clients(dt_fed_agg kind, const dt_fed_agg_desc *a) {
+/* The fewest updates the aggregator a->kind accepts (Krum's 2f + 3, the class-mean check's 3). */
+static int dt__fed_min_clients(const dt_fed_agg_desc *a) {
+    dt_fed_agg kind = a->kind;
     if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * dt__fed_krum_f(a) + 3;
     if (kind == DT_FED_CLASSMEAN) return 3;
     if (kind == DT_FED_TRIMMED) { int n = 1; while (2 * (int)floor((double)(a->trim ? a->trim : 0.1f) * n) >= n && n < 1000) n++; return n; }

@@ -162,7 +162,11 @@ static dt_result dt__dpsgd_gossip(dt_dpsgd *d, float *x, const float *own, int64
     int64_t k;
     uint64_t b0 = dt_comm_get_stats(d->comm).bytes_sent;
     double t0 = dt_time_now();
-    dt_result r = dt_comm_neighbor_exchange(d->comm, own, d->recv, (size_t)cnt, DT_F32, d->nbrs, d->deg, d->nbrs, d->deg);
+    dt_neighbors nb;   /* the step's graph is undirected: the same ranks both ways */
+    dt_result r;
+    nb.to = nb.from = d->nbrs;
+    nb.nto = nb.nfrom = d->deg;
+    r = dt_comm_neighbor_exchange(d->comm, own, d->recv, (size_t)cnt, DT_F32, &nb);
     d->stats.comm_seconds += dt_time_now() - t0;
     d->stats.bytes_sent += dt_comm_get_stats(d->comm).bytes_sent - b0;
     if (r != DT_OK) return r;

@@ -2,7 +2,8 @@
    Part of dtrain v0.1.0, MIT license (see the end of dtrain.h, which is the manual and the one include).
 
    WHAT IS HERE
-     dt_evaluate: a model in eval mode over samples of a data set, batch by batch (top-1, top-k, mean loss).
+     dt_evaluate: a model in eval mode over samples of a data set (a dt_eval_desc), batch by batch (top-1,
+     top-k, mean loss).
    USES
      dtrain/core/nn.h and dtrain/core/data.h, and what they include.
 */
@@ -15,17 +16,27 @@
 extern "C" {
 #endif
 
-/* Loss and accuracy of a classifier over samples idx[0..count) of ds (idx NULL = all), in eval mode
-   (the mode is restored after). The loss is NLL when the model ends in dt_log_softmax, cross-entropy
-   otherwise. topk (e.g. 5) also counts samples whose label is among the k highest scores. */
+/* What dt_evaluate measures. Zero means the default. */
+typedef struct dt_eval_desc {
+    const dt_dataset   *dataset;     /* the samples (no default) */
+    const int64_t      *indices;     /* [count] sample ids; NULL (and count 0) = all samples of the dataset */
+    int64_t             count;
+    const dt_transform *transform;   /* NULL = pixel / 255 */
+    int64_t             batch;       /* samples per forward pass (default 1000) */
+    int                 topk;        /* also count labels among the k highest scores (default 1; at most the classes) */
+} dt_eval_desc;
+
+/* The result: the mean loss and the accuracies over the samples. */
 typedef struct dt_eval_result {
     double  loss;            /* mean over the samples */
     double  top1, topk;      /* fractions in [0, 1] */
     int64_t count;
-    int     k;
+    int     k;               /* the k of topk */
 } dt_eval_result;
-dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
-                      int64_t batch, int topk, dt_eval_result *out);
+
+/* Loss and accuracy of a classifier over the samples d names, in eval mode (the mode is restored after).
+   The loss is NLL when the model ends in dt_log_softmax, cross-entropy otherwise. */
+dt_result dt_evaluate(dt_model *m, const dt_eval_desc *d, dt_eval_result *out);
 
 #ifdef __cplusplus
 }
@@ -41,11 +52,17 @@ extern "C" {
 #include "../core/internal.h"
 
 
-dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int64_t count, const dt_transform *t,
-                      int64_t batch, int topk, dt_eval_result *out) {
+/* Samples per forward pass of dt_evaluate by default. */
+#define DT__EVAL_BATCH 1000
+
+dt_result dt_evaluate(dt_model *m, const dt_eval_desc *d, dt_eval_result *out) {
     dt_result r = DT_OK;
-    int64_t start, k, in_size, i, j, top1 = 0, topk_hits = 0;
-    int was_training;
+    const dt_dataset *ds;
+    const int64_t *idx;
+    dt_batch_desc b;
+    int64_t start, k, in_size, i, j, top1 = 0, topk_hits = 0, count, batch;
+    int topk;
+    dt_mode mode;
     double loss_sum = 0.0;
     float *x = NULL, *scores = NULL;
     int32_t *y = NULL;
@@ -54,11 +71,23 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
     void *ctx;
     if ((r = dt__need_final(m, "dt_evaluate")) != DT_OK) return r;
     ops = dt__model_ops(m, &ctx);
-    if (!ds || !out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: dataset or result is NULL");
+    if (!d || !out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: the desc or the result is NULL");
     memset(out, 0, sizeof *out);
+    ds = d->dataset; idx = d->indices; count = d->count; topk = d->topk;
+    batch = d->batch ? d->batch : DT__EVAL_BATCH;
+    if (!ds) return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: dataset is NULL; set it to the samples to evaluate on");
+    if (!idx && count != 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: count is %lld but indices is NULL; pass the sample ids, or "
+                            "leave count 0 for all samples", (long long)count);
     if (!idx) count = ds->count;
-    if (count <= 0 || batch <= 0)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: count %lld and batch %lld must be > 0", (long long)count, (long long)batch);
+    if (count <= 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: count is %lld; it must be > 0 (%s)", (long long)count,
+                            idx ? "the number of indices" : "the dataset is empty");
+    if (batch < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: batch is %lld; it must be > 0, or 0 for the default %d",
+                            (long long)batch, DT__EVAL_BATCH);
+    if (topk < 0)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_evaluate: topk is %d; it must be >= 1, or 0 for the default 1", topk);
     in_size = dt_model_node_size(m, 0);
     k = dt_model_node_size(m, dt_model_output_node(m));
     if (ds->c * ds->h * ds->w != in_size)
@@ -76,15 +105,18 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
         r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_evaluate: no memory for a batch of %lld", (long long)batch);
         goto done;
     }
-    was_training = dt_model_is_training(m);
-    dt_model_train(m, 0);
+    memset(&b, 0, sizeof b);   /* no random choices: seed and epoch 0 */
+    b.indices = ids; b.transform = d->transform;
+    mode = dt_model_mode(m);
+    dt_model_set_mode(m, DT_MODE_EVAL);
     dt_trace_begin("evaluate", "compute");
     dt__trace_arg("samples", NULL, count);
     for (start = 0; start < count && r == DT_OK; start += batch) {
         int64_t n = count - start < batch ? count - start : batch;
         float loss = 0.0f;
         for (i = 0; i < n; i++) ids[i] = idx ? idx[start + i] : start + i;
-        if ((r = dt_dataset_batch(ds, ids, n, t, 0, 0, x, y)) != DT_OK) break;
+        b.count = n;
+        if ((r = dt_dataset_batch(ds, &b, x, y)) != DT_OK) break;
         if ((r = dt_model_forward(m, x, n)) != DT_OK) break;
         r = dt_model_loss_labels(m, y, &loss);
         if (r != DT_OK && r != DT_ERR_NUMERIC) break;
@@ -101,7 +133,7 @@ dt_result dt_evaluate(dt_model *m, const dt_dataset *ds, const int64_t *idx, int
         }
     }
     dt_trace_end();
-    dt_model_train(m, was_training);
+    dt_model_set_mode(m, mode);   /* cannot fail: m and mode are valid */
     if (r == DT_OK) {
         out->count = count;
         out->loss = loss_sum / (double)count;

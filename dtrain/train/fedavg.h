@@ -32,7 +32,7 @@ typedef enum dt_fed_behaviour {
 
 #define DT_FED_MAX_CLASSES 256
 
-/* FedAvg settings; zero means the default, except for noise_std, agg_desc.f and optim.lr, where 0 is a request
+/* FedAvg settings; zero means the default, except for noise_std, agg.f and optim.lr, where 0 is a request
    and DT_DEFAULT asks for the default. */
 typedef struct dt_fed_desc {
     int                clients;          /* N simulated clients (default: ranks - 1, or 1 on one rank) */
@@ -45,8 +45,8 @@ typedef struct dt_fed_desc {
                                             sched is set (e.g. cosine with t_max = rounds); zeroed: optim.lr */
     float              prox_mu;          /* FedProx: mu (w - w_global) added to every local gradient (0 = off) */
     float              dropout_prob;     /* probability that a sampled client drops out of a round */
-    dt_fed_agg         agg;
-    dt_fed_agg_desc    agg_desc;         /* cm_* from the model when zero */
+    dt_fed_agg_desc    agg;              /* the aggregator (kind, default the weighted mean) and its settings;
+                                            cm_* from the model when zero */
     const dt_dataset  *data;             /* borrowed training set */
     const dt_partition *part;            /* borrowed: part k is client k's samples (parts == clients) */
     const dt_transform *transform;       /* copied; NULL = pixel / 255 */
@@ -228,11 +228,11 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     if (!d.batch) d.batch = 10;
     if (d.noise_std == DT_DEFAULT) d.noise_std = 1.0f;   /* 0 is a request: a noise attacker that sends zeros */
     if (d.optim.lr == DT_DEFAULT) d.optim.lr = dt__optim_default_lr(d.optim.kind);   /* 0 is a request too */
-    if (!d.agg_desc.cm_rows) {   /* the class-mean check reads the last linear layer's weight */
+    if (!d.agg.cm_rows) {   /* the class-mean check reads the last linear layer's weight */
         for (i = dt_model_param_tensors(m) - 1; i >= 0; i--) {
             dt_param_info pi = dt_model_param_info(m, i);
             if (pi.ndim == 2) {
-                d.agg_desc.cm_offset = pi.offset; d.agg_desc.cm_rows = pi.shape[0]; d.agg_desc.cm_cols = pi.shape[1];
+                d.agg.cm_offset = pi.offset; d.agg.cm_rows = pi.shape[0]; d.agg.cm_cols = pi.shape[1];
                 break;
             }
         }
@@ -247,11 +247,11 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
                             "finite number >= 0 (0 leaves the model; optim.lr DT_DEFAULT: the optimizer's default)", me,
                             dt__sched_set(&d.sched) ? "sched.base_lr" : "optim.lr",
                             (double)(dt__sched_set(&d.sched) ? d.sched.base_lr : d.optim.lr));
-    if ((d.agg == DT_FED_KRUM || d.agg == DT_FED_MULTIKRUM) && d.agg_desc.f < 0 && d.agg_desc.f != DT_DEFAULT)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: agg_desc.f is %d: Krum's f is the number of Byzantine "
-                            "clients to tolerate, >= 0 (DT_DEFAULT for the default, 1)", me, d.agg_desc.f);
+    if ((d.agg.kind == DT_FED_KRUM || d.agg.kind == DT_FED_MULTIKRUM) && d.agg.f < 0 && d.agg.f != DT_DEFAULT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: agg.f is %d: Krum's f is the number of Byzantine "
+                            "clients to tolerate, >= 0 (DT_DEFAULT for the default, 1)", me, d.agg.f);
     if (nc < 1 || d.part->parts != nc || !(d.frac > 0.0f && d.frac <= 1.0f) || d.local_epochs < 1 || d.batch < 1 ||
-        d.prox_mu < 0.0f || !(d.dropout_prob >= 0.0f && d.dropout_prob < 1.0f) || d.agg < 0 || d.agg >= DT_FED_AGG_COUNT)
+        d.prox_mu < 0.0f || !(d.dropout_prob >= 0.0f && d.dropout_prob < 1.0f) || (int)d.agg.kind < 0 || d.agg.kind >= DT_FED_AGG_COUNT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: bad desc (clients %d, partition of %d parts, frac %g, "
                             "local_epochs %d, batch %lld, prox_mu %g, dropout_prob %g): the partition needs one part per "
                             "client, 0 < frac <= 1, 0 <= dropout_prob < 1", me, nc, d.part->parts, (double)d.frac,
@@ -266,11 +266,11 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     f->nsel = (int)floor((double)d.frac * (double)nc + 0.5);
     if (f->nsel < 1) f->nsel = 1;
     if (f->nsel > nc) f->nsel = nc;
-    if (f->nsel < dt__fed_min_clients(d.agg, &d.agg_desc)) {
+    if (f->nsel < dt__fed_min_clients(&d.agg)) {
         dt_fed_destroy(f);
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: %s needs at least %d clients per round, but C = %g of %d "
-                            "clients samples %d: raise --frac or --clients", me, dt_fed_agg_name(d.agg),
-                            dt__fed_min_clients(d.agg, &d.agg_desc), (double)d.frac, nc, (int)floor((double)d.frac * nc + 0.5));
+                            "clients samples %d: raise --frac or --clients", me, dt_fed_agg_name(d.agg.kind),
+                            dt__fed_min_clients(&d.agg), (double)d.frac, nc, (int)floor((double)d.frac * nc + 0.5));
     }
     n = (size_t)(f->len ? f->len : 1);
     f->behaviour = (int *)DT_MALLOC(sizeof(int) * (size_t)nc);
@@ -432,16 +432,16 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
         info->lr = lr;
     }
     dt__fed_put(f, f->global);
-    if (nagg < dt__fed_min_clients(f->desc.agg, &f->desc.agg_desc)) {   /* too many dropped: the global model stays */
+    if (nagg < dt__fed_min_clients(&f->desc.agg)) {   /* too many dropped: the global model stays */
         if (nagg > 0)
             dt_log(DT_LOG_WARN, "dt_fed_round: round %lld: %d clients reported, fewer than %s needs; the global model is kept",
-                   (long long)round, nagg, dt_fed_agg_name(f->desc.agg));
+                   (long long)round, nagg, dt_fed_agg_name(f->desc.agg.kind));
         return DT_OK;
     }
     dt_trace_begin("aggregate", "optim");
     dt__trace_arg("clients", NULL, nagg);
-    dt__trace_arg("aggregator", dt_fed_agg_name(f->desc.agg), 0);
-    r = dt__fed_aggregate(f->desc.agg, f->ptrs, f->weights, nagg, f->len, f->n, f->delta, f->kept, &f->desc.agg_desc);
+    dt__trace_arg("aggregator", dt_fed_agg_name(f->desc.agg.kind), 0);
+    r = dt__fed_aggregate(&f->desc.agg, f->ptrs, f->weights, nagg, f->len, f->n, f->delta, f->kept);
     dt_trace_end();
     if (r != DT_OK) return r;
     for (j = 0; j < f->len; j++) f->delta[j] += f->global[j];   /* global + the aggregate, as global[j] + delta[j] */

@@ -18,14 +18,17 @@ static dt_result rank_main(dt_comm *c, void *arg) {   /* runs once on every rank
     int me = dt_comm_rank(c);
     dt_model *m = NULL; dt_optim *o = NULL; dt_ddp *d = NULL; dt_loader *l = NULL;
     dt_model_desc md = {0}; dt_optim_desc od = {0}; dt_loader_desc ld = {0};
-    dt_partition part = {0};
+    dt_partition part = {0}; dt_partition_desc pd = {0};   /* pd: zero = an IID split */
+    dt_eval_desc ed = {0};                                 /* zero = batches of 1000, top-1 */
     dt_result r;
     (void)arg;
     md.seed = 1; od.lr = LR; od.momentum = MOMENTUM;
     TRY(dt_zoo_create(&m, DT_ZOO_SIMPLE_CNN, 10, &md));
     TRY(dt_optim_create(&o, m, &od));
     TRY(dt_ddp_create(&d, c, m, NULL));                          /* rank 0's weights on every rank */
-    TRY(dt_partition_iid(&part, SAMPLES, dt_comm_size(c), 1));   /* the same split everywhere: my shard is part me */
+    pd.count = SAMPLES; pd.parts = dt_comm_size(c); pd.seed = 1;
+    TRY(dt_partition_create(&part, &pd));                        /* the same split everywhere: my shard is part me */
+    ed.dataset = &test; ed.transform = &NORM;                    /* evaluated on the test set */
     ld.dataset = &train; ld.indices = part.indices + part.offsets[me]; ld.count = part.offsets[me + 1] - part.offsets[me];
     ld.batch = BATCH; ld.shuffle = 1; ld.transform = &NORM; ld.rank = (uint64_t)me;
     TRY(dt_loader_create(&l, &ld));
@@ -46,7 +49,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {   /* runs once on every rank
         TRY(r);                                                /* the loader's error, if it stopped on one */
         TRY(dt_comm_allreduce(c, sum, 2, DT_F64, DT_SUM, DT_ALGO_AUTO));
         if (me == 0) {
-            TRY(dt_evaluate(m, &test, NULL, 0, &NORM, 1000, 1, &ev));
+            TRY(dt_evaluate(m, &ed, &ev));
             printf("epoch %d  train loss %.4f  test acc %.2f%%\n", epoch + 1, sum[0] / sum[1], 100.0 * ev.top1);
         }
     }

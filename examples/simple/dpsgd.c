@@ -19,7 +19,8 @@ static dt_result rank_main(dt_comm *c, void *arg) {   /* runs once on every rank
     dt_model *m = NULL; dt_optim *o = NULL; dt_dpsgd *d = NULL; dt_loader *l = NULL;
     dt_model_desc md = {0}; dt_optim_desc od = {0}; dt_loader_desc ld = {0}; dt_topology_desc td = {0};
     dt_topology ring = {0};
-    dt_partition part = {0};
+    dt_partition part = {0}; dt_partition_desc pd = {0};   /* pd: zero = an IID split */
+    dt_eval_desc ed = {0};                                 /* zero = batches of 1000, top-1 */
     dt_result r;
     (void)arg;
     md.seed = 1; od.lr = LR; od.momentum = MOMENTUM;
@@ -28,7 +29,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {   /* runs once on every rank
     TRY(dt_optim_create(&o, m, &od));
     TRY(dt_topology_create(&ring, &td));                       /* W: 1/3 for me and each neighbour */
     TRY(dt_dpsgd_create(&d, c, m, &ring, NULL));               /* the replicas start from rank 0's weights */
-    TRY(dt_partition_iid(&part, SAMPLES, dt_comm_size(c), 1)); /* the same split everywhere: my shard is part me */
+    pd.count = SAMPLES; pd.parts = dt_comm_size(c); pd.seed = 1;
+    TRY(dt_partition_create(&part, &pd));                      /* the same split everywhere: my shard is part me */
+    ed.dataset = &test; ed.transform = &NORM;                  /* evaluated on the test set */
     ld.dataset = &train; ld.indices = part.indices + part.offsets[me]; ld.count = part.offsets[me + 1] - part.offsets[me];
     ld.batch = BATCH; ld.shuffle = 1; ld.transform = &NORM; ld.rank = (uint64_t)me;
     TRY(dt_loader_create(&l, &ld));
@@ -50,7 +53,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {   /* runs once on every rank
         TRY(r);                                                /* the loader's error, if it stopped on one */
         TRY(dt_comm_allreduce(c, sum, 2, DT_F64, DT_SUM, DT_ALGO_AUTO));
         TRY(dt_dpsgd_use_average(d, 1));                       /* every rank: its replica aside, the mean loaded */
-        e = me == 0 ? dt_evaluate(m, &test, NULL, 0, &NORM, 1000, 1, &ev) : DT_OK;
+        e = me == 0 ? dt_evaluate(m, &ed, &ev) : DT_OK;
         TRY(dt_dpsgd_use_average(d, 0));                       /* each its own replica again */
         TRY(e);
         if (me == 0)

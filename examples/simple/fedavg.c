@@ -18,12 +18,15 @@ static const dt_transform NORM = {{0.2860f}, {0.3530f}, 0, 0};   /* x = (pixel /
 static dt_result rank_main(dt_comm *c, void *arg) {   /* runs once on every rank */
     dt_model *m = NULL; dt_fed *f = NULL;
     dt_model_desc md = {0}; dt_fed_desc fd = {0};
-    dt_partition part = {0};
+    dt_partition part = {0}; dt_partition_desc pd = {0};   /* pd: zero = an IID split */
+    dt_eval_desc ed = {0};                                 /* zero = batches of 1000, top-1 */
     dt_result r;
     (void)arg;
     md.seed = 1;
     TRY(dt_zoo_create(&m, DT_ZOO_SIMPLE_CNN, 10, &md));     /* on rank 0 the global model, elsewhere a client's */
-    TRY(dt_partition_iid(&part, SAMPLES, CLIENTS, 1));       /* client k's images: part k (the same on every rank) */
+    pd.count = SAMPLES; pd.parts = CLIENTS; pd.seed = 1;
+    TRY(dt_partition_create(&part, &pd));                   /* client k's images: part k (the same on every rank) */
+    ed.dataset = &test; ed.transform = &NORM;               /* evaluated on the test set */
     fd.clients = CLIENTS; fd.frac = FRAC; fd.local_epochs = LOCAL_EPOCHS; fd.batch = BATCH;
     fd.optim.lr = LR; fd.optim.momentum = MOMENTUM;          /* each client's optimizer, fresh every round */
     fd.data = &train; fd.part = &part; fd.transform = &NORM; fd.seed = 1;
@@ -35,7 +38,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {   /* runs once on every rank
            the mean of those updates to the global model */
         TRY(dt_fed_round(f, round, &info));
         if (dt_comm_rank(c) == 0) {
-            TRY(dt_evaluate(m, &test, NULL, 0, &NORM, 1000, 1, &ev));
+            TRY(dt_evaluate(m, &ed, &ev));
             printf("round %d  clients %d  train loss %.4f  test acc %.2f%%\n", round + 1, info.kept, info.train_loss,
                    100.0 * ev.top1);
         }

@@ -43,12 +43,16 @@ done:
 
 int main(void) {
     dt_model *shared = NULL; dt_model_desc md = {0};
+    dt_partition_desc pd = {0};                                /* zero = an IID split */
+    dt_eval_desc ed = {0};                                     /* zero = batches of 1000, top-1 */
     dt_eval_result ev;
     dt_result r;
     md.seed = 1;
     TRY(dt_dataset_load_mnist_dir(&train, NULL, 1));           /* NULL: Debian's /usr/share/datasets/fashion-mnist */
     TRY(dt_dataset_load_mnist_dir(&test, NULL, 0));
-    TRY(dt_partition_iid(&part, SAMPLES, THREADS, 1));
+    pd.count = SAMPLES; pd.parts = THREADS; pd.seed = 1;
+    TRY(dt_partition_create(&part, &pd));
+    ed.dataset = &test; ed.transform = &NORM;                  /* evaluated on the test set */
     TRY(dt_zoo_create(&shared, DT_ZOO_SIMPLE_CNN, 10, &md));   /* the one model every thread updates */
     for (int t = 0; t < THREADS; t++) TRY(dt_zoo_create(&replica[t], DT_ZOO_SIMPLE_CNN, 10, &md));
     for (int epoch = 0; epoch < EPOCHS; epoch++) {
@@ -56,7 +60,7 @@ int main(void) {
         for (int t = 0; t < THREADS; t++) sums[t][0] = sums[t][1] = 0.0;
         TRY(dt_hogwild_run(shared, THREADS, worker, &epoch));  /* THREADS threads run worker, and are waited for */
         for (int t = 0; t < THREADS; t++) { loss += sums[t][0]; seen += sums[t][1]; }
-        TRY(dt_evaluate(shared, &test, NULL, 0, &NORM, 1000, 1, &ev));
+        TRY(dt_evaluate(shared, &ed, &ev));
         printf("epoch %d  train loss %.4f  test acc %.2f%%\n", epoch + 1, loss / seen, 100.0 * ev.top1);
     }
 done:

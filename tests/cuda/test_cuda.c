@@ -501,12 +501,12 @@ static void train_step(dt_zoo_model z, int64_t batch) {
         CHECK_OK(dt_model_get_buffers(mg, hg, nb));
         CHECK_CLOSE(hg, hc, nb, TOL, "running statistics");
     }
-    dt_model_train(mc, 0);   /* eval mode: running statistics, no dropout */
-    dt_model_train(mg, 0);
+    dt_model_set_mode(mc, DT_MODE_EVAL);   /* eval mode: running statistics, no dropout */
+    dt_model_set_mode(mg, DT_MODE_EVAL);
     CHECK_OK(dt_model_forward(mc, x, batch));
     CHECK_OK(dt_model_forward(mg, x, batch));
-    CHECK_OK(dt_model_output(mc, hc, batch * out));
-    CHECK_OK(dt_model_output(mg, hg, batch * out));
+    CHECK_OK(dt_model_get_output(mc, hc, batch * out));
+    CHECK_OK(dt_model_get_output(mg, hg, batch * out));
     CHECK_CLOSE(hg, hc, batch * out, TOL_SUM, "outputs in eval mode");   /* deep sums: VGG-11 differs by 2e-4 */
 done:
     free(x); free(y); free(hc); free(hg);

@@ -273,7 +273,8 @@ static void test_neighbors(void) {
         fill(send, DT_F64, n, me, 500 + (int)ni, 1);
         fill(ref, DT_F64, n, left, 500 + (int)ni, 1);
         fill(ref + n, DT_F64, n, right, 500 + (int)ni, 1);
-        CHECK_OK(dt_comm_neighbor_exchange(W, send, recv, n, DT_F64, to, 2, from, 2));
+        dt_neighbors both = {to, 2, from, 2};
+        CHECK_OK(dt_comm_neighbor_exchange(W, send, recv, n, DT_F64, &both));
         if (n && memcmp(recv, ref, 2 * n * 8) != 0) differs("neighbour exchange", DT_ALGO_NAIVE, DT_F64, -1, n);
         free(send); free(recv); free(ref);
     }

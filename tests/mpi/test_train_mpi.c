@@ -212,16 +212,19 @@ static dt_result fed_rank(dt_comm *c, const job *j, dt_model *m, rec *out) {
     int behaviour[CLIENTS], i;
     dt_fed *f = NULL;
     dt_partition part;
+    dt_partition_desc pd;
     dt_fed_desc fd;
     dt_result r;
     int64_t t;
     memset(&part, 0, sizeof part);
     for (i = 0; i < CLIENTS; i++) behaviour[i] = i == j->attacker - 1 ? DT_FED_SIGNFLIP : DT_FED_HONEST;
-    T(dt_partition_iid(&part, NS, CLIENTS, 1));
+    memset(&pd, 0, sizeof pd);
+    pd.count = NS; pd.parts = CLIENTS; pd.seed = 1;   /* IID */
+    T(dt_partition_create(&part, &pd));
     memset(&fd, 0, sizeof fd);
     fd.clients = CLIENTS; fd.frac = j->frac; fd.dropout_prob = j->dropout; fd.local_epochs = 2; fd.batch = 5;
-    fd.optim.lr = 0.05f; fd.optim.momentum = j->momentum; fd.agg = j->agg; fd.data = &DS; fd.part = &part;
-    fd.behaviour = behaviour; fd.seed = 2; fd.agg_desc.trim = j->trim; fd.agg_desc.f = DT_DEFAULT;   /* multi-Krum: n - 1 kept */
+    fd.optim.lr = 0.05f; fd.optim.momentum = j->momentum; fd.agg.kind = j->agg; fd.data = &DS; fd.part = &part;
+    fd.behaviour = behaviour; fd.seed = 2; fd.agg.trim = j->trim; fd.agg.f = DT_DEFAULT;   /* multi-Krum: n - 1 kept */
     T(dt_fed_create(&f, c, m, &fd));
     T(dt_model_get_params(m, out->first, dt_model_param_count(m)));
     for (t = 0; t < ROUNDS; t++) {
