@@ -65,8 +65,8 @@
 #      make uninstall
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # JOBS (default: the CPUs) programs at a time where a section's cases are independent (the compiles, the sanitizer,
-# qemu and no-OpenMP runs, the fuzz targets; the pool below); the examples, the docs and MPI run one at a time,
-# as their timeouts and link models are set for a machine that is theirs.
+# qemu and no-OpenMP runs, the fuzz targets, the docs' chapters; the pool below); the examples' checks, the faults
+# and MPI run one at a time, as their timeouts are set for a machine that is theirs.
 # DT_SECTIONS="3 4 7" runs only those sections (their numbers as above: 1 1a 2 2a 2b 2c 3 4 5 5b 5c 5d 6 7 8); the
 # programs the Makefile builds must be there (make all).
 # Each configuration's programs share one object of the implementation (tests/impl.c compiled with its flags, e.g.
@@ -640,9 +640,11 @@ fi
 
 section "5b. the tutorial: its experiments, shortened, and its quotations of the examples"
 if want; then
+# each chapter in a scratch directory of its own (tools/docs_check.sh), two at a time (the pool)
 for md in docs/tutorial/*.md; do
-    check "$md: its commands run and its quotations are current" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
+    job check "$md: its commands run and its quotations are current" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
 done
+jobs_done
 fi
 
 section "5c. faults on local ranks (DT_FAULT, tests/mpi/fault_ddp.c)"
@@ -694,16 +696,18 @@ fi
 
 section "5d. the course kit: docs/course, tools/grade_lab.sh, the experiments"
 if want; then
+# the chapters, the grader's tests and the experiments, each in directories of its own, two at a time (the pool)
 for md in docs/course/*.md; do
-    check "$md: its commands run" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
+    job check "$md: its commands run" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
 done
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
-    run "grade_lab" sh tests/grade_lab_test.sh "$B"
+    job run "grade_lab" sh tests/grade_lab_test.sh "$B"
     # the five workloads, seconds each; vgg11 checks that DDP and local SGD every step log the same losses
-    check "tools/experiments.sh: the five workloads at QUICK length" env QUICK=1 B="$B" OUT="$B/experiments-quick" sh tools/experiments.sh
+    job check "tools/experiments.sh: the five workloads at QUICK length" env QUICK=1 B="$B" OUT="$B/experiments-quick" sh tools/experiments.sh
 else
     echo "skipped tools/grade_lab.sh's tests and the experiments: dataset-fashion-mnist is not installed"
 fi
+jobs_done
 fi
 
 section "6. fuzz targets (libFuzzer, ${FUZZ_SECONDS:-20} s each)"

@@ -179,7 +179,7 @@ compare_output() {   # compare_output SPEC QUOTED ACTUAL
 
 for md in "$@"; do
     [ -f "$md" ] || { fail "$md: no such chapter"; continue; }
-    name=$(basename "$md" .md)
+    name=$(printf '%s' "$md" | sed 's|^docs/||; s|\.md$||; s|/|-|g')   # tutorial-README, course-README: not one directory
     S=$BABS/docs-check/$name
     rm -rf "$S" && mkdir -p "$S/build" "$S/docs/tutorial/img" || { fail "$md: cannot make $S"; continue; }
     ln -s "$BABS/examples" "$S/build/examples"
