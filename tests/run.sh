@@ -128,8 +128,7 @@ impl() {
 # The pool: `job COMMAND...` runs COMMAND (a program, or check, run or a section's own function) in the background,
 # JOBS at a time (default: the CPUs, e.g. JOBS=1 for one at a time), its output kept apart; `jobs_done` waits for
 # them all and prints each one's output in the order they were started, adding their counts. For the cases that
-# use files of their own only (compiles, the sanitizer and qemu runs, the fuzz targets), which on a 2-core machine
-# run on one core each. A job that ends without its counts counts as a failure. Its OpenMP threads wait passively
+# use files of their own only (listed at the top), most of which run on one core each. A job that ends without its counts counts as a failure. Its OpenMP threads wait passively
 # (OMP_WAIT_POLICY=passive, unless set): two programs' threads spinning on two cores would slow both manyfold.
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 PJ=$(mktemp -d); mkfifo "$PJ/tokens"; exec 9<>"$PJ/tokens"   # JOBS tokens: a job takes one to start, returns it
