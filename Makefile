@@ -26,6 +26,8 @@
 #   make fedavg-attack  the label-flipping study of docs/accuracy.md run again (build/fedavg-attack/, ~30 min)
 #   make bench        dtrain next to PyTorch (training step), OpenBLAS (GEMM) and the machine's limits (minutes)
 #   make bench-comm   all-reduce time of every algorithm, local and MPI, next to MPICH and gloo (minutes)
+#   make bench-busy   one rank's training with another program spinning on a core: the busy-machine watch
+#                     against OpenMP's spinning and OMP_WAIT_POLICY=passive (bench/busy.sh; minutes)
 #   make bench-slownet D-PSGD against DDP on 8 local ranks behind an emulated slow network, with a chart
 #                     (build/bench/slownet.png; about 5 minutes)
 #   make bench-buckets DDP time per epoch over bucket sizes, ranks and emulated networks (about 25 minutes)
@@ -218,6 +220,9 @@ $(SIMPLE): $(B)/examples/simple/%: examples/simple/%.c $(HEADERS) $(CUDA_OBJ) $(
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -DDTRAIN_IMPLEMENTATION_LINKED -I. $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
+bench-busy: $(B)/examples/train $(B)/examples/hogwild
+	sh bench/busy.sh $(B)
+
 bench-slownet: $(B)/examples/ddp $(B)/examples/dpsgd
 	sh bench/slownet.sh $(B)
 
@@ -236,7 +241,7 @@ fixtures:
 clean:
 	rm -rf build build-mpi
 
-.PHONY: all test demo scaling bench bench-comm bench-slownet bench-buckets bench-ddp-mpi fixtures clean
+.PHONY: all test demo scaling bench bench-comm bench-busy bench-slownet bench-buckets bench-ddp-mpi fixtures clean
 
 # the GPU backend: one object from nvcc, a prerequisite of every program (the rules above link it: LDLIBS)
 ifdef CUDA

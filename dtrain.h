@@ -93,6 +93,8 @@
    DT_FAULT (a test aid, "rank=R,coll=N,kind=fail|return|stall:S|hang|nan") injects a fault (dt_comm_desc);
    DT_NODE_SIZE (ranks per node) groups the ranks into nodes for DT_ALGO_HIER and the link model;
    DT_CPU (avx512, avx2, neon, portable) the CPU kernels' tier (default: the fastest this CPU runs; dtrain/cpu/cpu.h).
+   DT_CPU_ADAPT=0 keeps every OpenMP thread on a busy machine (by default, on Linux, a team whose threads wait
+   for a CPU gets fewer of them for a while: dt_cpu_adapt_count in dtrain/cpu/cpu.h).
    dtrain_cuda.h's DTRAIN_CUDA_IMPLEMENTATION, DT_CUDA_EMULATE and DT_CUDA_DEVICE are in its own manual.
 
    OPTIONAL FEATURES AND POSIX

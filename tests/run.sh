@@ -82,8 +82,9 @@ WARN="-std=c11 -Wall -Wextra -Wpedantic -Werror"
 # runs one test program, adds its counts; a crash or a missing summary line counts as a failure
 run() {
     label=$1; shift
-    out=$("$@" 2>&1); rc=$?
+    r_t=$(date +%s); out=$("$@" 2>&1); rc=$?
     printf '%s\n' "$out" | sed "s/^/[$label] /"
+    echo "[$label] ($(($(date +%s) - r_t)) s)"
     line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
     if [ -z "$line" ]; then
         echo "[$label] FAIL: exited with status $rc without a summary line"; failed=$((failed + 1)); return
@@ -137,7 +138,9 @@ pn=0; pdone=0
 job() {
     pn=$((pn + 1)); read -r _ <&9
     ( passed=0; failed=0; OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}; export OMP_WAIT_POLICY
-      "$@" > "$PJ/$pn.out" 2>&1; echo "$passed $failed" > "$PJ/$pn.count"; echo >&9 ) &
+      j_t=$(date +%s); "$@" > "$PJ/$pn.out" 2>&1
+      echo "  (job $pn: $(($(date +%s) - j_t)) s)" >> "$PJ/$pn.out"
+      echo "$passed $failed" > "$PJ/$pn.count"; echo >&9 ) &
 }
 jobs_done() {
     wait
@@ -151,7 +154,9 @@ jobs_done() {
 
 check() {   # check NAME COMMAND...: one test that passes when the command succeeds
     name=$1; shift
-    if err=$("$@" 2>&1); then echo "ok   $name"; passed=$((passed + 1))
+    c_t=$(date +%s)
+    if err=$("$@" 2>&1); then c_t=$(($(date +%s) - c_t)); passed=$((passed + 1))
+        if [ "$c_t" -ge 3 ]; then echo "ok   $name ($c_t s)"; else echo "ok   $name"; fi
     else   # the end of its output, where the cause is
         echo "FAIL $name"; n=$(printf '%s\n' "$err" | wc -l)
         [ "$n" -gt 30 ] && echo "  ($((n - 30)) lines before these left out)"

@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L   /* setenv, sysconf: the busy-machine watch's tests */
 /* Base (results, RNG, timers), GEMM against its naive twin, and convolution (im2col + GEMM, chunked)
    against a direct convolution. Built with a tiny convolution workspace so chunking is exercised. */
 #define DT_CONV_WORKSPACE 3000
@@ -732,6 +733,91 @@ static void test_tier_twins(void) {
     printf("    %s: im2col, col2im and the packing on %d geometries, pooling, channel sums\n", k->name, used);
 }
 
+/* The busy-machine watch (dtrain/cpu/cpu.h, dt_cpu_adapt_count): its decisions on a script of times and
+   delays, and the delays it reads on this machine under load. */
+static double adapt_now, adapt_delay[2];
+static double adapt_clock(void) { return adapt_now; }
+static double adapt_delays(int n, double *d) {
+    int i;
+    for (i = 0; i < n; i++) d[i] = adapt_delay[i % 2];
+    return 0;
+}
+/* one window of the script: the time becomes t, thread 1 waited `wait` more seconds; the team size after it */
+static int adapt_at(double t, double wait) {
+    adapt_now = t;
+    adapt_delay[1] += wait;
+    dt__cpu_adapt();
+    return dt_cpu_threads();
+}
+static void test_cpu_adapt_decisions(void) {
+#if DT__ADAPT
+    int saved = omp_get_max_threads();
+    const char *env = getenv("DT_CPU_ADAPT");
+    if (env) { dt_t_skip("test_cpu_adapt_decisions", "DT_CPU_ADAPT is set"); return; }
+    omp_set_num_threads(2);
+    memset(&dt__adapt, 0, sizeof dt__adapt);
+    dt__adapt.window = 1;
+    dt__adapt_clock = adapt_clock;
+    dt__adapt_delays = adapt_delays;
+    CHECK(adapt_at(0, 0) == 2 && dt__adapt.state == 1 && dt_cpu_adapt_count() == 0);
+    CHECK(adapt_at(0.5, 0.4) == 2);    /* within the window: nothing decided */
+    CHECK(adapt_at(1, 0.1) == 2);      /* waited half the window: once is not enough */
+    CHECK(adapt_at(2, 0.5) == 1 && dt_cpu_adapt_count() == 1);   /* twice: one thread fewer */
+    CHECK(dt__cpu_threads_most() == 2);                          /* workspaces stay sized for two */
+    CHECK(adapt_at(3, 0) == 1 && adapt_at(9, 0) == 1);           /* 8 windows before it tries again */
+    CHECK(adapt_at(10, 0) == 2 && dt_cpu_adapt_count() == 2);    /* tries one more */
+    CHECK(adapt_at(11, 0.5) == 1 && dt_cpu_adapt_count() == 3);  /* still busy: back, and waits twice as long */
+    CHECK(adapt_at(26, 0) == 1 && adapt_at(27, 0) == 2);         /* 16 windows later */
+    CHECK(adapt_at(28, 0) == 2 && dt_cpu_adapt_count() == 4);    /* nobody waited: kept */
+    CHECK(adapt_at(29, 0.1) == 2 && adapt_at(30, 0.1) == 2 && adapt_at(31, 0.1) == 2);   /* a tenth is not busy */
+    CHECK(adapt_at(32, 5) == 2 && adapt_at(33, 5) == 2);         /* a growth longer than the window is not a wait */
+    omp_set_num_threads(3);                                      /* the program's own size becomes the most */
+    CHECK(adapt_at(34, 0) == 3 && dt__adapt.most == 3 && dt__cpu_threads_most() == 3);
+    CHECK(adapt_at(35, 0.5) == 3 && adapt_at(36, 0.5) == 2 && dt__cpu_threads_most() == 3);
+    /* DT_CPU_ADAPT=0: off */
+    memset(&dt__adapt, 0, sizeof dt__adapt);
+    dt__adapt.window = 1;
+    setenv("DT_CPU_ADAPT", "0", 1);
+    CHECK(adapt_at(40, 0) == 2 && adapt_at(41, 1) == 2 && adapt_at(42, 1) == 2 && adapt_at(43, 1) == 2);
+    CHECK(dt__adapt.state == -1 && dt_cpu_adapt_count() == 0);
+    unsetenv("DT_CPU_ADAPT");
+    memset(&dt__adapt, 0, sizeof dt__adapt);
+    dt__adapt_clock = dt_time_now;
+    dt__adapt_delays = dt__team_delay;
+    omp_set_num_threads(saved);
+#else
+    dt_t_skip("test_cpu_adapt_decisions", "no OpenMP, or not Linux: the watch is off");
+#endif
+}
+#if DT__ADAPT
+static volatile int hog_stop;
+static void hog(void *arg) {
+    volatile double x = 1;
+    (void)arg;
+    while (!hog_stop) x = x * 1.0000001 + 1e-9;
+}
+#endif
+static void test_cpu_adapt_reads(void) {
+#if DT__ADAPT
+    double d[2] = {-1, -1}, before, t0;
+    dt__thread hogs[8];
+    int i, n = (int)sysconf(_SC_NPROCESSORS_ONLN) * 2;
+    CHECK(dt__thread_delay() >= 0);   /* Linux's /proc/thread-self/schedstat (every distribution's kernel has it) */
+    CHECK(dt__team_delay(2, d) == 0 && d[0] >= 0 && d[1] >= 0);
+    if (n > 8) n = 8;
+    before = dt__thread_delay();
+    hog_stop = 0;
+    for (i = 0; i < n; i++) CHECK(dt__thread_start(&hogs[i], hog, NULL) == 0);
+    for (t0 = dt_time_now(); dt_time_now() - t0 < 0.3;) { volatile double x = 0; int k; for (k = 0; k < 100000; k++) x += k; }
+    hog_stop = 1;
+    for (i = 0; i < n; i++) dt__thread_join(&hogs[i]);
+    /* twice as many spinning threads as CPUs: this thread waited for one */
+    CHECK(dt__thread_delay() - before > 0.01);
+#else
+    dt_t_skip("test_cpu_adapt_reads", "no OpenMP, or not Linux: the watch is off");
+#endif
+}
+
 static void test_cpu_tier(void) {
     const char *was = dt_cpu_tier();
 #ifdef __aarch64__
@@ -795,6 +881,8 @@ int main(int argc, char **argv) {
     RUN(test_conv_taps);
     RUN(test_conv_shifted);
     RUN(test_cpu_tier);
+    RUN(test_cpu_adapt_decisions);
+    RUN(test_cpu_adapt_reads);
     for (twin_tier = 0; twin_tier < DT__NKERNELS; twin_tier++) {   /* each faster tier against the portable one */
         char name[64];
         if (dt__kernels[twin_tier] == &dt__kernel_portable) continue;

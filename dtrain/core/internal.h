@@ -17,10 +17,14 @@
    module dt_comm stays opaque. Keep it small: a public call, where one does the job, is better than a line
    here. make single writes each group in where its module includes this file. */
 
-/* ==== dtrain/cpu/cpu.h: the convolution workspace the model plans for the CPU backend ==== */
+/* ==== dtrain/cpu/cpu.h: the convolution workspace the model plans for the CPU backend, and its threads ==== */
 #ifdef DTRAIN_CPU_IMPLEMENTATION_DONE
 static int64_t dt__gemm_ws_count(int threads);
 static int64_t dt__tap_ws(const dt_conv_geom *g);
+/* the busy-machine watch (dt_cpu_adapt_count): a CPU model's forward pass calls it; workspaces are sized for the
+   most threads it may return to */
+static void dt__cpu_adapt(void);
+static int dt__cpu_threads_most(void);
 #endif
 
 /* ==== dtrain/core/nn.h: the model's state for the optimizer, evaluation and checkpoints ==== */

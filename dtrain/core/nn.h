@@ -823,7 +823,7 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
         }
     }
     total += ws + batch * outsz;
-    if (m->ctx == &m->cpu) total += dt__gemm_ws_count(dt_cpu_threads());
+    if (m->ctx == &m->cpu) total += dt__gemm_ws_count(dt__cpu_threads_most());
     itotal += batch;
     if (m->ctx == &m->cpu &&
         (r = dt__fits_memory(4.0 * (double)(total + itotal), "dt_model_forward", "the activations of the batch",
@@ -856,7 +856,7 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
         m->cpu.conv_ws = m->ws;
         m->cpu.conv_ws_count = ws;
         m->cpu.gemm_ws = a;
-        m->cpu.gemm_ws_count = dt__gemm_ws_count(dt_cpu_threads());
+        m->cpu.gemm_ws_count = dt__gemm_ws_count(dt__cpu_threads_most());
         a += m->cpu.gemm_ws_count;
     }
     m->seed_grad = a;
@@ -1077,6 +1077,7 @@ dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch) {
     if (batch <= 0) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_forward: batch is %lld; it must be > 0", (long long)batch);
     if ((r = dt__bn_batch_check(m, batch)) != DT_OK) return r;
     if ((r = dt__reserve(m, batch)) != DT_OK) return r;
+    if (m->ctx == &m->cpu) dt__cpu_adapt();   /* fewer threads while the machine is busy */
     dt_trace_begin("forward", "compute");
     dt__trace_arg("batch", NULL, batch);
     m->ops->upload(m->ctx, m->nodes[0].out, x, (int64_t)sizeof(float) * batch * m->nodes[0].size);

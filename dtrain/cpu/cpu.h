@@ -8,7 +8,8 @@
      "avx2" from dtrain/cpu/cpu_x86.h, "neon" from dtrain/cpu/cpu_arm.h), chosen once per process by the CPU's
      features or $DT_CPU, and dt_cpu_set_tier; the convolutions by taps (stride 1 on small images: a GEMM
      per tap and output row, none of the padding multiplied), on every tier; and the CPU's ops table: the
-     ops of dtrain/core/tensor.h, with the chosen tier's kernels where it has them.
+     ops of dtrain/core/tensor.h, with the chosen tier's kernels where it has them; and the busy-machine watch
+     (dt__cpu_adapt: fewer OpenMP threads while they wait for a CPU).
    USES
      dtrain/cpu/cpu_x86.h, dtrain/cpu/cpu_arm.h, dtrain/cpu/cpu_vec.h and dtrain/core/tensor.h (and base.h), through
      what dtrain/cpu/kernel.h declares of them (the kernel table, the tiers' tables, tensor.h's plain ops).
@@ -48,6 +49,21 @@ const char *dt_cpu_tier(void);
    Process-wide configuration, like dt_log_configure: call it before threads start. A model takes the tier
    of the moment at every op. */
 dt_result dt_cpu_set_tier(const char *tier);
+
+/* Threads on a busy machine. Where other programs hold some of the cores, the kernels' threads wait to run
+   (and OpenMP's threads spin while they wait for each other), and a run slows several-fold: a student's laptop
+   is always busy. So, on Linux, the CPU backend watches how long its threads wait for a CPU (the kernel's
+   run-queue delay of each thread, /proc/thread-self/schedstat), every quarter second of a model's forward
+   passes on the calling thread: when one of them waited more than a fifth of the window, twice
+   in a row, the calling thread's OpenMP team gets one thread fewer (omp_set_num_threads), down to one; 2
+   seconds later it tries one more again (after each try that finds the machine still busy, twice as long, up
+   to 64 s) and keeps it while no thread waits. The results are the same bits with any number of threads
+   (the kernels sum in a fixed order); only the speed changes. dt_cpu_threads() says the team of the moment;
+   a team size the program sets itself (omp_set_num_threads) becomes the new most. Off where the environment
+   variable DT_CPU_ADAPT is 0, without OpenMP, and where the platform has no such counter (macOS, Windows:
+   there, OMP_WAIT_POLICY=passive is the remedy). dt_cpu_adapt_count() is how many times the calling
+   thread's team was resized by it (for tests and logs; dt_log's debug level says each change and why). */
+int64_t dt_cpu_adapt_count(void);
 
 #ifdef __cplusplus
 }
@@ -309,6 +325,135 @@ static const dt__kernel *dt__pick_kernel(void) {
     return k;
 }
 const char *dt_cpu_tier(void) { return dt__pick_kernel()->name; }
+
+/* ---- Threads on a busy machine (dt_cpu_adapt_count's comment) ------------------------------------------- */
+#if DT__HAVE_OMP && defined(__linux__) && !defined(DT_NO_THREADS)
+#define DT__ADAPT 1
+#else
+#define DT__ADAPT 0
+#endif
+/* the calling thread's watch over its team: each thread that starts parallel regions has its own */
+typedef struct dt__adapt_state {
+    int state;             /* 0: not started, 1: watching, -1: off */
+    int most, cur;         /* the team size the program set, and the one in use */
+    int over;              /* windows in a row in which a thread waited too long */
+    int trying;            /* this window runs one thread more than the last that waited */
+    int64_t changes;       /* dt_cpu_adapt_count */
+    double t0, retry_at, backoff, window;
+    double delay0[64];     /* each team thread's run-queue delay (s) at t0 */
+} dt__adapt_state;
+static DT__THREAD_LOCAL dt__adapt_state dt__adapt;
+static double dt__team_delay(int n, double *d);
+/* where the watch reads the time and the team's delays (tests put a script of both here) */
+static double (*dt__adapt_clock)(void) = dt_time_now;
+static double (*dt__adapt_delays)(int n, double *d) = dt__team_delay;
+#if DT__ADAPT
+/* seconds of run-queue delay of the calling thread so far (the second number of its schedstat), -1 if unknown */
+static double dt__thread_delay(void) {
+    double run = 0, wait = -1;
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) return -1;
+    if (fscanf(f, "%lf %lf", &run, &wait) != 2) wait = -1;
+    fclose(f);
+    return wait < 0 ? -1 : wait * 1e-9;
+}
+#endif
+/* each thread of a team of n reads its own delay into d[]; the largest growth since delay0, or -1 if unknown */
+static double dt__team_delay(int n, double *d) {
+#if DT__ADAPT
+    int i;
+    DT__OMP(parallel num_threads(n) if (n > 1))
+    {
+        int t = omp_get_thread_num();
+        if (t < 64) d[t] = dt__thread_delay();
+    }
+    for (i = 0; i < n && i < 64; i++)
+        if (d[i] < 0) return -1;
+    return 0;
+#else
+    (void)n; (void)d;
+    return -1;
+#endif
+}
+static void dt__adapt_set(dt__adapt_state *a, int n, double now, const char *why, double frac) {
+#if DT__ADAPT
+    dt_log(DT_LOG_DEBUG, "cpu: %d threads -> %d (%s: a thread waited %.0f%% of %.2f s for a CPU)", a->cur, n, why,
+           100 * frac, a->window);
+    omp_set_num_threads(n);
+#else
+    (void)why; (void)frac;
+#endif
+    a->cur = n;
+    a->changes++;
+    a->over = 0;
+    a->t0 = now;
+    if (dt__adapt_delays(n, a->delay0) < 0) a->state = -1;
+}
+/* called by a CPU model's forward pass: once a window, the team's waits decide its size */
+static void dt__cpu_adapt(void) {
+    dt__adapt_state *a = &dt__adapt;
+    double now, d[64] = {0}, frac = 0;
+    int i;
+    if (a->state < 0) return;
+    now = dt__adapt_clock();
+    if (a->state == 0) {
+        const char *env = getenv("DT_CPU_ADAPT");
+        a->state = -1;
+        a->most = a->cur = dt_cpu_threads();
+        if (!DT__ADAPT || (env && !strcmp(env, "0")) || a->most < 2 || a->most > 64) return;
+        if (a->window <= 0) a->window = 0.25;
+        a->state = 1;
+        a->backoff = 8 * a->window;
+        a->t0 = now;
+        if (dt__adapt_delays(a->cur, a->delay0) < 0) a->state = -1;
+        return;
+    }
+    if (now - a->t0 < a->window) return;
+    if (dt_cpu_threads() != a->cur) {   /* the program set another size: that is the most now */
+        a->most = a->cur = dt_cpu_threads();
+        a->trying = 0;
+        a->over = 0;
+        if (a->most < 2 || a->most > 64 || dt__adapt_delays(a->cur, a->delay0) < 0) a->state = -1;
+        a->t0 = now;
+        return;
+    }
+    if (dt__adapt_delays(a->cur, d) < 0) { a->state = -1; return; }
+    for (i = 0; i < a->cur; i++) {   /* a growth outside [0, the window] is another OS thread's: left out */
+        double g = d[i] - a->delay0[i];
+        if (g >= 0 && g <= now - a->t0 && g / (now - a->t0) > frac) frac = g / (now - a->t0);
+    }
+    memcpy(a->delay0, d, sizeof(double) * (size_t)a->cur);
+    a->t0 = now;
+    if (a->trying) {   /* one thread more for a window: kept while nobody waits */
+        a->trying = 0;
+        if (frac > 0.2) {
+            a->backoff = a->backoff * 2 > 64 ? 64 : a->backoff * 2;
+            a->retry_at = now + a->backoff;
+            dt__adapt_set(a, a->cur - 1, now, "still busy", frac);
+        } else {
+            a->backoff = 8 * a->window;
+            a->retry_at = now + a->backoff;
+        }
+        return;
+    }
+    if (frac > 0.2) {
+        if (++a->over >= 2 && a->cur > 1) {
+            a->retry_at = now + a->backoff;
+            dt__adapt_set(a, a->cur - 1, now, "busy", frac);
+        }
+        return;
+    }
+    a->over = 0;
+    if (a->cur < a->most && now >= a->retry_at) {
+        dt__adapt_set(a, a->cur + 1, now, "trying one more", frac);
+        a->trying = 1;
+    }
+}
+/* the team size to size workspaces for: the most the watch may return to */
+static int dt__cpu_threads_most(void) {
+    return dt__adapt.state == 1 && dt__adapt.most > dt_cpu_threads() ? dt__adapt.most : dt_cpu_threads();
+}
+int64_t dt_cpu_adapt_count(void) { return dt__adapt.changes; }
 dt_result dt_cpu_set_tier(const char *tier) {
     int k;
     if (!tier || !strcmp(tier, "auto")) {
