@@ -303,6 +303,7 @@ static inline dt_result load_data(const char *dataset, const char *data, long si
 typedef struct ex_data {
     const char *dataset, *dir;    /* --dataset (NULL where the example has no such flag), --data DIR */
     long limit, seed;             /* --limit N: the first N training samples; --seed */
+    long test_limit;              /* --test-limit N: the first N test samples are evaluated (0: all) */
     long pad_to;                  /* --pad-to S: smaller images zero-padded to S x S (e.g. 28x28 to 32x32 for VGG-11); 0: kept */
     dt_dataset train, test;       /* loaded once by main, read by every local rank */
     dt_transform tt, te;          /* the training transform (with its augmentation) and the test one */
@@ -310,13 +311,14 @@ typedef struct ex_data {
     char name[128];               /* the data as the header line names it, e.g. "fashion-mnist 28x28 zero-padded to 32x32" */
 } ex_data;
 
-/* The flags every training example takes: --dataset, --data, --limit, --seed, --pad-to, --batch, and --epochs
+/* The flags every training example takes: --dataset, --data, --limit, --test-limit, --seed, --pad-to, --batch, and --epochs
    where the example gives it a place (the optimizer's flags are ex_recipe_flag's). Returns 1 when f is one of
    them (*bad is then nonzero when its value v is wrong; parse_long says why), 0 when it is not. */
 static inline int ex_flag(const char *f, const char *v, ex_data *d, long *epochs, long *batch, int *bad) {
     if (!strcmp(f, "--dataset") && d->dataset) d->dataset = v;
     else if (!strcmp(f, "--data")) d->dir = v;
     else if (!strcmp(f, "--limit")) *bad = parse_long(f, v, 1, &d->limit);
+    else if (!strcmp(f, "--test-limit")) *bad = parse_long(f, v, 1, &d->test_limit);
     else if (!strcmp(f, "--seed")) *bad = parse_long(f, v, 0, &d->seed);
     else if (!strcmp(f, "--pad-to")) *bad = parse_long(f, v, 0, &d->pad_to);
     else if (!strcmp(f, "--batch")) *bad = parse_long(f, v, 1, batch);
@@ -363,7 +365,8 @@ static inline int ex_pad(ex_data *d) {
     return ex_name_augment(d);
 }
 
-/* Loads d->dataset (an image folder's images at 32x32), pads it (--pad-to) and sets d->ntrain. Returns the exit
+/* Loads d->dataset (an image folder's images at 32x32), pads it (--pad-to), sets d->ntrain and cuts the test set
+   to --test-limit. Returns the exit
    status: 0, or 1 (2 for a --pad-to smaller than the images) after saying why on stderr, with nothing left loaded. */
 static inline int ex_load(ex_data *d) {
     dt_partition none;   /* an image folder's 90/10 split, which only train.c uses */
@@ -379,6 +382,7 @@ static inline int ex_load(ex_data *d) {
     dt_partition_free(&none);
     if ((rc = ex_pad(d)) != 0) { ex_free(d); return rc; }
     d->ntrain = d->limit && d->limit < d->train.count ? d->limit : d->train.count;   /* --limit: the first N samples */
+    if (d->test_limit && d->test_limit < d->test.count) d->test.count = d->test_limit;   /* --test-limit: the first N */
     return 0;
 }
 

@@ -4,7 +4,7 @@
 
    usage: ddp [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
               [--epochs 1] [--batch 128] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
-              [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--limit N] [--accum 1]
+              [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--limit N] [--test-limit N] [--accum 1]
               [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb 256]
               [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback]
               [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
@@ -51,7 +51,7 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ddp [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
-               "           [--epochs N] [--batch N] [--seed N] [--limit N] [--accum K]\n");
+               "           [--epochs N] [--batch N] [--seed N] [--limit N] [--test-limit N] [--accum K]\n");
     ex_recipe_usage(f, 11, 0);
     fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb N]\n"
                "           [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback]\n"

@@ -10,7 +10,7 @@
                 [--topology ring|torus|exponential|full|one-peer-exp]
                 [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.1]
                 [--momentum 0.9] [--nesterov] [--wd 1e-4] [--milestones 50,75] [--cosine] [--min-lr 0] [--warmup 0]
-                [--seed 0] [--limit N] [--pad-to 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
+                [--seed 0] [--limit N] [--test-limit N] [--pad-to 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
                 (and the launcher's flags: --timeout, --link-latency, --link-bandwidth RATE, ...)
    e.g.   ./build/examples/dpsgd --ranks 4 --limit 2000                        (Fashion-MNIST padded to 32x32)
           ./build/examples/dpsgd --ranks 4 --dataset cifar10 --data cifar-10-batches-bin --epochs 100 --milestones 50,75
@@ -53,7 +53,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: dpsgd [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]\n"
                "             [--topology ring|torus|exponential|full|one-peer-exp] [--mixing uniform|metropolis] [--order cta|atc]\n"
                "             [--epochs N] [--batch N]\n"
-               "             [--seed N] [--limit N] [--pad-to S] [--csv PATH]\n");
+               "             [--seed N] [--limit N] [--test-limit N] [--pad-to S] [--csv PATH]\n");
     ex_recipe_usage(f, 13, 0);
     fprintf(f, "             [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
     ex_ckpt_usage(f, 13);
@@ -100,10 +100,10 @@ static int parse_args(int argc, char **argv, void *arg) {
     return ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) ? -1 : 0;
 }
 
-/* After loading: --limit applied to the test set too. */
+/* After loading: --limit applied to the test set too, unless --test-limit says otherwise. */
 static int prepare(void *arg) {
     args *a = (args *)arg;
-    if (a->data.limit && a->data.limit < a->data.test.count) a->data.test.count = a->data.limit;
+    if (a->data.limit && !a->data.test_limit && a->data.limit < a->data.test.count) a->data.test.count = a->data.limit;
     return 0;
 }
 

@@ -8,7 +8,7 @@
                  [--nesterov] [--wd 0] [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0]
                  [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim 0.1] [--krum-f 1]
                  [--attack none|labelflip|signflip|noise] [--attackers 0] [--flip 1:4] [--noise-std 1]
-                 [--prox-mu 0] [--dropout-prob 0] [--class-acc C] [--per-class] [--seed 0] [--limit N] [--csv PATH]
+                 [--prox-mu 0] [--dropout-prob 0] [--class-acc C] [--per-class] [--seed 0] [--limit N] [--test-limit N] [--csv PATH]
                  [--checkpoint PATH] [--checkpoint-every N] [--resume]
    e.g.   ./build/examples/fedavg --ranks 4 --clients 10 --rounds 10 --model fedavg_2nn
           ./build/examples/fedavg --clients 5 --attack labelflip --attackers 1 --flip 1:4 --agg median
@@ -55,7 +55,7 @@ static void usage(FILE *f) {
     fprintf(f, "              [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim F] [--krum-f F]\n"
                "              [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
                "              [--noise-std S] [--prox-mu MU] [--dropout-prob P] [--class-acc C] [--per-class]\n"
-               "              [--seed N] [--limit N] [--csv PATH]\n");
+               "              [--seed N] [--limit N] [--test-limit N] [--csv PATH]\n");
     ex_ckpt_usage(f, 14);
 }
 

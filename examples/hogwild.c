@@ -5,7 +5,7 @@
 
    usage: hogwild [--threads 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
                   [--epochs 1] [--batch 32] [--lr 0.01] [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0]
-                  [--seed 0] [--limit N] [--csv PATH]
+                  [--seed 0] [--limit N] [--test-limit N] [--csv PATH]
    e.g.   ./build/examples/hogwild --threads 4 --epochs 3
           ./build/examples/hogwild --threads 1 --limit 6000        (plain SGD: the baseline)
 
@@ -43,7 +43,7 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: hogwild [--threads N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
-               "               [--epochs N] [--batch N] [--seed N] [--limit N] [--csv PATH]\n");
+               "               [--epochs N] [--batch N] [--seed N] [--limit N] [--test-limit N] [--csv PATH]\n");
     ex_recipe_usage(f, 15, 1);
 }
 

@@ -5,7 +5,7 @@
 
    usage: localsgd [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
                    [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
-                   [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--period 0] [--seed 0] [--limit N]
+                   [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--period 0] [--seed 0] [--limit N] [--test-limit N]
                    [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
                    (and the launcher's flags: --algo, --timeout, --link-latency, ...)
    e.g.   ./build/examples/localsgd --ranks 4 --epochs 3                 (average once per epoch)
@@ -40,7 +40,7 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: localsgd [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
-               "                [--epochs N] [--batch N] [--period K] [--seed N] [--limit N] [--csv PATH]\n");
+               "                [--epochs N] [--batch N] [--period K] [--seed N] [--limit N] [--test-limit N] [--csv PATH]\n");
     ex_recipe_usage(f, 16, 0);
     fprintf(f, "                [--algo naive|ring|tree|native|hier] [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
     ex_ckpt_usage(f, 16);

@@ -3,7 +3,7 @@
    usage: train [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR] [--pad-to 0]
                 [--epochs 3] [--batch 128] [--optim sgd|adam|adamw] [--lr 0.01] [--momentum 0.5] [--nesterov]
                 [--wd 0] [--milestones 80,120] [--cosine] [--min-lr 0] [--warmup 0]
-                [--seed 0] [--limit N] [--size 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
+                [--seed 0] [--limit N] [--test-limit N] [--size 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
    e.g.   ./build/examples/train --model simplecnn --epochs 3                    (Fashion-MNIST)
           ./build/examples/train --model resnet20 --dataset cifar10 --data ~/cifar-10-batches-bin \
                                  --lr 0.1 --momentum 0.9 --wd 5e-4 --milestones 80,120 --epochs 160
@@ -45,7 +45,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: train [--model NAME] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR] [--pad-to S]\n"
                "             [--epochs N] [--batch N]\n");
     ex_recipe_usage(f, 13, 0);
-    fprintf(f, "             [--seed N] [--limit N] [--size N] [--csv PATH]\n");
+    fprintf(f, "             [--seed N] [--limit N] [--test-limit N] [--size N] [--csv PATH]\n");
     ex_ckpt_usage(f, 13);
 }
 
@@ -110,6 +110,8 @@ int main(int argc, char **argv) {
     rc = 1;                                        /* the status of every failure below */
     ntrain = split.parts ? split.offsets[1] : a.data.train.count;
     ntest = split.parts ? split.offsets[2] - split.offsets[1] : a.data.test.count;
+    if (a.data.test_limit && a.data.test_limit < ntest) ntest = a.data.test_limit;   /* --test-limit: the first N */
+    if (!split.parts) a.data.test.count = ntest;
     if (split.parts) { train_idx = split.indices; test_idx = split.indices + split.offsets[1]; }
     memset(&ed, 0, sizeof ed);   /* the test set, or the folder's test part; top-1 and top-5 */
     ed.dataset = &a.data.test; ed.indices = test_idx; ed.count = test_idx ? ntest : 0; ed.transform = &a.data.te; ed.topk = 5;

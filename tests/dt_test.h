@@ -69,10 +69,14 @@ static DT_T_UNUSED int dt_t_selected(const char *name) {
 static DT_T_UNUSED void dt_t_run(const char *name, dt_t_fn fn) {
     if (!dt_t_selected(name)) return;
     if (dt_t_skip_why) { dt_t_skipped++; printf("skip %s: %s\n", name, dt_t_skip_why); fflush(stdout); return; }
+    double t0 = dt_time_now();
     dt_t_checks_failed = 0;
     fn();
-    if (dt_t_checks_failed) { dt_t_failed++; printf("FAIL %s\n", name); }
-    else { dt_t_passed++; printf("ok   %s\n", name); }
+    t0 = dt_time_now() - t0;
+    if (dt_t_checks_failed) { dt_t_failed++; printf("FAIL %s", name); }
+    else { dt_t_passed++; printf("ok   %s", name); }
+    if (t0 >= 1) printf(" (%.1f s)", t0);   /* where a suite's time goes */
+    printf("\n");
     fflush(stdout);
 }
 #define RUN(fn) dt_t_run(#fn, fn)

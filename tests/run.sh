@@ -78,6 +78,9 @@ CC=$1; B=$2; shift 2
 DEFS=${DEFS:-}; LDLIBS=${LDLIBS:--lm}
 passed=0; failed=0
 WARN="-std=c11 -Wall -Wextra -Wpedantic -Werror"
+# the examples' short runs in sections 5, 5c and 7 evaluate the first 1000 test images, not all 10,000 (--test-limit;
+# dpsgd's --limit cuts its test set already): no document quotes them, and the evaluation would take most of their time
+TL="--test-limit 1000"
 
 # runs one test program, adds its counts; a crash or a missing summary line counts as a failure
 run() {
@@ -139,7 +142,8 @@ job() {
     pn=$((pn + 1)); read -r _ <&9
     ( passed=0; failed=0; OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}; export OMP_WAIT_POLICY
       j_t=$(date +%s); "$@" > "$PJ/$pn.out" 2>&1
-      echo "  (job $pn: $(($(date +%s) - j_t)) s)" >> "$PJ/$pn.out"
+      times > "$PJ/$pn.t"
+      echo "  (job $pn: $(($(date +%s) - j_t)) s; CPU, user and system: $(tail -n 1 "$PJ/$pn.t"))" >> "$PJ/$pn.out"; rm -f "$PJ/$pn.t"
       echo "$passed $failed" > "$PJ/$pn.count"; echo >&9 ) &
 }
 jobs_done() {
@@ -372,7 +376,7 @@ expect_status() {   # expect_status CODE COMMAND...: the command exits with CODE
     "$@" >/dev/null 2>"$T/err"; got=$?
     [ "$got" -eq "$want" ] && [ -s "$T/err" ]
 }
-for args in "--bogus 1" "--model resnet56" "--optim rmsprop" "--epochs 0" "--lr -1" "--milestones 5,x" "--batch"; do
+for args in "--bogus 1" "--model resnet56" "--optim rmsprop" "--epochs 0" "--lr -1" "--milestones 5,x" "--test-limit 0" "--batch"; do
     check "train $args: exit 2 with a message" expect_status 2 "$B/examples/train" $args
 done
 for args in "--sync allgather" "--bucket-kb 0" "--bucket-kb 9007199254740993" "--bucket-kb 99999999999999999999" "--accum" \
@@ -474,9 +478,9 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     # stopped after epoch 1 and resumed = never stopped: the CSV rows agree to the last digit
     check "train: resumed run ends as the uninterrupted one" sh -c "
         set -e
-        '$B/examples/train' --epochs 2 --limit 1024 --csv '$T/a.csv' >/dev/null
-        '$B/examples/train' --epochs 1 --limit 1024 --csv '$T/b.csv' --checkpoint '$T/b.ckpt' >/dev/null
-        '$B/examples/train' --epochs 2 --limit 1024 --csv '$T/b.csv' --checkpoint '$T/b.ckpt' --resume >/dev/null
+        '$B/examples/train' --epochs 2 --limit 1024 $TL --csv '$T/a.csv' >/dev/null
+        '$B/examples/train' --epochs 1 --limit 1024 $TL --csv '$T/b.csv' --checkpoint '$T/b.ckpt' >/dev/null
+        '$B/examples/train' --epochs 2 --limit 1024 $TL --csv '$T/b.csv' --checkpoint '$T/b.ckpt' --resume >/dev/null
         [ \$(wc -l < '$T/a.csv') -eq 3 ]
         cut -d, -f1,3-7 '$T/a.csv' > '$T/a.cut'; cut -d, -f1,3-7 '$T/b.csv' > '$T/b.cut'
         cmp '$T/a.cut' '$T/b.cut'"
@@ -499,21 +503,26 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         [ "$(wc -l < "$T/$name.a.cut")" -ge 3 ] && cmp "$T/$name.a.cut" "$T/$name.b.cut" && cmp "$T/$name.a.ckpt" "$T/$name.b.ckpt"
     }
     check "train: killed mid-epoch (--checkpoint-every 5) and resumed, ends as the unstopped run" \
-        kill_resume train 1,3-7 --epochs 2 --limit 512 --batch 16 --checkpoint-every 5
+        kill_resume train 1,3-7 --epochs 2 --limit 512 $TL --batch 16 --checkpoint-every 5
     # the header line shows the defaults that shape training: ddp's momentum 0.5 and accum, fedavg's trim and Krum's f
     check "ddp's header line shows momentum 0.5 and accum 1" sh -c "
-        '$B/examples/ddp' --ranks 2 --limit 128 --epochs 1 | head -n 1 | grep -q 'sgd lr 0.01 momentum 0.5 wd 0, .*accum 1'"
+        '$B/examples/ddp' --ranks 2 --limit 128 $TL --epochs 1 | head -n 1 | grep -q 'sgd lr 0.01 momentum 0.5 wd 0, .*accum 1'"
+    check "--test-limit: train, ddp and dpsgd evaluate the first N test samples, as their header lines say" sh -c "
+        '$B/examples/train' --limit 128 --test-limit 500 --epochs 1 | head -n 1 | grep -q ' 128 training and 500 test samples' &&
+        '$B/examples/ddp' --ranks 2 --limit 128 --test-limit 700 --epochs 1 | head -n 1 | grep -q ' 128 training and 700 test samples' &&
+        '$B/examples/dpsgd' --ranks 2 --limit 128 --model simplecnn --epochs 1 | head -n 1 | grep -q ' 128 training and 128 test samples' &&
+        '$B/examples/dpsgd' --ranks 2 --limit 128 --test-limit 300 --model simplecnn --epochs 1 | head -n 1 | grep -q ' 128 training and 300 test samples'"
     check "fedavg's header line shows the trim and Krum's f" sh -c "
-        '$B/examples/fedavg' --ranks 2 --clients 5 --rounds 1 --limit 100 --agg trimmed | head -n 1 | grep -q 'aggregator trimmed (trim 0.1)' &&
-        '$B/examples/fedavg' --ranks 2 --clients 5 --rounds 1 --limit 100 --agg krum --krum-f 0 | head -n 1 | grep -q 'aggregator krum (f 0)'"
+        '$B/examples/fedavg' --ranks 2 --clients 5 --rounds 1 --limit 100 $TL --agg trimmed | head -n 1 | grep -q 'aggregator trimmed (trim 0.1)' &&
+        '$B/examples/fedavg' --ranks 2 --clients 5 --rounds 1 --limit 100 $TL --agg krum --krum-f 0 | head -n 1 | grep -q 'aggregator krum (f 0)'"
     check "ddp: killed and resumed on 3 ranks (--checkpoint-every 3), ends as the unstopped run" \
-        kill_resume ddp 1,3-6,9 --ranks 3 --batch 48 --epochs 2 --limit 512 --checkpoint-every 3
+        kill_resume ddp 1,3-6,9 --ranks 3 --batch 48 --epochs 2 --limit 512 $TL --checkpoint-every 3
     kr_as=ddp-topk
     check "ddp --compress topk:0.01: killed and resumed, ends as the unstopped run (the residuals in the checkpoint)" \
-        kill_resume ddp 1,3-6,9 --ranks 2 --epochs 2 --limit 512 --compress topk:0.01 --checkpoint-every 2
+        kill_resume ddp 1,3-6,9 --ranks 2 --epochs 2 --limit 512 $TL --compress topk:0.01 --checkpoint-every 2
     kr_as=
     check "localsgd: killed and resumed between averages, ends as the unstopped run" \
-        kill_resume localsgd 1,3-6,9,10 --ranks 3 --epochs 2 --limit 512 --batch 16 --period 4 --checkpoint-every 3
+        kill_resume localsgd 1,3-6,9,10 --ranks 3 --epochs 2 --limit 512 $TL --batch 16 --period 4 --checkpoint-every 3
     check "dpsgd: killed and resumed on 3 ranks, ends as the unstopped run" \
         kill_resume dpsgd 1,3-8 --ranks 3 --epochs 2 --limit 256 --model simplecnn --batch 16 --checkpoint-every 2
     check "dpsgd --topology one-peer-exp on 4 ranks: the header names the schedule, the run ends" sh -c "
@@ -522,70 +531,70 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         grep -q '^average of the 4 replicas' '$T/op.out'"
     check "fedavg: killed between rounds and resumed, ends as the unstopped run" \
         kill_resume fedavg 1,3-12 --ranks 3 --clients 7 --rounds 10 --frac 0.9 --dropout-prob 0.3 --agg median \
-        --attack signflip --attackers 1 --limit 700 --batch 20
+        --attack signflip --attackers 1 --limit 700 $TL --batch 20
     # the library's refusals of a checkpoint that cannot resume the run, named in the example's message
     check "ddp --resume of a missing checkpoint: exit 1 naming it" sh -c "
-        '$B/examples/ddp' --ranks 2 --limit 64 --checkpoint '$T/none.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q '$T/none.ckpt' '$T/c.out'"
+        '$B/examples/ddp' --ranks 2 --limit 64 $TL --checkpoint '$T/none.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q '$T/none.ckpt' '$T/c.out'"
     check "ddp --resume of a damaged checkpoint: exit 1 naming the checksum" sh -c "
         cp '$T/ddp.a.ckpt' '$T/bad.ckpt' && printf 'xx' | dd of='$T/bad.ckpt' bs=1 seek=5000 conv=notrunc 2>/dev/null &&
-        '$B/examples/ddp' --ranks 3 --batch 48 --limit 512 --checkpoint '$T/bad.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q checksum '$T/c.out'"
+        '$B/examples/ddp' --ranks 3 --batch 48 --limit 512 $TL --checkpoint '$T/bad.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q checksum '$T/c.out'"
     check "ddp --resume of a checkpoint of 3 ranks on 2: exit 1 naming the world sizes" sh -c "
-        '$B/examples/ddp' --ranks 2 --batch 48 --limit 512 --checkpoint '$T/ddp.a.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q 'state of 3 ranks' '$T/c.out'"
+        '$B/examples/ddp' --ranks 2 --batch 48 --limit 512 $TL --checkpoint '$T/ddp.a.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q 'state of 3 ranks' '$T/c.out'"
     check "localsgd --resume of a DDP checkpoint: exit 1 naming its writer" sh -c "
-        '$B/examples/localsgd' --ranks 3 --limit 512 --checkpoint '$T/ddp.a.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q dt_ddp_save '$T/c.out'"
+        '$B/examples/localsgd' --ranks 3 --limit 512 $TL --checkpoint '$T/ddp.a.ckpt' --resume > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q dt_ddp_save '$T/c.out'"
     check "ddp --resume with another model: exit 1 naming the model" sh -c "
-        '$B/examples/ddp' --ranks 3 --batch 48 --limit 512 --model fedavg_2nn --checkpoint '$T/ddp.a.ckpt' --resume > '$T/c.out' 2>&1
+        '$B/examples/ddp' --ranks 3 --batch 48 --limit 512 $TL --model fedavg_2nn --checkpoint '$T/ddp.a.ckpt' --resume > '$T/c.out' 2>&1
         [ \$? -eq 1 ] && grep -q 'another model' '$T/c.out'"
     # a model that diverged (noise of 1e38 from the attackers) is not saved: the run stops, saying why
     check "fedavg: a model with NaN is not checkpointed: exit 1 naming it" sh -c "
-        '$B/examples/fedavg' --ranks 2 --clients 3 --rounds 2 --attack noise --attackers 2 --noise-std 1e38 --limit 300 \
+        '$B/examples/fedavg' --ranks 2 --clients 3 --rounds 2 --attack noise --attackers 2 --noise-std 1e38 --limit 300 $TL \
             --checkpoint '$T/nan.ckpt' > '$T/c.out' 2>&1; [ \$? -eq 1 ] && grep -q 'NaN or infinite' '$T/c.out' && [ ! -e '$T/nan.ckpt' ]"
     # the same 4 local ranks twice: the same bits (fixed-order reductions); and a batch no rank can share
     check "ddp: two runs on 4 ranks log the same losses and accuracy" sh -c "
         set -e
-        '$B/examples/ddp' --ranks 4 --limit 1024 --csv '$T/d1.csv' >/dev/null
-        '$B/examples/ddp' --ranks 4 --limit 1024 --csv '$T/d2.csv' >/dev/null
+        '$B/examples/ddp' --ranks 4 --limit 1024 $TL --csv '$T/d1.csv' >/dev/null
+        '$B/examples/ddp' --ranks 4 --limit 1024 $TL --csv '$T/d2.csv' >/dev/null
         cut -d, -f1,3-6 '$T/d1.csv' > '$T/d1.cut'; cut -d, -f1,3-6 '$T/d2.csv' > '$T/d2.cut'
         [ \$(wc -l < '$T/d1.cut') -eq 2 ] && cmp '$T/d1.cut' '$T/d2.cut'"
     check "ddp --trace: one Chrome-trace file with every rank" sh -c "
-        '$B/examples/ddp' --ranks 2 --limit 256 --trace '$T/t.json' >/dev/null 2>&1 &&
+        '$B/examples/ddp' --ranks 2 --limit 256 $TL --trace '$T/t.json' >/dev/null 2>&1 &&
         head -c 16 '$T/t.json' | grep -q '^{\"traceEvents\":\[' && grep -q '\"rank 1\"' '$T/t.json'"
     # a run that diverges stops, exit 1, before the checkpoint of the epoch whose loss is not finite (its weights
     # may still be finite, but so large that the forward pass overflows): a checkpoint left is of an epoch whose
     # losses were finite, before the one that diverged
     check "train --lr 0.8: stops at the diverged epoch, keeping the last good checkpoint" sh -c "
-        rm -f '$T/div.ckpt'; '$B/examples/train' --limit 2000 --epochs 3 --lr 0.8 --checkpoint '$T/div.ckpt' > '$T/div.out' 2>&1
+        rm -f '$T/div.ckpt'; '$B/examples/train' --limit 2000 $TL --epochs 3 --lr 0.8 --checkpoint '$T/div.ckpt' > '$T/div.out' 2>&1
         [ \$? -eq 1 ] && grep -q 'diverged' '$T/div.out' || exit 1
         [ -e '$T/div.ckpt' ] || exit 0
         bad=\$(sed -n 's/.*: epoch \\([0-9]*\\)[:,].*diverged.*/\\1/p' '$T/div.out' | head -n 1)
-        '$B/examples/train' --limit 2000 --epochs 3 --lr 0.8 --checkpoint '$T/div.ckpt' --resume > '$T/div2.out' 2>&1
+        '$B/examples/train' --limit 2000 $TL --epochs 3 --lr 0.8 --checkpoint '$T/div.ckpt' --resume > '$T/div2.out' 2>&1
         got=\$(sed -n 's/^resumed from .* after epoch \\([0-9]*\\).*/\\1/p' '$T/div2.out')
         [ -n \"\$bad\" ] && [ -n \"\$got\" ] && [ \"\$got\" -lt \"\$bad\" ] &&
             grep -E \"^epoch +\$got/\" '$T/div.out' | grep -q 'test loss' && ! grep -E \"^epoch +\$got/\" '$T/div.out' | grep -q nan"
     # an unwritable --trace is found before the run, not after the training it was to record (no epoch line)
     check "ddp --trace into a missing directory: exit 1 before training, naming the path" sh -c "
-        '$B/examples/ddp' --ranks 2 --limit 256 --trace '$T/no-such-dir/t.json' > '$T/tr.out' 2>&1; [ \$? -eq 1 ] &&
+        '$B/examples/ddp' --ranks 2 --limit 256 $TL --trace '$T/no-such-dir/t.json' > '$T/tr.out' 2>&1; [ \$? -eq 1 ] &&
         grep -q 'no-such-dir/t.json' '$T/tr.out' && ! grep -q '^epoch' '$T/tr.out'"
-    check "ddp --batch 2 on 4 ranks: exit 1 naming the cause" sh -c "'$B/examples/ddp' --ranks 4 --batch 2 --limit 64 2>&1 >/dev/null | grep -q 'smaller than the 4 ranks'"
+    check "ddp --batch 2 on 4 ranks: exit 1 naming the cause" sh -c "'$B/examples/ddp' --ranks 4 --batch 2 --limit 64 $TL 2>&1 >/dev/null | grep -q 'smaller than the 4 ranks'"
     # a global batch that does not split evenly is refused, not trained with fewer samples than the log says
     check "ddp --batch 128 on 3 ranks: exit 1 naming a batch divisible by 3" sh -c "
-        '$B/examples/ddp' --ranks 3 --batch 128 --limit 64 > '$T/b.out' 2>&1; [ \$? -eq 1 ] && grep -q 'divisible by 3' '$T/b.out'"
+        '$B/examples/ddp' --ranks 3 --batch 128 --limit 64 $TL > '$T/b.out' 2>&1; [ \$? -eq 1 ] && grep -q 'divisible by 3' '$T/b.out'"
     check "ddp --accum 3 with 32 samples per rank: exit 1 naming the cause" sh -c "
-        '$B/examples/ddp' --ranks 4 --batch 128 --accum 3 --limit 64 > '$T/b.out' 2>&1; [ \$? -eq 1 ] && grep -q 'accum 3 does not divide' '$T/b.out'"
+        '$B/examples/ddp' --ranks 4 --batch 128 --accum 3 --limit 64 $TL > '$T/b.out' 2>&1; [ \$? -eq 1 ] && grep -q 'accum 3 does not divide' '$T/b.out'"
     check "ddp --pad-to 20 on 28x28 images: exit 2 naming the size" sh -c "
-        '$B/examples/ddp' --pad-to 20 --limit 64 > '$T/b.out' 2>&1; [ \$? -eq 2 ] && grep -q 'at least 28' '$T/b.out'"
+        '$B/examples/ddp' --pad-to 20 --limit 64 $TL > '$T/b.out' 2>&1; [ \$? -eq 2 ] && grep -q 'at least 28' '$T/b.out'"
     # VGG-11 needs 32x32: on Fashion-MNIST it is refused naming --pad-to, and runs with it
     check "ddp --model vgg11 on 28x28: exit 1 naming --pad-to 32" sh -c "
-        '$B/examples/ddp' --model vgg11 --ranks 2 --limit 64 > '$T/v.out' 2>&1; [ \$? -eq 1 ] && grep -q 'pad-to 32' '$T/v.out'"
+        '$B/examples/ddp' --model vgg11 --ranks 2 --limit 64 $TL > '$T/v.out' 2>&1; [ \$? -eq 1 ] && grep -q 'pad-to 32' '$T/v.out'"
     check "ddp --model vgg11 --pad-to 32 on Fashion-MNIST: runs" sh -c "
-        '$B/examples/ddp' --model vgg11 --pad-to 32 --limit 256 --epochs 1 --ranks 2 > '$T/v.out' 2>&1 &&
+        '$B/examples/ddp' --model vgg11 --pad-to 32 --limit 256 $TL --epochs 1 --ranks 2 > '$T/v.out' 2>&1 &&
         grep -q '^vgg11 on fashion-mnist 28x28 zero-padded to 32x32: ' '$T/v.out' && grep -q '^epoch   1/1 ' '$T/v.out'"
     # --wd changes the first epoch; --milestones 1 leaves it and changes the second (lr x0.1 from epoch 1 on)
     check "ddp: --wd and --milestones change the run where they should" sh -c "
         set -e
-        '$B/examples/ddp' --ranks 2 --epochs 2 --limit 512 --csv '$T/r0.csv' >/dev/null
-        '$B/examples/ddp' --ranks 2 --epochs 2 --limit 512 --wd 5e-3 --csv '$T/rw.csv' >/dev/null
-        '$B/examples/ddp' --ranks 2 --epochs 2 --limit 512 --milestones 1 --csv '$T/rm.csv' >/dev/null
+        '$B/examples/ddp' --ranks 2 --epochs 2 --limit 512 $TL --csv '$T/r0.csv' >/dev/null
+        '$B/examples/ddp' --ranks 2 --epochs 2 --limit 512 $TL --wd 5e-3 --csv '$T/rw.csv' >/dev/null
+        '$B/examples/ddp' --ranks 2 --epochs 2 --limit 512 $TL --milestones 1 --csv '$T/rm.csv' >/dev/null
         for f in r0 rw rm; do cut -d, -f3-5 '$T/'\$f.csv | sed -n 2p > '$T/'\$f.1; cut -d, -f3-5 '$T/'\$f.csv | sed -n 3p > '$T/'\$f.2; done
         ! cmp -s '$T/r0.1' '$T/rw.1'
         cmp '$T/r0.1' '$T/rm.1'
@@ -594,7 +603,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     # half of fp32's with bf16 and under a twentieth with top-k 1%
     check "ddp --compress bf16 and topk:0.01: the header says so; 1/2 and < 1/20 of fp32's bytes" sh -c "
         set -e
-        for c in fp32 bf16 topk:0.01; do '$B/examples/ddp' --ranks 2 --limit 512 --compress \$c --csv \"$T/c-\$c.csv\" > \"$T/c-\$c.out\"; done
+        for c in fp32 bf16 topk:0.01; do '$B/examples/ddp' --ranks 2 --limit 512 $TL --compress \$c --csv \"$T/c-\$c.csv\" > \"$T/c-\$c.out\"; done
         grep -q 'all-reduce ring, compress bf16,' '$T/c-bf16.out'
         grep -q 'all-gather of pairs, compress topk 0.01 with error feedback,' '$T/c-topk:0.01.out'
         f=\$(sed -n 2p '$T/c-fp32.csv' | cut -d, -f9); b=\$(sed -n 2p '$T/c-bf16.csv' | cut -d, -f9); k=\$(sed -n 2p '$T/c-topk:0.01.csv' | cut -d, -f9)
@@ -604,12 +613,12 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         set -e
         R='--lr 0.05 --momentum 0.9 --nesterov --wd 0.0005 --milestones 3,5 --warmup 1'
         S='sgd lr 0.05 momentum 0.9 nesterov wd 0.0005, lr x0.1 at epochs 3,5 after 1 warm-up epochs'
-        '$B/examples/train' \$R --epochs 2 --limit 128 | grep -qF \"\$S\"
-        '$B/examples/ddp' \$R --epochs 2 --ranks 2 --limit 128 | grep -qF \"\$S\"
-        '$B/examples/localsgd' \$R --epochs 2 --ranks 2 --limit 128 | grep -qF \"\$S\"
+        '$B/examples/train' \$R --epochs 2 --limit 128 $TL | grep -qF \"\$S\"
+        '$B/examples/ddp' \$R --epochs 2 --ranks 2 --limit 128 $TL | grep -qF \"\$S\"
+        '$B/examples/localsgd' \$R --epochs 2 --ranks 2 --limit 128 $TL | grep -qF \"\$S\"
         '$B/examples/dpsgd' \$R --epochs 2 --ranks 2 --limit 128 --model simplecnn | grep -qF \"\$S\"
-        '$B/examples/fedavg' \$R --rounds 2 --ranks 2 --clients 2 --limit 128 | grep -qF 'sgd lr 0.05 momentum 0.9 nesterov wd 0.0005, lr x0.1 at rounds 3,5 after 1 warm-up rounds'
-        '$B/examples/hogwild' --lr 0.05 --cosine --min-lr 0.001 --warmup 1 --epochs 2 --threads 2 --limit 128 |
+        '$B/examples/fedavg' \$R --rounds 2 --ranks 2 --clients 2 --limit 128 $TL | grep -qF 'sgd lr 0.05 momentum 0.9 nesterov wd 0.0005, lr x0.1 at rounds 3,5 after 1 warm-up rounds'
+        '$B/examples/hogwild' --lr 0.05 --cosine --min-lr 0.001 --warmup 1 --epochs 2 --threads 2 --limit 128 $TL |
             grep -qF 'sgd lr 0.05 momentum 0 wd 0, cosine to 0.001 over 1 epochs after 1 warm-up epochs'"
 else
     echo "skipped train resume check: dataset-fashion-mnist is not installed"
@@ -692,9 +701,9 @@ else echo "FAIL build of tests/mpi/fault_ddp.c"; failed=$((failed + 1)); fi
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then   # the same through an example
     check "ddp: a NaN in rank 2's gradient (DT_FAULT) ends the run: exit 1, DT_ERR_NUMERIC naming rank, epoch and step, once" \
         fault_ends "DT_ERR_NUMERIC: rank [0-9]+: epoch 1, step [0-9]+: .*the loss is nan" \
-        env DT_FAULT="rank=2,coll=6,kind=nan" "$B/examples/ddp" --ranks 3 --limit 600 --batch 60 --timeout 2
+        env DT_FAULT="rank=2,coll=6,kind=nan" "$B/examples/ddp" --ranks 3 --limit 600 $TL --batch 60 --timeout 2
     check "ddp: rank 1 stalled for good (DT_FAULT) ends the run: exit 1 within 15 s, naming it" \
-        fault_ends "rank 1 has not returned" env DT_FAULT="rank=1,coll=6,kind=hang" "$B/examples/ddp" --ranks 3 --limit 600 --batch 60 --timeout 1
+        fault_ends "rank 1 has not returned" env DT_FAULT="rank=1,coll=6,kind=hang" "$B/examples/ddp" --ranks 3 --limit 600 $TL --batch 60 --timeout 1
 fi
 fi
 
@@ -820,14 +829,14 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
                 { echo "mpiexec:"; cat "$MT/$name-mpi.cut"; echo "local ranks:"; cat "$MT/$name-local.cut"; return 1; }
         }
         check "ddp: mpiexec -n 2 logs the losses, accuracy and traffic of 2 local ranks" \
-            mpi_example ddp 1,3-6,9 2 --limit 512 --algo ring
+            mpi_example ddp 1,3-6,9 2 --limit 512 $TL --algo ring
         check "localsgd: mpiexec -n 2 logs the losses, accuracy and traffic of 2 local ranks" \
-            mpi_example localsgd 1,3-6,9,10 2 --limit 512 --period 4 --algo ring --model fedavg_2nn
+            mpi_example localsgd 1,3-6,9,10 2 --limit 512 $TL --period 4 --algo ring --model fedavg_2nn
         check "dpsgd: mpiexec -n 3 logs the losses, accuracy and consensus of 3 local ranks" \
             mpi_example dpsgd 1,3-8 3 --limit 256 --model simplecnn --algo ring
         check "fedavg: mpiexec -n 3 logs the rounds, losses and accuracy of 3 local ranks" \
             mpi_example fedavg 1,3-10 3 --clients 7 --rounds 2 --frac 0.9 --dropout-prob 0.3 --agg median --attack signflip \
-            --attackers 1 --model fedavg_2nn --limit 700
+            --attackers 1 --model fedavg_2nn --limit 700 $TL
         # examples/simple/ddp built with mpicc: under mpiexec -n 2 each process is a rank (RANKS is for local ranks)
         check "examples/simple/ddp under mpiexec -n 2: exit 0, last test accuracy above 50%" sh -c "
             mpicc $WARN -O2 -fopenmp -DDT_USE_MPI $DEFS -I. examples/simple/ddp.c -o '$B/mpi/simple_ddp' $LDLIBS &&
@@ -837,7 +846,7 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         # ddp under mpiexec -n 3 with --checkpoint-every, one rank killed with SIGKILL a random time after the first
         # checkpoint (the job ends with it), then resumed: the CSV rows and checkpoint bytes of a job never stopped
         mpi_kill_resume() {
-            set -- --batch 48 --epochs 2 --limit 512 --checkpoint-every 3 --algo ring
+            set -- --batch 48 --epochs 2 --limit 512 $TL --checkpoint-every 3 --algo ring
             timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.a.csv" --checkpoint "$MT/k.a.ckpt" >/dev/null || return 1
             timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" >/dev/null 2>&1 & pid=$!
             while [ ! -e "$MT/k.b.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
@@ -852,14 +861,14 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         check "ddp under mpiexec -n 3: a rank killed, the job resumed, ends as the unstopped job" mpi_kill_resume
         # rank 0 writes the trace; every rank learns before the run that it cannot, and the job ends naming the path
         check "ddp --trace into a missing directory under mpiexec -n 2: exit 1 before training, naming the path" sh -c "
-            timeout 120 mpiexec -n 2 '$B/mpi/ddp' --limit 256 --trace '$MT/no-such-dir/t.json' > '$MT/tr.out' 2>&1;
+            timeout 120 mpiexec -n 2 '$B/mpi/ddp' --limit 256 $TL --trace '$MT/no-such-dir/t.json' > '$MT/tr.out' 2>&1;
             [ \$? -eq 1 ] && grep -q 'no-such-dir/t.json' '$MT/tr.out' && ! grep -q '^epoch' '$MT/tr.out'"
         # docs/multi-machine.md's launch with a hostfile, here naming this machine twice (localhost and its
         # hostname, 2 slots each): the job logs what 4 local ranks log
         check "ddp under mpiexec -f HOSTS -n 4 (this machine named twice): the losses, accuracy and traffic of 4 local ranks" sh -c "
             printf 'localhost:2\\n%s:2\\n' \"\$(hostname)\" > '$MT/hosts' &&
-            timeout 300 mpiexec -f '$MT/hosts' -n 4 '$B/mpi/ddp' --limit 512 --sync flat --algo ring --csv '$MT/h-mpi.csv' > /dev/null &&
-            timeout 300 '$B/examples/ddp' --ranks 4 --limit 512 --sync flat --algo ring --csv '$MT/h-local.csv' > /dev/null &&
+            timeout 300 mpiexec -f '$MT/hosts' -n 4 '$B/mpi/ddp' --limit 512 $TL --sync flat --algo ring --csv '$MT/h-mpi.csv' > /dev/null &&
+            timeout 300 '$B/examples/ddp' --ranks 4 --limit 512 $TL --sync flat --algo ring --csv '$MT/h-local.csv' > /dev/null &&
             [ \"\$(cut -d, -f3,4,5,9 '$MT/h-mpi.csv')\" = \"\$(cut -d, -f3,4,5,9 '$MT/h-local.csv')\" ]"
         rm -rf "$MT"
     else
