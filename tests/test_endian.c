@@ -173,7 +173,7 @@ static void load_and_check(const char *dir, const record *want, int more) {
     dt_model *m = model();
     dt_optim *o = m ? adam(m) : NULL;
     dt_checkpoint_meta meta;
-    char path[256], again[300];
+    char path[256], again[128];
     uint64_t h;
     int64_t s;
     if (!o) { dt_model_destroy(m); return; }
@@ -184,7 +184,7 @@ static void load_and_check(const char *dir, const record *want, int more) {
         printf("    %s: the loaded state's digest is %016llx, the saved one's %016llx\n", path, (unsigned long long)h,
                (unsigned long long)want->saved);
     CHECK(h == want->saved);
-    snprintf(again, sizeof again, "%s.again", path);
+    snprintf(again, sizeof again, "%s/again.ckpt", tmp_dir);
     CHECK_OK(dt_checkpoint_save(again, m, o, &meta));
     if (!same_bytes(path, again)) printf("    %s saved again differs from the file it was loaded from\n", path);
     CHECK(same_bytes(path, again));
@@ -269,6 +269,7 @@ int main(int argc, char **argv) {
     {
         char p[128];
         snprintf(p, sizeof p, "%s/endian.ckpt", tmp_dir); remove(p);
+        snprintf(p, sizeof p, "%s/again.ckpt", tmp_dir); remove(p);
         rmdir(tmp_dir);
     }
     return dt_t_summary();
