@@ -118,18 +118,24 @@ static DT_T_UNUSED int dt_t_fix_load(dt_t_fix *f, const char *name) {
         dt_t_rec *r;
         int i;
         if (fread(&len, 4, 1, fp) != 1) break;
+        dt__le32(&len, 1);   /* the fixtures are little-endian (dtrain/core/base.h: the byte order of files) */
         if (f->n == DT_T_MAX_REC || len >= sizeof r->name) goto bad;
         r = &f->rec[f->n++];
         memset(r, 0, sizeof *r);
-        if (fread(r->name, 1, len, fp) != len || fread(&nd, 4, 1, fp) != 1 || nd > 4) goto bad;
+        if (fread(r->name, 1, len, fp) != len || fread(&nd, 4, 1, fp) != 1) goto bad;
+        dt__le32(&nd, 1);
+        if (nd > 4) goto bad;
         r->ndim = (int)nd;
         r->count = 1;
         for (i = 0; i < r->ndim; i++) {
-            if (fread(&r->dims[i], 8, 1, fp) != 1 || r->dims[i] < 0 || r->dims[i] > (1 << 24)) goto bad;
+            if (fread(&r->dims[i], 8, 1, fp) != 1) goto bad;
+            dt__le64(&r->dims[i], 1);
+            if (r->dims[i] < 0 || r->dims[i] > (1 << 24)) goto bad;
             r->count *= r->dims[i];
         }
         r->data = (float *)malloc(sizeof(float) * (size_t)(r->count + 1));
         if (!r->data || fread(r->data, 4, (size_t)r->count, fp) != (size_t)r->count) goto bad;
+        dt__le32(r->data, (size_t)r->count);
     }
     fclose(fp);
     return 0;

@@ -110,6 +110,8 @@ static dt_result rs_write(dt_comm *c, const rs_args *a, dt_model *m, double loss
     if ((r = dt_comm_gather(c, mine, all, (size_t)n, DT_F32, 0)) == DT_OK)
         r = dt_comm_gather(c, &loss_sum, sums, 1, DT_F64, 0);
     if (r == DT_OK && dt_comm_rank(c) == 0) {
+        dt__le32(all, (size_t)(n * p));   /* little-endian, as every file of dtrain's (dtrain/core/base.h) */
+        dt__le64(sums, (size_t)p);
         if (!(f = fopen(a->out, "wb")) || fwrite(all, sizeof(float), (size_t)(n * p), f) != (size_t)(n * p) ||
             fwrite(sums, sizeof(double), (size_t)p, f) != (size_t)p)
             r = dt_set_error(DT_ERR_IO, "cannot write %s", a->out);

@@ -22,6 +22,12 @@
 #   2c. ARM64: test_core, test_layers, test_models, test_comm and test_diff (the neon tier's fast paths against the
 #       reference on random graphs) cross-compiled for aarch64 with Debian's gcc-aarch64-linux-gnu and run under
 #       qemu-user (their results count; qemu's timings mean nothing)
+#   2e. big-endian: s390x under qemu: test_checkpoint, test_optim, test_layers, test_models' PyTorch SimpleCNN and
+#       parameter names, test_datasets and test_core's non-arithmetic tests cross-compiled for s390x (gcc-s390x-linux-gnu,
+#       ISO C: float evaluated in double) and run under qemu-s390x, every file little-endian there too; and
+#       tests/test_endian.c built for both hosts with the same arithmetic (DT_NO_SIMD, -ffp-contract=off): a checkpoint
+#       saved on x86-64 resumes on s390x and the reverse with the saved state's bits, the same bytes when saved again,
+#       and the uninterrupted run's losses; both hosts write the same checkpoint bytes
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
@@ -67,7 +73,7 @@
 # JOBS (default: the CPUs) programs at a time where a section's cases are independent (the compiles, the sanitizer,
 # qemu and no-OpenMP runs, the fuzz targets, the docs' chapters; the pool below); the examples' checks, the faults
 # and MPI run one at a time, as their timeouts are set for a machine that is theirs.
-# DT_SECTIONS="3 4 7" runs only those sections (their numbers as above: 1 1a 2 2a 2b 2c 3 4 5 5b 5c 5d 6 7 8); the
+# DT_SECTIONS="3 4 7" runs only those sections (their numbers as above: 1 1a 2 2a 2b 2c 2e 3 4 5 5b 5c 5d 6 7 8); the
 # programs the Makefile builds must be there (make all).
 # Each configuration's programs share one object of the implementation (tests/impl.c compiled with its flags, e.g.
 # $B/asan/dtrain.o); a program whose source defines DTRAIN_IMPLEMENTATION itself (it uses the library's internals
@@ -312,6 +318,60 @@ if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >
     jobs_done
 else
     echo "FAIL aarch64-linux-gnu-gcc or qemu-aarch64 is not installed (run tools/deps.sh: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user)"
+    failed=$((failed + 1))
+fi
+fi
+
+section "2e. big-endian: s390x under qemu"
+if want; then
+if command -v s390x-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-s390x >/dev/null 2>&1; then
+    S="$B/s390x"; mkdir -p "$S"
+    SCC="s390x-linux-gnu-gcc $WARN -O2 -fopenmp -pthread"   # ISO C as users build it: float evaluated in double
+    # the cross-endian pair, built alone with the arithmetic both hosts share: portable kernels, no FMA, float as float
+    SPORT="$WARN -O2 -DDT_NO_SIMD -ffp-contract=off -pthread"
+    s390x_build() {   # s390x_build TEST: linked with the object of the implementation, or alone (its own)
+        rm -f "$S/$1"
+        build "$S/dtrain.o" "tests/$1.c" "$S/$1" -lm $SCC || { echo "FAIL build of $1 for s390x"; failed=$((failed + 1)); }
+    }
+    s390x_run() {   # s390x_run TEST [TESTS]: TESTS as dt_test.h's argv[1] selects them
+        [ -x "$S/$1" ] || return 0   # its build failed, said above
+        run "s390x $1${2:+ $2}" env DT_TEST_QUICK=1 qemu-s390x -L /usr/s390x-linux-gnu "$S/$1" ${2:+"$2"}
+    }
+    s390x_case() { s390x_build "$1" && s390x_run "$@"; }
+    endian_build() {   # endian_build OUT COMPILER...: tests/test_endian.c alone
+        b_out=$1; shift; rm -f "$b_out"
+        build "" tests/test_endian.c "$b_out" -lm "$@" || { echo "FAIL build of tests/test_endian.c ($b_out)"; failed=$((failed + 1)); }
+    }
+    endian_on() {   # endian_on HOST ARGS...: test_endian on x86-64 (this machine) or s390x (qemu)
+        e_host=$1; shift
+        if [ "$e_host" = s390x ]; then qemu-s390x -L /usr/s390x-linux-gnu "$S/test_endian" "$@"; else "$S/test_endian-x86-64" "$@"; fi
+    }
+    endian_pair() {   # endian_pair FROM TO: FROM's test_endian --save, then TO's --resume of FROM's checkpoint
+        d="$S/endian-$1"; rm -rf "$d"; mkdir -p "$d"
+        run "test_endian --save on $1" endian_on "$1" --save "$d"
+        run "test_endian --resume on $2 of $1's checkpoint" endian_on "$2" --resume "$d"
+    }
+    job impl "$S/dtrain.o" $SCC
+    for t in test_core test_checkpoint; do job s390x_build $t; done   # their own implementation
+    job endian_build "$S/test_endian" s390x-linux-gnu-gcc $SPORT -fexcess-precision=fast
+    job endian_build "$S/test_endian-x86-64" $CC $SPORT
+    jobs_done
+    # the files: checkpoints, the PyTorch fixtures (test_optim, test_layers, test_models' SimpleCNN), the data sets; and
+    # of test_core what is not arithmetic (the RNG's streams, the tensors)
+    job s390x_case test_layers
+    job s390x_case test_models "param,torch_simplecnn"
+    job s390x_run test_checkpoint
+    job endian_pair x86-64 s390x
+    job endian_pair s390x x86-64
+    job s390x_run test_endian
+    job s390x_case test_optim
+    job s390x_case test_datasets
+    job s390x_run test_core "~gemm,conv"
+    jobs_done
+    check "s390x and x86-64 write the same checkpoint (tests/test_endian.c --save)" \
+        cmp "$S/endian-x86-64/endian.ckpt" "$S/endian-s390x/endian.ckpt"
+else
+    echo "FAIL s390x-linux-gnu-gcc or qemu-s390x is not installed (run tools/deps.sh: gcc-s390x-linux-gnu, libc6-dev-s390x-cross, qemu-user)"
     failed=$((failed + 1))
 fi
 fi

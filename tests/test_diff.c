@@ -874,14 +874,27 @@ static void count_plan(const dt_model *m) {
 
 /* ---- the dump for tests/diff_torch.py ---- */
 static FILE *dump_bin;
+/* n words of `size` bytes (4 or 8) from p, little-endian as every fixture (dtrain/core/base.h: dt__le32) */
+static void dump_le(const void *p, size_t size, size_t n) {
+    unsigned char buf[4096];
+    const unsigned char *b = (const unsigned char *)p;
+    if (!DT__BIG_ENDIAN) { fwrite(p, size, n, dump_bin); return; }
+    while (n > 0) {
+        size_t k = n < sizeof buf / size ? n : sizeof buf / size;
+        memcpy(buf, b, k * size);
+        if (size == 4) dt__le32(buf, k); else dt__le64(buf, k);
+        fwrite(buf, size, k, dump_bin);
+        b += k * size; n -= k;
+    }
+}
 static void dump_rec(const char *name, const float *data, int ndim, const int64_t *dims) {
     uint32_t len = (uint32_t)strlen(name), nd = (uint32_t)ndim;
     int64_t cnt = 1;
     int i;
     if (!dump_bin) return;
     for (i = 0; i < ndim; i++) cnt *= dims[i];
-    fwrite(&len, 4, 1, dump_bin); fwrite(name, 1, len, dump_bin); fwrite(&nd, 4, 1, dump_bin);
-    fwrite(dims, 8, (size_t)ndim, dump_bin); fwrite(data, 4, (size_t)cnt, dump_bin);
+    dump_le(&len, 4, 1); fwrite(name, 1, len, dump_bin); dump_le(&nd, 4, 1);
+    dump_le(dims, 8, (size_t)ndim); dump_le(data, 4, (size_t)cnt);
 }
 static void dump_vec(const char *name, int k, const float *data, int64_t n) {
     char nm[96];

@@ -6,7 +6,8 @@
      logging, random numbers (PCG32 streams), timers, the progress bar, the version macros; and for the
      modules after it: the timeline recorder behind dt_trace_begin (one event lane per thread, written out
      by dtrain/comm/launch.h's launcher), the thread, mutex and condition helpers over POSIX threads, OpenMP's
-     pragma macro, and the loop bodies shared with the GPU backend (the dropout hash).
+     pragma macro, the byte order of files (dt__le32: little-endian on every host), and the loop bodies shared
+     with the GPU backend (the dropout hash).
    USES
      The C library; POSIX threads unless DT_NO_THREADS; OpenMP when compiled with it.
    READ FIRST
@@ -125,6 +126,58 @@ void dt_trace_begin(const char *name, const char *category);
 void dt_trace_end(void);
 void dt_trace_instant(const char *name, const char *category);   /* a point in time */
 int  dt_trace_enabled(void);   /* 1 when the calling thread records */
+
+/* Byte order of files (internal: for the library's readers and writers and the tests' fixtures). Every number
+   dtrain writes to a file or reads from one of its own (checkpoints; the tests' fixtures) is little-endian: the
+   order x86-64 and aarch64 keep in memory, where these calls compile to nothing and a file is the memory's bytes.
+   A big-endian host (s390x) swaps each word once, in place, between the file's order and its own. Formats of
+   others are read byte by byte in theirs (IDX's big-endian header: dt__get_be32). */
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define DT__BIG_ENDIAN 1
+#else
+#define DT__BIG_ENDIAN 0   /* little-endian; a compiler that does not say (MSVC) targets little-endian hosts only */
+#endif
+/* n 32-bit words (float, int32, uint32) at p, in place: from little-endian to the host's order, or back (the same
+   swap); nothing on a little-endian host */
+static inline void dt__le32(void *p, size_t n) {
+#if DT__BIG_ENDIAN
+    unsigned char *b = (unsigned char *)p, t;
+    for (; n > 0; n--, b += 4) { t = b[0]; b[0] = b[3]; b[3] = t; t = b[1]; b[1] = b[2]; b[2] = t; }
+#else
+    (void)p; (void)n;
+#endif
+}
+/* n 64-bit words (double, int64, uint64) at p, in place, the same way */
+static inline void dt__le64(void *p, size_t n) {
+#if DT__BIG_ENDIAN
+    unsigned char *b = (unsigned char *)p, t;
+    int i;
+    for (; n > 0; n--, b += 8)
+        for (i = 0; i < 4; i++) { t = b[i]; b[i] = b[7 - i]; b[7 - i] = t; }
+#else
+    (void)p; (void)n;
+#endif
+}
+/* One word at p, any alignment, in a file's order, from or to a host value (one load or store where the order
+   is the host's) */
+static inline void dt__put_le64(unsigned char *p, uint64_t v) {
+    int i;
+    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline uint64_t dt__get_le64(const unsigned char *p) {
+    uint64_t v = 0;
+    int i;
+    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static inline uint32_t dt__get_be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+/* 1 when the host is big-endian, asked at run time: what DT__BIG_ENDIAN must say (dt_checkpoint_save checks it) */
+static inline int dt__host_big_endian(void) {
+    const uint32_t one = 1;
+    return *(const unsigned char *)&one == 0;
+}
 
 #ifdef __cplusplus
 }

@@ -70,9 +70,6 @@ static char *dt__path(const char *dir, const char *name) {
     size_t n = strlen(dir);
     return dt__str3(dir, (n > 0 && dir[n - 1] == '/') ? "" : "/", name);
 }
-static uint32_t dt__be32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-}
 static int dt__file_exists(const char *path) {   /* a FIFO "exists": dt__in_open then says what it is */
     const char *why;
     FILE *fp = dt__open_read(path, &why);
@@ -215,7 +212,7 @@ static dt_result dt__idx_header(dt__in *in, uint32_t magic, int ndim, uint32_t *
     if (got < 4)
         return dt_set_error(DT_ERR_FORMAT, "%s is %lld bytes, too short for an IDX file (its header alone is %lld "
                             "bytes)", in->path, (long long)got, (long long)need);
-    m = dt__be32(h);
+    m = dt__get_be32(h);
     if (m != magic) {
         if (magic == 0x803 && m == 0x801)
             return dt_set_error(DT_ERR_FORMAT, "%s is an IDX labels file (magic 0x00000801), given as the images file; "
@@ -230,7 +227,7 @@ static dt_result dt__idx_header(dt__in *in, uint32_t magic, int ndim, uint32_t *
     if (got < need)
         return dt_set_error(DT_ERR_FORMAT, "%s is truncated inside its IDX header: %lld of %lld bytes; download it again",
                             in->path, (long long)got, (long long)need);
-    for (i = 0; i < ndim; i++) dims[i] = dt__be32(h + 4 + 4 * i);
+    for (i = 0; i < ndim; i++) dims[i] = dt__get_be32(h + 4 + 4 * i);
     return DT_OK;
 }
 

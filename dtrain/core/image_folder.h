@@ -214,7 +214,7 @@ static dt_result dt__pnm_decode(const char *path, const uint8_t *b, int64_t n, u
 static dt_result dt__png_check(const char *path, const uint8_t *b, int64_t n) {
     int64_t pos = 8;
     while (n - pos >= 12) {
-        int64_t len = (int64_t)dt__be32(b + pos);
+        int64_t len = (int64_t)dt__get_be32(b + pos);
         if (len > n - pos - 12)
             return dt_set_error(DT_ERR_FORMAT, "%s is truncated or corrupt: a PNG chunk at byte %lld claims %lld bytes, the "
                                 "file has %lld left", path, (long long)pos, (long long)len, (long long)(n - pos - 12));

@@ -64,7 +64,6 @@ static void dt__shuffle(int64_t *a, int64_t n, dt_rng *r);
 
 /* ==== dtrain/core/data_files.h: file helpers the image-folder loader shares ==== */
 #ifdef DTRAIN_DATA_FILES_IMPLEMENTATION_DONE
-static uint32_t dt__be32(const uint8_t *p);
 static int64_t dt__file_size(FILE *fp);
 static char *dt__path(const char *dir, const char *name);
 static char *dt__str3(const char *a, const char *b, const char *c);

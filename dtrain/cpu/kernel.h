@@ -22,10 +22,13 @@
 #define DT__KERNEL_TENSOR_TYPES
 /* The portable kernels' vectors: GCC's and Clang's vector types (no intrinsics, no -march) compile to the
    baseline's vector instructions (SSE2 on x86-64, NEON on aarch64). DT__VEC is 0 with another compiler or
-   DT_NO_SIMD, and the kernels then run as plain loops. Loads and stores go through memcpy: unaligned
-   (dt__v4_load). The types are there wherever GCC or Clang builds SIMD: dtrain/cpu/cpu_vec.h's kernels at the
-   baseline take dt__v4 also where DT__VEC is 0 (GCC before 9). */
-#if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 9) && !defined(DT_NO_SIMD)
+   DT_NO_SIMD, and the kernels then run as plain loops; so it is where float arithmetic is evaluated in double
+   (FLT_EVAL_METHOD 1: s390x's gcc in ISO C mode, -std=c11), which promotes the scalar of a vector's product
+   past what the vector types take. Loads and stores go through memcpy: unaligned (dt__v4_load). The types
+   are there wherever GCC or Clang builds SIMD: dtrain/cpu/cpu_vec.h's kernels at the baseline take dt__v4
+   also where DT__VEC is 0 (GCC before 9). */
+#if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 9) && !defined(DT_NO_SIMD) && \
+    (!defined(__FLT_EVAL_METHOD__) || __FLT_EVAL_METHOD__ == 0)
 #define DT__VEC 1
 #else
 #define DT__VEC 0

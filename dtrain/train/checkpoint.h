@@ -73,11 +73,13 @@ extern "C" {
 /* ---- checkpoints ----
    Version 2. One file holds every rank's state, written by rank 0 alone, so that its atomicity is one
    rename: a crash before the rename leaves the previous checkpoint whole, and no file ever mixes ranks of
-   two checkpoints. The file: the magic, then little-endian 64-bit words: the version, the world size, the
-   trainer (DT__CKPT_PLAIN, ...), each rank's section size in bytes [world]; then the sections in rank
-   order; then the FNV-1a checksum of everything before it. A section: DT__CKPT_SEC_WORDS words (see
-   dt__ckpt_words), then the parameters, buffers and optimizer state (float32) and the per-tensor step
-   counts (int64). Everything is staged in memory: rank 0 holds the whole file while it writes or reads. */
+   two checkpoints. Every number in it is little-endian, on every host (a big-endian one swaps them as it
+   writes and reads: dt__le32), so a file moves between hosts bit for bit. The file: the magic, then 64-bit
+   words: the version, the world size, the trainer (DT__CKPT_PLAIN, ...), each rank's section size in bytes
+   [world]; then the sections in rank order; then the FNV-1a checksum of everything before it. A section:
+   DT__CKPT_SEC_WORDS words (see dt__ckpt_words), then the parameters, buffers and optimizer state (float32),
+   the per-tensor step counts (int64) and the trainer's floats. Everything is staged in memory: rank 0 holds
+   the whole file while it writes or reads. */
 
 #define DT__CKPT_MAGIC "DTCKPT\r\n"
 #define DT__CKPT_VERSION 2u
@@ -99,8 +101,11 @@ static uint64_t dt__model_signature(const dt_model *m) {
     int i;
     for (i = 0; i < dt_model_param_tensors(m); i++) {
         dt_param_info t = dt_model_param_info(m, i);
+        unsigned char shape[8 * DT_MAX_DIMS];   /* little-endian, as every host hashes it */
+        int d;
+        for (d = 0; d < DT_MAX_DIMS; d++) dt__put_le64(shape + 8 * d, (uint64_t)t.shape[d]);
         h = dt__fnv(h, t.name, strlen(t.name));
-        h = dt__fnv(h, t.shape, sizeof t.shape);
+        h = dt__fnv(h, shape, sizeof shape);
     }
     for (i = 0; i < dt_model_buffer_tensors(m); i++) {
         dt_param_info t = dt_model_buffer_info(m, i);
@@ -109,20 +114,6 @@ static uint64_t dt__model_signature(const dt_model *m) {
     return h;
 }
 
-static void dt__put_u64(unsigned char *p, uint64_t v) {
-    int i;
-    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint64_t dt__get_u64(const unsigned char *p) {
-    uint64_t v = 0;
-    int i;
-    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static int dt__little_endian(void) {
-    const uint32_t one = 1;
-    return *(const unsigned char *)&one == 1;
-}
 
 /* Makes the data of f, and then the rename in its directory, durable. POSIX fsync where the platform has
    it; a directory that cannot be synced (some file systems refuse) is no error: the rename itself is. */
@@ -206,7 +197,15 @@ static void dt__ckpt_words(const dt__ckpt *k, const dt_checkpoint_meta *meta, ui
     for (i = 0; i < DT_CHECKPOINT_VALUES; i++) memcpy(&w[19 + i], &meta->values[i], sizeof(double));
 }
 
-/* This rank's section into sec [dt__ckpt_section_bytes]. */
+/* A section's floats (parameters, buffers, optimizer state, the trainer's floats; w: its words) in place, from the
+   host's order to the file's (little-endian) or back; nothing on a little-endian host. */
+static void dt__ckpt_floats_order(unsigned char *sec, const uint64_t *w) {
+    int64_t nf = (int64_t)(w[2] + w[3] + w[4]);
+    dt__le32(sec + 8 * DT__CKPT_SEC_WORDS, (size_t)nf);
+    dt__le32(sec + 8 * DT__CKPT_SEC_WORDS + 4 * nf + 8 * (int64_t)w[5], (size_t)w[18]);
+}
+
+/* This rank's section into sec [dt__ckpt_section_bytes], in the file's order. */
 static void dt__ckpt_write_section(const dt__ckpt *k, const dt_checkpoint_meta *meta, unsigned char *sec) {
     uint64_t w[DT__CKPT_SEC_WORDS];
     void *ctx;
@@ -216,16 +215,17 @@ static void dt__ckpt_write_section(const dt__ckpt *k, const dt_checkpoint_meta *
     int ntensors = k->o ? dt_optim_tensors(k->o) : 0;
     unsigned char *p = sec + 8 * DT__CKPT_SEC_WORDS;
     dt__ckpt_words(k, meta, w);
-    for (i = 0; i < DT__CKPT_SEC_WORDS; i++) dt__put_u64(sec + 8 * i, w[i]);
+    for (i = 0; i < DT__CKPT_SEC_WORDS; i++) dt__put_le64(sec + 8 * i, w[i]);
     ops->download(ctx, p, params, 4 * nparams);
     p += 4 * nparams;
     if (nbuffers) ops->download(ctx, p, buffers, 4 * nbuffers);
     p += 4 * nbuffers;
     if (ns) ops->download(ctx, p, dt_optim_state(k->o, NULL), 4 * ns);
     p += 4 * ns;
-    for (i = 0; i < ntensors; i++) dt__put_u64(p + 8 * i, (uint64_t)dt_optim_tensor_steps(k->o, (int)i));
+    for (i = 0; i < ntensors; i++) dt__put_le64(p + 8 * i, (uint64_t)dt_optim_tensor_steps(k->o, (int)i));
     p += 8 * ntensors;
     if (k->nextra) memcpy(p, k->extra, 4 * (size_t)k->nextra);
+    dt__ckpt_floats_order(sec, w);
 }
 
 /* The values of a section [len] that must be finite (parameters, buffers, optimizer state: the floats after its
@@ -238,10 +238,11 @@ static dt_result dt__ckpt_check_values(const dt__ckpt *k, const unsigned char *s
     for (i = 0; i < nf; i++) {
         float v;
         memcpy(&v, p + 4 * i, sizeof v);
+        dt__le32(&v, 1);
         if (!(v - v == 0.0f)) { bad++; if (first < 0) first = i; }   /* NaN or infinity */
     }
     for (i = 11; i <= 14; i++)   /* epoch, step, round, batch */
-        if ((int64_t)dt__get_u64(sec + 8 * i) < 0)
+        if ((int64_t)dt__get_le64(sec + 8 * i) < 0)
             return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds a negative epoch, step, round or batch: the file is "
                                 "damaged or was not written by dtrain", k->fn, k->rank, k->path);
     if (!bad) return DT_OK;
@@ -330,14 +331,14 @@ static dt_result dt__ckpt_save(dt__ckpt *k, const dt_checkpoint_meta *meta) {
     }
     if (r == DT_OK && k->rank == 0) {
         memcpy(file, DT__CKPT_MAGIC, 8);
-        dt__put_u64(file + 8, DT__CKPT_VERSION);
-        dt__put_u64(file + 16, (uint64_t)k->world);
-        dt__put_u64(file + 24, (uint64_t)k->trainer);
+        dt__put_le64(file + 8, DT__CKPT_VERSION);
+        dt__put_le64(file + 16, (uint64_t)k->world);
+        dt__put_le64(file + 24, (uint64_t)k->trainer);
         for (i = 0, off = head; i < k->world; off += sizes[i], i++) {
-            dt__put_u64(file + 32 + 8 * i, (uint64_t)sizes[i]);
+            dt__put_le64(file + 32 + 8 * i, (uint64_t)sizes[i]);
             memcpy(file + off, slots + i * most, (size_t)sizes[i]);
         }
-        dt__put_u64(file + bytes - 8, dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)));
+        dt__put_le64(file + bytes - 8, dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)));
         r = dt__ckpt_write_file(k, file, bytes);
     }
     DT_FREE(sizes); DT_FREE(sec); DT_FREE(file); DT_FREE(slots);
@@ -377,7 +378,7 @@ static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *fil
     int64_t head, sum = 0;
     if (bytes < 8 + 8 * DT__CKPT_HEAD_WORDS + 8 || memcmp(file, DT__CKPT_MAGIC, 8) != 0)   /* + the checksum */
         return dt_set_error(DT_ERR_FORMAT, "%s: %s is not a dtrain checkpoint (wrong magic number or too short)", k->fn, k->path);
-    version = dt__get_u64(file + 8); world = dt__get_u64(file + 16); trainer = dt__get_u64(file + 24);
+    version = dt__get_le64(file + 8); world = dt__get_le64(file + 16); trainer = dt__get_le64(file + 24);
     if (version != DT__CKPT_VERSION)
         return dt_set_error(DT_ERR_FORMAT, "%s: %s has format version %llu; this dtrain reads version %u%s", k->fn, k->path,
                             (unsigned long long)version, DT__CKPT_VERSION,
@@ -387,13 +388,13 @@ static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *fil
                             k->path, (unsigned long long)world, (long long)bytes);
     head = 8 + 8 * (DT__CKPT_HEAD_WORDS + (int64_t)world);
     for (i = 0; i < world && sum <= bytes; i++) {
-        uint64_t s = dt__get_u64(file + 32 + 8 * i);
+        uint64_t s = dt__get_le64(file + 32 + 8 * i);
         sum = s < 8 * DT__CKPT_SEC_WORDS || s > (uint64_t)bytes ? bytes + 1 : sum + (int64_t)s;
     }
     if (sum + head + 8 != bytes)
         return dt_set_error(DT_ERR_FORMAT, "%s: %s is %lld bytes, which is not what its header describes: the file is "
                             "truncated or damaged; use an earlier checkpoint", k->fn, k->path, (long long)bytes);
-    if (dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)) != dt__get_u64(file + bytes - 8))
+    if (dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)) != dt__get_le64(file + bytes - 8))
         return dt_set_error(DT_ERR_FORMAT, "%s: %s is damaged (checksum mismatch); use an earlier checkpoint", k->fn, k->path);
     if (world != (uint64_t)k->world)
         return dt_set_error(DT_ERR_FORMAT, "%s: %s holds the state of %llu ranks but this run has %d: resume on %llu ranks",
@@ -402,7 +403,7 @@ static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *fil
         return dt_set_error(DT_ERR_FORMAT, "%s: %s was written by %s; %s reads what %s writes: resume with the trainer that "
                             "wrote it", k->fn, k->path, trainer < DT__CKPT_TRAINERS ? dt__ckpt_writers[trainer] : "an unknown trainer",
                             k->fn, dt__ckpt_writers[k->trainer]);
-    for (i = 0; i < world; i++) sizes[i] = (int64_t)dt__get_u64(file + 32 + 8 * i);
+    for (i = 0; i < world; i++) sizes[i] = (int64_t)dt__get_le64(file + 32 + 8 * i);
     return DT_OK;
 }
 
@@ -413,7 +414,7 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
     int i;
     dt_model_params(m, &nparams);
     dt_model_buffers(m, &nbuffers);
-    for (i = 0; i < DT__CKPT_SEC_WORDS; i++) w[i] = dt__get_u64(sec + 8 * i);
+    for (i = 0; i < DT__CKPT_SEC_WORDS; i++) w[i] = dt__get_le64(sec + 8 * i);
     if (w[0] != (uint64_t)k->rank || w[4] > (uint64_t)len || w[5] > (uint64_t)len || w[18] > (uint64_t)len ||
         (int64_t)(8 * DT__CKPT_SEC_WORDS + 4 * (w[2] + w[3] + w[4] + w[18]) + 8 * w[5]) != len)
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: its section of %s is damaged (impossible sizes)", k->fn, k->rank, k->path);
@@ -438,8 +439,9 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
     return dt__ckpt_check_values(k, sec, (int64_t)(w[2] + w[3] + w[4]), "load");
 }
 
-/* Each rank, after every rank's checks passed: its section into its model, optimizer, meta and word. */
-static void dt__ckpt_apply(dt__ckpt *k, const unsigned char *sec, const uint64_t *w, dt_checkpoint_meta *meta) {
+/* Each rank, after every rank's checks passed: its section into its model, optimizer, meta and word (its floats
+   turned to the host's order in place first). */
+static void dt__ckpt_apply(dt__ckpt *k, unsigned char *sec, const uint64_t *w, dt_checkpoint_meta *meta) {
     void *ctx;
     const dt_ops *ops = dt__model_ops(k->m, &ctx);
     int64_t nparams, nbuffers;
@@ -448,6 +450,7 @@ static void dt__ckpt_apply(dt__ckpt *k, const unsigned char *sec, const uint64_t
     uint32_t lr = (uint32_t)w[7];
     int64_t i;
     int j;
+    dt__ckpt_floats_order(sec, w);
     ops->upload(ctx, params, p, 4 * nparams);
     p += 4 * nparams;
     if (nbuffers) ops->upload(ctx, buffers, p, 4 * nbuffers);
@@ -456,7 +459,7 @@ static void dt__ckpt_apply(dt__ckpt *k, const unsigned char *sec, const uint64_t
     if (k->o) {
         int64_t *steps = dt__optim_steps(k->o);
         if (w[4]) ops->upload(ctx, dt_optim_state(k->o, NULL), p, 4 * (int64_t)w[4]);
-        for (i = 0; i < dt_optim_tensors(k->o); i++) steps[i] = (int64_t)dt__get_u64(p + 4 * (int64_t)w[4] + 8 * i);
+        for (i = 0; i < dt_optim_tensors(k->o); i++) steps[i] = (int64_t)dt__get_le64(p + 4 * (int64_t)w[4] + 8 * i);
         memcpy(&dt__optim_desc(k->o)->lr, &lr, sizeof lr);
     }
     p += 4 * (int64_t)w[4] + 8 * (int64_t)w[5];   /* the optimizer's part, loaded or not: the trainer's floats follow */
@@ -516,7 +519,9 @@ static dt_result dt__ckpt_init(dt__ckpt *k, dt_comm *c, const char *fn, int trai
     if ((r = dt__need_final(m, fn)) != DT_OK) return r;
     if (!path || !*path) return dt_set_error(DT_ERR_INVALID_ARG, "%s: path is empty", fn);
     if (o && dt__optim_model(o) != m) return dt_set_error(DT_ERR_INVALID_ARG, "%s: the optimizer belongs to another model", fn);
-    if (!dt__little_endian()) return dt_set_error(DT_ERR_UNSUPPORTED, "%s: big-endian hosts are not supported", fn);
+    if (dt__host_big_endian() != DT__BIG_ENDIAN)
+        return dt_set_error(DT_ERR_UNSUPPORTED, "%s: this compiler does not say the host's byte order (__BYTE_ORDER__), which "
+                            "the file's little-endian numbers need: build with GCC or Clang", fn);
     return DT_OK;
 }
 
