@@ -244,7 +244,7 @@ static void test_nonfinite_refused(void) {
     float *w = dt_model_params(m, NULL), keep = w[3], nan = NAN, before[64];
     long n = 0, n2 = 0;
     unsigned char *good, *again;
-    char tmp[160], bad[160];
+    char tmp[700], bad[700];
     CHECK_OK(dt_checkpoint_save(path, m, o, NULL));
     good = read_all(path, &n);
     w[3] = INFINITY;
