@@ -40,6 +40,10 @@
 #                     flag-free ones of examples/simple (build/examples/simple)
 #   make experiments  the five workloads, one chart each (tools/experiments.sh, build/experiments; QUICK=1: seconds
 #                     each, as CI runs them; the default length is docs/experiments.md's, about 50 minutes)
+#   make windows      the examples and test_core, _layers, _models, _optim, _checkpoint and _comm for Windows
+#                     (build-win/*.exe, static), cross-compiled with MinGW-w64 (WIN_CC, default
+#                     x86_64-w64-mingw32-gcc-posix) without zlib and stb_image; run them from this directory
+#                     (wine64 build-win/tests/test_core.exe, or on Windows)
 #   make single       the library as one file to copy: build/single/dtrain.h (tools/amalgamate.sh)
 #   make install      the headers, dtrain.pc / dtrain-full.pc (pkg-config) and the CMake package (find_package:
 #                     dtrain::dtrain) into PREFIX (default /usr/local), under DESTDIR if set; make uninstall
@@ -234,14 +238,34 @@ bench-ddp-mpi:
 	$(MAKE) MPI=1 build-mpi/examples/ddp
 	sh bench/ddp_mpi.sh build-mpi
 
+# make windows: the examples and the six core tests for Windows, cross-compiled by MinGW-w64 (WIN_CC) into build-win/
+# (.exe, linked statically: no DLL to ship), without zlib and stb_image; tests/run.sh section 2d runs the tests
+# under wine64
+WIN_CC    ?= x86_64-w64-mingw32-gcc-posix
+WIN_B     := build-win
+WIN_OBJ   := $(WIN_B)/obj/dtrain.o
+WIN_TESTS := test_core test_layers test_models test_optim test_checkpoint test_comm
+WIN_FLAGS  = $(WARN) $(CFLAGS) -fopenmp
+windows: $(patsubst examples/%.c,$(WIN_B)/examples/%.exe,$(wildcard examples/*.c examples/simple/*.c)) \
+         $(addprefix $(WIN_B)/tests/,$(addsuffix .exe,$(WIN_TESTS)))
+$(WIN_OBJ): tests/impl.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(WIN_CC) $(WIN_FLAGS) -c $< -o $@
+$(WIN_B)/examples/%.exe: examples/%.c examples/common.h $(HEADERS) $(WIN_OBJ)
+	@mkdir -p $(dir $@)
+	$(WIN_CC) $(WIN_FLAGS) -DDTRAIN_IMPLEMENTATION_LINKED -I. $< $(WIN_OBJ) -o $@ -static -lm
+$(WIN_B)/tests/%.exe: tests/%.c tests/dt_test.h tests/dt_test_os.h tests/comm_checks.h $(HEADERS) $(WIN_OBJ)
+	@mkdir -p $(dir $@)
+	$(WIN_CC) $(WIN_FLAGS) $< $(if $(filter $<,$(OWN_IMPL)),,$(WIN_OBJ)) -o $@ -static -lm
+
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures
 	/usr/bin/python3 tests/gen_optim_fixtures.py tests/fixtures
 
 clean:
-	rm -rf build build-mpi
+	rm -rf build build-mpi build-win
 
-.PHONY: all test demo scaling bench bench-comm bench-busy bench-slownet bench-buckets bench-ddp-mpi fixtures clean
+.PHONY: all test demo scaling bench bench-comm bench-busy bench-slownet bench-buckets bench-ddp-mpi fixtures clean windows
 
 # the GPU backend: one object from nvcc, a prerequisite of every program (the rules above link it: LDLIBS)
 ifdef CUDA

@@ -106,7 +106,9 @@
      opendir/readdir/stat from <dirent.h> and <sys/stat.h>. Those headers declare these functions without a
      feature-test macro (glibc, musl, macOS, the BSDs), so dtrain.h defines none and does not depend on what
      the including file defined or included first; where a system wants one, pass -D_POSIX_C_SOURCE=200809L.
-     Windows has no <dirent.h>: leave DT_USE_STB_IMAGE undefined there.
+     Windows: MinGW-w64's GCC (its POSIX-threads variant) builds the library; MSVC, which has no POSIX
+     threads, does not. There the implementation includes <windows.h> (WIN32_LEAN_AND_MEAN, NOMINMAX), and
+     dtrain.h, included before the C library's headers, asks for MinGW's C99 printf (__USE_MINGW_ANSI_STDIO).
 
    MEMORY OWNERSHIP
      Whoever creates, destroys: dt_model_create / dt_model_destroy. A model owns three flat allocations

@@ -22,6 +22,10 @@
 #   2c. ARM64: test_core, test_layers, test_models, test_comm and test_diff (the neon tier's fast paths against the
 #       reference on random graphs) cross-compiled for aarch64 with Debian's gcc-aarch64-linux-gnu and run under
 #       qemu-user (their results count; qemu's timings mean nothing)
+#   2d. Windows: test_core, test_layers, test_models, test_optim, test_checkpoint and test_comm (DT_TEST_QUICK=1; the
+#       local backend, threads as ranks) cross-compiled with MinGW-w64 (x86_64-w64-mingw32-gcc-posix, OpenMP, -static,
+#       without zlib and stb_image) and run under wine64, one wineserver kept for the section; examples/*.c and
+#       examples/simple/*.c built for Windows (the prefix: $B/win/wineprefix, kept for the next run)
 #   2e. big-endian: s390x under qemu: test_checkpoint, test_optim, test_layers, test_models' PyTorch SimpleCNN and
 #       parameter names, test_datasets and test_core's non-arithmetic tests cross-compiled for s390x (gcc-s390x-linux-gnu,
 #       ISO C: float evaluated in double) and run under qemu-s390x, every file little-endian there too; and
@@ -71,9 +75,9 @@
 #      make uninstall
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # JOBS (default: the CPUs) programs at a time where a section's cases are independent (the compiles, the sanitizer,
-# qemu and no-OpenMP runs, the fuzz targets, the docs' chapters; the pool below); the examples' checks, the faults
+# qemu, wine and no-OpenMP runs, the fuzz targets, the docs' chapters; the pool below); the examples' checks, the faults
 # and MPI run one at a time, as their timeouts are set for a machine that is theirs.
-# DT_SECTIONS="3 4 7" runs only those sections (their numbers as above: 1 1a 2 2a 2b 2c 2e 3 4 5 5b 5c 5d 6 7 8); the
+# DT_SECTIONS="3 4 7" runs only those sections (their numbers as above: 1 1a 2 2a 2b 2c 2d 2e 3 4 5 5b 5c 5d 6 7 8); the
 # programs the Makefile builds must be there (make all).
 # Each configuration's programs share one object of the implementation (tests/impl.c compiled with its flags, e.g.
 # $B/asan/dtrain.o); a program whose source defines DTRAIN_IMPLEMENTATION itself (it uses the library's internals
@@ -322,6 +326,50 @@ else
 fi
 fi
 
+section "2d. Windows: MinGW-w64, run under wine64"
+if want; then
+WCC=x86_64-w64-mingw32-gcc-posix; WINE=/usr/lib/wine/wine64; WSERVER=/usr/lib/wine/wineserver
+if command -v $WCC >/dev/null 2>&1 && [ -x "$WINE" ] && [ -x "$WSERVER" ]; then
+    W="$B/win"; mkdir -p "$W/examples/simple"
+    # without DEFS: no zlib or stb_image for Windows here (the six tests need neither); linked statically (libgomp,
+    # winpthreads), so that no DLL has to be found
+    WIN="$WCC $WARN -O2 -fopenmp"
+    # wine's prefix (about 700 MB, 10-20 s to create) stays in the build directory for the next run; one wineserver
+    # serves the section (each program started without one pays about 2 s), ended at the section's end
+    case $W in /*) WINEPREFIX=$W/wineprefix ;; *) WINEPREFIX=$(pwd)/$W/wineprefix ;; esac
+    WINEDEBUG=-all; export WINEPREFIX WINEDEBUG
+    win_init() {   # the server and wine's own services (wineboot; creates the prefix the first time), their output
+        # in a file: a service started by a test's first run would hold its output pipe open as long as it lives
+        mkdir -p "$WINEPREFIX" && "$WSERVER" -p 60 </dev/null >/dev/null 2>&1 &&
+            "$WINE" wineboot </dev/null > "$W/wineboot.log" 2>&1 ||
+            { echo "FAIL wine64 cannot start in $WINEPREFIX (see $W/wineboot.log)"; failed=$((failed + 1)); }
+    }
+    win_exec() {   # win_exec PROGRAM [ARGS]: under wine64 from the repository's root, CR LF as LF, its exit status kept
+        DT_TEST_QUICK=1 "$WINE" "$@" </dev/null > "$1.log" 2>&1; w_rc=$?
+        tr -d '\r' < "$1.log"; return $w_rc
+    }
+    win_case() {   # win_case TEST: built (once, for every run of it) and run
+        rm -f "$W/$1.exe"
+        if build "$W/dtrain.o" "tests/$1.c" "$W/$1.exe" "-static -lm" $WIN; then run "windows $1" win_exec "$W/$1.exe"
+        else echo "FAIL build of $1 for Windows"; failed=$((failed + 1)); fi
+    }
+    win_example() {   # the examples link the implementation (-DDTRAIN_IMPLEMENTATION_LINKED), as the Makefile builds them
+        o=$W/examples/${1#examples/}; o=${o%.c}.exe
+        check "$1 for Windows" $WIN -DDTRAIN_IMPLEMENTATION_LINKED -I. "$1" "$W/dtrain.o" -o "$o" -static -lm
+    }
+    job win_init
+    job impl "$W/dtrain.o" $WIN
+    jobs_done
+    # the longest first (test_comm: its compile of the implementation and about 25 s of wine)
+    for t in test_comm test_core test_models test_layers test_checkpoint; do job win_case $t; done
+    if [ -f "$W/dtrain.o" ]; then
+        job win_case test_optim
+        for e in examples/*.c examples/simple/*.c; do job win_example "$e"; done
+    fi
+    jobs_done
+    "$WSERVER" -k >/dev/null 2>&1   # this prefix's server, and the services it keeps
+else
+    echo "FAIL $WCC or $WINE is not installed (run tools/deps.sh: mingw-w64, wine64)"
 section "2e. big-endian: s390x under qemu"
 if want; then
 if command -v s390x-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-s390x >/dev/null 2>&1; then

@@ -9,6 +9,7 @@
 #include "../dtrain.h"
 #include "dt_test.h"
 #include "comm_checks.h"
+#include "dt_test_os.h"
 
 static int quick;   /* DT_TEST_QUICK: fewer large cases */
 
@@ -476,7 +477,7 @@ static void test_hier_nodes(void) {
     CHECK_ERR(dt_comm_set_nodes(cs[0], NULL), DT_ERR_INVALID_ARG);
     CHECK(dt_comm_nodes(NULL, NULL) == 0);
     for (k = 0; k < 6; k++) dt_comm_destroy(cs[k]);
-    setenv("DT_NODE_SIZE", "4", 1);
+    dt_t_setenv("DT_NODE_SIZE", "4");
     CHECK_OK(dt_comm_create_local(cs, 6, NULL));
     if (cs[0]) {
         CHECK(dt_comm_get_desc(cs[0]).node_size == 4 && dt_comm_nodes(cs[0], got) == 2 && got[3] == 0 && got[4] == 1);
@@ -489,10 +490,10 @@ static void test_hier_nodes(void) {
         CHECK(dt_comm_nodes(cs[0], NULL) == 2);
         for (k = 0; k < 6; k++) dt_comm_destroy(cs[k]);
     }
-    setenv("DT_NODE_SIZE", "two", 1);
+    dt_t_setenv("DT_NODE_SIZE", "two");
     CHECK_ERR(dt_comm_create_local(cs, 2, NULL), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "DT_NODE_SIZE='two'") != NULL);
-    unsetenv("DT_NODE_SIZE");
+    dt_t_unsetenv("DT_NODE_SIZE");
     cd.node_size = -2;
     CHECK_ERR(dt_comm_create_local(cs, 2, &cd), DT_ERR_INVALID_ARG);
     CHECK(strstr(dt_last_error(), "node_size") != NULL);
@@ -752,9 +753,9 @@ static void test_launch_and_log(void) {
     /* no rank can start (a bad $DT_COMM_TIMEOUT): dt_launch fails and logs why, naming the variable */
     cap.n = 0;
     d.ranks = 2;
-    setenv("DT_COMM_TIMEOUT", "abc", 1);
+    dt_t_setenv("DT_COMM_TIMEOUT", "abc");
     CHECK(dt_launch(&d, launch_rank, &a) == DT_ERR_INVALID_ARG);
-    unsetenv("DT_COMM_TIMEOUT");
+    dt_t_unsetenv("DT_COMM_TIMEOUT");
     CHECK(cap.n == 1 && cap.levels[0] == DT_LOG_ERROR && strstr(cap.lines[0], "DT_COMM_TIMEOUT='abc'"));
     dt_log_configure(NULL, NULL, DT_LOG_INFO);
     pthread_mutex_destroy(&cap.mu);

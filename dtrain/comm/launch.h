@@ -210,11 +210,7 @@ static int dt__text_reserve(dt__text *t, size_t more) {
     t->cap = cap;
     return 0;
 }
-static void dt__text_add(dt__text *t, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
+static void dt__text_add(dt__text *t, const char *fmt, ...) DT__PRINTF(2, 3);
 static void dt__text_add(dt__text *t, const char *fmt, ...) {
     va_list ap;
     int k;
@@ -329,8 +325,7 @@ static dt_result dt__trace_write(const char *path, const dt__text *body, int ran
         remove(tmp);
         return dt_set_error(DT_ERR_IO, "cannot write the trace %s: writing %s failed: %s", path, tmp, strerror(err));
     }
-    if (rename(tmp, path) != 0) {
-        err = errno;
+    if ((err = dt__file_replace(tmp, path)) != 0) {
         remove(tmp);
         return dt_set_error(DT_ERR_IO, "cannot write the trace %s: renaming %s to it failed: %s", path, tmp, strerror(err));
     }
@@ -374,6 +369,7 @@ typedef struct dt__rank_ctx {
     dt_result   result;
     char        msg[512];
     dt__thread  thread;
+    dt__thread_guard guard;  /* calls dt__rank_exit when the thread ends inside fn */
     dt__trace_lane *trace;   /* the rank's lanes when tracing, else NULL */
 } dt__rank_ctx;
 
@@ -386,7 +382,6 @@ static void dt__rank_ended(dt__rank_ctx *x) {
     dt__cond_broadcast(&x->end->cv);
     dt__mutex_unlock(&x->end->mu);
 }
-#if DT__HAVE_THREADS
 static void dt__rank_exit(void *p) {   /* the thread ended inside fn (pthread_exit): the rank has gone */
     dt__rank_ctx *x = (dt__rank_ctx *)p;
     if (x->finished) return;
@@ -395,7 +390,6 @@ static void dt__rank_exit(void *p) {   /* the thread ended inside fn (pthread_ex
     dt_comm_leave(x->comm, x->result, x->msg + strlen("DT_ERR_STATE: "));
     dt__rank_ended(x);
 }
-#endif
 /* A rank's failure as the launcher reports it: "CODE: rank R: message", the rank added where the
    message does not begin with one (a NaN loss, a file that cannot be read). */
 static void dt__rank_msg(char *out, size_t cap, int rank, dt_result r, const char *m) {
@@ -404,7 +398,8 @@ static void dt__rank_msg(char *out, size_t cap, int rank, dt_result r, const cha
     else if (strncmp(m, "rank ", 5) == 0) snprintf(out, cap, "%s: %.470s", dt_result_str(r), m);
     else snprintf(out, cap, "%s: rank %d: %.460s", dt_result_str(r), rank, m);
 }
-static void dt__rank_body(dt__rank_ctx *x) {
+static void dt__rank_body(void *p) {
+    dt__rank_ctx *x = (dt__rank_ctx *)p;
     x->result = x->fn(x->comm, x->arg);
     if (x->result != DT_OK) dt__rank_msg(x->msg, sizeof x->msg, dt_comm_rank(x->comm), x->result, dt_last_error());
     x->finished = 1;
@@ -417,13 +412,7 @@ static void dt__rank_main(void *p) {
 #if DT__HAVE_OMP
     omp_set_num_threads(x->threads);
 #endif
-#if DT__HAVE_THREADS
-    pthread_cleanup_push(dt__rank_exit, x);
-    dt__rank_body(x);
-    pthread_cleanup_pop(0);
-#else
-    dt__rank_body(x);
-#endif
+    dt__thread_guarded(&x->guard, dt__rank_body, dt__rank_exit, x);
     dt__tls_rank = -1;
     dt__tls_trace = NULL;
     dt__rank_ended(x);

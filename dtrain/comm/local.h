@@ -603,11 +603,7 @@ dt_result dt_comm_create_local(dt_comm **out, int n, const dt_comm_desc *desc) {
     dt__mutex_init(&W->link_mu);
     dt__cond_init(&W->cv);
     for (i = 0; i < n; i++) { dt__mutex_init(&W->r[i].mu); dt__cond_init(&W->r[i].cv); }
-#if DT__HAVE_OMP
-    cores = omp_get_num_procs();
-#elif DT__HAVE_THREADS && defined(_SC_NPROCESSORS_ONLN)
-    cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-#endif
+    if (dt__cpu_count() > 0) cores = dt__cpu_count();
     W->spin = n <= cores;
     for (i = 0; i < n && r == DT_OK; i++)
         if ((r = dt_comm_create_backend(&W->comms[i], n == 1 ? &dt__self_backend : &dt__local_backend, W, i, n, 0x7fffffff, desc)) == DT_OK)

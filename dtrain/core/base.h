@@ -17,12 +17,29 @@
 */
 #ifndef DTRAIN_BASE_H
 #define DTRAIN_BASE_H
+/* MinGW-w64: C99's printf (%zu, %lld) from MinGW's stdio rather than msvcrt's, which lacks them; it takes effect
+   where dtrain.h comes before the C library's headers (or with -D__USE_MINGW_ANSI_STDIO=1 on the command line) */
+#if defined(__MINGW32__) && !defined(__USE_MINGW_ANSI_STDIO)
+#define __USE_MINGW_ANSI_STDIO 1
+#endif
 #include <stddef.h>
 #include <stdint.h>
 #include <stdarg.h>
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+/* the printf format check of the calls below. On MinGW-w64 GCC's plain "printf" means msvcrt's (no %zu): the
+   library formats with MinGW's C99 stdio (or the UCRT's), so it checks gnu_printf */
+#if defined(__MINGW32__) && !defined(__clang__) && (defined(_UCRT) || __USE_MINGW_ANSI_STDIO)
+#define DT__PRINTF(f, a) __attribute__((format(gnu_printf, f, a)))
+#elif defined(__MINGW32__) && !defined(__clang__)
+#define DT__PRINTF(f, a) __attribute__((format(ms_printf, f, a)))
+#elif defined(__GNUC__)
+#define DT__PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define DT__PRINTF(f, a)
 #endif
 
 #define DT_VERSION_MAJOR 0
@@ -60,10 +77,7 @@ const char *dt_result_str(dt_result r);
 const char *dt_last_error(void);
 /* Records a failure message for the calling thread and returns r; for backends and extensions. */
 dt_result dt_set_error(dt_result r, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
+    DT__PRINTF(2, 3);
 
 /* Logging. Levels: DT_LOG_ERROR < DT_LOG_WARN < DT_LOG_INFO < DT_LOG_DEBUG. */
 enum { DT_LOG_ERROR = 0, DT_LOG_WARN = 1, DT_LOG_INFO = 2, DT_LOG_DEBUG = 3 };
@@ -73,10 +87,7 @@ typedef void (*dt_log_fn)(void *user, int level, const char *msg);
 void dt_log_configure(dt_log_fn fn, void *user, int max_level);
 /* Logs one line (printf format) at the given level. */
 void dt_log(int level, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
+    DT__PRINTF(2, 3);
 
 /* Random numbers: PCG32 (O'Neill), 2^63 independent streams per seed. A rank uses stream = rank, so
    ranks draw independent sequences from one seed and the same (seed, stream) always repeats. */
@@ -107,10 +118,7 @@ typedef struct dt_progress {
 } dt_progress;
 void dt_progress_begin(dt_progress *p, void *file, int64_t total, int enabled);
 void dt_progress_update(dt_progress *p, int64_t done, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
+    DT__PRINTF(3, 4);
 void dt_progress_end(dt_progress *p);  /* erases the bar, so the next log line starts clean */
 
 /* Timeline. With dt_launch_desc.trace_path set (the --trace PATH flag), dt_launch records spans of each
@@ -217,9 +225,30 @@ static inline DT__HD float dt_body_hash_uniform(uint64_t key, uint64_t counter) 
 #include <time.h>
 #include <float.h>
 #include <errno.h>
+/* The platform: POSIX (Linux, macOS, the BSDs) or Windows (MinGW-w64, with its POSIX threads: winpthreads). What
+   differs is behind the small calls of this file (clocks, the CPU count, memory, files: dt__open_read,
+   dt__file_sync, dt__dir_sync, dt__file_replace), never under #ifdef in the modules. */
 #if defined(__unix__) || defined(__APPLE__)
+/* glibc declares these POSIX calls in strict C11 only with a feature-test macro, which dtrain.h does not define */
+#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX)
+extern int fileno(FILE *stream);
+#endif
+#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__USE_MISC)
+extern int fsync(int fd);
+#endif
 #include <sys/stat.h>
 #include <unistd.h>
+#include <fcntl.h>
+#elif defined(_WIN32)
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN   /* windows.h without winsock, RPC (its `small` macro), OLE and the rest */
+#endif
+#ifndef NOMINMAX
+#define NOMINMAX              /* nor its min and max macros */
+#endif
+#include <windows.h>
+#include <sys/stat.h>
+#include <io.h>
 #endif
 
 #if defined(_OPENMP) && !defined(DT_NO_OPENMP)
@@ -327,7 +356,7 @@ static inline dt_result dt__enum_parse(const char *const *names, int n, const ch
    with *why saying why (strerror's text, or what the path is) for the caller's message. */
 static inline FILE *dt__open_read(const char *path, const char **why) {
     FILE *fp;
-#if defined(__unix__) || defined(__APPLE__)
+#if defined(__unix__) || defined(__APPLE__) || defined(_WIN32)
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
         *why = S_ISDIR(st.st_mode) ? "it is a directory, not a file"
@@ -346,8 +375,74 @@ static inline double dt__phys_bytes(void) {
 #if (defined(__unix__) || defined(__APPLE__)) && defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
     if (pages > 0 && size > 0) return (double)pages * (double)size;
+#elif defined(_WIN32)
+    MEMORYSTATUSEX ms;
+    ms.dwLength = sizeof ms;
+    if (GlobalMemoryStatusEx(&ms)) return (double)ms.ullTotalPhys;
 #endif
     return 0.0;
+}
+
+/* The CPUs this process may run on (OpenMP's count where it is there), 0 where it cannot be told. */
+static inline int dt__cpu_count(void) {
+#if DT__HAVE_OMP
+    return omp_get_num_procs();
+#elif (defined(__unix__) || defined(__APPLE__)) && defined(_SC_NPROCESSORS_ONLN)
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 0;
+#elif defined(_WIN32)
+    SYSTEM_INFO si;
+    GetSystemInfo(&si);
+    return (int)si.dwNumberOfProcessors;
+#else
+    return 0;
+#endif
+}
+
+/* Atomic saves (checkpoints, the trace): write "PATH.tmp", dt__file_sync it, close it, dt__file_replace it over
+   PATH, dt__dir_sync PATH's directory; a reader sees the old file or the new one, never half of one.
+   dt__file_sync: flushes f's data to the disk (POSIX fsync, Windows _commit); 0 or -1. */
+static inline int dt__file_sync(FILE *f) {
+#if defined(__unix__) || defined(__APPLE__)
+    return fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -1;
+#elif defined(_WIN32)
+    return fflush(f) == 0 && _commit(_fileno(f)) == 0 ? 0 : -1;
+#else
+    return fflush(f) == 0 ? 0 : -1;
+#endif
+}
+/* Makes a rename in path's directory durable (POSIX: fsync of the directory; a directory that cannot be synced,
+   as some file systems refuse, is no error: the rename itself is). Windows: MoveFileEx's write-through did it. */
+static inline void dt__dir_sync(const char *path) {
+#if defined(__unix__) || defined(__APPLE__)
+    char dir[1024];
+    const char *slash = strrchr(path, '/');
+    int fd;
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if ((fd = open(dir, O_RDONLY)) < 0) return;
+    (void)fsync(fd);
+    close(fd);
+#else
+    (void)path;
+#endif
+}
+/* Renames from over to, replacing a file there: POSIX rename does; Windows' rename refuses an existing file, so
+   MoveFileEx replaces it (and writes through before it returns). 0, or an errno value. */
+static inline int dt__file_replace(const char *from, const char *to) {
+#if defined(_WIN32)
+    if (MoveFileExA(from, to, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) return 0;
+    switch (GetLastError()) {
+    case ERROR_FILE_NOT_FOUND: case ERROR_PATH_NOT_FOUND: return ENOENT;
+    case ERROR_ACCESS_DENIED: case ERROR_SHARING_VIOLATION: case ERROR_LOCK_VIOLATION: return EACCES;
+    case ERROR_NOT_SAME_DEVICE: return EXDEV;
+    case ERROR_DISK_FULL: case ERROR_HANDLE_DISK_FULL: return ENOSPC;
+    default: return EIO;
+    }
+#else
+    return rename(from, to) == 0 ? 0 : (errno ? errno : EIO);
+#endif
 }
 
 static dt_log_fn dt__log_fn = NULL;
@@ -418,6 +513,12 @@ float dt_rng_normal(dt_rng *r) {
 float dt_hash_uniform(uint64_t key, uint64_t counter) { return dt_body_hash_uniform(key, counter); }
 
 double dt_time_now(void) {
+#if defined(_WIN32)
+    LARGE_INTEGER n, f;   /* the performance counter, and its counts per second (fixed at boot, cheap to ask) */
+    QueryPerformanceCounter(&n);
+    QueryPerformanceFrequency(&f);
+    return (double)n.QuadPart / (double)f.QuadPart;
+#else
     struct timespec ts;
 #if defined(CLOCK_MONOTONIC)
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -425,6 +526,7 @@ double dt_time_now(void) {
     timespec_get(&ts, TIME_UTC);
 #endif
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#endif
 }
 void dt_timer_start(dt_timer *t) { t->start = dt_time_now(); }
 double dt_timer_stop(dt_timer *t) {
@@ -596,6 +698,34 @@ static inline void dt__cond_destroy(dt__cond *c) { pthread_cond_destroy(&c->c); 
 static inline void dt__cond_wait(dt__cond *c, dt__mutex *m) { pthread_cond_wait(&c->c, &m->m); }   /* re-check the predicate */
 static inline void dt__cond_signal(dt__cond *c) { pthread_cond_signal(&c->c); }
 static inline void dt__cond_broadcast(dt__cond *c) { pthread_cond_broadcast(&c->c); }
+/* dt__thread_guarded(g, body, gone, arg): runs body(arg); if the thread ends inside it (pthread_exit), gone(arg) runs
+   on the thread's way out. *g must stay where it is until the thread has ended. POSIX runs cleanup handlers at
+   pthread_exit; winpthreads runs only its keys' destructors there, so on Windows a key's destructor calls gone. */
+typedef struct dt__thread_guard { void (*gone)(void *); void *arg; } dt__thread_guard;
+#if defined(_WIN32)
+static pthread_once_t dt__guard_once = PTHREAD_ONCE_INIT;
+static pthread_key_t dt__guard_key;
+static inline void dt__guard_fire(void *g) {   /* winpthreads calls it with NULL too, at every thread's end */
+    if (g) ((dt__thread_guard *)g)->gone(((dt__thread_guard *)g)->arg);
+}
+static inline void dt__guard_init(void) { pthread_key_create(&dt__guard_key, dt__guard_fire); }
+static inline void dt__thread_guarded(dt__thread_guard *g, void (*body)(void *), void (*gone)(void *), void *arg) {
+    g->gone = gone;
+    g->arg = arg;
+    pthread_once(&dt__guard_once, dt__guard_init);
+    pthread_setspecific(dt__guard_key, g);
+    body(arg);
+    pthread_setspecific(dt__guard_key, NULL);
+}
+#else
+static inline void dt__thread_guarded(dt__thread_guard *g, void (*body)(void *), void (*gone)(void *), void *arg) {
+    g->gone = gone;
+    g->arg = arg;
+    pthread_cleanup_push(gone, arg);
+    body(arg);
+    pthread_cleanup_pop(0);
+}
+#endif
 #else
 #define DT__HAVE_THREADS 0
 static inline int sched_yield(void) { return 0; }
@@ -613,6 +743,11 @@ static inline void dt__cond_destroy(dt__cond *c) { (void)c; }
 static inline void dt__cond_wait(dt__cond *c, dt__mutex *m) { (void)c; (void)m; }
 static inline void dt__cond_signal(dt__cond *c) { (void)c; }
 static inline void dt__cond_broadcast(dt__cond *c) { (void)c; }
+typedef struct dt__thread_guard { int unused; } dt__thread_guard;
+static inline void dt__thread_guarded(dt__thread_guard *g, void (*body)(void *), void (*gone)(void *), void *arg) {
+    (void)g; (void)gone;
+    body(arg);
+}
 #endif
 
 /* Sleeps on rank me's condition variable for at most s seconds (its mutex held). */
@@ -620,7 +755,11 @@ static inline void dt__cond_wait_for(dt__cond *c, dt__mutex *m, double s) {
 #if DT__HAVE_THREADS
     struct timespec ts;
     double frac;
-    timespec_get(&ts, TIME_UTC);
+#if defined(_WIN32)
+    clock_gettime(CLOCK_REALTIME, &ts);   /* winpthreads' clock (msvcrt has no timespec_get) */
+#else
+    timespec_get(&ts, TIME_UTC);   /* the clock pthread_cond_timedwait's deadline is on */
+#endif
     if (s > 0.05) s = 0.05;   /* waiters wake now and then to look for mismatched ranks */
     if (s < 0.0) s = 0.0;
     frac = (double)ts.tv_nsec + s * 1e9;

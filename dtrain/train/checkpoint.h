@@ -115,34 +115,6 @@ static uint64_t dt__model_signature(const dt_model *m) {
 }
 
 
-/* Makes the data of f, and then the rename in its directory, durable. POSIX fsync where the platform has
-   it; a directory that cannot be synced (some file systems refuse) is no error: the rename itself is. */
-#if defined(__unix__) || defined(__APPLE__)
-#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX)
-extern int fileno(FILE *stream);
-#endif
-#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__USE_MISC)
-extern int fsync(int fd);
-#endif
-#include <unistd.h>
-#include <fcntl.h>
-static int dt__sync_file(FILE *f) { return fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -1; }
-static void dt__sync_dir(const char *path) {
-    char dir[1024];
-    const char *slash = strrchr(path, '/');
-    int fd;
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    if ((fd = open(dir, O_RDONLY)) < 0) return;
-    (void)fsync(fd);
-    close(fd);
-}
-#else
-static int dt__sync_file(FILE *f) { return fflush(f) == 0 ? 0 : -1; }
-static void dt__sync_dir(const char *path) { (void)path; }
-#endif
-
 /* One rank's part of a checkpoint call. */
 typedef struct dt__ckpt {
     dt_comm   *c;          /* NULL: one process, no communicator */
@@ -283,18 +255,19 @@ static dt_result dt__ckpt_write_file(const dt__ckpt *k, const unsigned char *fil
     char tmp[1024];
     FILE *f;
     dt_result r = DT_OK;
+    int err;
     if (snprintf(tmp, sizeof tmp, "%s.tmp", k->path) >= (int)sizeof tmp)
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: path is too long", k->fn);
     if (!(f = fopen(tmp, "wb")))
         return dt_set_error(DT_ERR_IO, "%s: cannot create %s (does the directory exist and is it writable?)", k->fn, tmp);
-    if (fwrite(file, 1, (size_t)bytes, f) != (size_t)bytes || dt__sync_file(f) != 0)
+    if (fwrite(file, 1, (size_t)bytes, f) != (size_t)bytes || dt__file_sync(f) != 0)
         r = dt_set_error(DT_ERR_IO, "%s: writing %s failed (disk full?); the previous %s is untouched", k->fn, tmp, k->path);
     if (fclose(f) != 0 && r == DT_OK)
         r = dt_set_error(DT_ERR_IO, "%s: closing %s failed; the previous %s is untouched", k->fn, tmp, k->path);
-    if (r == DT_OK && rename(tmp, k->path) != 0)
-        r = dt_set_error(DT_ERR_IO, "%s: cannot rename %s to %s", k->fn, tmp, k->path);
+    if (r == DT_OK && (err = dt__file_replace(tmp, k->path)) != 0)
+        r = dt_set_error(DT_ERR_IO, "%s: cannot rename %s to %s: %s", k->fn, tmp, k->path, strerror(err));
     if (r != DT_OK) remove(tmp);
-    else dt__sync_dir(k->path);
+    else dt__dir_sync(k->path);
     return r;
 }
 
