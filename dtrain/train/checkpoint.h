@@ -127,11 +127,12 @@ static int dt__little_endian(void) {
 /* Makes the data of f, and then the rename in its directory, durable. POSIX fsync where the platform has
    it; a directory that cannot be synced (some file systems refuse) is no error: the rename itself is. */
 #if defined(__unix__) || defined(__APPLE__)
-#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX)
-extern int fileno(FILE *stream);
-#endif
-#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__USE_MISC)
-extern int fsync(int fd);
+/* Strict C11 (-std=c11) hides POSIX's fileno from <stdio.h> in glibc and musl, and fsync from glibc's <unistd.h>
+   (behind feature-test macros, which dtrain.h does not define): declared here again, which is harmless where the
+   headers declare them too; the parentheses keep a fileno that is also a macro (macOS, the BSDs) unexpanded. */
+#if !defined(__cplusplus)
+extern int (fileno)(FILE *stream);
+extern int (fsync)(int fd);
 #endif
 #include <unistd.h>
 #include <fcntl.h>
