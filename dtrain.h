@@ -142,7 +142,8 @@
      with prefetch = 0, which converts on the calling thread and is what a build without threads uses
      (define DT_NO_THREADS; then prefetch = 1 fails with DT_ERR_UNSUPPORTED).
 
-     Ranks: dt_launch runs a rank function on N ranks. Local ranks are threads; each owns its models,
+     Ranks: dt_launch runs a rank function on N ranks. Local ranks are threads (with a stack of at least 8 MiB,
+     Linux's default, also on macOS and musl, whose threads get less by default); each owns its models,
      optimizers and data and shares nothing with the others but its communicator (dt_comm), which must be
      used by its own thread only. Each local rank gets cores / ranks OpenMP threads (--threads-per-rank).
      Waiting ranks sleep rather than spin when there are more ranks than cores. Every wait ends by the

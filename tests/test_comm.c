@@ -699,6 +699,23 @@ static int has_line(log_cap *l, const char *s) {
     for (i = 0; i < l->n; i++) if (strcmp(l->lines[i], s) == 0) return 1;
     return 0;
 }
+/* A rank's thread has the stack of a main thread on every platform (dt__thread_start: at least 8 MiB), not a new
+   thread's default (macOS: 512 KiB, musl: 128 KiB): 2 MiB of local arrays, touched from the top down as a call
+   deeper down would, so a smaller stack meets its guard page */
+static dt_result big_stack_rank(dt_comm *c, void *arg) {
+    volatile unsigned char buf[2 << 20];
+    size_t i;
+    (void)arg;
+    for (i = sizeof buf; i > 0; i -= 1024) buf[i - 1] = (unsigned char)(i >> 10);
+    return buf[sizeof buf - 1] == (unsigned char)(sizeof buf >> 10) ? dt_comm_barrier(c) : DT_ERR_STATE;
+}
+static void test_rank_stack(void) {
+    dt_launch_desc d;
+    memset(&d, 0, sizeof d);
+    d.ranks = 2;
+    CHECK_OK(dt_launch(&d, big_stack_rank, NULL));
+}
+
 typedef struct launch_arg { int seen_rank[8]; int fail_rank; } launch_arg;
 static dt_result launch_rank(dt_comm *c, void *arg) {
     launch_arg *a = (launch_arg *)arg;
@@ -856,6 +873,7 @@ int main(int argc, char **argv) {
     if (argc > 1) dt_t_only = argv[1];
     RUN(test_launch_parse);
     RUN(test_launch_and_log);
+    RUN(test_rank_stack);
     RUN(test_self_and_own_threads);
     RUN(test_request_storage);
     RUN(test_backend_interface);

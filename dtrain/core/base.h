@@ -527,11 +527,24 @@ static inline void *dt__thread_main(void *t) {
     ((dt__thread *)t)->fn(((dt__thread *)t)->arg);
     return NULL;
 }
-/* Runs fn(arg) on a new thread; *t must stay where it is until dt__thread_join. */
+/* The least stack a thread started here gets: Linux's default (glibc takes the stack limit, 8 MiB), which the
+   main thread has everywhere; macOS gives a new thread 512 KiB and musl 128 KiB, where a rank function with a
+   large local array would overflow on a rank's thread what runs on the main thread. */
+#define DT__THREAD_STACK ((size_t)8 << 20)
+/* Runs fn(arg) on a new thread, of a stack of at least DT__THREAD_STACK; *t must stay where it is until
+   dt__thread_join. */
 static inline int dt__thread_start(dt__thread *t, void (*fn)(void *), void *arg) {
+    pthread_attr_t attr;
+    size_t stack = 0;
+    int err;
     t->fn = fn;
     t->arg = arg;
-    return pthread_create(&t->id, NULL, dt__thread_main, t);
+    if ((err = pthread_attr_init(&attr)) != 0) return err;
+    if (pthread_attr_getstacksize(&attr, &stack) != 0 || stack < DT__THREAD_STACK)
+        (void)pthread_attr_setstacksize(&attr, DT__THREAD_STACK);   /* refused: the default stack, as before */
+    err = pthread_create(&t->id, &attr, dt__thread_main, t);
+    pthread_attr_destroy(&attr);
+    return err;
 }
 static inline void dt__thread_join(dt__thread *t) { pthread_join(t->id, NULL); }
 static inline int  dt__mutex_init(dt__mutex *m) { return pthread_mutex_init(&m->m, NULL); }
