@@ -71,6 +71,10 @@
      | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0, one |
      |                          |                  | local rank only, DDP does not overlap, Hogwild's |
      |                          |                  | workers run one after another                    |
+     | DT_POSIX_MINIMAL         | defined on macOS,| only the POSIX calls macOS has: no barriers,     |
+     |                          | else undefined   | spin locks, timers, sem_timedwait or clock_      |
+     |                          |                  | nanosleep (dtrain/core/base.h); every build keeps|
+     |                          |                  | to that today, so it changes no code yet         |
      | DT_NO_SIMD               | undefined        | no AVX2, AVX-512, NEON or vector-extension       |
      |                          |                  | kernels: the portable ones as plain loops        |
      | DT_USE_ZLIB              | undefined        | gzip-compressed IDX files (zlib); link -lz       |

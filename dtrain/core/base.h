@@ -508,7 +508,21 @@ static inline dt_result dt__trace_close(int mark, dt_result r) {
    ranks). POSIX threads rather than C11 <threads.h>: they exist on Linux, macOS (which has no
    <threads.h>), the BSDs and MinGW, and the same calls compile as C and as C++. With DT_NO_THREADS the
    mutex and condition calls do nothing and starting a thread fails, so callers check DT__HAVE_THREADS
-   and report DT_ERR_UNSUPPORTED first. Each function returns 0 on success or an error number. */
+   and report DT_ERR_UNSUPPORTED first. Each function returns 0 on success or an error number.
+   DT_POSIX_MINIMAL (defined by itself on macOS) says the library uses only the POSIX calls macOS has: threads
+   (create, join, exit, cleanup handlers, the stack size of their attributes), mutexes, condition variables with
+   pthread_cond_timedwait on the realtime clock (macOS has no pthread_condattr_setclock), sched_yield and sysconf;
+   no barriers (pthread_barrier_t), spin locks (pthread_spin_*), timers (timer_create), timed semaphores
+   (sem_timedwait) or clock_nanosleep. What those would give is built from the calls here: a wait with a deadline
+   is dt__cond_wait_for, a sleep dt_sleep, a barrier a count and a generation under a dt__mutex waited on with
+   dt__cond_wait_for (dtrain/comm/local.h's, which also ends by the communicator's timeout), a spin wait a loop
+   over DT__ATOMIC_LOAD that yields with sched_yield. Every build keeps to that subset today (strict C11 hides the
+   others in glibc's headers anyway), so the switch changes no code: a module that wants more must keep a fallback
+   for it under DT_POSIX_MINIMAL, here. tests/run.sh's section 2g builds with it and tests/posix_minimal.h, which
+   poisons the names macOS lacks. */
+#if defined(__APPLE__) && !defined(DT_POSIX_MINIMAL)
+#define DT_POSIX_MINIMAL 1
+#endif
 #if !defined(DT_NO_THREADS)
 #ifdef __cplusplus
 }
