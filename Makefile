@@ -47,7 +47,7 @@ CC      ?= cc
 CFLAGS  ?= -O3
 # as many programs built at once as the machine has CPUs (make -j1 or JOBS=1: one at a time); tests/run.sh's
 # pool reads JOBS from the environment too
-JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
+JOBS    ?= $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1)
 ifeq (,$(filter -j%,$(MAKEFLAGS)))
 MAKEFLAGS += -j$(JOBS)
 endif
