@@ -136,7 +136,13 @@ extern int (fsync)(int fd);
 #endif
 #include <unistd.h>
 #include <fcntl.h>
-static int dt__sync_file(FILE *f) { return fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -1; }
+static int dt__sync_file(FILE *f) {
+    if (fflush(f) != 0) return -1;
+#if defined(F_FULLFSYNC)   /* macOS: fsync leaves the data in the drive's cache, F_FULLFSYNC flushes that too */
+    if (fcntl(fileno(f), F_FULLFSYNC) == 0) return 0;   /* refused (a file system without it): fsync */
+#endif
+    return fsync(fileno(f)) == 0 ? 0 : -1;
+}
 static void dt__sync_dir(const char *path) {
     char dir[1024];
     const char *slash = strrchr(path, '/');
