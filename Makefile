@@ -1,6 +1,7 @@
 # dtrain - build the examples and tests, run the tests.
 #   make              build examples and tests (build/), which link the implementation compiled once (build/obj/dtrain.o),
 #                     JOBS (default: the CPUs) at a time
+#   make STB_DIR=DIR  image folders without -lstb (macOS): DIR/stb/ holds stb's headers, compiled once here
 #   make MPI=1        the same with mpicc and -DDT_USE_MPI (build-mpi/), plus the MPI tests
 #                     (build-mpi/tests/mpi/test_comm_mpi, test_train_mpi: run them with mpiexec -n 2, 3 or 4;
 #                     test_resume_mpi: one run of tests/resume_checks.h, which tests/run.sh kills and resumes)
@@ -53,7 +54,7 @@ CC      ?= cc
 CFLAGS  ?= -O3
 # as many programs built at once as the machine has CPUs (make -j1 or JOBS=1: one at a time); tests/run.sh's
 # pool reads JOBS from the environment too
-JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
+JOBS    ?= $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1)
 ifeq (,$(filter -j%,$(MAKEFLAGS)))
 MAKEFLAGS += -j$(JOBS)
 endif
@@ -108,6 +109,19 @@ CUDA_OBJ  := $(B)/dtrain_cuda.o
 override LDLIBS := $(CUDA_OBJ) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ $(LDLIBS)
 CUDATESTS := $(B)/tests/cuda/test_cuda
 MPITESTS  := $(MPITESTS:build-mpi/%=$(B)/%)
+endif
+# image folders where there is no -lstb (macOS: Homebrew has none): STB_DIR=DIR, DIR holding stb/stb_image.h,
+# stb/stb_image_resize.h and stb/stb_image_write.h (the tests write images; e.g. from github.com/nothings/stb, where
+# stb_image_resize.h now lies in deprecated/),
+# whose implementations are then compiled once into $(B)/obj/stb.o (tools/stb_impl.c); on macOS without STB_DIR
+# the programs are built without image folders (DT_USE_STB_IMAGE), which then fail saying so
+ifdef STB_DIR
+STB_OBJ := $(B)/obj/stb.o
+override DEFS   += -I$(STB_DIR)
+override LDLIBS := $(STB_OBJ) $(filter-out -lstb,$(LDLIBS))
+else ifeq ($(shell uname -s 2>/dev/null),Darwin)
+override DEFS   := $(filter-out -DDT_USE_STB_IMAGE,$(DEFS))
+override LDLIBS := $(filter-out -lstb,$(LDLIBS))
 endif
 
 all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS)
@@ -266,6 +280,15 @@ clean:
 	rm -rf build build-mpi build-win
 
 .PHONY: all test demo scaling bench bench-comm bench-busy bench-slownet bench-buckets bench-ddp-mpi fixtures clean windows
+
+# stb's implementations (STB_DIR, above): a prerequisite of every program (the rules above link it: LDLIBS)
+ifdef STB_DIR
+$(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) \
+    $(MPITESTS) $(CUDATESTS) $(SIMPLE): $(STB_OBJ)
+$(STB_OBJ): tools/stb_impl.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(STB_DIR) -c $< -o $@
+endif
 
 # the GPU backend: one object from nvcc, a prerequisite of every program (the rules above link it: LDLIBS)
 ifdef CUDA

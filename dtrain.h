@@ -71,6 +71,10 @@
      | DT_NO_THREADS            | undefined        | no POSIX threads: loaders need prefetch = 0, one |
      |                          |                  | local rank only, DDP does not overlap, Hogwild's |
      |                          |                  | workers run one after another                    |
+     | DT_POSIX_MINIMAL         | defined on macOS,| only the POSIX calls macOS has: no barriers,     |
+     |                          | else undefined   | spin locks, timers, sem_timedwait or clock_      |
+     |                          |                  | nanosleep (dtrain/core/base.h); every build keeps|
+     |                          |                  | to that today, so it changes no code yet         |
      | DT_NO_SIMD               | undefined        | no AVX2, AVX-512, NEON or vector-extension       |
      |                          |                  | kernels: the portable ones as plain loops        |
      | DT_USE_ZLIB              | undefined        | gzip-compressed IDX files (zlib); link -lz       |
@@ -146,7 +150,8 @@
      with prefetch = 0, which converts on the calling thread and is what a build without threads uses
      (define DT_NO_THREADS; then prefetch = 1 fails with DT_ERR_UNSUPPORTED).
 
-     Ranks: dt_launch runs a rank function on N ranks. Local ranks are threads; each owns its models,
+     Ranks: dt_launch runs a rank function on N ranks. Local ranks are threads (with a stack of at least 8 MiB,
+     Linux's default, also on macOS and musl, whose threads get less by default); each owns its models,
      optimizers and data and shares nothing with the others but its communicator (dt_comm), which must be
      used by its own thread only. Each local rank gets cores / ranks OpenMP threads (--threads-per-rank).
      Waiting ranks sleep rather than spin when there are more ranks than cores. Every wait ends by the

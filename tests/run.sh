@@ -32,6 +32,13 @@
 #       tests/test_endian.c built for both hosts with the same arithmetic (DT_NO_SIMD, -ffp-contract=off): a checkpoint
 #       saved on x86-64 resumes on s390x and the reverse with the saved state's bits, the same bytes when saved again,
 #       and the uninterrupted run's losses; both hosts write the same checkpoint bytes
+#   2f. musl (static): the implementation and test_core, test_layers, test_models, test_optim, test_checkpoint,
+#       test_comm, test_ddp and test_resume built by Debian's musl-gcc (no OpenMP, no optional features), linked
+#       statically and run
+#   2g. the POSIX subset of macOS: test_core, test_comm, test_faults, test_ddp and test_resume built with
+#       DT_POSIX_MINIMAL, without OpenMP, against tests/posix_minimal.h (forced in by -include), which poisons
+#       what macOS lacks (barriers, spin locks, timers, sem_timedwait, clock_nanosleep, ...), and run; the poison
+#       stops a use; DT_POSIX_MINIMAL is defined by itself under __APPLE__
 #   3. the test programs built without OpenMP, run (the header must work without it)
 #   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
@@ -75,10 +82,10 @@
 #      make uninstall
 # DEFS and LDLIBS (from the Makefile) are the optional features' flags and libraries.
 # JOBS (default: the CPUs) programs at a time where a section's cases are independent (the compiles, the sanitizer,
-# qemu, wine and no-OpenMP runs, the fuzz targets, the docs' chapters; the pool below); the examples' checks, the faults
-# and MPI run one at a time, as their timeouts are set for a machine that is theirs.
-# DT_SECTIONS="3 4 7" runs only those sections (their numbers as above: 1 1a 2 2a 2b 2c 2d 2e 3 4 5 5b 5c 5d 6 7 8); the
-# programs the Makefile builds must be there (make all).
+# qemu, wine, musl, POSIX-subset and no-OpenMP runs, the fuzz targets, the docs' chapters; the pool below); the examples'
+# checks, the faults and MPI run one at a time, as their timeouts are set for a machine that is theirs.
+# DT_SECTIONS="3 4 7" runs only those sections (their numbers as above: 1 1a 2 2a 2b 2c 2d 2e 2f 2g 3 4 5 5b 5c 5d 6 7
+# 8); the programs the Makefile builds must be there (make all).
 # Each configuration's programs share one object of the implementation (tests/impl.c compiled with its flags, e.g.
 # $B/asan/dtrain.o); a program whose source defines DTRAIN_IMPLEMENTATION itself (it uses the library's internals
 # or a macro that changes the implementation) is compiled alone (build, below).
@@ -144,7 +151,7 @@ impl() {
 # them all and prints each one's output in the order they were started, adding their counts. For the cases that
 # use files of their own only (listed at the top), most of which run on one core each. A job that ends without its counts counts as a failure. Its OpenMP threads wait passively
 # (OMP_WAIT_POLICY=passive, unless set): two programs' threads spinning on two cores would slow both manyfold.
-JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+JOBS=${JOBS:-$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)}
 PJ=$(mktemp -d); mkfifo "$PJ/tokens"; exec 9<>"$PJ/tokens"   # JOBS tokens: a job takes one to start, returns it
 i=0; while [ "$i" -lt "$JOBS" ]; do echo >&9; i=$((i + 1)); done
 pn=0; pdone=0
@@ -422,6 +429,63 @@ else
     echo "FAIL s390x-linux-gnu-gcc or qemu-s390x is not installed (run tools/deps.sh: gcc-s390x-linux-gnu, libc6-dev-s390x-cross, qemu-user)"
     failed=$((failed + 1))
 fi
+fi
+
+# sections 2f and 2g: a configuration in $cfg (its directory; dtrain.o, the implementation), named $cfg_name, compiled
+# by $cfg_cc (the compiler and its flags; -O1: the programs run for seconds and compile in half the time of -O2).
+# cfg_build TEST: a program that compiles the implementation itself; cfg_run TEST [TESTS] runs it (TESTS as
+# dt_test.h's argv[1] selects them); cfg_case TEST: a program linked with $cfg/dtrain.o, built and run
+cfg_build() {
+    build "$cfg/dtrain.o" "tests/$1.c" "$cfg/$1" -lm $cfg_cc || { echo "FAIL build of $1 ($cfg_name)"; failed=$((failed + 1)); }
+}
+cfg_run() {
+    [ -x "$cfg/$1" ] || return 0   # its build failed, said above
+    run "$cfg_name $1${2:+ $2}" env DT_TEST_QUICK=1 "$cfg/$1" ${2:+"$2"}
+}
+cfg_case() { cfg_build "$1" && [ -x "$cfg/$1" ] && cfg_run "$1"; }
+
+section "2f. musl (static)"
+if want; then
+if command -v musl-gcc >/dev/null 2>&1; then
+    # Debian's musl-gcc: musl's headers and libc instead of glibc's, no OpenMP, zlib or stb (the optional features
+    # off); a use of what glibc declares and musl does not stops the build, and the programs run linked statically
+    cfg=$B/musl; cfg_name=musl; cfg_cc="musl-gcc $WARN -O1 -pthread -static"
+    rm -rf "$cfg"; mkdir -p "$cfg"
+    job impl "$cfg/dtrain.o" $cfg_cc
+    for t in test_comm test_core test_layers test_models test_checkpoint; do job cfg_build $t; done
+    jobs_done
+    job cfg_run test_comm "fault,hier"   # test_comm in two parts: most of its time is ranks waiting out timeouts
+    job cfg_run test_comm "~fault,hier"
+    for t in test_optim test_ddp test_resume; do job cfg_case $t; done
+    for t in test_core test_layers test_models test_checkpoint; do job cfg_run $t; done
+    jobs_done
+else
+    echo "FAIL musl-gcc is not installed (run tools/deps.sh: musl-tools)"; failed=$((failed + 1))
+fi
+fi
+
+section "2g. the POSIX subset of macOS (DT_POSIX_MINIMAL)"
+if want; then
+# what macOS lacks (barriers, spin locks, timers, sem_timedwait, clock_nanosleep, ...) poisoned by tests/posix_minimal.h,
+# forced into every file, and declared by glibc (_GNU_SOURCE), so only the poison stops a use; no OpenMP, as Apple's
+# clang has none. Timeouts, faults and the threads of DDP and the collective checkpoints run on what is left.
+cfg=$B/posix_minimal; cfg_name=posix-minimal
+cfg_cc="$CC $WARN -O1 -pthread -D_GNU_SOURCE -DDT_POSIX_MINIMAL -include tests/posix_minimal.h"
+rm -rf "$cfg"; mkdir -p "$cfg"
+job impl "$cfg/dtrain.o" $cfg_cc
+for t in test_comm test_core; do job cfg_build $t; done
+printf '#include <pthread.h>\nint main(void){ pthread_barrier_t b; return pthread_barrier_init(&b, 0, 1); }\n' > "$cfg/barrier.c"
+job check "tests/posix_minimal.h stops a use of pthread_barrier_init, naming it" sh -c "! $cfg_cc -fsyntax-only '$cfg/barrier.c' \
+    2> '$cfg/barrier.err' && grep -q 'poisoned \"pthread_barrier_init\"' '$cfg/barrier.err'"
+printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\n#ifndef DT_POSIX_MINIMAL\n#error DT_POSIX_MINIMAL undefined\n#endif\n' \
+    > "$cfg/apple.c"
+job check "DT_POSIX_MINIMAL is defined by itself on macOS (__APPLE__)" $CC -std=c11 -D__APPLE__ -E "$cfg/apple.c" -o "$cfg/apple.i"
+jobs_done
+job cfg_run test_comm "fault,hier"
+job cfg_run test_comm "~fault,hier"
+for t in test_faults test_ddp test_resume; do job cfg_case $t; done
+job cfg_run test_core
+jobs_done
 fi
 
 section "3. without OpenMP, portable kernels"

@@ -559,7 +559,7 @@ typedef struct link_arg {
     dt_algo algo;
     size_t  n;
     int     p2p;
-    double  elapsed[8];
+    double  start[8], elapsed[8];   /* elapsed: from the first rank's start, which every chain of messages follows */
     float  *out[8];
     uint64_t sent[8];   /* messages the rank sent in the timed call */
 } link_arg;
@@ -570,7 +570,7 @@ static dt_result link_rank(dt_comm *c, void *arg) {
     dt_result r;
     cc_fill(DT_F32, 11, me, a->out[me], 0, a->n);
     if ((r = dt_comm_barrier(c)) != DT_OK) return r;
-    t0 = dt_time_now();
+    a->start[me] = t0 = dt_time_now();
     a->sent[me] = dt_comm_get_stats(c).messages_sent;
     if (a->p2p) {
         if (me == 0) r = dt_comm_send(c, a->out[0], a->n, DT_F32, 1, 0);
@@ -580,14 +580,20 @@ static dt_result link_rank(dt_comm *c, void *arg) {
     a->sent[me] = dt_comm_get_stats(c).messages_sent - a->sent[me];
     return r;
 }
+/* The lower bounds below hold from the first rank's start: a rank's own start may come late (a thread descheduled
+   after the barrier on a busy machine), after the messages it waits for were sent. */
 static void run_link(link_arg *a, int p, double latency, double bandwidth) {
     dt_launch_desc d;
+    double first;
+    int k;
     memset(&d, 0, sizeof d);
     d.ranks = p;
     d.comm.timeout = 30;
     d.comm.link_latency = latency;
     d.comm.link_bandwidth = bandwidth;
     CHECK_OK(dt_launch_local(&d, link_rank, a, NULL));
+    for (k = 1, first = a->start[0]; k < p; k++) if (a->start[k] < first) first = a->start[k];
+    for (k = 0; k < p; k++) a->elapsed[k] += a->start[k] - first;
 }
 static void test_link_model(void) {
     static link_arg with, without;
@@ -700,6 +706,23 @@ static int has_line(log_cap *l, const char *s) {
     for (i = 0; i < l->n; i++) if (strcmp(l->lines[i], s) == 0) return 1;
     return 0;
 }
+/* A rank's thread has the stack of a main thread on every platform (dt__thread_start: at least 8 MiB), not a new
+   thread's default (macOS: 512 KiB, musl: 128 KiB): 2 MiB of local arrays, touched from the top down as a call
+   deeper down would, so a smaller stack meets its guard page */
+static dt_result big_stack_rank(dt_comm *c, void *arg) {
+    volatile unsigned char buf[2 << 20];
+    size_t i;
+    (void)arg;
+    for (i = sizeof buf; i > 0; i -= 1024) buf[i - 1] = (unsigned char)(i >> 10);
+    return buf[sizeof buf - 1] == (unsigned char)(sizeof buf >> 10) ? dt_comm_barrier(c) : DT_ERR_STATE;
+}
+static void test_rank_stack(void) {
+    dt_launch_desc d;
+    memset(&d, 0, sizeof d);
+    d.ranks = 2;
+    CHECK_OK(dt_launch(&d, big_stack_rank, NULL));
+}
+
 typedef struct launch_arg { int seen_rank[8]; int fail_rank; } launch_arg;
 static dt_result launch_rank(dt_comm *c, void *arg) {
     launch_arg *a = (launch_arg *)arg;
@@ -857,6 +880,7 @@ int main(int argc, char **argv) {
     if (argc > 1) dt_t_only = argv[1];
     RUN(test_launch_parse);
     RUN(test_launch_and_log);
+    RUN(test_rank_stack);
     RUN(test_self_and_own_threads);
     RUN(test_request_storage);
     RUN(test_backend_interface);

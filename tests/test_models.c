@@ -325,7 +325,7 @@ static void test_planned_passes_same_numbers(void) {
     enum { B = 4 };
     int ci, way, i;
     for (ci = 0; ci < 8; ci++) {
-        float *x, *out[2], *g[2], *dx[2], *buf[2], *ev[2], loss[2];
+        float *x = NULL, *out[2], *g[2], *dx[2], *buf[2], *ev[2], loss[2];
         int32_t y[B] = {0, 1, 2, 3};
         int64_t np = 0, nb = 0, in = 0, k = 0, folded[2] = {0, 0};
         for (way = 0; way < 2; way++) {

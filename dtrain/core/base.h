@@ -229,12 +229,12 @@ static inline DT__HD float dt_body_hash_uniform(uint64_t key, uint64_t counter) 
    differs is behind the small calls of this file (clocks, the CPU count, memory, files: dt__open_read,
    dt__file_sync, dt__dir_sync, dt__file_replace), never under #ifdef in the modules. */
 #if defined(__unix__) || defined(__APPLE__)
-/* glibc declares these POSIX calls in strict C11 only with a feature-test macro, which dtrain.h does not define */
-#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX)
-extern int fileno(FILE *stream);
-#endif
-#if !defined(__cplusplus) && defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__USE_MISC)
-extern int fsync(int fd);
+/* Strict C11 (-std=c11) hides POSIX's fileno from <stdio.h> in glibc and musl, and fsync from glibc's <unistd.h>
+   (behind feature-test macros, which dtrain.h does not define): declared here again, which is harmless where the
+   headers declare them too; the parentheses keep a fileno that is also a macro (macOS, the BSDs) unexpanded. */
+#if !defined(__cplusplus)
+extern int (fileno)(FILE *stream);
+extern int (fsync)(int fd);
 #endif
 #include <sys/stat.h>
 #include <unistd.h>
@@ -401,10 +401,14 @@ static inline int dt__cpu_count(void) {
 
 /* Atomic saves (checkpoints, the trace): write "PATH.tmp", dt__file_sync it, close it, dt__file_replace it over
    PATH, dt__dir_sync PATH's directory; a reader sees the old file or the new one, never half of one.
-   dt__file_sync: flushes f's data to the disk (POSIX fsync, Windows _commit); 0 or -1. */
+   dt__file_sync: flushes f's data to the disk (POSIX fsync, macOS F_FULLFSYNC, Windows _commit); 0 or -1. */
 static inline int dt__file_sync(FILE *f) {
 #if defined(__unix__) || defined(__APPLE__)
-    return fflush(f) == 0 && fsync(fileno(f)) == 0 ? 0 : -1;
+    if (fflush(f) != 0) return -1;
+#if defined(F_FULLFSYNC)   /* macOS: fsync leaves the data in the drive's cache, F_FULLFSYNC flushes that too */
+    if (fcntl(fileno(f), F_FULLFSYNC) == 0) return 0;   /* refused (a file system without it): fsync */
+#endif
+    return fsync(fileno(f)) == 0 ? 0 : -1;
 #elif defined(_WIN32)
     return fflush(f) == 0 && _commit(_fileno(f)) == 0 ? 0 : -1;
 #else
@@ -663,7 +667,21 @@ static inline dt_result dt__trace_close(int mark, dt_result r) {
    ranks). POSIX threads rather than C11 <threads.h>: they exist on Linux, macOS (which has no
    <threads.h>), the BSDs and MinGW, and the same calls compile as C and as C++. With DT_NO_THREADS the
    mutex and condition calls do nothing and starting a thread fails, so callers check DT__HAVE_THREADS
-   and report DT_ERR_UNSUPPORTED first. Each function returns 0 on success or an error number. */
+   and report DT_ERR_UNSUPPORTED first. Each function returns 0 on success or an error number.
+   DT_POSIX_MINIMAL (defined by itself on macOS) says the library uses only the POSIX calls macOS has: threads
+   (create, join, exit, cleanup handlers, the stack size of their attributes), mutexes, condition variables with
+   pthread_cond_timedwait on the realtime clock (macOS has no pthread_condattr_setclock), sched_yield and sysconf;
+   no barriers (pthread_barrier_t), spin locks (pthread_spin_*), timers (timer_create), timed semaphores
+   (sem_timedwait) or clock_nanosleep. What those would give is built from the calls here: a wait with a deadline
+   is dt__cond_wait_for, a sleep dt_sleep, a barrier a count and a generation under a dt__mutex waited on with
+   dt__cond_wait_for (dtrain/comm/local.h's, which also ends by the communicator's timeout), a spin wait a loop
+   over DT__ATOMIC_LOAD that yields with sched_yield. Every build keeps to that subset today (strict C11 hides the
+   others in glibc's headers anyway), so the switch changes no code: a module that wants more must keep a fallback
+   for it under DT_POSIX_MINIMAL, here. tests/run.sh's section 2g builds with it and tests/posix_minimal.h, which
+   poisons the names macOS lacks. */
+#if defined(__APPLE__) && !defined(DT_POSIX_MINIMAL)
+#define DT_POSIX_MINIMAL 1
+#endif
 #if !defined(DT_NO_THREADS)
 #ifdef __cplusplus
 }
@@ -682,11 +700,24 @@ static inline void *dt__thread_main(void *t) {
     ((dt__thread *)t)->fn(((dt__thread *)t)->arg);
     return NULL;
 }
-/* Runs fn(arg) on a new thread; *t must stay where it is until dt__thread_join. */
+/* The least stack a thread started here gets: Linux's default (glibc takes the stack limit, 8 MiB), which the
+   main thread has everywhere; macOS gives a new thread 512 KiB and musl 128 KiB, where a rank function with a
+   large local array would overflow on a rank's thread what runs on the main thread. */
+#define DT__THREAD_STACK ((size_t)8 << 20)
+/* Runs fn(arg) on a new thread, of a stack of at least DT__THREAD_STACK; *t must stay where it is until
+   dt__thread_join. */
 static inline int dt__thread_start(dt__thread *t, void (*fn)(void *), void *arg) {
+    pthread_attr_t attr;
+    size_t stack = 0;
+    int err;
     t->fn = fn;
     t->arg = arg;
-    return pthread_create(&t->id, NULL, dt__thread_main, t);
+    if ((err = pthread_attr_init(&attr)) != 0) return err;
+    if (pthread_attr_getstacksize(&attr, &stack) != 0 || stack < DT__THREAD_STACK)
+        (void)pthread_attr_setstacksize(&attr, DT__THREAD_STACK);   /* refused: the default stack, as before */
+    err = pthread_create(&t->id, &attr, dt__thread_main, t);
+    pthread_attr_destroy(&attr);
+    return err;
 }
 static inline void dt__thread_join(dt__thread *t) { pthread_join(t->id, NULL); }
 static inline int  dt__mutex_init(dt__mutex *m) { return pthread_mutex_init(&m->m, NULL); }
