@@ -23,7 +23,9 @@
 #       reference on random graphs) cross-compiled for aarch64 with Debian's gcc-aarch64-linux-gnu and run under
 #       qemu-user (their results count; qemu's timings mean nothing)
 #   3. the test programs built without OpenMP, run (the header must work without it)
-#   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
+#   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED; and built by the
+#       Makefile with stb_image from a folder of its headers (make STB_DIR=DIR: its own object, no -lstb) and with
+#       none (make STB=none: make says so; image folders refused, saying how to build with them)
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
 #   4b. the loader's prefetch thread, the communicator's local ranks, DDP's helper thread and the collective
 #       checkpoints (test_resume) under ThreadSanitizer
@@ -325,6 +327,45 @@ plain_case() {
     else echo "FAIL build of test_datasets without the optional features"; failed=$((failed + 1)); fi
 }
 job plain_case
+
+# the Makefile's two other ways with image folders (STB_DIR, STB): stb_image from a folder of its headers (a copy of
+# Debian's), compiled into the build's own object and linked without -lstb; and no stb_image at all (STB=none, as
+# where neither is found), which make says and the loader explains (DT_ERR_UNSUPPORTED). Each builds test_datasets
+# (at -O0: the build is what is tested) into a build directory of its own and runs it
+stb_build() {   # stb_build NAME MAKEARGS...: test_datasets made into $B/stb/NAME, make's output in $B/stb/NAME.out
+    s_b="$B/stb/$1"; shift; rm -rf "$s_b"
+    env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory JOBS=1 CC="$CC" CFLAGS=-O0 WERROR=-Werror B="$s_b" \
+        "$@" "$s_b/tests/test_datasets" > "$s_b.out" 2>&1 || { cat "$s_b.out"; return 1; }
+}
+stb_dir_built() {   # with the copy's headers (the link $B/stb/dir/stb/stb) and its object, not Debian's -lstb
+    stb_build dir STB_DIR="$B/stb/headers" || return 1
+    [ "$(readlink "$B/stb/dir/stb/stb")" = "$(cd "$B/stb/headers" && pwd)" ] || { echo "$B/stb/dir/stb/stb is not a link to STB_DIR"; return 1; }
+    [ -f "$B/stb/dir/obj/stb_image.o" ] || { echo "no $B/stb/dir/obj/stb_image.o"; return 1; }
+    grep -q -- '-DDT_USE_STB_IMAGE' "$B/stb/dir.out" || { cat "$B/stb/dir.out"; echo "built without -DDT_USE_STB_IMAGE"; return 1; }
+    if grep -q -- '-lstb' "$B/stb/dir.out" || readelf -d "$B/stb/dir/tests/test_datasets" | grep -q libstb; then
+        cat "$B/stb/dir.out"; echo "linked with Debian's -lstb"; return 1
+    fi
+}
+stb_none_built() {   # make says it builds without image folders, and does
+    stb_build none STB=none || return 1
+    grep -q 'building without image folders' "$B/stb/none.out" || { cat "$B/stb/none.out"; echo "make did not say it builds without image folders"; return 1; }
+    ! grep -- '-DDT_USE_STB_IMAGE\|-lstb' "$B/stb/none.out" || { echo "built with stb_image"; return 1; }
+}
+stb_dir_case() {
+    rm -rf "$B/stb/headers"; mkdir -p "$B/stb/headers"
+    if ! cp /usr/include/stb/stb_image.h /usr/include/stb/stb_image_resize.h /usr/include/stb/stb_image_write.h "$B/stb/headers/"; then
+        echo "FAIL Debian's stb headers are not in /usr/include/stb (run tools/deps.sh: libstb-dev)"; failed=$((failed + 1)); return
+    fi
+    check "make STB_DIR=DIR: stb_image compiled from DIR's headers into the build's object, no -lstb" stb_dir_built
+    [ -x "$B/stb/dir/tests/test_datasets" ] && run "image folders from STB_DIR: test_datasets" "$B/stb/dir/tests/test_datasets"
+}
+stb_none_case() {
+    check "make STB=none: built without image folders, saying so" stb_none_built
+    [ -x "$B/stb/none/tests/test_datasets" ] && run "without image folders (STB=none): test_datasets" "$B/stb/none/tests/test_datasets"
+}
+mkdir -p "$B/stb"
+job stb_dir_case
+job stb_none_case
 jobs_done
 fi
 
