@@ -19,7 +19,8 @@
 #   make test-diff    the differential test at length: DIFF_GRAPHS (5000) random graphs from DIFF_SEED (today's
 #                     date) through every fast path on every CPU tier, against the reference kernels, and
 #                     DIFF_TORCH (1000) of them against float64 PyTorch
-#   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
+#   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks: every program
+#                     warning-free with gcc 12, clang 14 and clang 16 at -O0, -O2 and -O3,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
 #   make check-docs   the docs' part of make test alone (under a minute): docs/api.md names every public
