@@ -113,9 +113,8 @@ endif
 # image folders (DT_USE_STB_IMAGE): stb_image and stb_image_resize, from the first of
 #   STB=none          none: the programs are built without image folders (as where neither of the others is found)
 #   STB_DIR=DIR       DIR's stb_image.h, stb_image_resize.h and stb_image_write.h (upstream's single files; the tests
-#                     write their images with the last), included as <stb/...> through
-#                     the link $(B)/stb/stb -> DIR and compiled once into $(B)/obj/stb_image.o (tests/stb_image.c),
-#                     which every program links
+#                     write their images with the last), included as <stb/...> through the link $(B)/stb/stb -> DIR
+#                     and compiled once into $(B)/obj/stb_image.o (tests/stb_image.c), which every program links
 #   Debian's libstb   its headers (<stb/stb_image.h>) and -lstb, when a program using them compiles and links
 #                     (libstb-dev, which tools/deps.sh installs)
 # override: added to DEFS and LDLIBS from the command line too. Without stb_image, make says so once, and loading
