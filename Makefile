@@ -100,8 +100,8 @@ endif
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 # -fmad=false: no fused multiply-adds in the kernels, so they round as the CPU ops do (cuBLAS is unaffected)
 NVFLAGS   ?= -O3 -fmad=false
-# override: also when DEFS or LDLIBS come from the command line (e.g. DEFS=-pthread LDLIBS=-lm where zlib or
-# libstb-dev is missing)
+# override: also when DEFS or LDLIBS come from the command line (e.g. DEFS=-pthread LDLIBS=-lm where zlib is
+# missing; stb_image is looked for below)
 override DEFS   += -DDT_USE_CUDA
 B         := $(B)-cuda
 CUDA_OBJ  := $(B)/dtrain_cuda.o
