@@ -1,13 +1,17 @@
 # dtrain - build the examples and tests, run the tests.
 #   make              build examples and tests (build/), which link the implementation compiled once (build/obj/dtrain.o),
 #                     JOBS (default: the CPUs) at a time
-#   make STB_DIR=DIR  image folders without -lstb (macOS): DIR/stb/ holds stb's headers, compiled once here
 #   make MPI=1        the same with mpicc and -DDT_USE_MPI (build-mpi/), plus the MPI tests
 #                     (build-mpi/tests/mpi/test_comm_mpi, test_train_mpi: run them with mpiexec -n 2, 3 or 4;
 #                     test_resume_mpi: one run of tests/resume_checks.h, which tests/run.sh kills and resumes)
 #   make CUDA=1       the same with the GPU backend (build-cuda/): dtrain_cuda.cu compiled once by nvcc, linked
 #                     into every program, which gcc builds with -DDT_USE_CUDA; models then run on the GPU.
 #                     With MPI=1 too: build-mpi-cuda/. CUDA_HOME (default /usr/local/cuda), CUDA_ARCH
+#   make STB_DIR=DIR  image folders (DT_USE_STB_IMAGE) from DIR's stb_image.h, stb_image_resize.h and stb_image_write.h
+#                     (upstream's single files; the tests write images with the last), compiled once
+#                     into build/obj/stb_image.o, where Debian's libstb-dev (found by make, and then used: -lstb) is
+#                     missing. With neither, or with make STB=none, the programs are built without image folders
+#                     (make says so; --dataset folder then fails, saying how to build with them)
 #   make test-cuda    builds (CUDA=1) and runs tests/cuda/test_cuda.c: every GPU op against the CPU's, a training
 #                     step of every zoo model, DDP on one GPU; on a machine without a GPU it reports its tests
 #                     skipped. Then, with a GPU, the examples train briefly on it
@@ -15,7 +19,8 @@
 #   make test-diff    the differential test at length: DIFF_GRAPHS (5000) random graphs from DIFF_SEED (today's
 #                     date) through every fast path on every CPU tier, against the reference kernels, and
 #                     DIFF_TORCH (1000) of them against float64 PyTorch
-#   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks,
+#   make test         run every test (optimised build, no-OpenMP build, C++ and clang compile checks: every program
+#                     warning-free with gcc 12, clang 14 and clang 16 at -O0, -O2 and -O3,
 #                     ASan+UBSan build, fuzz targets for FUZZ_SECONDS each); ends with
 #                     "N passed, N failed", non-zero exit on failure
 #   make check-docs   the docs' part of make test alone (under a minute): docs/api.md names every public
@@ -64,9 +69,9 @@ WERROR  ?=
 WARN     = -std=c11 -Wall -Wextra -Wpedantic $(WERROR)
 # OpenMP when the compiler has it; the header works without it too
 OPENMP  := $(shell printf 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp)
-# optional features of dtrain.h the project's own programs use: gzip (zlib) and image decoding (stb_image)
-DEFS    := -DDT_USE_ZLIB -DDT_USE_STB_IMAGE -pthread
-LDLIBS  := -lstb -lz -lm
+# optional features of dtrain.h the project's own programs use: gzip (zlib) and image decoding (stb_image, below)
+DEFS    := -DDT_USE_ZLIB -pthread
+LDLIBS  := -lz -lm
 
 TESTS    := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 EXAMPLES := $(patsubst examples/%.c,%,$(wildcard examples/*.c))
@@ -101,8 +106,8 @@ endif
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 # -fmad=false: no fused multiply-adds in the kernels, so they round as the CPU ops do (cuBLAS is unaffected)
 NVFLAGS   ?= -O3 -fmad=false
-# override: also when DEFS or LDLIBS come from the command line (e.g. DEFS=-pthread LDLIBS=-lm where zlib or
-# libstb-dev is missing)
+# override: also when DEFS or LDLIBS come from the command line (e.g. DEFS=-pthread LDLIBS=-lm where zlib is
+# missing; stb_image is looked for below)
 override DEFS   += -DDT_USE_CUDA
 B         := $(B)-cuda
 CUDA_OBJ  := $(B)/dtrain_cuda.o
@@ -110,18 +115,38 @@ override LDLIBS := $(CUDA_OBJ) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib6
 CUDATESTS := $(B)/tests/cuda/test_cuda
 MPITESTS  := $(MPITESTS:build-mpi/%=$(B)/%)
 endif
-# image folders where there is no -lstb (macOS: Homebrew has none): STB_DIR=DIR, DIR holding stb/stb_image.h,
-# stb/stb_image_resize.h and stb/stb_image_write.h (the tests write images; e.g. from github.com/nothings/stb, where
-# stb_image_resize.h now lies in deprecated/),
-# whose implementations are then compiled once into $(B)/obj/stb.o (tools/stb_impl.c); on macOS without STB_DIR
-# the programs are built without image folders (DT_USE_STB_IMAGE), which then fail saying so
-ifdef STB_DIR
-STB_OBJ := $(B)/obj/stb.o
-override DEFS   += -I$(STB_DIR)
-override LDLIBS := $(STB_OBJ) $(filter-out -lstb,$(LDLIBS))
-else ifeq ($(shell uname -s 2>/dev/null),Darwin)
-override DEFS   := $(filter-out -DDT_USE_STB_IMAGE,$(DEFS))
-override LDLIBS := $(filter-out -lstb,$(LDLIBS))
+# image folders (DT_USE_STB_IMAGE): stb_image and stb_image_resize, from the first of
+#   STB=none          none: the programs are built without image folders (as where neither of the others is found)
+#   STB_DIR=DIR       DIR's stb_image.h, stb_image_resize.h and stb_image_write.h (upstream's single files; the tests
+#                     write their images with the last), included as <stb/...> through the link $(B)/stb/stb -> DIR
+#                     and compiled once into $(B)/obj/stb_image.o (tests/stb_image.c), which every program links
+#   Debian's libstb   its headers (<stb/stb_image.h>) and -lstb, when a program using them compiles and links
+#                     (libstb-dev, which tools/deps.sh installs)
+# override: added to DEFS and LDLIBS from the command line too. Without stb_image, make says so once, and loading
+# an image folder fails with DT_ERR_UNSUPPORTED, saying how to build with it.
+STB      ?=
+STB_DIR  ?=
+STB_OBJ  :=
+ifeq ($(STB),none)
+STB_FROM := none
+else ifneq ($(STB_DIR),)
+STB_HDRS := $(addprefix $(STB_DIR)/,stb_image.h stb_image_resize.h stb_image_write.h)
+$(if $(filter-out $(wildcard $(STB_HDRS)),$(STB_HDRS)),$(error STB_DIR=$(STB_DIR) lacks $(filter-out $(wildcard $(STB_HDRS)),$(STB_HDRS))))
+STB_FROM := dir
+override DEFS   += -DDT_USE_STB_IMAGE -I$(CURDIR)/$(B)/stb
+STB_OBJ  := $(CURDIR)/$(B)/obj/stb_image.o
+override LDLIBS := $(STB_OBJ) $(LDLIBS)
+else ifeq ($(shell printf '\043include <stb/stb_image.h>\nint main(void){ return stbi_failure_reason() != 0; }\n' | \
+                   $(CC) -x c - -o /dev/null -lstb 2>/dev/null && echo found),found)
+STB_FROM := libstb
+override DEFS   += -DDT_USE_STB_IMAGE
+override LDLIBS := -lstb $(LDLIBS)
+else
+STB_FROM := none
+endif
+ifeq ($(STB_FROM),none)
+$(info make: building without image folders (no DT_USE_STB_IMAGE; STB=$(or $(STB),auto)): for them, install Debian's \
+    libstb-dev (sh tools/deps.sh) or give STB_DIR=DIR, a folder of stb_image.h, stb_image_resize.h and stb_image_write.h)
 endif
 
 all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS)
@@ -143,6 +168,17 @@ $(IMPL_OBJ): tests/impl.c $(HEADERS)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -c $< -o $@
 $(LINKED): $(IMPL_OBJ)
 $(LINKED): OBJ := $(IMPL_OBJ)
+
+# STB_DIR=DIR: stb_image's implementation compiled once (another project's code: without this one's warnings), after
+# the link that makes DIR's headers <stb/...>; the implementation's object and every program wait for it
+ifneq ($(STB_OBJ),)
+$(STB_OBJ): tests/stb_image.c $(STB_HDRS)
+	@mkdir -p $(dir $@) $(B)/stb
+	ln -sfn $(abspath $(STB_DIR)) $(B)/stb/stb
+	$(CC) $(CFLAGS) -I$(B)/stb -c $< -o $@
+$(IMPL_OBJ) $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) \
+    $(MPITESTS) $(CUDATESTS): $(STB_OBJ)
+endif
 
 $(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h tests/dt_test_trace.h $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -234,7 +270,7 @@ experiments: $(addprefix $(B)/examples/,$(EXAMPLES))
 # API alone, each including "dtrain.h" as a user's program does (-I.)
 SIMPLE := $(patsubst examples/simple/%.c,$(B)/examples/simple/%,$(wildcard examples/simple/*.c))
 all examples: $(SIMPLE)
-$(SIMPLE): $(B)/examples/simple/%: examples/simple/%.c $(HEADERS) $(CUDA_OBJ) $(IMPL_OBJ)
+$(SIMPLE): $(B)/examples/simple/%: examples/simple/%.c $(HEADERS) $(CUDA_OBJ) $(IMPL_OBJ) $(STB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -DDTRAIN_IMPLEMENTATION_LINKED -I. $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
@@ -280,15 +316,6 @@ clean:
 	rm -rf build build-mpi build-win
 
 .PHONY: all test demo scaling bench bench-comm bench-busy bench-slownet bench-buckets bench-ddp-mpi fixtures clean windows
-
-# stb's implementations (STB_DIR, above): a prerequisite of every program (the rules above link it: LDLIBS)
-ifdef STB_DIR
-$(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) \
-    $(MPITESTS) $(CUDATESTS) $(SIMPLE): $(STB_OBJ)
-$(STB_OBJ): tools/stb_impl.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(STB_DIR) -c $< -o $@
-endif
 
 # the GPU backend: one object from nvcc, a prerequisite of every program (the rules above link it: LDLIBS)
 ifdef CUDA

@@ -105,8 +105,9 @@
      Without DT_USE_ZLIB and DT_USE_STB_IMAGE the header needs nothing but the C library; a .gz file or an
      image folder then fails with DT_ERR_UNSUPPORTED naming the macro to build with. DT_USE_ZLIB includes
      <zlib.h>. DT_USE_STB_IMAGE includes <stb/stb_image.h> and <stb/stb_image_resize.h> but not their
-     implementations (Debian's -lstb holds them; with your own copies, compile them once with
-     STB_IMAGE_IMPLEMENTATION and STB_IMAGE_RESIZE_IMPLEMENTATION), and lists directories with POSIX
+     implementations (Debian's -lstb holds them; with your own copies, in a folder stb/ on the include path,
+     compile them once with STB_IMAGE_IMPLEMENTATION and STB_IMAGE_RESIZE_IMPLEMENTATION, as the project's
+     Makefile does with make STB_DIR=DIR), and lists directories with POSIX
      opendir/readdir/stat from <dirent.h> and <sys/stat.h>. Those headers declare these functions without a
      feature-test macro (glibc, musl, macOS, the BSDs), so dtrain.h defines none and does not depend on what
      the including file defined or included first; where a system wants one, pass -D_POSIX_C_SOURCE=200809L.

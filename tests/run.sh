@@ -8,6 +8,9 @@
 #       torch.optim's SGD and Adam steps, eval-mode logits) and compares them, within float32 PyTorch's own
 #       difference (skipped without /usr/bin/python3 and its torch)
 #   2. compile checks: dtrain.h warning-free as C11 with gcc and clang, with and without OpenMP, and as C++;
+#      every program warning-free with gcc 12, clang 14 and clang 16 at -O0, -O2 and -O3 (the implementation,
+#      tests/impl.c, compiled once per compiler and level, each program's own translation unit with -c at each;
+#      those that compile the implementation themselves once per compiler; a missing compiler fails: tools/deps.sh);
 #      each module of dtrain/ alone after the modules it includes; x86 intrinsics only in dtrain/cpu/cpu_x86.h, ARM
 #      ones only in dtrain/cpu/cpu_arm.h;
 #      a dt_request with too few reserved words for the request state stops the build
@@ -40,7 +43,9 @@
 #       what macOS lacks (barriers, spin locks, timers, sem_timedwait, clock_nanosleep, ...), and run; the poison
 #       stops a use; DT_POSIX_MINIMAL is defined by itself under __APPLE__
 #   3. the test programs built without OpenMP, run (the header must work without it)
-#   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED
+#   3b. the dataset tests without the optional features (gzip, images): clear DT_ERR_UNSUPPORTED; and built by the
+#       Makefile with stb_image from a folder of its headers (make STB_DIR=DIR: its own object, no -lstb) and with
+#       none (make STB=none: make says so; image folders refused, saying how to build with them)
 #   4. the test programs built with AddressSanitizer + UndefinedBehaviorSanitizer (clang), run;
 #   4b. the loader's prefetch thread, the communicator's local ranks, DDP's helper thread and the collective
 #       checkpoints (test_resume) under ThreadSanitizer
@@ -217,14 +222,79 @@ section "2. compile checks"
 if want; then
 mkdir -p "$B/check"
 printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nint main(void){ return dt_cpu_ops() == 0; }\n' > "$B/check/impl.c"
-for cc in gcc clang; do
-    if command -v $cc >/dev/null 2>&1; then
-        job check "$cc C11 with OpenMP and the optional features" $cc $WARN -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/$cc-omp.o"
-        job check "$cc C11 without OpenMP" $cc $WARN -c "$B/check/impl.c" -o "$B/check/$cc.o"
-        job check "$cc C11 portable kernels (DT_NO_SIMD)" $cc $WARN -DDT_NO_SIMD -c "$B/check/impl.c" -o "$B/check/$cc-nosimd.o"
-    else
-        echo "FAIL $cc is not installed (run tools/deps.sh)"; failed=$((failed + 1))
+# every program warning-free under gcc 12, clang 14 and clang 16 at -O0, -O2 and -O3 (gcc with -Wmaybe-uninitialized,
+# whose flow analysis the optimisation levels change), with OpenMP and the optional features: the implementation
+# (tests/impl.c) once per compiler and level, the first jobs (the longest); each program's own translation unit
+# (-c: tests, examples as the Makefile builds them, examples/simple, bench, fuzz, and tests/mpi with mpicc, i.e. gcc)
+# at each level with gcc, at -O0 with clang: clang warns from its front end, the same at every level, save for the
+# optimiser's few (a loop pragma it could not honour), which only the implementation's kernels could draw and which
+# its three levels check. A program that compiles the implementation itself (it defines DTRAIN_IMPLEMENTATION) is
+# checked once per compiler, at -O0 (gcc; make builds it at -O3, with -Werror under make test) or -fsyntax-only
+# (clang): at each level, those 15 compiles of the implementation would cost minutes. clang 16 without OpenMP (its
+# libomp is not installed), so that is checked too. About 150 s of CPU, 75 s on two cores.
+W_LEVELS="-O0 -O2 -O3"
+W_TUS=""; W_OWN=""
+for f in tests/test_*.c examples/*.c examples/simple/*.c bench/*.c fuzz/*.c; do
+    case $f in
+        examples/*) W_TUS="$W_TUS $f" ;;
+        fuzz/make_corpus.c) case " $LDLIBS " in *" -lstb "*) W_TUS="$W_TUS $f" ;; esac ;;   # its images: stb_image_write
+        *) if grep -q '^#define DTRAIN_IMPLEMENTATION' "$f"; then W_OWN="$W_OWN $f"; else W_TUS="$W_TUS $f"; fi ;;
+    esac
+done
+warn_flags() {   # warn_flags CC: the flags of the compiler's checks
+    case $1 in
+        gcc) echo "$WARN -Wmaybe-uninitialized -fopenmp $DEFS" ;;
+        clang-16) echo "$WARN $DEFS" ;;
+        *) echo "$WARN -fopenmp $DEFS" ;;
+    esac
+}
+warn_tus() {   # warn_tus CC LEVEL: each program's own translation unit (-c); the MPI tests too with gcc (mpicc)
+    w_dir="$B/check/$1$2"; mkdir -p "$w_dir"; w_bad=""
+    for f in $W_TUS; do
+        w_l=""; case $f in examples/*) w_l="-DDTRAIN_IMPLEMENTATION_LINKED -I." ;; esac
+        $1 $(warn_flags $1) $2 $w_l -c "$f" -o "$w_dir/$(echo "$f" | tr / _).o" || w_bad="$w_bad $f"
+    done
+    if [ "$1" = gcc ] && command -v mpicc >/dev/null 2>&1; then
+        for f in tests/mpi/*.c; do
+            MPICH_CC=gcc mpicc $(warn_flags gcc) $2 -DDT_USE_MPI -c "$f" -o "$w_dir/$(echo "$f" | tr / _).o" || w_bad="$w_bad $f"
+        done
     fi
+    [ -z "$w_bad" ] || { echo "warnings or errors in:$w_bad"; return 1; }
+}
+warn_own() {   # warn_own CC FLAGS...: the programs that compile the implementation themselves
+    w_cc=$1; shift; w_bad=""
+    for f in $W_OWN; do $w_cc $(warn_flags $w_cc) "$@" "$f" || w_bad="$w_bad $f"; done
+    [ -z "$w_bad" ] || { echo "warnings or errors in:$w_bad"; return 1; }
+}
+W_CCS=""
+for cc in gcc clang clang-16 mpicc; do
+    if command -v $cc >/dev/null 2>&1; then W_CCS="$W_CCS $cc"
+    else echo "FAIL $cc is not installed (run tools/deps.sh)"; failed=$((failed + 1)); fi
+done
+for cc in $W_CCS; do
+    [ $cc = mpicc ] && continue
+    for lv in $W_LEVELS; do
+        job check "$cc $lv: the implementation (tests/impl.c) warning-free" $cc $(warn_flags $cc) $lv -c tests/impl.c -o "$B/check/impl-$cc$lv.o"
+    done
+done
+for cc in $W_CCS; do
+    case $cc in
+        gcc) job check "gcc -O0: the $(echo $W_OWN | wc -w) programs that compile the implementation themselves" warn_own gcc -O0 -c -o /dev/null ;;
+        clang*) job check "$cc: the $(echo $W_OWN | wc -w) programs that compile the implementation themselves (-fsyntax-only)" \
+                    warn_own $cc -fsyntax-only ;;
+    esac
+done
+for cc in $W_CCS; do
+    [ $cc = mpicc ] && continue
+    w_what="$(echo $W_TUS | wc -w) programs"; [ $cc = gcc ] && case " $W_CCS " in *" mpicc "*) w_what="$w_what and tests/mpi (mpicc)" ;; esac
+    w_levels=$W_LEVELS; [ $cc = gcc ] || w_levels=-O0   # clang's warnings on them do not depend on the level
+    for lv in $w_levels; do job check "$cc $lv: the own translation unit (-c) of $w_what" warn_tus $cc $lv; done
+done
+for cc in gcc clang; do
+    case " $W_CCS " in *" $cc "*)   # (a missing one was said above)
+        job check "$cc C11 without OpenMP" $cc $WARN -c "$B/check/impl.c" -o "$B/check/$cc.o"
+        job check "$cc C11 portable kernels (DT_NO_SIMD)" $cc $WARN -DDT_NO_SIMD -c "$B/check/impl.c" -o "$B/check/$cc-nosimd.o" ;;
+    esac
 done
 job check "gcc C11 without threads (DT_NO_THREADS)" gcc $WARN -DDT_NO_THREADS -c "$B/check/impl.c" -o "$B/check/nothreads.o"
 job check "g++ as C++" g++ -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp $DEFS -c "$B/check/impl.c" -o "$B/check/cxx.o"
@@ -506,6 +576,45 @@ plain_case() {
     else echo "FAIL build of test_datasets without the optional features"; failed=$((failed + 1)); fi
 }
 job plain_case
+
+# the Makefile's two other ways with image folders (STB_DIR, STB): stb_image from a folder of its headers (a copy of
+# Debian's), compiled into the build's own object and linked without -lstb; and no stb_image at all (STB=none, as
+# where neither is found), which make says and the loader explains (DT_ERR_UNSUPPORTED). Each builds test_datasets
+# (at -O0: the build is what is tested) into a build directory of its own and runs it
+stb_build() {   # stb_build NAME MAKEARGS...: test_datasets made into $B/stb/NAME, make's output in $B/stb/NAME.out
+    s_b="$B/stb/$1"; shift; rm -rf "$s_b"
+    env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory JOBS=1 CC="$CC" CFLAGS=-O0 WERROR=-Werror B="$s_b" \
+        "$@" "$s_b/tests/test_datasets" > "$s_b.out" 2>&1 || { cat "$s_b.out"; return 1; }
+}
+stb_dir_built() {   # with the copy's headers (the link $B/stb/dir/stb/stb) and its object, not Debian's -lstb
+    stb_build dir STB_DIR="$B/stb/headers" || return 1
+    [ "$(readlink "$B/stb/dir/stb/stb")" = "$(cd "$B/stb/headers" && pwd)" ] || { echo "$B/stb/dir/stb/stb is not a link to STB_DIR"; return 1; }
+    [ -f "$B/stb/dir/obj/stb_image.o" ] || { echo "no $B/stb/dir/obj/stb_image.o"; return 1; }
+    grep -q -- '-DDT_USE_STB_IMAGE' "$B/stb/dir.out" || { cat "$B/stb/dir.out"; echo "built without -DDT_USE_STB_IMAGE"; return 1; }
+    if grep -q -- '-lstb' "$B/stb/dir.out" || readelf -d "$B/stb/dir/tests/test_datasets" | grep -q libstb; then
+        cat "$B/stb/dir.out"; echo "linked with Debian's -lstb"; return 1
+    fi
+}
+stb_none_built() {   # make says it builds without image folders, and does
+    stb_build none STB=none || return 1
+    grep -q 'building without image folders' "$B/stb/none.out" || { cat "$B/stb/none.out"; echo "make did not say it builds without image folders"; return 1; }
+    ! grep -- '-DDT_USE_STB_IMAGE\|-lstb' "$B/stb/none.out" || { echo "built with stb_image"; return 1; }
+}
+stb_dir_case() {
+    rm -rf "$B/stb/headers"; mkdir -p "$B/stb/headers"
+    if ! cp /usr/include/stb/stb_image.h /usr/include/stb/stb_image_resize.h /usr/include/stb/stb_image_write.h "$B/stb/headers/"; then
+        echo "FAIL Debian's stb headers are not in /usr/include/stb (run tools/deps.sh: libstb-dev)"; failed=$((failed + 1)); return
+    fi
+    check "make STB_DIR=DIR: stb_image compiled from DIR's headers into the build's object, no -lstb" stb_dir_built
+    [ -x "$B/stb/dir/tests/test_datasets" ] && run "image folders from STB_DIR: test_datasets" "$B/stb/dir/tests/test_datasets"
+}
+stb_none_case() {
+    check "make STB=none: built without image folders, saying so" stb_none_built
+    [ -x "$B/stb/none/tests/test_datasets" ] && run "without image folders (STB=none): test_datasets" "$B/stb/none/tests/test_datasets"
+}
+mkdir -p "$B/stb"
+job stb_dir_case
+job stb_none_case
 jobs_done
 fi
 

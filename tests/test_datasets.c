@@ -982,6 +982,8 @@ static void test_image_folder_unsupported(void) {
     mkdir_rel("folder");
     EXPECT_FAIL(dt_dataset_load_image_folder(&ds, tp("folder"), 4, 4, 3), DT_ERR_UNSUPPORTED, "folder");
     CHECK_MSG("DT_USE_STB_IMAGE");
+    CHECK_MSG("libstb-dev");
+    CHECK_MSG("STB_DIR");
 }
 #endif
 

@@ -473,7 +473,9 @@ dt_result dt_dataset_load_image_folder(dt_dataset *ds, const char *root, int64_t
     (void)h; (void)w; (void)channels;
     if (ds) memset(ds, 0, sizeof *ds);
     return dt_set_error(DT_ERR_UNSUPPORTED, "dt_dataset_load_image_folder(%s): image decoding is not built in; build "
-                        "with -DDT_USE_STB_IMAGE and link -lstb (Debian: libstb-dev)", root ? root : "NULL");
+                        "with -DDT_USE_STB_IMAGE and link -lstb (Debian: libstb-dev), or your own stb_image.h and "
+                        "stb_image_resize.h compiled once with STB_IMAGE_IMPLEMENTATION and "
+                        "STB_IMAGE_RESIZE_IMPLEMENTATION (dtrain's Makefile: make STB_DIR=DIR)", root ? root : "NULL");
 }
 #endif /* DT_USE_STB_IMAGE */
 
