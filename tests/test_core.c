@@ -735,6 +735,7 @@ static void test_tier_twins(void) {
 
 /* The busy-machine watch (dtrain/cpu/cpu.h, dt_cpu_adapt_count): its decisions on a script of times and
    delays, and the delays it reads on this machine under load. */
+#if DT__ADAPT
 static double adapt_now, adapt_delay[2];
 static double adapt_clock(void) { return adapt_now; }
 static double adapt_delays(int n, double *d) {
@@ -749,6 +750,7 @@ static int adapt_at(double t, double wait) {
     dt__cpu_adapt();
     return dt_cpu_threads();
 }
+#endif
 static void test_cpu_adapt_decisions(void) {
 #if DT__ADAPT
     int saved = omp_get_max_threads();
@@ -791,10 +793,10 @@ static void test_cpu_adapt_decisions(void) {
 }
 #if DT__ADAPT
 static volatile int hog_stop;
+static volatile double hog_sink;
 static void hog(void *arg) {
-    volatile double x = 1;
     (void)arg;
-    while (!hog_stop) x = x * 1.0000001 + 1e-9;
+    while (!hog_stop) hog_sink = hog_sink * 1.0000001 + 1e-9;
 }
 #endif
 static void test_cpu_adapt_reads(void) {
@@ -808,7 +810,7 @@ static void test_cpu_adapt_reads(void) {
     before = dt__thread_delay();
     hog_stop = 0;
     for (i = 0; i < n; i++) CHECK(dt__thread_start(&hogs[i], hog, NULL) == 0);
-    for (t0 = dt_time_now(); dt_time_now() - t0 < 0.3;) { volatile double x = 0; int k; for (k = 0; k < 100000; k++) x += k; }
+    for (t0 = dt_time_now(); dt_time_now() - t0 < 0.3;) hog_sink += 1;
     hog_stop = 1;
     for (i = 0; i < n; i++) dt__thread_join(&hogs[i]);
     /* twice as many spinning threads as CPUs: this thread waited for one */

@@ -116,7 +116,7 @@ static int read_all(const char *p, unsigned char **b, long *n) {
     return *b ? 0 : -1;
 }
 static int same_bytes(const char *a, const char *b) {
-    unsigned char *x, *y;
+    unsigned char *x = NULL, *y = NULL;
     long nx, ny;
     int same = read_all(a, &x, &nx) == 0 && read_all(b, &y, &ny) == 0 && nx == ny && memcmp(x, y, (size_t)nx) == 0;
     if (x) free(x);
@@ -134,7 +134,7 @@ static int write_record(const char *path, const record *r) {
 }
 static int read_record(const char *path, record *r) {
     FILE *f = fopen(path, "r");
-    unsigned long long a, c;
+    unsigned long long a = 0, c = 0;
     unsigned long l;
     int i, ok;
     if (!f) return -1;
