@@ -447,6 +447,10 @@ if command -v $WCC >/dev/null 2>&1 && [ -x "$WINE" ] && [ -x "$WSERVER" ]; then
     "$WSERVER" -k >/dev/null 2>&1   # this prefix's server, and the services it keeps
 else
     echo "FAIL $WCC or $WINE is not installed (run tools/deps.sh: mingw-w64, wine64)"
+    failed=$((failed + 1))
+fi
+fi
+
 section "2e. big-endian: s390x under qemu"
 if want; then
 if command -v s390x-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-s390x >/dev/null 2>&1; then
