@@ -1,10 +1,11 @@
-#define _POSIX_C_SOURCE 200809L   /* setenv, sysconf: the busy-machine watch's tests */
+#define _POSIX_C_SOURCE 200809L   /* dt_test_os.h's setenv: the busy-machine watch's tests */
 /* Base (results, RNG, timers), GEMM against its naive twin, and convolution (im2col + GEMM, chunked)
    against a direct convolution. Built with a tiny convolution workspace so chunking is exercised. */
 #define DT_CONV_WORKSPACE 3000
 #define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): DT_CONV_WORKSPACE, and the kernels' internals */
 #include "../dtrain.h"
 #include "dt_test.h"
+#include "dt_test_os.h"
 
 static void test_result_strings(void) {
     int i, j;
@@ -779,10 +780,10 @@ static void test_cpu_adapt_decisions(void) {
     /* DT_CPU_ADAPT=0: off */
     memset(&dt__adapt, 0, sizeof dt__adapt);
     dt__adapt.window = 1;
-    setenv("DT_CPU_ADAPT", "0", 1);
+    dt_t_setenv("DT_CPU_ADAPT", "0");
     CHECK(adapt_at(40, 0) == 2 && adapt_at(41, 1) == 2 && adapt_at(42, 1) == 2 && adapt_at(43, 1) == 2);
     CHECK(dt__adapt.state == -1 && dt_cpu_adapt_count() == 0);
-    unsetenv("DT_CPU_ADAPT");
+    dt_t_unsetenv("DT_CPU_ADAPT");
     memset(&dt__adapt, 0, sizeof dt__adapt);
     dt__adapt_clock = dt_time_now;
     dt__adapt_delays = dt__team_delay;
@@ -803,7 +804,7 @@ static void test_cpu_adapt_reads(void) {
 #if DT__ADAPT
     double d[2] = {-1, -1}, before, t0;
     dt__thread hogs[8];
-    int i, n = (int)sysconf(_SC_NPROCESSORS_ONLN) * 2;
+    int i, n = dt__cpu_count() * 2;
     CHECK(dt__thread_delay() >= 0);   /* Linux's /proc/thread-self/schedstat (every distribution's kernel has it) */
     CHECK(dt__team_delay(2, d) == 0 && d[0] >= 0 && d[1] >= 0);
     if (n > 8) n = 8;

@@ -358,7 +358,7 @@ static double dt__thread_delay(void) {
     return wait < 0 ? -1 : wait * 1e-9;
 }
 #endif
-/* each thread of a team of n reads its own delay into d[]; the largest growth since delay0, or -1 if unknown */
+/* each thread of a team of n reads its own delay (seconds so far) into d[]; 0, or -1 where a delay is unknown */
 static double dt__team_delay(int n, double *d) {
 #if DT__ADAPT
     int i;
@@ -392,7 +392,7 @@ static void dt__adapt_set(dt__adapt_state *a, int n, double now, const char *why
 /* called by a CPU model's forward pass: once a window, the team's waits decide its size */
 static void dt__cpu_adapt(void) {
     dt__adapt_state *a = &dt__adapt;
-    double now, d[64] = {0}, frac = 0;
+    double now, frac = 0;
     int i;
     if (a->state < 0) return;
     now = dt__adapt_clock();
@@ -417,12 +417,15 @@ static void dt__cpu_adapt(void) {
         a->t0 = now;
         return;
     }
-    if (dt__adapt_delays(a->cur, d) < 0) { a->state = -1; return; }
-    for (i = 0; i < a->cur; i++) {   /* a growth outside [0, the window] is another OS thread's: left out */
-        double g = d[i] - a->delay0[i];
-        if (g >= 0 && g <= now - a->t0 && g / (now - a->t0) > frac) frac = g / (now - a->t0);
+    {
+        double d[64] = {0};   /* once a window, not at every forward pass */
+        if (dt__adapt_delays(a->cur, d) < 0) { a->state = -1; return; }
+        for (i = 0; i < a->cur; i++) {   /* a growth outside [0, the window] is another OS thread's: left out */
+            double g = d[i] - a->delay0[i];
+            if (g >= 0 && g <= now - a->t0 && g / (now - a->t0) > frac) frac = g / (now - a->t0);
+        }
+        memcpy(a->delay0, d, sizeof(double) * (size_t)a->cur);
     }
-    memcpy(a->delay0, d, sizeof(double) * (size_t)a->cur);
     a->t0 = now;
     if (a->trying) {   /* one thread more for a window: kept while nobody waits */
         a->trying = 0;
