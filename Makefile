@@ -151,23 +151,31 @@ endif
 
 all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS)
 
-# the implementation, compiled once: $(B)/obj/dtrain.o (tests/impl.c), linked into every test, MPI test and benchmark
-# whose source does not define DTRAIN_IMPLEMENTATION itself. A program that uses what only the implementation
-# defines (dt__ internals, DT__ macros, the dt_body_* loop bodies, DT_MALLOC) or sets a macro that changes it
-# (allocator hooks, DT_CONV_WORKSPACE, DT_IMAGE_MAX_PIXELS, ...) keeps its #define DTRAIN_IMPLEMENTATION, with a
-# comment saying why, and compiles the implementation itself. The examples, which users compile alone, define it
+# the implementation, compiled once: $(B)/obj/dtrain.o (tests/impl.c), linked into every benchmark and example whose
+# source does not define DTRAIN_IMPLEMENTATION itself, and $(B)/obj/dtrain_test.o (below), linked into the tests. A
+# program that uses more of what only the implementation defines (dt__ internals, DT__ macros) or sets a macro that
+# changes it (DT_CONV_WORKSPACE, ...) keeps its #define DTRAIN_IMPLEMENTATION, with a comment saying why, and
+# compiles the implementation itself. The examples, which users compile alone, define it
 # too; here they are built with -DDTRAIN_IMPLEMENTATION_LINKED, which makes dtrain.h ignore that, and link the object
 # (tests/run.sh section 7 compiles them alone with mpicc). tests/run.sh builds an object the same way for each of
 # its other configurations (no OpenMP, sanitizers, MPI).
+# The tests link their own object, $(B)/obj/dtrain_test.o (tests/impl_test.c): the same implementation with the
+# counting allocator of tests/dt_test_alloc.h and the handles of tests/dt_test_hooks.h (DT__TEST_HOOKS).
 IMPL_OBJ  := $(B)/obj/dtrain.o
+TEST_OBJ  := $(B)/obj/dtrain_test.o
 OWN_IMPL  := $(shell grep -l '^\#define DTRAIN_IMPLEMENTATION' tests/test_*.c tests/mpi/*.c bench/*.c)
-LINKED    := $(filter-out $(patsubst %.c,$(B)/%,$(OWN_IMPL)),$(addprefix $(B)/tests/,$(TESTS)) \
-                 $(addprefix $(B)/bench/,$(BENCHES)) $(MPITESTS))
+LINKED_T  := $(filter-out $(patsubst %.c,$(B)/%,$(OWN_IMPL)),$(addprefix $(B)/tests/,$(TESTS)) $(MPITESTS))
+LINKED    := $(filter-out $(patsubst %.c,$(B)/%,$(OWN_IMPL)),$(addprefix $(B)/bench/,$(BENCHES)))
 $(IMPL_OBJ): tests/impl.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -c $< -o $@
+$(TEST_OBJ): tests/impl_test.c tests/dt_test_alloc.h tests/dt_test_hooks.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -c $< -o $@
 $(LINKED): $(IMPL_OBJ)
 $(LINKED): OBJ := $(IMPL_OBJ)
+$(LINKED_T): $(TEST_OBJ)
+$(LINKED_T): OBJ := $(TEST_OBJ)
 
 # STB_DIR=DIR: stb_image's implementation compiled once (another project's code: without this one's warnings), after
 # the link that makes DIR's headers <stb/...>; the implementation's object and every program wait for it
@@ -176,7 +184,7 @@ $(STB_OBJ): tests/stb_image.c $(STB_HDRS)
 	@mkdir -p $(dir $@) $(B)/stb
 	ln -sfn $(abspath $(STB_DIR)) $(B)/stb/stb
 	$(CC) $(CFLAGS) -I$(B)/stb -c $< -o $@
-$(IMPL_OBJ) $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) \
+$(IMPL_OBJ) $(TEST_OBJ) $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $(addprefix $(B)/bench/,$(BENCHES)) \
     $(MPITESTS) $(CUDATESTS): $(STB_OBJ)
 endif
 
@@ -190,7 +198,8 @@ $(B)/tests/mpi/test_train_mpi: tests/train_checks.h
 $(B)/tests/test_resume $(B)/tests/mpi/test_resume_mpi: tests/resume_checks.h
 $(B)/tests/test_examples: examples/common.h
 
-$(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_files.h tests/comm_checks.h tests/dt_test_trace.h \
+$(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_hooks.h tests/dt_test_files.h tests/comm_checks.h \
+             tests/dt_test_trace.h \
              $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< $(OBJ) -o $@ $(LDLIBS)
@@ -245,9 +254,10 @@ fedavg-attack: $(B)/examples/fedavg
 
 .PHONY: plots fedavg-attack
 
-# the tutorial's commands, shortened, and its quotations of the examples
+# the tutorial's and the README's commands, shortened, and their quotations of the examples (DOCS_CHECK_FULL=1:
+# at full length, their quoted outputs compared)
 docs-check: $(addprefix $(B)/examples/,$(EXAMPLES))
-	DOCS_CHECK_FULL=$(DOCS_CHECK_FULL) sh tools/docs_check.sh $(B)
+	DOCS_CHECK_FULL=$(DOCS_CHECK_FULL) sh tools/docs_check.sh $(B) docs/tutorial/*.md README.md
 
 .PHONY: docs-check
 
@@ -294,6 +304,7 @@ bench-ddp-mpi:
 WIN_CC    ?= x86_64-w64-mingw32-gcc-posix
 WIN_B     := build-win
 WIN_OBJ   := $(WIN_B)/obj/dtrain.o
+WIN_TOBJ  := $(WIN_B)/obj/dtrain_test.o
 WIN_TESTS := test_core test_layers test_models test_optim test_checkpoint test_comm
 WIN_FLAGS  = $(WARN) $(CFLAGS) -fopenmp
 windows: $(patsubst examples/%.c,$(WIN_B)/examples/%.exe,$(wildcard examples/*.c examples/simple/*.c)) \
@@ -301,12 +312,16 @@ windows: $(patsubst examples/%.c,$(WIN_B)/examples/%.exe,$(wildcard examples/*.c
 $(WIN_OBJ): tests/impl.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(WIN_CC) $(WIN_FLAGS) -c $< -o $@
+$(WIN_TOBJ): tests/impl_test.c tests/dt_test_alloc.h tests/dt_test_hooks.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(WIN_CC) $(WIN_FLAGS) -c $< -o $@
 $(WIN_B)/examples/%.exe: examples/%.c examples/common.h $(HEADERS) $(WIN_OBJ)
 	@mkdir -p $(dir $@)
 	$(WIN_CC) $(WIN_FLAGS) -DDTRAIN_IMPLEMENTATION_LINKED -I. $< $(WIN_OBJ) -o $@ -static -lm
-$(WIN_B)/tests/%.exe: tests/%.c tests/dt_test.h tests/dt_test_os.h tests/comm_checks.h $(HEADERS) $(WIN_OBJ)
+$(WIN_B)/tests/%.exe: tests/%.c tests/dt_test.h tests/dt_test_os.h tests/dt_test_hooks.h tests/comm_checks.h $(HEADERS) \
+                      $(WIN_TOBJ)
 	@mkdir -p $(dir $@)
-	$(WIN_CC) $(WIN_FLAGS) $< $(if $(filter $<,$(OWN_IMPL)),,$(WIN_OBJ)) -o $@ -static -lm
+	$(WIN_CC) $(WIN_FLAGS) $< $(if $(filter $<,$(OWN_IMPL)),,$(WIN_TOBJ)) -o $@ -static -lm
 
 fixtures:
 	/usr/bin/python3 tests/gen_fixtures.py tests/fixtures

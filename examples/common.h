@@ -86,6 +86,7 @@ static inline const char *ex_rate_str(double bytes_per_s, char *buf, size_t size
 typedef struct ex_recipe {
     dt_optim_kind kind;                   /* --optim sgd|adam|adamw */
     double lr, momentum, wd, min_lr;      /* --lr, --momentum (SGD), --wd, --min-lr (the floor of --cosine) */
+    double clip;                          /* --clip-grad X: each step's gradient norm clipped to X (0: not clipped) */
     int nesterov, cosine;                 /* --nesterov (SGD, momentum > 0), --cosine */
     long warmup;                          /* --warmup N: N epochs (rounds) of linear warm-up from lr / 3 */
     int64_t milestones[DT_SCHED_MAX_MILESTONES];   /* --milestones A,B,...: lr x 0.1 at each, counted after the warm-up */
@@ -97,7 +98,7 @@ typedef struct ex_recipe {
 /* Prints the recipe's flags for a usage text, each line after `indent` spaces. */
 static inline void ex_recipe_usage(FILE *f, int indent, int plain) {
     if (!plain) fprintf(f, "%*s[--optim sgd|adam|adamw] [--lr X] [--momentum X] [--nesterov] [--wd X]\n", indent, "");
-    fprintf(f, "%*s%s[--milestones A,B,...] [--cosine] [--min-lr X] [--warmup N]\n", indent, "", plain ? "[--lr X] " : "");
+    fprintf(f, "%*s%s[--milestones A,B,...] [--cosine] [--min-lr X] [--warmup N] [--clip-grad X]\n", indent, "", plain ? "[--lr X] " : "");
 }
 
 /* --milestones A,B,...: up to DT_SCHED_MAX_MILESTONES ascending epochs > 0. Returns 0, or -1 after saying why. */
@@ -120,13 +121,13 @@ static inline int ex_parse_milestones(const char *v, int64_t *ms) {
     }
 }
 
-/* One of the recipe's flags: returns the words of argv it takes (1 for --nesterov and --cosine, 2 with a value),
+/* One of the recipe's flags (--clip-grad too): returns the words of argv it takes (1 for --nesterov and --cosine, 2 with a value),
    0 when f is not one of them. *bad is nonzero when its value v is wrong (it says why). */
 static inline int ex_recipe_flag(const char *f, const char *v, ex_recipe *r, int *bad) {
     if (!strcmp(f, "--nesterov")) { r->nesterov = 1; return 1; }
     if (!strcmp(f, "--cosine")) { r->cosine = 1; return 1; }
     if (strcmp(f, "--optim") && strcmp(f, "--lr") && strcmp(f, "--momentum") && strcmp(f, "--wd") && strcmp(f, "--min-lr") &&
-        strcmp(f, "--warmup") && strcmp(f, "--milestones")) return 0;
+        strcmp(f, "--warmup") && strcmp(f, "--milestones") && strcmp(f, "--clip-grad")) return 0;
     if (!v) { fprintf(stderr, "%s: %s needs a value\n", EX_PROG, f); *bad = 1; return 2; }
     if (!strcmp(f, "--optim")) {
         if (!strcmp(v, "sgd")) r->kind = DT_OPTIM_SGD;
@@ -139,6 +140,12 @@ static inline int ex_recipe_flag(const char *f, const char *v, ex_recipe *r, int
     else if (!strcmp(f, "--wd")) { *bad = parse_double(f, v, &r->wd); r->wd_given = 1; }
     else if (!strcmp(f, "--min-lr")) { *bad = parse_double(f, v, &r->min_lr); r->min_lr_given = 1; }
     else if (!strcmp(f, "--warmup")) *bad = parse_long(f, v, 0, &r->warmup);
+    else if (!strcmp(f, "--clip-grad")) {
+        if (!(*bad = parse_double(f, v, &r->clip)) && !(r->clip > 0.0)) {
+            fprintf(stderr, "%s: --clip-grad needs a gradient norm > 0 (leave it out for none), got %g\n", EX_PROG, r->clip);
+            *bad = 1;
+        }
+    }
     else *bad = ex_parse_milestones(v, r->milestones);
     return 2;
 }
@@ -193,6 +200,7 @@ static inline void ex_recipe_optim(const ex_recipe *r, dt_optim_desc *od) {
     memset(od, 0, sizeof *od);
     od->kind = r->kind;
     od->lr = (float)r->lr; od->momentum = (float)r->momentum; od->nesterov = r->nesterov; od->weight_decay = (float)r->wd;
+    od->clip_norm = (float)r->clip;
 }
 
 /* The schedule of the recipe, for a run of `total` epochs (rounds): the cosine spans what the warm-up leaves. */
@@ -217,7 +225,8 @@ static inline const char *ex_recipe_str(const ex_recipe *r, long total, const ch
         for (i = 0; i < DT_SCHED_MAX_MILESTONES && r->milestones[i] && n < size; i++)
             n += (size_t)snprintf(buf + n, size - n, "%s%lld", i ? "," : "", (long long)r->milestones[i]);
     } else if (n < size) n += (size_t)snprintf(buf + n, size - n, ", constant lr");
-    if (n < size && r->warmup) snprintf(buf + n, size - n, " after %ld warm-up %s", r->warmup, unit);
+    if (n < size && r->warmup) n += (size_t)snprintf(buf + n, size - n, " after %ld warm-up %s", r->warmup, unit);
+    if (n < size && r->clip > 0.0) snprintf(buf + n, size - n, ", gradient norm clipped to %g", r->clip);
     return buf;
 }
 
@@ -386,6 +395,17 @@ static inline int ex_load(ex_data *d) {
     return 0;
 }
 
+/* After loading: --batch is at most the training set's `count` samples (all of them, before --limit: with a
+   smaller --limit each epoch is one step of the --limit samples), so that a batch no data set can fill (--batch
+   100000000000000) is refused before any memory is sized from it. note ends the message ("" or e.g. " (the
+   global batch)"). Returns 0, or 2 after saying why. */
+static inline int ex_batch_check(long batch, int64_t count, const char *dataset, const char *note) {
+    if (batch <= count) return 0;
+    fprintf(stderr, "%s: --batch %ld is more than the %lld training samples of %s: give --batch %lld or less%s\n", EX_PROG, batch,
+            (long long)count, dataset, (long long)count, note);
+    return 2;
+}
+
 /* The sampler of the training examples: rank's share of the d->ntrain training samples, reshuffled each epoch
    (set .epoch), as PyTorch's DistributedSampler with shuffle and without drop_last. */
 static inline dt_sampler_desc ex_sampler(const ex_data *d, int rank, int world) {
@@ -412,35 +432,46 @@ static inline dt_result ex_model_create(dt_model **m, const char *name, const ex
                         (long long)d->train.h, (long long)d->train.w, why);
 }
 
-/* m's loss and top-1 / top-k accuracy on d's test set, with the test transform (dt_evaluate's batch of 1000). */
-static inline dt_result ex_test(dt_model *m, const ex_data *d, int topk, dt_eval_result *ev) {
+/* m's loss and top-1 / top-k accuracy on d's test set, with the test transform (dt_evaluate's batch of 1000);
+   with c (collective), the batches shared among its ranks, which hold the same m: the same result. */
+static inline dt_result ex_test_on(dt_comm *c, dt_model *m, const ex_data *d, int topk, dt_eval_result *ev) {
     dt_eval_desc e;
     memset(&e, 0, sizeof e);
     e.dataset = &d->test; e.transform = &d->te; e.topk = topk;
-    return dt_evaluate(m, &e, ev);
+    return c ? dt_evaluate_comm(c, m, &e, ev) : dt_evaluate(m, &e, ev);
 }
+static inline dt_result ex_test(dt_model *m, const ex_data *d, int topk, dt_eval_result *ev) { return ex_test_on(NULL, m, d, topk, ev); }
 
 /* The end of an epoch, on every rank (collective): sums (loss x samples, samples) are summed over the
-   ranks, *mb (the MB this rank sent) becomes the busiest rank's, and rank 0 evaluates m on the test set
-   (top-1 and top-k accuracy into *ev). */
+   ranks, *mb (the MB this rank sent) becomes the busiest rank's, and the ranks, which hold the same m,
+   evaluate it on the test set together (top-1 and top-k accuracy into *ev, on every rank): no rank waits
+   through another's whole evaluation, so --timeout need only cover the slowest rank's share. */
 static inline dt_result ex_epoch_end(dt_comm *c, double sums[2], double *mb, dt_model *m, const ex_data *d, int topk,
                                      dt_eval_result *ev) {
     dt_result r;
     if ((r = dt_comm_allreduce(c, sums, 2, DT_F64, DT_SUM, DT_ALGO_AUTO)) != DT_OK) return r;
     if ((r = dt_comm_allreduce(c, mb, 1, DT_F64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
-    return dt_comm_rank(c) == 0 ? ex_test(m, d, topk, ev) : DT_OK;
+    return ex_test_on(c, m, d, topk, ev);
 }
 
 /* After an epoch's report, before its checkpoint: a run whose mean training loss or test loss (ev, rank 0's) is
    not finite has diverged, even while its weights are still finite numbers (so large that the forward pass
    overflows), and stops here, so that the epoch's checkpoint does not replace the last good one. Collective
-   on c (NULL: one process): every rank follows rank 0's verdict. */
-static inline dt_result ex_stop_if_diverged(dt_comm *c, int64_t epoch, double train_loss, const dt_eval_result *ev) {
+   on c (NULL: one process): every rank follows rank 0's verdict. A run at chance with finite losses (test
+   accuracy at most 1.5 / classes, training loss at least 0.97 ln(classes), a uniform guess's) goes on, with
+   a warning: it is a result, which a learning-rate sweep wants, and it may recover. */
+static inline dt_result ex_stop_if_diverged(dt_comm *c, int64_t epoch, double train_loss, const dt_eval_result *ev, int64_t classes) {
     int root = !c || dt_comm_rank(c) == 0;
     double bad = root && !(isfinite(train_loss) && isfinite(ev->loss));
     dt_result r;
     if (c && (r = dt_comm_broadcast(c, &bad, 1, DT_F64, 0, DT_ALGO_AUTO)) != DT_OK) return r;
-    if (!bad) return DT_OK;
+    if (!bad) {
+        if (root && classes > 1 && ev->top1 <= 1.5 / (double)classes && train_loss >= 0.97 * log((double)classes))
+            dt_log(DT_LOG_WARN, "epoch %lld: test accuracy %.2f%% is chance (1/%lld) and the training loss %.4f is no better than a uniform guess's "
+                   "(ln %lld = %.4f): the run learns nothing; lower --lr (or --momentum), or check the labels",
+                   (long long)epoch, 100.0 * ev->top1, (long long)classes, train_loss, (long long)classes, log((double)classes));
+        return DT_OK;
+    }
     if (!root) return dt_set_error(DT_ERR_PEER, "rank 0 found that the run diverged in epoch %lld", (long long)epoch);
     return dt_set_error(DT_ERR_NUMERIC, "epoch %lld: the %s loss is %g: the model diverged; the run stops before saving it, "
                         "so the last checkpoint, if any, is kept: resume from it with a lower --lr", (long long)epoch,
@@ -459,24 +490,66 @@ typedef struct ex_col { const char *name, *csv, *log; double scale; } ex_col;
 #define EX_COL_IMG_PER_S  {"img_per_s", "%.1f", "%.0f img/s", 1}
 #define EX_COL_BUSIEST_MB {"busiest_rank_mb", "%.3f", "%.1f MB sent by the busiest rank", 1}
 
+/* Flushes f, one of the run's output files (what: its name in a message, e.g. the CSV's path): DT_OK, or DT_ERR_IO
+   naming the file and the cause, so that a full disk or a write error stops the run at the first write that
+   failed, not in silence at its end. */
+static inline dt_result ex_flush(FILE *f, const char *what) {
+    errno = 0;
+    if (fflush(f) == 0 && !ferror(f)) return DT_OK;
+    return dt_set_error(DT_ERR_IO, "cannot write %s: %s", what, errno ? strerror(errno) : "a write failed");
+}
+/* The log: the lines a run prints on stdout, flushed and checked as ex_flush does. */
+static inline dt_result ex_log_flush(void) { return ex_flush(stdout, "the log (standard output)"); }
+
+/* Whether path can be created (opened for appending, so an existing file is left as it is): 0, or the errno of
+   the failure. A file it created is removed again. */
+static inline int ex_can_create(const char *path) {
+    FILE *f;
+    int had;
+    if ((f = fopen(path, "rb")) != NULL) fclose(f);
+    had = f != NULL;
+    if (!(f = fopen(path, "ab"))) return errno ? errno : EIO;
+    fclose(f);
+    if (!had) remove(path);
+    return 0;
+}
+/* Before the run, where the file is written (on the first process only under mpiexec: rank 0 writes it): that
+   an output file (--csv) can be created, so that a missing or unwritable directory, or an empty path, is found
+   now and not after the first epoch. Returns 0, or -1 after saying why. */
+static inline int ex_out_check(const char *flag, const char *path) {
+    const char *mpi_rank = getenv("PMI_RANK");
+    int err;
+    if (!*path) {
+        fprintf(stderr, "%s: %s needs a file name, got ''\n", EX_PROG, flag);
+        return -1;
+    }
+    if ((mpi_rank && strcmp(mpi_rank, "0")) || (err = ex_can_create(path)) == 0) return 0;
+    fprintf(stderr, "%s: %s %s: cannot create it (%s): give a path in an existing, writable directory\n", EX_PROG, flag, path,
+            strerror(err));
+    return -1;
+}
+
 /* Opens path for rank 0's report and writes the CSV header, "epoch" and the n columns' names; append (a
-   resumed run) adds to the file, with the header only if the file is empty. Without a path *csv is NULL. */
+   resumed run) adds to the file, with the header only if the file is empty. Without a path *csv is NULL.
+   A file that cannot be opened or written (the header flushed) is DT_ERR_IO, naming it and the cause. */
 static inline dt_result ex_report_open(FILE **csv, const char *path, const ex_col *cols, int n, int append) {
     int i;
     *csv = NULL;
     if (!path) return DT_OK;
-    if (!(*csv = fopen(path, append ? "a" : "w"))) return dt_set_error(DT_ERR_IO, "cannot write %s", path);
+    if (!(*csv = fopen(path, append ? "a" : "w"))) return dt_set_error(DT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
     if (append && fseek(*csv, 0, SEEK_END) == 0 && ftell(*csv) > 0) return DT_OK;
     fputs("epoch", *csv);
     for (i = 0; i < n; i++) fprintf(*csv, ",%s", cols[i].name);
     fputc('\n', *csv);
-    return DT_OK;
+    return ex_flush(*csv, path);
 }
 
 /* Rank 0's report of epoch `epoch` (1-based) of `epochs`: on stdout the line "epoch   E/N" and each column's
-   text, two spaces apart; in csv (if any) the row "E" and each value, comma-separated. v [n] holds the values in
-   the columns' order. Both are flushed: a stopped run keeps the epochs it reported. */
-static inline void ex_report(FILE *csv, int64_t epoch, long epochs, const ex_col *cols, const double *v, int n) {
+   text, two spaces apart; in csv (if any; path is its name) the row "E" and each value, comma-separated. v [n]
+   holds the values in the columns' order. Both are flushed: a stopped run keeps the epochs it reported; a write
+   that fails (a full disk) is DT_ERR_IO, naming the file and the cause. */
+static inline dt_result ex_report(FILE *csv, const char *path, int64_t epoch, long epochs, const ex_col *cols, const double *v, int n) {
+    dt_result r;
     int i;
     printf("epoch %3lld/%ld", (long long)epoch, epochs);
     for (i = 0; i < n; i++) {
@@ -484,53 +557,113 @@ static inline void ex_report(FILE *csv, int64_t epoch, long epochs, const ex_col
         printf(cols[i].log, v[i] * cols[i].scale);
     }
     printf("\n");
-    fflush(stdout);
-    if (!csv) return;
+    if ((r = ex_log_flush()) != DT_OK || !csv) return r;
     fprintf(csv, "%lld", (long long)epoch);
     for (i = 0; i < n; i++) {
         fputc(',', csv);
         fprintf(csv, cols[i].csv, v[i]);
     }
     fputc('\n', csv);
-    fflush(csv);
+    return ex_flush(csv, path);
 }
 
 /* Opens path for the CSV rows and writes their header (with its newline); append (a resumed run) adds to the
-   file, with the header only if the file is empty. Without a path *csv is NULL. */
+   file, with the header only if the file is empty. Without a path *csv is NULL. Failures as ex_report_open's. */
 static inline dt_result ex_csv_open(FILE **csv, const char *path, const char *header, int append) {
     *csv = NULL;
     if (!path) return DT_OK;
-    if (!(*csv = fopen(path, append ? "a" : "w"))) return dt_set_error(DT_ERR_IO, "cannot write %s", path);
+    if (!(*csv = fopen(path, append ? "a" : "w"))) return dt_set_error(DT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
     if (append && fseek(*csv, 0, SEEK_END) == 0 && ftell(*csv) > 0) return DT_OK;
     fputs(header, *csv);
-    return DT_OK;
+    return ex_flush(*csv, path);
 }
 
-/* Writes one row (printf format) to the CSV file, if there is one, and flushes it: a stopped run keeps
-   the rows of the epochs it finished. */
-static inline void ex_csv_row(FILE *csv, const char *fmt, ...)
+/* Writes one row (printf format) to the CSV file path, if there is one (csv), and flushes it: a stopped run keeps
+   the rows of the rounds it finished; a write that fails is DT_ERR_IO, as in ex_report. */
+static inline dt_result ex_csv_row(FILE *csv, const char *path, const char *fmt, ...)
 #if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
+    __attribute__((format(printf, 3, 4)))
 #endif
     ;
-static inline void ex_csv_row(FILE *csv, const char *fmt, ...) {
+static inline dt_result ex_csv_row(FILE *csv, const char *path, const char *fmt, ...) {
     va_list ap;
-    if (!csv) return;
+    if (!csv) return DT_OK;
     va_start(ap, fmt);
     vfprintf(csv, fmt, ap);
     va_end(ap);
-    fflush(csv);
+    return ex_flush(csv, path);
 }
 
 /* Checkpoints, the flags every training example shares: --checkpoint PATH saves the run's whole state to PATH
    every --checkpoint-every N steps (rounds in fedavg; default: at the end of every epoch, or round) and at the
    end; --resume continues from PATH and ends with the parameters, bit for bit, of a run that was never stopped,
-   appending to its CSV. A fresh run refuses a PATH that exists (it would write over a previous run's state). */
+   appending to its CSV. A fresh run refuses a PATH that exists (it would write over a previous run's state), and
+   an empty PATH. The checkpoint records the flags that shape the steps it counts (ex_ckpt_keep: --batch, --limit
+   and the example's own, e.g. --period): a resume with another value, or with fewer epochs (rounds) than it has
+   done, is refused naming both. */
+#define EX_CKPT_KEEP 3   /* the flags a checkpoint records (in its meta's values 5, 6, 7) */
 typedef struct ex_ckpt {
     const char *path;   /* --checkpoint PATH; NULL: no checkpoints */
     long every;         /* --checkpoint-every N; 0: at the end of every epoch (round) */
     int resume;         /* --resume */
+    /* set by the example once its data is loaded (ex_ckpt_run), before any rank runs: */
+    long total;         /* the run's epochs (rounds): a checkpoint past them is refused */
+    const char *unit;   /* "epoch" or "round" */
+    int64_t samples;    /* the training samples (ex_ckpt_prepare), which bound the steps and batches of an epoch; 0: unchecked */
+    long batch;         /* --batch */
+    int nkeep;          /* the flags a resumed run must share with the run that saved (ex_ckpt_keep) */
+    struct { const char *flag; long value; const char *(*name)(long); } keep[EX_CKPT_KEEP];
 } ex_ckpt;
+
+/* Before the run: its length (total epochs or rounds, in unit), which a resumed checkpoint must not be past. */
+static inline void ex_ckpt_run(ex_ckpt *k, long total, const char *unit) { k->total = total; k->unit = unit; }
+
+/* Before the run: a flag whose value shapes the steps a checkpoint counts (--batch, --limit as the training samples,
+   --period, --clients, --topology): saved with every checkpoint, and a resume with another value is refused,
+   naming both (name: NULL, or the value in words). At most EX_CKPT_KEEP of them. */
+static inline void ex_ckpt_keep(ex_ckpt *k, const char *flag, long value, const char *(*name)(long)) {
+    if (k->nkeep == EX_CKPT_KEEP) return;
+    k->keep[k->nkeep].flag = flag; k->keep[k->nkeep].value = value; k->keep[k->nkeep].name = name;
+    k->nkeep++;
+}
+
+/* Before the run, once the data is loaded (an example's prepare): the run's length, and --batch and --limit (the
+   training samples) as flags a resume must share; then ex_batch_check (note: its message's end). Returns its status. */
+static inline int ex_ckpt_prepare(ex_ckpt *k, const ex_data *d, long batch, long total, const char *unit, const char *note) {
+    ex_ckpt_run(k, total, unit);
+    k->samples = d->ntrain; k->batch = batch > 0 ? batch : 1;
+    ex_ckpt_keep(k, "--batch", batch, NULL);
+    ex_ckpt_keep(k, "--limit", (long)d->ntrain, NULL);
+    return ex_batch_check(batch, d->train.count, d->dataset, note);
+}
+
+/* After a load: the checkpoint's recorded flags (value + 1; 0 where none was recorded) against this run's, and its
+   epoch (round) against the run's length. DT_OK, or DT_ERR_INVALID_ARG naming the flag and both values. */
+static inline dt_result ex_ckpt_agrees(const ex_ckpt *k, const dt_checkpoint_meta *meta) {
+    int i;
+    for (i = 0; i < k->nkeep; i++) {
+        double saved = meta->values[5 + i] - 1.0;
+        char was[64], now[64];
+        if (meta->values[5 + i] == 0.0 || saved == (double)k->keep[i].value) continue;
+        if (k->keep[i].name && saved >= 0.0 && saved < 1e9) snprintf(was, sizeof was, "%s", k->keep[i].name((long)saved));
+        else snprintf(was, sizeof was, "%.0f", saved);
+        if (k->keep[i].name) snprintf(now, sizeof now, "%s", k->keep[i].name(k->keep[i].value));
+        else snprintf(now, sizeof now, "%ld", k->keep[i].value);
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s was saved by a run with %s %s; this run has %s %s: resume with the flags "
+                            "that wrote it", k->path, k->keep[i].flag, was, k->keep[i].flag, now);
+    }
+    if (k->unit && meta->epoch > k->total)
+        return dt_set_error(DT_ERR_INVALID_ARG, "%s was saved after %s %lld, past this run's %ld %ss: give --%ss %lld or more to "
+                            "continue it", k->path, k->unit, (long long)meta->epoch, k->total, k->unit, k->unit,
+                            (long long)meta->epoch);
+    /* every example's steps an epoch are at most samples / batch + 1 (ddp's too, its batch being global), and its
+       batches of an epoch (ddp's micro-batches) at most its samples */
+    if (k->samples && (meta->step > (meta->epoch + 1) * (k->samples / k->batch + 2) || meta->batch > k->samples))
+        return dt_set_error(DT_ERR_FORMAT, "%s holds step %lld and batch %lld after %s %lld: more than a run of %lld samples in "
+                            "batches of %ld can have reached; the file is damaged or not this run's", k->path, (long long)meta->step,
+                            (long long)meta->batch, k->unit, (long long)meta->epoch, (long long)k->samples, k->batch);
+    return DT_OK;
+}
 
 /* Prints the checkpoint flags for a usage text, after `indent` spaces. */
 static inline void ex_ckpt_usage(FILE *f, int indent) {
@@ -551,7 +684,8 @@ static inline int ex_ckpt_flag(const char *f, const char *v, ex_ckpt *k, int *ba
     }
     if (strcmp(f, "--checkpoint") && strcmp(f, "--checkpoint-every")) return 0;
     if (!v) { fprintf(stderr, "%s: %s needs a value\n", EX_PROG, f); *bad = 1; return 2; }
-    if (!strcmp(f, "--checkpoint")) k->path = v;
+    if (!strcmp(f, "--checkpoint") && !*v) { fprintf(stderr, "%s: --checkpoint needs a file name, got ''\n", EX_PROG); *bad = 1; }
+    else if (!strcmp(f, "--checkpoint")) k->path = v;
     else *bad = parse_long(f, v, 1, &k->every);
     return 2;
 }
@@ -562,7 +696,7 @@ static inline int ex_ckpt_flag(const char *f, const char *v, ex_ckpt *k, int *ba
 static inline int ex_ckpt_check(const ex_ckpt *k) {
     char tmp[4096];
     FILE *f;
-    int had;
+    int err;
     if (!k->path) {
         if (k->every || k->resume) {
             fprintf(stderr, "%s: %s needs --checkpoint PATH (%s)\n", EX_PROG, k->every ? "--checkpoint-every" : "--resume",
@@ -577,17 +711,11 @@ static inline int ex_ckpt_check(const ex_ckpt *k) {
                         "or remove the file\n", EX_PROG, k->path);
         return -1;
     }
-    snprintf(tmp, sizeof tmp, "%s.tmp", k->path);
-    if ((f = fopen(tmp, "rb")) != NULL) fclose(f);   /* a crashed save's leftover: the next save replaces it */
-    had = f != NULL;
-    if (!(f = fopen(tmp, "ab"))) {
-        fprintf(stderr, "%s: --checkpoint %s: cannot create %s (%s): give a path in an existing, writable directory\n", EX_PROG,
-                k->path, tmp, strerror(errno));
-        return -1;
-    }
-    fclose(f);
-    if (!had) remove(tmp);
-    return 0;
+    snprintf(tmp, sizeof tmp, "%s.tmp", k->path);   /* a crashed save's leftover there is kept: the next save replaces it */
+    if ((err = ex_can_create(tmp)) == 0) return 0;
+    fprintf(stderr, "%s: --checkpoint %s: cannot create %s (%s): give a path in an existing, writable directory\n", EX_PROG,
+            k->path, tmp, strerror(err));
+    return -1;
 }
 
 /* Whether a checkpoint is due: after step `step` (1-based) inside an epoch (end 0), or at the end of an epoch
@@ -621,9 +749,12 @@ typedef enum ex_trainer { EX_SINGLE, EX_DDP, EX_LOCALSGD, EX_DPSGD, EX_FED } ex_
    good checkpoint stays. *sent (may be NULL) grows by the bytes this rank sent for it, which the examples
    leave out of the traffic they report. */
 static inline dt_result ex_ckpt_save(const ex_ckpt *k, dt_comm *c, ex_trainer kind, void *t, dt_model *m, dt_optim *o,
-                                     const dt_checkpoint_meta *meta, uint64_t *sent) {
+                                     const dt_checkpoint_meta *run, uint64_t *sent) {
     uint64_t s0 = c ? dt_comm_get_stats(c).bytes_sent : 0;
+    dt_checkpoint_meta with = *run, *meta = &with;   /* with the flags ex_ckpt_keep named */
     dt_result r;
+    int i;
+    for (i = 0; i < k->nkeep; i++) with.values[5 + i] = (double)k->keep[i].value + 1.0;
     switch (kind) {
     case EX_SINGLE:   r = dt_checkpoint_save(k->path, m, o, meta); break;
     case EX_DDP:      r = dt_ddp_save((dt_ddp *)t, k->path, o, meta); break;
@@ -636,7 +767,8 @@ static inline dt_result ex_ckpt_save(const ex_ckpt *k, dt_comm *c, ex_trainer ki
 }
 
 /* Loads k->path into the run through trainer t (collective on c; NULL in one process): a missing, damaged or
-   mismatched file is refused with the library's message. *sent grows as ex_ckpt_save's does. */
+   mismatched file is refused with the library's message, and one saved with other flags (ex_ckpt_keep) or past the
+   run's length (ex_ckpt_run) with ex_ckpt_agrees's; every rank refuses it alike. *sent grows as ex_ckpt_save's does. */
 static inline dt_result ex_ckpt_load(const ex_ckpt *k, dt_comm *c, ex_trainer kind, void *t, dt_model *m, dt_optim *o,
                                      dt_checkpoint_meta *meta, uint64_t *sent) {
     uint64_t s0 = c ? dt_comm_get_stats(c).bytes_sent : 0;
@@ -649,7 +781,7 @@ static inline dt_result ex_ckpt_load(const ex_ckpt *k, dt_comm *c, ex_trainer ki
     default:          r = dt_fed_load((dt_fed *)t, k->path, meta); break;
     }
     if (c && sent) *sent += dt_comm_get_stats(c).bytes_sent - s0;
-    return r;
+    return r == DT_OK ? ex_ckpt_agrees(k, meta) : r;
 }
 
 /* A resumed run's CSV: keeps the header and the rows of the first `done` epochs (rounds), the ones the checkpoint
@@ -676,14 +808,15 @@ static inline dt_result ex_csv_keep(const char *path, int64_t done) {
             kept += (size_t)(next - line);
         }
     }
-    if (!(f = fopen(path, "wb")) || fwrite(buf, 1, kept, f) != kept) {
+    errno = 0;
+    if (!(f = fopen(path, "wb")) || fwrite(buf, 1, kept, f) != kept || fflush(f) != 0) {
+        int err = errno;
         if (f) fclose(f);
         free(buf);
-        return dt_set_error(DT_ERR_IO, "cannot rewrite %s", path);
+        return dt_set_error(DT_ERR_IO, "cannot rewrite %s: %s", path, err ? strerror(err) : "a write failed");
     }
-    fclose(f);
     free(buf);
-    return DT_OK;
+    return fclose(f) == 0 ? DT_OK : dt_set_error(DT_ERR_IO, "cannot rewrite %s: %s", path, strerror(errno));
 }
 
 /* What ex_main needs of an example: its usage text, its own flags, an optional step after the data is loaded,

@@ -18,7 +18,8 @@
           mpiexec -n 4 ./build-mpi/examples/ddp --epochs 3                    (built with make MPI=1)
 
    --batch is the global batch: each of the p ranks takes batch / p samples of it (the distributed
-   sampler gives every rank a disjoint share of a seeded permutation each epoch), so it must divide by p.
+   sampler gives every rank a disjoint share of a seeded permutation each epoch), so it must divide by p,
+   and it is at most the training set's samples.
    With --accum k each rank splits its share into k micro-batches and communicates once per step. The
    optimizer and schedule flags are every example's (examples/common.h); the schedule steps once per epoch.
    Rank 0 logs each epoch (the test set is evaluated there) and writes the CSV. --checkpoint PATH saves every
@@ -99,11 +100,18 @@ static int parse_args(int argc, char **argv, void *arg) {
     }
     if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "ddp: %s\n", dt_last_error()); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "ddp: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
-    if (ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt)) return -1;
+    if (ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) || (a->csv && ex_out_check("--csv", a->csv))) return -1;
     if (a->ddp.no_feedback && a->ddp.compress < DT_DDP_TOPK) { fprintf(stderr, "ddp: --no-feedback is top-k's and powersgd's\n"); return -1; }
     if (a->ddp.compress && a->ddp.method > DT_DDP_PER_LAYER) { fprintf(stderr, "ddp: --compress needs --sync buckets, flat or per-layer\n"); return -1; }
     a->ddp.bucket_bytes = (int64_t)a->bucket_kb * 1024;
     return 0;
+}
+
+/* After loading: the global batch fits the data set, and what a checkpoint to resume must agree with. */
+static int prepare(void *arg) {
+    args *a = (args *)arg;
+    ex_ckpt_keep(&a->ckpt, "--accum", a->accum, NULL);
+    return ex_ckpt_prepare(&a->ckpt, &a->data, a->batch, a->epochs, "epoch", " (the global batch, shared by the ranks)");
 }
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
@@ -182,7 +190,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ddp.compress == DT_DDP_POWERSGD) printf(" rank %d", a->ddp.powersgd_rank > 0 ? a->ddp.powersgd_rank : DT_DDP_POWERSGD_RANK);
         if (a->ddp.compress >= DT_DDP_TOPK) printf(a->ddp.no_feedback ? " without error feedback" : " with error feedback");
         printf(", %d threads per rank\n", dt_cpu_threads());
-        fflush(stdout);
+        TRY(ex_log_flush());
     }
 
     for (epoch = meta.epoch; epoch < a->epochs && r == DT_OK; epoch++) {
@@ -229,13 +237,13 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
         mb = (double)(dt_comm_get_stats(c).bytes_sent - ck_sent - sent0) / 1e6;
-        TRY(ex_epoch_end(c, sums, &mb, m, &a->data, 5, &ev));   /* the mean loss over every sample, the test set on rank 0 */
+        TRY(ex_epoch_end(c, sums, &mb, m, &a->data, 5, &ev));   /* the mean loss over every sample; the test set, shared */
         if (me == 0) {
             double comm = dt_ddp_get_stats(d).comm_seconds - st0.comm_seconds;
             double v[] = {secs, sums[0] / sums[1], ev.loss, ev.top1, ev.topk, sums[1] / secs, comm, mb};   /* COLS' order */
-            ex_report(csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS));
+            TRY(ex_report(csv, a->csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS)));
         }
-        TRY(ex_stop_if_diverged(c, epoch + 1, sums[0] / sums[1], &ev));   /* before the epoch's checkpoint */
+        TRY(ex_stop_if_diverged(c, epoch + 1, sums[0] / sums[1], &ev, a->data.test.num_classes));   /* before the epoch's checkpoint */
         ex_ckpt_next_epoch(&meta, epoch + 1);
         if (ex_ckpt_due(&a->ckpt, meta.step, 1, epoch + 1 == a->epochs)) TRY(ex_ckpt_save(&a->ckpt, c, EX_DDP, d, m, o, &meta, &ck_sent));
     }
@@ -249,7 +257,7 @@ done:
     return r;
 }
 
-static const ex_example EXAMPLE = {usage, parse_args, NULL, rank_main};
+static const ex_example EXAMPLE = {usage, parse_args, prepare, rank_main};
 
 int main(int argc, char **argv) {
     static args a;   /* zeroed; parse_args sets the defaults */

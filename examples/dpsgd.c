@@ -97,14 +97,21 @@ static int parse_args(int argc, char **argv, void *arg) {
     }
     if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "dpsgd: %s\n", dt_last_error()); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "dpsgd: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
-    return ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) ? -1 : 0;
+    return ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) || (a->csv && ex_out_check("--csv", a->csv)) ? -1 : 0;
 }
 
-/* After loading: --limit applied to the test set too, unless --test-limit says otherwise. */
+/* --topology's value in words, as the checkpoint records it (DT_TOPO_CUSTOM: one-peer-exp). */
+static const char *topology_name(long k) {
+    return k == DT_TOPO_CUSTOM ? "one-peer-exp" : k >= 0 && k < DT_TOPO_CUSTOM ? dt_topology_name((dt_topology_kind)k) : "unknown";
+}
+
+/* After loading: --limit applied to the test set too, unless --test-limit says otherwise; the batch fits the data
+   set; what a checkpoint to resume must agree with. */
 static int prepare(void *arg) {
     args *a = (args *)arg;
     if (a->data.limit && !a->data.test_limit && a->data.limit < a->data.test.count) a->data.test.count = a->data.limit;
-    return 0;
+    ex_ckpt_keep(&a->ckpt, "--topology", a->one_peer ? DT_TOPO_CUSTOM : (long)a->topo.kind, topology_name);
+    return ex_ckpt_prepare(&a->ckpt, &a->data, a->batch, a->epochs, "epoch", " (each rank's batch)");
 }
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
@@ -174,7 +181,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count, (long long)dt_model_param_count(m),
                ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, a->data.seed,
                dt_dpsgd_order_name(a->dpsgd.order), p, graph, dt_comm_backend_name(c));
-        fflush(stdout);
+        TRY(ex_log_flush());
     }
 
     for (epoch = meta.epoch; epoch < a->epochs && r == DT_OK; epoch++) {
@@ -215,15 +222,15 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         secs = dt_time_now() - t0;
         mb = (double)(dt_dpsgd_get_stats(d).bytes_sent - sent0) / 1e6;   /* this rank's gossip traffic */
         TRY(dt_dpsgd_consensus(d, &dist));
-        TRY(dt_dpsgd_use_average(d, 1));     /* the average of the replicas, evaluated on rank 0 */
+        TRY(dt_dpsgd_use_average(d, 1));     /* the average of the replicas, evaluated by all */
         e = ex_epoch_end(c, sums, &mb, m, &a->data, 1, &ev);   /* and the mean loss over every sample */
         TRY(dt_dpsgd_use_average(d, 0));     /* each rank's own replica again */
         TRY(e);
         if (me == 0) {
             double v[] = {secs, (double)lr, sums[0] / sums[1], ev.loss, ev.top1, dist, mb};   /* COLS' order */
-            ex_report(csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS));
+            TRY(ex_report(csv, a->csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS)));
         }
-        TRY(ex_stop_if_diverged(c, epoch + 1, sums[0] / sums[1], &ev));   /* before the epoch's checkpoint */
+        TRY(ex_stop_if_diverged(c, epoch + 1, sums[0] / sums[1], &ev, a->data.test.num_classes));   /* before the epoch's checkpoint */
         ex_ckpt_next_epoch(&meta, epoch + 1);
         if (ex_ckpt_due(&a->ckpt, meta.step, 1, epoch + 1 == a->epochs)) TRY(ex_ckpt_save(&a->ckpt, c, EX_DPSGD, d, m, o, &meta, NULL));
     }

@@ -25,7 +25,8 @@
    --resume continues from it and ends with the model and CSV rows (appended) of a run that was never
    stopped (the draw of each round is a function of the seed and the round). --per-class's rounds left out
    per client count the rounds since the resume. A fresh run refuses a PATH that exists; a model with NaN is
-   never saved over the last good checkpoint. */
+   never saved over the last good checkpoint; a resume with another --clients, --batch or --limit is refused.
+   A round where every client dropped out says so ("no client reported"), with an empty train_loss in the CSV. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,9 @@ typedef struct args {
     int per_class;
     ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     dt_fed_agg agg;
+    dt_fed_server_desc server;   /* --server and its settings (0: the library's defaults) */
+    dt_fed_dp_desc dp;           /* --dp-clip S, --dp-noise Z: DP-FedAvg (off by default) */
+    double dp_delta;             /* --dp-delta: the delta of the epsilon each round reports (default 1e-5) */
     int32_t flip[DT_FED_MAX_CLASSES];
     int flip_set;
     ex_ckpt ckpt;   /* --checkpoint, --checkpoint-every (rounds), --resume */
@@ -55,6 +59,8 @@ static void usage(FILE *f) {
     fprintf(f, "              [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim F] [--krum-f F]\n"
                "              [--attack none|labelflip|signflip|noise] [--attackers K] [--flip A:B]\n"
                "              [--noise-std S] [--prox-mu MU] [--dropout-prob P] [--class-acc C] [--per-class]\n"
+               "              [--server avg|avgm|adagrad|adam|yogi] [--server-lr LR] [--server-momentum B1] [--server-beta2 B2] [--server-tau T]\n"
+               "              [--dp-clip S] [--dp-noise Z] [--dp-delta D]\n"
                "              [--seed N] [--limit N] [--test-limit N] [--csv PATH]\n");
     ex_ckpt_usage(f, 14);
 }
@@ -66,6 +72,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     a->clients = 10; a->rounds = 10; a->frac = 1.0; a->local_epochs = 1; a->batch = 10; a->recipe.lr = 0.05;
     a->recipe.lr_zero = 1;   /* see the top comment */
     a->alpha = 0.5; a->class_acc = -1; a->krum_f = 1; a->noise_std = 1.0; a->trim = 0.1;   /* the library's defaults; 0 means 0 */
+    a->dp_delta = 1e-5;
     for (k = 0; k < DT_FED_MAX_CLASSES; k++) a->flip[k] = k;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -82,6 +89,23 @@ static int parse_args(int argc, char **argv, void *arg) {
         else if (!strcmp(f, "--agg")) {
             if (dt_fed_agg_parse(v, &a->agg) != DT_OK) { fprintf(stderr, "fedavg: %s\n", dt_last_error()); return -1; }
         }
+        else if (!strcmp(f, "--server")) {
+            if (dt_fed_server_parse(v, &a->server.kind) != DT_OK) { fprintf(stderr, "fedavg: %s\n", dt_last_error()); return -1; }
+        }
+        else if (!strncmp(f, "--server-", 9)) {   /* lr, momentum, beta2, tau: each > 0; momentum and beta2 < 1 */
+            double x = 0.0;
+            float *to = !strcmp(f + 9, "lr") ? &a->server.lr : !strcmp(f + 9, "momentum") ? &a->server.momentum :
+                        !strcmp(f + 9, "beta2") ? &a->server.beta2 : !strcmp(f + 9, "tau") ? &a->server.tau : NULL;
+            if (!to) { fprintf(stderr, "fedavg: unknown flag '%s'\n", f); usage(stderr); return -1; }
+            bad = parse_double(f, v, &x) || !(x > 0.0) || ((to == &a->server.momentum || to == &a->server.beta2) && !(x < 1.0));
+            *to = (float)x;
+        }
+        else if (!strcmp(f, "--dp-clip") || !strcmp(f, "--dp-noise")) {   /* both >= 0 (the library refuses noise without a clip) */
+            double x = 0.0;
+            bad = parse_double(f, v, &x) || !(x >= 0.0);
+            if (f[5] == 'c') a->dp.clip = (float)x; else a->dp.noise_multiplier = (float)x;
+        }
+        else if (!strcmp(f, "--dp-delta")) bad = parse_double(f, v, &a->dp_delta) || !(a->dp_delta > 0.0 && a->dp_delta < 1.0);
         else if (!strcmp(f, "--flip")) {
             int from, to;
             bad = sscanf(v, "%d:%d", &from, &to) != 2 || from < 0 || to < 0 || from >= DT_FED_MAX_CLASSES;
@@ -114,22 +138,32 @@ static int parse_args(int argc, char **argv, void *arg) {
         fprintf(stderr, "fedavg: unknown --partition '%s': use iid, shards or dirichlet\n", a->partition);
         return -1;
     }
-    if (!(a->trim > 0.0 && a->trim < 0.5)) {   /* the library reads a trim of 0 as its default, 0.1 */
-        fprintf(stderr, "fedavg: --trim %g: the fraction cut at each end must be > 0 and < 0.5 (a trim of 0 is --agg mean)\n", a->trim);
+    if (!(a->trim > 0.0 && a->trim < 0.5)) {   /* a trim of 0 cuts nothing: an unweighted mean, not worth its name */
+        fprintf(stderr, "fedavg: --trim %g: the fraction cut at each end must be > 0 and < 0.5 (a trim of 0 cuts nothing: use --agg mean)\n", a->trim);
         return -1;
     }
     if (!(a->alpha > 0.0)) { fprintf(stderr, "fedavg: --alpha must be > 0 (0.1 = strong label skew, 100 = near IID)\n"); return -1; }
     if (a->attackers > a->clients) { fprintf(stderr, "fedavg: --attackers %ld > --clients %ld\n", a->attackers, a->clients); return -1; }
+    if (a->dp.noise_multiplier > 0.0f && !(a->dp.clip > 0.0f)) {   /* the noise's scale is the clipping norm's */
+        fprintf(stderr, "fedavg: --dp-noise needs --dp-clip S > 0: the noise's std is Z x S / clients per round\n");
+        return -1;
+    }
+    if (a->dp.clip > 0.0f && a->agg != DT_FED_MEAN) {
+        fprintf(stderr, "fedavg: --dp-clip: DP-FedAvg's bound holds for the mean of the clipped updates: drop --agg %s\n", dt_fed_agg_name(a->agg));
+        return -1;
+    }
     if (!strcmp(a->attack, "labelflip") && !a->flip_set) {   /* without a map the attackers would train honestly */
         fprintf(stderr, "fedavg: --attack labelflip needs --flip A:B (label A trained as B; repeat it for more labels)\n");
         return -1;
     }
-    return ex_recipe_check(&a->recipe, a->rounds, "rounds") || ex_ckpt_check(&a->ckpt) ? -1 : 0;
+    return ex_recipe_check(&a->recipe, a->rounds, "rounds") || ex_ckpt_check(&a->ckpt) || (a->csv && ex_out_check("--csv", a->csv)) ? -1 : 0;
 }
 
 /* After loading: --class-acc must name a class of the dataset. */
 static int prepare(void *arg) {
     args *a = (args *)arg;
+    ex_ckpt_keep(&a->ckpt, "--clients", a->clients, NULL);   /* what a checkpoint to resume must agree with */
+    if (ex_ckpt_prepare(&a->ckpt, &a->data, a->batch, a->rounds, "round", " (each client's batch)")) return 2;
     if (a->class_acc < a->data.test.num_classes) return 0;
     fprintf(stderr, "fedavg: --class-acc %ld: %s has classes 0..%lld\n", a->class_acc, a->data.dataset, (long long)a->data.test.num_classes - 1);
     return 2;
@@ -143,7 +177,8 @@ static const char *part_str(const args *a, char *buf, size_t size) {
 }
 
 /* The rest of what shapes a run, its defaults included, for the header line: FedProx's mu, the drop-out
-   probability, the aggregator with its parameter, the attack with its own. Returns buf. */
+   probability, the aggregator with its parameter, the attack with its own, a server optimizer other than
+   FedAvg's with its settings. Returns buf. */
 static const char *setup_str(const args *a, char *buf, size_t size) {
     size_t n = (size_t)snprintf(buf, size, "prox mu %g, dropout prob %g; aggregator %s", a->prox_mu, a->dropout_prob,
                                 dt_fed_agg_name(a->agg));
@@ -154,7 +189,17 @@ static const char *setup_str(const args *a, char *buf, size_t size) {
     if (n < size && !strcmp(a->attack, "noise")) n += (size_t)snprintf(buf + n, size - n, " (std %g)", a->noise_std);
     for (k = 0; k < DT_FED_MAX_CLASSES && n < size && !strcmp(a->attack, "labelflip"); k++)
         if (a->flip[k] != k) n += (size_t)snprintf(buf + n, size - n, " %d:%d", k, (int)a->flip[k]);
-    if (n < size) snprintf(buf + n, size - n, " by %ld clients", a->attackers);
+    if (n < size) n += (size_t)snprintf(buf + n, size - n, " by %ld clients", a->attackers);
+    if (n < size && a->server.kind == DT_FED_SERVER_AVGM)   /* the defaults as dt_fed_create fills them in */
+        n += (size_t)snprintf(buf + n, size - n, "; server avgm (lr %g, momentum %g)", a->server.lr ? a->server.lr : 1.0,
+                              a->server.momentum ? a->server.momentum : 0.9);
+    else if (n < size && a->server.kind != DT_FED_SERVER_AVG)
+        n += (size_t)snprintf(buf + n, size - n, "; server %s (lr %g, momentum %g, beta2 %g, tau %g)", dt_fed_server_name(a->server.kind),
+                              a->server.lr ? a->server.lr : 0.01, a->server.momentum ? a->server.momentum : 0.9,
+                              a->server.beta2 ? a->server.beta2 : 0.99, a->server.tau ? a->server.tau : 0.001);
+    if (n < size && a->dp.clip > 0.0f)
+        snprintf(buf + n, size - n, "; DP-FedAvg: updates clipped to %g, noise multiplier %g, epsilon for delta %g", (double)a->dp.clip,
+                 (double)a->dp.noise_multiplier, a->dp_delta);
     return buf;
 }
 
@@ -237,6 +282,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     ex_recipe_sched(&a->recipe, a->rounds, &fd.sched);   /* stepped once per round */
     fd.prox_mu = (float)a->prox_mu; fd.dropout_prob = (float)a->dropout_prob;
     fd.agg.kind = a->agg; fd.agg.trim = (float)a->trim; fd.agg.f = (int)a->krum_f;
+    fd.server = a->server; fd.dp = a->dp;
     fd.data = &a->data.train; fd.part = &part; fd.transform = &a->data.tt; fd.behaviour = behaviour;
     memcpy(fd.flip, a->flip, sizeof fd.flip); fd.flip_set = a->flip_set;
     fd.noise_std = (float)a->noise_std; fd.seed = (uint64_t)a->data.seed;
@@ -253,13 +299,14 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
                ex_recipe_str(&a->recipe, a->rounds, "rounds", recipe, sizeof recipe), setup_str(a, setup, sizeof setup),
                dt_comm_size(c), dt_comm_backend_name(c), a->data.seed);
-        fflush(stdout);
+        TRY(ex_log_flush());
     }
     for (t = meta.round; t < a->rounds; t++) {
         dt_fed_round_info info;
         dt_eval_result ev;
         double t0 = dt_time_now(), secs, cacc = 0.0, frate = 0.0;
         char out[512] = "";   /* the clients whose reports the aggregator left out, e.g. "0 3" */
+        char loss_s[64], loss_csv[32];   /* the training loss in the log and the CSV ("" when no client reported) */
         TRY(dt_fed_round(f, t, &info));
         secs = dt_time_now() - t0;
         if (me == 0) {   /* the server's model: evaluated, logged and written to the CSV */
@@ -276,16 +323,25 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                 left[sel[i]]++;
                 if (strlen(out) + 12 < sizeof out) sprintf(out + strlen(out), "%s%d", *out ? " " : "", sel[i]);
             }
-            printf("round %3lld/%ld  %6.2fs  lr %.4g  clients %d (dropped %d, kept %d)  train loss %.4f  test loss %.4f  "
+            if (info.samples > 0) {   /* a round where every client dropped out has no training loss: it says so */
+                snprintf(loss_s, sizeof loss_s, "train loss %.4f", info.train_loss);
+                snprintf(loss_csv, sizeof loss_csv, "%.6f", info.train_loss);
+            } else {
+                snprintf(loss_s, sizeof loss_s, "no client reported, the global model is kept");
+                loss_csv[0] = '\0';
+            }
+            printf("round %3lld/%ld  %6.2fs  lr %.4g  clients %d (dropped %d, kept %d)  %s  test loss %.4f  "
                    "test acc %6.2f%%", (long long)t + 1, a->rounds, secs, (double)info.lr, info.selected, info.dropped, info.kept,
-                   info.train_loss, ev.loss, 100.0 * ev.top1);
+                   loss_s, ev.loss, 100.0 * ev.top1);
             if (a->class_acc >= 0) printf("  class %ld acc %6.2f%%", a->class_acc, 100.0 * cacc);
             if (a->class_acc >= 0 && a->flip[a->class_acc] != a->class_acc) printf(" (as %d: %.2f%%)", (int)a->flip[a->class_acc], 100.0 * frate);
             if (*out) printf("  left out %s", out);
+            if (a->dp.clip > 0.0f)   /* the privacy spent so far: rounds t + 1 of the sampled Gaussian mechanism at q = nsel / N */
+                printf("  epsilon %.3f", dt_dp_epsilon((double)nsel / (double)a->clients, (double)a->dp.noise_multiplier, t + 1, a->dp_delta, NULL));
             printf("\n");
-            fflush(stdout);
-            ex_csv_row(csv, "%lld,%.3f,%g,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%.6f,%s\n", (long long)t + 1, secs, (double)info.lr,
-                       info.selected, info.dropped, info.kept, info.train_loss, ev.loss, ev.top1, cacc, frate, out);
+            TRY(ex_log_flush());
+            TRY(ex_csv_row(csv, a->csv, "%lld,%.3f,%g,%d,%d,%d,%s,%.6f,%.6f,%.6f,%.6f,%s\n", (long long)t + 1, secs, (double)info.lr,
+                           info.selected, info.dropped, info.kept, loss_csv, ev.loss, ev.top1, cacc, frate, out));
         }
         meta.round = meta.step = meta.epoch = t + 1;   /* epoch too: ex_ckpt_resumed says the round */
         if (ex_ckpt_due(&a->ckpt, t + 1, 0, 0) || ex_ckpt_due(&a->ckpt, t + 1, 1, t + 1 == a->rounds))   /* every N, or each round; the last */

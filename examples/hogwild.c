@@ -37,6 +37,7 @@ typedef struct args {
     int64_t epoch;
     float lr;                         /* this epoch's rate */
     dt_model *replica[MAX_THREADS];   /* one per worker, made by main */
+    dt_optim *clip[MAX_THREADS];      /* --clip-grad: each replica's clipping (its step is the push's) */
     double sums[MAX_THREADS][2];      /* each worker's loss sum and samples this epoch */
     dt_progress bar;                  /* drawn by worker 0, from its own batches */
 } args;
@@ -74,7 +75,7 @@ static int parse_args(int argc, char **argv, args *a) {
     }
     if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "hogwild: %s\n", dt_last_error()); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "hogwild: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
-    return ex_recipe_check(&a->recipe, a->epochs, "epochs");
+    return ex_recipe_check(&a->recipe, a->epochs, "epochs") || (a->csv && ex_out_check("--csv", a->csv)) ? -1 : 0;
 }
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
@@ -109,6 +110,7 @@ static dt_result worker(dt_hogwild_worker *w, void *arg) {
         TRY(dt_model_forward(rep, x, n));
         TRY(dt_model_loss_labels(rep, y, &loss));
         TRY(dt_model_backward(rep, NULL));
+        if (a->clip[w->index]) TRY(dt_optim_clip_grad_norm(a->clip[w->index], (float)a->recipe.clip, NULL));   /* --clip-grad */
         TRY(dt_hogwild_push(w->shared, rep, a->lr));   /* shared -= lr * gradient, unlocked */
         a->sums[w->index][0] += (double)loss * (double)n;
         a->sums[w->index][1] += (double)n;
@@ -132,16 +134,18 @@ int main(int argc, char **argv) {
     int rc, tty = isatty(fileno(stderr));
     if (parse_args(argc, argv, &a)) return 2;
     if ((rc = ex_load(&a.data)) != 0) return rc;
+    if ((rc = ex_batch_check(a.batch, a.data.train.count, a.data.dataset, " (each thread's batch)")) != 0) { ex_free(&a.data); return rc; }
     TRY(ex_model_create(&shared, a.model, &a.data, 0));
     for (i = 0; i < a.threads; i++)   /* replicas: only their activations and gradients are used */
         TRY(ex_model_create(&a.replica[i], a.model, &a.data, (uint64_t)i + 1));
+    for (i = 0; i < a.threads && a.recipe.clip > 0.0; i++) TRY(dt_optim_create(&a.clip[i], a.replica[i], NULL));
     TRY(ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), 0));
     ex_recipe_sched(&a.recipe, a.epochs, &sd);
     printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld, seed %ld\n"
            "hogwild: %ld threads update one shared parameter buffer without locks\n", a.model, a.data.name, (long long)a.data.ntrain,
            (long long)a.data.test.count, (long long)dt_model_param_count(shared),
            ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, a.data.seed, a.threads);
-    fflush(stdout);
+    TRY(ex_log_flush());
     for (a.epoch = 0; a.epoch < a.epochs; a.epoch++) {
         double t0 = dt_time_now(), loss = 0.0, seen = 0.0, secs, v[EX_COUNT(COLS)];
         dt_sampler_desc shard = ex_sampler(&a.data, 0, (int)a.threads);
@@ -157,12 +161,12 @@ int main(int argc, char **argv) {
         for (i = 0; i < a.threads; i++) { loss += a.sums[i][0]; seen += a.sums[i][1]; }
         TRY(ex_test(shared, &a.data, 5, &ev));
         v[0] = secs; v[1] = loss / seen; v[2] = ev.loss; v[3] = ev.top1; v[4] = ev.topk; v[5] = seen / secs;
-        ex_report(csv, a.epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS));
+        TRY(ex_report(csv, a.csv, a.epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS)));
     }
 done:
     if (r != DT_OK) fprintf(stderr, "hogwild: %s\n", dt_last_error());
     if (csv) fclose(csv);
-    for (i = 0; i < a.threads; i++) dt_model_destroy(a.replica[i]);
+    for (i = 0; i < a.threads; i++) { dt_optim_destroy(a.clip[i]); dt_model_destroy(a.replica[i]); }
     dt_model_destroy(shared);
     ex_free(&a.data);
     return r == DT_OK ? 0 : 1;

@@ -70,7 +70,14 @@ static int parse_args(int argc, char **argv, void *arg) {
     if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "localsgd: %s\n", dt_last_error()); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "localsgd: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     if (a->period > 1000000) { fprintf(stderr, "localsgd: --period %ld is too large\n", a->period); return -1; }
-    return ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) ? -1 : 0;
+    return ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) || (a->csv && ex_out_check("--csv", a->csv)) ? -1 : 0;
+}
+
+/* After loading: the batch fits the data set, and what a checkpoint to resume must agree with. */
+static int prepare(void *arg) {
+    args *a = (args *)arg;
+    ex_ckpt_keep(&a->ckpt, "--period", a->period, NULL);
+    return ex_ckpt_prepare(&a->ckpt, &a->data, a->batch, a->epochs, "epoch", "");
 }
 
 #define TRY(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
@@ -126,7 +133,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                a->data.seed, dt_comm_backend_name(c));
         if (a->period) printf("every %ld steps and ", a->period);
         printf("at the end of each epoch, %d threads per rank\n", dt_cpu_threads());
-        fflush(stdout);
+        TRY(ex_log_flush());
     }
 
     for (epoch = meta.epoch; epoch < a->epochs && r == DT_OK; epoch++) {
@@ -170,14 +177,14 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         dt_progress_end(&bar);
         secs = dt_time_now() - t0;
         mb = (double)(dt_comm_get_stats(c).bytes_sent - ck_sent - sent0) / 1e6;
-        TRY(ex_epoch_end(c, sums, &mb, m, &a->data, 5, &ev));   /* the mean loss over every sample, the test set on rank 0 */
+        TRY(ex_epoch_end(c, sums, &mb, m, &a->data, 5, &ev));   /* the mean loss over every sample; the test set, shared */
         st = dt_localsgd_get_stats(d);
         if (me == 0) {
             double v[] = {secs, sums[0] / sums[1], ev.loss, ev.top1, ev.topk, sums[1] / secs, st.comm_seconds - st0.comm_seconds,
                           (double)(st.averages - avg0), mb};   /* COLS' order */
-            ex_report(csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS));
+            TRY(ex_report(csv, a->csv, epoch + 1, a->epochs, COLS, v, EX_COUNT(COLS)));
         }
-        TRY(ex_stop_if_diverged(c, epoch + 1, sums[0] / sums[1], &ev));   /* before the epoch's checkpoint */
+        TRY(ex_stop_if_diverged(c, epoch + 1, sums[0] / sums[1], &ev, a->data.test.num_classes));   /* before the epoch's checkpoint */
         ex_ckpt_next_epoch(&meta, epoch + 1);
         if (ex_ckpt_due(&a->ckpt, meta.step, 1, epoch + 1 == a->epochs))
             TRY(ex_ckpt_save(&a->ckpt, c, EX_LOCALSGD, d, m, o, &meta, &ck_sent));
@@ -192,7 +199,7 @@ done:
     return r;
 }
 
-static const ex_example EXAMPLE = {usage, parse_args, NULL, rank_main};
+static const ex_example EXAMPLE = {usage, parse_args, prepare, rank_main};
 
 int main(int argc, char **argv) {
     static args a;   /* zeroed; parse_args sets the defaults */

@@ -15,7 +15,10 @@
    optimizer, the epoch and batch reached, the epoch's loss so far) is saved to PATH at the end of every epoch,
    or every N steps with --checkpoint-every N, and at the end; --resume continues from PATH and ends with the
    same parameters, bit for bit, and the same CSV rows (appended) as a run that was never stopped. A fresh
-   run refuses a PATH that exists, and a model with NaN is never saved over the last good checkpoint. */
+   run refuses a PATH that exists, and a model with NaN is never saved over the last good checkpoint; a resume
+   with another --batch or --limit is refused. --batch is at most the training set's samples. A --csv or
+   --checkpoint PATH that cannot be written is refused before training; a CSV row or log line whose write fails
+   (a full disk) stops the run at once, naming the file. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,7 +79,7 @@ static int parse_args(int argc, char **argv, args *a) {
         i++;
     }
     if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "train: %s\n", dt_last_error()); return -1; }
-    if (ex_ckpt_check(&a->ckpt)) return -1;
+    if (ex_ckpt_check(&a->ckpt) || (a->csv && ex_out_check("--csv", a->csv))) return -1;
     return ex_recipe_check(&a->recipe, a->epochs, "epochs");
 }
 
@@ -122,6 +125,9 @@ int main(int argc, char **argv) {
         train_idx = limit_idx;
         ntrain = a.data.limit;
     }
+    a.data.ntrain = ntrain;   /* the batch fits the data; what a checkpoint to resume must agree with */
+    if ((rc = ex_ckpt_prepare(&a.ckpt, &a.data, a.batch, a.epochs, "epoch", "")) != 0) goto fail;
+    rc = 1;
 
     TRY(ex_model_create(&m, a.model, &a.data, 0));
     ex_recipe_optim(&a.recipe, &od);
@@ -137,13 +143,11 @@ int main(int argc, char **argv) {
     ld.transform = &a.data.tt; ld.seed = (uint64_t)a.data.seed; ld.prefetch = 1;
     TRY(dt_loader_create(&loader, &ld));
     if (a.ckpt.resume) TRY(ex_csv_keep(a.csv, meta.epoch));   /* the rows the checkpoint covers; the run appends the rest */
-    if (ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), a.ckpt.resume) != DT_OK) {
-        fprintf(stderr, "train: cannot write %s\n", a.csv);
-        goto fail;
-    }
+    TRY(ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), a.ckpt.resume));
     printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld, %d threads, seed %ld\n",
            a.model, a.data.name, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m),
            ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, dt_cpu_threads(), a.data.seed);
+    TRY(ex_log_flush());
 
     for (epoch = meta.epoch; epoch < a.epochs; epoch++) {
         const float *x = NULL;
@@ -179,8 +183,8 @@ int main(int argc, char **argv) {
         TRY(dt_evaluate(m, &ed, &ev));
         v[0] = secs; v[1] = (double)lr; v[2] = meta.values[0] / meta.values[1]; v[3] = ev.loss; v[4] = ev.top1; v[5] = ev.topk;
         v[6] = meta.values[1] / secs;
-        ex_report(csv, epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS));
-        TRY(ex_stop_if_diverged(NULL, epoch + 1, meta.values[0] / meta.values[1], &ev));   /* before the epoch's checkpoint */
+        TRY(ex_report(csv, a.csv, epoch + 1, a.epochs, COLS, v, EX_COUNT(COLS)));
+        TRY(ex_stop_if_diverged(NULL, epoch + 1, meta.values[0] / meta.values[1], &ev, a.data.test.num_classes));   /* before the epoch's checkpoint */
         ex_ckpt_next_epoch(&meta, epoch + 1);
         if (ex_ckpt_due(&a.ckpt, meta.step, 1, epoch + 1 == a.epochs))
             TRY(ex_ckpt_save(&a.ckpt, NULL, EX_SINGLE, NULL, m, o, &meta, NULL));

@@ -12,7 +12,7 @@
 
 static dt_model *model;
 static dt_optim *optim;
-static char path[64];
+static char path[256];
 
 static void setup(void) {
     dt_model_desc d;
@@ -27,7 +27,8 @@ static void setup(void) {
     memset(&od, 0, sizeof od);
     od.kind = DT_OPTIM_SGD; od.lr = DT_DEFAULT; od.momentum = 0.9f;
     if (dt_optim_create(&optim, model, &od) != DT_OK) abort();
-    snprintf(path, sizeof path, "/tmp/dt_fuzz_ckpt_%d.bin", (int)getpid());
+    snprintf(path, sizeof path, "%s/dt_fuzz_ckpt_%d.bin", getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR") : "/tmp",
+             (int)getpid());
     if (getenv("DT_FUZZ_WRITE_SEED") && dt_checkpoint_save(getenv("DT_FUZZ_WRITE_SEED"), model, optim, NULL) != DT_OK) abort();
 }
 

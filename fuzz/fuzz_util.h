@@ -1,5 +1,5 @@
 /* fuzz_util.h - what the fuzz targets share: a private temporary directory per process
-   (/tmp/dt_fuzz_<pid>), removed at exit, where each input is written as the files a loader reads, and a
+   ($TMPDIR/dt_fuzz_<pid>, /tmp without TMPDIR), removed at exit, where each input is written as the files a loader reads, and a
    check of the invariants of a loaded dataset. Include it before anything else (it asks for POSIX). */
 #ifndef DT_FUZZ_UTIL_H
 #define DT_FUZZ_UTIL_H
@@ -15,23 +15,24 @@
 #include <unistd.h>
 #include "../dtrain.h"   /* the declarations; the target includes it again for the implementation */
 
-static char fz_dir[64];
+static char fz_dir[200];
 
 #include "../tests/dt_test_files.h"
 static void fz_cleanup(void) { if (fz_dir[0]) dt_t_rm_rf(fz_dir); }
 
 /* fz_dir/rel in one of a few rotating buffers; creates fz_dir on first use */
 static const char *fz_path(const char *rel) {
-    static char buf[4][256];
+    static char buf[4][320];
     static int next;
     char *p = buf[next++ & 3];
     if (!fz_dir[0]) {
-        snprintf(fz_dir, sizeof fz_dir, "/tmp/dt_fuzz_%ld", (long)getpid());
+        const char *tmp = getenv("TMPDIR");
+        snprintf(fz_dir, sizeof fz_dir, "%s/dt_fuzz_%ld", tmp && tmp[0] ? tmp : "/tmp", (long)getpid());
         dt_t_rm_rf(fz_dir);
         if (mkdir(fz_dir, 0700) != 0) { perror(fz_dir); abort(); }
         atexit(fz_cleanup);
     }
-    snprintf(p, 256, "%s/%s", fz_dir, rel);
+    snprintf(p, 320, "%s/%s", fz_dir, rel);
     return p;
 }
 static inline void fz_mkdir(const char *rel) { mkdir(fz_path(rel), 0700); }

@@ -1,7 +1,7 @@
 #define _POSIX_C_SOURCE 200809L   /* mkdtemp, mkdir, rmdir, mkfifo (dt_test_os.h) */
 /* Checkpoints: round trip of every piece of state, a resumed run bit-identical to an uninterrupted one,
    evaluation, and refusal of files that are missing, foreign, of another version, truncated or damaged. */
-#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): dt__fnv, the checksum */
+#include "dt_test_hooks.h"   /* the checksum and the file's layout */
 #include "../dtrain.h"
 #include "dt_test.h"
 #include "dt_test_os.h"
@@ -259,14 +259,14 @@ static void test_nonfinite_refused(void) {
     w[3] = keep;
     memcpy(before, w, sizeof before);
     if (good) {   /* parameter 5 of the only section made NaN, the checksum made right again */
-        long at = 8 + 8 * (DT__CKPT_HEAD_WORDS + 1) + 8 * DT__CKPT_SEC_WORDS + 4 * 5;
+        long at = 8 + 8 * (dt__test_ckpt_words(0) + 1) + 8 * dt__test_ckpt_words(1) + 4 * 5;
         uint64_t sum;
         FILE *f;
         int i;
         snprintf(bad, sizeof bad, "%s.nan", path);
         dt__le32(&nan, 1);   /* the file's order */
         memcpy(good + at, &nan, sizeof nan);
-        sum = dt__fnv(0xcbf29ce484222325ULL, good, (size_t)(n - 8));
+        sum = dt__test_fnv(0xcbf29ce484222325ULL, good, (size_t)(n - 8));
         for (i = 0; i < 8; i++) good[n - 8 + i] = (unsigned char)(sum >> (8 * i));
         if ((f = fopen(bad, "wb")) != NULL) { fwrite(good, 1, (size_t)n, f); fclose(f); }
         CHECK_ERR(dt_checkpoint_load(bad, m, o, NULL), DT_ERR_FORMAT);
@@ -277,6 +277,97 @@ static void test_nonfinite_refused(void) {
     free(good); free(again);
     dt_optim_destroy(o);
     dt_model_destroy(m);
+}
+
+/* Counters a run cannot have reached: a file whose epoch is 2^62 (its checksum made right) is refused on load,
+   naming the counter and its value, and the model and meta are left as they were; a save of such a meta is
+   refused and writes nothing. 2^48 itself, the bound, is kept. */
+static void test_implausible_counters(void) {
+    dt_model *m = small_model(1);
+    dt_optim *o = make_optim(m, DT_OPTIM_SGD);
+    float *w = dt_model_params(m, NULL), before[64];
+    dt_checkpoint_meta meta, got;
+    unsigned char *good;
+    long n = 0;
+    char bad[700];
+    memset(&meta, 0, sizeof meta);
+    meta.epoch = DT_CHECKPOINT_MAX_COUNT; meta.step = 12;
+    CHECK_OK(dt_checkpoint_save(path, m, o, &meta));
+    memset(&got, 0, sizeof got);
+    CHECK_OK(dt_checkpoint_load(path, m, o, &got));
+    CHECK(got.epoch == DT_CHECKPOINT_MAX_COUNT && got.step == 12);
+    meta.epoch = (int64_t)1 << 62;
+    remove(path);
+    CHECK_ERR(dt_checkpoint_save(path, m, o, &meta), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "epoch is 4611686018427387904") != NULL);
+    CHECK(file_size(path) < 0);
+    meta.epoch = 3;
+    CHECK_OK(dt_checkpoint_save(path, m, o, &meta));
+    good = read_all(path, &n);
+    memcpy(before, w, sizeof before);
+    if (good) {   /* rank 0's epoch (word 11 of its section) made 2^62, the checksum made right again */
+        long at = 8 + 8 * (dt__test_ckpt_words(0) + 1) + 8 * 11;
+        uint64_t sum;
+        FILE *f;
+        int i;
+        snprintf(bad, sizeof bad, "%s.big", path);
+        dt__put_le64(good + at, (uint64_t)1 << 62);
+        sum = dt__test_fnv(0xcbf29ce484222325ULL, good, (size_t)(n - 8));
+        for (i = 0; i < 8; i++) good[n - 8 + i] = (unsigned char)(sum >> (8 * i));
+        if ((f = fopen(bad, "wb")) != NULL) { fwrite(good, 1, (size_t)n, f); fclose(f); }
+        memset(&got, 0, sizeof got);
+        CHECK_ERR(dt_checkpoint_load(bad, m, o, &got), DT_ERR_FORMAT);
+        CHECK(strstr(dt_last_error(), "the epoch 4611686018427387904") != NULL && strstr(dt_last_error(), bad) != NULL);
+        CHECK(got.epoch == 0 && memcmp(before, w, sizeof before) == 0);
+        remove(bad);
+    }
+    free(good);
+    remove(path);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+}
+
+/* A trainer's word out of its range is refused on load: local SGD's steps since the last average (here 9 with
+   period 4, the checksum made right; it used to shift every later average), and D-PSGD's step is checked the
+   same way (0 .. DT_CHECKPOINT_MAX_COUNT). */
+static void test_trainer_word_range(void) {
+    dt_comm *c = NULL;
+    dt_model *m = small_model(3);
+    dt_localsgd *l = NULL;
+    dt_localsgd_desc ld;
+    unsigned char *good;
+    long n = 0;
+    char bad[700];
+    memset(&ld, 0, sizeof ld);
+    ld.period = 4;
+    CHECK_OK(dt_comm_create_self(&c, NULL));
+    CHECK_OK(dt_localsgd_create(&l, c, m, &ld));
+    if (!l) { dt_model_destroy(m); dt_comm_destroy(c); return; }
+    CHECK_OK(dt_localsgd_step(l));
+    CHECK_OK(dt_localsgd_step(l));   /* 2 steps since the last average */
+    remove(path);
+    CHECK_OK(dt_localsgd_save(l, path, NULL, NULL));
+    CHECK_OK(dt_localsgd_load(l, path, NULL, NULL));
+    good = read_all(path, &n);
+    if (good) {   /* the word (word 17 of rank 0's section) made 9 */
+        long at = 8 + 8 * (dt__test_ckpt_words(0) + 1) + 8 * 17;
+        uint64_t sum;
+        FILE *f;
+        int i;
+        snprintf(bad, sizeof bad, "%s.word", path);
+        dt__put_le64(good + at, 9);
+        sum = dt__test_fnv(0xcbf29ce484222325ULL, good, (size_t)(n - 8));
+        for (i = 0; i < 8; i++) good[n - 8 + i] = (unsigned char)(sum >> (8 * i));
+        if ((f = fopen(bad, "wb")) != NULL) { fwrite(good, 1, (size_t)n, f); fclose(f); }
+        CHECK_ERR(dt_localsgd_load(l, bad, NULL, NULL), DT_ERR_FORMAT);
+        CHECK(strstr(dt_last_error(), "holds 9 steps since the last average, outside 0..3") != NULL);
+        remove(bad);
+    }
+    free(good);
+    remove(path);
+    dt_localsgd_destroy(l);
+    dt_model_destroy(m);
+    dt_comm_destroy(c);
 }
 
 /* Evaluation: loss and top-1/top-k match a hand computation from the outputs; eval mode is used and the
@@ -343,6 +434,52 @@ static void test_evaluate(void) {
     dt_model_destroy(m);
 }
 
+/* dt_evaluate_comm: on 1 to 6 local ranks (more ranks than batches too), batches of 7 of 40 samples dealt
+   round-robin, every rank gets dt_evaluate's result to the last bit; a desc every rank gets wrong fails on
+   every rank without a wait. */
+typedef struct ev_job { dt_eval_result want; int bad; dt_eval_desc ed; } ev_job;
+static dt_result ev_rank(dt_comm *c, void *arg) {
+    ev_job *j = (ev_job *)arg;
+    dt_dataset ds = synth();
+    dt_model *m = small_model(4);
+    dt_eval_desc ed = j->ed;
+    dt_eval_result r;
+    dt_result e;
+    ed.dataset = &ds;
+    if (j->bad) ds.w = 11;
+    e = dt_evaluate_comm(c, m, &ed, &r);
+    dt_model_destroy(m);
+    if (e != DT_OK) return e;
+    return r.count == j->want.count && r.k == j->want.k && memcmp(&r.loss, &j->want.loss, sizeof r.loss) == 0 &&
+           r.top1 == j->want.top1 && r.topk == j->want.topk ? DT_OK : dt_set_error(DT_ERR_STATE, "rank %d: another result", dt_comm_rank(c));
+}
+static void test_evaluate_comm(void) {
+    dt_dataset ds = synth();
+    dt_model *m = small_model(4);
+    ev_job j;
+    dt_launch_desc ld;
+    dt_result res[6];
+    int p, i;
+    memset(&j, 0, sizeof j);
+    j.ed.batch = 7; j.ed.topk = 2;
+    j.ed.dataset = &ds;
+    CHECK_OK(dt_evaluate(m, &j.ed, &j.want));
+    dt_model_destroy(m);
+    CHECK(j.want.count == NS && j.want.top1 > 0.0 && j.want.loss > 0.0);
+    memset(&ld, 0, sizeof ld);
+    ld.threads_per_rank = 1;
+    ld.comm.timeout = 5.0;
+    for (p = 1; p <= 6; p++) {   /* 6 batches of 7 (the last of 5) */
+        ld.ranks = p;
+        CHECK_OK(dt_launch_local(&ld, ev_rank, &j, res));
+    }
+    j.bad = 1;
+    ld.ranks = 3;
+    CHECK_ERR(dt_launch_local(&ld, ev_rank, &j, res), DT_ERR_SHAPE);
+    for (i = 0; i < 3; i++) CHECK(res[i] == DT_ERR_SHAPE);
+    CHECK_ERR(dt_evaluate_comm(NULL, NULL, &j.ed, &j.want), DT_ERR_INVALID_ARG);
+}
+
 int main(int argc, char **argv) {
     int rc;
     dt_t_only = argc > 1 ? argv[1] : NULL;
@@ -353,7 +490,10 @@ int main(int argc, char **argv) {
     RUN(test_round_trip_without_optimizer);
     RUN(test_bad_files);
     RUN(test_nonfinite_refused);
+    RUN(test_implausible_counters);
+    RUN(test_trainer_word_range);
     RUN(test_evaluate);
+    RUN(test_evaluate_comm);
     rc = dt_t_summary();
     remove(path);
     dt_t_rmdir(dir);

@@ -4,10 +4,8 @@
    a message naming the file, a zeroed dataset and no allocation left (counted here, and by the ASan run).
    Built without DT_USE_ZLIB / DT_USE_STB_IMAGE, the gzip and image tests check DT_ERR_UNSUPPORTED instead. */
 #define _POSIX_C_SOURCE 200809L   /* mkdtemp, lstat, rmdir, unlink: the tests' own file handling */
-#include "dt_test_alloc.h"   /* counting allocator hooks, before the implementation */
-#define DT_IMAGE_MAX_PIXELS 4096   /* small, so the test can exceed it */
-
-#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): the allocator hooks, DT_IMAGE_MAX_PIXELS */
+#include "dt_test_alloc.h"   /* the counting allocator */
+#include "dt_test_hooks.h"   /* DT_IMAGE_MAX_PIXELS 4096: small, so the test can exceed it */
 #include "../dtrain.h"
 #include "dt_test.h"
 #include <dirent.h>
@@ -706,6 +704,46 @@ static void test_image_folder(void) {
     CHECK(live_allocs == 0);
 }
 
+/* What has an image's name in a class but is no image file is skipped with one warning per kind, giving the
+   count and the first one: directories, dangling symbolic links, FIFOs. */
+static char skip_log[4][512];
+static int skip_lines;
+static void skip_sink(void *user, int level, const char *msg) {
+    (void)user;
+    if (level == DT_LOG_WARN && skip_lines < 4) snprintf(skip_log[skip_lines], sizeof skip_log[0], "%s", msg);
+    if (level == DT_LOG_WARN) skip_lines++;
+}
+static void test_image_folder_skips(void) {
+    uint8_t img[FH * FW * 3];
+    dt_dataset ds;
+    int k, dirs = -1, links = -1, fifos = -1;
+    rgb_image(img, 5);
+    mkdir_rel("skips");
+    mkdir_rel("skips/c");
+    write_png("skips/c/ok.png", FW, FH, 3, img);
+    mkdir_rel("skips/c/d1.png");
+    mkdir_rel("skips/c/d2.jpg");
+    CHECK(symlink(tp("skips/c/gone.png"), tp("skips/c/l.png")) == 0);   /* dangling */
+    CHECK(mkfifo(tp("skips/c/f.png"), 0600) == 0);
+    skip_lines = 0;
+    dt_log_configure(skip_sink, NULL, DT_LOG_INFO);
+    CHECK_OK(dt_dataset_load_image_folder(&ds, tp("skips"), FH, FW, 3));
+    dt_log_configure(NULL, NULL, DT_LOG_INFO);
+    CHECK(ds.count == 1);
+    dt_dataset_free(&ds);
+    CHECK(skip_lines == 3);
+    for (k = 0; k < 3 && k < skip_lines; k++) {
+        CHECK(strstr(skip_log[k], tp("skips")) != NULL);
+        if (strstr(skip_log[k], "skipped 2 directories") && strstr(skip_log[k], "skips/c/d")) dirs = k;
+        if (strstr(skip_log[k], "skipped 1 entries") && strstr(skip_log[k], "dangling") && strstr(skip_log[k], "skips/c/l.png")) links = k;
+        if (strstr(skip_log[k], "skipped 1 entries") && strstr(skip_log[k], "FIFO") && strstr(skip_log[k], "skips/c/f.png")) fifos = k;
+    }
+    CHECK(dirs >= 0 && links >= 0 && fifos >= 0);
+    if (dirs < 0 || links < 0 || fifos < 0)
+        for (k = 0; k < 4 && k < skip_lines; k++) printf("    warning: %s\n", skip_log[k]);
+    CHECK(live_allocs == 0);
+}
+
 /* JPEG (lossy: close), resizing (shape; a uniform colour stays exactly that colour) */
 static void test_image_folder_jpeg_resize(void) {
     enum { JW = 32, JH = 24 };
@@ -953,6 +991,29 @@ static void test_image_folder_errors(void) {
     EXPECT_FAIL(dt_dataset_load_image_folder(&ds, tp("bad"), FH, FW, 3), DT_ERR_FORMAT, "big.png");
     CHECK_MSG("DT_IMAGE_MAX_PIXELS");
     unlink(tp("bad/c/big.png"));
+    {   /* a header that claims 100000 x 100000 pixels (60000 x 60000 in a JPEG), beyond stb_image's own limits too:
+           the same message, from the header, not stb_image's "unknown image type" */
+        static const char *const names[3] = {"bad/c/claim.png", "bad/c/claim.bmp", "bad/c/claim.jpg"};
+        uint8_t *b;
+        size_t i;
+        int k;
+        if (!stbi_write_png(tp(names[0]), FW, FH, 3, img, FW * 3) || !stbi_write_bmp(tp(names[1]), FW, FH, 3, img) ||
+            !stbi_write_jpg(tp(names[2]), FW, FH, 3, img, 90)) { dt_t_checks_failed++; printf("    cannot write the images\n"); }
+        for (k = 0; k < 3; k++) {
+            b = read_file(names[k], &n);
+            CHECK(b && n > 30);
+            if (!b || n <= 30) { free(b); continue; }
+            if (k == 0) { put_be32(b + 16, 100000); put_be32(b + 20, 100000); }   /* IHDR's width and height */
+            if (k == 1) { b[18] = 0xa0; b[19] = 0x86; b[20] = 0x01; b[22] = 0xa0; b[23] = 0x86; b[24] = 0x01; }   /* 100000, LE */
+            for (i = 2; k == 2 && i + 8 < n; i++)   /* the frame header (SOF0): height, then width, big-endian */
+                if (b[i] == 0xff && b[i + 1] == 0xc0) { b[i + 5] = b[i + 7] = 0xea; b[i + 6] = b[i + 8] = 0x60; break; }
+            write_file(names[k], b, n);
+            free(b);
+            EXPECT_FAIL(dt_dataset_load_image_folder(&ds, tp("bad"), FH, FW, 3), DT_ERR_FORMAT, names[k] + 6);
+            CHECK_MSG(k == 2 ? "is 60000x60000 pixels, more than DT_IMAGE_MAX_PIXELS" : "is 100000x100000 pixels, more than DT_IMAGE_MAX_PIXELS");
+            unlink(tp(names[k]));
+        }
+    }
     CHECK_OK(dt_dataset_load_image_folder(&ds, tp("bad"), FH, FW, 3));
     dt_dataset_free(&ds);
     CHECK(live_allocs == 0);
@@ -1025,6 +1086,7 @@ int main(int argc, char **argv) {
     RUN(test_cifar10_out_of_memory);
 #ifdef DT_USE_STB_IMAGE
     RUN(test_image_folder);
+    RUN(test_image_folder_skips);
     RUN(test_image_folder_jpeg_resize);
     RUN(test_image_folder_formats);
     RUN(test_image_folder_errors);

@@ -5,10 +5,10 @@
    no tier's kernels), and compared: logits, loss, every parameter's gradient, the input's gradient, the
    batch norms' running statistics, every parameter after SGD and Adam steps, and the logits in eval mode.
 
-     test_diff [--graphs N] [--seed S] [--graph I] [--dump DIR] [--verbose]
+     test_diff [--graphs N] [--seed S] [--graph I] [--tiers T,T...] [--dump DIR] [--verbose]
 
    Graph i of a run is a pure function of (S, i): a failure prints both, and `--seed S --graph i` replays it
-   alone. Graphs 0 and 1 are the two findings of issue 28's parity run, as reported (gdirected). Default: the CI run's count (DT_TEST_QUICK=1: fewer; DT_DIFF_GRAPHS overrides; `make test-diff`
+   alone. --tiers (e.g. neon) runs only the tiers named. Graphs 0 and 1 are the two findings of issue 28's parity run, as reported (gdirected). Default: the CI run's count (DT_TEST_QUICK=1: fewer; DT_DIFF_GRAPHS overrides; `make test-diff`
    runs a larger count). --dump DIR also writes each graph, its data, the state before each step and the
    default tier's results to DIR (gNNNN.txt and gNNNN.bin, the fixtures' record format), which
    tests/diff_torch.py compares with float64 PyTorch.
@@ -949,6 +949,18 @@ static int dump_open(const char *dir, const graph *G, const dt_model *m) {
     return 0;
 }
 
+static const char *tiers_named;   /* --tiers: a comma-separated list, or NULL for every tier this CPU runs */
+static int tier_on(int k) {
+    const char *t = tiers_named;
+    size_t n = strlen(dt__kernels[k]->name);
+    if (!dt__kernel_ok(k)) return 0;
+    while (t && *t) {
+        if (!strncmp(t, dt__kernels[k]->name, n) && (t[n] == ',' || t[n] == '\0')) return 1;
+        t = strchr(t, ',');
+        if (t) t++;
+    }
+    return !tiers_named;
+}
 /* ---- one graph ---- */
 static const char *dump_dir;
 static void run_graph(const graph *G) {
@@ -1016,7 +1028,7 @@ static void run_graph(const graph *G) {
             dump_vec("ost", step, st, S.ntensors);
         }
         for (k = 0; k < DT__NKERNELS; k++) {
-            if (!dt__kernel_ok(k)) continue;
+            if (!tier_on(k)) continue;
             use_tier(k);
             dt__shift_off = G->shift_off;
             if (G->taps_all) { dt__tap_min_zeros = 0.0; dt__tap_min_len = 0; }
@@ -1093,7 +1105,7 @@ static int path_exists(int k, int p) {
 static int all_taken(void) {
     int k, p;
     for (k = 0; k < DT__NKERNELS; k++)
-        for (p = 0; p < P_COUNT && dt__kernel_ok(k); p++)
+        for (p = 0; p < P_COUNT && tier_on(k); p++)
             if (path_exists(k, p) && !taken[k][p]) return 0;
     return 1;
 }
@@ -1108,14 +1120,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--graph") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump_dir = argv[++i];
+        else if (!strcmp(argv[i], "--tiers") && i + 1 < argc) tiers_named = argv[++i];
         else if (!strcmp(argv[i], "--verbose")) verbose++;
         else {
-            fprintf(stderr, "usage: test_diff [--graphs N] [--seed S] [--graph I] [--dump DIR] [--verbose]\n");
+            fprintf(stderr, "usage: test_diff [--graphs N] [--seed S] [--graph I] [--tiers T,T...] [--dump DIR] [--verbose]\n");
             return 2;
         }
     }
+    for (k = 0; k < DT__NKERNELS && tiers_named; k++) if (tier_on(k)) break;
+    if (k == DT__NKERNELS) {
+        fprintf(stderr, "test_diff: --tiers %s names no tier this CPU runs\n", tiers_named);
+        return 2;
+    }
     printf("test_diff: %d graphs or more from seed %llu on the tiers", only >= 0 ? 1 : graphs, (unsigned long long)seed);
-    for (k = 0; k < DT__NKERNELS; k++) if (dt__kernel_ok(k)) printf(" %s", dt__kernels[k]->name);
+    for (k = 0; k < DT__NKERNELS; k++) if (tier_on(k)) printf(" %s", dt__kernels[k]->name);
     printf(" (%d threads)\n", dt_cpu_threads());
     make_tables();
     wrap_kernels();
@@ -1132,7 +1150,7 @@ int main(int argc, char **argv) {
     else { dt_t_passed++; printf("ok   fast paths against the reference on %d random graphs (%.1f s)\n", ran, dt_time_now() - t0); }
     for (k = 0; k < DT__NKERNELS; k++) {
         int missing = 0;
-        if (!dt__kernel_ok(k)) continue;
+        if (!tier_on(k)) continue;
         printf("     %-8s %lld comparisons, worst relative error %.3g (of a tensor with a spread under 1e-4 of it, not all "
                "rounding), worst difference / tolerance %.3g (%s); %lld of %lld steps' gradients left out for a ReLU or pooling decided within "
                "rounding\n", dt__kernels[k]->name, (long long)compared[k],

@@ -1,8 +1,9 @@
 /* Bad input to the API returns an error code with a message that names the cause; nothing crashes
    (this file also runs under AddressSanitizer + UndefinedBehaviorSanitizer). */
-#include "dt_test_alloc.h"   /* counting allocator hooks, before the implementation */
-
-#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): the allocator hooks */
+#define _POSIX_C_SOURCE 200809L   /* sysconf: the machine's memory */
+#include <unistd.h>
+#include "dt_test_alloc.h"   /* the counting allocator */
+#include "dt_test_hooks.h"
 #include "../dtrain.h"
 #include "dt_test.h"
 

@@ -31,7 +31,7 @@ static dt_result run(int n, const char *fault, const fd_job *j, char *msg, size_
 /* One fault on rank 2 of 3 at collective 5 (a DDP step): result want, every fragment in the message,
    done within limit seconds. */
 static void expect(const char *fault, dt_result want, const char *frag1, const char *frag2, double limit) {
-    fd_job j = {20, 0, 0};
+    fd_job j = {20, 0, 0, NULL, 0};
     char msg[512];
     double secs;
     dt_result r = run(3, fault, &j, msg, sizeof msg, &secs);
@@ -64,7 +64,7 @@ static void count_lines(void *user, int level, const char *msg) {
 }
 
 static void test_nan_pixel(void) {
-    fd_job j = {20, 1, 3};
+    fd_job j = {20, 1, 3, NULL, 0};
     char msg[512];
     double secs;
     lines l = {0, 0};
@@ -111,13 +111,62 @@ static void test_bad_specs(void) {
     dt_comm_destroy(c[1]);
 }
 
-/* A fault on a rank the run does not have, or at a collective it never reaches, changes nothing. */
+/* A fault that could test nothing is refused: on a rank the run does not have (at creation), at a collective
+   the run never reaches (when the rank's function has returned), or kind=nan where the rank has no float in
+   the collective (integers, or a broadcast's receiving side). */
 static void test_no_fire(void) {
-    fd_job j = {5, 0, 0};
+    fd_job j = {5, 0, 0, NULL, 0};
     char msg[512];
     double secs;
-    CHECK_OK(run(3, "rank=7,coll=2,kind=hang", &j, msg, sizeof msg, &secs));
-    CHECK_OK(run(3, "rank=1,coll=500,kind=fail", &j, msg, sizeof msg, &secs));
+    CHECK_ERR(run(3, "rank=7,coll=2,kind=hang", &j, msg, sizeof msg, &secs), DT_ERR_INVALID_ARG);
+    CHECK(strstr(msg, "names rank 7, but the run has 3 ranks") != NULL);
+    CHECK_ERR(run(3, "rank=1,coll=500,kind=fail", &j, msg, sizeof msg, &secs), DT_ERR_INVALID_ARG);
+    CHECK(strstr(msg, "rank 1: DT_FAULT 'rank=1,coll=500,kind=fail'") != NULL && strstr(msg, "never fired") != NULL &&
+          strstr(msg, "#500") != NULL);
+    /* dt_ddp_create: #1 the model sizes' all-reduce (int64), #2 rank 0's parameters, broadcast */
+    CHECK_ERR(run(3, "rank=1,coll=1,kind=nan", &j, msg, sizeof msg, &secs), DT_ERR_INVALID_ARG);
+    CHECK(strstr(msg, "no float of rank 1's to poison") != NULL && strstr(msg, "integers") != NULL);
+    CHECK_ERR(run(3, "rank=1,coll=2,kind=nan", &j, msg, sizeof msg, &secs), DT_ERR_INVALID_ARG);
+    CHECK(strstr(msg, "broadcast's root") != NULL);
+    /* on the root, the NaN reaches every replica: the first loss */
+    CHECK_ERR(run(3, "rank=0,coll=2,kind=nan", &j, msg, sizeof msg, &secs), DT_ERR_NUMERIC);
+    CHECK(strstr(msg, "epoch 1, step 1: ") != NULL);
+}
+
+/* A NaN in any collective of a compressed DDP run, on any rank, is never applied silently: each run ends in
+   DT_ERR_NUMERIC (the counts, a PowerSGD norm, or the loss after it), or the fault is refused for want of a
+   float (top-k's integer wire). Before the counts were checked, a NaN in fp16's sample counts trained on with
+   the undivided gradient sum and returned DT_OK. */
+static void test_nan_compressed(void) {
+    static const char *methods[] = {"fp16", "bf16", "powersgd:2", "topk:0.25"};
+    size_t i;
+    for (i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        fd_job j = {3, 0, 0, NULL, 0};
+        int coll, numeric = 0, counts = 0, norm = 0, refused = 0, bad = 0;
+        j.compress = methods[i];
+        j.last_no_bias = i == 2;   /* PowerSGD: the rank's first element is then in a P, not a bias sent as it is */
+        for (coll = 3; coll < 40; coll++) {
+            char fault[64], msg[512];
+            double secs;
+            dt_result r;
+            snprintf(fault, sizeof fault, "rank=%d,coll=%d,kind=nan", coll % 3, coll);
+            r = run(3, fault, &j, msg, sizeof msg, &secs);
+            if (r == DT_ERR_INVALID_ARG && strstr(msg, "never fired")) break;   /* past the last collective */
+            numeric += r == DT_ERR_NUMERIC;
+            counts += r == DT_ERR_NUMERIC && strstr(msg, "all-reduced") != NULL;
+            norm += r == DT_ERR_NUMERIC && strstr(msg, "norm of a column") != NULL;
+            refused += r == DT_ERR_INVALID_ARG && strstr(msg, "no float") != NULL;
+            if (r != DT_ERR_NUMERIC && !(r == DT_ERR_INVALID_ARG && strstr(msg, "no float"))) {
+                bad++;
+                printf("    --compress %s, %s: %s: %s\n", methods[i], fault, dt_result_str(r), msg);
+            }
+        }
+        CHECK(bad == 0);
+        CHECK(coll > 5 && coll < 40);
+        if (i < 2) CHECK(counts > 0 && numeric > 0 && refused == 0);   /* fp16, bf16: the counts go alone, in f32 */
+        if (i == 2) CHECK(norm > 0);
+        if (i == 3) CHECK(refused > 0);
+    }
 }
 
 /* Rank 0 works on (without the communicator) for longer than the timeout after the others have returned
@@ -140,6 +189,7 @@ int main(int argc, char **argv) {
     dt_log_configure(NULL, NULL, DT_LOG_ERROR);
     RUN(test_bad_specs);
     RUN(test_no_fire);
+    RUN(test_nan_compressed);
     RUN(test_slow_rank_waited_for);
     RUN(test_kinds);
     RUN(test_nan_pixel);

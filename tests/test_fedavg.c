@@ -1,10 +1,13 @@
 /* test_fedavg.c - FedAvg: each aggregator against a hand computation, the minimum-client refusals, one client
    with C = 1 and E = 1 equal to plain training on its data, label flipping touching only the flipped labels,
    sign flipping, zero that means zero (the noise std, Krum's f, the learning rate), a batchnorm model's global
-   parameters and statistics the same on 1 and 3 ranks, dropouts that leave clients out without hanging, and
-   100 clients over 4 local ranks. */
+   parameters and statistics the same on 1 and 3 ranks, dropouts that leave clients out without hanging,
+   100 clients over 4 local ranks, and the server optimizers (FedAvgM, FedAdagrad, FedAdam, FedYogi) against a
+   hand computation, resumed bit for bit. */
+#define _POSIX_C_SOURCE 200809L   /* mkdtemp, rmdir (dt_test_os.h) */
 #include "../dtrain.h"
 #include "dt_test.h"
+#include "dt_test_os.h"
 
 #define IN 12      /* features */
 #define K 4        /* classes */
@@ -133,6 +136,18 @@ static void test_refusals(void) {
     CHECK_ERR(agg(DT_FED_MULTIKRUM, UP, NULL, 5, 2, out, NULL, &d), DT_ERR_INVALID_ARG);  /* 5 < 7 */
     d.trim = 0.5f;
     CHECK_ERR(agg(DT_FED_TRIMMED, UP, NULL, 4, 2, out, NULL, &d), DT_ERR_INVALID_ARG);    /* cuts 2 + 2 of 4 */
+    {   /* trim 0 is a request, the unweighted mean of all 5 (it used to become 0.1); DT_DEFAULT is 0.1 (cuts 0 of 5) */
+        dt_fed_agg_desc z;
+        const double w5[5] = {1, 1, 1, 1, 96};
+        memset(&z, 0, sizeof z);
+        CHECK_OK(agg(DT_FED_TRIMMED, UP, w5, 5, 2, out, NULL, &z));
+        CHECK(fabsf(out[0] - 22.0f) < 1e-5f && fabsf(out[1] + 18.0f) < 1e-5f);   /* (1+2+3+4+100)/5, (1+2+3+4-100)/5 */
+        z.trim = DT_DEFAULT;
+        CHECK_OK(agg(DT_FED_TRIMMED, UP, NULL, 5, 2, out, NULL, &z));
+        CHECK(fabsf(out[0] - 22.0f) < 1e-5f);                                       /* floor(0.1 x 5) = 0 cut */
+        z.trim = -0.2f;
+        CHECK_ERR(agg(DT_FED_TRIMMED, UP, NULL, 5, 2, out, NULL, &z), DT_ERR_INVALID_ARG);
+    }
     d.cm_rows = 1; d.cm_cols = 2;
     CHECK_ERR(agg(DT_FED_CLASSMEAN, UP, NULL, 2, 2, out, NULL, &d), DT_ERR_INVALID_ARG);  /* needs 3 clients */
     CHECK_ERR(dt_fed_aggregate(NULL, UP, bad, 2, 2, out, NULL), DT_ERR_INVALID_ARG);      /* zero weight */
@@ -262,6 +277,22 @@ static void test_label_flip(void) {
         CHECK(memcmp(a, b, sizeof(float) * (size_t)n) == 0);
         fed_once(&part, 1, &lf, 2, 3, 0.0f, b, n);             /* flipping a label it has */
         CHECK(memcmp(a, b, sizeof(float) * (size_t)n) != 0);
+    }
+    {   /* a label flipper without a map is refused (it would train honestly) */
+        dt_partition p1;
+        dt_comm *c = NULL;
+        dt_fed *f = NULL;
+        dt_fed_desc fd;
+        CHECK_OK(iid(&p1, NS, 1, 9));
+        fd = fed_desc(&p1, 1);
+        fd.behaviour = &lf;
+        CHECK_OK(dt_comm_create_self(&c, NULL));
+        CHECK_OK(make_model(&m));
+        CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+        CHECK(f == NULL && strstr(dt_last_error(), "client 0 flips labels") != NULL);
+        dt_model_destroy(m);
+        dt_comm_destroy(c);
+        dt_partition_free(&p1);
     }
     free(ids); free(a); free(b);
 }
@@ -480,6 +511,175 @@ static void test_hundred_clients(void) {
     CHECK(ra.selected == 30 && ra.kept == 30);
 }
 
+/* A FedAvg of 3 clients on one rank with server optimizer `server` (kind, its other settings the defaults):
+   created, then rounds [from, to) run; params [n] gets the global model. With start, the global model starts
+   from it; with save (and to > from), the state is saved after the last round, with load loaded first. */
+static dt_result server_rounds(const dt_partition *part, dt_fed_server_desc server, const float *start, int from, int to, float *params,
+                               int64_t n, const char *save, const char *load) {
+    dt_comm *c = NULL;
+    dt_model *m = NULL;
+    dt_fed *f = NULL;
+    dt_fed_desc fd = fed_desc(part, 3);
+    dt_checkpoint_meta meta;
+    dt_result r;
+    int t;
+    fd.server = server;
+    memset(&meta, 0, sizeof meta);
+    if ((r = dt_comm_create_self(&c, NULL)) != DT_OK || (r = make_model(&m)) != DT_OK) goto done;
+    if (start && (r = dt_model_set_params(m, start, n)) != DT_OK) goto done;
+    if ((r = dt_fed_create(&f, c, m, &fd)) != DT_OK) goto done;
+    if (load && (r = dt_fed_load(f, load, &meta)) != DT_OK) goto done;
+    for (t = from; t < to && r == DT_OK; t++) r = dt_fed_round(f, t, NULL);
+    meta.round = to;
+    if (r == DT_OK && save) r = dt_fed_save(f, save, &meta);
+    if (r == DT_OK) r = dt_model_get_params(m, params, n);
+done:
+    dt_fed_destroy(f);
+    dt_model_destroy(m);
+    dt_comm_destroy(c);
+    return r;
+}
+
+/* The server optimizers against a hand computation from FedAvg's own aggregate: Delta_t is the step a plain
+   FedAvg round takes from the same global model (the same clients, data and seed), and m, v follow Reddi et
+   al.'s Algorithm 2 for two rounds; AVG with lr 0.5 takes half of Delta. Adam stopped after round 1, saved and
+   loaded into a fresh run, ends as the unstopped one, bit for bit; a checkpoint of another server optimizer,
+   and bad settings, are refused. */
+static void test_server_optimizers(void) {
+    static const dt_fed_server kinds[] = {DT_FED_SERVER_AVGM, DT_FED_SERVER_ADAGRAD, DT_FED_SERVER_ADAM, DT_FED_SERVER_YOGI};
+    dt_partition part;
+    dt_model *m0 = NULL;
+    dt_fed_server_desc sd;
+    int64_t n, j;
+    size_t i;
+    float *x0, *x1, *x2, *y, *want, *mv;
+    char dir[512], path[600];
+    if (dt_t_mkdtemp(dir, sizeof dir, "dt_fed_test") != 0) { CHECK(0); return; }
+    snprintf(path, sizeof path, "%s/fed.ckpt", dir);
+    CHECK_OK(iid(&part, NS, 3, 4));
+    CHECK_OK(make_model(&m0));
+    n = dt_model_param_count(m0);
+    x0 = (float *)malloc(sizeof(float) * (size_t)n * 7);
+    x1 = x0 + n; x2 = x1 + n; y = x2 + n; want = y + n; mv = want + n;   /* mv: m [n], v [n] */
+    CHECK_OK(dt_model_get_params(m0, x0, n));
+    dt_model_destroy(m0);
+    memset(&sd, 0, sizeof sd);
+    sd.lr = 0.5f;   /* AVG: x0 + 0.5 Delta */
+    CHECK_OK(server_rounds(&part, sd, NULL, 0, 1, x1, n, NULL, NULL));
+    memset(&sd, 0, sizeof sd);
+    CHECK_OK(server_rounds(&part, sd, NULL, 0, 1, y, n, NULL, NULL));
+    for (j = 0; j < n; j++) want[j] = x0[j] + 0.5f * (y[j] - x0[j]);
+    CHECK_CLOSE(x1, want, n, 1e-6, "AVG with lr 0.5: half of FedAvg's step");
+    for (i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        dt_fed_server k = kinds[i];
+        float lr = k == DT_FED_SERVER_AVGM ? 1.0f : 0.01f, b1 = 0.9f, b2 = 0.99f, tau = 1e-3f;
+        int t;
+        memset(&sd, 0, sizeof sd);
+        sd.kind = k;
+        CHECK_OK(server_rounds(&part, sd, NULL, 0, 1, x1, n, NULL, NULL));
+        CHECK_OK(server_rounds(&part, sd, NULL, 0, 2, x2, n, NULL, NULL));
+        memset(mv, 0, sizeof(float) * 2 * (size_t)n);
+        for (t = 0; t < 2; t++) {   /* the hand computation, from each round's start (x0, then the optimizer's x1) */
+            const float *from = t == 0 ? x0 : x1;
+            memset(&sd, 0, sizeof sd);
+            CHECK_OK(server_rounds(&part, sd, from, t, t + 1, y, n, NULL, NULL));   /* FedAvg's round: from + Delta */
+            for (j = 0; j < n; j++) {
+                float g = y[j] - from[j], *mj = mv + j, *vj = mv + n + j;
+                if (k == DT_FED_SERVER_AVGM) { *mj = b1 * *mj + g; want[j] = from[j] + lr * *mj; continue; }
+                *mj = b1 * *mj + (1.0f - b1) * g;
+                if (k == DT_FED_SERVER_ADAGRAD) *vj += g * g;
+                else if (k == DT_FED_SERVER_ADAM) *vj = b2 * *vj + (1.0f - b2) * g * g;
+                else *vj -= (1.0f - b2) * g * g * (*vj > g * g ? 1.0f : *vj < g * g ? -1.0f : 0.0f);
+                want[j] = from[j] + lr * *mj / (sqrtf(*vj) + tau);
+            }
+            CHECK_CLOSE(t == 0 ? x1 : x2, want, n, 1e-5, dt_fed_server_name(k));
+        }
+        CHECK(dt_t_relerr(x2, x1, n) > 1e-4);   /* the second round moved the model */
+    }
+    /* resume: Adam for 3 rounds, against 1 round, a checkpoint, and 2 rounds of a fresh run that loads it */
+    memset(&sd, 0, sizeof sd);
+    sd.kind = DT_FED_SERVER_ADAM;
+    CHECK_OK(server_rounds(&part, sd, NULL, 0, 3, x1, n, NULL, NULL));
+    CHECK_OK(server_rounds(&part, sd, NULL, 0, 1, x2, n, path, NULL));
+    CHECK_OK(server_rounds(&part, sd, NULL, 1, 3, x2, n, NULL, path));
+    CHECK(memcmp(x1, x2, sizeof(float) * (size_t)n) == 0);
+    sd.kind = DT_FED_SERVER_YOGI;
+    CHECK_ERR(server_rounds(&part, sd, NULL, 1, 3, x2, n, NULL, path), DT_ERR_MISMATCH);
+    CHECK(strstr(dt_last_error(), "written with the server optimizer adam; this run has yogi") != NULL);
+    sd.kind = DT_FED_SERVER_AVG;   /* no state to load: the checkpoint's floats are refused */
+    CHECK(server_rounds(&part, sd, NULL, 1, 3, x2, n, NULL, path) != DT_OK);
+    remove(path);
+    dt_t_rmdir(dir);
+    sd.kind = DT_FED_SERVER_ADAM; sd.beta2 = 1.0f;
+    CHECK_ERR(server_rounds(&part, sd, NULL, 0, 1, x2, n, NULL, NULL), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "the server optimizer adam with lr 0.01, momentum 0.9, beta2 1") != NULL);
+    sd.beta2 = 0.0f; sd.kind = (dt_fed_server)9;
+    CHECK_ERR(server_rounds(&part, sd, NULL, 0, 1, x2, n, NULL, NULL), DT_ERR_INVALID_ARG);
+    CHECK(dt_fed_server_parse("fedadam", NULL) == DT_ERR_INVALID_ARG && strstr(dt_last_error(), "adagrad, adam or yogi") != NULL);
+    free(x0);
+    dt_partition_free(&part);
+}
+
+/* DP-FedAvg: the accountant against published values (Opacus's test: q 0.04, noise 1.5, 2250 steps, delta 1e-5:
+   epsilon 7.32911117143; dp_accounting's example: 10 steps at q 1e-5, noise 1 and 4 at q 1e-4, noise 3, orders
+   2..32: epsilon 0.336 at order 23); a round with noise 0 moves the global model by the plain round's step
+   clipped to the norm, and noise z adds a Gaussian of std z clip / m; DP with another aggregator, or noise
+   without a clip, is refused. */
+static void test_dp(void) {
+    dt_partition part;
+    dt_model *m0 = NULL;
+    dt_fed_desc fd;
+    double order = 0.0, best = INFINITY, at = 0.0, dot = 0.0, na = 0.0, nb = 0.0, sd = 0.0;
+    int a;
+    int64_t n, j;
+    float *x0, *plain, *dp, *noisy;
+    CHECK(fabs(dt_dp_epsilon(0.04, 1.5, 2250, 1e-5, &order) - 7.32911117143) < 1e-6);
+    for (a = 2; a <= 32; a++) {
+        double e = 10.0 * dt_dp_rdp(1e-5, 1.0, a) + 4.0 * dt_dp_rdp(1e-4, 3.0, a) - (log(1e-5) + log((double)a)) / (a - 1.0) +
+                   log((a - 1.0) / a);
+        if (e < best) { best = e; at = a; }
+    }
+    CHECK(fabs(best - 0.33634406339) < 1e-6 && at == 23.0);
+    CHECK(fabs(dt_dp_rdp(1.0, 2.0, 5.0) - 5.0 / 8.0) < 1e-12 && dt_dp_rdp(0.0, 1.0, 5.0) == 0.0 && dt_dp_rdp(0.1, 0.0, 2.0) == INFINITY);
+    CHECK(dt_dp_epsilon(0.01, 4.0, 1000, 1e-5, NULL) < dt_dp_epsilon(0.01, 4.0, 2000, 1e-5, NULL));   /* more rounds, more spent */
+    CHECK_OK(iid(&part, NS, 1, 9));
+    CHECK_OK(make_model(&m0));
+    n = dt_model_param_count(m0);
+    x0 = (float *)malloc(sizeof(float) * (size_t)n * 4);
+    plain = x0 + n; dp = plain + n; noisy = dp + n;
+    CHECK_OK(dt_model_get_params(m0, x0, n));
+    dt_model_destroy(m0);
+    fd = fed_desc(&part, 1);
+    fed_round_once(&fd, plain, n);
+    fd.dp.clip = 1e-3f;
+    fed_round_once(&fd, dp, n);
+    fd.dp.noise_multiplier = 1.0f;
+    fed_round_once(&fd, noisy, n);
+    for (j = 0; j < n; j++) {
+        double u = plain[j] - x0[j], v = dp[j] - x0[j], w = (double)noisy[j] - dp[j];
+        dot += u * v; na += u * u; nb += v * v; sd += w * w;
+    }
+    CHECK(fabs(sqrt(nb) - 1e-3) < 1e-5);                   /* the step, clipped to the norm (1 client: m = 1) */
+    CHECK(dot / sqrt(na * nb) > 0.9999 && sqrt(na) > 1e-2);  /* in the plain step's direction, which was longer */
+    CHECK(fabs(sqrt(sd / (double)n) - 1e-3) < 2e-4);        /* the noise: std z clip / m = 1e-3 */
+    {
+        dt_comm *c = NULL;
+        dt_model *m = NULL;
+        dt_fed *f = NULL;
+        CHECK_OK(dt_comm_create_self(&c, NULL));
+        CHECK_OK(make_model(&m));
+        fd.agg.kind = DT_FED_MEDIAN;
+        CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+        CHECK(strstr(dt_last_error(), "the mean of the clipped updates only") != NULL);
+        fd.agg.kind = DT_FED_MEAN; fd.dp.clip = 0.0f;
+        CHECK_ERR(dt_fed_create(&f, c, m, &fd), DT_ERR_INVALID_ARG);
+        dt_model_destroy(m);
+        dt_comm_destroy(c);
+    }
+    free(x0);
+    dt_partition_free(&part);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) dt_t_only = argv[1];
     dt_log_configure(NULL, NULL, DT_LOG_ERROR);
@@ -493,5 +693,7 @@ int main(int argc, char **argv) {
     RUN(test_batchnorm_ranks);
     RUN(test_dropout);
     RUN(test_hundred_clients);
+    RUN(test_server_optimizers);
+    RUN(test_dp);
     return dt_t_summary();
 }

@@ -1,6 +1,6 @@
 /* Every layer and loss, forward AND backward: against PyTorch's numbers (fixtures written by
    tests/gen_fixtures.py) and against finite differences on small odd shapes. */
-#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): dt_body_argmax_row, a loop body of the implementation */
+#include "dt_test_hooks.h"   /* dt_body_argmax_row, a loop body of the implementation */
 #include "../dtrain.h"
 #include "dt_test.h"
 
@@ -558,7 +558,7 @@ static void test_relu_keeps_nan(void) {
         float sc[8] = {0.1f, 0.9f, NAN, 0.2f, 0.5f, 0.2f, 0.1f, 0.0f};
         int32_t lab[2] = {1, 0};
         int64_t right = -1;
-        CHECK(dt_body_argmax_row(sc, 4) == 2 && dt_body_argmax_row(sc + 4, 4) == 0);
+        CHECK(dt__test_argmax_row(sc, 4) == 2 && dt__test_argmax_row(sc + 4, 4) == 0);
         ops->count_correct(NULL, sc, lab, 2, 4, &right);
         CHECK(right == 1);
     }

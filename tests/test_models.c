@@ -1,12 +1,15 @@
 /* The model graph and the zoo: parameter counts as PyTorch counts them, PyTorch's parameter names,
    one full forward+backward of SimpleCNN and ResNet-20 against PyTorch, initialisation, gradient
-   accumulation, train/eval. */
-#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): the kernels' internals */
+   accumulation, train/eval. DT_TEST_QUICK=1 (the sanitizer builds and qemu, where VGG-11's steps take minutes)
+   compares 1 and 3 threads, not 1, 2 and 3, and leaves VGG-11 out of the planned passes' graphs. */
+#include "dt_test_hooks.h"   /* the fusion switch and the taps' and shifted rows' counters */
 #include "../dtrain.h"
 #include "dt_test.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+static int quick;   /* DT_TEST_QUICK */
 
 static void test_zoo_param_counts(void) {
     /* the numbers PyTorch prints for the same architectures (tests/fixtures/param_counts.txt) */
@@ -237,23 +240,24 @@ static void test_accumulate_and_batches(void) {
 
 /* The thread count changes no bit: every sum (GEMM, shifted convolutions, batch norm, reductions) is taken
    in one order by one thread, whichever threads there are. One step of SimpleCNN, ResNet-20 and VGG-11 on 1,
-   2 and 3 threads: loss, output and every gradient equal to the last bit; on a tier with shifted
-   convolutions (run.sh runs this on every tier), through them; VGG-11's small images by taps. */
+   2 and 3 threads (quick: 1 and 3): loss, output and every gradient equal to the last bit; on a tier with
+   shifted convolutions (run.sh runs this on every tier), through them; VGG-11's small images by taps. */
 #ifdef _OPENMP   /* (without OpenMP there is one thread: nothing to compare) */
 static void test_threads_same_bits(void) {
     static const dt_zoo_model zs[] = {DT_ZOO_SIMPLE_CNN, DT_ZOO_RESNET20, DT_ZOO_VGG11};
     int zi, t, saved = omp_get_max_threads();
-    int64_t min_len = dt__tap_min_len;
-    dt__tap_min_len = 0;   /* VGG-11's small layers by taps at 6 images too */
+    int64_t min_len = *dt__test_tap_min_len();
+    *dt__test_tap_min_len() = 0;   /* VGG-11's small layers by taps at 6 images too */
     for (zi = 0; zi < 3; zi++) {
-        float *x, *g[3], loss[3];
+        float *x, *g[3] = {NULL, NULL, NULL}, loss[3];
         int32_t y[6] = {0, 1, 2, 3, 4, 5};
         int64_t np = 0, in = zs[zi] == DT_ZOO_SIMPLE_CNN ? 784 : 3 * 32 * 32;
         x = (float *)malloc(sizeof(float) * (size_t)(6 * in));
         dt_t_fill(x, 6 * in, -1, 1);
         for (t = 0; t < 3; t++) {
             dt_model *m = NULL;
-            int64_t taken = dt__shift_taken, taps = dt__tap_taken;
+            int64_t taken = dt__test_shift_taken(), taps = dt__test_tap_taken();
+            if (quick && t == 1) continue;
             omp_set_num_threads(t + 1);
             CHECK_OK(dt_zoo_create(&m, zs[zi], 0, NULL));   /* the workspace is sized for the threads */
             if (!m) break;
@@ -263,10 +267,10 @@ static void test_threads_same_bits(void) {
             CHECK_OK(dt_model_loss_labels(m, y, &loss[t]));
             CHECK_OK(dt_model_backward(m, NULL));
             CHECK_OK(dt_model_get_grads(m, g[t], np));
-            if (dt__pick_kernel()->conv_fwd) CHECK(dt__shift_taken > taken);
+            if (dt__test_tier_shifts()) CHECK(dt__test_shift_taken() > taken);
             /* VGG-11's 3 x 3 convolutions at 8 x 8, 4 x 4 and 2 x 2 by taps (6 of them, forward and backward), on
                every tier (at 6 images their pieces are narrower than the taps take by default) */
-            if (zs[zi] == DT_ZOO_VGG11) CHECK(dt__tap_taken == taps + 12);
+            if (zs[zi] == DT_ZOO_VGG11) CHECK(dt__test_tap_taken() == taps + 12);
             if (t > 0) {
                 CHECK(loss[t] == loss[0]);
                 CHECK(memcmp(g[t], g[0], sizeof(float) * (size_t)np) == 0);
@@ -277,7 +281,7 @@ static void test_threads_same_bits(void) {
         for (t = 0; t < 3; t++) free(g[t]);
         free(x);
     }
-    dt__tap_min_len = min_len;
+    *dt__test_tap_min_len() = min_len;
 }
 #endif
 
@@ -326,13 +330,14 @@ static void test_planned_passes_same_numbers(void) {
     int ci, way, i;
     for (ci = 0; ci < 8; ci++) {
         float *x = NULL, *out[2], *g[2], *dx[2], *buf[2], *ev[2], loss[2];
+        if (quick && ci == 2) continue;   /* VGG-11 */
         int32_t y[B] = {0, 1, 2, 3};
         int64_t np = 0, nb = 0, in = 0, k = 0, folded[2] = {0, 0};
         for (way = 0; way < 2; way++) {
             dt_model *m = NULL;
             dt_model_desc d = {0};
             d.seed = 7; d.input_grad = 1;
-            dt__fuse_off = way;
+            *dt__test_fuse_off() = way;
             if (ci < 3) {
                 static const dt_zoo_model zs[] = {DT_ZOO_SIMPLE_CNN, DT_ZOO_RESNET20, DT_ZOO_VGG11};
                 d.in_c = ci ? 3 : 1; d.in_h = d.in_w = ci ? 32 : 28;
@@ -369,7 +374,7 @@ static void test_planned_passes_same_numbers(void) {
             CHECK_OK(dt_model_get_output(m, ev[way], B * k));
             dt_model_destroy(m);
         }
-        dt__fuse_off = 0;
+        *dt__test_fuse_off() = 0;
         if (way < 2) break;
         {
             static const int64_t want[8] = {0, 28, 8, 4, 1, 1, 4, 5};   /* nodes run by others, per graph */
@@ -518,7 +523,8 @@ static void test_builder(void) {
 
 int main(int argc, char **argv) {
     dt_t_only = argc > 1 ? argv[1] : NULL;
-    printf("test_models\n");
+    quick = getenv("DT_TEST_QUICK") && atoi(getenv("DT_TEST_QUICK"));
+    printf("test_models%s\n", quick ? " (DT_TEST_QUICK: threads_same_bits on 1 and 3 threads, planned passes without VGG-11)" : "");
     RUN(test_zoo_param_counts);
     RUN(test_param_names);
     RUN(test_torch_simplecnn);

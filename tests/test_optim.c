@@ -19,7 +19,9 @@ static dt_model *two_linear(void) {
     return m;
 }
 
-static void run_case(const char *name) {
+/* One fixture's trajectory; with clip_in_desc, its clipping through dt_optim_desc.clip_norm (inside each step)
+   instead of a call of dt_optim_clip_grad_norm before it. */
+static void run_case_as(const char *name, int clip_in_desc) {
     dt_t_fix f;
     dt_model *m;
     dt_optim *o = NULL;
@@ -45,6 +47,7 @@ static void run_case(const char *name) {
     sd.milestones[0] = (int64_t)cfg[11]; sd.milestones[1] = (int64_t)cfg[12]; sd.gamma = cfg[13];
     sd.t_max = (int64_t)cfg[14]; sd.min_lr = cfg[15]; sd.warmup = (int64_t)cfg[16]; sd.warmup_start = cfg[17];
     steps = (int64_t)cfg[18];
+    if (clip_in_desc) od.clip_norm = cfg[9];
     CHECK_OK(dt_optim_create(&o, m, &od));
     if (!o) { dt_model_destroy(m); dt_t_fix_free(&f); return; }
     if ((int)cfg[19] >= 1) CHECK(dt_optim_freeze(o, "fc1.weight", 1) == 1);
@@ -55,7 +58,7 @@ static void run_case(const char *name) {
         CHECK_CLOSE(&lr, &lrs[s], 1, 1e-6, what);
         CHECK_OK(dt_optim_set_lr(o, lr));
         memcpy(dt_model_grads(m, NULL), grads + s * n, sizeof(float) * (size_t)n);
-        if (cfg[9] > 0.0f) {
+        if (cfg[9] > 0.0f && !clip_in_desc) {
             CHECK_OK(dt_optim_clip_grad_norm(o, cfg[9], &norm));
             snprintf(what, sizeof what, "%s: gradient norm at step %lld", name, (long long)s);
             CHECK_CLOSE(&norm, &norms[s], 1, 1e-5, what);
@@ -68,6 +71,8 @@ static void run_case(const char *name) {
     dt_model_destroy(m);
     dt_t_fix_free(&f);
 }
+
+static void run_case(const char *name) { run_case_as(name, 0); }
 
 static void test_torch_sgd(void) {
     run_case("sgd_plain");
@@ -86,6 +91,8 @@ static void test_torch_schedules(void) {
 static void test_torch_clip_and_frozen(void) {
     run_case("sgd_clip");
     run_case("adam_cosine_clip");
+    run_case_as("sgd_clip", 1);           /* dt_optim_desc.clip_norm: the same trajectory */
+    run_case_as("adam_cosine_clip", 1);
     run_case("sgd_frozen");
     run_case("adamw_frozen_multistep");
 }
@@ -155,6 +162,23 @@ static void test_optim_errors(void) {
     dt_model_grads(m, NULL)[3] = NAN;
     CHECK_ERR(dt_optim_clip_grad_norm(o, 1.0f, &norm), DT_ERR_NUMERIC);
     CHECK_ERR(dt_optim_step(NULL), DT_ERR_INVALID_ARG);
+    dt_optim_destroy(o);
+    o = NULL;
+    d.clip_norm = -1.0f;
+    CHECK_ERR(dt_optim_create(&o, m, &d), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "clip_norm -1") != NULL);
+    d.clip_norm = INFINITY;
+    CHECK_ERR(dt_optim_create(&o, m, &d), DT_ERR_INVALID_ARG);
+    d.clip_norm = 1.0f;   /* a step that clips a NaN gradient: DT_ERR_NUMERIC, and no parameter moves */
+    CHECK_OK(dt_optim_create(&o, m, &d));
+    if (o) {
+        int64_t np = 0;
+        float before[64], *p = dt_model_params(m, &np);
+        if (np > 64) np = 64;
+        memcpy(before, p, sizeof(float) * (size_t)np);
+        CHECK_ERR(dt_optim_step(o), DT_ERR_NUMERIC);
+        CHECK(memcmp(before, p, sizeof(float) * (size_t)np) == 0);
+    }
     dt_optim_destroy(o);
     dt_optim_destroy(NULL);
     dt_model_destroy(m);

@@ -1,9 +1,8 @@
 /* Partitioners (fractions, IID, contiguous, label shards, Dirichlet label skew), the distributed sampler and
    the batch loader: every sample exactly once, sizes as documented, determinism per seed, PyTorch's
    DistributedSampler padding, prefetch on == off byte for byte, clean errors and out-of-memory paths. */
-#include "dt_test_alloc.h"   /* counting allocator hooks, before the implementation */
-
-#define DTRAIN_IMPLEMENTATION   /* here, not linked (Makefile): the allocator hooks, the RNG's internals */
+#include "dt_test_alloc.h"   /* the counting allocator */
+#include "dt_test_hooks.h"   /* the RNG's internals */
 #include "../dtrain.h"
 #include "dt_test.h"
 
@@ -104,7 +103,7 @@ static void test_gamma_sampler(void) {
         double k = shapes[s], sum = 0.0, sum2 = 0.0, mean, var;
         dt_rng_init(&r, 7, (uint64_t)s);
         for (i = 0; i < n; i++) {
-            double g = exp(dt__rng_log_gamma(&r, k));
+            double g = exp(dt__test_rng_log_gamma(&r, k));
             CHECK(g >= 0.0);
             sum += g;
             sum2 += g * g;
@@ -116,11 +115,11 @@ static void test_gamma_sampler(void) {
     }
     dt_rng_init(&r, 7, 99);
     for (i = 0; i < 1000; i++) {
-        double lg = dt__rng_log_gamma(&r, 0.001);
+        double lg = dt__test_rng_log_gamma(&r, 0.001);
         CHECK(lg == lg && lg < 1e300 && lg > -1e300);
     }
     for (i = 0; i < 1000; i++) {
-        double u = dt__rng_open01(&r);
+        double u = dt__test_rng_open01(&r);
         CHECK(u > 0.0 && u < 1.0);
     }
 }

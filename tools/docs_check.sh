@@ -6,8 +6,9 @@
 #       ending in a backslash joined) runs, in order, from a scratch directory laid out like the repository
 #       root (build/examples, tools, examples, dtrain.h and dtrain/ linked from the repository and BUILD;
 #       build/tutorial and docs/tutorial/img empty, so the committed charts are not touched). Each --FLAG VALUE of the marker
-#       replaces the value of that flag in every command that has the flag (--epochs 1, --limit 512, ...):
-#       the commands run are the ones the chapter shows, shorter. A command passes when it exits 0 within
+#       replaces the value of that flag in every command that has the flag (--epochs 1, --limit 512, ...),
+#       and +--FLAG VALUE adds it to the training examples' commands that lack it too: the commands run are
+#       the ones the chapter shows, shorter. A command passes when it exits 0 within
 #       $DOCS_CHECK_TIMEOUT seconds (default 600) and every file it names after --csv or -o exists and is not
 #       empty (a .png must be a PNG).
 #   <!-- docs-check: file NAME -->   before a fenced block: the block is written to NAME (under build/tutorial/)
@@ -103,12 +104,22 @@ items() {   # items CHAPTER RUNDIR SCRATCH
     ' "$1"
 }
 
-# the command with each "--FLAG VALUE" of flags put in place of that flag's value where it has the flag
+# the command with each "--FLAG VALUE" of flags put in place of that flag's value where it has the flag; a
+# "+--FLAG VALUE" also adds the flag to a training example's command that lacks it (build/examples/ train,
+# ddp, dpsgd, fedavg, localsgd, hogwild: +--test-limit 500 on a short run, +--limit on the README's demo)
 shorten() {   # shorten FLAGS COMMAND
     c=$2
     set -- $1
     while [ $# -ge 2 ]; do
-        c=$(printf '%s\n' "$c" | sed "s#\\(^\\| \\)$1 [^ ]*#\\1$1 $2#g")
+        f=${1#+}
+        if [ "$f" != "$1" ] && ! printf '%s\n' "$c" | grep -q -- " $f " &&
+            printf '%s\n' "$c" | grep -Eq '^(\./)?build/examples/(train|ddp|dpsgd|fedavg|localsgd|hogwild) '; then
+            case $c in   # before a pipe, if the command has one
+            *' | '*) c="${c%% | *} $f $2 | ${c#* | }" ;;
+            *) c="$c $f $2" ;;
+            esac
+        else c=$(printf '%s\n' "$c" | sed "s#\\(^\\| \\)$f [^ ]*#\\1$f $2#g")
+        fi
         shift 2
     done
     printf '%s\n' "$c"

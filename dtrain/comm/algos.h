@@ -251,14 +251,25 @@ static dt_result dt__tag_check(const char *fn, int tag, int lib) {
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: the library's tag %d is outside its own %d..%d", fn, tag, DT_TAG_USER_MAX + 1, DT__TAG_LIB_END - 1);
     return DT_OK;
 }
-/* The fault dt_comm_desc.fault asks for, when this is its rank and collective. data: the rank's own f32
-   elements in the collective (NULL: none), where kind nan writes. */
+/* The fault dt_comm_desc.fault asks for, when this is its rank and collective. data: the rank's own elements
+   in the collective (NULL: none: scatter, gather, the all-gathers, all-to-all, the neighbour exchange; a
+   broadcast's on its root only, since the others' are overwritten), where kind nan writes its NaN into the
+   first element; a collective with no float of this rank's to poison (no data, or integers) is a failure
+   that says so, not a fault that changes nothing. */
 static dt_result dt__fault_fire(dt_comm *c, void *data, size_t count, dt_dtype t) {
     static const char *names[] = {"", "fail", "return", "stall", "hang", "nan"};
-    const dt__fault *f = &c->fault;
-    char what[160];
+    dt__fault *f = &c->fault;
+    char what[160], cause[512];
     if (f->kind == DT__FAULT_NONE || c->rank != f->rank || c->seq != f->coll) return DT_OK;
+    f->fired = 1;
     dt_comm_describe(c, what, sizeof what);
+    if (f->kind == DT__FAULT_NAN && (!data || count == 0 || (t != DT_F32 && t != DT_F64 && t != DT_F16 && t != DT_BF16))) {
+        snprintf(cause, sizeof cause, "DT_FAULT '%s' (kind=nan, a test aid) has no float of rank %d's to poison in this collective (%s); "
+                 "name an all-reduce, a reduce or a broadcast from this rank of floats (--trace PATH records the collectives with their numbers)",
+                 f->spec, c->rank, !data || count == 0 ? "it poisons only a rank's own elements of an all-reduce, a reduce or a "
+                 "broadcast's root" : "its elements are integers");
+        return dt__comm_fail(c, DT_ERR_INVALID_ARG, cause);
+    }
     dt_log(DT_LOG_WARN, "rank %d: %s: DT_FAULT injects kind=%s here (a test aid)", c->rank, what, names[f->kind]);
     if (f->kind == DT__FAULT_STALL || f->kind == DT__FAULT_HANG || f->kind == DT__FAULT_RETURN)
         DT__ATOMIC_STORE(&c->seq, c->seq - 1);   /* this rank has not arrived: the others' reports say so */
@@ -272,9 +283,21 @@ static dt_result dt__fault_fire(dt_comm *c, void *data, size_t count, dt_dtype t
     case DT__FAULT_STALL: dt_sleep(f->seconds); DT__ATOMIC_STORE(&c->seq, c->seq + 1); return DT_OK;
     case DT__FAULT_HANG: for (;;) dt_sleep(3600.0);
     default:
-        if (data && count > 0 && t == DT_F32) ((float *)data)[0] = NAN;
+        if (t == DT_F32) ((float *)data)[0] = NAN;
+        else if (t == DT_F64) ((double *)data)[0] = NAN;
+        else ((uint16_t *)data)[0] = t == DT_F16 ? 0x7e00 : 0x7fc0;   /* the quiet NaNs of fp16 and bf16 */
         return DT_OK;
     }
+}
+
+/* Under dt_launch, after a rank's function returned DT_OK: a failure when this rank's injected fault never fired
+   (its collective was never reached), naming how far the rank got. */
+static dt_result dt__fault_unfired(const dt_comm *c) {
+    const dt__fault *f = &c->fault;
+    if (f->kind == DT__FAULT_NONE || f->fired || c->rank != f->rank) return DT_OK;
+    return dt_set_error(DT_ERR_INVALID_ARG, "rank %d: DT_FAULT '%s' (a test aid) never fired: this rank ran %llu collectives, and the "
+                        "fault waits for #%llu; name a collective the run reaches (--trace PATH records them with their numbers)", c->rank, f->spec,
+                        (unsigned long long)c->seq, (unsigned long long)f->coll);
 }
 
 /* Starts collective number c->seq + 1: its signature, its counter; the seq is published for reports.
@@ -432,7 +455,7 @@ static dt_result dt__coll_broadcast(dt_comm *c, void *buf, size_t count, dt_dtyp
     if (!count) buf = dt__nonnull(buf);
     bytes = count * dt_dtype_size(t);
     algo = dt__algo_resolve(c, algo, c->backend->broadcast != NULL);
-    if ((r = dt__coll_start(c, DT__OP_BROADCAST, buf, count, t, 0, root, algo)) != DT_OK) return r;
+    if ((r = dt__coll_start(c, DT__OP_BROADCAST, c->rank == root ? buf : NULL, count, t, 0, root, algo)) != DT_OK) return r;
     if (c->size == 1) return DT_OK;
     switch (algo) {
     case DT_ALGO_NATIVE:

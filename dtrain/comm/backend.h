@@ -125,6 +125,9 @@ typedef struct dt__fault {
     int      kind, rank;
     uint64_t coll;
     double   seconds;   /* stall */
+    int      fired;     /* set when it fired: under dt_launch a rank whose fault never fired fails, since a fault
+                           test that injects nothing would pass without testing anything */
+    char     spec[64];  /* as given, for the reports */
 } dt__fault;
 /* and what a dt_request holds: the message its backend sees, then what only the library (and its local
    backend) keeps. A dt_request's reserved words are only ever read and written as this struct (its size and
@@ -481,6 +484,7 @@ static dt_result dt__fault_parse(const char *s, dt__fault *f, const char *name) 
     f->rank = (int)rank;
     f->coll = (uint64_t)coll;
     f->seconds = secs;
+    snprintf(f->spec, sizeof f->spec, "%s", s);
     return DT_OK;
 }
 
@@ -527,6 +531,9 @@ dt_result dt_comm_create_backend(dt_comm **out, const dt_comm_backend *backend, 
     if (d.segment_bytes == 0) d.segment_bytes = (size_t)256 << 10;
     if (!d.fault) d.fault = getenv("DT_FAULT");
     if (dt__fault_parse(d.fault, &fault, name) != DT_OK) return DT_ERR_INVALID_ARG;
+    if (fault.kind != DT__FAULT_NONE && fault.rank >= size)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_comm_create_%s: the fault '%s' (DT_FAULT or dt_comm_desc.fault) names rank %d, but the "
+                            "run has %d ranks (0..%d): it would never fire; name one of them", name, d.fault, fault.rank, size, size - 1);
     if (!(c = (dt_comm *)DT_MALLOC(sizeof *c))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_comm_create_%s: no memory", name);
     memset(c, 0, sizeof *c);
     c->rank = rank;

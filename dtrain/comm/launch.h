@@ -401,6 +401,7 @@ static void dt__rank_msg(char *out, size_t cap, int rank, dt_result r, const cha
 static void dt__rank_body(void *p) {
     dt__rank_ctx *x = (dt__rank_ctx *)p;
     x->result = x->fn(x->comm, x->arg);
+    if (x->result == DT_OK) x->result = dt__fault_unfired(x->comm);
     if (x->result != DT_OK) dt__rank_msg(x->msg, sizeof x->msg, dt_comm_rank(x->comm), x->result, dt_last_error());
     x->finished = 1;
     dt_comm_leave(x->comm, x->result, dt__cause(x->msg, x->result));   /* without the code's name: the others' reports add it */
@@ -672,6 +673,7 @@ dt_result dt_launch_rank(dt_comm *c, const dt_launch_desc *desc, int local_ranks
     if (desc->trace_path) r = dt__launch_trace_start(c, desc, &lanes);
     dt__tls_trace = lanes;
     if (r == DT_OK) r = fn(c, arg);
+    if (r == DT_OK) r = dt__fault_unfired(c);
     dt__tls_trace = NULL;
     if (r != DT_OK) {   /* logged by the backend's launcher, once for every rank that failed the same way */
         dt__rank_msg(m, sizeof m, dt_comm_rank(c), r, dt_last_error());

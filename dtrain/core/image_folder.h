@@ -25,6 +25,8 @@ extern "C" {
    byte-wise (Python sorted()) order, label = position in that order, class_names their names; images in
    a class are taken in name order. Files with the extensions torchvision accepts (.jpg .jpeg .png .ppm
    .bmp .pgm .tif .tiff .webp, any case) are images, other files and names starting with '.' are skipped.
+   What has an image's name but is not a regular file (a directory, a dangling symbolic link, a FIFO) is
+   skipped too, with one warning (dt_log) per kind, giving the count and the first one.
    Each image is decoded to `channels` components (1 or 3; 0 means 3) and resized to h x w with
    stb_image_resize's default filter. PNG, JPEG, BMP and binary PGM/PPM decode; TIFF and WebP are
    refused with a message. Needs DT_USE_STB_IMAGE (and POSIX <dirent.h>). */
@@ -95,9 +97,30 @@ static int dt__is_image_name(const char *name) {
     return 0;
 }
 
+/* What a class directory holds under an image's name but cannot serve as one, counted by kind so that the
+   load warns once per kind (dt__skips_warn): a directory, what stat() cannot follow (a dangling symbolic link,
+   no permission), and what is not a regular file (a FIFO, a socket, a device). */
+enum { DT__SKIP_DIR, DT__SKIP_UNREADABLE, DT__SKIP_SPECIAL, DT__SKIP_KINDS };
+typedef struct dt__skips {
+    int64_t n[DT__SKIP_KINDS];
+    char    first[DT__SKIP_KINDS][256];   /* the first of each kind, for the warning */
+} dt__skips;
+
+static void dt__skips_warn(const char *root, const dt__skips *sk) {
+    static const char *const what[DT__SKIP_KINDS] = {
+        "directories with an image's name (their contents are not walked)",
+        "entries with an image's name that cannot be opened (dangling symbolic links, or no permission)",
+        "entries with an image's name that are not regular files (FIFOs, sockets or devices)"};
+    int k;
+    for (k = 0; k < DT__SKIP_KINDS; k++)
+        if (sk->n[k])
+            dt_log(DT_LOG_WARN, "image folder %s: skipped %lld %s, the first %s", root, (long long)sk->n[k], what[k], sk->first[k]);
+}
+
 /* The names in dir that do not start with '.' and are directories (dirs != 0) or regular files with an
-   image extension, sorted byte-wise (as Python's sorted()). stat() follows symbolic links, as torchvision. */
-static dt_result dt__list_dir(const char *dir, int dirs, dt__strs *out) {
+   image extension, sorted byte-wise (as Python's sorted()). stat() follows symbolic links, as torchvision.
+   With an image extension, what is not a regular file is counted in sk (NULL: not counted). */
+static dt_result dt__list_dir(const char *dir, int dirs, dt__strs *out, dt__skips *sk) {
     DIR *d;
     dt_result r = DT_OK;
     memset(out, 0, sizeof *out);
@@ -106,7 +129,7 @@ static dt_result dt__list_dir(const char *dir, int dirs, dt__strs *out) {
         struct dirent *e;
         struct stat st;
         char *p;
-        int keep;
+        int keep, found;
         errno = 0;
         if (!(e = readdir(d))) {
             if (errno) r = dt_set_error(DT_ERR_IO, "cannot list directory %s: %s", dir, strerror(errno));
@@ -114,7 +137,12 @@ static dt_result dt__list_dir(const char *dir, int dirs, dt__strs *out) {
         }
         if (e->d_name[0] == '.' || (!dirs && !dt__is_image_name(e->d_name))) continue;
         if (!(p = dt__path(dir, e->d_name))) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to list %s", dir); break; }
-        keep = stat(p, &st) == 0 && (dirs ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode));
+        found = stat(p, &st) == 0;
+        keep = found && (dirs ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode));
+        if (!keep && !dirs && sk) {
+            int kind = !found ? DT__SKIP_UNREADABLE : S_ISDIR(st.st_mode) ? DT__SKIP_DIR : DT__SKIP_SPECIAL;
+            if (sk->n[kind]++ == 0) snprintf(sk->first[kind], sizeof sk->first[kind], "%s", p);
+        }
         DT_FREE(p);
         if (keep && dt__strs_push(out, dt__str3(e->d_name, "", "")) != 0) {
             r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to list %s", dir);
@@ -147,6 +175,12 @@ static dt_result dt__image_sniff(const char *path, const uint8_t *b, int64_t n) 
     return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: it is not a PNG, JPEG, BMP or binary PGM/PPM image (it "
                         "starts %02x %02x %02x %02x)", path, n > 0 ? b[0] : 0, n > 1 ? b[1] : 0, n > 2 ? b[2] : 0,
                         n > 3 ? b[3] : 0);
+}
+
+/* The refusal of an image of w x h pixels, more than DT_IMAGE_MAX_PIXELS. */
+static dt_result dt__image_too_large(const char *path, int64_t w, int64_t h) {
+    return dt_set_error(DT_ERR_FORMAT, "%s is %lldx%lld pixels, more than DT_IMAGE_MAX_PIXELS (%lld); define that macro larger "
+                        "or shrink the image", path, (long long)w, (long long)h, (long long)DT_IMAGE_MAX_PIXELS);
 }
 
 /* Binary PGM/PPM (P5/P6) are decoded here rather than by stb_image 2.27, which reads 16-bit samples in
@@ -184,8 +218,7 @@ static dt_result dt__pnm_decode(const char *path, const uint8_t *b, int64_t n, u
                             "positive and maxval at most 65535", path, (long long)v[0], (long long)v[1], (long long)maxv);
     np = v[0] * v[1];
     if (np > (int64_t)DT_IMAGE_MAX_PIXELS)
-        return dt_set_error(DT_ERR_FORMAT, "%s is %lldx%lld pixels, more than DT_IMAGE_MAX_PIXELS (%lld); define that macro "
-                            "larger or shrink the image", path, (long long)v[0], (long long)v[1], (long long)DT_IMAGE_MAX_PIXELS);
+        return dt__image_too_large(path, v[0], v[1]);
     wide = maxv > 255;
     need = np * comp * (wide ? 2 : 1);
     if (n - pos < need)
@@ -292,6 +325,44 @@ static dt_result dt__jpeg_check(const char *path, const uint8_t *b, int64_t n) {
     }
 }
 
+/* The width and height a PNG (its IHDR), BMP (its info header) or JPEG (its frame header) claims, read before
+   stb_image sees the file: stb_image refuses a header it finds too large for its own limits, then tries every
+   other format and reports "unknown image type", which hides the cause. Returns 1 with *w and *h, or 0 when the
+   header holds no valid size (stb_image then says what is wrong). */
+static int dt__image_dims(const uint8_t *b, int64_t n, int64_t *w, int64_t *h) {
+    int64_t pos = 2;
+    if (n >= 24 && b[0] == 0x89 && memcmp(b + 12, "IHDR", 4) == 0) {   /* PNG: sizes of 1 .. 2^31 - 1 */
+        *w = (int64_t)dt__get_be32(b + 16); *h = (int64_t)dt__get_be32(b + 20);
+        return *w > 0 && *h > 0 && *w <= INT32_MAX && *h <= INT32_MAX;
+    }
+    if (n >= 26 && b[0] == 'B' && b[1] == 'M') {   /* BMP: 16-bit sizes in the old 12-byte header, else 32-bit; a negative height is top-down */
+        uint32_t hsize = (uint32_t)b[14] | (uint32_t)b[15] << 8 | (uint32_t)b[16] << 16 | (uint32_t)b[17] << 24;
+        if (hsize == 12) { *w = b[18] | b[19] << 8; *h = b[20] | b[21] << 8; }
+        else {
+            uint32_t uw = (uint32_t)b[18] | (uint32_t)b[19] << 8 | (uint32_t)b[20] << 16 | (uint32_t)b[21] << 24;
+            uint32_t uh = (uint32_t)b[22] | (uint32_t)b[23] << 8 | (uint32_t)b[24] << 16 | (uint32_t)b[25] << 24;
+            *w = uw < 0x80000000u ? (int64_t)uw : -1;
+            *h = uh < 0x80000000u ? (int64_t)uh : uh == 0x80000000u ? -1 : (int64_t)(0x100000000ULL - uh);
+        }
+        return *w > 0 && *h > 0;
+    }
+    if (n < 4 || b[0] != 0xff || b[1] != 0xd8) return 0;
+    while (pos + 4 <= n && b[pos] == 0xff) {   /* JPEG: the segments before the frame header (SOF0 .. SOF15) */
+        int marker;
+        while (pos < n && b[pos] == 0xff) pos++;
+        if (pos + 3 > n) return 0;
+        marker = b[pos++];
+        if (marker >= 0xc0 && marker <= 0xcf && marker != 0xc4 && marker != 0xc8 && marker != 0xcc) {
+            if (pos + 7 > n) return 0;
+            *h = (int64_t)b[pos + 3] << 8 | b[pos + 4]; *w = (int64_t)b[pos + 5] << 8 | b[pos + 6];
+            return *w > 0 && *h > 0;
+        }
+        if (marker == 0xd8 || (marker >= 0xd0 && marker <= 0xd7) || marker == 0x01) continue;   /* no segment */
+        pos += (int64_t)b[pos] << 8 | b[pos + 1];
+    }
+    return 0;
+}
+
 static void dt__image_free(uint8_t *img, int pnm) {
     if (pnm) DT_FREE(img);
     else stbi_image_free(img);
@@ -300,7 +371,7 @@ static dt_result dt__image_load(const char *path, int64_t h, int64_t w, int64_t 
                                 uint8_t *tmp, uint8_t *dst) {
     const char *why;
     FILE *fp = dt__open_read(path, &why);
-    int64_t size, i, c, np;
+    int64_t size, i, c, np, hw = 0, hh = 0;
     int iw = 0, ih = 0, comp = 0, pnm = 0;
     uint8_t *img = NULL, *conv = NULL;
     const uint8_t *src;
@@ -330,13 +401,14 @@ static dt_result dt__image_load(const char *path, int64_t h, int64_t w, int64_t 
     } else {
         if ((*buf)[0] == 0x89 && dt__png_check(path, *buf, size) != DT_OK) return DT_ERR_FORMAT;
         if ((*buf)[0] == 0xff && dt__jpeg_check(path, *buf, size) != DT_OK) return DT_ERR_FORMAT;
+        if (dt__image_dims(*buf, size, &hw, &hh) && hw * hh > (int64_t)DT_IMAGE_MAX_PIXELS)   /* before stb_image's own limits */
+            return dt__image_too_large(path, hw, hh);
         if (!stbi_info_from_memory(*buf, (int)size, &iw, &ih, &comp)) {
             why = stbi_failure_reason();
             return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: %s (stb_image)", path, why ? why : "unknown reason");
         }
         if (iw <= 0 || ih <= 0 || (int64_t)iw * ih > (int64_t)DT_IMAGE_MAX_PIXELS)
-            return dt_set_error(DT_ERR_FORMAT, "%s is %dx%d pixels, more than DT_IMAGE_MAX_PIXELS (%lld); define that macro "
-                                "larger or shrink the image", path, iw, ih, (long long)DT_IMAGE_MAX_PIXELS);
+            return dt__image_too_large(path, iw, ih);
         if (!(img = stbi_load_from_memory(*buf, (int)size, &iw, &ih, &comp, 0))) {
             why = stbi_failure_reason();
             return dt_set_error(DT_ERR_FORMAT, "%s cannot be decoded: %s (stb_image)", path, why ? why : "unknown reason");
@@ -385,9 +457,11 @@ static dt_result dt__image_load(const char *path, int64_t h, int64_t w, int64_t 
 
 dt_result dt_dataset_load_image_folder(dt_dataset *ds, const char *root, int64_t h, int64_t w, int64_t channels) {
     dt__strs cls, names, files;
+    dt__skips skips;
     int64_t *start = NULL, k, i, bufcap = 0, sample;
     uint8_t *buf = NULL, *tmp = NULL;
     dt_result r;
+    memset(&skips, 0, sizeof skips);
     memset(&cls, 0, sizeof cls);
     memset(&names, 0, sizeof names);
     memset(&files, 0, sizeof files);
@@ -402,7 +476,7 @@ dt_result dt_dataset_load_image_folder(dt_dataset *ds, const char *root, int64_t
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_dataset_load_image_folder(%s): size %lldx%lld is invalid; h and w "
                             "must be > 0 with h * w <= DT_IMAGE_MAX_PIXELS (%lld)", root, (long long)h, (long long)w,
                             (long long)DT_IMAGE_MAX_PIXELS);
-    if ((r = dt__list_dir(root, 1, &cls)) != DT_OK) goto fail;
+    if ((r = dt__list_dir(root, 1, &cls, NULL)) != DT_OK) goto fail;
     if (cls.n == 0) {
         r = dt_set_error(DT_ERR_FORMAT, "%s holds no class directories; an image folder is root/<class>/<image>", root);
         goto fail;
@@ -414,7 +488,7 @@ dt_result dt_dataset_load_image_folder(dt_dataset *ds, const char *root, int64_t
     for (k = 0; k < cls.n; k++) {   /* every image path, class by class, each class in name order */
         char *dir = dt__path(root, cls.s[k]);
         if (!dir) { r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to list %s", root); goto fail; }
-        r = dt__list_dir(dir, 0, &names);
+        r = dt__list_dir(dir, 0, &names, &skips);
         start[k] = files.n;
         for (i = 0; r == DT_OK && i < names.n; i++)
             if (dt__strs_push(&files, dt__path(dir, names.s[i])) != 0)
@@ -427,6 +501,7 @@ dt_result dt_dataset_load_image_folder(dt_dataset *ds, const char *root, int64_t
         if (r != DT_OK) goto fail;
     }
     start[cls.n] = files.n;
+    dt__skips_warn(root, &skips);
     if ((uint64_t)files.n > (uint64_t)(SIZE_MAX / 2) / (uint64_t)(channels * h * w)) {
         r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: %lld images of %lldx%lldx%lld do not fit in memory", root,
                          (long long)files.n, (long long)channels, (long long)h, (long long)w);

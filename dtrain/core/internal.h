@@ -159,6 +159,8 @@ static inline dt_result dt__lib_recv(dt_comm *c, void *buf, size_t count, dt_dty
                                      size_t *received);
 static inline dt_result dt__lib_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int dst, int tag);
 static dt_result dt__tree_broadcast(dt_comm *c, void *buf, size_t bytes, int root);
+/* under dt_launch, after a rank's function returned DT_OK: a failure when its injected fault never fired */
+static dt_result dt__fault_unfired(const dt_comm *c);
 static dt_result dt__tree_reduce(dt_comm *c, void *buf, size_t bytes, dt_dtype t, dt_reduce_op op, int root,
                                  void *tmp);
 #endif
@@ -181,6 +183,8 @@ static dt_result dt__ckpt_save_extra(dt_comm *c, const char *fn, int trainer, co
                                      dt_optim *o, const dt_checkpoint_meta *meta, int64_t word, float *extra,
                                      int64_t nextra, dt_result pre);
 static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast);
+/* DT_ERR_NUMERIC unless a number that crossed ranks is finite and in [lo, hi] (the rule for counts and norms) */
+static dt_result dt__reduced_check(const dt_comm *c, const char *fn, const char *what, double v, double lo, double hi);
 static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, const dt_comm *c, const dt_model *m,
                                    const char *model);
 #endif

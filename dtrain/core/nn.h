@@ -732,6 +732,10 @@ dt_result dt_model_finalize(dt_model *m) {
 }
 
 static int dt__fuse_off;   /* 1: plan nothing: no fusion, every gradient zeroed and added to (the tests compare) */
+#ifdef DT__TEST_HOOKS   /* the test programs' handles (tests/dt_test_hooks.h; compiled in by tests/impl_test.c) */
+int *dt__test_fuse_off(void);
+int *dt__test_fuse_off(void) { return &dt__fuse_off; }
+#endif
 
 /* the node whose gradient buffer node i's is (flatten shares its input's) */
 static int dt__owner(const dt_model *m, int i) {

@@ -30,6 +30,8 @@ typedef struct dt_optim_desc {
     int   nesterov;                /* SGD; needs momentum > 0 and dampening 0 */
     float weight_decay;            /* L2 added to the gradient (SGD, Adam); decoupled (AdamW, default 0.01) */
     float beta1, beta2, eps;       /* Adam(W): defaults 0.9, 0.999, 1e-8 */
+    float clip_norm;               /* > 0: each step first clips the gradients' global 2-norm to it
+                                      (dt_optim_clip_grad_norm); 0: no clipping */
 } dt_optim_desc;
 
 typedef struct dt_optim dt_optim;
@@ -40,7 +42,8 @@ typedef struct dt_optim dt_optim;
 dt_result dt_optim_create(dt_optim **out, dt_model *m, const dt_optim_desc *desc);
 void      dt_optim_destroy(dt_optim *o);
 /* One update of every trainable parameter from dt_model_grads(). One loop over the flat buffer (or over
-   each stretch between frozen tensors). */
+   each stretch between frozen tensors), after the clipping desc.clip_norm asks for (a gradient norm that is
+   not finite is then DT_ERR_NUMERIC, and nothing is updated). */
 dt_result dt_optim_step(dt_optim *o);
 dt_result dt_optim_set_lr(dt_optim *o, float lr);   /* a finite lr >= 0 (0 is 0: a schedule may end there) */
 float     dt_optim_lr(const dt_optim *o);
@@ -121,12 +124,13 @@ dt_result dt_optim_create(dt_optim **out, dt_model *m, const dt_optim_desc *desc
         if (d.kind == DT_OPTIM_ADAMW && d.weight_decay == 0.0f) d.weight_decay = 0.01f;
     }
     if (!(d.lr >= 0.0f && d.lr < INFINITY) || d.momentum < 0.0f || d.weight_decay < 0.0f || d.dampening < 0.0f ||
-        !(d.beta1 >= 0.0f && d.beta1 < 1.0f) || !(d.beta2 >= 0.0f && d.beta2 < 1.0f) || d.eps < 0.0f)
+        !(d.beta1 >= 0.0f && d.beta1 < 1.0f) || !(d.beta2 >= 0.0f && d.beta2 < 1.0f) || d.eps < 0.0f ||
+        !(d.clip_norm >= 0.0f && d.clip_norm < INFINITY))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_create: invalid setting (lr %g, momentum %g, dampening %g, weight "
-                            "decay %g, betas %g %g, eps %g): lr must be a finite number >= 0 (DT_DEFAULT for the default), "
-                            "the others >= 0 and betas < 1",
+                            "decay %g, betas %g %g, eps %g, clip_norm %g): lr and clip_norm must be finite numbers >= 0 "
+                            "(lr DT_DEFAULT for the default), the others >= 0 and betas < 1",
                             (double)d.lr, (double)d.momentum, (double)d.dampening, (double)d.weight_decay,
-                            (double)d.beta1, (double)d.beta2, (double)d.eps);
+                            (double)d.beta1, (double)d.beta2, (double)d.eps, (double)d.clip_norm);
     if (d.nesterov && (d.momentum <= 0.0f || d.dampening != 0.0f))
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_create: Nesterov momentum needs momentum > 0 and dampening 0 "
                             "(as torch.optim.SGD)");
@@ -228,6 +232,10 @@ static void dt__optim_apply(dt_optim *o, int64_t off, int64_t n, int64_t step, v
 dt_result dt_optim_step(dt_optim *o) {
     int i;
     if (!o) return dt_set_error(DT_ERR_INVALID_ARG, "dt_optim_step: optimizer is NULL");
+    if (o->d.clip_norm > 0.0f) {
+        dt_result r = dt_optim_clip_grad_norm(o, o->d.clip_norm, NULL);
+        if (r != DT_OK) return r;
+    }
     dt_trace_begin("optimizer step", "optim");
     dt__optim_stretches(o, dt__optim_apply, NULL);
     for (i = 0; i < o->ntensors; i++) o->steps[i] += !o->frozen[i];

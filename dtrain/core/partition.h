@@ -181,6 +181,12 @@ static double dt__rng_log_gamma(dt_rng *r, double shape) {
             return log(d * v) + boost;
     }
 }
+#ifdef DT__TEST_HOOKS   /* the test programs' handles (tests/dt_test_hooks.h; compiled in by tests/impl_test.c) */
+double dt__test_rng_open01(dt_rng *r);
+double dt__test_rng_log_gamma(dt_rng *r, double shape);
+double dt__test_rng_open01(dt_rng *r) { return dt__rng_open01(r); }
+double dt__test_rng_log_gamma(dt_rng *r, double shape) { return dt__rng_log_gamma(r, shape); }
+#endif
 
 /* ---- partitions ------------------------------------------------------------------------------ */
 

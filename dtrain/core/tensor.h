@@ -333,6 +333,10 @@ extern "C" {
 #endif
 #include "internal.h"
 #include "../cpu/kernel.h"   /* the kernel table, the vector types, dt__bsrc, dt__cpu_state: the seam to dtrain/cpu/ */
+#ifdef DT__TEST_HOOKS   /* the test programs' handles (tests/dt_test_hooks.h; compiled in by tests/impl_test.c) */
+int64_t dt__test_argmax_row(const float *x, int64_t k);
+int64_t dt__test_argmax_row(const float *x, int64_t k) { return dt_body_argmax_row(x, k); }
+#endif
 
 dt_tensor dt_tensor_view(float *data, int ndim, const int64_t *shape) {
     dt_tensor t;

@@ -668,6 +668,14 @@ static double dt__tap_min_zeros = 0.1;
    floats wide, lost 23% at AVX-512; with this bound, from 8 images on it loses nothing) */
 static int64_t dt__tap_min_len = 32;
 static DT__MAYBE_UNUSED DT__THREAD_LOCAL int64_t dt__tap_taken;   /* calls that took them on this thread (for the tests) */
+#ifdef DT__TEST_HOOKS   /* the test programs' handles (tests/dt_test_hooks.h; compiled in by tests/impl_test.c) */
+int64_t *dt__test_tap_min_len(void);
+int64_t dt__test_tap_taken(void);
+int dt__test_tier_shifts(void);
+int64_t *dt__test_tap_min_len(void) { return &dt__tap_min_len; }
+int64_t dt__test_tap_taken(void) { return dt__tap_taken; }
+int dt__test_tier_shifts(void) { return dt__pick_kernel()->conv_fwd != NULL; }   /* the tier has shifted convolutions */
+#endif
 
 /* the outputs [lo, hi) of one dimension at which tap k reads a real pixel (input = output + k - pad) */
 static void dt__tap_range(int64_t k, int64_t pad, int64_t in, int64_t out, int64_t *lo, int64_t *hi) {

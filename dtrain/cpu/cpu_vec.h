@@ -56,6 +56,10 @@ extern "C" {
 /* The tests' hooks of the shifted convolutions, in every build so the tests compile everywhere */
 static DT__MAYBE_UNUSED int dt__shift_off;                  /* 1: never take the shifted path (the tests compare both paths) */
 static DT__MAYBE_UNUSED DT__THREAD_LOCAL int64_t dt__shift_taken;   /* calls that took it on this thread (for the tests) */
+#ifdef DT__TEST_HOOKS   /* the test programs' handles (tests/dt_test_hooks.h; compiled in by tests/impl_test.c) */
+int64_t dt__test_shift_taken(void);
+int64_t dt__test_shift_taken(void) { return dt__shift_taken; }
+#endif
 
 #ifdef DT__SHIFT
 /* ---- the drivers: geometry, tables, loops (every tier) ------------------------------------------- */

@@ -3,7 +3,8 @@
 
    WHAT IS HERE
      dt_fed_aggregate: the sample-weighted mean, coordinate-wise median and trimmed mean, Krum and
-     Multi-Krum, and the class-mean check, over flat float vectors, testable without ranks.
+     Multi-Krum, and the class-mean check, over flat float vectors, testable without ranks; dt_dp_epsilon and
+     dt_dp_rdp: the privacy accountant of DP-FedAvg (RDP of the sampled Gaussian mechanism).
    READ FIRST
      dt__fed_aggregate.
    USES
@@ -40,10 +41,11 @@ typedef enum dt_fed_agg {
 const char *dt_fed_agg_name(dt_fed_agg k);   /* "mean", "median", "trimmed", "krum", "multikrum", "classmean" */
 dt_result   dt_fed_agg_parse(const char *s, dt_fed_agg *out);
 
-/* Aggregator settings; zero means the default, except for f, where 0 is a request (DT_DEFAULT in base.h). */
+/* Aggregator settings; zero means the default, except for trim and f, where 0 is a request (DT_DEFAULT in
+   base.h asks for the default). */
 typedef struct dt_fed_agg_desc {
     dt_fed_agg kind;           /* the aggregator (default DT_FED_MEAN) */
-    float   trim;              /* TRIMMED: fraction cut at each end (default 0.1) */
+    float   trim;              /* TRIMMED: fraction cut at each end, in [0, 0.5) (0: none, the unweighted mean); DT_DEFAULT: 0.1 */
     int     f;                 /* KRUM, MULTIKRUM: Byzantine clients tolerated, >= 0 (0: none); DT_DEFAULT: 1 */
     int     m;                 /* MULTIKRUM: updates averaged (0 = n - f) */
     float   k;                 /* CLASSMEAN: outlier threshold in median distances (default 3) */
@@ -58,6 +60,19 @@ typedef struct dt_fed_agg_desc {
    distances, a column for the median). desc may be NULL: the weighted mean. */
 dt_result dt_fed_aggregate(const dt_fed_agg_desc *desc, const float *const *updates, const double *weights, int n,
                            int64_t len, float *out, int *kept);
+
+/* ---- DP-FedAvg: the privacy accountant ------------------------------------------------------- */
+
+/* Renyi DP of the sampled Gaussian mechanism (Mironov, Talwar and Zhang 2019, Section 3.3: each record, here
+   each client, is in a step with probability q, and the sum of the clipped contributions gets Gaussian noise
+   of noise_multiplier times the clipping norm). dt_dp_rdp: one step's RDP at order (> 1; integer orders
+   exactly, fractional ones by the series of the paper); q in [0, 1], noise_multiplier > 0 (0: infinity).
+   dt_dp_epsilon: the epsilon of `steps` such steps for delta, minimised over the orders 1.1, 1.2, ..., 10.9
+   and 12 ... 63 (Opacus's) with the conversion of Balle et al. 2020 (Theorem 21): eps = steps rdp(a) -
+   (log delta + log a) / (a - 1) + log((a - 1) / a), at least 0; *best_order (may be NULL) gets the order. The same
+   numbers as Opacus's RDPAccountant and dp_accounting's. */
+double dt_dp_rdp(double q, double noise_multiplier, double order);
+double dt_dp_epsilon(double q, double noise_multiplier, int64_t steps, double delta, double *best_order);
 
 #ifdef __cplusplus
 }
@@ -198,7 +213,7 @@ static dt_result dt__fed_aggregate(const dt_fed_agg_desc *desc, const float *con
     memset(&a, 0, sizeof a);
     if (desc) a = *desc;
     kind = a.kind;
-    if (!a.trim) a.trim = 0.1f;
+    if (a.trim == DT_DEFAULT) a.trim = 0.1f;   /* 0 is a request: nothing cut */
     a.f = dt__fed_krum_f(&a);
     if (!a.k) a.k = 3.0f;
     if ((int)kind < 0 || kind >= DT_FED_AGG_COUNT)
@@ -215,9 +230,10 @@ static dt_result dt__fed_aggregate(const dt_fed_agg_desc *desc, const float *con
     }
     if (kind == DT_FED_TRIMMED) {
         t = (int)floor((double)a.trim * (double)n);
-        if (a.trim < 0.0f || 2 * t >= n)
+        if (!(a.trim >= 0.0f && a.trim < 0.5f) || 2 * t >= n)
             return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: trimmed mean of %d clients with trim %g cuts %d at each "
-                                "end, leaving none: need 2 * floor(trim * n) < n", n, (double)a.trim, t);
+                                "end: need 0 <= trim < 0.5 (DT_DEFAULT for the default, 0.1) and 2 * floor(trim * n) < n", n,
+                                (double)a.trim, t);
     }
     if ((kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) && a.f < 0)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_aggregate: %s with f = %d: f is the number of Byzantine clients "
@@ -267,12 +283,69 @@ dt_result dt_fed_aggregate(const dt_fed_agg_desc *desc, const float *const *upda
     return dt__fed_aggregate(desc, updates, weights, n, len, len, out, kept);
 }
 
+/* log(exp(a) + exp(b)) and log(exp(a) - exp(b)) (a >= b), -inf for 0; log(erfc(x)), with its asymptotic
+   series where erfc underflows. */
+static double dt__log_add(double a, double b) {
+    double lo = a < b ? a : b, hi = a < b ? b : a;
+    return lo == -INFINITY ? hi : log1p(exp(lo - hi)) + hi;
+}
+static double dt__log_sub(double a, double b) {
+    if (b == -INFINITY) return a;
+    if (a <= b) return -INFINITY;
+    return log(expm1(a - b)) + b;
+}
+static double dt__log_erfc(double x) {
+    double r = erfc(x);
+    if (r > 0.0) return log(r);
+    return -0.5 * log(3.14159265358979323846) - log(x) - x * x - 0.5 / (x * x) + 0.625 / pow(x, 4) - 37.0 / 24.0 / pow(x, 6) + 353.0 / 64.0 / pow(x, 8);
+}
+
+double dt_dp_rdp(double q, double z, double a) {
+    double log_a = -INFINITY, s2 = 2.0 * z * z;
+    if (q <= 0.0) return 0.0;
+    if (!(z > 0.0) || !(a > 1.0) || a == INFINITY) return INFINITY;
+    if (q >= 1.0) return a / s2;
+    if (a == floor(a)) {   /* A_a = sum_i C(a, i) q^i (1 - q)^(a - i) exp((i^2 - i) / (2 z^2)) */
+        int64_t i, n = (int64_t)a;
+        for (i = 0; i <= n; i++)
+            log_a = dt__log_add(log_a, lgamma(a + 1.0) - lgamma((double)i + 1.0) - lgamma(a - (double)i + 1.0) + (double)i * log(q) +
+                                           (a - (double)i) * log1p(-q) + ((double)i * (double)i - (double)i) / s2);
+    } else {   /* the two halves of the integral, over (-inf, z0] and [z0, inf), as series in i */
+        double a0 = -INFINITY, a1 = -INFINITY, z0 = z * z * log(1.0 / q - 1.0) + 0.5, coef = 1.0;
+        int64_t i;
+        for (i = 0;; i++) {
+            double j = a - (double)i, lc = log(fabs(coef)), s0, s1;
+            s0 = lc + (double)i * log(q) + j * log1p(-q) + ((double)i * (double)i - (double)i) / s2 +
+                 log(0.5) + dt__log_erfc(((double)i - z0) / (sqrt(2.0) * z));
+            s1 = lc + j * log(q) + (double)i * log1p(-q) + (j * j - j) / s2 + log(0.5) + dt__log_erfc((z0 - j) / (sqrt(2.0) * z));
+            if (coef > 0.0) { a0 = dt__log_add(a0, s0); a1 = dt__log_add(a1, s1); }
+            else { a0 = dt__log_sub(a0, s0); a1 = dt__log_sub(a1, s1); }
+            if ((s0 > s1 ? s0 : s1) < -30.0 || i > 100000) break;
+            coef *= (a - (double)i) / (double)(i + 1);   /* C(a, i + 1) */
+        }
+        log_a = dt__log_add(a0, a1);
+    }
+    return log_a / (a - 1.0);
+}
+
+double dt_dp_epsilon(double q, double z, int64_t steps, double delta, double *best_order) {
+    double best = INFINITY, at = 0.0;
+    int k;
+    for (k = 0; k < 99 + 52; k++) {
+        double a = k < 99 ? 1.0 + (double)(k + 1) / 10.0 : (double)(12 + k - 99);
+        double e = (double)steps * dt_dp_rdp(q, z, a) - (log(delta) + log(a)) / (a - 1.0) + log((a - 1.0) / a);
+        if (e < best) { best = e; at = a; }
+    }
+    if (best_order) *best_order = at;
+    return best < 0.0 ? 0.0 : best;
+}
+
 /* The fewest updates the aggregator a->kind accepts (Krum's 2f + 3, the class-mean check's 3). */
 static int dt__fed_min_clients(const dt_fed_agg_desc *a) {
     dt_fed_agg kind = a->kind;
     if (kind == DT_FED_KRUM || kind == DT_FED_MULTIKRUM) return 2 * dt__fed_krum_f(a) + 3;
     if (kind == DT_FED_CLASSMEAN) return 3;
-    if (kind == DT_FED_TRIMMED) { int n = 1; while (2 * (int)floor((double)(a->trim ? a->trim : 0.1f) * n) >= n && n < 1000) n++; return n; }
+    if (kind == DT_FED_TRIMMED) { int n = 1; while (2 * (int)floor((double)(a->trim == DT_DEFAULT ? 0.1f : a->trim) * n) >= n && n < 1000) n++; return n; }
     return 1;
 }
 

@@ -32,9 +32,12 @@ extern "C" {
    truncated or damaged (the checksum), of another world size, writer or model, or with an optimizer state
    that does not fit is refused with a message naming the file and the cause, on every rank, and no rank's
    model or optimizer changes. A model holding NaN or infinity (a diverged run) is never saved: every rank
-   gets DT_ERR_NUMERIC and the checkpoint already at path stays; a file holding such values, or negative
-   counters, is refused on load. Rank 0 stages the whole file in memory (one section per rank). */
+   gets DT_ERR_NUMERIC and the checkpoint already at path stays; a file holding such values, or counters
+   that are negative or above DT_CHECKPOINT_MAX_COUNT, is refused on load. Rank 0 stages the whole file in memory (one section per rank). */
 #define DT_CHECKPOINT_VALUES 8
+/* The largest epoch, step, round or batch a checkpoint holds (2^48: a million steps a second for eight years);
+   a larger or negative one is refused on save and on load (a damaged file, or one not written by dtrain). */
+#define DT_CHECKPOINT_MAX_COUNT ((int64_t)1 << 48)
 typedef struct dt_checkpoint_meta {
     int64_t epoch, step, round;   /* the caller's counters: e.g. epochs completed */
     int64_t batch;                /* batches of the current epoch done: where dt_loader_seek resumes */
@@ -96,6 +99,12 @@ static uint64_t dt__fnv(uint64_t h, const void *data, size_t n) {
     for (i = 0; i < n; i++) { h ^= p[i]; h *= 0x100000001b3ULL; }
     return h;
 }
+#ifdef DT__TEST_HOOKS   /* the test programs' handles (tests/dt_test_hooks.h; compiled in by tests/impl_test.c) */
+uint64_t dt__test_fnv(uint64_t h, const void *data, size_t n);
+int64_t dt__test_ckpt_words(int section);
+uint64_t dt__test_fnv(uint64_t h, const void *data, size_t n) { return dt__fnv(h, data, n); }
+int64_t dt__test_ckpt_words(int section) { return section ? DT__CKPT_SEC_WORDS : DT__CKPT_HEAD_WORDS; }   /* a section's, the header's */
+#endif
 static uint64_t dt__model_signature(const dt_model *m) {
     uint64_t h = 0xcbf29ce484222325ULL;
     int i;
@@ -201,7 +210,7 @@ static void dt__ckpt_write_section(const dt__ckpt *k, const dt_checkpoint_meta *
 }
 
 /* The values of a section [len] that must be finite (parameters, buffers, optimizer state: the floats after its
-   words, `nf` of them) and its counters, which are never negative: a section that holds NaN or infinity
+   words, `nf` of them) and its counters, never negative nor above DT_CHECKPOINT_MAX_COUNT: a section that holds NaN or infinity
    comes from a diverged run, and saving it would replace a good checkpoint with a useless one. `doing` says
    "save" or "load" for the message. */
 static dt_result dt__ckpt_check_values(const dt__ckpt *k, const unsigned char *sec, int64_t nf, const char *doing) {
@@ -213,10 +222,17 @@ static dt_result dt__ckpt_check_values(const dt__ckpt *k, const unsigned char *s
         dt__le32(&v, 1);
         if (!(v - v == 0.0f)) { bad++; if (first < 0) first = i; }   /* NaN or infinity */
     }
-    for (i = 11; i <= 14; i++)   /* epoch, step, round, batch */
-        if ((int64_t)dt__get_le64(sec + 8 * i) < 0)
-            return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds a negative epoch, step, round or batch: the file is "
-                                "damaged or was not written by dtrain", k->fn, k->rank, k->path);
+    for (i = 11; i <= 14; i++) {   /* epoch, step, round, batch */
+        static const char *const names[4] = {"epoch", "step", "round", "batch"};
+        int64_t v = (int64_t)dt__get_le64(sec + 8 * i);
+        if (v < 0 || v > DT_CHECKPOINT_MAX_COUNT)
+            return doing[0] == 's'
+                ? dt_set_error(DT_ERR_INVALID_ARG, "%s: rank %d: the meta's %s is %lld (%s): nothing is written to %s", k->fn,
+                               k->rank, names[i - 11], (long long)v, v < 0 ? "negative" : "above DT_CHECKPOINT_MAX_COUNT, 2^48", k->path)
+                : dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds the %s %lld (%s): the file is damaged or was not written "
+                               "by dtrain", k->fn, k->rank, k->path, names[i - 11], (long long)v,
+                               v < 0 ? "negative" : "above DT_CHECKPOINT_MAX_COUNT, 2^48");
+    }
     if (!bad) return DT_OK;
     if (doing[0] == 's')
         return dt_set_error(DT_ERR_NUMERIC, "%s: rank %d: %lld of its %lld values (parameters, buffers, optimizer state; the first "
@@ -406,8 +422,8 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
                             (unsigned long long)w[4], (int)dt__optim_desc(k->o)->kind, (long long)dt__ckpt_state(k));
     if (w[18] != (uint64_t)k->nextra)
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %llu values of the trainer's own state (DDP: the compression's "
-                            "residual, and PowerSGD's Qs) but this run keeps %lld: resume with the settings that wrote it (DDP: the same --compress, "
-                            "with or without error feedback)", k->fn, k->rank, k->path, (unsigned long long)w[18],
+                            "residual, and PowerSGD's Qs; FedAvg: the server optimizer's m and v) but this run keeps %lld: resume with the settings "
+                            "that wrote it (DDP: the same --compress, with or without error feedback; FedAvg: the same --server)", k->fn, k->rank, k->path, (unsigned long long)w[18],
                             (long long)k->nextra);
     return dt__ckpt_check_values(k, sec, (int64_t)(w[2] + w[3] + w[4]), "load");
 }
@@ -585,6 +601,18 @@ static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int bro
     if (!broadcast) return DT_OK;
     if ((r = dt_comm_broadcast(c, p, (size_t)np, DT_F32, 0, DT_ALGO_AUTO)) != DT_OK) return r;
     return nb > 0 ? dt_comm_broadcast(c, b, (size_t)nb, DT_F32, 0, DT_ALGO_AUTO) : DT_OK;
+}
+
+/* The rule for every number that crossed ranks and that a decision divides by or counts with (DDP's sample and
+   rank counts, PowerSGD's column norms, FedAvg's client reports): it must be finite and in [lo, hi], else
+   DT_ERR_NUMERIC naming fn, the rank, what and the value. After an all-reduce every rank holds the same bits,
+   so every rank stops at the same check; a NaN there comes from a rank that sent one (a diverged replica, a
+   corrupt message, DT_FAULT kind=nan) and would otherwise scale a whole step silently. */
+static dt_result dt__reduced_check(const dt_comm *c, const char *fn, const char *what, double v, double lo, double hi) {
+    if (v >= lo && v <= hi) return DT_OK;   /* false for a NaN */
+    return dt_set_error(DT_ERR_NUMERIC, "%s: rank %d: %s is %g, not a finite number in [%g, %g]: a rank sent a NaN, an infinity or "
+                        "a wrong count (a diverged replica, a corrupt message, or DT_FAULT kind=nan); the step is not applied",
+                        fn, dt_comm_rank(c), what, v, lo, hi);
 }
 
 #ifdef __cplusplus

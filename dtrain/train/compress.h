@@ -14,6 +14,7 @@
 #define DTRAIN_COMPRESS_H
 #include "../core/nn.h"
 #include "../comm/comm.h"
+#include "checkpoint.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -231,6 +232,9 @@ static dt_result dt__compress_topk(dt__compress *d, int i, float *g, int64_t off
     for (q = 0; q < p; q++) {
         const int32_t *pw = d->gathered_wire + (int64_t)q * w;
         for (j = 0; j < k; j++) {
+            if (pw[j] < 0 || pw[j] >= cnt)   /* a corrupt message must not write outside the slice */
+                return dt_set_error(DT_ERR_COMM, "DDP sync (top-k): rank %d: rank %d sent element %ld of a slice of %lld: a corrupt "
+                                    "message", dt_comm_rank(d->comm), q, (long)pw[j], (long long)cnt);
             memcpy(&v, pw + k + j, sizeof v);
             g[pw[j]] += v;
         }
@@ -246,10 +250,12 @@ static dt_result dt__compress_topk(dt__compress *d, int i, float *g, int64_t off
 static int dt__psgd_matrix(const dt__compress *d, int t) { return d->mrows[t] > 0; }
 
 /* P [rows, r]: its columns made orthonormal in order (Gram-Schmidt, sums in double: the same bits on
-   every rank, which all hold the same summed P). A column that vanishes stays zero. */
-static void dt__psgd_orthonormalize(float *P, int64_t rows, int r) {
+   every rank, which all hold the same summed P). A column that vanishes stays zero; a norm that is not finite
+   (a rank sent a NaN or infinity) is DT_ERR_NUMERIC on every rank (dt__reduced_check). */
+static dt_result dt__psgd_orthonormalize(const dt_comm *comm, float *P, int64_t rows, int r) {
     int c, j;
     int64_t i;
+    dt_result e;
     for (c = 0; c < r; c++) {
         double norm = 0.0;
         for (j = 0; j < c; j++) {
@@ -258,9 +264,12 @@ static void dt__psgd_orthonormalize(float *P, int64_t rows, int r) {
             for (i = 0; i < rows; i++) P[i * r + c] -= (float)dot * P[i * r + j];
         }
         for (i = 0; i < rows; i++) norm += (double)P[i * r + c] * (double)P[i * r + c];
+        if ((e = dt__reduced_check(comm, "DDP sync (PowerSGD)", "the squared norm of a column of the summed P", norm, 0.0, DBL_MAX)) != DT_OK)
+            return e;
         if (norm > 0.0)
             for (i = 0; i < rows; i++) P[i * r + c] = (float)((double)P[i * r + c] / sqrt(norm));
     }
+    return DT_OK;
 }
 
 /* The tensors of slice [off, off + cnt): their positions in d->toff's order, first..last. */
@@ -313,7 +322,7 @@ static dt_result dt__compress_powersgd(dt__compress *d, int i, float *grads, int
             pos += d->tcnt[t];
             continue;
         }
-        dt__psgd_orthonormalize(P, d->mrows[t], r);
+        if ((rr = dt__psgd_orthonormalize(d->comm, P, d->mrows[t], r)) != DT_OK) return rr;
         for (b = 0; b < d->mcols[t] * r; b++) Q[b] = 0.0f;
         for (a = 0; a < d->mrows[t]; a++)
             for (b = 0; b < d->mcols[t]; b++)

@@ -264,6 +264,16 @@ static void dt__ddp_begin(dt_ddp *d, int active) {
    compressors call it too). */
 static dt_result dt__ddp_counts(void *user, float total, float nactive) {
     dt_ddp *d = (dt_ddp *)user;
+    dt_result r;
+    if ((r = dt__reduced_check(d->comm, "DDP sync", "the number of ranks with data (all-reduced)", nactive, 0.0,
+                               (double)dt_comm_size(d->comm))) != DT_OK ||
+        (r = dt__reduced_check(d->comm, "DDP sync", "the samples of all ranks (all-reduced)", total, nactive > 0 ? nactive : 0.0,
+                               nactive > 0 ? HUGE_VAL : 0.0)) != DT_OK)
+        return r;
+    if (nactive != floorf(nactive) || total != floorf(total))
+        return dt_set_error(DT_ERR_NUMERIC, "DDP sync: rank %d: the all-reduced counts (%g ranks with data, %g samples) are not whole "
+                            "numbers: a rank sent a wrong count (a corrupt message, or DT_FAULT kind=nan); the step is not applied",
+                            dt_comm_rank(d->comm), nactive, total);
     d->total = total;
     d->nactive = (int64_t)nactive;
     if (d->total >= DT__DDP_MAX_SAMPLES)

@@ -392,8 +392,12 @@ dt_result dt_dpsgd_save(dt_dpsgd *d, const char *path, dt_optim *o, const dt_che
 
 dt_result dt_dpsgd_load(dt_dpsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta) {
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_load: dpsgd is NULL");
-    return dt__ckpt_load_comm(d->comm, "dt_dpsgd_load", DT__CKPT_DPSGD, path, d->model, o, meta, &d->step,
-                              dt__dpsgd_own_replica(d, "dt_dpsgd_load"));
+    dt_result r = dt__ckpt_load_comm(d->comm, "dt_dpsgd_load", DT__CKPT_DPSGD, path, d->model, o, meta, &d->step,
+                                     dt__dpsgd_own_replica(d, "dt_dpsgd_load"));
+    if (r == DT_OK && (d->step < 0 || d->step > DT_CHECKPOINT_MAX_COUNT))   /* the step picks a time-varying graph */
+        r = dt_set_error(DT_ERR_FORMAT, "dt_dpsgd_load: rank %d: %s holds the step %lld, outside 0..%lld: the file is damaged or "
+                         "foreign", dt_comm_rank(d->comm), path, (long long)d->step, (long long)DT_CHECKPOINT_MAX_COUNT);
+    return r;
 }
 
 #ifdef __cplusplus

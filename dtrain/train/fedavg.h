@@ -32,6 +32,42 @@ typedef enum dt_fed_behaviour {
 
 #define DT_FED_MAX_CLASSES 256
 
+/* The server's step from the round's aggregate Delta (the clients' mean update, or a robust aggregator's),
+   on the parameters; the buffers (BatchNorm statistics) always take the aggregate as it is. The pseudo-gradient
+   form of Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2, without bias correction:
+     AVG      x += lr Delta                                   (FedAvg; lr 1 is McMahan et al.'s)
+     AVGM     m = momentum m + Delta; x += lr m                (FedAvgM, Hsu et al. 2019)
+     ADAGRAD  m = b1 m + (1 - b1) Delta; v += Delta^2;                          x += lr m / (sqrt(v) + tau)
+     ADAM     m = b1 m + (1 - b1) Delta; v = b2 v + (1 - b2) Delta^2;           x += lr m / (sqrt(v) + tau)
+     YOGI     m = b1 m + (1 - b1) Delta; v -= (1 - b2) Delta^2 sign(v - Delta^2); x += lr m / (sqrt(v) + tau)
+   with m and v zero at the start (FedYogi's v too) and kept in FedAvg's checkpoints. */
+typedef enum dt_fed_server {
+    DT_FED_SERVER_AVG = 0, DT_FED_SERVER_AVGM, DT_FED_SERVER_ADAGRAD, DT_FED_SERVER_ADAM, DT_FED_SERVER_YOGI,
+    DT_FED_SERVER_COUNT
+} dt_fed_server;
+const char *dt_fed_server_name(dt_fed_server k);   /* "avg", "avgm", "adagrad", "adam", "yogi" */
+dt_result   dt_fed_server_parse(const char *s, dt_fed_server *out);
+
+/* Its settings; zero means the default: lr 1 (AVG, AVGM) or 0.01 (the adaptive ones), momentum 0.9 (AVGM's
+   beta, the adaptive ones' b1), beta2 0.99, tau 1e-3 (Reddi et al.'s). */
+typedef struct dt_fed_server_desc {
+    dt_fed_server kind;
+    float         lr, momentum, beta2, tau;
+} dt_fed_server_desc;
+
+/* DP-FedAvg (McMahan, Ramage, Talwar and Zhang, ICLR 2018), with a trusted server: each report's update (its
+   parameters and buffers) is clipped to an L2 norm of at most clip, the clipped updates are summed and divided
+   by the clients sampled per round m (not by those that reported: the fixed denominator bounds one client's
+   effect by clip / m), and Gaussian noise of std noise_multiplier * clip / m is added to each coordinate. The
+   privacy spent after t rounds is dt_dp_epsilon(m / clients, noise_multiplier, t, delta) (aggregate.h), the
+   accounting of Poisson sampling applied to the fixed-size draw, as TensorFlow Federated does. The noise is
+   drawn from the run's seed, so a run repeats: that serves experiments, not a deployment, whose noise must
+   come from a secret source. clip 0: off. Only with the mean aggregator (its sensitivity is the bound). */
+typedef struct dt_fed_dp_desc {
+    float clip;               /* the clipping norm S (> 0 turns DP on) */
+    float noise_multiplier;   /* z: the noise's std is z S / m (0: clipping alone, no privacy) */
+} dt_fed_dp_desc;
+
 /* FedAvg settings; zero means the default, except for noise_std, agg.f and optim.lr, where 0 is a request
    and DT_DEFAULT asks for the default. */
 typedef struct dt_fed_desc {
@@ -55,6 +91,8 @@ typedef struct dt_fed_desc {
     int                flip_set;         /* 1: flip holds a map (else the identity) */
     float              noise_std;        /* NOISE: the noise's std, >= 0 (0: a zero update); DT_DEFAULT: 1 */
     uint64_t           seed;             /* client sampling, dropouts, loader shuffles, noise */
+    dt_fed_server_desc server;           /* the server's step from the aggregate (default AVG: x += Delta) */
+    dt_fed_dp_desc     dp;               /* DP-FedAvg: clipping and noise in place of the aggregator (default off) */
 } dt_fed_desc;
 
 typedef struct dt_fed dt_fed;
@@ -89,10 +127,11 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info);
 int       dt_fed_draw(const dt_fed *f, int64_t round, int *sel, int *dropped);
 /* Rank 0: which clients of the last round entered the aggregate, kept [clients] (1/0); others get zeros. */
 void      dt_fed_last_kept(const dt_fed *f, int *kept);
-/* Collective checkpoint between rounds: rank 0's global model, every rank's working model (its buffers and
-   dropout RNG carry over from round to round) and meta (put the next round in meta.round). Nothing else
-   persists: the draw of each round is a function of (seed, round), and the clients' optimizers and loaders
-   are made afresh every round (FedProx's reference is the round's global model). */
+/* Collective checkpoint between rounds: rank 0's global model and its server optimizer's state (m, v), every
+   rank's working model (its buffers and dropout RNG carry over from round to round) and meta (put the next
+   round in meta.round). Nothing else persists: the draw of each round is a function of (seed, round), and the
+   clients' optimizers and loaders are made afresh every round (FedProx's reference is the round's global
+   model). A checkpoint of another server optimizer is refused, naming both. */
 dt_result dt_fed_save(dt_fed *f, const char *path, const dt_checkpoint_meta *meta);
 dt_result dt_fed_load(dt_fed *f, const char *path, dt_checkpoint_meta *meta);
 
@@ -135,7 +174,18 @@ struct dt_fed {
     int           *who;          /* rank 0: [nsel] client of each report */
     dt_request    *reqs;         /* rank 0: [nsel * 2] */
     int32_t       *ybuf;         /* [batch] flipped labels */
+    float         *server;       /* rank 0: [nserver] the server optimizer's m [n], then v [n] (AVGM: m only) */
+    int64_t        nserver;
 };
+
+static const char *const dt__fed_server_names[DT_FED_SERVER_COUNT] = {"avg", "avgm", "adagrad", "adam", "yogi"};
+const char *dt_fed_server_name(dt_fed_server k) { return dt__enum_name(dt__fed_server_names, DT_FED_SERVER_COUNT, (int)k); }
+dt_result dt_fed_server_parse(const char *s, dt_fed_server *out) {
+    int k = 0;
+    dt_result r = dt__enum_parse(dt__fed_server_names, DT_FED_SERVER_COUNT, s, &k, "server optimizer");
+    if (r == DT_OK && out) *out = (dt_fed_server)k;
+    return r;
+}
 
 /* The model as FedAvg moves it: its parameters, then its buffers (BatchNorm running statistics), [len]. */
 static void dt__fed_get(dt_fed *f, float *dst) {
@@ -192,19 +242,26 @@ void dt_fed_last_kept(const dt_fed *f, int *kept) {
 
 dt_result dt_fed_save(dt_fed *f, const char *path, const dt_checkpoint_meta *meta) {
     if (!f) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_save: fed is NULL");
-    return dt__ckpt_save_comm(f->comm, "dt_fed_save", DT__CKPT_FEDAVG, path, f->model, NULL, meta, 0, DT_OK);
+    return dt__ckpt_save_extra(f->comm, "dt_fed_save", DT__CKPT_FEDAVG, path, f->model, NULL, meta, (int64_t)f->desc.server.kind,
+                               f->server, f->nserver, DT_OK);
 }
 
 dt_result dt_fed_load(dt_fed *f, const char *path, dt_checkpoint_meta *meta) {
     if (!f) return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_load: fed is NULL");
-    return dt__ckpt_load_comm(f->comm, "dt_fed_load", DT__CKPT_FEDAVG, path, f->model, NULL, meta, NULL, DT_OK);
+    int64_t word = 0;
+    dt_result r = dt__ckpt_load_extra(f->comm, "dt_fed_load", DT__CKPT_FEDAVG, path, f->model, NULL, meta, &word, f->server,
+                                      f->nserver, DT_OK);
+    if (r == DT_OK && word != (int64_t)f->desc.server.kind)   /* every rank's section holds the kind: all refuse alike */
+        r = dt_set_error(DT_ERR_MISMATCH, "dt_fed_load: rank %d: %s was written with the server optimizer %s; this run has %s",
+                         dt_comm_rank(f->comm), path, dt_fed_server_name((dt_fed_server)word), dt_fed_server_name(f->desc.server.kind));
+    return r;
 }
 
 void dt_fed_destroy(dt_fed *f) {
     if (!f) return;
     DT_FREE(f->behaviour); DT_FREE(f->sel); DT_FREE(f->drop); DT_FREE(f->kept); DT_FREE(f->last_kept);
     DT_FREE(f->global); DT_FREE(f->delta); DT_FREE(f->updates); DT_FREE(f->stats); DT_FREE(f->weights);
-    DT_FREE((void *)f->ptrs); DT_FREE(f->who); DT_FREE(f->reqs); DT_FREE(f->ybuf);
+    DT_FREE((void *)f->ptrs); DT_FREE(f->who); DT_FREE(f->reqs); DT_FREE(f->ybuf); DT_FREE(f->server);
     DT_FREE(f);
 }
 
@@ -228,6 +285,10 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
     if (!d.batch) d.batch = 10;
     if (d.noise_std == DT_DEFAULT) d.noise_std = 1.0f;   /* 0 is a request: a noise attacker that sends zeros */
     if (d.optim.lr == DT_DEFAULT) d.optim.lr = dt__optim_default_lr(d.optim.kind);   /* 0 is a request too */
+    if (!d.server.lr) d.server.lr = d.server.kind <= DT_FED_SERVER_AVGM ? 1.0f : 0.01f;
+    if (!d.server.momentum) d.server.momentum = 0.9f;
+    if (!d.server.beta2) d.server.beta2 = 0.99f;
+    if (!d.server.tau) d.server.tau = 1e-3f;
     if (!d.agg.cm_rows) {   /* the class-mean check reads the last linear layer's weight */
         for (i = dt_model_param_tensors(m) - 1; i >= 0; i--) {
             dt_param_info pi = dt_model_param_info(m, i);
@@ -247,6 +308,19 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
                             "finite number >= 0 (0 leaves the model; optim.lr DT_DEFAULT: the optimizer's default)", me,
                             dt__sched_set(&d.sched) ? "sched.base_lr" : "optim.lr",
                             (double)(dt__sched_set(&d.sched) ? d.sched.base_lr : d.optim.lr));
+    if ((int)d.server.kind < 0 || d.server.kind >= DT_FED_SERVER_COUNT || !(d.server.lr > 0.0f && d.server.lr < INFINITY) ||
+        !(d.server.momentum > 0.0f && d.server.momentum < 1.0f) || !(d.server.beta2 > 0.0f && d.server.beta2 < 1.0f) ||
+        !(d.server.tau > 0.0f && d.server.tau < INFINITY))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: the server optimizer %s with lr %g, momentum %g, beta2 %g, "
+                            "tau %g: the kind is one of avg, avgm, adagrad, adam, yogi; lr and tau are finite and > 0; momentum and "
+                            "beta2 in (0, 1)", me, dt_fed_server_name(d.server.kind), (double)d.server.lr, (double)d.server.momentum,
+                            (double)d.server.beta2, (double)d.server.tau);
+    if (!(d.dp.clip >= 0.0f && d.dp.clip < INFINITY) || !(d.dp.noise_multiplier >= 0.0f && d.dp.noise_multiplier < INFINITY) ||
+        (d.dp.noise_multiplier > 0.0f && d.dp.clip == 0.0f) || (d.dp.clip > 0.0f && d.agg.kind != DT_FED_MEAN))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: DP with clip %g, noise multiplier %g and the aggregator %s: "
+                            "clip and the multiplier are finite and >= 0, noise needs a clip > 0, and DP-FedAvg's bound holds "
+                            "for the mean of the clipped updates only (agg.kind DT_FED_MEAN)", me, (double)d.dp.clip,
+                            (double)d.dp.noise_multiplier, dt_fed_agg_name(d.agg.kind));
     if ((d.agg.kind == DT_FED_KRUM || d.agg.kind == DT_FED_MULTIKRUM) && d.agg.f < 0 && d.agg.f != DT_DEFAULT)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: agg.f is %d: Krum's f is the number of Byzantine "
                             "clients to tolerate, >= 0 (DT_DEFAULT for the default, 1)", me, d.agg.f);
@@ -256,6 +330,10 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
                             "local_epochs %d, batch %lld, prox_mu %g, dropout_prob %g): the partition needs one part per "
                             "client, 0 < frac <= 1, 0 <= dropout_prob < 1", me, nc, d.part->parts, (double)d.frac,
                             d.local_epochs, (long long)d.batch, (double)d.prox_mu, (double)d.dropout_prob);
+    for (i = 0; d.behaviour && i < nc; i++)   /* a label flipper without a map would train honestly: a study of nothing */
+        if (d.behaviour[i] == DT_FED_LABELFLIP && !d.flip_set)
+            return dt_set_error(DT_ERR_INVALID_ARG, "dt_fed_create: rank %d: client %d flips labels (DT_FED_LABELFLIP) but desc.flip_set "
+                                "is 0: set desc.flip, the map, and flip_set = 1", me, i);
     if (!(f = (dt_fed *)DT_MALLOC(sizeof *f))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory", me);
     memset(f, 0, sizeof *f);
     f->comm = c; f->model = m; f->desc = d;
@@ -288,9 +366,12 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
         f->ptrs = (const float **)DT_MALLOC(sizeof(float *) * (size_t)f->nsel);
         f->who = (int *)DT_MALLOC(sizeof(int) * (size_t)f->nsel);
         f->reqs = (dt_request *)DT_MALLOC(sizeof(dt_request) * 2 * (size_t)f->nsel);
+        f->nserver = d.server.kind == DT_FED_SERVER_AVG ? 0 : d.server.kind == DT_FED_SERVER_AVGM ? f->n : 2 * f->n;
+        if (f->nserver && (f->server = (float *)DT_MALLOC(sizeof(float) * (size_t)f->nserver)) != NULL)
+            memset(f->server, 0, sizeof(float) * (size_t)f->nserver);
     }
     if (!f->behaviour || !f->sel || !f->drop || !f->kept || !f->last_kept || !f->global || !f->delta || !f->ybuf ||
-        (me == 0 && (!f->updates || !f->stats || !f->weights || !f->ptrs || !f->who || !f->reqs))) {
+        (me == 0 && (!f->updates || !f->stats || !f->weights || !f->ptrs || !f->who || !f->reqs || (f->nserver && !f->server)))) {
         dt_fed_destroy(f);
         return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_fed_create: rank %d: no memory (the server keeps %d updates of %lld floats: "
                             "lower --frac)", me, f->nsel, (long long)f->len);
@@ -373,6 +454,58 @@ done:
     return DT_OK;
 }
 
+/* DP-FedAvg's aggregate (rank 0) of the round's n reports into f->delta: each clipped to f->desc.dp.clip, summed,
+   divided by the clients sampled, plus seeded Gaussian noise of std z clip / nsel per coordinate. */
+static dt_result dt__fed_dp_aggregate(dt_fed *f, int64_t round, int n) {
+    double clip = (double)f->desc.dp.clip;
+    float std = (float)((double)f->desc.dp.noise_multiplier * clip / (double)f->nsel);
+    int i;
+    int64_t j;
+    dt_rng nr;
+    for (j = 0; j < f->len; j++) f->delta[j] = 0.0f;
+    for (i = 0; i < n; i++) {
+        const float *u = f->ptrs[i];
+        double sq = 0.0, scale;
+        for (j = 0; j < f->len; j++) sq += (double)u[j] * (double)u[j];
+        if (!(sq < INFINITY))   /* a NaN would pass the clip unscaled */
+            return dt_set_error(DT_ERR_NUMERIC, "dt_fed_round: round %lld: client %d's update has the norm %g: it diverged or its "
+                                "report is corrupt", (long long)round, f->who[i], sqrt(sq));
+        scale = sq > clip * clip ? clip / sqrt(sq) : 1.0;
+        for (j = 0; j < f->len; j++) f->delta[j] += (float)(scale * (double)u[j] / (double)f->nsel);
+        f->kept[i] = 1;
+    }
+    if (std > 0.0f) {
+        dt__fed_rng(&nr, f, round, 4, 0);
+        for (j = 0; j < f->len; j++) f->delta[j] += std * dt_rng_normal(&nr);
+    }
+    return DT_OK;
+}
+
+/* The server optimizer (rank 0): the aggregate Delta [len] becomes the step to add to the global model; the
+   buffers' part stays the aggregate. Per element in float, as dt_optim's updates are. */
+static void dt__fed_server_step(dt_fed *f, float *delta) {
+    const dt_fed_server_desc *s = &f->desc.server;
+    float *m = f->server, *v = f->server ? f->server + f->n : NULL, lr = s->lr, b1 = s->momentum, b2 = s->beta2;
+    int64_t j;
+    switch (s->kind) {
+    case DT_FED_SERVER_AVG:
+        if (lr != 1.0f) for (j = 0; j < f->n; j++) delta[j] *= lr;
+        return;
+    case DT_FED_SERVER_AVGM:
+        for (j = 0; j < f->n; j++) { m[j] = b1 * m[j] + delta[j]; delta[j] = lr * m[j]; }
+        return;
+    default:
+        for (j = 0; j < f->n; j++) {
+            float g = delta[j], g2 = g * g;
+            m[j] = b1 * m[j] + (1.0f - b1) * g;
+            if (s->kind == DT_FED_SERVER_ADAGRAD) v[j] += g2;
+            else if (s->kind == DT_FED_SERVER_ADAM) v[j] = b2 * v[j] + (1.0f - b2) * g2;
+            else v[j] -= (1.0f - b2) * g2 * (v[j] > g2 ? 1.0f : v[j] < g2 ? -1.0f : 0.0f);   /* YOGI */
+            delta[j] = lr * m[j] / (sqrtf(v[j]) + s->tau);
+        }
+    }
+}
+
 dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
     dt_comm *c;
     int me, p, nsel, i, nrep = 0, nreq = 0, nagg = 0;
@@ -416,7 +549,13 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
     if (r != DT_OK || me != 0) return r;
     if (nreq && (r = dt_comm_waitall(c, f->reqs, nreq)) != DT_OK) return r;
     for (i = 0; i < f->desc.clients; i++) f->last_kept[i] = 0;
-    for (i = 0; i < nrep; i++) {   /* clients with no samples report nothing useful */
+    for (i = 0; i < nrep; i++) {   /* each report's counts as the client holds them; clients with no samples report nothing useful */
+        int64_t held = f->desc.part->offsets[f->who[i] + 1] - f->desc.part->offsets[f->who[i]];
+        char what[96];
+        snprintf(what, sizeof what, "client %d's sample count (it holds %lld)", f->who[i], (long long)held);
+        if ((r = dt__reduced_check(c, "dt_fed_round", what, f->stats[2 * i], (double)held, (double)held)) != DT_OK) return r;
+        snprintf(what, sizeof what, "client %d's training loss sum", f->who[i]);
+        if ((r = dt__reduced_check(c, "dt_fed_round", what, f->stats[2 * i + 1], 0.0, DBL_MAX)) != DT_OK) return r;
         loss += f->stats[2 * i + 1];
         samples += f->stats[2 * i];
         if (f->stats[2 * i] <= 0.0) continue;
@@ -440,11 +579,13 @@ dt_result dt_fed_round(dt_fed *f, int64_t round, dt_fed_round_info *info) {
     }
     dt_trace_begin("aggregate", "optim");
     dt__trace_arg("clients", NULL, nagg);
-    dt__trace_arg("aggregator", dt_fed_agg_name(f->desc.agg.kind), 0);
-    r = dt__fed_aggregate(&f->desc.agg, f->ptrs, f->weights, nagg, f->len, f->n, f->delta, f->kept);
+    dt__trace_arg("aggregator", f->desc.dp.clip > 0.0f ? "dp" : dt_fed_agg_name(f->desc.agg.kind), 0);
+    if (f->desc.dp.clip > 0.0f) r = dt__fed_dp_aggregate(f, round, nagg);
+    else r = dt__fed_aggregate(&f->desc.agg, f->ptrs, f->weights, nagg, f->len, f->n, f->delta, f->kept);
     dt_trace_end();
     if (r != DT_OK) return r;
-    for (j = 0; j < f->len; j++) f->delta[j] += f->global[j];   /* global + the aggregate, as global[j] + delta[j] */
+    dt__fed_server_step(f, f->delta);   /* the parameters' step from the aggregate */
+    for (j = 0; j < f->len; j++) f->delta[j] += f->global[j];   /* global + the step, as global[j] + delta[j] */
     dt__fed_put(f, f->delta);
     for (i = 0; i < nagg; i++) {
         f->last_kept[f->who[i]] = f->kept[i];

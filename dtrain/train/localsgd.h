@@ -176,7 +176,12 @@ dt_result dt_localsgd_save(dt_localsgd *d, const char *path, dt_optim *o, const 
 
 dt_result dt_localsgd_load(dt_localsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta) {
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_load: localsgd is NULL");
-    return dt__ckpt_load_comm(d->comm, "dt_localsgd_load", DT__CKPT_LOCALSGD, path, d->model, o, meta, &d->since, DT_OK);
+    dt_result r = dt__ckpt_load_comm(d->comm, "dt_localsgd_load", DT__CKPT_LOCALSGD, path, d->model, o, meta, &d->since, DT_OK);
+    if (r == DT_OK && (d->since < 0 || (d->desc.period > 0 && d->since >= d->desc.period)))   /* else the averages fall elsewhere */
+        r = dt_set_error(DT_ERR_FORMAT, "dt_localsgd_load: rank %d: %s holds %lld steps since the last average, outside 0..%lld for "
+                         "period %lld: the file is damaged or foreign", dt_comm_rank(d->comm), path, (long long)d->since,
+                         (long long)d->desc.period - 1, (long long)d->desc.period);
+    return r;
 }
 
 /* Hogwild. The shared buffer is read and written by every worker with plain loads and stores: that is the

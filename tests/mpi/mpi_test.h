@@ -30,14 +30,21 @@ static int mt_sum_ranks(int x) {
 /* Runs one test on every rank (all of them call it, in the same order; argv[1] in dt_t_only filters). */
 static void mt_run(const char *name, void (*fn)(void)) {
     int all;
+    double t0, t;
     if (!dt_t_selected(name)) return;
     dt_t_checks_failed = 0;
+    t0 = dt_time_now();
     fn();
+    t = dt_time_now() - t0;
     if (dt_t_checks_failed) printf("    rank %d: %d checks failed in %s\n", mt_rank, dt_t_checks_failed, name);
     fflush(stdout);
     all = mt_sum_ranks(dt_t_checks_failed);
     if (all) mt_failed++; else mt_passed++;
-    if (mt_rank == 0) { printf("%s %s\n", all ? "FAIL" : "ok  ", name); fflush(stdout); }
+    if (mt_rank == 0) {   /* with its time on rank 0 from a second on, as dt_test.h prints it */
+        if (t >= 1.0) printf("%s %s (%.1f s)\n", all ? "FAIL" : "ok  ", name, t);
+        else printf("%s %s\n", all ? "FAIL" : "ok  ", name);
+        fflush(stdout);
+    }
 }
 static dt_result mt_begin(int rank) {
     mt_rank = rank;
