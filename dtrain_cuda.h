@@ -1076,7 +1076,8 @@ static const dt_ops dt__cuda_ops_table = {
     dt__cu_sync,
     NULL, NULL, NULL,  /* conv_gemm_fwd, conv_gemm_wgrad, conv_gemm_dgrad: im2col or col2im, and cuBLAS */
     NULL, NULL,        /* conv_fwd, conv_bwd: the same */
-    NULL, NULL, NULL, NULL   /* bn_relu_*, add_relu_*: the layers one by one */
+    NULL, NULL, NULL, NULL,  /* bn_relu_*, add_relu_*: the layers one by one */
+    NULL, NULL               /* bn_sums, bn_affine_acc: no synchronised batch norm on the GPU yet */
 };
 
 /* ---- contexts --------------------------------------------------------------------------------- */

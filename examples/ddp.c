@@ -6,7 +6,7 @@
               [--epochs 1] [--batch 128] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
               [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--limit N] [--test-limit N] [--accum 1]
               [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb 256]
-              [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback]
+              [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback] [--sync-bn]
               [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
               (and the launcher's flags: --timeout, --link-latency, ...)
    e.g.   ./build/examples/ddp --ranks 4 --epochs 3
@@ -30,7 +30,9 @@
    rank sends of its gradient (dt_ddp_compress: bf16 or fp16 halves the bytes; topk:0.01 sends the largest 1%
    of each bucket as index-value pairs and keeps the rest for the next step, which --no-feedback drops;
    powersgd:2 sends each weight matrix as two rank-2 factors, with the same feedback); the CSV's MB column
-   counts what was sent. */
+   counts what was sent. --sync-bn makes every batch norm normalise with the statistics of the whole global
+   batch, summed over the ranks in forward and backward (dt_ddp_desc.sync_bn, PyTorch's SyncBatchNorm), not
+   of the rank's share: with small shares this is what one process with the global batch would learn. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +57,7 @@ static void usage(FILE *f) {
                "           [--epochs N] [--batch N] [--seed N] [--limit N] [--test-limit N] [--accum K]\n");
     ex_recipe_usage(f, 11, 0);
     fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb N]\n"
-               "           [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback]\n"
+               "           [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback] [--sync-bn]\n"
                "           [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
     ex_ckpt_usage(f, 11);
 }
@@ -71,6 +73,7 @@ static int parse_args(int argc, char **argv, void *arg) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--no-overlap")) { a->ddp.no_overlap = 1; continue; }
         if (!strcmp(f, "--no-feedback")) { a->ddp.no_feedback = 1; continue; }
+        if (!strcmp(f, "--sync-bn")) { a->ddp.sync_bn = 1; continue; }
         if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if ((k = ex_ckpt_flag(f, v, &a->ckpt, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if (!v) { fprintf(stderr, "ddp: %s needs a value\n", f); return -1; }
@@ -189,6 +192,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ddp.compress == DT_DDP_TOPK) printf(" %g", a->ddp.topk_ratio > 0 ? a->ddp.topk_ratio : DT_DDP_TOPK_RATIO);
         if (a->ddp.compress == DT_DDP_POWERSGD) printf(" rank %d", a->ddp.powersgd_rank > 0 ? a->ddp.powersgd_rank : DT_DDP_POWERSGD_RANK);
         if (a->ddp.compress >= DT_DDP_TOPK) printf(a->ddp.no_feedback ? " without error feedback" : " with error feedback");
+        if (a->ddp.sync_bn) printf(", batch norm synchronised");
         printf(", %d threads per rank\n", dt_cpu_threads());
         TRY(ex_log_flush());
     }

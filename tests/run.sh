@@ -983,6 +983,18 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         echo \"ddp \$a / \$b, hogwild \$c / \$d\"
         [ -n \"\$a\" ] && [ -n \"\$b\" ] && [ \"\$a\" != \"\$b\" ] && [ -n \"\$c\" ] && [ -n \"\$d\" ] && [ \"\$c\" != \"\$d\" ] &&
         { '$B/examples/train' --clip-grad 0 > /dev/null 2>&1; [ \$? -eq 2 ]; }"
+    # --sync-bn: ResNet-20 (19 batch norms) on 4 ranks of 4 images follows one rank with the global batch of 16 (the
+    # same losses but for rounding, which 12 steps grow to about 0.002 here); without it, the ranks' own statistics
+    # of 4 images move the loss by 0.05
+    check "ddp --sync-bn: ResNet-20 on 4 ranks x 4 images ends with one rank's training loss (batch 16), without it not" sh -c "
+        loss() { \"\$@\" | sed -n 's/^epoch .*train loss \\([0-9.]*\\) .*/\\1/p'; }
+        R='--model resnet20 --batch 16 --limit 192 --test-limit 100'
+        one=\$(loss '$B/examples/ddp' \$R --ranks 1); s=\$(loss '$B/examples/ddp' \$R --ranks 4 --sync-bn)
+        p=\$(loss '$B/examples/ddp' \$R --ranks 4)
+        '$B/examples/ddp' \$R --ranks 2 --sync-bn | grep -q 'batch norm synchronised'
+        echo \"one rank \$one, 4 ranks with --sync-bn \$s, without \$p\"
+        awk -v a=\"\$one\" -v b=\"\$s\" -v c=\"\$p\" 'BEGIN { d = a - b; e = a - c; if (d < 0) d = -d; if (e < 0) e = -e;
+            exit !(a != \"\" && d < 0.01 && e > 0.03) }'"
 else
     echo "skipped train resume check: dataset-fashion-mnist is not installed"
 fi

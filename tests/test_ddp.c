@@ -343,6 +343,178 @@ static void test_batchnorm_stats(void) {
     }
 }
 
+/* Synchronised batch norm (dt_ddp_desc.sync_bn): a small residual CNN whose batch norms run both fused paths
+   (batch norm + ReLU, batch norm + residual add + ReLU), trained two SGD steps on 2, 3 and 4 local ranks
+   (overlapped buckets of 200 bytes, so the batch norms' sums go between buckets on the helper thread, and
+   without overlap), on 3 ranks with unequal batches (6, 4, 2), and on 2 ranks where rank 1 has no second
+   batch (dt_ddp_join): each ends with the parameters and running statistics of one process trained on the
+   whole batches, to rounding, the same bits on every rank. Without sync_bn the same 2 ranks end elsewhere. */
+#define SB_C 2
+#define SB_HW 6
+#define SB_IN (SB_C * SB_HW * SB_HW)
+#define SB_N 30   /* samples: two steps of 12, and 6 for the join's second step */
+static float SBX[SB_N * SB_IN];
+static int32_t SBY[SB_N];
+static dt_result sb_model(dt_model **m, uint64_t seed) {
+    dt_model_desc d;
+    int x, y;
+    memset(&d, 0, sizeof d);
+    d.in_c = SB_C; d.in_h = SB_HW; d.in_w = SB_HW; d.seed = seed;
+    if (dt_model_create(m, &d) != DT_OK) return DT_ERR_OUT_OF_MEMORY;
+    x = dt_model_input(*m);
+    x = dt_relu(*m, dt_batchnorm(*m, dt_conv2d(*m, x, 4, 3, 1, 1)));
+    y = dt_batchnorm(*m, dt_conv2d(*m, x, 4, 3, 1, 1));
+    x = dt_relu(*m, dt_add(*m, y, x));
+    x = dt_linear(*m, dt_global_avgpool(*m, x), 3, 1);
+    return dt_model_finalize(*m);
+}
+typedef struct sb_job {
+    dt_ddp_desc desc;
+    int64_t first[2][MAXR], count[2][MAXR];   /* each step's slice of each rank (count 0: it joins) */
+    int64_t np, nb;
+    float params[MAXR][256], bufs[MAXR][64];
+} sb_job;
+static dt_result sb_steps(dt_model *m, dt_optim *o, dt_ddp *d, const sb_job *j, int me) {
+    dt_result r = DT_OK;
+    int s;
+    float loss;
+    for (s = 0; s < 2 && r == DT_OK; s++) {
+        if (d && j->count[s][me] == 0) return dt_ddp_join(d, o);
+        dt_model_zero_grad(m);
+        if ((r = dt_model_forward(m, SBX + j->first[s][me] * SB_IN, j->count[s][me])) != DT_OK ||
+            (r = dt_model_loss_labels(m, SBY + j->first[s][me], &loss)) != DT_OK)
+            return r;
+        r = d ? dt_ddp_backward(d, NULL, j->count[s][me], 1) : dt_model_backward(m, NULL);
+        if (r == DT_OK) r = dt_optim_step(o);
+    }
+    return r != DT_OK || !d ? r : dt_ddp_join(d, o);
+}
+static dt_result sb_rank(dt_comm *c, void *arg) {
+    sb_job *j = (sb_job *)arg;
+    int me = c ? dt_comm_rank(c) : 0;
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_ddp *d = NULL;
+    dt_result r = sb_model(&m, 1 + 7 * (uint64_t)me);
+    if (r == DT_OK) r = make_optim(&o, m);
+    if (r == DT_OK && c) r = dt_ddp_create(&d, c, m, &j->desc);
+    if (r == DT_OK) r = sb_steps(m, o, d, j, me);
+    if (r == DT_OK) r = dt_model_get_params(m, j->params[me], j->np);
+    if (r == DT_OK) r = dt_model_get_buffers(m, j->bufs[me], j->nb);
+    dt_ddp_destroy(d);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    return r;
+}
+/* the ranks' slices: step s's batch of 12 (or, with join, 6 for rank 0 alone) split as `sizes` */
+static void sb_split(sb_job *j, int p, const int64_t *sizes, int join) {
+    int s, r;
+    for (s = 0; s < 2; s++) {
+        int64_t at = 12 * s;
+        for (r = 0; r < p; r++) {
+            j->first[s][r] = at;
+            j->count[s][r] = s == 1 && join ? (r == 0 ? 6 : 0) : sizes[r];
+            at += j->count[s][r];
+        }
+    }
+}
+/* the largest |a - b| / (1 + |b|) */
+static double sb_diff(const float *a, const float *b, int64_t n) {
+    double worst = 0.0, e;
+    int64_t i;
+    for (i = 0; i < n; i++)
+        if ((e = fabs((double)a[i] - (double)b[i]) / (1.0 + fabs((double)b[i]))) > worst || e != e) worst = e != e ? 1e30 : e;
+    return worst;
+}
+static void test_sync_bn(void) {
+    static sb_job ref, j;
+    static const int64_t even[4][4] = {{12}, {6, 6}, {4, 4, 4}, {3, 3, 3, 3}}, uneven[3] = {6, 4, 2};
+    dt_model *m = NULL;
+    int p, ov, join, r;
+    double e, eb;
+    tc_data(SBX, SBY, SB_N, SB_IN, 3);
+    CHECK_OK(sb_model(&m, 1));
+    memset(&ref, 0, sizeof ref);
+    if (m) { dt_model_params(m, &ref.np); dt_model_buffers(m, &ref.nb); }
+    dt_model_destroy(m);
+    CHECK(ref.np <= 256 && ref.nb <= 64 && ref.nb == 16);
+    for (join = 0; join < 2; join++) {   /* the reference: one process, batches of 12, 12 (or 12, 6) */
+        static sb_job one;
+        one = ref;
+        sb_split(&one, 1, even[0], 0);
+        if (join) one.count[1][0] = 6;
+        CHECK_OK(sb_rank(NULL, &one));
+        for (p = join ? 2 : 1; p <= (join ? 2 : 5); p++) {
+            for (ov = 0; ov < 2; ov++) {
+                int ranks = p == 5 ? 3 : p;   /* 5: 3 ranks, unequal batches */
+                j = ref;
+                j.desc.sync_bn = 1;
+                j.desc.bucket_bytes = 200;
+                j.desc.no_overlap = ov;
+                sb_split(&j, ranks, p == 5 ? uneven : even[ranks - 1], join);
+                CHECK_OK(tc_launch(sb_rank, &j, ranks));
+                e = sb_diff(j.params[0], one.params[0], j.np);
+                eb = sb_diff(j.bufs[0], one.bufs[0], j.nb);
+                if (ov == 0 || e > 1e-6 || eb > 1e-6)
+                    printf("    %d rank%s%s%s%s: parameters within %.1e, running statistics within %.1e of one process\n", ranks,
+                           ranks > 1 ? "s" : "", p == 5 ? ", batches 6 4 2" : "", join ? ", rank 1 joins" : "",
+                           ov ? ", no overlap" : "", e, eb);
+                CHECK(e <= 1e-6 && eb <= 1e-6);
+                for (r = 1; r < ranks; r++)
+                    CHECK(memcmp(j.params[r], j.params[0], sizeof(float) * (size_t)j.np) == 0 &&
+                          memcmp(j.bufs[r], j.bufs[0], sizeof(float) * (size_t)j.nb) == 0);
+            }
+        }
+        if (!join) {   /* the test can fail: each rank's own statistics end elsewhere */
+            j = ref;
+            j.desc.bucket_bytes = 200;
+            sb_split(&j, 2, even[1], 0);
+            CHECK_OK(tc_launch(sb_rank, &j, 2));
+            e = sb_diff(j.params[0], one.params[0], j.np);
+            printf("    2 ranks without sync_bn: parameters %.1e from one process's\n", e);
+            CHECK(e > 1e-3);
+        }
+    }
+}
+
+/* dt_model_set_bn_sync before finalize, and on a backend without the ops it needs: named errors */
+static dt_result sb_never(void *user, double *buf, int64_t n) { (void)user; (void)buf; (void)n; return DT_ERR_COMM; }
+static void test_sync_bn_refused(void) {
+    static dt_ops no_sums;
+    dt_model *m = NULL;
+    dt_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.in_c = 4;
+    CHECK_OK(dt_model_create(&m, &d));
+    if (m) dt_batchnorm(m, dt_linear(m, dt_model_input(m), 3, 1));
+    CHECK(dt_model_set_bn_sync(m, sb_never, NULL) == DT_ERR_STATE);
+    dt_model_destroy(m);
+    m = NULL;
+    no_sums = *dt_cpu_ops();
+    no_sums.bn_sums = NULL;
+    d.ops = &no_sums;
+    CHECK_OK(dt_model_create(&m, &d));
+    if (m) dt_batchnorm(m, dt_linear(m, dt_model_input(m), 3, 1));
+    CHECK_OK(dt_model_finalize(m));
+    CHECK(dt_model_set_bn_sync(m, sb_never, NULL) == DT_ERR_UNSUPPORTED);
+    CHECK(strstr(dt_last_error(), "no synchronised batch norm") != NULL);
+    CHECK_OK(dt_model_set_bn_sync(m, NULL, NULL));   /* turning it off is always allowed */
+    dt_model_destroy(m);
+    m = NULL;
+    d.ops = NULL;   /* on the CPU: a sum that fails is what the pass returns */
+    CHECK_OK(dt_model_create(&m, &d));
+    if (m) dt_batchnorm(m, dt_linear(m, dt_model_input(m), 3, 1));
+    CHECK_OK(dt_model_finalize(m));
+    CHECK_OK(dt_model_set_bn_sync(m, sb_never, NULL));
+    {
+        float x[8] = {1, 2, 3, 4, 5, 6, 7, 9};
+        CHECK(dt_model_forward(m, x, 2) == DT_ERR_COMM);
+        CHECK_OK(dt_model_set_mode(m, DT_MODE_EVAL));   /* eval mode uses the running statistics: no sum */
+        CHECK_OK(dt_model_forward(m, x, 2));
+    }
+    dt_model_destroy(m);
+}
+
 /* bad arguments and a model that differs between ranks: errors that name the rank, nothing hangs */
 typedef struct bad_job { int case_; dt_result got[MAXR]; char msg[MAXR][512]; } bad_job;
 static dt_result bad_rank(dt_comm *c, void *arg) {
@@ -471,6 +643,8 @@ int main(int argc, char **argv) {
     RUN(test_uneven);
     RUN(test_user_tags);
     RUN(test_batchnorm_stats);
+    RUN(test_sync_bn);
+    RUN(test_sync_bn_refused);
     RUN(test_bad_args);
     return dt_t_summary();
 }

@@ -42,6 +42,8 @@ static inline void dt__model_get_rng(const dt_model *m, uint64_t rng[3]);
 static inline void dt__model_set_rng(dt_model *m, const uint64_t rng[3]);
 /* the user pointer of the backward hook (dt_model_set_backward_hook) */
 static inline void *dt__model_hook_user(const dt_model *m);
+/* a synchronised batch norm's weight in the sums: 1, or 0 on a rank that has joined (dt_ddp_join) */
+static inline void dt__model_bn_sync_weight(dt_model *m, int w);
 #endif
 
 /* ==== dtrain/core/optim.h: the optimizer's state for checkpoints ==== */

@@ -134,6 +134,18 @@ void dt_model_zero_grad(dt_model *m);
    backward goes on. fn NULL removes it; one hook per model. */
 typedef void (*dt_backward_hook)(void *user, dt_model *m, int node);
 void dt_model_set_backward_hook(dt_model *m, dt_backward_hook fn, void *user);
+/* Synchronised batch norm (PyTorch's SyncBatchNorm): in training mode each batch norm normalises with the
+   statistics of the whole batch over the ranks, not of this rank's part, and backward passes the gradient
+   through those statistics. fn sums n doubles in place over the ranks (every rank calls it in the same
+   order and gets the same sums) and returns DT_OK or its failure, which the pass then returns; dt_ddp_desc's
+   sync_bn installs one. Each batch norm calls it twice a step: in forward with the sums of x and x^2 per
+   channel and its count of values (2c + 1 doubles), in backward with the sums of dy and dy x weighted by this
+   rank's batch (2c; not where nothing needs the input's gradient). So with gradients weighted by samples (as
+   dt_ddp weighs them) a step equals one process's over the whole batch, to rounding. The running statistics
+   follow the whole batch's, the same on every rank. fn NULL turns it off. DT_ERR_STATE before
+   dt_model_finalize; DT_ERR_UNSUPPORTED on a backend without dt_ops.bn_sums (the GPU's, today). */
+typedef dt_result (*dt_bn_sync_fn)(void *user, double *buf, int64_t n);
+dt_result dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *user);
 /* Copies the output of the last forward ([batch, out...]) to host memory; count = batch * output size. */
 dt_result dt_model_get_output(dt_model *m, float *host, int64_t count);
 /* Number of correctly classified samples of the last forward (argmax of the output vs labels). */
@@ -210,6 +222,9 @@ typedef struct dt__node {
     /* arena pointers, set by dt__reserve */
     float *out, *grad, *aux;        /* aux: dropout mask [batch*size] or batchnorm mean, invstd [2c] */
     int32_t *idx;                   /* maxpool argmax [batch*size] */
+    /* synchronised batch norm (dt_model_set_bn_sync): */
+    int64_t sync_at;                /* its mean and 1/std on the host, at m->sync_stat + sync_at ([2c]) */
+    double sync_count;              /* the values per channel over all ranks in the last forward */
 } dt__node;
 
 typedef struct dt__pinfo {
@@ -244,6 +259,15 @@ struct dt_model {
     uint64_t step;                  /* forward passes in training mode: the dropout counter */
     dt_backward_hook hook;          /* called after each node's backward (dt_ddp's buckets) */
     void *hook_user;
+    /* synchronised batch norm: the sum over the ranks, this rank's weight (0: a rank that has joined, dt_ddp_join),
+       the first failure of a pass, host buffers (the sums, the statistics of each batch norm, floats to upload)
+       and the backend's buffer of [4 * the most channels] the uploads go to */
+    dt_bn_sync_fn sync_fn;
+    void *sync_user;
+    int sync_weight;
+    dt_result sync_err;
+    double *sync_sum;
+    float *sync_stat, *sync_host, *sync_dev;
     dt__cpu_state cpu;              /* the CPU backend's state (ctx) when no other is given */
     void *own_ctx;                  /* a backend context the model created (the registered default's), or NULL */
     const dt_backend *own_backend;  /* the backend that destroys own_ctx */
@@ -387,6 +411,7 @@ dt_result dt_model_create(dt_model **out, const dt_model_desc *desc) {
     m->seed = desc->seed;
     m->stream = desc->stream;
     m->training = 1;
+    m->sync_weight = 1;
     m->input_vector = desc->in_h == 0;
     m->input_grad = desc->input_grad != 0;
     in = dt__add_node(m, DT_LAYER_INPUT, -1);
@@ -414,6 +439,10 @@ void dt_model_destroy(dt_model *m) {
     if (m->params) m->ops->free(m->ctx, m->params);
     if (m->grads) m->ops->free(m->ctx, m->grads);
     if (m->buffers) m->ops->free(m->ctx, m->buffers);
+    if (m->sync_dev) m->ops->free(m->ctx, m->sync_dev);
+    DT_FREE(m->sync_sum);
+    DT_FREE(m->sync_stat);
+    DT_FREE(m->sync_host);
     if (m->own_ctx) m->own_backend->ctx_destroy(m->own_ctx);   /* after everything allocated on it */
     DT_FREE(m->nodes);
     DT_FREE(m->pinfo);
@@ -936,6 +965,141 @@ static void dt__conv_bwd(dt_model *m, const dt__node *n, int64_t batch, float *d
     }
 }
 
+/* ---- batch norm, alone or synchronised over the ranks (dt_model_set_bn_sync) ---------------------------------
+   Synchronised, in training mode, the layer runs as in eval mode on statistics the ranks share: forward sums x
+   and x^2 per channel (dt_ops.bn_sums), has them summed over the ranks with the count of values, and normalises
+   with the whole batch's mean and biased variance, moving the running statistics by the whole batch's mean and
+   unbiased variance (as the batch-statistics path does with its own); backward runs eval mode's gradient,
+   gamma invstd dy, then adds the part through the statistics, gamma invstd (-mean(dy) - xhat mean(dy xhat)),
+   with the means taken over the whole batch (dt_ops.bn_affine_acc). Each rank's gradient is a mean over its
+   own batch of n, which the samples-weighted sum of the gradients (dt_ddp) weighs by n / N: so each rank sends
+   its sums of dy and dy xhat times n, and takes their total over n N s (N s the values per channel of all), the
+   whole batch's means as this rank's scale sees them. With equal batches that is PyTorch's SyncBatchNorm. */
+static dt_result dt__need_final(const dt_model *m, const char *what);
+static void dt__sync_fail(dt_model *m, dt_result r) { if (m->sync_err == DT_OK) m->sync_err = r; }
+
+static void dt__bn_run_fwd(dt_model *m, dt__node *b, const float *x, const float *res, float *y, int relu, int64_t batch) {
+    const dt_ops *O = m->ops;
+    void *C = m->ctx;
+    int64_t c = b->c, s = b->h * b->w, ch;
+    float *rm = dt__bv(m, b, 0), *rv = dt__bv(m, b, 1), *st = m->sync_stat + b->sync_at;
+    double *sum = m->sync_sum, cnt;
+    if (!m->training || !m->sync_fn) {
+        if (relu) O->bn_relu_fwd(C, m->training, x, res, y, batch, c, s, dt__pv(m, b, 0), dt__pv(m, b, 1), rm, rv, b->eps, b->momentum,
+                                 b->aux, b->aux + c);
+        else O->bn_fwd(C, m->training, x, y, batch, c, s, dt__pv(m, b, 0), dt__pv(m, b, 1), rm, rv, b->eps, b->momentum, b->aux,
+                       b->aux + c);
+        return;
+    }
+    O->bn_sums(C, x, NULL, NULL, batch, c, s, sum);
+    for (ch = 0; ch < 2 * c; ch++) sum[ch] *= m->sync_weight;
+    sum[2 * c] = m->sync_weight ? (double)(batch * s) : 0.0;
+    if (m->sync_err == DT_OK) {
+        dt_trace_begin("sync batch norm", "comm");
+        dt__sync_fail(m, m->sync_fn(m->sync_user, sum, 2 * c + 1));
+        dt_trace_end();
+    }
+    cnt = m->sync_err == DT_OK ? sum[2 * c] : 0.0;
+    b->sync_count = cnt;
+    if (cnt > 0.0) {   /* the whole batch's mean and variance (host: mean, variance, unbiased variance) */
+        float *h = m->sync_host;
+        for (ch = 0; ch < c; ch++) {
+            double dm = sum[ch] / cnt, sq = sum[c + ch] - dm * sum[ch], var;
+            if (sq < 0.0) sq = 0.0;
+            var = sq / cnt;
+            h[ch] = (float)dm;
+            h[c + ch] = (float)var;
+            h[2 * c + ch] = (float)(cnt > 1.0 ? sq / (cnt - 1.0) : var);
+            st[ch] = (float)dm;
+            st[c + ch] = (float)(1.0 / sqrt(var + (double)b->eps));
+        }
+        O->upload(C, m->sync_dev, h, (int64_t)sizeof(float) * 3 * c);
+        O->scale(C, rm, c, 1.0f - b->momentum);
+        O->axpy(C, rm, m->sync_dev, c, b->momentum);
+        O->scale(C, rv, c, 1.0f - b->momentum);
+        O->axpy(C, rv, m->sync_dev + 2 * c, c, b->momentum);
+    } else {   /* no rank had data (all have joined), or the sum failed: the running statistics, untouched */
+        O->download(C, st, rm, (int64_t)sizeof(float) * c);
+        O->download(C, m->sync_host, rv, (int64_t)sizeof(float) * c);
+        for (ch = 0; ch < c; ch++) st[c + ch] = 1.0f / sqrtf(m->sync_host[ch] + b->eps);
+        O->copy(C, m->sync_dev, rm, c);
+        O->copy(C, m->sync_dev + c, rv, c);
+    }
+    if (relu) O->bn_relu_fwd(C, 0, x, res, y, batch, c, s, dt__pv(m, b, 0), dt__pv(m, b, 1), m->sync_dev, m->sync_dev + c, b->eps,
+                             b->momentum, b->aux, b->aux + c);
+    else O->bn_fwd(C, 0, x, y, batch, c, s, dt__pv(m, b, 0), dt__pv(m, b, 1), m->sync_dev, m->sync_dev + c, b->eps, b->momentum,
+                   b->aux, b->aux + c);
+}
+
+/* y: a fused ReLU's output (NULL: none), dy the gradient of the layer's output or of that ReLU's */
+static void dt__bn_run_bwd(dt_model *m, dt__node *b, const float *x, const float *y, const float *dy, float *dx, int acc, float *dr,
+                           int acc_r, int64_t batch) {
+    const dt_ops *O = m->ops;
+    void *C = m->ctx;
+    int64_t c = b->c, s = b->h * b->w, ch;
+    int sync = m->training && m->sync_fn;
+    const float *st = m->sync_stat + b->sync_at;
+    double *sum = m->sync_sum, w = (double)m->sync_weight * (double)batch, per;
+    float *h = m->sync_host;
+    if (y) O->bn_relu_bwd(C, m->training && !sync, x, y, dy, dx, acc, dr, acc_r, batch, c, s, dt__pv(m, b, 0), b->aux, b->aux + c,
+                          dt__gv(m, b, 0), dt__gv(m, b, 1));
+    else O->bn_bwd(C, m->training && !sync, x, dy, dx, batch, c, s, dt__pv(m, b, 0), b->aux, b->aux + c, dt__gv(m, b, 0),
+                   dt__gv(m, b, 1));
+    if (!sync || !dx) return;
+    O->bn_sums(C, x, y, dy, batch, c, s, sum);   /* sum dy', sum dy' x */
+    for (ch = 0; ch < c; ch++) {   /* weighted by this rank's batch; dy' xhat = dy' (x - mean) invstd */
+        sum[c + ch] = w * (sum[c + ch] - (double)st[ch] * sum[ch]) * (double)st[c + ch];
+        sum[ch] *= w;
+    }
+    if (m->sync_err == DT_OK) {
+        dt_trace_begin("sync batch norm", "comm");
+        dt__sync_fail(m, m->sync_fn(m->sync_user, sum, 2 * c));
+        dt_trace_end();
+    }
+    per = b->sync_count > 0.0 && m->sync_err == DT_OK ? 1.0 / ((double)batch * b->sync_count) : 0.0;
+    for (ch = 0; ch < c; ch++) {   /* dx += gamma (a x + b): a = -invstd^2 mean(dy xhat), b = -invstd mean(dy) - a mean */
+        double is = (double)st[c + ch], mdy = sum[ch] * per, mdyx = sum[c + ch] * per, a = -is * is * mdyx;
+        h[ch] = (float)a;
+        h[c + ch] = (float)(-is * mdy - a * (double)st[ch]);
+    }
+    O->upload(C, m->sync_dev, h, (int64_t)sizeof(float) * 2 * c);
+    O->bn_affine_acc(C, dx, x, dt__pv(m, b, 0), m->sync_dev, m->sync_dev + c, batch, c, s);
+}
+
+dt_result dt_model_set_bn_sync(dt_model *m, dt_bn_sync_fn fn, void *user) {
+    int64_t maxc = 0, at = 0;
+    int i;
+    dt_result r;
+    if ((r = dt__need_final(m, "dt_model_set_bn_sync")) != DT_OK) return r;
+    if (fn && (!m->ops->bn_sums || !m->ops->bn_affine_acc))
+        return dt_set_error(DT_ERR_UNSUPPORTED, "dt_model_set_bn_sync: the %s backend has no synchronised batch norm "
+                            "(dt_ops.bn_sums); run the model on the CPU, or train without it", m->ops->name);
+    for (i = 1; i < m->nnodes; i++)
+        if (m->nodes[i].kind == DT_LAYER_BATCHNORM) {
+            m->nodes[i].sync_at = at;
+            at += 2 * m->nodes[i].c;
+            if (m->nodes[i].c > maxc) maxc = m->nodes[i].c;
+        }
+    if (fn && maxc && !m->sync_sum) {
+        m->sync_sum = (double *)DT_MALLOC(sizeof(double) * (size_t)(2 * maxc + 1));
+        m->sync_stat = (float *)DT_MALLOC(sizeof(float) * (size_t)at);
+        m->sync_host = (float *)DT_MALLOC(sizeof(float) * (size_t)(3 * maxc));
+        m->sync_dev = (float *)m->ops->alloc(m->ctx, (int64_t)sizeof(float) * 3 * maxc);
+        if (!m->sync_sum || !m->sync_stat || !m->sync_host || !m->sync_dev) {
+            if (m->sync_dev) m->ops->free(m->ctx, m->sync_dev);
+            DT_FREE(m->sync_sum); DT_FREE(m->sync_stat); DT_FREE(m->sync_host);
+            m->sync_sum = NULL; m->sync_stat = m->sync_host = m->sync_dev = NULL;
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_model_set_bn_sync: no memory for the statistics of %lld channels",
+                                (long long)at);
+        }
+    }
+    m->sync_fn = maxc ? fn : NULL;   /* a model without batch norm has nothing to synchronise */
+    m->sync_user = m->sync_fn ? user : NULL;
+    return DT_OK;
+}
+/* a rank that has joined (dt_ddp_join) runs passes that add nothing to the sums: weight 0 */
+static inline void dt__model_bn_sync_weight(dt_model *m, int w) { m->sync_weight = w; }
+
 static void dt__node_fwd(dt_model *m, dt__node *n, int64_t batch) {
     const dt_ops *O = m->ops;
     void *C = m->ctx;
@@ -965,19 +1129,12 @@ static void dt__node_fwd(dt_model *m, dt__node *n, int64_t batch) {
         break;
     case DT_LAYER_BATCHNORM:
         if (n->folded) break;   /* the add after it runs it */
-        if (n->relu)
-            O->bn_relu_fwd(C, m->training, x, NULL, m->nodes[n->relu].out, batch, n->c, n->h * n->w, dt__pv(m, n, 0),
-                           dt__pv(m, n, 1), dt__bv(m, n, 0), dt__bv(m, n, 1), n->eps, n->momentum, n->aux, n->aux + n->c);
-        else
-            O->bn_fwd(C, m->training, x, n->out, batch, n->c, n->h * n->w, dt__pv(m, n, 0), dt__pv(m, n, 1), dt__bv(m, n, 0),
-                      dt__bv(m, n, 1), n->eps, n->momentum, n->aux, n->aux + n->c);
+        dt__bn_run_fwd(m, n, x, NULL, n->relu ? m->nodes[n->relu].out : n->out, n->relu != 0, batch);
         break;
     case DT_LAYER_ADD:
         if (n->bn) {   /* relu(bn(x) + residual) */
             dt__node *b = &m->nodes[n->bn];
-            O->bn_relu_fwd(C, m->training, m->nodes[b->in0].out, m->nodes[dt__residual(n)].out, m->nodes[n->relu].out, batch,
-                           b->c, b->h * b->w, dt__pv(m, b, 0), dt__pv(m, b, 1), dt__bv(m, b, 0), dt__bv(m, b, 1), b->eps,
-                           b->momentum, b->aux, b->aux + b->c);
+            dt__bn_run_fwd(m, b, m->nodes[b->in0].out, m->nodes[dt__residual(n)].out, m->nodes[n->relu].out, 1, batch);
         } else if (n->relu) O->add_relu_fwd(C, m->nodes[n->relu].out, x, m->nodes[n->in1].out, cnt);
         else O->add(C, n->out, x, m->nodes[n->in1].out, cnt);
         break;
@@ -1011,20 +1168,15 @@ static void dt__node_bwd(dt_model *m, dt__node *n, int64_t batch) {
     case DT_LAYER_DROPOUT: if (dx) O->mul_bwd(C, dy, n->aux, dx, cnt); break;
     case DT_LAYER_BATCHNORM:
         if (n->folded) break;   /* the add after it runs it */
-        if (n->relu)
-            O->bn_relu_bwd(C, m->training, x, r->out, r->grad, dx, !n->ow[0], NULL, 0, batch, n->c, n->h * n->w, dt__pv(m, n, 0),
-                           n->aux, n->aux + n->c, dt__gv(m, n, 0), dt__gv(m, n, 1));
-        else
-            O->bn_bwd(C, m->training, x, dy, dx, batch, n->c, n->h * n->w, dt__pv(m, n, 0), n->aux, n->aux + n->c,
-                      dt__gv(m, n, 0), dt__gv(m, n, 1));
+        if (n->relu) dt__bn_run_bwd(m, n, x, r->out, r->grad, dx, !n->ow[0], NULL, 0, batch);
+        else dt__bn_run_bwd(m, n, x, NULL, dy, dx, 1, NULL, 0, batch);
         break;
     case DT_LAYER_ADD: {
         float *dx1 = m->nodes[n->in1].grad;
         if (n->bn) {   /* relu(bn(x) + residual) */
             dt__node *b = &m->nodes[n->bn];
-            O->bn_relu_bwd(C, m->training, m->nodes[b->in0].out, r->out, r->grad, m->nodes[b->in0].grad, !n->ow[0],
-                           m->nodes[dt__residual(n)].grad, !n->ow[1], batch, b->c, b->h * b->w, dt__pv(m, b, 0), b->aux,
-                           b->aux + b->c, dt__gv(m, b, 0), dt__gv(m, b, 1));
+            dt__bn_run_bwd(m, b, m->nodes[b->in0].out, r->out, r->grad, m->nodes[b->in0].grad, !n->ow[0],
+                           m->nodes[dt__residual(n)].grad, !n->ow[1], batch);
             break;
         }
         if (n->relu) { O->add_relu_bwd(C, r->out, r->grad, dx, !n->ow[0], dx1, !n->ow[1], cnt); break; }
@@ -1085,8 +1237,10 @@ dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch) {
     dt_trace_begin("forward", "compute");
     dt__trace_arg("batch", NULL, batch);
     m->ops->upload(m->ctx, m->nodes[0].out, x, (int64_t)sizeof(float) * batch * m->nodes[0].size);
+    m->sync_err = DT_OK;
     for (i = 1; i < m->nnodes; i++) dt__node_fwd(m, &m->nodes[i], batch);
     r = dt__sync(m, "dt_model_forward");
+    if (m->sync_err != DT_OK) r = m->sync_err;   /* a synchronised batch norm's sum failed, with its message */
     dt_trace_end();
     if (m->training) m->step++;
     m->batch = batch;
@@ -1186,6 +1340,7 @@ dt_result dt_model_backward(dt_model *m, const float *dy) {
             m->ops->fill(m->ctx, m->nodes[i].grad, m->batch * m->nodes[i].size, 0.0f);
     if (dy) m->ops->upload(m->ctx, out->grad, dy, (int64_t)sizeof(float) * m->batch * out->size);
     else m->ops->copy(m->ctx, out->grad, m->seed_grad, m->batch * out->size);
+    m->sync_err = DT_OK;
     for (i = m->nnodes - 1; i >= 1; i--) {
         dt__node_bwd(m, &m->nodes[i], m->batch);
         if (m->hook) {   /* the hook reads the gradients: they must be written */
@@ -1194,6 +1349,7 @@ dt_result dt_model_backward(dt_model *m, const float *dy) {
         }
     }
     if (r == DT_OK) r = dt__sync(m, "dt_model_backward");
+    if (r == DT_OK && m->sync_err != DT_OK) r = m->sync_err;
     dt_trace_end();
     return r;
 }

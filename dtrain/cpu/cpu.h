@@ -904,6 +904,31 @@ static void dt__cpu_bn_relu_bwd(void *ctx, int training, const float *x, const f
     dt__bn_bwd(dt__pick_kernel(), training, x, y, dy, dx, accumulate, dr, acc_r, n, c, s, gamma, save_mean, save_invstd, dgamma,
                dbeta);
 }
+/* SyncBatchNorm's halves (dt_ops.bn_sums, bn_affine_acc): batch norm's own sums, per channel */
+static void dt__cpu_bn_sums(void *ctx, const float *x, const float *y, const float *dy, int64_t n, int64_t c, int64_t s,
+                            double *out) {
+    const dt__kernel *k = dt__pick_kernel();
+    int64_t ch;
+    (void)ctx;
+    DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
+    for (ch = 0; ch < c; ch++) {
+        if (!dy) dt__bn_sums(k, x + ch * s, NULL, NULL, n, c * s, s, &out[ch], &out[c + ch]);
+        else dt__bn_sums(k, dy + ch * s, x + ch * s, y ? y + ch * s : NULL, n, c * s, s, &out[ch], &out[c + ch]);
+    }
+}
+static void dt__cpu_bn_affine_acc(void *ctx, float *dx, const float *x, const float *g, const float *a, const float *b,
+                                  int64_t n, int64_t c, int64_t s) {
+    int64_t nc;
+    (void)ctx;
+    DT__OMP(parallel for if (n * c * s > DT__PAR_MIN))
+    for (nc = 0; nc < n * c; nc++) {
+        int64_t ch = nc % c, k;
+        float ga = g[ch] * a[ch], gb = g[ch] * b[ch];
+        const float *xp = x + nc * s;
+        float *dxp = dx + nc * s;
+        for (k = 0; k < s; k++) dxp[k] += ga * xp[k] + gb;
+    }
+}
 /* convolutions without im2col: by the tier's shifted rows where it has them and takes g (dtrain/cpu/cpu_vec.h,
    cpu_x86.h), else by taps where they take g; 0 leaves g to the packed GEMMs */
 static int dt__cpu_conv_fwd(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y) {
@@ -935,7 +960,8 @@ static const dt_ops dt__cpu_ops_table = {
     dt__cpu_sum_squares, dt__cpu_sgd_step, dt__cpu_adam_step,
     NULL,  /* sync: the CPU ops finish before they return */
     dt__cpu_conv_gemm_fwd, dt__cpu_conv_gemm_wgrad, dt__cpu_conv_gemm_dgrad, dt__cpu_conv_fwd, dt__cpu_conv_bwd,
-    dt__cpu_bn_relu_fwd, dt__cpu_bn_relu_bwd, dt__cpu_add_relu_fwd, dt__cpu_add_relu_bwd
+    dt__cpu_bn_relu_fwd, dt__cpu_bn_relu_bwd, dt__cpu_add_relu_fwd, dt__cpu_add_relu_bwd,
+    dt__cpu_bn_sums, dt__cpu_bn_affine_acc
 };
 
 const dt_ops *dt_cpu_ops(void) { return &dt__cpu_ops_table; }

@@ -65,6 +65,10 @@ typedef struct dt_ddp_desc {
     double        topk_ratio;   /* TOPK: fraction of each slice sent, in (0, 1]; 0 = DT_DDP_TOPK_RATIO */
     int           no_feedback;  /* TOPK, POWERSGD: 1 drops what is not sent instead of keeping it as a residual */
     int           powersgd_rank; /* POWERSGD: rank r of the approximation, 1 to 1024; 0 = DT_DDP_POWERSGD_RANK */
+    int           sync_bn;      /* 1: synchronised batch norm (dt_model_set_bn_sync): in training, every batch norm
+                                   normalises with the statistics of all ranks' batches, one all-reduce of 2c + 1
+                                   doubles per layer in forward and of 2c in backward; the running statistics stay
+                                   equal on every rank. The CPU backend. */
 } dt_ddp_desc;
 
 typedef struct dt_ddp dt_ddp;
@@ -193,6 +197,13 @@ struct dt_ddp {
     int64_t      ready;             /* under mu: gradients [ready, n) are final */
     dt_result    herr;              /* under mu: the helper's failure and message */
     char         hmsg[512];
+    /* synchronised batch norm: a sum the caller's thread hands the helper during an overlapped backward */
+    double      *bn_buf;            /* under mu: its doubles, bn_n of them, while bn_job is 1 */
+    int64_t      bn_n;
+    int          bn_job;
+    dt_result    bn_err;            /* under mu: its result and message */
+    char         bn_msg[512];
+    float       *join_x, *join_dy;  /* sync_bn: the zero batch of 2 a joined rank's rounds run (dt_ddp_join) */
 };
 
 /* Sums this rank's slice (already in g) with slots 1..p-1 of gathered, in rank order. */
@@ -314,7 +325,26 @@ static dt_result dt__ddp_reduce_all(dt_ddp *d) {
     return r;
 }
 
+/* A synchronised batch norm's sum (dt_model_set_bn_sync), in place over the ranks. */
+static dt_result dt__ddp_bn_allreduce(dt_ddp *d, double *buf, int64_t n) {
+    return dt_comm_allreduce(d->comm, buf, (size_t)n, DT_F64, DT_SUM, d->desc.algo);
+}
+
 #if DT__HAVE_THREADS
+/* The helper, under mu: the caller's pending batch norm sum, done (unless a bucket failed) and handed back. */
+static void dt__ddp_serve_bn(dt_ddp *d) {
+    dt_result r = d->herr;
+    if (r == DT_OK) {
+        dt__mutex_unlock(&d->mu);
+        r = dt__ddp_bn_allreduce(d, d->bn_buf, d->bn_n);
+        dt__mutex_lock(&d->mu);
+    }
+    d->bn_err = r;
+    if (r != DT_OK) snprintf(d->bn_msg, sizeof d->bn_msg, "%s", d->herr != DT_OK ? d->hmsg : dt_last_error());
+    d->bn_job = 0;
+    dt__cond_broadcast(&d->cv);
+}
+
 static void dt__ddp_helper(void *arg) {
     dt_ddp *d = (dt_ddp *)arg;
     dt__tls_rank = d->tls_rank;
@@ -326,7 +356,12 @@ static void dt__ddp_helper(void *arg) {
         if (d->quit) break;
         for (b = 0; b < d->nbuckets && d->herr == DT_OK; b++) {
             dt_result r;
-            while (d->ready > d->boff[b]) dt__cond_wait(&d->cv, &d->mu);
+            /* the buckets and the batch norms' sums in backward's order, the same on every rank: a bucket whose
+               gradients are final goes before a sum the caller asks for after them */
+            while (d->ready > d->boff[b]) {
+                if (d->bn_job) dt__ddp_serve_bn(d);
+                else dt__cond_wait(&d->cv, &d->mu);
+            }
             d->stats.early_buckets += !d->bw_done;   /* the caller's thread reads stats only once job is 0 */
             dt__mutex_unlock(&d->mu);
             dt_trace_begin("bucket", "comm");
@@ -340,6 +375,7 @@ static void dt__ddp_helper(void *arg) {
                 snprintf(d->hmsg, sizeof d->hmsg, "%s", dt_last_error());
             }
         }
+        if (d->bn_job) dt__ddp_serve_bn(d);   /* asked while the last bucket was in flight */
         d->job = 0;
         dt__cond_broadcast(&d->cv);
     }
@@ -360,7 +396,7 @@ static void dt__ddp_hook(void *user, dt_model *m, int node) {
 
 static void dt__ddp_free(dt_ddp *d) {
     DT_FREE(d->toff); DT_FREE(d->tcnt); DT_FREE(d->boff); DT_FREE(d->bcnt); DT_FREE(d->ready_at);
-    DT_FREE(d->gathered); DT_FREE(d->reqs); DT_FREE(d->carry);
+    DT_FREE(d->gathered); DT_FREE(d->reqs); DT_FREE(d->carry); DT_FREE(d->join_x); DT_FREE(d->join_dy);
     dt__compress_free(&d->z);
     DT_FREE(d);
 }
@@ -444,6 +480,32 @@ static dt_result dt__ddp_compress_init(dt_ddp *d) {
     return dt__compress_alloc(z, nslices, soff, scnt);
 }
 
+/* dt_model_set_bn_sync's sum: on the caller's thread, or, while an overlapped backward has given the
+   communicator to the helper, by the helper between its buckets */
+static dt_result dt__ddp_bn_sum(void *user, double *buf, int64_t n) {
+    dt_ddp *d = (dt_ddp *)user;
+    if (dt_comm_size(d->comm) == 1) return DT_OK;
+#if DT__HAVE_THREADS
+    if (d->in_sync) {
+        dt_result r;
+        dt__mutex_lock(&d->mu);
+        if (d->job) {
+            d->bn_buf = buf;
+            d->bn_n = n;
+            d->bn_job = 1;
+            dt__cond_broadcast(&d->cv);
+            while (d->bn_job) dt__cond_wait(&d->cv, &d->mu);
+            r = d->bn_err;
+            dt__mutex_unlock(&d->mu);
+            if (r != DT_OK) dt__error_restore(d->bn_msg);
+            return r;
+        }
+        dt__mutex_unlock(&d->mu);   /* the helper is done with this sync's buckets: the communicator is free */
+    }
+#endif
+    return dt__ddp_bn_allreduce(d, buf, n);
+}
+
 dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc) {
     dt_ddp_desc dd;
     dt_ddp *d;
@@ -495,6 +557,19 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
         return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for the %s buffers", me, dt_ddp_compress_name(dd.compress));
     }
     if ((r = dt__same_model(c, m, "dt_ddp_create", 1)) != DT_OK) { dt__ddp_free(d); return r; }
+    if (dd.sync_bn) {   /* the batch norms' sums, and the zero batch of a joined rank's rounds */
+        int64_t in = dt_model_node_size(m, 0), outsz = dt_model_node_size(m, dt_model_output_node(m));
+        if ((r = dt_model_set_bn_sync(m, dt__ddp_bn_sum, d)) != DT_OK) { dt__ddp_free(d); return r; }
+        d->join_x = (float *)DT_MALLOC(sizeof(float) * (size_t)(2 * in));
+        d->join_dy = (float *)DT_MALLOC(sizeof(float) * (size_t)(2 * outsz));
+        if (!d->join_x || !d->join_dy) {
+            dt_model_set_bn_sync(m, NULL, NULL);
+            dt__ddp_free(d);
+            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for a batch of 2", me);
+        }
+        memset(d->join_x, 0, sizeof(float) * (size_t)(2 * in));
+        memset(d->join_dy, 0, sizeof(float) * (size_t)(2 * outsz));
+    }
     /* the helper thread calls the communicator: where its backend allows that (local ranks; MPI at
        MPI_THREAD_SERIALIZED or above) */
 #if DT__HAVE_THREADS
@@ -529,6 +604,7 @@ void dt_ddp_destroy(dt_ddp *d) {
     }
 #endif
     if (dt__model_hook_user(d->model) == d) dt_model_set_backward_hook(d->model, NULL, NULL);
+    if (d->desc.sync_bn) dt_model_set_bn_sync(d->model, NULL, NULL);
     dt__ddp_free(d);
 }
 
@@ -565,10 +641,10 @@ dt_result dt_ddp_sync(dt_ddp *d, int64_t samples) {
     return dt__ddp_done(d, r, t0);
 }
 
+static dt_result dt__ddp_backward_sync(dt_ddp *d, const float *dy, int active);
 dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync) {
-    dt_result r, rb;
+    dt_result r;
     int64_t j;
-    double t0;
     if ((r = dt__ddp_bad(d, samples, "dt_ddp_backward")) != DT_OK) return r;
     if (d->last_samples > 0 && d->last_samples != samples) {   /* keep the buffer = sum of gradients / samples */
         float f = (float)((double)d->last_samples / (double)samples), *g = dt_model_grads(d->model, NULL);
@@ -577,7 +653,14 @@ dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync)
     d->acc_samples += samples;
     d->last_samples = samples;
     if (!sync) return dt_model_backward(d->model, dy);
-    dt__ddp_begin(d, 1);
+    return dt__ddp_backward_sync(d, dy, 1);
+}
+
+/* dt_ddp_backward's pass that syncs; active 0: a joined rank's pass over a zero batch (sync_bn) */
+static dt_result dt__ddp_backward_sync(dt_ddp *d, const float *dy, int active) {
+    dt_result r, rb;
+    double t0;
+    dt__ddp_begin(d, active);
     if (!d->overlap) {
         if ((rb = dt_model_backward(d->model, dy)) != DT_OK) return rb;
         t0 = dt_time_now();
@@ -613,11 +696,31 @@ dt_result dt_ddp_backward(dt_ddp *d, const float *dy, int64_t samples, int sync)
 }
 
 /* dt_ddp_join's rounds: until no rank has data, the others' syncs with a zero gradient. */
+/* With sync_bn a joined rank runs the others' passes too, forward and backward over a zero batch of 2 that adds
+   nothing to the batch norms' sums, so that its sums and buckets come in the order of theirs. */
+static dt_result dt__ddp_join_pass(dt_ddp *d) {
+    dt_result r;
+    dt__model_bn_sync_weight(d->model, 0);
+    r = dt_model_forward(d->model, d->join_x, 2);
+    if (r == DT_OK) r = dt__ddp_backward_sync(d, d->join_dy, 0);
+    dt__model_bn_sync_weight(d->model, 1);
+    return r;
+}
 static dt_result dt__ddp_join_rounds(dt_ddp *d, dt_optim *o) {
     dt_result r;
     for (;;) {
         double t0 = dt_time_now();
         dt_model_zero_grad(d->model);
+        if (d->desc.sync_bn && dt_model_mode(d->model) == DT_MODE_TRAIN) {
+            int64_t syncs = d->stats.syncs;
+            if ((r = dt__ddp_join_pass(d)) != DT_OK) return r;
+            if (d->nactive == 0) { d->stats.syncs = syncs; return DT_OK; }   /* everyone has joined */
+            d->stats.syncs = syncs;
+            d->stats.joined_rounds++;
+            if (o && (r = dt_optim_step(o)) != DT_OK) return r;
+            dt_model_zero_grad(d->model);
+            continue;
+        }
         dt__ddp_begin(d, 0);
         r = dt__ddp_reduce_all(d);
         if (r == DT_OK && d->nactive == 0) { d->stats.comm_seconds += dt_time_now() - t0; return DT_OK; }   /* everyone has joined */

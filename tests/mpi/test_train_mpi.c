@@ -443,8 +443,8 @@ static void test_ddp_methods(void) {
     }
 }
 
-/* accumulation, unequal batch counts (join), backward + dt_ddp_sync, BatchNorm statistics at every sync;
-   and a communicator whose default is NATIVE */
+/* accumulation, unequal batch counts (join), backward + dt_ddp_sync, BatchNorm statistics at every sync,
+   synchronised batch norm (with and without a join); and a communicator whose default is NATIVE */
 static void test_ddp_modes(void) {
     static const char *names[] = {"", "two micro-batches", "odd ranks one batch less", "backward + dt_ddp_sync"};
     int mode, meth;
@@ -470,6 +470,15 @@ static void test_ddp_modes(void) {
         j.ddp.sync_buffers = 1;
         j.ddp.bucket_bytes = 200;
         run_case(&j, "ddp buckets ring, batchnorm statistics at every sync");
+    }
+    for (mode = 0; mode <= 2; mode += 2) {   /* synchronised batch norm: its sums between the overlapped buckets */
+        job j = base(TR_DDP, DT_ALGO_RING);
+        j.bn = 1;
+        j.mode = mode;
+        j.ddp.sync_bn = 1;
+        j.ddp.bucket_bytes = 200;
+        run_case(&j, mode ? "ddp buckets ring, synchronised batchnorm, odd ranks one batch less"
+                          : "ddp buckets ring, synchronised batchnorm");
     }
     {
         job j = base(TR_DDP, DT_ALGO_NATIVE);
