@@ -7,7 +7,7 @@
               [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--limit N] [--test-limit N] [--accum 1]
               [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb 256]
               [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback] [--sync-bn]
-              [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
+              [--powersgd-warmup 0] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
               (and the launcher's flags: --timeout, --link-latency, ...)
    e.g.   ./build/examples/ddp --ranks 4 --epochs 3
           ./build/examples/ddp --ranks 4 --sync ps --limit 6000              (the parameter server)
@@ -29,8 +29,8 @@
    that exists; a model with NaN is never saved over the last good checkpoint. --compress sets what each
    rank sends of its gradient (dt_ddp_compress: bf16 or fp16 halves the bytes; topk:0.01 sends the largest 1%
    of each bucket as index-value pairs and keeps the rest for the next step, which --no-feedback drops;
-   powersgd:2 sends each weight matrix as two rank-2 factors, with the same feedback); the CSV's MB column
-   counts what was sent. --sync-bn makes every batch norm normalise with the statistics of the whole global
+   powersgd:2 sends each weight matrix as two rank-2 factors, with the same feedback, after --powersgd-warmup N
+   syncs of the plain gradient, PyTorch's start_powerSGD_iter); the CSV's MB column counts what was sent. --sync-bn makes every batch norm normalise with the statistics of the whole global
    batch, summed over the ranks in forward and backward (dt_ddp_desc.sync_bn, PyTorch's SyncBatchNorm), not
    of the rank's share: with small shares this is what one process with the global batch would learn. */
 #define _POSIX_C_SOURCE 200809L   /* isatty, fileno */
@@ -58,6 +58,7 @@ static void usage(FILE *f) {
     ex_recipe_usage(f, 11, 0);
     fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb N]\n"
                "           [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback] [--sync-bn]\n"
+               "           [--powersgd-warmup N]\n"
                "           [--csv PATH] [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
     ex_ckpt_usage(f, 11);
 }
@@ -88,6 +89,10 @@ static int parse_args(int argc, char **argv, void *arg) {
             if (a->ddp.compress == DT_DDP_TOPK) a->ddp.topk_ratio = x; else a->ddp.powersgd_rank = (int)x;
         }
         else if (!strcmp(f, "--accum")) bad = parse_long(f, v, 1, &a->accum);
+        else if (!strcmp(f, "--powersgd-warmup")) {
+            long w = 0;
+            if (!(bad = parse_long(f, v, 0, &w))) a->ddp.powersgd_warmup = w;
+        }
         else if (!strcmp(f, "--bucket-kb")) {   /* at most 1 TiB, so that the bytes (x 1024) cannot overflow */
             if (!(bad = parse_long(f, v, 1, &a->bucket_kb)) && a->bucket_kb > (1L << 30)) {
                 fprintf(stderr, "ddp: --bucket-kb %ld is more than 1 TiB (1073741824 KiB); a bucket larger than the model is "
@@ -105,6 +110,7 @@ static int parse_args(int argc, char **argv, void *arg) {
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "ddp: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
     if (ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) || (a->csv && ex_out_check("--csv", a->csv))) return -1;
     if (a->ddp.no_feedback && a->ddp.compress < DT_DDP_TOPK) { fprintf(stderr, "ddp: --no-feedback is top-k's and powersgd's\n"); return -1; }
+    if (a->ddp.powersgd_warmup && a->ddp.compress != DT_DDP_POWERSGD) { fprintf(stderr, "ddp: --powersgd-warmup needs --compress powersgd\n"); return -1; }
     if (a->ddp.compress && a->ddp.method > DT_DDP_PER_LAYER) { fprintf(stderr, "ddp: --compress needs --sync buckets, flat or per-layer\n"); return -1; }
     a->ddp.bucket_bytes = (int64_t)a->bucket_kb * 1024;
     return 0;
@@ -192,6 +198,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ddp.compress == DT_DDP_TOPK) printf(" %g", a->ddp.topk_ratio > 0 ? a->ddp.topk_ratio : DT_DDP_TOPK_RATIO);
         if (a->ddp.compress == DT_DDP_POWERSGD) printf(" rank %d", a->ddp.powersgd_rank > 0 ? a->ddp.powersgd_rank : DT_DDP_POWERSGD_RANK);
         if (a->ddp.compress >= DT_DDP_TOPK) printf(a->ddp.no_feedback ? " without error feedback" : " with error feedback");
+        if (a->ddp.powersgd_warmup) printf(" after %lld plain syncs", (long long)a->ddp.powersgd_warmup);
         if (a->ddp.sync_bn) printf(", batch norm synchronised");
         printf(", %d threads per rank\n", dt_cpu_threads());
         TRY(ex_log_flush());

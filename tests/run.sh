@@ -701,7 +701,7 @@ for args in "--sync allgather" "--bucket-kb 0" "--bucket-kb 9007199254740993" "-
     check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
 for args in "--compress int8" "--compress bf16:0.5" "--compress topk:0" "--compress topk:1.5" "--compress powersgd:0" "--no-feedback" \
-            "--compress topk --sync ps"; do
+            "--compress topk --sync ps" "--powersgd-warmup 5" "--compress powersgd --powersgd-warmup -1"; do
     check "ddp $args: exit 2 with a message" expect_status 2 "$B/examples/ddp" $args
 done
 # data that cannot serve a run is refused when it is loaded, not at the first evaluation after an epoch of training:
@@ -854,6 +854,12 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     kr_as=ddp-topk
     check "ddp --compress topk:0.01: killed and resumed, ends as the unstopped run (the residuals in the checkpoint)" \
         kill_resume ddp 1,3-6,9 --ranks 2 --epochs 2 --limit 512 $TL --compress topk:0.01 --checkpoint-every 2
+    # PowerSGD's warm-up: syncs of the plain gradient first; a warm-up longer than the run gives fp32's losses and bytes
+    check "ddp --compress powersgd:2 --powersgd-warmup: the header says so; a warm-up of the whole run is fp32's run" sh -c "
+        a=\$('$B/examples/ddp' --ranks 2 --limit 512 $TL | grep '^epoch' | sed 's/  *[0-9.]*s  train/ train/; s/ [0-9]* img\\/s  comm [0-9.]*s//')
+        b=\$('$B/examples/ddp' --ranks 2 --limit 512 $TL --compress powersgd:2 --powersgd-warmup 100 | tee '$T/warm.log' | grep '^epoch' |
+           sed 's/  *[0-9.]*s  train/ train/; s/ [0-9]* img\\/s  comm [0-9.]*s//')
+        grep -q 'compress powersgd rank 2 with error feedback after 100 plain syncs' '$T/warm.log' && [ -n \"\$a\" ] && [ \"\$a\" = \"\$b\" ]"
     kr_as=
     check "localsgd: killed and resumed between averages, ends as the unstopped run" \
         kill_resume localsgd 1,3-6,9,10 --ranks 3 --epochs 2 --limit 512 $TL --batch 16 --period 4 --checkpoint-every 3

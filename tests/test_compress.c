@@ -560,6 +560,41 @@ static void test_resume_residual(void) {
     remove(path);
 }
 
+/* PowerSGD's warm-up (powersgd_warmup, PyTorch's start_powerSGD_iter): with a warm-up of all 6 steps the run
+   ends with fp32's bits; with 3 it follows fp32 for 3 steps and then PowerSGD (neither fp32's bits nor those
+   of PowerSGD from the first step); stopped after step 2 (in the warm-up) or 4 (after it), saved and resumed,
+   it ends with the uninterrupted run's bits: the checkpoint keeps the count of syncs. */
+static void test_powersgd_warmup(void) {
+    static rjob fp32, all, none, three, resumed;
+    const char *path = "build/test_compress_warmup.ckpt";
+    int stop;
+    memset(&fp32, 0, sizeof fp32);
+    fp32.path = path;
+    all = fp32;
+    all.desc.compress = DT_DDP_POWERSGD;
+    all.desc.powersgd_rank = 1;
+    none = all;
+    three = all;
+    all.desc.powersgd_warmup = RSTEPS;
+    three.desc.powersgd_warmup = 3;
+    CHECK_OK(tc_launch(r_rank, &fp32, 2));
+    CHECK_OK(tc_launch(r_rank, &all, 2));
+    CHECK_OK(tc_launch(r_rank, &none, 2));
+    CHECK_OK(tc_launch(r_rank, &three, 2));
+    CHECK(fp32.n > 0 && fp32.n <= 4096);
+    CHECK(memcmp(all.params, fp32.params, sizeof fp32.params) == 0);
+    CHECK(memcmp(three.params, fp32.params, sizeof fp32.params) != 0);
+    CHECK(memcmp(three.params, none.params, sizeof fp32.params) != 0);
+    for (stop = 2; stop <= 4; stop += 2) {
+        resumed = three;
+        resumed.stop = stop;
+        remove(path);
+        CHECK_OK(tc_launch(r_rank, &resumed, 2));
+        CHECK(memcmp(resumed.params, three.params, sizeof three.params) == 0);
+    }
+    remove(path);
+}
+
 /* A checkpoint with a residual is refused by a run that keeps none (bf16), naming the cause; a top-k run
    loads it, the residual as saved, also without loading the optimizer. */
 static void test_resume_mismatch(void) {
@@ -632,6 +667,13 @@ static void test_bad_settings(void) {
     desc.compress = DT_DDP_POWERSGD;
     desc.powersgd_rank = -1;
     CHECK_ERR(tc_launch(bad_rank, &desc, 2), DT_ERR_INVALID_ARG);
+    desc.powersgd_rank = 0;
+    desc.powersgd_warmup = -1;   /* a warm-up is >= 0, and PowerSGD's */
+    CHECK_ERR(tc_launch(bad_rank, &desc, 2), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "powersgd_warmup") != NULL);
+    desc.powersgd_warmup = 5;
+    desc.compress = DT_DDP_TOPK;
+    CHECK_ERR(tc_launch(bad_rank, &desc, 2), DT_ERR_INVALID_ARG);
     CHECK(!strcmp(dt_ddp_compress_name(DT_DDP_FP16), "fp16"));
 }
 
@@ -650,6 +692,7 @@ int main(int argc, char **argv) {
     if (quick) dt_t_skip("test_accuracy_band", "DT_TEST_QUICK (the sanitizer and portable builds): 3840 steps are the plain build's");
     else RUN(test_accuracy_band);
     RUN(test_resume_residual);
+    RUN(test_powersgd_warmup);
     RUN(test_resume_mismatch);
     RUN(test_bad_settings);
     return dt_t_summary();

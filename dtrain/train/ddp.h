@@ -65,6 +65,9 @@ typedef struct dt_ddp_desc {
     double        topk_ratio;   /* TOPK: fraction of each slice sent, in (0, 1]; 0 = DT_DDP_TOPK_RATIO */
     int           no_feedback;  /* TOPK, POWERSGD: 1 drops what is not sent instead of keeping it as a residual */
     int           powersgd_rank; /* POWERSGD: rank r of the approximation, 1 to 1024; 0 = DT_DDP_POWERSGD_RANK */
+    int64_t       powersgd_warmup; /* POWERSGD: the first syncs (counted on every rank, joined rounds included, and
+                                   kept by checkpoints) sum the plain fp32 gradient, as PyTorch's start_powerSGD_iter
+                                   (default 0: compress from the first) */
     int           sync_bn;      /* 1: synchronised batch norm (dt_model_set_bn_sync): in training, every batch norm
                                    normalises with the statistics of all ranks' batches, one all-reduce of 2c + 1
                                    doubles per layer in forward and of 2c in backward; the running statistics stay
@@ -182,6 +185,7 @@ struct dt_ddp {
     int          active;            /* this rank has data in the current sync */
     double       total;             /* after the first collective: the samples of all ranks */
     int64_t      nactive;           /* ... and the ranks with data */
+    int64_t      seq;               /* sync sequences begun, the same on every rank (POWERSGD's warm-up; checkpoints) */
     dt_ddp_stats stats;
     dt__compress z;                 /* desc.compress other than FP32, more than one rank (compress.h) */
     int          tls_rank;          /* the creator's rank for log prefixes, given to the helper thread */
@@ -265,6 +269,7 @@ static void dt__ddp_slice(const dt_ddp *d, int i, int64_t *off, int64_t *cnt) {
    weight is the share of the last micro-batch in the samples accumulated). */
 static void dt__ddp_begin(dt_ddp *d, int active) {
     d->active = active;
+    d->seq++;
     if (dt_comm_size(d->comm) > 1) { d->scale = active ? (float)d->last_samples : 0.0f; return; }
     d->scale = active ? (float)((double)d->last_samples / (double)d->acc_samples) : 0.0f;
     d->total = (double)d->acc_samples;
@@ -304,7 +309,8 @@ static dt_result dt__ddp_reduce(dt_ddp *d, int i) {
     if (d->scale != 1.0f)
         for (j = 0; j < cnt; j++) g[j] *= d->scale;
     if (dt_comm_size(d->comm) == 1) return DT_OK;
-    if (d->desc.compress != DT_DDP_FP32) return dt__compress_slice(&d->z, i, dt_model_grads(d->model, NULL), off, cnt, d->active, d->acc_samples);
+    if (d->desc.compress != DT_DDP_FP32 && d->seq > d->desc.powersgd_warmup)   /* past PowerSGD's warm-up (seq counts this one) */
+        return dt__compress_slice(&d->z, i, dt_model_grads(d->model, NULL), off, cnt, d->active, d->acc_samples);
     if (i > 0) return dt__ddp_sum(d, g, cnt);
     memcpy(d->carry, g, sizeof(float) * (size_t)cnt);
     d->carry[cnt] = d->active ? (float)d->acc_samples : 0.0f;
@@ -450,6 +456,9 @@ static dt_result dt__ddp_compress_check(dt_ddp_desc *dd, int64_t nparams, int me
     if (dd->compress == DT_DDP_TOPK && nparams > INT32_MAX)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: top-k sends 32-bit indices, but the model has %lld "
                             "parameters: use bf16", me, (long long)nparams);
+    if (dd->powersgd_warmup < 0 || (dd->powersgd_warmup > 0 && dd->compress != DT_DDP_POWERSGD))
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: powersgd_warmup %lld: give the plain syncs before "
+                            "PowerSGD starts (>= 0), with compress POWERSGD", me, (long long)dd->powersgd_warmup);
     if (dd->powersgd_rank < 0 || dd->powersgd_rank > 1024)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: powersgd_rank %d: give a rank from 1 to 1024 (0: %d)", me,
                             dd->powersgd_rank, DT_DDP_POWERSGD_RANK);
@@ -774,14 +783,18 @@ dt_result dt_ddp_save(dt_ddp *d, const char *path, dt_optim *o, const dt_checkpo
         pre = dt_set_error(DT_ERR_STATE, "dt_ddp_save: rank %d: the gradient of %lld samples is accumulated but not synchronised, "
                            "and a checkpoint holds no gradients: save after a step that synchronised", dt_comm_rank(d->comm),
                            (long long)d->acc_samples);
-    return dt__ckpt_save_extra(d->comm, "dt_ddp_save", DT__CKPT_DDP, path, d->model, o, meta, 0, d->z.residual, d->z.nstate, pre);
+    return dt__ckpt_save_extra(d->comm, "dt_ddp_save", DT__CKPT_DDP, path, d->model, o, meta, d->seq, d->z.residual, d->z.nstate, pre);
 }
 
 dt_result dt_ddp_load(dt_ddp *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta) {
     dt_result r;
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_load: ddp is NULL");
-    r = dt__ckpt_load_extra(d->comm, "dt_ddp_load", DT__CKPT_DDP, path, d->model, o, meta, NULL, d->z.residual, d->z.nstate, DT_OK);
-    if (r == DT_OK) d->acc_samples = d->last_samples = 0;
+    int64_t seq = 0;
+    r = dt__ckpt_load_extra(d->comm, "dt_ddp_load", DT__CKPT_DDP, path, d->model, o, meta, &seq, d->z.residual, d->z.nstate, DT_OK);
+    if (r == DT_OK && seq < 0)   /* the word: the syncs done (0 in files from before it was kept) */
+        return dt_set_error(DT_ERR_FORMAT, "dt_ddp_load: rank %d: %s counts %lld syncs; a count is >= 0: the file is damaged",
+                            dt_comm_rank(d->comm), path, (long long)seq);
+    if (r == DT_OK) { d->acc_samples = d->last_samples = 0; d->seq = seq; }
     return r;
 }
 

@@ -491,8 +491,8 @@ static void test_ddp_modes(void) {
 
 /* compressed gradients (dt_ddp_compress): bf16 in overlapped buckets on a NATIVE communicator (16 bits
    run as RING on both backends), fp16 flat over the tree, top-k with error feedback in buckets with a rank
-   one batch short (join), top-k without feedback per layer, PowerSGD in buckets with a rank one batch short:
-   the same bits under MPI as on local ranks */
+   one batch short (join), top-k without feedback per layer, PowerSGD in buckets with a rank one batch short,
+   with and without a warm-up of plain syncs: the same bits under MPI as on local ranks */
 static void test_ddp_compress(void) {
     job j = base(TR_DDP, DT_ALGO_NATIVE);
     j.ddp.bucket_bytes = 200;
@@ -519,6 +519,8 @@ static void test_ddp_compress(void) {
     j.ddp.compress = DT_DDP_POWERSGD;
     j.ddp.powersgd_rank = 1;
     run_case(&j, "ddp buckets powersgd rank 1, odd ranks one batch less");
+    j.ddp.powersgd_warmup = 2;   /* the warm-up's count of syncs is the same on every rank, joined ones included */
+    run_case(&j, "ddp buckets powersgd rank 1 after 2 plain syncs, odd ranks one batch less");
 }
 
 /* DDP under MPI sums buckets while backward runs, and ends with the bits of summing them after it. The
