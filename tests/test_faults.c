@@ -169,6 +169,86 @@ static void test_nan_compressed(void) {
     }
 }
 
+/* A trainer's create that fails on one rank only (rank 1's desc is bad, or its topology has another world) ends on
+   every rank at once, with rank 1's error and message: the others do not wait in the create's first collective
+   until the timeout (20 s here). */
+typedef struct cf_job { int trainer; dt_result got[3]; char msg[3][512]; } cf_job;
+static dt_result cf_rank(dt_comm *c, void *arg) {
+    cf_job *j = (cf_job *)arg;
+    int me = dt_comm_rank(c), bad = me == 1;
+    dt_model *m = NULL;
+    dt_result r = tc_mlp(&m, 4, 3, 1, 0, 5, 0);
+    static uint8_t pix[12 * 4];
+    static int32_t lab[12];
+    if (r == DT_OK && j->trainer == 0) {
+        dt_ddp *d = NULL;
+        dt_ddp_desc dd;
+        memset(&dd, 0, sizeof dd);
+        dd.bucket_bytes = bad ? -1 : 0;
+        r = dt_ddp_create(&d, c, m, &dd);
+        dt_ddp_destroy(d);
+    } else if (r == DT_OK && j->trainer == 1) {
+        dt_localsgd *d = NULL;
+        dt_localsgd_desc ld;
+        memset(&ld, 0, sizeof ld);
+        ld.period = bad ? -1 : 2;
+        r = dt_localsgd_create(&d, c, m, &ld);
+        dt_localsgd_destroy(d);
+    } else if (r == DT_OK && j->trainer == 2) {
+        dt_topology t;
+        dt_topology_desc td;
+        dt_dpsgd *d = NULL;
+        memset(&td, 0, sizeof td);
+        td.kind = DT_TOPO_RING;
+        td.world = bad ? 4 : dt_comm_size(c);
+        if ((r = dt_topology_create(&t, &td)) == DT_OK) {
+            r = dt_dpsgd_create(&d, c, m, &t, NULL);
+            dt_dpsgd_destroy(d);
+            dt_topology_free(&t);
+        }
+    } else if (r == DT_OK) {
+        dt_dataset ds;
+        dt_partition part;
+        dt_partition_desc pd;
+        dt_fed_desc fd;
+        dt_fed *f = NULL;
+        memset(&ds, 0, sizeof ds);
+        ds.count = 12; ds.c = 4; ds.h = 1; ds.w = 1; ds.num_classes = 3; ds.pixels = pix; ds.labels = lab;
+        memset(&pd, 0, sizeof pd);
+        pd.count = 12; pd.parts = 2;
+        memset(&fd, 0, sizeof fd);
+        fd.data = &ds; fd.part = &part; fd.clients = 2;
+        fd.frac = bad ? 2.0f : 1.0f;
+        if ((r = dt_partition_create(&part, &pd)) == DT_OK) {
+            r = dt_fed_create(&f, c, m, &fd);
+            dt_fed_destroy(f);
+            dt_partition_free(&part);
+        }
+    }
+    j->got[me] = r;
+    snprintf(j->msg[me], sizeof j->msg[me], "%s", dt_last_error());
+    dt_model_destroy(m);
+    return r;
+}
+static void test_create_fails_on_one_rank(void) {
+    static const char *const names[4] = {"dt_ddp_create", "dt_localsgd_create", "dt_dpsgd_create", "dt_fed_create"};
+    static cf_job j;
+    int t, r;
+    for (t = 0; t < 4; t++) {
+        double t0 = dt_time_now(), secs;
+        memset(&j, 0, sizeof j);
+        j.trainer = t;
+        CHECK(tc_launch(cf_rank, &j, 3) == DT_ERR_INVALID_ARG);
+        secs = dt_time_now() - t0;
+        printf("    %s failing on rank 1: every rank returned in %.2f s: %s\n", names[t], secs, j.msg[0]);
+        CHECK(secs < 5.0);
+        for (r = 0; r < 3; r++) {
+            CHECK(j.got[r] == DT_ERR_INVALID_ARG);
+            CHECK(strstr(j.msg[r], names[t]) != NULL && strstr(j.msg[r], "rank 1") != NULL);
+        }
+    }
+}
+
 /* Rank 0 works on (without the communicator) for longer than the timeout after the others have returned
    DT_OK: no rank has failed, so dt_launch waits for it, however long it takes. */
 static dt_result slow_rank0(dt_comm *c, void *arg) {
@@ -191,6 +271,7 @@ int main(int argc, char **argv) {
     RUN(test_no_fire);
     RUN(test_nan_compressed);
     RUN(test_slow_rank_waited_for);
+    RUN(test_create_fails_on_one_rank);
     RUN(test_kinds);
     RUN(test_nan_pixel);
     return dt_t_summary();

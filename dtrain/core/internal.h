@@ -184,7 +184,9 @@ static dt_result dt__ckpt_save_comm(dt_comm *c, const char *fn, int trainer, con
 static dt_result dt__ckpt_save_extra(dt_comm *c, const char *fn, int trainer, const char *path, dt_model *m,
                                      dt_optim *o, const dt_checkpoint_meta *meta, int64_t word, float *extra,
                                      int64_t nextra, dt_result pre);
-static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast);
+/* every rank's result agreed on: DT_OK, or the lowest failing rank's result and message on every rank */
+static dt_result dt__agree(dt_comm *c, dt_result r);
+static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast, dt_result pre);
 /* DT_ERR_NUMERIC unless a number that crossed ranks is finite and in [lo, hi] (the rule for counts and norms) */
 static dt_result dt__reduced_check(const dt_comm *c, const char *fn, const char *what, double v, double lo, double hi);
 static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, const dt_comm *c, const dt_model *m,

@@ -107,6 +107,9 @@ static void dt__bn_fwd(const dt__kernel *kt, int training, int relu, const float
                        const float *gamma,
                        const float *beta, float *rm, float *rv, float eps, float momentum, float *save_mean,
                        float *save_invstd);
+/* batch norm's sums of one channel in double (sx += x, sxy += x y, or x x with y NULL; mk: a mask that zeroes x where it is not > 0) */
+static void dt__bn_sums(const dt__kernel *k, const float *x, const float *y, const float *mk, int64_t n, int64_t cs, int64_t s,
+                        double *sx, double *sxy);
 static void dt__bn_bwd(const dt__kernel *kt, int training, const float *x, const float *y, const float *dy, float *dx, int acc, float *dr, int acc_r,
                        int64_t n, int64_t c, int64_t s, const float *gamma, const float *save_mean, const float *save_invstd,
                        float *dgamma, float *dbeta);

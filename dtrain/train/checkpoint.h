@@ -244,27 +244,38 @@ static dt_result dt__ckpt_check_values(const dt__ckpt *k, const unsigned char *s
                         (long long)first);
 }
 
-/* Collective agreement on a result: every rank returns DT_OK, or the result and message of the lowest rank
-   that failed (so all ranks report the same cause). */
-static dt_result dt__ckpt_agree(const dt__ckpt *k, dt_result r) {
-    int64_t first = r != DT_OK ? k->rank : k->world, code = (int64_t)r;
-    char msg[512];
+/* The second half of an agreement on a result, once every rank knows the lowest rank that failed, first (its
+   result and message travel from there, two broadcasts): a rank that did not fail returns them; one that failed
+   keeps its own (own 1) or takes them too (own 0). */
+static dt_result dt__agree_tell(dt_comm *c, dt_result r, int first, int own) {
+    int64_t code = (int64_t)r;
+    char msg[512], mine[DT__ERROR_CAP];
     dt_result e;
-    if (!k->c || k->world == 1) return r;
-    if ((e = dt_comm_allreduce(k->c, &first, 1, DT_I64, DT_MIN, DT_ALGO_AUTO)) != DT_OK) return e;
-    if (first == k->world) return DT_OK;
+    snprintf(mine, sizeof mine, "%s", dt_last_error());
     memset(msg, 0, sizeof msg);
-    if (first == k->rank) {
+    if (first == dt_comm_rank(c)) {
         const char *s = dt_last_error();
         size_t pre = strlen(dt_result_str(r));   /* without its "DT_ERR_...: ", which dt_set_error adds back */
         if (strncmp(s, dt_result_str(r), pre) == 0 && s[pre] == ':') s += pre + (s[pre + 1] == ' ' ? 2 : 1);
         snprintf(msg, sizeof msg, "%s", s);
     }
-    if ((e = dt_comm_broadcast(k->c, &code, 1, DT_I64, (int)first, DT_ALGO_AUTO)) != DT_OK ||
-        (e = dt_comm_broadcast(k->c, msg, sizeof msg, DT_U8, (int)first, DT_ALGO_AUTO)) != DT_OK) return e;
+    if ((e = dt_comm_broadcast(c, &code, 1, DT_I64, first, DT_ALGO_AUTO)) != DT_OK ||
+        (e = dt_comm_broadcast(c, msg, sizeof msg, DT_U8, first, DT_ALGO_AUTO)) != DT_OK) return e;
+    if (own && r != DT_OK) { dt__error_restore(mine); return r; }
     msg[sizeof msg - 1] = 0;
     return dt_set_error((dt_result)code, "%s", msg);
 }
+/* Collective agreement on a result: every rank returns DT_OK, or the result and message of the lowest rank
+   that failed (so all ranks report the same cause). c NULL: r. */
+static dt_result dt__agree(dt_comm *c, dt_result r) {
+    int64_t first;
+    dt_result e;
+    if (!c || dt_comm_size(c) == 1) return r;
+    first = r != DT_OK ? dt_comm_rank(c) : dt_comm_size(c);
+    if ((e = dt_comm_allreduce(c, &first, 1, DT_I64, DT_MIN, DT_ALGO_AUTO)) != DT_OK) return e;
+    return first == dt_comm_size(c) ? DT_OK : dt__agree_tell(c, r, (int)first, 0);
+}
+static dt_result dt__ckpt_agree(const dt__ckpt *k, dt_result r) { return dt__agree(k->c, r); }
 
 /* Rank 0: writes file [bytes] to "<path>.tmp", flushes it to disk, renames it over path, syncs the directory. */
 static dt_result dt__ckpt_write_file(const dt__ckpt *k, const unsigned char *file, int64_t bytes) {
@@ -584,17 +595,24 @@ static dt_result dt__trainer_check(const char *fn, int has_out, int has_comm, co
     return DT_OK;
 }
 
-/* Collective, for every trainer's create: checks that all ranks built a model of the same size (one
-   all-reduce of {n, -n} with MAX: both come back unchanged only when every n is equal), then, with
-   broadcast set, gives every rank rank 0's parameters and buffers so the replicas start equal. */
-static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast) {
-    int64_t np = 0, nb = 0, n, v[2];
+/* Collective, for every trainer's create: one all-reduce with MAX of {n, -n, world - rank if pre failed}: the
+   ranks agree on pre, what this rank's create found before (a bad desc, no memory), so that a rank that failed
+   never leaves the others waiting in the next collective until the timeout: every rank returns, a failed one
+   its own error, the others the lowest failing rank's (dt__agree_tell); then that all ranks built a model of the
+   same size (n and -n come back unchanged only when every n is equal); then, with broadcast set, every rank gets
+   rank 0's parameters and buffers so the replicas start equal. */
+static dt_result dt__same_model(dt_comm *c, dt_model *m, const char *fn, int broadcast, dt_result pre) {
+    int64_t np = 0, nb = 0, n, v[3];
     float *p = dt_model_params(m, &np), *b = dt_model_buffers(m, &nb);
     dt_result r;
+    int world = dt_comm_size(c);
     n = np + nb;
     v[0] = n;
     v[1] = -n;
-    if ((r = dt_comm_allreduce(c, v, 2, DT_I64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
+    v[2] = pre != DT_OK ? world - dt_comm_rank(c) : 0;   /* the lowest failing rank, as world - rank under MAX */
+    if (world == 1) return pre;
+    if ((r = dt_comm_allreduce(c, v, 3, DT_I64, DT_MAX, DT_ALGO_AUTO)) != DT_OK) return r;
+    if (v[2] > 0) return dt__agree_tell(c, pre, (int)(world - v[2]), 1);   /* a failed rank keeps its own message */
     if (v[0] != n || -v[1] != n)
         return dt_set_error(DT_ERR_MISMATCH, "%s: rank %d: its model has %lld parameters and buffers but another rank's has %lld: "
                             "every rank must build the same model", fn, dt_comm_rank(c), (long long)n, (long long)(v[0] != n ? v[0] : -v[1]));

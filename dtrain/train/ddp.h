@@ -442,7 +442,7 @@ static dt_result dt__ddp_plan(dt_ddp *d) {
 
 dt_result dt_ddp_broadcast_params(dt_ddp *d) {
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_broadcast_params: ddp is NULL");
-    return dt__same_model(d->comm, d->model, "dt_ddp_broadcast_params", 1);
+    return dt__same_model(d->comm, d->model, "dt_ddp_broadcast_params", 1, DT_OK);
 }
 
 /* The compression settings: a known kind, a ratio in (0, 1], an all-reduce method; fills in the default ratio. */
@@ -515,16 +515,14 @@ static dt_result dt__ddp_bn_sum(void *user, double *buf, int64_t n) {
     return dt__ddp_bn_allreduce(d, buf, n);
 }
 
-dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc) {
-    dt_ddp_desc dd;
+/* dt_ddp_create's part before its first collective, local to this rank: the desc's checks, the plan and the
+   buffers. *out is NULL on failure (d freed). */
+static dt_result dt__ddp_setup(dt_ddp **out, dt_comm *c, dt_model *m, dt_ddp_desc dd) {
     dt_ddp *d;
     dt_result r;
     int64_t np = 0;
     int me = dt_comm_rank(c);
-    if (out) *out = NULL;
-    if ((r = dt__trainer_check("dt_ddp_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
-    memset(&dd, 0, sizeof dd);
-    if (desc) dd = *desc;
+    *out = NULL;
     if (dd.method < 0 || dd.method >= DT_DDP_METHOD_COUNT || dd.algo < 0 || dd.algo >= DT_ALGO_COUNT || dd.bucket_bytes < 0)
         return dt_set_error(DT_ERR_INVALID_ARG, "dt_ddp_create: rank %d: bad desc (method %d, algo %d, bucket_bytes %lld): "
                             "method is a dt_ddp_method, algo a dt_algo, bucket_bytes >= 0", me, (int)dd.method,
@@ -540,45 +538,55 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
     d->n = np;
     d->tls_rank = dt__tls_rank;
     d->trace = dt__trace_lane_of(1);
-    if (dt__ddp_plan(d) != DT_OK) {
-        dt__ddp_free(d);
-        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for the plan", me);
-    }
-    if (dt_comm_size(c) > 1) {   /* the first collective's slice and the two counts after it */
+    if (dt__ddp_plan(d) != DT_OK)
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for the plan", me);
+    if (r == DT_OK && dt_comm_size(c) > 1) {   /* the first collective's slice and the two counts after it */
         int64_t off, cnt;
         dt__ddp_slice(d, 0, &off, &cnt);
-        if (!(d->carry = (float *)DT_MALLOC(sizeof(float) * (size_t)(cnt + 2)))) {
-            dt__ddp_free(d);
-            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for %lld floats", me, (long long)cnt + 2);
-        }
+        if (!(d->carry = (float *)DT_MALLOC(sizeof(float) * (size_t)(cnt + 2))))
+            r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for %lld floats", me, (long long)cnt + 2);
     }
-    if ((dd.method == DT_DDP_PARAM_SERVER || dd.method == DT_DDP_P2P) && me == 0 && dt_comm_size(c) > 1) {
+    if (r == DT_OK && (dd.method == DT_DDP_PARAM_SERVER || dd.method == DT_DDP_P2P) && me == 0 && dt_comm_size(c) > 1) {
         d->gathered = (float *)DT_MALLOC(sizeof(float) * (size_t)(dt_comm_size(c) * (d->n + 2)));
         d->reqs = (dt_request *)DT_MALLOC(sizeof(dt_request) * (size_t)dt_comm_size(c));
-        if (!d->gathered || !d->reqs) {
-            dt__ddp_free(d);
-            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank 0: no memory to gather %d gradients of %lld floats "
-                                "(the parameter server's buffer); use --sync flat or buckets", dt_comm_size(c), (long long)np);
-        }
+        if (!d->gathered || !d->reqs)
+            r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank 0: no memory to gather %d gradients of %lld floats "
+                             "(the parameter server's buffer); use --sync flat or buckets", dt_comm_size(c), (long long)np);
     }
-    if (dt_comm_size(c) > 1 && dd.compress != DT_DDP_FP32 && dt__ddp_compress_init(d) != DT_OK) {
-        dt__ddp_free(d);
-        return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for the %s buffers", me, dt_ddp_compress_name(dd.compress));
-    }
-    if ((r = dt__same_model(c, m, "dt_ddp_create", 1)) != DT_OK) { dt__ddp_free(d); return r; }
-    if (dd.sync_bn) {   /* the batch norms' sums, and the zero batch of a joined rank's rounds */
+    if (r == DT_OK && dt_comm_size(c) > 1 && dd.compress != DT_DDP_FP32 && dt__ddp_compress_init(d) != DT_OK)
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for the %s buffers", me, dt_ddp_compress_name(dd.compress));
+    if (r == DT_OK && dd.sync_bn) {   /* the batch norms' sums, and the zero batch of a joined rank's rounds */
         int64_t in = dt_model_node_size(m, 0), outsz = dt_model_node_size(m, dt_model_output_node(m));
-        if ((r = dt_model_set_bn_sync(m, dt__ddp_bn_sum, d)) != DT_OK) { dt__ddp_free(d); return r; }
         d->join_x = (float *)DT_MALLOC(sizeof(float) * (size_t)(2 * in));
         d->join_dy = (float *)DT_MALLOC(sizeof(float) * (size_t)(2 * outsz));
-        if (!d->join_x || !d->join_dy) {
-            dt_model_set_bn_sync(m, NULL, NULL);
-            dt__ddp_free(d);
-            return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for a batch of 2", me);
+        if (!d->join_x || !d->join_dy) r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_ddp_create: rank %d: no memory for a batch of 2", me);
+        else {
+            memset(d->join_x, 0, sizeof(float) * (size_t)(2 * in));
+            memset(d->join_dy, 0, sizeof(float) * (size_t)(2 * outsz));
+            r = dt_model_set_bn_sync(m, dt__ddp_bn_sum, d);
         }
-        memset(d->join_x, 0, sizeof(float) * (size_t)(2 * in));
-        memset(d->join_dy, 0, sizeof(float) * (size_t)(2 * outsz));
     }
+    if (r != DT_OK) { dt__ddp_free(d); return r; }
+    *out = d;
+    return DT_OK;
+}
+
+dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc *desc) {
+    dt_ddp_desc dd;
+    dt_ddp *d = NULL;
+    dt_result r;
+    int me = dt_comm_rank(c);
+    if (out) *out = NULL;
+    if ((r = dt__trainer_check("dt_ddp_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
+    memset(&dd, 0, sizeof dd);
+    if (desc) dd = *desc;
+    r = dt__ddp_setup(&d, c, m, dd);
+    if ((r = dt__same_model(c, m, "dt_ddp_create", 1, r)) != DT_OK) {   /* every rank stops if one failed */
+        if (d && d->desc.sync_bn) dt_model_set_bn_sync(m, NULL, NULL);
+        if (d) dt__ddp_free(d);
+        return r;
+    }
+    dd = d->desc;
     /* the helper thread calls the communicator: where its backend allows that (local ranks; MPI at
        MPI_THREAD_SERIALIZED or above) */
 #if DT__HAVE_THREADS

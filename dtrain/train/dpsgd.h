@@ -250,7 +250,7 @@ static dt_result dt__dpsgd_mean(dt_dpsgd *d) {
 
 dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topology *t, const dt_dpsgd_desc *desc) {
     dt_dpsgd_desc dd;
-    dt_dpsgd *d;
+    dt_dpsgd *d = NULL;
     dt_result r;
     int64_t big;
     int me = dt_comm_rank(c);
@@ -259,34 +259,38 @@ dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topo
     memset(&dd, 0, sizeof dd);
     if (desc) dd = *desc;
     if (dd.schedule && t)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: both a topology and a schedule: give the topology NULL "
-                            "when desc.schedule gives each step's graph", me);
-    if (dd.schedule && dd.period < 1)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: a schedule needs desc.period >= 1 (is %d): the steps "
-                            "over which its graphs together connect every rank (e.g. dt_topology_schedule.period)", me, dd.period);
-    if (!dd.schedule && (!t || !t->weights || !t->offsets))
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology is %s: build it with dt_topology_create", me,
-                            t ? "empty" : "NULL");
-    if (!dd.schedule && t->world != dt_comm_size(c))
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology has %d ranks but the communicator %d: "
-                            "give dt_topology_desc.world = dt_comm_size(c)", me, t->world, dt_comm_size(c));
-    if (dd.order < 0 || dd.order >= DT_DPSGD_ORDER_COUNT)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: bad order %d: use a dt_dpsgd_order", me, (int)dd.order);
-    if (!(d = (dt_dpsgd *)DT_MALLOC(sizeof *d))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory", me);
-    memset(d, 0, sizeof *d);
-    d->comm = c;
-    d->model = m;
-    d->desc = dd;
-    dt_model_params(m, &d->n);
-    dt_model_buffers(m, &d->nb);
-    big = d->n > d->nb ? d->n : d->nb;
-    d->own = (float *)DT_MALLOC(sizeof(float) * (size_t)(big + 1));
-    d->keep = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
-    d->avg = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
-    if (!d->own || !d->keep || !d->avg)
-        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory for the replicas of %lld floats", me, (long long)big);
-    else r = dd.schedule ? dt__dpsgd_schedule_start(d) : dt__dpsgd_use_graph(d, t);
-    if (r != DT_OK || (r = dt__same_model(c, m, "dt_dpsgd_create", 1)) != DT_OK) { dt__dpsgd_free(d); return r; }
+        r = dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: both a topology and a schedule: give the topology NULL "
+                         "when desc.schedule gives each step's graph", me);
+    else if (dd.schedule && dd.period < 1)
+        r = dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: a schedule needs desc.period >= 1 (is %d): the steps "
+                         "over which its graphs together connect every rank (e.g. dt_topology_schedule.period)", me, dd.period);
+    else if (!dd.schedule && (!t || !t->weights || !t->offsets))
+        r = dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology is %s: build it with dt_topology_create", me,
+                         t ? "empty" : "NULL");
+    else if (!dd.schedule && t->world != dt_comm_size(c))
+        r = dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: the topology has %d ranks but the communicator %d: "
+                         "give dt_topology_desc.world = dt_comm_size(c)", me, t->world, dt_comm_size(c));
+    else if (dd.order < 0 || dd.order >= DT_DPSGD_ORDER_COUNT)
+        r = dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_create: rank %d: bad order %d: use a dt_dpsgd_order", me, (int)dd.order);
+    else if (!(d = (dt_dpsgd *)DT_MALLOC(sizeof *d)))
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory", me);
+    if (d) {
+        memset(d, 0, sizeof *d);
+        d->comm = c;
+        d->model = m;
+        d->desc = dd;
+        dt_model_params(m, &d->n);
+        dt_model_buffers(m, &d->nb);
+        big = d->n > d->nb ? d->n : d->nb;
+        d->own = (float *)DT_MALLOC(sizeof(float) * (size_t)(big + 1));
+        d->keep = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
+        d->avg = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
+        if (!d->own || !d->keep || !d->avg)
+            r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory for the replicas of %lld floats", me, (long long)big);
+        else r = dd.schedule ? dt__dpsgd_schedule_start(d) : dt__dpsgd_use_graph(d, t);
+    }
+    /* every rank stops if one failed (a bad graph on one rank, no memory), before anything waits on it */
+    if ((r = dt__same_model(c, m, "dt_dpsgd_create", 1, r)) != DT_OK) { if (d) dt__dpsgd_free(d); return r; }
     *out = d;
     return DT_OK;
 }

@@ -265,14 +265,14 @@ void dt_fed_destroy(dt_fed *f) {
     DT_FREE(f);
 }
 
-dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc) {
+/* dt_fed_create's part before its first collective, local to this rank: the desc's checks and defaults and the
+   buffers. *out is NULL on failure. */
+static dt_result dt__fed_setup(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc) {
     dt_fed *f;
     dt_fed_desc d;
     int me = dt_comm_rank(c), i, nc;
     size_t n;
-    dt_result r;
-    if (out) *out = NULL;
-    if ((r = dt__trainer_check("dt_fed_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
+    *out = NULL;
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if (!d.data || !d.part)   /* the two fields without a default */
@@ -380,7 +380,18 @@ dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc
         f->behaviour[i] = d.behaviour ? d.behaviour[i] : DT_FED_HONEST;
         f->last_kept[i] = 0;
     }
-    if ((r = dt__same_model(c, m, "dt_fed_create", 0)) != DT_OK) { dt_fed_destroy(f); return r; }
+    *out = f;
+    return DT_OK;
+}
+
+dt_result dt_fed_create(dt_fed **out, dt_comm *c, dt_model *m, const dt_fed_desc *desc) {
+    dt_fed *f = NULL;
+    dt_result r;
+    if (out) *out = NULL;
+    if ((r = dt__trainer_check("dt_fed_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
+    r = dt__fed_setup(&f, c, m, desc);
+    /* every rank stops if one failed (a bad desc, no memory), before anything waits on it */
+    if ((r = dt__same_model(c, m, "dt_fed_create", 0, r)) != DT_OK) { dt_fed_destroy(f); return r; }
     *out = f;
     return DT_OK;
 }

@@ -114,7 +114,7 @@ struct dt_localsgd {
 
 dt_result dt_localsgd_create(dt_localsgd **out, dt_comm *c, dt_model *m, const dt_localsgd_desc *desc) {
     dt_localsgd_desc dd;
-    dt_localsgd *d;
+    dt_localsgd *d = NULL;
     dt_result r;
     int me = dt_comm_rank(c);
     if (out) *out = NULL;
@@ -122,10 +122,14 @@ dt_result dt_localsgd_create(dt_localsgd **out, dt_comm *c, dt_model *m, const d
     memset(&dd, 0, sizeof dd);
     if (desc) dd = *desc;
     if (dd.period < 0 || dd.algo < 0 || dd.algo >= DT_ALGO_COUNT)
-        return dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: rank %d: bad desc (period %d, algo %d): period is >= 0 "
-                            "(0 = only at dt_localsgd_average), algo a dt_algo", me, dd.period, (int)dd.algo);
-    if ((r = dt__same_model(c, m, "dt_localsgd_create", 1)) != DT_OK) return r;
-    if (!(d = (dt_localsgd *)DT_MALLOC(sizeof *d))) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_localsgd_create: rank %d: no memory", me);
+        r = dt_set_error(DT_ERR_INVALID_ARG, "dt_localsgd_create: rank %d: bad desc (period %d, algo %d): period is >= 0 "
+                         "(0 = only at dt_localsgd_average), algo a dt_algo", me, dd.period, (int)dd.algo);
+    else if (!(d = (dt_localsgd *)DT_MALLOC(sizeof *d)))
+        r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_localsgd_create: rank %d: no memory", me);
+    if ((r = dt__same_model(c, m, "dt_localsgd_create", 1, r)) != DT_OK || !d) {   /* every rank stops if one failed */
+        if (d) DT_FREE(d);
+        return r;
+    }
     memset(d, 0, sizeof *d);
     d->comm = c;
     d->model = m;
