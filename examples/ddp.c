@@ -258,6 +258,19 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         ex_ckpt_next_epoch(&meta, epoch + 1);
         if (ex_ckpt_due(&a->ckpt, meta.step, 1, epoch + 1 == a->epochs)) TRY(ex_ckpt_save(&a->ckpt, c, EX_DDP, d, m, o, &meta, &ck_sent));
     }
+    {   /* what DDP did in this process: the overlap at work, and the rounds ranks with fewer batches shadowed */
+        dt_ddp_stats st = dt_ddp_get_stats(d);
+        int64_t joined = st.joined_rounds;
+        TRY(dt_comm_allreduce(c, &joined, 1, DT_I64, DT_MAX, DT_ALGO_AUTO));
+        if (me == 0 && p > 1) {
+            printf("ddp: rank 0 synced %lld times", (long long)st.syncs);
+            if (dt_ddp_overlapped(d))
+                printf(", %lld of its %lld buckets began while backward ran", (long long)st.early_buckets,
+                       (long long)st.syncs * dt_ddp_buckets(d));
+            printf("; the most rounds a rank took part in after it ran out of batches: %lld\n", (long long)joined);
+            TRY(ex_log_flush());
+        }
+    }
 done:
     if (csv) fclose(csv);
     dt_loader_destroy(loader);

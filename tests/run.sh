@@ -989,6 +989,10 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         echo \"ddp \$a / \$b, hogwild \$c / \$d\"
         [ -n \"\$a\" ] && [ -n \"\$b\" ] && [ \"\$a\" != \"\$b\" ] && [ -n \"\$c\" ] && [ -n \"\$d\" ] && [ \"\$c\" != \"\$d\" ] &&
         { '$B/examples/train' --clip-grad 0 > /dev/null 2>&1; [ \$? -eq 2 ]; }"
+    # the last line says what DDP did: 4 syncs of 2 buckets (512 images, global batch 128), the overlap, no joined rounds
+    check "ddp: the last line counts rank 0's syncs, its buckets begun during backward and the ranks' joined rounds" sh -c "
+        '$B/examples/ddp' --ranks 2 --limit 512 $TL | tail -1 |
+            grep -E '^ddp: rank 0 synced 4 times, [0-9] of its 8 buckets began while backward ran; the most rounds a rank took part in after it ran out of batches: 0\$'"
     # --sync-bn: ResNet-20 (19 batch norms) on 4 ranks of 4 images follows one rank with the global batch of 16 (the
     # same losses but for rounding, which 12 steps grow to about 0.002 here); without it, the ranks' own statistics
     # of 4 images move the loss by 0.05
