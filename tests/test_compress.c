@@ -183,6 +183,46 @@ static void test_link_model_half(void) {
     CHECK(j.secs[0] >= 0.35 && j.secs[1] < (quick ? 1.0 : 0.75) * j.secs[0]);
 }
 
+/* fp16 sends each rank's share of the average, not its samples times its gradient: gradients of 1024 on 2 ranks
+   of 64 samples each travel as 512 (1024 x 64 = 65536 is past fp16's 65504, infinity if sent as it was) and
+   arrive as the average, 1024, exactly; bf16 (fp32's range) sends the weighted sum and gets 1024 too. */
+typedef struct hjob { dt_ddp_compress kind; float got[2][2]; } hjob;
+static dt_result h_rank(dt_comm *c, void *arg) {
+    hjob *j = (hjob *)arg;
+    dt_model *m = NULL;
+    dt_ddp *d = NULL;
+    dt_ddp_desc dd;
+    int64_t n = 0, i;
+    float *g;
+    dt_result r = tc_mlp(&m, 4, 3, 1, 0, 6, 0);
+    memset(&dd, 0, sizeof dd);
+    dd.method = DT_DDP_FLAT;
+    dd.compress = j->kind;
+    if (r == DT_OK) r = dt_ddp_create(&d, c, m, &dd);
+    if (r == DT_OK) {
+        g = dt_model_grads(m, &n);
+        for (i = 0; i < n; i++) g[i] = 1024.0f;
+        r = dt_ddp_sync(d, 64);
+        j->got[dt_comm_rank(c)][0] = g[0];
+        j->got[dt_comm_rank(c)][1] = g[n - 1];
+        for (i = 0; r == DT_OK && i < n; i++)
+            if (g[i] != 1024.0f) r = dt_set_error(DT_ERR_NUMERIC, "rank %d: gradient %lld is %g, not 1024", dt_comm_rank(c), (long long)i, (double)g[i]);
+    }
+    dt_ddp_destroy(d);
+    dt_model_destroy(m);
+    return r;
+}
+static void test_half_range(void) {
+    static hjob j;
+    int k;
+    for (k = 0; k < 2; k++) {
+        memset(&j, 0, sizeof j);
+        j.kind = k ? DT_DDP_BF16 : DT_DDP_FP16;
+        CHECK_OK(tc_launch(h_rank, &j, 2));
+        CHECK(j.got[0][0] == 1024.0f && j.got[1][1] == 1024.0f);
+    }
+}
+
 /* ---- top-k ---- */
 
 typedef struct pair { float a; int32_t i; } pair;
@@ -685,6 +725,7 @@ int main(int argc, char **argv) {
     make_teacher_data();
     RUN(test_half_rounding);
     RUN(test_allreduce_half);
+    RUN(test_half_range);
     RUN(test_link_model_half);
     RUN(test_topk_split);
     RUN(test_ddp_topk_sync);

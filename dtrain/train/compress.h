@@ -29,7 +29,10 @@ extern "C" {
            bfloat16 before it travels on (the ring's reduce-scatter: p - 1 roundings); decoded at the end.
            The two sample counts, which 16 bits would not count exactly, go first in an all-reduce of two
            floats of their own (in the sync's first collective)
-     FP16  the same with IEEE half (5 exponent bits: a weighted gradient above 65504 becomes infinity)
+     FP16  the same with IEEE half (5 exponent bits, largest 65504), with each rank's weighted slice divided by the
+           samples of all ranks before it travels (the counts' all-reduce comes first, so every rank knows them):
+           the sum arrives as the average, which DDP then does not divide again (dt__compress_averaged), and a
+           gradient overflows only when the average would, not when a rank's share times its samples does
      TOPK  top-k sparsification with error feedback (Stich et al. 2018): this rank adds its residual (what
            it has not sent yet) to the slice, keeps the k = ceil(topk_ratio x slice) entries of largest
            magnitude (dt_topk_split; ties to the lower index), sends them as (index, value) pairs in an
@@ -87,6 +90,7 @@ typedef struct dt__compress {
     int64_t      acc_samples;
     /* state */
     uint16_t    *half;              /* BF16, FP16: [largest slice] the slice as it travels */
+    float        total;             /* BF16, FP16: the samples of all ranks in this sync (after its first slice) */
     float       *residual;          /* TOPK with feedback: [n] what this rank has not sent yet */
     int32_t     *sel_idx;           /* TOPK: [largest k] the pairs chosen */
     float       *sel_val;
@@ -193,12 +197,18 @@ static dt_result dt__compress_half(dt__compress *d, int i, float *g, int64_t cnt
         counts[1] = (float)d->active;
         if ((r = dt_comm_allreduce(d->comm, counts, 2, DT_F32, DT_SUM, d->algo)) != DT_OK) return r;
         if ((r = d->counts(d->user, counts[0], counts[1])) != DT_OK) return r;
+        d->total = counts[0];
     }
-    for (j = 0; j < cnt; j++) d->half[j] = bf ? dt_bf16_from_float(g[j]) : dt_f16_from_float(g[j]);
+    if (bf) for (j = 0; j < cnt; j++) d->half[j] = dt_bf16_from_float(g[j]);
+    else if (d->total > 0.0f) for (j = 0; j < cnt; j++) d->half[j] = dt_f16_from_float(g[j] / d->total);   /* the average's share */
+    else for (j = 0; j < cnt; j++) d->half[j] = dt_f16_from_float(g[j]);   /* nobody has data: zeros */
     if ((r = dt_comm_allreduce(d->comm, d->half, (size_t)cnt, bf ? DT_BF16 : DT_F16, DT_SUM, d->algo)) != DT_OK) return r;
     for (j = 0; j < cnt; j++) g[j] = bf ? dt_bf16_to_float(d->half[j]) : dt_f16_to_float(d->half[j]);
     return DT_OK;
 }
+
+/* Whether a sync's summed slices are already the average (FP16 divides before it sends): DDP then divides no more. */
+static int dt__compress_averaged(const dt__compress *d) { return d->kind == DT_DDP_FP16; }
 
 /* TOPK's k for a slice of cnt elements. */
 static int64_t dt__compress_topk_k(const dt__compress *d, int64_t cnt) {

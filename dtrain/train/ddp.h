@@ -637,7 +637,8 @@ static dt_result dt__ddp_bad(const dt_ddp *d, int64_t samples, const char *what)
 static dt_result dt__ddp_done(dt_ddp *d, dt_result r, double t0) {
     float *g = dt_model_grads(d->model, NULL), total = (float)d->total;
     int64_t j;
-    if (r == DT_OK && dt_comm_size(d->comm) > 1 && total > 0)
+    int averaged = d->desc.compress != DT_DDP_FP32 && d->seq > d->desc.powersgd_warmup && dt__compress_averaged(&d->z);
+    if (r == DT_OK && dt_comm_size(d->comm) > 1 && total > 0 && !averaged)   /* fp16 divided before it sent */
         for (j = 0; j < d->n; j++) g[j] /= total;
     if (r == DT_OK && d->desc.sync_buffers) r = dt_ddp_sync_buffers(d);
     d->stats.comm_seconds += dt_time_now() - t0;
