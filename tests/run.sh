@@ -872,6 +872,25 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     check "fedavg: killed between rounds and resumed, ends as the unstopped run" \
         kill_resume fedavg 1,3-12 --ranks 3 --clients 7 --rounds 20 --frac 0.9 --dropout-prob 0.3 --agg median \
         --attack signflip --attackers 1 --limit 700 $TL --batch 20
+    # FedAvg resumes on another number of ranks (its state is rank 0's): killed on 3 ranks after a checkpoint and
+    # resumed on 2, and on 4, it writes the CSV rows of the run never stopped (a model without dropout layers, whose
+    # masks follow each rank's own counter)
+    fed_other_world() {
+        A="--model fedavg_2nn --clients 5 --rounds 6 --limit 500 $TL"
+        rm -f "$T"/fw.*
+        "$B/examples/fedavg" --ranks 3 $A --csv "$T/fw.a.csv" > /dev/null || return 1
+        for fw_m in 2 4; do
+            rm -f "$T/fw.ckpt" "$T/fw.b.csv"
+            "$B/examples/fedavg" --ranks 3 $A --csv "$T/fw.b.csv" --checkpoint "$T/fw.ckpt" --checkpoint-every 1 > /dev/null & pid=$!
+            while [ ! -e "$T/fw.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
+            kill -9 $pid 2>/dev/null; wait $pid
+            "$B/examples/fedavg" --ranks $fw_m $A --csv "$T/fw.b.csv" --checkpoint "$T/fw.ckpt" --resume > "$T/fw.out" || return 1
+            echo "on $fw_m ranks: $(head -n 1 "$T/fw.out")"
+            cut -d, -f1,3-12 "$T/fw.a.csv" > "$T/fw.a.cut"; cut -d, -f1,3-12 "$T/fw.b.csv" > "$T/fw.b.cut"
+            [ "$(wc -l < "$T/fw.a.cut")" -eq 7 ] && cmp "$T/fw.a.cut" "$T/fw.b.cut" || return 1
+        done
+    }
+    check "fedavg: killed on 3 ranks, resumed on 2 and on 4 (FedAvg's state is rank 0's), ends as the unstopped run" fed_other_world
     # the library's refusals of a checkpoint that cannot resume the run, named in the example's message
     check "localsgd --resume with another --period: exit 1 naming both values" sh -c "
         '$B/examples/localsgd' --ranks 3 --epochs 2 --limit 512 $TL --batch 16 --period 5 --checkpoint '$T/localsgd.a.ckpt' --resume \
@@ -1245,6 +1264,15 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
             mpi_example fedavg 1,3-10 3 --clients 6 --frac 0.5 --rounds 2 --dp-clip 0.5 --dp-noise 0.3 --model fedavg_2nn --limit 500 $TL
         check "fedavg --server adam: mpiexec -n 3 logs the rounds, losses and accuracy of 3 local ranks" \
             mpi_example fedavg 1,3-10 3 --clients 5 --rounds 2 --server adam --model fedavg_2nn --limit 500 $TL
+        # FedAvg saved under mpiexec -n 3 after round 3 and resumed under mpiexec -n 2: the rows of the run never stopped
+        check "fedavg: saved under mpiexec -n 3, resumed under mpiexec -n 2, ends as the unstopped run" sh -c "
+            A='--model fedavg_2nn --clients 5 --limit 500 $TL'
+            rm -f '$MT/fw.ckpt' '$MT/fw.a.csv' '$MT/fw.b.csv'
+            timeout 300 mpiexec -n 3 '$B/mpi/fedavg' \$A --rounds 6 --csv '$MT/fw.a.csv' > /dev/null &&
+            timeout 300 mpiexec -n 3 '$B/mpi/fedavg' \$A --rounds 3 --csv '$MT/fw.b.csv' --checkpoint '$MT/fw.ckpt' > /dev/null &&
+            timeout 300 mpiexec -n 2 '$B/mpi/fedavg' \$A --rounds 6 --csv '$MT/fw.b.csv' --checkpoint '$MT/fw.ckpt' --resume > /dev/null &&
+            cut -d, -f1,3-12 '$MT/fw.a.csv' > '$MT/fw.a.cut' && cut -d, -f1,3-12 '$MT/fw.b.csv' > '$MT/fw.b.cut' &&
+            [ \$(wc -l < '$MT/fw.a.cut') -eq 7 ] && cmp '$MT/fw.a.cut' '$MT/fw.b.cut'"
         # examples/simple/ddp built with mpicc: under mpiexec -n 2 each process is a rank (RANKS is for local ranks)
         check "examples/simple/ddp under mpiexec -n 2: exit 0, last test accuracy above 50%" sh -c "
             [ -x '$B/mpi/simple_ddp' ] && timeout 300 mpiexec -n 2 '$B/mpi/simple_ddp' > '$MT/simple.out' 2>&1 &&

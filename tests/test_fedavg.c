@@ -511,6 +511,74 @@ static void test_hundred_clients(void) {
     CHECK(ra.selected == 30 && ra.kept == 30);
 }
 
+/* Resuming on another number of ranks: FedAvg's state is rank 0's, so a checkpoint saved by 3 local ranks after
+   round 2 (a batchnorm model, 5 clients, the Adam server optimizer, whose m and v rank 0 keeps) resumes on 1, 2
+   and 4 ranks and ends, after round 4, with the global parameters and statistics of the run never stopped, bit
+   for bit (the model has no dropout, whose masks follow each rank's own counter). */
+typedef struct el_arg { int from, to; const char *save, *load; int64_t n, nb; float params[BN_MAX], bufs[BN_MAX]; } el_arg;
+static dt_result el_rank(dt_comm *c, void *arg) {
+    el_arg *ea = (el_arg *)arg;
+    dt_model *m = NULL;
+    dt_fed *f = NULL;
+    dt_partition part;
+    dt_fed_desc fd;
+    dt_checkpoint_meta meta;
+    dt_result r;
+    int64_t t;
+    memset(&part, 0, sizeof part);
+    memset(&meta, 0, sizeof meta);
+    if ((r = make_model_bn(&m, 1)) != DT_OK || (r = iid(&part, NS, 5, 1)) != DT_OK) goto done;
+    fd = fed_desc(&part, 5);
+    fd.batch = 8;
+    fd.server.kind = DT_FED_SERVER_ADAM;
+    if ((r = dt_fed_create(&f, c, m, &fd)) != DT_OK) goto done;
+    if (ea->load && (r = dt_fed_load(f, ea->load, &meta)) != DT_OK) goto done;
+    if (ea->load && meta.round != ea->from) { r = dt_set_error(DT_ERR_STATE, "loaded round %lld", (long long)meta.round); goto done; }
+    for (t = ea->from; t < ea->to && r == DT_OK; t++) r = dt_fed_round(f, t, NULL);
+    meta.round = ea->to;
+    if (r == DT_OK && ea->save) r = dt_fed_save(f, ea->save, &meta);
+    if (r == DT_OK && dt_comm_rank(c) == 0) {
+        ea->n = dt_model_param_count(m);
+        dt_model_buffers(m, &ea->nb);
+        if (ea->n > BN_MAX || ea->nb > BN_MAX) { r = dt_set_error(DT_ERR_STATE, "raise BN_MAX"); goto done; }
+        if ((r = dt_model_get_params(m, ea->params, ea->n)) == DT_OK) r = dt_model_get_buffers(m, ea->bufs, ea->nb);
+    }
+done:
+    dt_fed_destroy(f);
+    dt_model_destroy(m);
+    dt_partition_free(&part);
+    return r;
+}
+static dt_result el_launch(int ranks, el_arg *ea) {
+    dt_launch_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.ranks = ranks; ld.threads_per_rank = 1; ld.comm.timeout = 20.0;
+    return dt_launch_local(&ld, el_rank, ea, NULL);
+}
+static void test_resume_other_world(void) {
+    static el_arg full, first, rest;
+    static const int worlds[3] = {1, 2, 4};
+    const char *path = "build/test_fedavg_elastic.ckpt";
+    int w;
+    memset(&full, 0, sizeof full);
+    full.to = 4;
+    CHECK_OK(el_launch(3, &full));
+    first = full;
+    first.to = 2; first.save = path;
+    remove(path);
+    CHECK_OK(el_launch(3, &first));
+    CHECK(memcmp(first.params, full.params, sizeof(float) * (size_t)full.n) != 0);   /* half-way is elsewhere */
+    for (w = 0; w < 3; w++) {
+        rest = full;
+        rest.from = 2; rest.load = path;
+        memset(rest.params, 0, sizeof rest.params);
+        CHECK_OK(el_launch(worlds[w], &rest));
+        CHECK(full.n > 0 && memcmp(rest.params, full.params, sizeof(float) * (size_t)full.n) == 0);
+        CHECK(full.nb > 0 && memcmp(rest.bufs, full.bufs, sizeof(float) * (size_t)full.nb) == 0);
+    }
+    remove(path);
+}
+
 /* A FedAvg of 3 clients on one rank with server optimizer `server` (kind, its other settings the defaults):
    created, then rounds [from, to) run; params [n] gets the global model. With start, the global model starts
    from it; with save (and to > from), the state is saved after the last round, with load loaded first. */
@@ -694,6 +762,7 @@ int main(int argc, char **argv) {
     RUN(test_dropout);
     RUN(test_hundred_clients);
     RUN(test_server_optimizers);
+    RUN(test_resume_other_world);
     RUN(test_dp);
     return dt_t_summary();
 }

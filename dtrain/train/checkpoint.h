@@ -128,6 +128,7 @@ static uint64_t dt__model_signature(const dt_model *m) {
 typedef struct dt__ckpt {
     dt_comm   *c;          /* NULL: one process, no communicator */
     int        rank, world, trainer;
+    int        saved_world;  /* load: the world that saved the file (another only for FedAvg: dt__ckpt_elastic) */
     const char *fn, *path;
     dt_model  *m;
     dt_optim  *o;
@@ -370,9 +371,17 @@ static dt_result dt__ckpt_read_file(const dt__ckpt *k, unsigned char **file, int
     return DT_OK;
 }
 
+/* Whether a trainer's checkpoint resumes on another number of ranks, and how: FedAvg's state is rank 0's (the
+   global model and the server optimizer; the clients are drawn from (seed, round) and start each round from the
+   global model, whichever rank trains them), so every rank of the new world loads the old rank 0's section,
+   keeping its own dropout stream (the model's RNG stream) and, on ranks other than 0, no server state. The
+   others keep a state per rank and are refused, naming the world that saved them. */
+static int dt__ckpt_elastic(int trainer) { return trainer == DT__CKPT_FEDAVG; }
+
 /* Rank 0: the checks of the whole file, in the order that makes each message true: what it is (magic,
    version), whether it is whole (sizes, checksum), then whether it fits this run (world size, trainer).
-   sizes [k->world] receives the sections' sizes. */
+   sizes [k->world + 1] receives the sections' sizes (rank 0's for every rank when the file has another world)
+   and, last, the file's world. */
 static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *file, int64_t bytes, int64_t *sizes) {
     uint64_t version, world, trainer, i;
     int64_t head, sum = 0;
@@ -396,14 +405,16 @@ static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *fil
                             "truncated or damaged; use an earlier checkpoint", k->fn, k->path, (long long)bytes);
     if (dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)) != dt__get_le64(file + bytes - 8))
         return dt_set_error(DT_ERR_FORMAT, "%s: %s is damaged (checksum mismatch); use an earlier checkpoint", k->fn, k->path);
-    if (world != (uint64_t)k->world)
+    if (world != (uint64_t)k->world && !dt__ckpt_elastic(k->trainer))
         return dt_set_error(DT_ERR_FORMAT, "%s: %s holds the state of %llu ranks but this run has %d: resume on %llu ranks",
                             k->fn, k->path, (unsigned long long)world, k->world, (unsigned long long)world);
     if (trainer != (uint64_t)k->trainer)
         return dt_set_error(DT_ERR_FORMAT, "%s: %s was written by %s; %s reads what %s writes: resume with the trainer that "
                             "wrote it", k->fn, k->path, trainer < DT__CKPT_TRAINERS ? dt__ckpt_writers[trainer] : "an unknown trainer",
                             k->fn, dt__ckpt_writers[k->trainer]);
-    for (i = 0; i < world; i++) sizes[i] = (int64_t)dt__get_le64(file + 32 + 8 * i);
+    sizes[k->world] = (int64_t)world;   /* the world that saved it */
+    for (i = 0; i < (uint64_t)k->world; i++)   /* another world (FedAvg): rank 0's section for every rank */
+        sizes[i] = (int64_t)dt__get_le64(file + 32 + 8 * (world == (uint64_t)k->world ? i : 0));
     return DT_OK;
 }
 
@@ -415,7 +426,7 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
     dt_model_params(m, &nparams);
     dt_model_buffers(m, &nbuffers);
     for (i = 0; i < DT__CKPT_SEC_WORDS; i++) w[i] = dt__get_le64(sec + 8 * i);
-    if (w[0] != (uint64_t)k->rank || w[4] > (uint64_t)len || w[5] > (uint64_t)len || w[18] > (uint64_t)len ||
+    if (w[0] != (uint64_t)(k->saved_world == k->world ? k->rank : 0) || w[4] > (uint64_t)len || w[5] > (uint64_t)len || w[18] > (uint64_t)len ||
         (int64_t)(8 * DT__CKPT_SEC_WORDS + 4 * (w[2] + w[3] + w[4] + w[18]) + 8 * w[5]) != len)
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: its section of %s is damaged (impossible sizes)", k->fn, k->rank, k->path);
     if (w[2] != (uint64_t)nparams || w[3] != (uint64_t)nbuffers || w[1] != dt__model_signature(m))
@@ -431,7 +442,7 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: the optimizer state in %s (kind %llu, %llu values) does not fit this "
                             "optimizer (kind %d, %lld values)", k->fn, k->rank, k->path, (unsigned long long)w[6],
                             (unsigned long long)w[4], (int)dt__optim_desc(k->o)->kind, (long long)dt__ckpt_state(k));
-    if (w[18] != (uint64_t)k->nextra)
+    if (w[18] != (uint64_t)k->nextra && !(k->saved_world != k->world && k->rank != 0 && k->nextra == 0))   /* not rank 0's state */
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %llu values of the trainer's own state (DDP: the compression's "
                             "residual, and PowerSGD's Qs; FedAvg: the server optimizer's m and v) but this run keeps %lld: resume with the settings "
                             "that wrote it (DDP: the same --compress, with or without error feedback; FedAvg: the same --server)", k->fn, k->rank, k->path, (unsigned long long)w[18],
@@ -450,12 +461,18 @@ static void dt__ckpt_apply(dt__ckpt *k, unsigned char *sec, const uint64_t *w, d
     uint32_t lr = (uint32_t)w[7];
     int64_t i;
     int j;
+    uint64_t rng[3] = {w[8], w[9], w[10]};   /* seed, stream, step */
     dt__ckpt_floats_order(sec, w);
     ops->upload(ctx, params, p, 4 * nparams);
     p += 4 * nparams;
     if (nbuffers) ops->upload(ctx, buffers, p, 4 * nbuffers);
     p += 4 * nbuffers;
-    dt__model_set_rng(k->m, &w[8]);   /* seed, stream, step: w[8..10] */
+    if (k->saved_world != k->world) {   /* another world's rank 0: this rank's own dropout stream */
+        uint64_t own[3];
+        dt__model_get_rng(k->m, own);
+        rng[1] = own[1];
+    }
+    dt__model_set_rng(k->m, rng);
     if (k->o) {
         int64_t *steps = dt__optim_steps(k->o);
         if (w[4]) ops->upload(ctx, dt_optim_state(k->o, NULL), p, 4 * (int64_t)w[4]);
@@ -475,7 +492,7 @@ static void dt__ckpt_apply(dt__ckpt *k, unsigned char *sec, const uint64_t *w, d
 /* Collective (or one process with k->c NULL): rank 0 reads and checks the file and hands each rank its
    section; each rank checks its own; only when every check passed on every rank does any rank change. */
 static dt_result dt__ckpt_load(dt__ckpt *k, dt_checkpoint_meta *meta) {
-    int64_t *sizes = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)k->world), bytes = 0, most = 0, i, off;
+    int64_t *sizes = (int64_t *)DT_MALLOC(sizeof(int64_t) * (size_t)(k->world + 1)), bytes = 0, most = 0, i, off;
     unsigned char *file = NULL, *slots = NULL, *sec = NULL;
     uint64_t w[DT__CKPT_SEC_WORDS];
     int packed = 0;
@@ -483,10 +500,18 @@ static dt_result dt__ckpt_load(dt__ckpt *k, dt_checkpoint_meta *meta) {
     if (!sizes) r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", k->fn, k->rank);
     else if (k->rank == 0 && (r = dt__ckpt_read_file(k, &file, &bytes)) == DT_OK) r = dt__ckpt_check_file(k, file, bytes, sizes);
     if ((r = dt__ckpt_agree(k, r)) != DT_OK) goto done;
-    if (k->c && k->world > 1 && (r = dt_comm_broadcast(k->c, sizes, (size_t)k->world, DT_I64, 0, DT_ALGO_AUTO)) != DT_OK)
+    if (k->c && k->world > 1 && (r = dt_comm_broadcast(k->c, sizes, (size_t)k->world + 1, DT_I64, 0, DT_ALGO_AUTO)) != DT_OK)
         goto done;
+    k->saved_world = (int)sizes[k->world];
+    if (k->saved_world != k->world && k->rank == 0)
+        dt_log(DT_LOG_INFO, "%s: %s was saved by %d ranks; this run has %d, and each takes the state of rank 0 (the global "
+               "model)", k->fn, k->path, k->saved_world, k->world);
     for (i = 0; i < k->world; i++) most = sizes[i] > most ? sizes[i] : most;
-    if (k->rank == 0) {   /* the sections as slots of the largest one's size: in place when they are equal */
+    if (k->rank == 0 && k->saved_world != k->world) {   /* another world (FedAvg): rank 0's section in every slot */
+        if ((slots = (unsigned char *)DT_MALLOC((size_t)(most * k->world))) != NULL)
+            for (i = 0; i < k->world; i++) memcpy(slots + i * most, file + 8 + 8 * (DT__CKPT_HEAD_WORDS + k->saved_world), (size_t)most);
+        packed = 1;
+    } else if (k->rank == 0) {   /* the sections as slots of the largest one's size: in place when they are equal */
         slots = file + 8 + 8 * (DT__CKPT_HEAD_WORDS + k->world);
         for (i = 0; i < k->world; i++) packed |= sizes[i] != most;
         if (packed && (slots = (unsigned char *)DT_MALLOC((size_t)(most * k->world))) != NULL)
