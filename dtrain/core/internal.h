@@ -199,6 +199,8 @@ static dt_result dt__compress_alloc(dt__compress *d, int nslices, const int64_t 
 static dt_result dt__compress_slice(dt__compress *d, int i, float *grads, int64_t off, int64_t cnt, int active,
                                     int64_t samples);
 static void dt__compress_free(dt__compress *d);
+/* whether a sync's summed slices arrive as the average (FP16 divides before it sends): DDP then divides no more */
+static int dt__compress_averaged(const dt__compress *d);
 #endif
 
 /* ==== dtrain/train/aggregate.h: FedAvg's aggregation ==== */
