@@ -773,6 +773,7 @@ static inline dt_result ex_ckpt_load(const ex_ckpt *k, dt_comm *c, ex_trainer ki
                                      dt_checkpoint_meta *meta, uint64_t *sent) {
     uint64_t s0 = c ? dt_comm_get_stats(c).bytes_sent : 0;
     dt_result r;
+    meta->sum_values = 0x3u;   /* values 0, 1: each rank's loss sum and samples; the rest (bytes, time, flags) rank 0's */
     switch (kind) {
     case EX_SINGLE:   r = dt_checkpoint_load(k->path, m, o, meta); break;
     case EX_DDP:      r = dt_ddp_load((dt_ddp *)t, k->path, o, meta); break;

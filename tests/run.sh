@@ -891,6 +891,24 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         done
     }
     check "fedavg: killed on 3 ranks, resumed on 2 and on 4 (FedAvg's state is rank 0's), ends as the unstopped run" fed_other_world
+    # DDP resumes on another number of ranks from the mean of the saved ranks' states (equal replicas): killed on 3
+    # ranks mid-epoch and resumed on 2 with the same global batch, an MLP (no dropout) ends with the unstopped run's
+    # losses and accuracy but for rounding (the loader's position is the global batch's: no sample skipped or repeated)
+    ddp_other_world() {
+        A="--model mlp --batch 48 --epochs 2 --limit 960 $TL"
+        rm -f "$T"/dw.*
+        "$B/examples/ddp" --ranks 3 $A --csv "$T/dw.a.csv" > /dev/null || return 1
+        "$B/examples/ddp" --ranks 3 $A --csv "$T/dw.b.csv" --checkpoint "$T/dw.ckpt" --checkpoint-every 7 > /dev/null & pid=$!
+        while [ ! -e "$T/dw.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
+        kill -9 $pid 2>/dev/null; wait $pid
+        "$B/examples/ddp" --ranks 2 $A --csv "$T/dw.b.csv" --checkpoint "$T/dw.ckpt" --resume > "$T/dw.out" 2> "$T/dw.err" ||
+            { cat "$T/dw.err"; return 1; }
+        echo "$(head -n 1 "$T/dw.out")"
+        grep -q 'was saved by 3 ranks; this run has 2, and each starts from the mean of theirs' "$T/dw.err" &&
+        paste -d, "$T/dw.a.csv" "$T/dw.b.csv" | awk -F, 'NR > 1 { n++; d = $3 - $12; e = $5 - $14; if (d < 0) d = -d; if (e < 0) e = -e
+            if (d > 1e-3 || e > 0.005) bad++ } END { exit !(n == 2 && !bad) }'
+    }
+    check "ddp: killed on 3 ranks mid-epoch, resumed on 2 (the ranks' mean), ends with the unstopped run's losses" ddp_other_world
     # the library's refusals of a checkpoint that cannot resume the run, named in the example's message
     check "localsgd --resume with another --period: exit 1 naming both values" sh -c "
         '$B/examples/localsgd' --ranks 3 --epochs 2 --limit 512 $TL --batch 16 --period 5 --checkpoint '$T/localsgd.a.ckpt' --resume \
@@ -1202,16 +1220,19 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         done
         check "dpsgd-exp (one-peer exponential, period 2) under mpiexec -n 4: killed after step 4, resumed from 3, mid-period, ends as the uninterrupted run" \
             mpi_resume dpsgd-exp 4 4
-        # refusals under mpiexec, on every rank, naming the cause: the last DDP checkpoint (4 ranks) under -n 3,
-        # damaged (a byte flipped), and read by another trainer
+        # the last DDP checkpoint (4 ranks) resumes under -n 3 from the mean of the ranks' states, saying so; refusals
+        # under mpiexec, on every rank, naming the cause: damaged (a byte flipped), and read by another trainer
         mpi_refused() {   # mpi_refused FILE N TRAINER CAUSE: exit 1, CAUSE in the output
             timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$3" --steps 14 --every 3 --ckpt "$1" \
                 --out "$RT/x" --resume > "$RT/err" 2>&1 && { echo "the run resumed from $1"; return 1; }
             grep -q "$4" "$RT/err" || { cat "$RT/err"; return 1; }
         }
         cp "$RT/ddp.ckpt" "$RT/bad.ckpt" && printf 'X' | dd of="$RT/bad.ckpt" bs=1 seek=200 conv=notrunc 2>/dev/null
-        check "a DDP checkpoint of 4 ranks under mpiexec -n 3: refused, naming the world sizes" \
-            mpi_refused "$RT/ddp.ckpt" 3 ddp "holds the state of 4 ranks but this run has 3"
+        check "a DDP checkpoint of 4 ranks under mpiexec -n 3: resumed from the mean of the 4 ranks' states, said in the log" sh -c "
+            cp '$RT/ddp.ckpt' '$RT/el.ckpt' &&
+            timeout 120 mpiexec -n 3 '$B/mpi/test_resume_mpi' --trainer ddp --steps 14 --every 3 --ckpt '$RT/el.ckpt' \
+                --out '$RT/x' --resume --expect-from 12 > '$RT/err' 2>&1 &&
+            grep -q 'was saved by 4 ranks; this run has 3, and each starts from the mean of theirs' '$RT/err' || { cat '$RT/err'; exit 1; }"
         check "a damaged DDP checkpoint under mpiexec -n 4: refused, naming the checksum" mpi_refused "$RT/bad.ckpt" 4 ddp checksum
         check "a DDP checkpoint read by D-PSGD under mpiexec -n 4: refused, naming its writer" \
             mpi_refused "$RT/ddp.ckpt" 4 dpsgd "written by dt_ddp_save"

@@ -515,6 +515,83 @@ static void test_sync_bn_refused(void) {
     dt_model_destroy(m);
 }
 
+/* Resuming on another number of ranks: DDP's replicas are equal, so a checkpoint of 2 ranks after step 1 loads on
+   3 (and on 1), every rank taking the mean of the saved ones (the same parameters and momentum), and the steps after
+   it, of the same global batches, end where the run never stopped ends, to rounding; the ranks stay equal; the
+   meta's values marked as sums are summed over the old ranks o with o mod the new world = r, the others rank 0's. */
+typedef struct el_job {
+    int from, to;
+    const char *save, *load;
+    int64_t np;
+    float params[MAXR][1024];
+    double got[MAXR][2];   /* after a load: meta.values[0] (a sum over the ranks) and [3] (rank 0's) */
+} el_job;
+static dt_result el_rank(dt_comm *c, void *arg) {
+    el_job *j = (el_job *)arg;
+    int me = dt_comm_rank(c), p = dt_comm_size(c), s;
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_ddp *d = NULL;
+    dt_checkpoint_meta meta;
+    dt_result r = make_model(&m, 1 + 5 * (uint64_t)me, 0, 16);
+    memset(&meta, 0, sizeof meta);
+    if (r == DT_OK) r = make_optim(&o, m);
+    if (r == DT_OK) r = dt_ddp_create(&d, c, m, NULL);
+    meta.sum_values = 1u;   /* values[0] is a sum over the ranks */
+    if (r == DT_OK && j->load) r = dt_ddp_load(d, j->load, o, &meta);
+    j->got[me][0] = meta.values[0];
+    j->got[me][1] = meta.values[3];
+    if (r == DT_OK && j->load && meta.step != j->from) r = dt_set_error(DT_ERR_STATE, "loaded step %lld", (long long)meta.step);
+    for (s = j->from; s < j->to && r == DT_OK; s++) {   /* global batch s: samples [12 s, 12 s + 12), in rank order */
+        int64_t share = B / p;
+        dt_model_zero_grad(m);
+        if ((r = fwd(m, (int64_t)s * B + me * share, share)) == DT_OK && (r = dt_ddp_backward(d, NULL, share, 1)) == DT_OK)
+            r = dt_optim_step(o);
+    }
+    meta.step = j->to;
+    meta.values[0] = me + 1;   /* a rank's share of a total: 1 + 2 = 3 on 2 ranks */
+    meta.values[3] = 10 + me;  /* what rank 0's says for all */
+    if (r == DT_OK && j->save) r = dt_ddp_save(d, j->save, o, &meta);
+    if (r == DT_OK) {
+        dt_model_params(m, &j->np);
+        r = j->np <= 1024 ? dt_model_get_params(m, j->params[me], j->np) : dt_set_error(DT_ERR_STATE, "too many parameters");
+    }
+    dt_ddp_destroy(d);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    return r;
+}
+static void test_resume_other_world(void) {
+    static el_job full, rest;
+    const char *path = "build/test_ddp_elastic.ckpt";
+    int w, r, i;
+    memset(&full, 0, sizeof full);
+    full.to = STEPS;
+    CHECK_OK(tc_launch(el_rank, &full, 2));
+    memset(&rest, 0, sizeof rest);
+    rest.to = 1; rest.save = path;
+    remove(path);
+    CHECK_OK(tc_launch(el_rank, &rest, 2));
+    for (w = 1; w <= 3; w += 2) {
+        double worst = 0.0;
+        memset(&rest, 0, sizeof rest);
+        rest.from = 1; rest.to = STEPS; rest.load = path;
+        CHECK_OK(tc_launch(el_rank, &rest, w));
+        for (i = 0; i < full.np; i++) {
+            double e = fabs((double)rest.params[0][i] - (double)full.params[0][i]);
+            if (e > worst) worst = e;
+        }
+        printf("    saved by 2 ranks after step 1, resumed on %d: parameters within %.1e of the run never stopped\n", w, worst);
+        CHECK(full.np > 0 && worst <= 1e-6);
+        for (r = 1; r < w; r++) CHECK(memcmp(rest.params[r], rest.params[0], sizeof(float) * (size_t)full.np) == 0);
+        /* meta.values: [0] marked a sum: old ranks 0 and 1 (1 + 2) on 1 rank; on 3, rank 0 has 1, rank 1 has 2, rank 2
+           none; [3] rank 0's (10) everywhere */
+        CHECK(w == 1 ? rest.got[0][0] == 3.0 : rest.got[0][0] == 1.0 && rest.got[1][0] == 2.0 && rest.got[2][0] == 0.0);
+        for (r = 0; r < w; r++) CHECK(rest.got[r][1] == 10.0);
+    }
+    remove(path);
+}
+
 /* bad arguments and a model that differs between ranks: errors that name the rank, nothing hangs */
 typedef struct bad_job { int case_; dt_result got[MAXR]; char msg[MAXR][512]; } bad_job;
 static dt_result bad_rank(dt_comm *c, void *arg) {
@@ -645,6 +722,7 @@ int main(int argc, char **argv) {
     RUN(test_batchnorm_stats);
     RUN(test_sync_bn);
     RUN(test_sync_bn_refused);
+    RUN(test_resume_other_world);
     RUN(test_bad_args);
     return dt_t_summary();
 }

@@ -416,6 +416,80 @@ static void test_bad_args(void) {
     dt_comm_destroy(c);
 }
 
+/* Resuming on another number of ranks: local SGD's replicas (1 step into a period of 10, so they differ) and
+   D-PSGD's (a gossip step, then each its own SGD step) saved by 2 ranks load on 3, every rank holding the mean of
+   the two saved replicas (their sum in double, halved, rounded once). */
+typedef struct ew_job { int dpsgd; const char *path; int load; int64_t np, word; float params[MAXR][MAXP]; } ew_job;
+static dt_result ew_rank(dt_comm *c, void *arg) {
+    ew_job *j = (ew_job *)arg;
+    int me = dt_comm_rank(c), p = dt_comm_size(c);
+    dt_model *m = NULL;
+    dt_optim *o = NULL;
+    dt_localsgd *l = NULL;
+    dt_dpsgd *d = NULL;
+    dt_topology t;
+    dt_topology_desc td;
+    dt_result r = DT_OK;
+#define T(call) do { if ((r = (call)) != DT_OK) goto done; } while (0)
+    memset(&t, 0, sizeof t);
+    memset(&td, 0, sizeof td);
+    td.kind = DT_TOPO_RING; td.world = p;
+    T(make_model(&m, 1, 0, 16));
+    T(make_optim(&o, m, 0.9f));
+    if (j->dpsgd) {
+        T(dt_topology_create(&t, &td));
+        T(dt_dpsgd_create(&d, c, m, &t, NULL));
+    } else {
+        dt_localsgd_desc ld;
+        memset(&ld, 0, sizeof ld);
+        ld.period = 10;
+        T(dt_localsgd_create(&l, c, m, &ld));
+    }
+    if (j->load) {
+        T(j->dpsgd ? dt_dpsgd_load(d, j->path, o, NULL) : dt_localsgd_load(l, j->path, o, NULL));
+    } else {
+        if (j->dpsgd) T(dt_dpsgd_step(d, NULL));   /* a gossip step (on 2 ranks it equalises), then their own steps */
+        T(sgd_step(m, o, (int64_t)me * (B / p), B / p));   /* each replica its own samples: they differ */
+        if (!j->dpsgd) T(dt_localsgd_step(l));
+        T(j->dpsgd ? dt_dpsgd_save(d, j->path, o, NULL) : dt_localsgd_save(l, j->path, o, NULL));
+    }
+    dt_model_params(m, &j->np);
+    if (j->np > MAXP) { r = dt_set_error(DT_ERR_STATE, "raise MAXP"); goto done; }
+    T(dt_model_get_params(m, j->params[me], j->np));
+done:
+    dt_dpsgd_destroy(d);
+    dt_localsgd_destroy(l);
+    dt_topology_free(&t);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+    return r;
+#undef T
+}
+static void test_resume_other_world(void) {
+    static ew_job saved, loaded;
+    const char *path = "build/test_localsgd_elastic.ckpt";
+    int k, r;
+    int64_t i;
+    for (k = 0; k < 2; k++) {
+        memset(&saved, 0, sizeof saved);
+        saved.dpsgd = k; saved.path = path;
+        remove(path);
+        CHECK_OK(tc_launch(ew_rank, &saved, 2));
+        CHECK(saved.np > 0 && memcmp(saved.params[0], saved.params[1], sizeof(float) * (size_t)saved.np) != 0);
+        loaded = saved;
+        loaded.load = 1;
+        memset(loaded.params, 0, sizeof loaded.params);
+        CHECK_OK(tc_launch(ew_rank, &loaded, 3));
+        for (r = 0; r < 3; r++)
+            for (i = 0; i < saved.np; i++)
+                if (loaded.params[r][i] != (float)(((double)saved.params[0][i] + (double)saved.params[1][i]) / 2)) {
+                    CHECK(loaded.params[r][i] == (float)(((double)saved.params[0][i] + (double)saved.params[1][i]) / 2));
+                    break;
+                }
+    }
+    remove(path);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) dt_t_only = argv[1];
     dt_log_configure(NULL, NULL, DT_LOG_ERROR);
@@ -429,5 +503,6 @@ int main(int argc, char **argv) {
     RUN(test_hogwild_buffers);
     RUN(test_hogwild_converges);
     RUN(test_bad_args);
+    RUN(test_resume_other_world);
     return dt_t_summary();
 }

@@ -43,6 +43,10 @@ typedef struct dt_checkpoint_meta {
     int64_t batch;                /* batches of the current epoch done: where dt_loader_seek resumes */
     dt_rng  rng;                  /* any RNG the caller wants restored */
     double  values[DT_CHECKPOINT_VALUES];  /* any numbers the caller wants restored, e.g. running loss sums */
+    uint32_t sum_values;          /* load, not saved: bit j set says values[j] is a sum over the ranks (each rank's
+                                     share of a total): a trainer's checkpoint loaded by another number of ranks gives
+                                     new rank r the sum over the old ranks o with o mod (the new world) = r; the
+                                     other values are rank 0's on every rank */
 } dt_checkpoint_meta;
 /* One process (the single-process loop): a checkpoint of one rank. o may be NULL (no optimizer state saved);
    meta may be NULL (zeros). */
@@ -128,7 +132,7 @@ static uint64_t dt__model_signature(const dt_model *m) {
 typedef struct dt__ckpt {
     dt_comm   *c;          /* NULL: one process, no communicator */
     int        rank, world, trainer;
-    int        saved_world;  /* load: the world that saved the file (another only for FedAvg: dt__ckpt_elastic) */
+    int        saved_world;  /* load: the world that saved the file (another: dt__ckpt_elastic) */
     const char *fn, *path;
     dt_model  *m;
     dt_optim  *o;
@@ -371,12 +375,61 @@ static dt_result dt__ckpt_read_file(const dt__ckpt *k, unsigned char **file, int
     return DT_OK;
 }
 
-/* Whether a trainer's checkpoint resumes on another number of ranks, and how: FedAvg's state is rank 0's (the
-   global model and the server optimizer; the clients are drawn from (seed, round) and start each round from the
-   global model, whichever rank trains them), so every rank of the new world loads the old rank 0's section,
-   keeping its own dropout stream (the model's RNG stream) and, on ranks other than 0, no server state. The
-   others keep a state per rank and are refused, naming the world that saved them. */
-static int dt__ckpt_elastic(int trainer) { return trainer == DT__CKPT_FEDAVG; }
+/* Whether a trainer's checkpoint resumes on another number of ranks, and how (docs/design.md, "Checkpoints"):
+   FedAvg's state is rank 0's (the global model and the server optimizer; the clients are drawn from (seed, round)
+   and start each round from the global model, whichever rank trains them): every rank of the new world loads the
+   old rank 0's section. DDP's replicas are equal, local SGD's are averaged every period and D-PSGD's average is
+   the model it evaluates: every rank loads the mean of the old ranks' parameters, buffers, optimizer state and
+   trainer floats (DDP's residuals: their mean keeps the update not yet sent), with rank 0's counters and word.
+   Either way each rank keeps its own dropout stream, and the meta is rank 0's, but for the values the caller marks
+   as sums over the ranks (meta.sum_values): new rank r gets the sum of those of the old ranks o with o mod M = r,
+   so that the totals stay. A plain dt_checkpoint_save_comm file is the caller's own loop's, and needs its world. */
+enum { DT__ELASTIC_NO = 0, DT__ELASTIC_RANK0, DT__ELASTIC_MEAN };
+static int dt__ckpt_elastic(int trainer) {
+    return trainer == DT__CKPT_FEDAVG ? DT__ELASTIC_RANK0 : trainer == DT__CKPT_PLAIN ? DT__ELASTIC_NO : DT__ELASTIC_MEAN;
+}
+static float dt__get_lef32(const unsigned char *p) {
+    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static void dt__put_lef32(unsigned char *p, float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    p[0] = (unsigned char)u; p[1] = (unsigned char)(u >> 8); p[2] = (unsigned char)(u >> 16); p[3] = (unsigned char)(u >> 24);
+}
+/* Rank 0, a file of another world (saved ranks, each section `size` bytes at sec): the new world's sections into
+   slots [k->world * size], by dt__ckpt_elastic's rule. */
+static void dt__ckpt_remap(const dt__ckpt *k, const unsigned char *sec, int saved, int64_t size, unsigned char *slots,
+                           uint32_t sums) {
+    uint64_t w[DT__CKPT_SEC_WORDS];
+    int64_t nf, at, f, j;
+    int o, r;
+    memcpy(slots, sec, (size_t)size);   /* rank 0's words, counters and step counts */
+    for (j = 0; j < DT__CKPT_SEC_WORDS; j++) w[j] = dt__get_le64(sec + 8 * j);
+    nf = (int64_t)(w[2] + w[3] + w[4]);
+    if (dt__ckpt_elastic(k->trainer) == DT__ELASTIC_MEAN)
+        for (f = 0; f < nf + (int64_t)w[18]; f++) {   /* the model's and optimizer's floats, then the trainer's */
+            double sum = 0.0;
+            at = 8 * DT__CKPT_SEC_WORDS + 4 * f + (f < nf ? 0 : 8 * (int64_t)w[5]);
+            for (o = 0; o < saved; o++) sum += (double)dt__get_lef32(sec + o * size + at);
+            dt__put_lef32(slots + at, (float)(sum / saved));
+        }
+    for (r = 1; r < k->world; r++) memcpy(slots + r * size, slots, (size_t)size);
+    for (r = 0; r < k->world; r++)
+        for (j = 0; j < DT_CHECKPOINT_VALUES && j < 32; j++) {   /* the values that are sums: the old ranks o with o mod world = r */
+            double sum = 0.0, v;
+            if (!(sums >> j & 1u)) continue;
+            for (o = r; o < saved; o += k->world) {
+                uint64_t bits = dt__get_le64(sec + o * size + 8 * (19 + j));
+                memcpy(&v, &bits, sizeof v);
+                sum += v;
+            }
+            memcpy(&w[0], &sum, sizeof sum);
+            dt__put_le64(slots + r * size + 8 * (19 + j), w[0]);
+        }
+}
 
 /* Rank 0: the checks of the whole file, in the order that makes each message true: what it is (magic,
    version), whether it is whole (sizes, checksum), then whether it fits this run (world size, trainer).
@@ -405,15 +458,20 @@ static dt_result dt__ckpt_check_file(const dt__ckpt *k, const unsigned char *fil
                             "truncated or damaged; use an earlier checkpoint", k->fn, k->path, (long long)bytes);
     if (dt__fnv(0xcbf29ce484222325ULL, file, (size_t)(bytes - 8)) != dt__get_le64(file + bytes - 8))
         return dt_set_error(DT_ERR_FORMAT, "%s: %s is damaged (checksum mismatch); use an earlier checkpoint", k->fn, k->path);
-    if (world != (uint64_t)k->world && !dt__ckpt_elastic(k->trainer))
+    if (world != (uint64_t)k->world && dt__ckpt_elastic(k->trainer) == DT__ELASTIC_NO)
         return dt_set_error(DT_ERR_FORMAT, "%s: %s holds the state of %llu ranks but this run has %d: resume on %llu ranks",
                             k->fn, k->path, (unsigned long long)world, k->world, (unsigned long long)world);
     if (trainer != (uint64_t)k->trainer)
         return dt_set_error(DT_ERR_FORMAT, "%s: %s was written by %s; %s reads what %s writes: resume with the trainer that "
                             "wrote it", k->fn, k->path, trainer < DT__CKPT_TRAINERS ? dt__ckpt_writers[trainer] : "an unknown trainer",
                             k->fn, dt__ckpt_writers[k->trainer]);
+    for (i = 1; world != (uint64_t)k->world && dt__ckpt_elastic(k->trainer) == DT__ELASTIC_MEAN && i < world; i++)   /* to mix them, alike */
+        if (dt__get_le64(file + 32 + 8 * i) != dt__get_le64(file + 32))
+            return dt_set_error(DT_ERR_FORMAT, "%s: %s holds sections of different sizes for its %llu ranks, which a run on %d "
+                                "ranks cannot share out: resume on %llu ranks", k->fn, k->path, (unsigned long long)world,
+                                k->world, (unsigned long long)world);
     sizes[k->world] = (int64_t)world;   /* the world that saved it */
-    for (i = 0; i < (uint64_t)k->world; i++)   /* another world (FedAvg): rank 0's section for every rank */
+    for (i = 0; i < (uint64_t)k->world; i++)   /* another world: every new rank's section has rank 0's size */
         sizes[i] = (int64_t)dt__get_le64(file + 32 + 8 * (world == (uint64_t)k->world ? i : 0));
     return DT_OK;
 }
@@ -504,12 +562,14 @@ static dt_result dt__ckpt_load(dt__ckpt *k, dt_checkpoint_meta *meta) {
         goto done;
     k->saved_world = (int)sizes[k->world];
     if (k->saved_world != k->world && k->rank == 0)
-        dt_log(DT_LOG_INFO, "%s: %s was saved by %d ranks; this run has %d, and each takes the state of rank 0 (the global "
-               "model)", k->fn, k->path, k->saved_world, k->world);
+        dt_log(DT_LOG_INFO, "%s: %s was saved by %d ranks; this run has %d, and each starts from %s", k->fn, k->path,
+               k->saved_world, k->world, dt__ckpt_elastic(k->trainer) == DT__ELASTIC_RANK0 ? "rank 0's state (the global model)"
+               : "the mean of theirs (parameters, buffers, optimizer state)");
     for (i = 0; i < k->world; i++) most = sizes[i] > most ? sizes[i] : most;
-    if (k->rank == 0 && k->saved_world != k->world) {   /* another world (FedAvg): rank 0's section in every slot */
+    if (k->rank == 0 && k->saved_world != k->world) {   /* another world: the sections the new ranks take */
         if ((slots = (unsigned char *)DT_MALLOC((size_t)(most * k->world))) != NULL)
-            for (i = 0; i < k->world; i++) memcpy(slots + i * most, file + 8 + 8 * (DT__CKPT_HEAD_WORDS + k->saved_world), (size_t)most);
+            dt__ckpt_remap(k, file + 8 + 8 * (DT__CKPT_HEAD_WORDS + k->saved_world), k->saved_world, most, slots,
+                           meta ? meta->sum_values : 0u);
         packed = 1;
     } else if (k->rank == 0) {   /* the sections as slots of the largest one's size: in place when they are equal */
         slots = file + 8 + 8 * (DT__CKPT_HEAD_WORDS + k->world);
