@@ -576,6 +576,7 @@ dt_result dt_ddp_create(dt_ddp **out, dt_comm *c, dt_model *m, const dt_ddp_desc
     dt_ddp *d = NULL;
     dt_result r;
     int me = dt_comm_rank(c);
+    (void)me;   /* the helper's messages name it; without threads there are none */
     if (out) *out = NULL;
     if ((r = dt__trainer_check("dt_ddp_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
     memset(&dd, 0, sizeof dd);
