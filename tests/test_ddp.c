@@ -552,9 +552,11 @@ static dt_result el_rank(dt_comm *c, void *arg) {
     meta.values[0] = me + 1;   /* a rank's share of a total: 1 + 2 = 3 on 2 ranks */
     meta.values[3] = 10 + me;  /* what rank 0's says for all */
     if (r == DT_OK && j->save) r = dt_ddp_save(d, j->save, o, &meta);
-    if (r == DT_OK) {
-        dt_model_params(m, &j->np);
-        r = j->np <= 1024 ? dt_model_get_params(m, j->params[me], j->np) : dt_set_error(DT_ERR_STATE, "too many parameters");
+    if (r == DT_OK) {   /* rank 0 alone writes the shared count */
+        int64_t np = 0;
+        dt_model_params(m, &np);
+        if (me == 0) j->np = np;
+        r = np <= 1024 ? dt_model_get_params(m, j->params[me], np) : dt_set_error(DT_ERR_STATE, "too many parameters");
     }
     dt_ddp_destroy(d);
     dt_optim_destroy(o);

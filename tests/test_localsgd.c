@@ -453,9 +453,13 @@ static dt_result ew_rank(dt_comm *c, void *arg) {
         if (!j->dpsgd) T(dt_localsgd_step(l));
         T(j->dpsgd ? dt_dpsgd_save(d, j->path, o, NULL) : dt_localsgd_save(l, j->path, o, NULL));
     }
-    dt_model_params(m, &j->np);
-    if (j->np > MAXP) { r = dt_set_error(DT_ERR_STATE, "raise MAXP"); goto done; }
-    T(dt_model_get_params(m, j->params[me], j->np));
+    {   /* rank 0 alone writes the shared count */
+        int64_t np = 0;
+        dt_model_params(m, &np);
+        if (me == 0) j->np = np;
+        if (np > MAXP) { r = dt_set_error(DT_ERR_STATE, "raise MAXP"); goto done; }
+        T(dt_model_get_params(m, j->params[me], np));
+    }
 done:
     dt_dpsgd_destroy(d);
     dt_localsgd_destroy(l);
