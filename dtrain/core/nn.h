@@ -982,7 +982,7 @@ static void dt__bn_run_fwd(dt_model *m, dt__node *b, const float *x, const float
     const dt_ops *O = m->ops;
     void *C = m->ctx;
     int64_t c = b->c, s = b->h * b->w, ch;
-    float *rm = dt__bv(m, b, 0), *rv = dt__bv(m, b, 1), *st = m->sync_stat + b->sync_at;
+    float *rm = dt__bv(m, b, 0), *rv = dt__bv(m, b, 1), *st;
     double *sum = m->sync_sum, cnt;
     if (!m->training || !m->sync_fn) {
         if (relu) O->bn_relu_fwd(C, m->training, x, res, y, batch, c, s, dt__pv(m, b, 0), dt__pv(m, b, 1), rm, rv, b->eps, b->momentum,
@@ -991,6 +991,7 @@ static void dt__bn_run_fwd(dt_model *m, dt__node *b, const float *x, const float
                        b->aux + c);
         return;
     }
+    st = m->sync_stat + b->sync_at;
     O->bn_sums(C, x, NULL, NULL, batch, c, s, sum);
     for (ch = 0; ch < 2 * c; ch++) sum[ch] *= m->sync_weight;
     sum[2 * c] = m->sync_weight ? (double)(batch * s) : 0.0;
@@ -1038,7 +1039,7 @@ static void dt__bn_run_bwd(dt_model *m, dt__node *b, const float *x, const float
     void *C = m->ctx;
     int64_t c = b->c, s = b->h * b->w, ch;
     int sync = m->training && m->sync_fn;
-    const float *st = m->sync_stat + b->sync_at;
+    const float *st;
     double *sum = m->sync_sum, w = (double)m->sync_weight * (double)batch, per;
     float *h = m->sync_host;
     if (y) O->bn_relu_bwd(C, m->training && !sync, x, y, dy, dx, acc, dr, acc_r, batch, c, s, dt__pv(m, b, 0), b->aux, b->aux + c,
@@ -1046,6 +1047,7 @@ static void dt__bn_run_bwd(dt_model *m, dt__node *b, const float *x, const float
     else O->bn_bwd(C, m->training && !sync, x, dy, dx, batch, c, s, dt__pv(m, b, 0), b->aux, b->aux + c, dt__gv(m, b, 0),
                    dt__gv(m, b, 1));
     if (!sync || !dx) return;
+    st = m->sync_stat + b->sync_at;
     O->bn_sums(C, x, y, dy, batch, c, s, sum);   /* sum dy', sum dy' x */
     for (ch = 0; ch < c; ch++) {   /* weighted by this rank's batch; dy' xhat = dy' (x - mean) invstd */
         sum[c + ch] = w * (sum[c + ch] - (double)st[ch] * sum[ch]) * (double)st[c + ch];
