@@ -420,14 +420,15 @@ static void dt__ckpt_remap(const dt__ckpt *k, const unsigned char *sec, int save
     for (r = 0; r < k->world; r++)
         for (j = 0; j < DT_CHECKPOINT_VALUES && j < 32; j++) {   /* the values that are sums: the old ranks o with o mod world = r */
             double sum = 0.0, v;
+            uint64_t bits;
             if (!(sums >> j & 1u)) continue;
             for (o = r; o < saved; o += k->world) {
-                uint64_t bits = dt__get_le64(sec + o * size + 8 * (19 + j));
+                bits = dt__get_le64(sec + o * size + 8 * (19 + j));
                 memcpy(&v, &bits, sizeof v);
                 sum += v;
             }
-            memcpy(&w[0], &sum, sizeof sum);
-            dt__put_le64(slots + r * size + 8 * (19 + j), w[0]);
+            memcpy(&bits, &sum, sizeof sum);
+            dt__put_le64(slots + r * size + 8 * (19 + j), bits);
         }
 }
 

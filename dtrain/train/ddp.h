@@ -714,7 +714,6 @@ static dt_result dt__ddp_backward_sync(dt_ddp *d, const float *dy, int active) {
     return dt__ddp_done(d, r, t0);
 }
 
-/* dt_ddp_join's rounds: until no rank has data, the others' syncs with a zero gradient. */
 /* With sync_bn a joined rank runs the others' passes too, forward and backward over a zero batch of 2 that adds
    nothing to the batch norms' sums, so that its sums and buckets come in the order of theirs. */
 static dt_result dt__ddp_join_pass(dt_ddp *d) {
@@ -725,6 +724,7 @@ static dt_result dt__ddp_join_pass(dt_ddp *d) {
     dt__model_bn_sync_weight(d->model, 1);
     return r;
 }
+/* dt_ddp_join's rounds: until no rank has data, the others' syncs with a zero gradient. */
 static dt_result dt__ddp_join_rounds(dt_ddp *d, dt_optim *o) {
     dt_result r;
     for (;;) {
