@@ -204,7 +204,9 @@
      cpu_arm.h  the NEON kernels of ARM64 (the library's only ARM intrinsics; optional to read)
      cpu.h      the CPU backend: the blocked GEMM, the kernels' tiers and their choice, the convolutions
                 of small images by taps, dt_cpu_ops()
-     nn.h       model graph on flat buffers, layers, losses, the plan of a pass
+     nn.h       the model graph on flat buffers: the builder, the layers, finalize, the model's API
+     pass.h     the forward and backward passes layer by layer, the plan of a pass, batch norm alone and
+                synchronised, the losses
      zoo.h      the model zoo: MLP, SimpleCNN, LeNet-5, the FedAvg paper's CNN and 2NN, VGG-11, ResNet-20
      optim.h    SGD, Adam, AdamW over the flat buffers; gradient clipping; learning-rate schedules
      partition.h  partitioners (IID, shards, Dirichlet, ...) and the distributed sampler
@@ -232,7 +234,8 @@
      aggregate.h  FedAvg's robust aggregators (pure functions over the clients' updates)
      fedavg.h   FedAvg (server and clients, dropouts, attacks)
    Between them, the internal headers (no API): dtrain/core/internal.h, the library-internal calls one module
-   offers the later ones (and the communicator's state, the view dtrain/comm/ shares), and dtrain/cpu/kernel.h,
+   offers the later ones (with two views of private state: the model, which pass.h shares with nn.h, and the
+   communicator, which dtrain/comm/ shares), and dtrain/cpu/kernel.h,
    the CPU kernel seam (the kernel table and what the CPU backend's files share with tensor.h's plain ops)
    (docs/design.md, "The lines between modules"; tools/check_modules.py checks that modules use nothing else).
    Beside this file: dtrain_mpi.h (the MPI backend of comm/backend.h) and dtrain_cuda.h (the GPU's ops table).
@@ -265,6 +268,7 @@
 #include "dtrain/cpu/cpu_arm.h"
 #include "dtrain/cpu/cpu.h"
 #include "dtrain/core/nn.h"
+#include "dtrain/core/pass.h"
 #include "dtrain/core/zoo.h"
 #include "dtrain/core/optim.h"
 #include "dtrain/core/partition.h"

@@ -124,13 +124,16 @@ def main():
     # the internal headers: "/* ==== dtrain/x/y.h" headings, each group under #ifdef of that module's guard
     declared = collections.defaultdict(set)   # module -> the names an internal header declares for it
     views = {}                                # public type -> its provider, where its body is in an internal header
+    view_readers = {}                         # such a type -> its readers, where its group's heading names them
     for hdr in INTERNALS:
         if not os.path.exists(hdr): fails.append(f'{hdr}: missing'); continue
-        cur, cur_guard, body = None, None, collections.defaultdict(list)
+        cur, cur_guard, body, readers = None, None, collections.defaultdict(list), None
         for no, line in enumerate(strip_keep_headings(open(hdr).read()).split('\n'), 1):
             h = re.match(r'\s*/\* =+ (\S+\.h)', line)
             if h:
                 cur, cur_guard = h.group(1), None
+                rb = re.search(r'\(read by ([^)]*)\)', line)
+                readers = re.findall(r'dtrain/[a-z0-9_/]+\.h', rb.group(1)) if rb else None
                 if cur not in mods: fails.append(f'{hdr}:{no}: heading {cur} is not a module')
                 continue
             g = re.match(r'\s*#\s*ifdef\s+(\w+)', line)
@@ -145,6 +148,8 @@ def main():
                 if not cur or cur_guard is None:
                     fails.append(f'{hdr}:{no}: {line.strip()[:40]}... is not under a module heading and its #ifdef'); continue
             if cur: body[cur].append(line)
+            v = re.match(r'^\s*struct (dt_[a-z]\w*) \{', line)
+            if v and cur and readers is not None: view_readers[v.group(1)] = {cur, *readers}
             for n in names:
                 if not line.lstrip().startswith('#') and n not in defs.get(cur, ()):
                     fails.append(f'{hdr}:{no}: {n} is declared for {cur}, which does not define it')
@@ -164,7 +169,7 @@ def main():
         for t in re.findall(r'^struct (dt_\w+) \{', impl[m], re.M):
             private[t] = {m}
     for t, m in views.items():
-        private[t] = {x for x in mods if os.path.dirname(x) == os.path.dirname(m)}
+        private[t] = view_readers.get(t) or {x for x in mods if os.path.dirname(x) == os.path.dirname(m)}
     crossings = []   # (module, provider, name, allowed by the rule)
     for i, m in enumerate(mods):
         before = mods[:i] if m != 'dtrain_mpi.h' and m != 'dtrain_cuda.h' else [x for x in mods if x != m]
@@ -194,8 +199,9 @@ def main():
     return 1 if fails else 0
 
 def strip_keep_headings(s):
-    """an internal header without comments, but its "/* ==== module" heading lines kept"""
-    s = re.sub(r'/\*\s*=+ (\S+\.h)[^\n]*', lambda m: '/* ==== ' + m.group(1) + ' */', s)
+    """an internal header without comments, but its "/* ==== module" heading lines kept (with their "(read by ...)")"""
+    s = re.sub(r'/\*\s*=+ (\S+\.h)[^\n]*', lambda m: '/* ==== ' + m.group(1) +
+               ''.join(' ' + r for r in re.findall(r'\(read by [^)]*\)', m.group(0))) + ' */', s)
     return re.sub(r'/\*(?! ==== ).*?\*/', lambda m: '\n' * m.group(0).count('\n'), s, flags=re.S)
 
 sys.exit(main())

@@ -46,6 +46,92 @@ static inline void *dt__model_hook_user(const dt_model *m);
 static inline void dt__model_bn_sync_weight(dt_model *m, int w);
 #endif
 
+/* ==== dtrain/core/nn.h: the model's graph, the view the passes share (read by dtrain/core/pass.h) ==== */
+#ifdef DTRAIN_NN_IMPLEMENTATION_DONE
+#ifndef DT__INTERNAL_MODEL_VIEW
+#define DT__INTERNAL_MODEL_VIEW
+/* The model: its nodes (a layer each), the listing of its parameters and buffers, the flat buffers, the
+   activation arena and the state of a pass. nn.h builds and finalizes it; pass.h runs its passes; to every
+   other module dt_model is opaque (the calls of the group above and the public API). */
+typedef struct dt__node {
+    dt_layer_kind kind;
+    int in0, in1;                   /* input node ids (-1 = none) */
+    int ndim;                       /* per-sample output: [c] (1) or [c, h, w] (3) */
+    int64_t c, h, w, size;
+    int64_t kh, kw, sh, sw, ph, pw; /* conv / pool window (pad_shortcut: its stride in sh) */
+    int has_bias;
+    float p, eps, momentum;         /* dropout, batchnorm */
+    int param0, nparams, buf0, nbufs;
+    int alias;                      /* 1: output and gradient are the input's (flatten) */
+    /* set by dt__plan: */
+    int relu;                       /* batchnorm or add: the ReLU node it runs inside itself (0: none) */
+    int bn;                         /* add: the batch norm (one of its inputs) it runs too (0: none) */
+    unsigned char folded;           /* relu, or batchnorm run by an add: run by another node */
+    unsigned char zero;             /* the gradient is zeroed before backward (its first writer adds to it) */
+    unsigned char ow[2];            /* the backward pass writes (not adds) the gradient of input 0 / 1 */
+    char name[64];
+    /* arena pointers, set by dt__reserve */
+    float *out, *grad, *aux;        /* aux: dropout mask [batch*size] or batchnorm mean, invstd [2c] */
+    int32_t *idx;                   /* maxpool argmax [batch*size] */
+    /* synchronised batch norm (dt_model_set_bn_sync): */
+    int64_t sync_at;                /* its mean and 1/std on the host, at m->sync_stat + sync_at ([2c]) */
+    double sync_count;              /* the values per channel over all ranks in the last forward */
+} dt__node;
+
+typedef struct dt__pinfo {
+    char name[80];
+    int node, ndim;
+    int64_t offset, count, shape[DT_MAX_DIMS];
+} dt__pinfo;
+
+struct dt_model {
+    const dt_ops *ops;
+    void *ctx;
+    uint64_t seed, stream;
+    int input_vector;               /* input is [c] rather than [c, h, w] */
+    int input_grad;
+    dt__node *nodes;
+    int nnodes, cap_nodes;
+    dt__pinfo *pinfo, *binfo;
+    int npinfo, cap_pinfo, nbinfo, cap_binfo;
+    int64_t nparams, nbuffers;
+    dt_result error;                /* first builder error, sticky */
+    char error_msg[512];
+    int finalized, training, seed_ready;
+    float *params, *grads, *buffers;
+    /* activation arena */
+    int64_t cap_batch, batch;
+    float *arena;
+    int32_t *iarena;
+    float *seed_grad;               /* gradient of the loss w.r.t. the output [cap_batch, out size] */
+    int32_t *labels;                /* [cap_batch] */
+    float *ws;                      /* convolution workspace */
+    int64_t ws_count;
+    uint64_t step;                  /* forward passes in training mode: the dropout counter */
+    dt_backward_hook hook;          /* called after each node's backward (dt_ddp's buckets) */
+    void *hook_user;
+    /* synchronised batch norm: the sum over the ranks, this rank's weight (0: a rank that has joined, dt_ddp_join),
+       the first failure of a pass, host buffers (the sums, the statistics of each batch norm, floats to upload)
+       and the backend's buffer of [4 * the most channels] the uploads go to */
+    dt_bn_sync_fn sync_fn;
+    void *sync_user;
+    int sync_weight;
+    dt_result sync_err;
+    double *sync_sum;
+    float *sync_stat, *sync_host, *sync_dev;
+    dt__cpu_state cpu;              /* the CPU backend's state (ctx) when no other is given */
+    void *own_ctx;                  /* a backend context the model created (the registered default's), or NULL */
+    const dt_backend *own_backend;  /* the backend that destroys own_ctx */
+};
+#endif
+/* the window of a convolution or pool node over a batch */
+static dt_conv_geom dt__geom(const dt_model *m, const dt__node *n, int64_t batch);
+/* frees the activation arena (the passes grow it) */
+static void dt__free_arena(dt_model *m);
+/* DT_OK, or DT_ERR_OUT_OF_MEMORY (fn: what need bytes, more than the machine has; fix) */
+static dt_result dt__fits_memory(double bytes, const char *fn, const char *what, const char *fix);
+#endif
+
 /* ==== dtrain/core/optim.h: the optimizer's state for checkpoints ==== */
 #ifdef DTRAIN_OPTIM_IMPLEMENTATION_DONE
 /* the model it updates */

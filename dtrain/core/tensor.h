@@ -173,7 +173,7 @@ typedef struct dt_ops {
     void  (*add_relu_fwd)(void *ctx, float *y, const float *a, const float *b, int64_t n);
     void  (*add_relu_bwd)(void *ctx, const float *y, const float *dy, float *da, int acc_a, float *db, int acc_b, int64_t n);
     /* optional (NULL: this backend has no synchronised batch norm, which dt_model_set_bn_sync then refuses): the
-       two halves a SyncBatchNorm adds around bn_fwd and bn_bwd run in eval mode (dtrain/core/nn.h). bn_sums: per
+       two halves a SyncBatchNorm adds around bn_fwd and bn_bwd run in eval mode (dtrain/core/pass.h). bn_sums: per
        channel of x [n, c, s], in double, into host memory: with dy NULL, out[ch] = sum x and out[c + ch] =
        sum x^2; otherwise, with dy' = dy where y > 0 (y not NULL: a fused ReLU's output) or dy, out[ch] = sum dy'
        and out[c + ch] = sum dy' x. bn_affine_acc: dx [n, c, s] += g[ch] (a[ch] x + b[ch]). */

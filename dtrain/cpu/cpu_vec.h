@@ -12,7 +12,7 @@
                         dt__shift_kern_avx2   x86-64 AVX2 + FMA: 8-float vectors (target attribute)
                         dt__shift_kern_base   the build's baseline: SSE2 on x86-64, NEON on aarch64 (4 floats)
                       The AVX-512 tier plugs its intrinsic kernels (dtrain/cpu/cpu_x86.h) into the same drivers.
-     Their twins are im2col + GEMM (dtrain/core/nn.h, cpu.h) and dt_conv2d_ref; test_core and test_models hold
+     Their twins are im2col + GEMM (dtrain/core/pass.h, cpu.h) and dt_conv2d_ref; test_core and test_models hold
      them equal on every tier the CPU runs.
    HOW THE KERNELS ARE WRITTEN ONCE
      C has no templates, and a vector type has one width (GCC lowers a type wider than the target's

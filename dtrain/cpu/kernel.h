@@ -69,7 +69,7 @@ typedef struct dt__kernel {
        tail in 0..7; AVX2: all in 0..7, in the portable loop's order) */
     void (*bn_sums)(const float *x, const float *y, const float *mk, int64_t n, int64_t cs, int64_t s, double *a, double *b);
     /* dt_ops.conv_fwd and conv_bwd (convolutions without im2col: 0 = not taken, the GEMMs then run; twins:
-       dt_conv2d_ref and the im2col + GEMM path of dtrain/core/nn.h) */
+       dt_conv2d_ref and the im2col + GEMM path of dtrain/core/pass.h) */
     int (*conv_fwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y);
     int (*conv_bwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
                     int accumulate);
