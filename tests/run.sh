@@ -331,6 +331,12 @@ done
 check "SIMD intrinsics in dtrain/cpu/cpu_x86.h only" sh -c "[ \"\$(grep -lE '_mm(256|512)?_[a-z]|__m(128|256|512)|immintrin' dtrain.h dtrain/*/*.h)\" = dtrain/cpu/cpu_x86.h ]"
 check "ARM intrinsics in dtrain/cpu/cpu_arm.h only" sh -c "[ \"\$(grep -lE 'arm_neon|float(32|64)x[0-9]+_t|v(ld|st)1q?_|vfmaq?_' dtrain.h dtrain/*/*.h)\" = dtrain/cpu/cpu_arm.h ]"
 check "module lines: a module uses of the others only their declarations and the internal headers (tools/check_modules.py)" python3 tools/check_modules.py
+# ... and it sees a crossing: a read of the model's view (pass.h's alone) planted in optim.h, in a copy of the tree
+check "module lines: tools/check_modules.py fails on a planted read of struct dt_model outside pass.h" sh -c "
+    rm -rf '$B/check/modtree' && mkdir -p '$B/check/modtree' && cp -R dtrain dtrain.h dtrain_mpi.h dtrain_cuda.h '$B/check/modtree/' &&
+    sed -i 's/^#include \"internal.h\"/&\nstatic int dt__probe(const dt_model *m) { return m->nnodes; }/' '$B/check/modtree/dtrain/core/optim.h' &&
+    ! DT_ROOT='$B/check/modtree' python3 tools/check_modules.py > '$B/check/modtree.out' &&
+    grep -q 'optim.h: reads field nnodes of dtrain/core/nn.h' '$B/check/modtree.out'"
 check "declarations alone (no implementation)" sh -c "printf '#include \"../../dtrain.h\"\nint f(void){ return DT_OK; }\n' > '$B/check/decl.c' && $CC $WARN -c '$B/check/decl.c' -o '$B/check/decl.o'"
 # dt_request's reserved words must hold the library's request state: with too few the build stops, saying so
 job check "a dt_request too small for the request state does not compile" sh -c "! gcc $WARN -DDT__REQUEST_WORDS=8 -c '$B/check/impl.c' \
