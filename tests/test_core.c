@@ -868,6 +868,40 @@ static void test_geom_errors(void) {
     CHECK(g.oh == 2 && g.ow == 7);
 }
 
+/* The CPU backend's large buffers (a model's activation arena) are backed by transparent huge pages where Linux
+   leaves that to the program (dt__advise_huge): a 32 MiB buffer of the CPU ops' alloc, once written, has some in
+   /proc/self/smaps. Where the kernel's mode is not "madvise" (always: they come anyway; never: they cannot) there
+   is nothing to tell, and x86-64 only: qemu-user (the other machines' runs) takes the advice and drops it. */
+static void test_alloc_huge_pages(void) {
+#if defined(__linux__) && defined(__x86_64__)
+    char mode[256] = "", line[512];
+    size_t bytes = (size_t)32 << 20;
+    unsigned long lo, hi, at;
+    long kb = 0, k;
+    int in = 0;
+    char *p;
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) { if (!fgets(mode, sizeof mode, f)) mode[0] = 0; fclose(f); }
+    if (!strstr(mode, "[madvise]")) { printf("     (transparent huge pages are not \"madvise\" here: %s)\n", mode); return; }
+    p = (char *)dt_cpu_ops()->alloc(NULL, (int64_t)bytes);
+    CHECK(p != NULL);
+    if (!p) return;
+    memset(p, 1, bytes);
+    at = (unsigned long)(uintptr_t)p;
+    if ((f = fopen("/proc/self/smaps", "r")) != NULL) {   /* the advice splits the mapping: each part that overlaps */
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+                in = lo < at + bytes && hi > at;
+            else if (in && sscanf(line, "AnonHugePages: %ld kB", &k) == 1) kb += k;
+        }
+        fclose(f);
+    }
+    CHECK(kb >= 2048);
+    if (kb < 2048) printf("     the 32 MiB buffer has %ld kB of huge pages\n", kb);
+    dt_cpu_ops()->free(NULL, p);
+#endif
+}
+
 int main(int argc, char **argv) {
     dt_t_only = argc > 1 ? argv[1] : NULL;
     printf("test_core (%d threads)\n", dt_cpu_threads());
@@ -876,6 +910,7 @@ int main(int argc, char **argv) {
     RUN(test_rng);
     RUN(test_timer);
     RUN(test_tensor);
+    RUN(test_alloc_huge_pages);
     RUN(test_progress);
     RUN(test_gemm_vs_naive);
     RUN(test_gemm_blocks);

@@ -516,9 +516,12 @@ void dt_conv2d_ref(const dt_conv_geom *g, const float *x, const float *w, const 
 /* ---- CPU ops ---------------------------------------------------------------------------------- */
 
 static void *dt__cpu_alloc(void *ctx, int64_t bytes) {
+    void *p;
     (void)ctx;
     if (bytes <= 0) bytes = 1;
-    return DT_MALLOC((size_t)bytes);
+    p = DT_MALLOC((size_t)bytes);
+    dt__advise_huge(p, (size_t)bytes);   /* the activation arena's first pass: fewer page faults */
+    return p;
 }
 static void dt__cpu_free(void *ctx, void *p) { (void)ctx; DT_FREE(p); }
 static void dt__cpu_upload(void *ctx, void *dst, const void *src, int64_t bytes) {
