@@ -5,16 +5,21 @@
    --topology one-peer-exp changes the graph every step: at step t each rank averages with the one peer
    i xor 2^(t mod log2 p), weights 1/2 (dt_topology_one_peer_exp), so it sends one replica a step where the
    ring sends two, and with p a power of two the replicas reach their mean exactly every log2 p steps.
+   --push-sum gossips by push-sum (SGP, Assran et al. 2019: each rank mixes a numerator x and a weight w and
+   trains and evaluates x / w), which the directed graphs need: --topology directed-ring (i -> i + 1),
+   directed-exponential (i -> i + 2^k) and directed-one-peer-exp (at step t, i -> i + 2^(t mod log2 p)), each
+   rank keeping 1 / (outdeg + 1) of its mass and sending as much along each edge. Plain D-PSGD refuses them.
 
    usage: dpsgd [--ranks 4] [--model resnet20] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]
-                [--topology ring|torus|exponential|full|one-peer-exp]
-                [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.1]
+                [--topology ring|torus|exponential|full|one-peer-exp|directed-ring|directed-exponential|directed-one-peer-exp]
+                [--push-sum] [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.1]
                 [--momentum 0.9] [--nesterov] [--wd 1e-4] [--milestones 50,75] [--cosine] [--min-lr 0] [--warmup 0]
                 [--seed 0] [--limit N] [--test-limit N] [--pad-to 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
                 (and the launcher's flags: --timeout, --link-latency, --link-bandwidth RATE, ...)
    e.g.   ./build/examples/dpsgd --ranks 4 --limit 2000                        (Fashion-MNIST padded to 32x32)
           ./build/examples/dpsgd --ranks 4 --dataset cifar10 --data cifar-10-batches-bin --epochs 100 --milestones 50,75
           ./build/examples/dpsgd --ranks 8 --link-latency 0.001 --link-bandwidth 100Mbit
+          ./build/examples/dpsgd --ranks 8 --topology directed-one-peer-exp --push-sum --order atc --limit 2000
 
    --dataset and --data mean what they mean in every example: by default Fashion-MNIST from its default
    directory, zero-padded to 32x32 as ResNet-20 expects (--pad-to 0 keeps its 28x28, the input of SimpleCNN
@@ -43,15 +48,22 @@ typedef struct args {
     long epochs, batch;
     ex_recipe recipe;   /* --optim, --lr, --momentum, --wd, the schedule */
     dt_topology_desc topo;
-    int one_peer;   /* --topology one-peer-exp: a schedule of graphs in place of topo */
+    int topology;   /* --topology: its index in TOPOLOGIES */
+    int one_peer;   /* --topology one-peer-exp (1) or directed-one-peer-exp (2): a schedule of graphs in place of topo */
     dt_dpsgd_desc dpsgd;
     ex_ckpt ckpt;   /* --checkpoint, --checkpoint-every, --resume */
     ex_data data;   /* --dataset, --data, --limit, --seed and the sets main loads */
 } args;
 
+/* --topology's values; the directed ones (from DIRECTED on) need --push-sum */
+static const char *const TOPOLOGIES[] = {"ring", "torus", "exponential", "full", "one-peer-exp",
+                                         "directed-ring", "directed-exponential", "directed-one-peer-exp"};
+#define DIRECTED 5
+
 static void usage(FILE *f) {
     fprintf(f, "usage: dpsgd [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR]\n"
-               "             [--topology ring|torus|exponential|full|one-peer-exp] [--mixing uniform|metropolis] [--order cta|atc]\n"
+               "             [--topology ring|torus|exponential|full|one-peer-exp|directed-ring|directed-exponential|\n"
+               "                         directed-one-peer-exp] [--push-sum] [--mixing uniform|metropolis] [--order cta|atc]\n"
                "             [--epochs N] [--batch N]\n"
                "             [--seed N] [--limit N] [--test-limit N] [--pad-to S] [--csv PATH]\n");
     ex_recipe_usage(f, 13, 0);
@@ -70,17 +82,23 @@ static int parse_args(int argc, char **argv, void *arg) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if ((k = ex_recipe_flag(f, v, &a->recipe, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
         if ((k = ex_ckpt_flag(f, v, &a->ckpt, &bad)) != 0) { if (bad) return -1; i += k - 1; continue; }
+        if (!strcmp(f, "--push-sum")) { a->dpsgd.push_sum = 1; continue; }
         if (!v) { fprintf(stderr, "dpsgd: %s needs a value\n", f); return -1; }
         if (!strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "--csv")) a->csv = v;
         else if (!strcmp(f, "--topology")) {
-            for (k = 0; k < DT_TOPO_CUSTOM && strcmp(v, dt_topology_name((dt_topology_kind)k)); k++) {}
-            a->one_peer = !strcmp(v, "one-peer-exp");
-            if (k == DT_TOPO_CUSTOM && !a->one_peer) {
-                fprintf(stderr, "dpsgd: unknown --topology '%s': ring, torus, exponential, full or one-peer-exp\n", v);
+            static const dt_topology_kind kinds[] = {DT_TOPO_RING, DT_TOPO_TORUS, DT_TOPO_EXPONENTIAL, DT_TOPO_FULL, DT_TOPO_RING,
+                                                     DT_TOPO_RING, DT_TOPO_EXPONENTIAL, DT_TOPO_RING};
+            for (k = 0; k < EX_COUNT(TOPOLOGIES) && strcmp(v, TOPOLOGIES[k]); k++) {}
+            if (k == EX_COUNT(TOPOLOGIES)) {
+                fprintf(stderr, "dpsgd: unknown --topology '%s': ring, torus, exponential, full or one-peer-exp; with --push-sum "
+                                "also directed-ring, directed-exponential or directed-one-peer-exp\n", v);
                 return -1;
             }
-            a->topo.kind = a->one_peer ? DT_TOPO_RING : (dt_topology_kind)k;
+            a->topology = k;
+            a->topo.kind = kinds[k];
+            a->topo.directed = k >= DIRECTED;
+            a->one_peer = !strcmp(v, "one-peer-exp") ? 1 : !strcmp(v, "directed-one-peer-exp") ? 2 : 0;
         }
         else if (!strcmp(f, "--mixing")) {
             if (strcmp(v, "uniform") && strcmp(v, "metropolis")) { fprintf(stderr, "dpsgd: --mixing is uniform or metropolis\n"); return -1; }
@@ -97,12 +115,25 @@ static int parse_args(int argc, char **argv, void *arg) {
     }
     if (dt_zoo_parse(a->model, NULL) != DT_OK) { fprintf(stderr, "dpsgd: %s\n", dt_last_error()); return -1; }
     if (!strcmp(a->data.dataset, "folder")) { fprintf(stderr, "dpsgd: --dataset folder is train's; use fashion-mnist, mnist or cifar10\n"); return -1; }
+    if (a->topo.directed && !a->dpsgd.push_sum) {   /* the library refuses it too; said here before any data is read */
+        fprintf(stderr, "dpsgd: --topology %s is directed (its mixing matrix is not symmetric), which plain D-PSGD cannot "
+                        "average over: add --push-sum\n", TOPOLOGIES[a->topology]);
+        return -1;
+    }
+    if (a->topo.directed && a->topo.mixing == DT_MIXING_METROPOLIS) {
+        fprintf(stderr, "dpsgd: --mixing metropolis needs an undirected --topology; a directed one takes push weights\n");
+        return -1;
+    }
     return ex_recipe_check(&a->recipe, a->epochs, "epochs") || ex_ckpt_check(&a->ckpt) || (a->csv && ex_out_check("--csv", a->csv)) ? -1 : 0;
 }
 
-/* --topology's value in words, as the checkpoint records it (DT_TOPO_CUSTOM: one-peer-exp). */
+/* --topology's value in words, as the checkpoint records it: its index in TOPOLOGIES, + 8 with --push-sum
+   (push-sum's state, its numerators and weights, is another checkpoint's). */
 static const char *topology_name(long k) {
-    return k == DT_TOPO_CUSTOM ? "one-peer-exp" : k >= 0 && k < DT_TOPO_CUSTOM ? dt_topology_name((dt_topology_kind)k) : "unknown";
+    static const char *const push[] = {"ring --push-sum", "torus --push-sum", "exponential --push-sum", "full --push-sum",
+                                       "one-peer-exp --push-sum", "directed-ring --push-sum", "directed-exponential --push-sum",
+                                       "directed-one-peer-exp --push-sum"};
+    return k >= 0 && k < 8 ? TOPOLOGIES[k] : k >= 8 && k < 16 ? push[k - 8] : "unknown";
 }
 
 /* After loading: --limit applied to the test set too, unless --test-limit says otherwise; the batch fits the data
@@ -110,7 +141,7 @@ static const char *topology_name(long k) {
 static int prepare(void *arg) {
     args *a = (args *)arg;
     if (a->data.limit && !a->data.test_limit && a->data.limit < a->data.test.count) a->data.test.count = a->data.limit;
-    ex_ckpt_keep(&a->ckpt, "--topology", a->one_peer ? DT_TOPO_CUSTOM : (long)a->topo.kind, topology_name);
+    ex_ckpt_keep(&a->ckpt, "--topology", a->topology + 8L * a->dpsgd.push_sum, topology_name);
     return ex_ckpt_prepare(&a->ckpt, &a->data, a->batch, a->epochs, "epoch", " (each rank's batch)");
 }
 
@@ -149,7 +180,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     memset(&sched, 0, sizeof sched);
     td.world = p;
     if (a->one_peer) {   /* step t mixes over sched.graphs[t mod period] */
-        TRY(dt_topology_one_peer_exp(&sched, p));
+        TRY(a->one_peer == 2 ? dt_topology_one_peer_exp_directed(&sched, p) : dt_topology_one_peer_exp(&sched, p));
         dd.schedule = dt_topology_schedule_at; dd.schedule_user = &sched; dd.period = sched.period;
     } else TRY(dt_topology_create(&topo, &td));
     TRY(ex_model_create(&m, a->model, &a->data, (uint64_t)me));
@@ -169,7 +200,13 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ckpt.resume) ex_ckpt_resumed(&a->ckpt, &meta, "epoch");
         if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
-        if (!a->one_peer)
+        if (a->one_peer == 2)   /* a shift: every rank has its peer; the exact mean needs p a power of two */
+            snprintf(graph, sizeof graph, "directed-one-peer-exp topology (one peer a step, i -> i + 2^(t mod %d), half kept; %s)",
+                     sched.period, (p & (p - 1)) ? "not a power of two: a period's mixing never averages exactly"
+                                                 : "a period's mixing averages exactly");
+        else if (td.directed)
+            snprintf(graph, sizeof graph, "%s topology (push weights 1/(outdeg+1))", TOPOLOGIES[a->topology]);
+        else if (!a->one_peer)
             snprintf(graph, sizeof graph, "%s topology (%s mixing, spectral gap %.4f)", dt_topology_name(td.kind),
                      td.mixing == DT_MIXING_METROPOLIS ? "metropolis" : "uniform", topo.spectral_gap);
         else   /* a rank without a partner i xor 2^k sits that step out: no exact mean then */
@@ -177,10 +214,10 @@ static dt_result rank_main(dt_comm *c, void *arg) {
                      sched.period, (p & (p - 1)) ? "not a power of two: a period's mixing never averages exactly"
                                                  : "a period's mixing averages exactly");
         printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, "
-               "batch %ld per rank, seed %ld\nD-PSGD (%s) on %d ranks, %s, %s backend\n",
+               "batch %ld per rank, seed %ld\nD-PSGD (%s%s) on %d ranks, %s, %s backend\n",
                a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count, (long long)dt_model_param_count(m),
                ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, a->data.seed,
-               dt_dpsgd_order_name(a->dpsgd.order), p, graph, dt_comm_backend_name(c));
+               dt_dpsgd_order_name(a->dpsgd.order), a->dpsgd.push_sum ? ", push-sum" : "", p, graph, dt_comm_backend_name(c));
         TRY(ex_log_flush());
     }
 

@@ -1,7 +1,8 @@
 /* resume_checks.h - the kill-and-resume run that test_resume (local ranks) and mpi/test_resume_mpi (mpiexec,
    driven by tests/run.sh) share. One program run trains a small model with batch norm and dropout on
    generated images, with one trainer (single: the loop of one process with dt_checkpoint_save; ddp, localsgd,
-   dpsgd (a ring), dpsgd-exp (the one-peer exponential schedule), fedavg on every rank of the launch), a checkpoint every `every` steps (FedAvg: rounds). With
+   dpsgd (a ring), dpsgd-exp (the one-peer exponential schedule), sgp (push-sum on a directed ring with the chord
+   0 -> 2, whose weights leave 1), fedavg on every rank of the launch), a checkpoint every `every` steps (FedAvg: rounds). With
    --kill-at K, rank K % world raises SIGKILL on itself after step K (its checkpoint, if any, written):
    the whole process dies, and under mpiexec the job. With --resume it continues from the checkpoint when
    there is one (and fails unless it resumes from step --expect-from). At the end rank 0 writes every rank's
@@ -9,7 +10,7 @@
    writes. What must be restored for that: parameters, buffers, optimizer state and step counts, the dropout
    RNG, the loader's epoch and batch (shuffle and crop and flip of the batches after), the caller's RNG (it
    scales each step's learning rate), a schedule over the step, local SGD's steps since its average, D-PSGD's
-   step (the graph of a time-varying topology) and FedAvg's round. Include after dtrain.h (with its implementation), with _POSIX_C_SOURCE defined. */
+   step (the graph of a time-varying topology), push-sum's numerators and weight, and FedAvg's round. Include after dtrain.h (with its implementation), with _POSIX_C_SOURCE defined. */
 #ifndef RESUME_CHECKS_H
 #define RESUME_CHECKS_H
 #include <signal.h>
@@ -21,7 +22,7 @@
 #define RS_BATCH 8
 
 typedef struct rs_args {
-    const char *trainer;     /* single, ddp, localsgd, dpsgd, dpsgd-exp, fedavg */
+    const char *trainer;     /* single, ddp, localsgd, dpsgd, dpsgd-exp, sgp, fedavg */
     int         ranks;       /* local ranks (ignored under mpiexec) */
     int         steps, every, kill_at, resume, expect_from;
     const char *ckpt, *out;
@@ -135,7 +136,7 @@ static int rs_kind(const char *t) {
     int i;
     for (i = 0; i < 5; i++)
         if (!strcmp(t, names[i])) return i;
-    return strcmp(t, "dpsgd-exp") ? -1 : 3;   /* D-PSGD over the one-peer exponential schedule */
+    return strcmp(t, "dpsgd-exp") && strcmp(t, "sgp") ? -1 : 3;   /* D-PSGD over the one-peer exponential schedule, push-sum */
 }
 
 /* FedAvg: 5 clients, 4 sampled a round, the server on rank 0. */
@@ -242,7 +243,17 @@ static dt_result rs_rank(dt_comm *c, void *arg) {
         memset(&dd, 0, sizeof dd);
         td.kind = DT_TOPO_RING; td.world = p; td.mixing = DT_MIXING_METROPOLIS;
         dd.mix_buffers = 1;
-        if (strcmp(a->trainer, "dpsgd")) {   /* dpsgd-exp: step t's graph is sched.graphs[t mod period] */
+        if (!strcmp(a->trainer, "sgp")) {   /* push-sum (SGP's order) on i -> i + 1 and 0 -> 2 */
+            uint8_t adj[64 * 64];
+            int q;
+            if (p > 64) return dt_set_error(DT_ERR_INVALID_ARG, "sgp on %d ranks: at most 64", p);
+            memset(adj, 0, sizeof adj);
+            for (q = 0; q < p; q++) adj[q * p + (q + 1) % p] = 1;
+            if (p > 2) adj[0 * p + 2] = 1;
+            td.kind = DT_TOPO_CUSTOM; td.adjacency = adj; td.directed = 1; td.mixing = DT_MIXING_UNIFORM;
+            dd.push_sum = 1; dd.order = DT_DPSGD_ADAPT_THEN_COMBINE;
+            if ((r = dt_topology_create(&topo, &td)) == DT_OK) r = dt_dpsgd_create((dt_dpsgd **)&trainer, c, m, &topo, &dd);
+        } else if (strcmp(a->trainer, "dpsgd")) {   /* dpsgd-exp: step t's graph is sched.graphs[t mod period] */
             dd.schedule = dt_topology_schedule_at; dd.schedule_user = &sched;
             if ((r = dt_topology_one_peer_exp(&sched, p)) == DT_OK) dd.period = sched.period;
             if (r == DT_OK) r = dt_dpsgd_create((dt_dpsgd **)&trainer, c, m, NULL, &dd);
@@ -310,7 +321,7 @@ static int rs_main(int argc, char **argv) {
         else { fprintf(stderr, "unknown flag %s\n", f); return 2; }
     }
     if (!a.ckpt || !a.out || rs_kind(a.trainer) < 0 || a.every < 1) {
-        fprintf(stderr, "--ckpt, --out and --trainer single|ddp|localsgd|dpsgd|dpsgd-exp|fedavg are needed, --every >= 1\n");
+        fprintf(stderr, "--ckpt, --out and --trainer single|ddp|localsgd|dpsgd|dpsgd-exp|sgp|fedavg are needed, --every >= 1\n");
         return 2;
     }
     rs_fill();

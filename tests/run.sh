@@ -731,6 +731,8 @@ case " $DEFS " in *" -DDT_USE_STB_IMAGE "*)
 esac
 check "dpsgd --topology star: exit 2 naming one-peer-exp among the topologies" sh -c "
     '$B/examples/dpsgd' --topology star > /dev/null 2> '$T/t.err'; [ \$? -eq 2 ] && grep -q 'full or one-peer-exp' '$T/t.err'"
+check "dpsgd --topology directed-ring without --push-sum: exit 2 saying to add --push-sum" sh -c "
+    '$B/examples/dpsgd' --topology directed-ring > /dev/null 2> '$T/t.err'; [ \$? -eq 2 ] && grep -q 'is directed.*add --push-sum' '$T/t.err'"
 for args in "--partition shardz" "--alpha 0"; do
     check "fedavg $args: exit 2 with a message" expect_status 2 "$B/examples/fedavg" $args
 done
@@ -875,6 +877,13 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         '$B/examples/dpsgd' --ranks 4 --topology one-peer-exp --limit 128 --model simplecnn --batch 16 > '$T/op.out' &&
         grep -qF 'one-peer-exp topology (one peer a step, i xor 2^(t mod 2), weights 1/2; a period' '$T/op.out' &&
         grep -q '^average of the 4 replicas' '$T/op.out'"
+    check "dpsgd --push-sum --topology directed-one-peer-exp on 4 ranks: the header names push-sum and the schedule, the run ends" sh -c "
+        '$B/examples/dpsgd' --ranks 4 --push-sum --topology directed-one-peer-exp --limit 128 --model simplecnn --batch 16 > '$T/op.out' &&
+        grep -qF 'D-PSGD (cta, push-sum) on 4 ranks, directed-one-peer-exp topology (one peer a step, i -> i + 2^(t mod 2)' '$T/op.out' &&
+        grep -q '^average of the 4 replicas' '$T/op.out'"
+    check "dpsgd --push-sum on a directed ring: killed and resumed on 3 ranks, ends as the unstopped run" \
+        kill_resume dpsgd 1,3-8 --ranks 3 --epochs 2 --limit 256 --model simplecnn --batch 16 --checkpoint-every 2 \
+        --topology directed-ring --push-sum --order atc
     check "fedavg: killed between rounds and resumed, ends as the unstopped run" \
         kill_resume fedavg 1,3-12 --ranks 3 --clients 7 --rounds 20 --frac 0.9 --dropout-prob 0.3 --agg median \
         --attack signflip --attackers 1 --limit 700 $TL --batch 20
@@ -1228,6 +1237,9 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         done
         check "dpsgd-exp (one-peer exponential, period 2) under mpiexec -n 4: killed after step 4, resumed from 3, mid-period, ends as the uninterrupted run" \
             mpi_resume dpsgd-exp 4 4
+        check "sgp (push-sum on a directed graph) under mpiexec -n 3: killed and resumed, ends as the uninterrupted run" mpi_resume sgp 3
+        check "a D-PSGD checkpoint read by push-sum under mpiexec -n 3: refused, naming push-sum" \
+            mpi_refused "$RT/dpsgd.ckpt" 3 sgp "D-PSGD: push-sum or not"
         # the last DDP checkpoint (4 ranks) resumes under -n 3 from the mean of the ranks' states, saying so; refusals
         # under mpiexec, on every rank, naming the cause: damaged (a byte flipped), and read by another trainer
         mpi_refused() {   # mpi_refused FILE N TRAINER CAUSE: exit 1, CAUSE in the output

@@ -4,7 +4,7 @@
 #include <unistd.h>
 #include <time.h>
 /* Resume on local ranks: for each trainer (the single-process loop, DDP, local SGD, D-PSGD on a ring and on
-   the one-peer exponential schedule, resumed in the middle of its period, FedAvg) a run
+   the one-peer exponential schedule, resumed in the middle of its period, push-sum on a directed graph, FedAvg) a run
    killed with SIGKILL at a random step and resumed from its last checkpoint ends with the bytes of an
    uninterrupted run (every rank's parameters and buffers, and loss sums); each run is this program again
    (--child, tests/resume_checks.h), so the kill is a real one; a partial "<checkpoint>.tmp", as a crash in
@@ -101,6 +101,7 @@ static void test_resume_ddp(void) { kill_and_resume("ddp", "3", 1); }
 static void test_resume_localsgd(void) { kill_and_resume("localsgd", "3", 1); }
 static void test_resume_dpsgd(void) { kill_and_resume("dpsgd", "3", 1); }
 static void test_resume_dpsgd_exp(void) { kill_and_resume("dpsgd-exp", "4", 2); }   /* one-peer graphs: period 2 */
+static void test_resume_sgp(void) { kill_and_resume("sgp", "3", 1); }   /* push-sum: numerators and weights */
 static void test_resume_fedavg(void) { kill_and_resume("fedavg", "3", 1); }
 
 /* the batch after a seek is the one an uninterrupted epoch hands out there, with and without prefetch */
@@ -345,6 +346,7 @@ int main(int argc, char **argv) {
     RUN(test_resume_localsgd);
     RUN(test_resume_dpsgd);
     RUN(test_resume_dpsgd_exp);
+    RUN(test_resume_sgp);
     RUN(test_resume_fedavg);
     RUN(test_refusals);
     RUN(test_trainer_state_refused);

@@ -503,8 +503,9 @@ static dt_result dt__ckpt_check_section(const dt__ckpt *k, const unsigned char *
                             (unsigned long long)w[4], (int)dt__optim_desc(k->o)->kind, (long long)dt__ckpt_state(k));
     if (w[18] != (uint64_t)k->nextra && !(k->saved_world != k->world && k->rank != 0 && k->nextra == 0))   /* not rank 0's state */
         return dt_set_error(DT_ERR_FORMAT, "%s: rank %d: %s holds %llu values of the trainer's own state (DDP: the compression's "
-                            "residual, and PowerSGD's Qs; FedAvg: the server optimizer's m and v) but this run keeps %lld: resume with the settings "
-                            "that wrote it (DDP: the same --compress, with or without error feedback; FedAvg: the same --server)", k->fn, k->rank, k->path, (unsigned long long)w[18],
+                            "residual, and PowerSGD's Qs; FedAvg: the server optimizer's m and v; D-PSGD: push-sum's numerators and weight) but this "
+                            "run keeps %lld: resume with the settings that wrote it (DDP: the same --compress, with or without error "
+                            "feedback; FedAvg: the same --server; D-PSGD: push-sum or not, mixing the buffers or not)", k->fn, k->rank, k->path, (unsigned long long)w[18],
                             (long long)k->nextra);
     return dt__ckpt_check_values(k, sec, (int64_t)(w[2] + w[3] + w[4]), "load");
 }

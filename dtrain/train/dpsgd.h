@@ -3,9 +3,10 @@
 
    WHAT IS HERE
      dt_dpsgd: each rank's replica mixed with its neighbours' through the mixing matrix every step, CTA
-     or ATC order, time-varying topologies, consensus distance, the averaged model, checkpoints.
+     or ATC order, time-varying topologies, consensus distance, the averaged model, checkpoints; push-sum
+     (SGP) over directed and time-varying graphs, the model holding the de-biased x / w.
    READ FIRST
-     dt_dpsgd_step, dt__dpsgd_gossip.
+     dt_dpsgd_step, dt__dpsgd_gossip, dt__dpsgd_push.
    USES
      dtrain/comm/topology.h and dtrain/train/checkpoint.h, and what they include.
 */
@@ -48,6 +49,10 @@ typedef struct dt_dpsgd_desc {
     void          *schedule_user;
     int            period;      /* with schedule (>= 1): dt_dpsgd_create checks that the union of the graphs
                                    of steps 0 .. period-1 is connected (a single graph need not be) */
+    int            push_sum;    /* 1: push-sum gossip (SGP, Assran et al. 2019), which directed graphs need
+                                   (column-stochastic W; plain D-PSGD refuses them): each rank keeps a numerator
+                                   x and a weight w (1 at create), mixes both, and its model holds the
+                                   de-biased z = x / w, which forward, backward and evaluation use */
 } dt_dpsgd_desc;
 
 typedef struct dt_dpsgd dt_dpsgd;
@@ -77,20 +82,30 @@ void      dt_dpsgd_destroy(dt_dpsgd *d);
    every backend. COMBINE_THEN_ADAPT: the replica x_i is sent, o steps x_i to x_i' with the gradient at
    x_i, and x_i becomes sum_j W[i][j] x_j + (x_i' - x_i): the update o computed before averaging (weight
    decay and momentum included) is added to the average. ADAPT_THEN_COMBINE: o steps first, then the
-   stepped replicas are mixed. o NULL: a pure gossip step x_i <- sum_j W[i][j] x_j. */
+   stepped replicas are mixed. o NULL: a pure gossip step x_i <- sum_j W[i][j] x_j.
+   Push-sum (desc.push_sum): the step's change of the model, u = z' - z (o's update, the forward's to the
+   buffers, any the caller made since the last step: z is x / w as the last step left it), goes into the
+   numerator; ADAPT_THEN_COMBINE (SGP's order) sends (x + u, w) to the out-neighbours, x and w become the sums
+   over the in-neighbours (W[i][j] x_j, in double, in rank order); COMBINE_THEN_ADAPT sends (x, w) and adds u
+   to the sum. Then the model is set to z = x / w. */
 dt_result dt_dpsgd_step(dt_dpsgd *d, dt_optim *o);
 /* Collective: *dist = mean over ranks of ||x_i - x_avg|| (2-norm over all parameters), on every rank. */
 dt_result dt_dpsgd_consensus(dt_dpsgd *d, double *dist);
 /* Collective: out [dt_model_param_count] receives the mean of all replicas' parameters. out NULL: every
-   rank's model itself is set to the mean parameters and mean buffers (for the final evaluation). */
+   rank's model itself is set to the mean parameters and mean buffers (for the final evaluation); push-sum
+   restarts from it (x = the mean, w = 1). Push-sum's replicas are the de-biased models z = x / w. */
 dt_result dt_dpsgd_average(dt_dpsgd *d, float *out);
 /* Evaluating the averaged model in the middle of training: use = 1 (collective) keeps this rank's replica
    aside and loads the mean parameters and buffers into the model; use = 0 (local) puts the replica back. */
 dt_result dt_dpsgd_use_average(dt_dpsgd *d, int use);
 dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d);    /* zeros for NULL */
+/* This rank's push-sum weight w: its numerators are w times the model (to float rounding), and the weights of
+   all ranks sum to the world size. 1 without push-sum, 0 for NULL. Local. */
+double dt_dpsgd_push_weight(const dt_dpsgd *d);
 /* Collective checkpoint of every rank's replica (they differ), optimizer o (may be NULL), meta and the step
-   count, so a schedule resumes at the graph it stopped at. Not while the model holds the average
-   (dt_dpsgd_use_average). */
+   count, so a schedule resumes at the graph it stopped at; push-sum's numerators and weight too (x / w does
+   not give x back to the bit). Not while the model holds the average (dt_dpsgd_use_average). A push-sum
+   checkpoint loaded by another number of ranks restarts push-sum from the ranks' mean model (w = 1). */
 dt_result dt_dpsgd_save(dt_dpsgd *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta);
 dt_result dt_dpsgd_load(dt_dpsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta);
 
@@ -114,7 +129,10 @@ extern "C" {
    between), so with the fully connected topology every rank computes the same average bit for bit.
    With a schedule the row of W, the neighbour lists and the room for their replicas follow the step's
    graph (dt__dpsgd_use_graph), after every rank has checked that graph the same way: a bad one stops every
-   rank before any message, so none waits for a neighbour that refused. */
+   rank before any message, so none waits for a neighbour that refused.
+   Push-sum (dt__dpsgd_push) sends to the out-neighbours and receives from the in-neighbours (the two lists
+   of a directed graph; the same list otherwise) one message of the numerators with the weight w as its
+   last float, mixed by the same sum: w takes exactly the mixing x does. */
 
 static const char *const dt__dpsgd_order_names[DT_DPSGD_ORDER_COUNT] = {"cta", "atc"};
 const char *dt_dpsgd_order_name(dt_dpsgd_order k) { return dt__enum_name(dt__dpsgd_order_names, DT_DPSGD_ORDER_COUNT, (int)k); }
@@ -131,15 +149,21 @@ struct dt_dpsgd {
     dt_model          *model;
     dt_dpsgd_desc      desc;
     int64_t            n, nb;       /* parameters, buffers */
+    int64_t            msg;         /* floats of one neighbour's message: max(n, nb); push-sum n + nbm + 1 */
+    int64_t            nbm;         /* push-sum: the buffers mixed (nb with mix_buffers, else 0) */
     int64_t            step;        /* the next step's number: the schedule's t, kept in checkpoints */
     int                deg;         /* neighbours of this rank in the current graph */
     int                cap;         /* neighbours that w, src and recv have room for */
-    const int         *nbrs;        /* [deg] ascending (the graph's) */
+    const int         *nbrs;        /* [deg] ascending (the graph's): the ranks this rank receives from */
+    const int         *outs;        /* [nout] ascending: the ranks it sends to (nbrs unless the graph is directed) */
+    int                nout;
     double            *w;           /* [deg + 1] W[i][j] in mixing order (j ascending, i in its place) */
     int                self_at;     /* position of this rank in that order */
     const float      **src;         /* [deg + 1] the replicas being mixed */
-    float             *recv;        /* [cap * max(n, nb)] the neighbours' replicas */
-    float             *own;         /* [max(n, nb)] this rank's replica as sent */
+    float             *recv;        /* [cap * msg] the neighbours' replicas */
+    float             *own;         /* [msg] this rank's replica as sent */
+    float             *num;         /* push-sum [n + nbm + 2]: the numerators x of the parameters and of the mixed
+                                       buffers, the weight w, and the world size (written for checkpoints) */
     float             *keep;        /* [n + nb] the replica kept aside by dt_dpsgd_use_average */
     float             *avg;         /* [n + nb] the mean, for consensus and averages */
     int                using_avg;
@@ -153,6 +177,7 @@ static void dt__dpsgd_free(dt_dpsgd *d) {
     DT_FREE(d->own);
     DT_FREE(d->keep);
     DT_FREE(d->avg);
+    DT_FREE(d->num);
     DT_FREE(d);
 }
 
@@ -162,10 +187,12 @@ static dt_result dt__dpsgd_gossip(dt_dpsgd *d, float *x, const float *own, int64
     int64_t k;
     uint64_t b0 = dt_comm_get_stats(d->comm).bytes_sent;
     double t0 = dt_time_now();
-    dt_neighbors nb;   /* the step's graph is undirected: the same ranks both ways */
+    dt_neighbors nb;   /* undirected: the same ranks both ways */
     dt_result r;
-    nb.to = nb.from = d->nbrs;
-    nb.nto = nb.nfrom = d->deg;
+    nb.to = d->outs;
+    nb.nto = d->nout;
+    nb.from = d->nbrs;
+    nb.nfrom = d->deg;
     r = dt_comm_neighbor_exchange(d->comm, own, d->recv, (size_t)cnt, DT_F32, &nb);
     d->stats.comm_seconds += dt_time_now() - t0;
     d->stats.bytes_sent += dt_comm_get_stats(d->comm).bytes_sent - b0;
@@ -187,7 +214,7 @@ static dt_result dt__dpsgd_gossip(dt_dpsgd *d, float *x, const float *own, int64
    and room for their replicas (grown when g has more neighbours than any graph before). */
 static dt_result dt__dpsgd_use_graph(dt_dpsgd *d, const dt_topology *g) {
     int me = dt_comm_rank(d->comm), deg = g->offsets[me + 1] - g->offsets[me], q;
-    int64_t big = d->n > d->nb ? d->n : d->nb;
+    int64_t big = d->msg;
     if (deg > d->cap || !d->w) {
         double *w = (double *)DT_REALLOC(d->w, sizeof(double) * (size_t)(deg + 1));
         const float **src = w ? (const float **)DT_REALLOC((void *)d->src, sizeof(float *) * (size_t)(deg + 1)) : NULL;
@@ -202,6 +229,8 @@ static dt_result dt__dpsgd_use_graph(dt_dpsgd *d, const dt_topology *g) {
     }
     d->deg = deg;
     d->nbrs = g->neighbors + g->offsets[me];
+    d->outs = g->directed ? g->out_neighbors + g->out_offsets[me] : d->nbrs;
+    d->nout = g->directed ? g->out_offsets[me + 1] - g->out_offsets[me] : deg;
     d->self_at = d->deg;
     for (q = 0; q < d->deg; q++)
         if (d->nbrs[q] > me) { d->self_at = q; break; }
@@ -212,14 +241,23 @@ static dt_result dt__dpsgd_use_graph(dt_dpsgd *d, const dt_topology *g) {
     return DT_OK;
 }
 
+/* Plain D-PSGD refuses a directed graph (who: the message's start). */
+static dt_result dt__dpsgd_undirected(const dt_dpsgd *d, const dt_topology *g, const char *who) {
+    if (!g->directed || d->desc.push_sum) return DT_OK;
+    return dt_set_error(DT_ERR_INVALID_ARG, "%s is directed (its W is column stochastic, not symmetric): D-PSGD's average "
+                        "would drift from the mean; set dt_dpsgd_desc.push_sum = 1 to gossip over it by push-sum (SGP)", who);
+}
+
 /* The schedule's graph of step t, checked (the union over the period is checked once, at create). */
 static dt_result dt__dpsgd_graph_at(const dt_dpsgd *d, int64_t t, const char *fn, const dt_topology **g) {
     char who[96];
+    dt_result r;
     if (!(*g = d->desc.schedule(t, d->desc.schedule_user)))
         return dt_set_error(DT_ERR_INVALID_ARG, "%s: rank %d: the schedule gave no graph (NULL) for step %lld", fn,
                             dt_comm_rank(d->comm), (long long)t);
     snprintf(who, sizeof who, "%s: rank %d: the schedule's graph of step %lld", fn, dt_comm_rank(d->comm), (long long)t);
-    return dt_topology_check(*g, dt_comm_size(d->comm), who);
+    if ((r = dt_topology_check(*g, dt_comm_size(d->comm), who)) != DT_OK) return r;
+    return dt__dpsgd_undirected(d, *g, who);
 }
 
 /* Checks the graphs of steps 0 .. period-1 and their union, and makes room for the most neighbours any has. */
@@ -238,6 +276,43 @@ static dt_result dt__dpsgd_schedule_start(dt_dpsgd *d) {
     return r;
 }
 
+/* Push-sum from the model as it is: x = z (parameters, and the mixed buffers), w = 1. */
+static void dt__dpsgd_push_reset(dt_dpsgd *d) {
+    memcpy(d->num, dt_model_params(d->model, NULL), sizeof(float) * (size_t)d->n);
+    if (d->nbm) memcpy(d->num + d->n, dt_model_buffers(d->model, NULL), sizeof(float) * (size_t)d->nbm);
+    d->num[d->n + d->nbm] = 1.0f;
+}
+
+/* Push-sum's step. The change of the model since the last step, u = z' - z with z = x / w as that step left
+   it (the optimizer's update, the forward's to the mixed buffers, the caller's), goes into the numerators:
+   ATC sends x + u, CTA sends x and adds u after the mix. The mix (dt__dpsgd_gossip over [x, w]) sums
+   W[i][j] (x_j, w_j) over the in-neighbours; the model becomes z = x / w. Without a change u is 0 and x
+   stays bit for bit. */
+static dt_result dt__dpsgd_push(dt_dpsgd *d, dt_optim *o) {
+    float *z = dt_model_params(d->model, NULL), *b = dt_model_buffers(d->model, NULL), *x = d->num, *own = d->own;
+    int64_t n = d->n, cnt = d->n + d->nbm, k;
+    int atc = d->desc.order == DT_DPSGD_ADAPT_THEN_COMBINE;
+    double w = (double)x[cnt];
+    dt_result r;
+    if (o && (r = dt_optim_step(o)) != DT_OK) return r;
+    DT__OMP(parallel for if (cnt > DT__PAR_MIN))
+    for (k = 0; k < cnt; k++) {
+        double u = (double)(k < n ? z[k] : b[k - n]) - (double)(float)((double)x[k] / w);
+        float moved = (float)((double)x[k] + u);
+        own[k] = atc ? moved : x[k];
+        x[k] = moved;
+    }
+    own[cnt] = x[cnt];
+    if ((r = dt__dpsgd_gossip(d, x, own, cnt + 1)) != DT_OK) return r;
+    w = (double)x[cnt];
+    DT__OMP(parallel for if (cnt > DT__PAR_MIN))
+    for (k = 0; k < cnt; k++) {
+        float v = (float)((double)x[k] / w);
+        if (k < n) z[k] = v; else b[k - n] = v;
+    }
+    return DT_OK;
+}
+
 /* Collective: the mean of every rank's params and buffers into d->avg [n + nb]. */
 static dt_result dt__dpsgd_mean(dt_dpsgd *d) {
     dt_result r;
@@ -252,7 +327,6 @@ dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topo
     dt_dpsgd_desc dd;
     dt_dpsgd *d = NULL;
     dt_result r;
-    int64_t big;
     int me = dt_comm_rank(c);
     if (out) *out = NULL;
     if ((r = dt__trainer_check("dt_dpsgd_create", out != NULL, 1, c, m, "the model")) != DT_OK) return r;
@@ -281,16 +355,23 @@ dt_result dt_dpsgd_create(dt_dpsgd **out, dt_comm *c, dt_model *m, const dt_topo
         d->desc = dd;
         dt_model_params(m, &d->n);
         dt_model_buffers(m, &d->nb);
-        big = d->n > d->nb ? d->n : d->nb;
-        d->own = (float *)DT_MALLOC(sizeof(float) * (size_t)(big + 1));
+        d->nbm = dd.push_sum && dd.mix_buffers ? d->nb : 0;
+        d->msg = dd.push_sum ? d->n + d->nbm + 1 : d->n > d->nb ? d->n : d->nb;
+        d->own = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->msg + 1));
         d->keep = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
         d->avg = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nb + 1));
-        if (!d->own || !d->keep || !d->avg)
-            r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory for the replicas of %lld floats", me, (long long)big);
-        else r = dd.schedule ? dt__dpsgd_schedule_start(d) : dt__dpsgd_use_graph(d, t);
+        if (dd.push_sum) d->num = (float *)DT_MALLOC(sizeof(float) * (size_t)(d->n + d->nbm + 2));
+        if (!d->own || !d->keep || !d->avg || (dd.push_sum && !d->num))
+            r = dt_set_error(DT_ERR_OUT_OF_MEMORY, "dt_dpsgd_create: rank %d: no memory for the replicas of %lld floats", me, (long long)d->msg);
+        else if (!dd.schedule) {
+            char who[64];
+            snprintf(who, sizeof who, "dt_dpsgd_create: rank %d: the topology", me);
+            if ((r = dt__dpsgd_undirected(d, t, who)) == DT_OK) r = dt__dpsgd_use_graph(d, t);
+        } else r = dt__dpsgd_schedule_start(d);
     }
     /* every rank stops if one failed (a bad graph on one rank, no memory), before anything waits on it */
     if ((r = dt__same_model(c, m, "dt_dpsgd_create", 1, r)) != DT_OK) { if (d) dt__dpsgd_free(d); return r; }
+    if (d->num) dt__dpsgd_push_reset(d);   /* x = the broadcast model, w = 1 */
     *out = d;
     return DT_OK;
 }
@@ -309,6 +390,12 @@ dt_result dt_dpsgd_step(dt_dpsgd *d, dt_optim *o) {
     if (d->desc.schedule) {   /* this step's graph, before anything changes */
         const dt_topology *g;
         if ((r = dt__dpsgd_graph_at(d, d->step, "dt_dpsgd_step", &g)) != DT_OK || (r = dt__dpsgd_use_graph(d, g)) != DT_OK) return r;
+    }
+    if (d->desc.push_sum) {
+        if ((r = dt__dpsgd_push(d, o)) != DT_OK) return r;
+        d->step++;
+        d->stats.steps++;
+        return DT_OK;
     }
     x = dt_model_params(d->model, NULL);
     if (o && d->desc.order == DT_DPSGD_ADAPT_THEN_COMBINE && (r = dt_optim_step(o)) != DT_OK) return r;
@@ -354,6 +441,7 @@ dt_result dt_dpsgd_average(dt_dpsgd *d, float *out) {
     if (out) { memcpy(out, d->avg, sizeof(float) * (size_t)d->n); return DT_OK; }
     memcpy(dt_model_params(d->model, NULL), d->avg, sizeof(float) * (size_t)d->n);
     if (d->nb) memcpy(dt_model_buffers(d->model, NULL), d->avg + d->n, sizeof(float) * (size_t)d->nb);
+    if (d->num && !d->using_avg) dt__dpsgd_push_reset(d);   /* push-sum goes on from the mean */
     return DT_OK;
 }
 
@@ -372,7 +460,7 @@ dt_result dt_dpsgd_use_average(dt_dpsgd *d, int use) {
     }
     memcpy(d->keep, dt_model_params(d->model, NULL), sizeof(float) * (size_t)d->n);
     if (d->nb) memcpy(d->keep + d->n, b, sizeof(float) * (size_t)d->nb);
-    d->using_avg = 1;
+    d->using_avg = 1;   /* before the average: push-sum's numerators stay for the replica put back */
     return dt_dpsgd_average(d, NULL);
 }
 
@@ -382,26 +470,42 @@ dt_dpsgd_stats dt_dpsgd_get_stats(const dt_dpsgd *d) {
     return d ? d->stats : s;
 }
 
+double dt_dpsgd_push_weight(const dt_dpsgd *d) { return !d ? 0.0 : d->num ? (double)d->num[d->n + d->nbm] : 1.0; }
+
 /* The replica is the model's parameters, except while it holds the average. */
 static dt_result dt__dpsgd_own_replica(const dt_dpsgd *d, const char *fn) {
     return d->using_avg ? dt_set_error(DT_ERR_STATE, "%s: rank %d: the model holds the average, not the replica: call "
                                        "dt_dpsgd_use_average(d, 0) first", fn, dt_comm_rank(d->comm)) : DT_OK;
 }
 
+/* Push-sum's floats in a checkpoint: the numerators, w, and the world that saved them. */
+static int64_t dt__dpsgd_nextra(const dt_dpsgd *d) { return d->num ? d->n + d->nbm + 2 : 0; }
+
 dt_result dt_dpsgd_save(dt_dpsgd *d, const char *path, dt_optim *o, const dt_checkpoint_meta *meta) {
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_save: dpsgd is NULL");
-    return dt__ckpt_save_comm(d->comm, "dt_dpsgd_save", DT__CKPT_DPSGD, path, d->model, o, meta, d->step,
-                              dt__dpsgd_own_replica(d, "dt_dpsgd_save"));
+    if (d->num) d->num[d->n + d->nbm + 1] = (float)dt_comm_size(d->comm);
+    return dt__ckpt_save_extra(d->comm, "dt_dpsgd_save", DT__CKPT_DPSGD, path, d->model, o, meta, d->step, d->num,
+                               dt__dpsgd_nextra(d), dt__dpsgd_own_replica(d, "dt_dpsgd_save"));
 }
 
 dt_result dt_dpsgd_load(dt_dpsgd *d, const char *path, dt_optim *o, dt_checkpoint_meta *meta) {
+    dt_result r;
+    double w;
     if (!d) return dt_set_error(DT_ERR_INVALID_ARG, "dt_dpsgd_load: dpsgd is NULL");
-    dt_result r = dt__ckpt_load_comm(d->comm, "dt_dpsgd_load", DT__CKPT_DPSGD, path, d->model, o, meta, &d->step,
-                                     dt__dpsgd_own_replica(d, "dt_dpsgd_load"));
+    r = dt__ckpt_load_extra(d->comm, "dt_dpsgd_load", DT__CKPT_DPSGD, path, d->model, o, meta, &d->step, d->num,
+                            dt__dpsgd_nextra(d), dt__dpsgd_own_replica(d, "dt_dpsgd_load"));
     if (r == DT_OK && (d->step < 0 || d->step > DT_CHECKPOINT_MAX_COUNT))   /* the step picks a time-varying graph */
         r = dt_set_error(DT_ERR_FORMAT, "dt_dpsgd_load: rank %d: %s holds the step %lld, outside 0..%lld: the file is damaged or "
                          "foreign", dt_comm_rank(d->comm), path, (long long)d->step, (long long)DT_CHECKPOINT_MAX_COUNT);
-    return r;
+    if (r != DT_OK || !d->num) return r;
+    /* another world's file holds the old ranks' means (checkpoint.h): their x / w is not the model, so push-sum
+       restarts from the model, the mean of theirs */
+    if (d->num[d->n + d->nbm + 1] != (float)dt_comm_size(d->comm)) dt__dpsgd_push_reset(d);
+    w = (double)d->num[d->n + d->nbm];
+    if (!(w > 0.0 && w < 1e30))
+        return dt_set_error(DT_ERR_FORMAT, "dt_dpsgd_load: rank %d: %s holds the push-sum weight %g, which must be positive and "
+                            "finite: the file is damaged or foreign", dt_comm_rank(d->comm), path, w);
+    return DT_OK;
 }
 
 #ifdef __cplusplus

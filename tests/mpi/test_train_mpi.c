@@ -13,7 +13,8 @@
    add in another order) it must match within a relative TOL, and every counter exactly. Hogwild is
    threads sharing one process's memory and has no MPI form. D-PSGD also runs over the one-peer exponential
    schedule, and its pure gossip on the MPI processes reaches the mean bit for bit in log2 p steps when p is
-   a power of two. Rank 0 prints one line per test (failed
+   a power of two; push-sum (SGP) on a directed graph and on the directed one-peer exponential schedule
+   likewise. Rank 0 prints one line per test (failed
    checks summed over the ranks) and "N passed, N failed". */
 #define _POSIX_C_SOURCE 200809L
 #include "../../dtrain.h"
@@ -96,7 +97,8 @@ typedef struct job {
     dt_localsgd_desc lsgd;
     dt_dpsgd_desc    dpsgd;
     dt_topology_desc topo;         /* its world is the communicator's */
-    int              one_peer;     /* D-PSGD: the one-peer exponential schedule instead of topo */
+    int              one_peer;     /* D-PSGD: the one-peer exponential schedule instead of topo; 2: the directed one */
+    int              chord;        /* D-PSGD: the directed ring with the chord 0 -> 2 instead of topo (push-sum) */
     float            momentum;
     dt_fed_agg       agg;
     float            frac, dropout, trim;
@@ -181,8 +183,17 @@ static dt_result dpsgd_rank(dt_comm *c, const job *j, dt_model *m, dt_optim *o, 
     memset(&t, 0, sizeof t);
     memset(&sched, 0, sizeof sched);
     td.world = dt_comm_size(c);
-    if (j->one_peer) {
-        T(dt_topology_one_peer_exp(&sched, td.world));
+    if (j->chord) {   /* i -> i + 1 and 0 -> 2: not regular, so push-sum's weights leave 1 */
+        uint8_t adj[MAXR * MAXR];
+        int q;
+        memset(adj, 0, sizeof adj);
+        for (q = 0; q < td.world; q++) adj[q * td.world + (q + 1) % td.world] = 1;
+        if (td.world > 2) adj[0 * td.world + 2] = 1;
+        td.kind = DT_TOPO_CUSTOM; td.adjacency = adj; td.directed = 1;
+        T(dt_topology_create(&t, &td));
+        T(dt_dpsgd_create(&d, c, m, &t, &dd));
+    } else if (j->one_peer) {
+        T(j->one_peer == 2 ? dt_topology_one_peer_exp_directed(&sched, td.world) : dt_topology_one_peer_exp(&sched, td.world));
         dd.schedule = dt_topology_schedule_at; dd.schedule_user = &sched; dd.period = sched.period;
         T(dt_dpsgd_create(&d, c, m, NULL, &dd));
     } else {
@@ -654,12 +665,27 @@ static void test_dpsgd(void) {
         j.dpsgd.mix_buffers = 1;
         run_case(&j, "d-psgd cta, one-peer exponential schedule, batchnorm buffers");
     }
+    {
+        job j = base(TR_DPSGD, DT_ALGO_RING);
+        j.chord = 1;
+        j.bn = 1;
+        j.dpsgd.push_sum = 1;
+        j.dpsgd.mix_buffers = 1;
+        j.dpsgd.order = DT_DPSGD_ADAPT_THEN_COMBINE;
+        run_case(&j, "push-sum atc, directed ring with a chord, batchnorm buffers");
+    }
+    {
+        job j = base(TR_DPSGD, DT_ALGO_RING);
+        j.one_peer = 2;
+        j.dpsgd.push_sum = 1;
+        run_case(&j, "push-sum cta, directed one-peer exponential schedule");
+    }
 }
 
 /* Pure gossip over the one-peer exponential schedule on the MPI processes, from distinct integer replicas:
    with a power of two of them, after log2 p steps every replica is the mean, bit for bit, and the consensus
    distance 0; on 3 (a rank sits each step out) the mean stays but the replicas still differ. */
-static void test_one_peer_consensus(void) {
+static void one_peer_consensus(int directed) {
     dt_topology_schedule s;
     dt_dpsgd_desc dd;
     dt_dpsgd *d = NULL;
@@ -669,7 +695,9 @@ static void test_one_peer_consensus(void) {
     int64_t n, k;
     int t, i, pow2 = (np & (np - 1)) == 0;
     memset(&dd, 0, sizeof dd);
-    CHECK_OK(dt_topology_one_peer_exp(&s, np));
+    CHECK_OK(directed ? dt_topology_one_peer_exp_directed(&s, np) : dt_topology_one_peer_exp(&s, np));
+    dd.push_sum = directed;
+    if (directed) dd.order = DT_DPSGD_ADAPT_THEN_COMBINE;   /* push-sum: the values set after the create are pushed at once */
     dd.schedule = dt_topology_schedule_at; dd.schedule_user = &s; dd.period = s.period;
     CHECK_OK(tc_mlp(&m, IN, K, 1, 0, 16, 10));
     if (!m || !s.graphs) return;
@@ -689,11 +717,16 @@ static void test_one_peer_consensus(void) {
     if (pow2) CHECK(dist == 0.0 && memcmp(x, mean, sizeof(float) * (size_t)n) == 0);
     else CHECK(dist > 0.1);
     for (k = 0; k < n; k++) CHECK(fabs(avg[k] - mean[k]) < 1e-5);
-    CHECK(dt_dpsgd_get_stats(d).bytes_sent == (uint64_t)(np == 3 && me > 0 ? 1 : s.period) * (uint64_t)n * sizeof(float));
+    if (directed) CHECK(dt_dpsgd_push_weight(d) == 1.0 &&   /* one peer each step, the numerators and the weight */
+                        dt_dpsgd_get_stats(d).bytes_sent == (uint64_t)s.period * (uint64_t)(n + 1) * sizeof(float));
+    else CHECK(dt_dpsgd_get_stats(d).bytes_sent == (uint64_t)(np == 3 && me > 0 ? 1 : s.period) * (uint64_t)n * sizeof(float));
     dt_dpsgd_destroy(d);
     dt_model_destroy(m);
     dt_topology_schedule_free(&s);
 }
+static void test_one_peer_consensus(void) { one_peer_consensus(0); }
+/* push-sum over the directed one-peer exponential schedule: the same (on 3 the mean is approached) */
+static void test_push_sum_consensus(void) { one_peer_consensus(1); }
 
 /* CLIENTS clients over the ranks (on 2 ranks all on rank 1): the mean with seeded dropouts and a fraction;
    multi-Krum against a sign-flipping client; the trimmed mean with dropouts; on RING and NATIVE
@@ -735,6 +768,7 @@ static dt_result rank_main(dt_comm *c, void *arg) {
     mt_run("localsgd", test_localsgd);
     mt_run("dpsgd", test_dpsgd);
     mt_run("dpsgd_one_peer_consensus", test_one_peer_consensus);
+    mt_run("dpsgd_push_sum_consensus", test_push_sum_consensus);
     mt_run("fedavg", test_fedavg);
     return mt_end();
 }
