@@ -28,6 +28,7 @@ static void make_data(void) {
 }
 
 /* IN -> 8 (-> batchnorm) -> relu -> K */
+/* bn: 1 a batch norm after the first layer; 2 a dropout layer (p 0.5) after its ReLU too */
 static dt_result make_model_bn(dt_model **m, int bn) {
     dt_model_desc d;
     int x;
@@ -38,6 +39,7 @@ static dt_result make_model_bn(dt_model **m, int bn) {
     x = dt_linear(*m, x, 8, 1);
     if (bn) x = dt_batchnorm(*m, x);
     x = dt_relu(*m, x);
+    if (bn == 2) x = dt_dropout(*m, x, 0.5f);
     x = dt_linear(*m, x, K, 1);
     return dt_model_finalize(*m);
 }
@@ -422,7 +424,7 @@ static dt_result launch(int ranks, run_arg *ra) {
    same evaluation, for the mean and for two robust aggregators (the median, multi-Krum); and the buffers
    moved from their initial values. Before, rank 0 of 3 (which trains no client) kept its initial statistics. */
 #define BN_MAX 256
-typedef struct bn_arg { dt_fed_agg agg; int64_t n, nb; float params[BN_MAX], bufs[BN_MAX]; double acc, loss; } bn_arg;
+typedef struct bn_arg { dt_fed_agg agg; int drop; int64_t n, nb; float params[BN_MAX], bufs[BN_MAX]; double acc, loss; } bn_arg;
 
 static dt_result bn_rank(dt_comm *c, void *arg) {
     bn_arg *ba = (bn_arg *)arg;
@@ -437,7 +439,7 @@ static dt_result bn_rank(dt_comm *c, void *arg) {
     memset(&part, 0, sizeof part);
     memset(&ed, 0, sizeof ed);
     ed.dataset = &DS; ed.batch = 64;
-    if ((r = make_model_bn(&m, 1)) != DT_OK || (r = iid(&part, NS, 5, 1)) != DT_OK) goto done;
+    if ((r = make_model_bn(&m, ba->drop ? 2 : 1)) != DT_OK || (r = iid(&part, NS, 5, 1)) != DT_OK) goto done;
     fd = fed_desc(&part, 5);
     fd.batch = 8;                              /* 40 samples a client: no batch of 1, which batch norm refuses */
     fd.agg.kind = ba->agg; fd.agg.f = DT_DEFAULT;
@@ -489,6 +491,26 @@ static void test_batchnorm_ranks(void) {
         if (memcmp(one.bufs, three.bufs, sizeof(float) * (size_t)nb) != 0 || one.acc != three.acc)
             printf("    %s: accuracy %.4f on 1 rank, %.4f on 3\n", dt_fed_agg_name(aggs[a]), one.acc, three.acc);
     }
+}
+
+/* A dropout layer's masks follow the client and the round, not the rank that trains the client: FedAvg of a
+   model with dropout ends with the same global model on 1 and 3 ranks, bit for bit. Before, they followed each
+   rank's count of forward passes, so the clients a rank trained before changed them. */
+static void test_dropout_layer_ranks(void) {
+    static bn_arg one, three;
+    dt_launch_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.threads_per_rank = 1; ld.comm.timeout = 20.0;
+    memset(&one, 0, sizeof one); memset(&three, 0, sizeof three);
+    one.agg = three.agg = DT_FED_MEAN; one.drop = three.drop = 1;
+    ld.ranks = 1;
+    CHECK_OK(dt_launch_local(&ld, bn_rank, &one, NULL));
+    ld.ranks = 3;
+    CHECK_OK(dt_launch_local(&ld, bn_rank, &three, NULL));
+    CHECK(one.n > 0 && one.n == three.n && one.nb == three.nb);
+    CHECK(memcmp(one.params, three.params, sizeof(float) * (size_t)one.n) == 0);
+    CHECK(memcmp(one.bufs, three.bufs, sizeof(float) * (size_t)one.nb) == 0);
+    CHECK(one.acc == three.acc && one.loss == three.loss);
 }
 
 static void test_dropout(void) {
@@ -759,6 +781,7 @@ int main(int argc, char **argv) {
     RUN(test_label_flip);
     RUN(test_zero_is_zero);
     RUN(test_batchnorm_ranks);
+    RUN(test_dropout_layer_ranks);
     RUN(test_dropout);
     RUN(test_hundred_clients);
     RUN(test_server_optimizers);

@@ -419,6 +419,12 @@ static dt_result dt__fed_train_client(dt_fed *f, int k, int64_t round, float lr,
     dt__trace_arg("round", NULL, round);
     dt__trace_arg("samples", NULL, cnt);
     dt__fed_put(f, f->global);   /* every client starts from the global statistics too, not the last client's */
+    {   /* its dropout masks from (seed, client, round), not from the passes its rank ran before: the same on any
+           number of ranks (the round in the step's high half: a client runs fewer than 2^32 passes a round) */
+        uint64_t rng[3];
+        rng[0] = d->seed ^ 0x6a09e667f3bcc909ULL; rng[1] = (uint64_t)k; rng[2] = (uint64_t)round << 32;
+        dt__model_set_rng(m, rng);
+    }
     od.lr = lr;
     memset(&ld, 0, sizeof ld);
     ld.dataset = d->data; ld.indices = d->part->indices + off; ld.count = cnt; ld.batch = d->batch;
