@@ -871,9 +871,10 @@ static void test_geom_errors(void) {
 /* The CPU backend's large buffers (a model's activation arena) are backed by transparent huge pages where Linux
    leaves that to the program (dt__advise_huge): a 32 MiB buffer of the CPU ops' alloc, once written, has some in
    /proc/self/smaps. Where the kernel's mode is not "madvise" (always: they come anyway; never: they cannot) there
-   is nothing to tell, and x86-64 only: qemu-user (the other machines' runs) takes the advice and drops it. */
+   is nothing to tell, and x86-64 only: qemu-user (the other machines' runs) takes the advice and drops it. Not in
+   the build that keeps to macOS's POSIX subset (DT_POSIX_MINIMAL), which gives no advice, as macOS has none. */
 static void test_alloc_huge_pages(void) {
-#if defined(__linux__) && defined(__x86_64__)
+#if defined(__linux__) && defined(__x86_64__) && !defined(DT_POSIX_MINIMAL)
     char mode[256] = "", line[512];
     size_t bytes = (size_t)32 << 20;
     unsigned long lo, hi, at;
