@@ -1238,8 +1238,6 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         check "dpsgd-exp (one-peer exponential, period 2) under mpiexec -n 4: killed after step 4, resumed from 3, mid-period, ends as the uninterrupted run" \
             mpi_resume dpsgd-exp 4 4
         check "sgp (push-sum on a directed graph) under mpiexec -n 3: killed and resumed, ends as the uninterrupted run" mpi_resume sgp 3
-        check "a D-PSGD checkpoint read by push-sum under mpiexec -n 3: refused, naming push-sum" \
-            mpi_refused "$RT/dpsgd.ckpt" 3 sgp "D-PSGD: push-sum or not"
         # the last DDP checkpoint (4 ranks) resumes under -n 3 from the mean of the ranks' states, saying so; refusals
         # under mpiexec, on every rank, naming the cause: damaged (a byte flipped), and read by another trainer
         mpi_refused() {   # mpi_refused FILE N TRAINER CAUSE: exit 1, CAUSE in the output
@@ -1256,6 +1254,8 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
         check "a damaged DDP checkpoint under mpiexec -n 4: refused, naming the checksum" mpi_refused "$RT/bad.ckpt" 4 ddp checksum
         check "a DDP checkpoint read by D-PSGD under mpiexec -n 4: refused, naming its writer" \
             mpi_refused "$RT/ddp.ckpt" 4 dpsgd "written by dt_ddp_save"
+        check "a D-PSGD checkpoint read by push-sum under mpiexec -n 3: refused, naming push-sum" \
+            mpi_refused "$RT/dpsgd.ckpt" 3 sgp "D-PSGD: push-sum or not"
         rm -rf "$RT"
     else echo "FAIL build of tests/mpi/test_resume_mpi.c with mpicc"; failed=$((failed + 1)); fi
     # faults under mpiexec: each kind ends the job (a stalled rank with MPI_Abort) with exit status 1 and a message
