@@ -694,6 +694,22 @@ fi
 section "5. examples"
 if want; then
 T=$(mktemp -d)
+# examples/simple: each flag-free program exits 0 and its last epoch (or round) is above 50% test accuracy; one job
+# of the pool, one program after another, beside the checks below (which use less than a core on average: their
+# programs are short and start by loading data); its files are $T/simple-*
+simple_checks() {
+    if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+        for ex in ddp dpsgd fedavg localsgd hogwild; do
+            check "examples/simple/$ex: exit 0, last test accuracy above 50%" sh -c "
+                '$B/examples/simple/$ex' > '$T/simple-$ex.out' 2>&1 &&
+                sed -n 's/.*test acc *\\([0-9.]*\\)%.*/\\1/p' '$T/simple-$ex.out' | awk '{ a = \$1 } END { exit !(NR > 0 && a > 50) }' ||
+                    { cat '$T/simple-$ex.out'; exit 1; }"
+        done
+    else
+        echo "skipped examples/simple: dataset-fashion-mnist is not installed"
+    fi
+}
+job simple_checks
 expect_status() {   # expect_status CODE COMMAND...: the command exits with CODE and says why on stderr
     want=$1; shift
     "$@" >/dev/null 2>"$T/err"; got=$?
@@ -824,7 +840,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         rm -f "$T/$name".*   # an earlier run's files (a fresh run refuses to write over a checkpoint)
         "$B/examples/$kr_ex" "$@" --csv "$T/$name.a.csv" --checkpoint "$T/$name.a.ckpt" >/dev/null || return 1
         "$B/examples/$kr_ex" "$@" --csv "$T/$name.b.csv" --checkpoint "$T/$name.b.ckpt" >/dev/null & pid=$!
-        while [ ! -e "$T/$name.b.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
+        while [ ! -e "$T/$name.b.ckpt" ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done   # polled: a spin would take a core from the run
         delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.3 }'); sleep "$delay"
         kill -9 $pid 2>/dev/null; wait $pid; st=$?
         [ $st -eq 137 ] || { echo "the run ended with status $st before the kill"; return 1; }
@@ -897,7 +913,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         for fw_m in 2 4; do
             rm -f "$T/fw.ckpt" "$T/fw.b.csv"
             "$B/examples/fedavg" --ranks 3 $A --csv "$T/fw.b.csv" --checkpoint "$T/fw.ckpt" --checkpoint-every 1 > /dev/null & pid=$!
-            while [ ! -e "$T/fw.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
+            while [ ! -e "$T/fw.ckpt" ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done   # polled: a spin would take a core from the run
             kill -9 $pid 2>/dev/null; wait $pid
             "$B/examples/fedavg" --ranks $fw_m $A --csv "$T/fw.b.csv" --checkpoint "$T/fw.ckpt" --resume > "$T/fw.out" || return 1
             echo "on $fw_m ranks: $(head -n 1 "$T/fw.out")"
@@ -914,7 +930,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         rm -f "$T"/dw.*
         "$B/examples/ddp" --ranks 3 $A --csv "$T/dw.a.csv" > /dev/null || return 1
         "$B/examples/ddp" --ranks 3 $A --csv "$T/dw.b.csv" --checkpoint "$T/dw.ckpt" --checkpoint-every 7 > /dev/null & pid=$!
-        while [ ! -e "$T/dw.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
+        while [ ! -e "$T/dw.ckpt" ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done   # polled: a spin would take a core from the run
         kill -9 $pid 2>/dev/null; wait $pid
         "$B/examples/ddp" --ranks 2 $A --csv "$T/dw.b.csv" --checkpoint "$T/dw.ckpt" --resume > "$T/dw.out" 2> "$T/dw.err" ||
             { cat "$T/dw.err"; return 1; }
@@ -1062,18 +1078,8 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 else
     echo "skipped train resume check: dataset-fashion-mnist is not installed"
 fi
-# examples/simple: each flag-free program exits 0 and its last epoch (or round) is above 50% test accuracy;
-# the quick start, which needs no data, ends its 200 steps
-if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
-    for ex in ddp dpsgd fedavg localsgd hogwild; do
-        check "examples/simple/$ex: exit 0, last test accuracy above 50%" sh -c "
-            '$B/examples/simple/$ex' > '$T/simple.out' 2>&1 &&
-            sed -n 's/.*test acc *\\([0-9.]*\\)%.*/\\1/p' '$T/simple.out' | awk '{ a = \$1 } END { exit !(NR > 0 && a > 50) }' ||
-                { cat '$T/simple.out'; exit 1; }"
-    done
-else
-    echo "skipped examples/simple: dataset-fashion-mnist is not installed"
-fi
+# examples/simple: started with the section (simple_checks, in the pool); its results are printed here
+jobs_done
 check "examples/simple/quickstart --ranks 2: exit 0 after 200 steps" sh -c "'$B/examples/simple/quickstart' --ranks 2 | grep -q '^step 200 '"
 # tools/plot.sh: a chart from a small CSV, and a CSV without the asked column refused before drawing
 printf 'round,train_loss,test_loss,test_acc\n1,0.9,0.8,0.70\n2,0.6,0.5,0.80\n' > "$T/p.csv"
@@ -1325,7 +1331,7 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
             set -- --batch 48 --epochs 2 --limit 512 $TL --checkpoint-every 3 --algo ring
             timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.a.csv" --checkpoint "$MT/k.a.ckpt" >/dev/null || return 1
             timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" >/dev/null 2>&1 & pid=$!
-            while [ ! -e "$MT/k.b.ckpt" ] && kill -0 $pid 2>/dev/null; do :; done
+            while [ ! -e "$MT/k.b.ckpt" ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done   # polled: a spin would take a core from the run
             delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.3 }'); sleep "$delay"
             rank=$(pgrep -f "^$B/mpi/ddp " | head -n 1); [ -n "$rank" ] && kill -9 "$rank"; wait $pid
             [ $? -ne 0 ] || { echo "the job ended before a rank was killed"; return 1; }
