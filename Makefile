@@ -294,6 +294,12 @@ ifneq ($(filter assignment-test,$(MAKECMDGOALS)),)
 ifneq ($(filter-out $(ASSIGNS),$(A)),)
 $(error make assignment-test: no assignment $(filter-out $(ASSIGNS),$(A)); the assignments are: $(ASSIGNS))
 endif
+ifneq ($(SOLUTIONS),)
+ifneq ($(filter-out $(ASSIGN_S),$(A)),)
+$(error make assignment-test SOLUTIONS=1: no reference solution of $(filter-out $(ASSIGN_S),$(A)) here \
+    (tools/course_solutions/, which instructors keep and students are not given))
+endif
+endif
 endif
 ASSIGN_WHO := $(if $(SOLUTIONS),solution,student)
 assignment-test: $(addprefix $(B)/course/$(ASSIGN_WHO)/test_,$(A))
