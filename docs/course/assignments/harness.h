@@ -80,6 +80,24 @@ static inline int h_first_failure(const dt_result *ret, int p) {
     return -1;
 }
 
+/* "DT_ERR_X: message" for a function's result r and the message it left (dt_last_error, which names the result
+   already when the library set it), into out [cap]. */
+static inline const char *h_why(char *out, size_t cap, dt_result r, const char *msg) {
+    const char *name = dt_result_str(r);
+    if (strncmp(msg, name, strlen(name)) == 0) snprintf(out, cap, "%s", msg);
+    else snprintf(out, cap, "%s (the last message: %s)", name, msg[0] ? msg : "none");
+    return out;
+}
+
+/* Whether to run the next case: not after a wait timed out (a message that never came), which every later case
+   would repeat, 10 s a rank at a time. */
+static inline int h_go_on(const dt_result *ret, int p, dt_result r) {
+    int i, timeout = r == DT_ERR_TIMEOUT;
+    for (i = 0; i < p; i++) timeout |= ret[i] == DT_ERR_TIMEOUT;
+    if (timeout) printf("(the cases after this one were not run: a rank waited 10 s for a message that never came)\n");
+    return !timeout;
+}
+
 /* A random float whose magnitude spans 2^-8 .. 2^8, either sign (never zero): sums of such values round
    differently in different orders, so only the library's order gives its bits. */
 static inline float h_value(dt_rng *r) {

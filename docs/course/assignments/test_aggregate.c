@@ -89,7 +89,8 @@ static int one_case(int krum, int n, int64_t len, float trim, int f, char *err, 
         return 1;
     }
     if (rs != DT_OK) {
-        snprintf(err, cap, "your function returned %s (%s) where the library aggregates", dt_result_str(rs), dt_last_error());
+        char why[300];
+        snprintf(err, cap, "your function returned %s where the library aggregates", h_why(why, sizeof why, rs, dt_last_error()));
         return 0;
     }
     if (krum) {

@@ -79,12 +79,12 @@ done:
     return r;
 }
 
-/* Runs one case; returns 0 when the harness itself could not go on (a rank stalled). */
+/* Runs one case; returns 0 when the harness should not go on (a rank stalled, or a wait timed out). */
 static int run_case(const char *name, int p, const dt_topology *topo, dt_topology_schedule *sched, int in, int out) {
     gossip_case k;
     dt_result r;
     int i, t, ok = 1;
-    char what[96], vals[160];
+    char what[96], vals[320];
     memset(&k, 0, sizeof k);
     k.topo = topo; k.sched = sched; k.in = in; k.out = out;
     k.n = (int64_t)in * out + out;
@@ -96,8 +96,8 @@ static int run_case(const char *name, int p, const dt_topology *topo, dt_topolog
     }
     if (!h_launch(p, rank_fn, &k, what, &r)) return 0;
     if ((i = h_first_failure(k.ret, p)) >= 0) {
-        h_report(0, "%s: step %d, rank %d: student_gossip_step returned %s: %s", what, k.ret_step[i], i,
-                 dt_result_str(k.ret[i]), k.msg[i]);
+        h_report(0, "%s: step %d, rank %d: student_gossip_step returned %s", what, k.ret_step[i], i,
+                 h_why(vals, sizeof vals, k.ret[i], k.msg[i]));
         ok = 0;
     }
     if (ok && r != DT_OK) { h_report(0, "%s: the run failed: %s", what, dt_last_error()); ok = 0; }
@@ -129,7 +129,7 @@ static int run_case(const char *name, int p, const dt_topology *topo, dt_topolog
                  STEPS, b);
     }
     for (i = 0; i < p; i++) { free(k.want[i]); free(k.got[i]); }
-    return 1;
+    return h_go_on(k.ret, p, r);
 }
 
 /* A graph of kind on p ranks (adj: the custom graph's adjacency), run as one case, then freed. */

@@ -43,12 +43,12 @@ static dt_result rank_fn(dt_comm *c, void *arg) {
     return k->ret[me];
 }
 
-/* Runs one case; returns 0 when the harness itself could not go on (a rank stalled). */
+/* Runs one case; returns 0 when the harness should not go on (a rank stalled, or a wait timed out). */
 static int run_case(int p, int64_t n) {
     ring_case k;
     dt_result r;
     int i, ok = 1;
-    char what[64], vals[160];
+    char what[64], vals[320];
     memset(&k, 0, sizeof k);
     k.n = n;
     snprintf(what, sizeof what, "p=%d n=%lld", p, (long long)n);
@@ -59,7 +59,7 @@ static int run_case(int p, int64_t n) {
     }
     if (!h_launch(p, rank_fn, &k, what, &r)) return 0;
     if ((i = h_first_failure(k.ret, p)) >= 0) {
-        h_report(0, "%s: rank %d: student_ring_allreduce returned %s: %s", what, i, dt_result_str(k.ret[i]), k.msg[i]);
+        h_report(0, "%s: rank %d: student_ring_allreduce returned %s", what, i, h_why(vals, sizeof vals, k.ret[i], k.msg[i]));
         ok = 0;
     }
     if (ok && r != DT_OK) { h_report(0, "%s: the run failed: %s", what, dt_last_error()); ok = 0; }
@@ -93,7 +93,7 @@ static int run_case(int p, int64_t n) {
         h_report(1, "%s: every rank has the ring's bits; bytes sent per rank %s, as the library's", what, bytes);
     }
     for (i = 0; i < p; i++) { free(k.want[i]); free(k.got[i]); }
-    return 1;
+    return h_go_on(k.ret, p, r);
 }
 
 int main(void) {
