@@ -114,6 +114,10 @@ static int run_case(const char *name, int p, const dt_topology *topo, dt_topolog
                          rounding ? "; every element is right to rounding: the sum is not in double, or not in the library's "
                                  "order (the sheet, \"The order of the sum\")" : "");
                 ok = 0;
+            } else if (k.mine[i][t].collectives > 1) {
+                h_report(0, "%s: step %d, rank %d made %llu collective calls (dt_comm_get_stats: collectives); a step is one "
+                         "neighbour exchange at most (the sheet, \"Rules\")", what, t, i, (unsigned long long)k.mine[i][t].collectives);
+                ok = 0;
             } else if (k.mine[i][t].bytes_sent != k.lib[i][t].bytes_sent || k.mine[i][t].bytes_recv != k.lib[i][t].bytes_recv) {
                 h_report(0, "%s: step %d, rank %d sent %llu and received %llu bytes; the library's step sent %llu and received "
                          "%llu (the sheet, \"The traffic\")", what, t, i, (unsigned long long)k.mine[i][t].bytes_sent,

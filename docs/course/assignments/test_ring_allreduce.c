@@ -2,8 +2,8 @@
    library's ring, dt_comm_allreduce(c, buf, n, DT_F32, DT_SUM, DT_ALGO_RING), on 1 to 5 local ranks and sizes
    that divide among the ranks, that do not, that are smaller than the world, and that are larger than one of the
    library's pipeline segments. Each case passes when every rank ends with the library's bits in every element
-   and sent and received the bytes the library's ring did (dt_comm_get_stats). A case that differs names the
-   rank, the first element and both values, or the rank and both byte counts.
+   and sent and received the bytes the library's ring did, with no collective call (dt_comm_get_stats). A case
+   that differs names the rank, the first element and both values, or the rank and both byte counts.
    usage: test_ring_allreduce          (make assignment-test A=ring_allreduce builds and runs it) */
 #include <math.h>
 #include "assignments.h"
@@ -77,6 +77,12 @@ static int run_case(int p, int64_t n) {
             ok = 0;
         }
     }
+    for (i = 0; i < p && ok; i++)   /* point-to-point only: a collective (the library's all-reduce, say) is counted */
+        if (k.mine[i].collectives) {
+            h_report(0, "%s: rank %d made %llu collective call(s) (dt_comm_get_stats: collectives); the assignment allows "
+                     "point-to-point calls only (the sheet, \"Rules\")", what, i, (unsigned long long)k.mine[i].collectives);
+            ok = 0;
+        }
     for (i = 0; i < p && ok; i++)   /* the traffic, rank by rank */
         if (k.mine[i].bytes_sent != k.lib[i].bytes_sent || k.mine[i].bytes_recv != k.lib[i].bytes_recv) {
             h_report(0, "%s: rank %d sent %llu and received %llu bytes; the library's ring sent %llu and received %llu "
