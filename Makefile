@@ -41,6 +41,9 @@
 #   make docs-check   the tutorial's experiments (docs/tutorial), shortened, its quick runs' outputs against their
 #                     quotations, and its quotations of the examples (tools/docs_check.sh; DOCS_CHECK_FULL=1: at
 #                     full length, comparing every quoted output and redrawing docs/tutorial/img)
+#   make assignment-test  the course's coding assignments (docs/course/assignments): each harness on the student's
+#                     file (A=NAME: that one; SOLUTIONS=1: on the reference solution, tools/course_solutions)
+#   make course-handout  what students get: build/course/handout.tar.gz, the repository without the solutions
 #   make fixtures     regenerate tests/fixtures with PyTorch (/usr/bin/python3, python3-torch)
 #   make examples     only the example programs (build/examples: what docs/course needs on a laptop), and the
 #                     flag-free ones of examples/simple (build/examples/simple)
@@ -268,6 +271,51 @@ docs-check-course: $(addprefix $(B)/examples/,$(EXAMPLES))
 	DOCS_CHECK_FULL=$(DOCS_CHECK_FULL) sh tools/docs_check.sh $(B) docs/course/*.md
 	sh tests/grade_lab_test.sh $(B)
 	QUICK=1 B=$(B) OUT=$(B)/experiments-quick sh tools/experiments.sh
+
+# the course's coding assignments (docs/course/assignments): each harness, test_A.c, linked with the student's
+# A.c there ($(B)/course/student/test_A) and with the reference solution tools/course_solutions/A.c, which
+# instructors keep and students are not given ($(B)/course/solution/test_A), and the implementation's object.
+#   make assignment-test [A="ring_allreduce gossip aggregate"]   builds and runs the student's (default: all)
+#   make assignment-test A=gossip SOLUTIONS=1                    the reference solution's
+# tests/run.sh section 5d checks that each harness fails on the stub and passes on the solution.
+ASSIGN_D := docs/course/assignments
+ASSIGNS  := $(patsubst $(ASSIGN_D)/test_%.c,%,$(wildcard $(ASSIGN_D)/test_*.c))
+ASSIGN_S := $(filter $(ASSIGNS),$(patsubst tools/course_solutions/%.c,%,$(wildcard tools/course_solutions/*.c)))
+ASSIGN_H := $(ASSIGN_D)/assignments.h $(ASSIGN_D)/harness.h $(HEADERS)
+all: $(addprefix $(B)/course/student/test_,$(ASSIGNS)) $(addprefix $(B)/course/solution/test_,$(ASSIGN_S))
+$(B)/course/student/test_%: $(ASSIGN_D)/test_%.c $(ASSIGN_D)/%.c $(ASSIGN_H) $(IMPL_OBJ) $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -I. -I$(ASSIGN_D) $< $(ASSIGN_D)/$*.c $(IMPL_OBJ) -o $@ $(LDLIBS)
+$(B)/course/solution/test_%: $(ASSIGN_D)/test_%.c tools/course_solutions/%.c $(ASSIGN_H) $(IMPL_OBJ) $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -I. -I$(ASSIGN_D) $< tools/course_solutions/$*.c $(IMPL_OBJ) -o $@ $(LDLIBS)
+A ?= $(ASSIGNS)
+ifneq ($(filter assignment-test,$(MAKECMDGOALS)),)
+ifneq ($(filter-out $(ASSIGNS),$(A)),)
+$(error make assignment-test: no assignment $(filter-out $(ASSIGNS),$(A)); the assignments are: $(ASSIGNS))
+endif
+ifneq ($(SOLUTIONS),)
+ifneq ($(filter-out $(ASSIGN_S),$(A)),)
+$(error make assignment-test SOLUTIONS=1: no reference solution of $(filter-out $(ASSIGN_S),$(A)) here \
+    (tools/course_solutions/, which instructors keep and students are not given))
+endif
+endif
+endif
+ASSIGN_WHO := $(if $(SOLUTIONS),solution,student)
+assignment-test: $(addprefix $(B)/course/$(ASSIGN_WHO)/test_,$(A))
+	@st=0; for a in $(A); do \
+	    echo "== assignment $$a: $(if $(SOLUTIONS),tools/course_solutions,$(ASSIGN_D))/$$a.c"; \
+	    $(B)/course/$(ASSIGN_WHO)/test_$$a || st=1; \
+	done; exit $$st
+
+# what students are given: the repository at HEAD without the reference solutions, $(B)/course/handout.tar.gz (its
+# make then builds the students' harnesses only)
+course-handout:
+	@mkdir -p $(B)/course
+	git archive --format=tar.gz --prefix=dtrain/ -o $(B)/course/handout.tar.gz HEAD -- . ':(exclude)tools/course_solutions'
+	@echo "$(B)/course/handout.tar.gz: the repository at HEAD (committed files) without tools/course_solutions"
+
+.PHONY: assignment-test course-handout
 
 # the example programs alone, and the five workloads' experiments (tools/experiments.sh)
 examples: $(addprefix $(B)/examples/,$(EXAMPLES))

@@ -68,7 +68,7 @@
 #   5d. the course kit (docs/course): its commands, shortened (tools/docs_check.sh); tools/grade_lab.sh passes
 #       each lab's key (--solve) and fails a submission with a CSV value that is not the run's or with wrong
 #       predictions, naming what is wrong (tests/grade_lab_test.sh); the five workloads (tools/experiments.sh)
-#       at QUICK length
+#       at QUICK length; each coding assignment's harness fails on its stub and passes on its reference solution
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
 #      tests/mpi/test_trace_mpi.c (the timeline gathered on rank 0) under mpiexec -n 2;
@@ -1156,7 +1156,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then   #
 fi
 fi
 
-section "5d. the course kit: docs/course, tools/grade_lab.sh, the experiments"
+section "5d. the course kit: docs/course, tools/grade_lab.sh, the experiments, the coding assignments"
 if want; then
 # the chapters, the grader's tests and the experiments, each in directories of its own, two at a time (the pool)
 for md in docs/course/*.md; do
@@ -1169,6 +1169,15 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 else
     echo "skipped tools/grade_lab.sh's tests and the experiments: dataset-fashion-mnist is not installed"
 fi
+# the coding assignments (docs/course/assignments, built by make): each harness fails on the student's stub, naming
+# a rank or case and the expected and actual values, and passes on the reference solution (tools/course_solutions)
+for a in $(cd docs/course/assignments && ls test_*.c | sed 's/^test_//; s/\.c$//'); do
+    job check "assignment $a: the harness fails on the stub, saying what it expected" sh -c \
+        "! '$B/course/student/test_$a' > '$B/course/$a.stub.out' 2>&1 && grep -q '^FAIL .*expected' '$B/course/$a.stub.out'"
+    if [ -f "tools/course_solutions/$a.c" ]; then
+        job check "assignment $a: the harness passes on the reference solution" "$B/course/solution/test_$a"
+    else echo "skipped assignment $a's reference solution: tools/course_solutions/$a.c is not here (a students' copy)"; fi
+done
 jobs_done
 fi
 
