@@ -595,6 +595,32 @@ static void run_link(link_arg *a, int p, double latency, double bandwidth) {
     for (k = 1, first = a->start[0]; k < p; k++) if (a->start[k] < first) first = a->start[k];
     for (k = 0; k < p; k++) a->elapsed[k] += a->start[k] - first;
 }
+/* The link model's ports (dt__link_reserve, in model seconds): on a ring of p ranks that each post their two
+   sends (to i + 1, then to i - 1) at time 0, in rank order, every message has arrived by 2 t, as each port
+   carries two messages; a lone message takes t; a receiver busy until 3 gets it at 4, while the sender's port
+   is free again at t. Before, a message held the sender's port while it waited for a busy receiver: the ring's
+   step took 4 t, and D-PSGD's ring on a slow network about twice its bytes' time. */
+static void test_link_ports(void) {
+    double out[8], in[8], last, a;
+    int p, i, k;
+    for (p = 3; p <= 8; p++) {
+        for (i = 0; i < p; i++) out[i] = in[i] = 0.0;
+        last = 0.0;
+        for (i = 0; i < p; i++)
+            for (k = 0; k < 2; k++) {
+                a = dt__link_reserve(&out[i], &in[k ? (i + p - 1) % p : (i + 1) % p], 0.0, 1.0);
+                if (a > last) last = a;
+            }
+        CHECK(last == 2.0);
+        if (last != 2.0) printf("    ring of %d: the last message arrives at %g t\n", p, last);
+    }
+    out[0] = in[1] = 0.0;
+    CHECK(dt__link_reserve(&out[0], &in[1], 5.0, 0.5) == 5.5 && out[0] == 5.5 && in[1] == 5.5);
+    out[0] = 0.0; in[1] = 3.0;
+    a = dt__link_reserve(&out[0], &in[1], 0.0, 1.0);
+    CHECK(a == 4.0 && out[0] == 1.0 && in[1] == 4.0);
+}
+
 static void test_link_model(void) {
     static link_arg with, without;
     static const dt_algo algos[] = {DT_ALGO_RING, DT_ALGO_TREE, DT_ALGO_NAIVE, DT_ALGO_NATIVE};
@@ -899,6 +925,7 @@ int main(int argc, char **argv) {
     RUN(test_hier_equals_flat);
     RUN(test_hier_nodes);
     RUN(test_hier_link_model);
+    RUN(test_link_ports);
     RUN(test_link_model);
     RUN(test_more_ranks_than_cores);
     return dt_t_summary();

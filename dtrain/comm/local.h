@@ -185,6 +185,17 @@ static dt_result dt__local_gone_error(dt__lworld *W, int k) {
     return dt_set_error(DT_ERR_PEER, "rank %d has failed (%s)%s%s", k, dt_result_str(W->r[k].gone_result), m[0] ? ": " : "", m);
 }
 
+/* The link model's two ports, for one message of t seconds (bytes / bandwidth) posted at now: each port is a
+   queue of its own (*out, *in: when it has carried what it was given), which the message adds t to, and the
+   message has arrived when both have carried it (the caller adds the latency). So a port is never held idle
+   by the other: a busy receiver does not keep the sender from sending to someone else meanwhile (the switch
+   buffers), and a ring's step, where every rank sends to both neighbours, takes each port's 2 t. */
+static double dt__link_reserve(double *out, double *in, double now, double t) {
+    *out = (*out > now ? *out : now) + t;
+    *in = (*in > now ? *in : now) + t;
+    return *out > *in ? *out : *in;
+}
+
 static dt_result dt__local_isend(dt_comm *c, dt_message *msg) {
     dt__lworld *W = (dt__lworld *)dt_comm_impl(c);
     dt__req *q = (dt__req *)msg, *it;
@@ -194,16 +205,12 @@ static dt_result dt__local_isend(dt_comm *c, dt_message *msg) {
     dt__mutex_lock(&d->mu);
     if ((W->latency > 0 || W->bandwidth > 0) && dt__node_of(c, dst) != dt__node_of(c, me)) {
         /* the link model: each node (each rank, unless ranks are grouped into nodes) has one full-duplex
-           port to a switch. The message waits until the sender's port is free to send and the
-           receiver's to receive, occupies both for bytes / bandwidth, and arrives latency seconds after
-           it has left. Messages inside a node do not use the port. */
-        double *out = &W->link_free[dt__node_of(c, me)], *in = &W->link_free[W->n + dt__node_of(c, dst)], start;
+           port to a switch; the message takes bytes / bandwidth on the sender's port and then on the
+           receiver's (dt__link_reserve), and arrives latency seconds after. Messages inside a node do not
+           use the port. */
+        double *out = &W->link_free[dt__node_of(c, me)], *in = &W->link_free[W->n + dt__node_of(c, dst)];
         dt__mutex_lock(&W->link_mu);
-        start = dt_time_now();
-        if (*out > start) start = *out;
-        if (*in > start) start = *in;
-        *out = *in = start + (W->bandwidth > 0 ? (double)msg->bytes / W->bandwidth : 0.0);
-        q->not_before = *out;
+        q->not_before = dt__link_reserve(out, in, dt_time_now(), W->bandwidth > 0 ? (double)msg->bytes / W->bandwidth : 0.0);
         dt__mutex_unlock(&W->link_mu);
     }
     for (it = d->posted; it; it = it->next)
