@@ -92,6 +92,7 @@ typedef struct dt__in {
     FILE *fp;
     void *gz;           /* gzFile when DT_USE_ZLIB */
     const char *path;
+    int64_t disk;       /* the file's size on disk (compressed), or -1 */
 } dt__in;
 
 static void dt__in_close(dt__in *in) {
@@ -110,6 +111,7 @@ static dt_result dt__in_open(dt__in *in, const char *path) {
     memset(in, 0, sizeof *in);
     in->path = path;
     if (!(in->fp = dt__open_read(path, &why))) return dt_set_error(DT_ERR_IO, "cannot open %s: %s", path, why);
+    in->disk = dt__file_size(in->fp);
     n = fread(m, 1, 2, in->fp);
     if (ferror(in->fp)) { dt__in_close(in); return dt_set_error(DT_ERR_IO, "cannot read %s: %s", path, strerror(errno)); }
     if (n == 2 && m[0] == 0x1f && m[1] == 0x8b) {
@@ -165,14 +167,19 @@ static dt_result dt__in_read(dt__in *in, void *buf, int64_t n, int64_t *got) {
 }
 
 /* Reads the rest of a file, which must be exactly `want` bytes after a header of `head` bytes, into a new
-   buffer (*out, DT_FREE it). The buffer grows with the data actually read, so a header that claims more
-   than the file holds costs nothing. `what` describes the header's claim for the message. */
+   buffer (*out, DT_FREE it). A claim the file's size makes plausible (at most 64 times its bytes on disk: gzip
+   shrinks images by far less) gets its buffer at once, on huge pages (dt__advise_huge: Fashion-MNIST's 47 MB
+   then take 24 page faults, not 11,500); beyond that the buffer grows with the data actually read, so a
+   header that claims more than the file holds costs little. `what` describes the header's claim for the
+   message. */
 static dt_result dt__in_read_payload(dt__in *in, int64_t head, int64_t want, const char *what, uint8_t **out) {
-    int64_t cap = want + 1 < ((int64_t)1 << 16) ? want + 1 : ((int64_t)1 << 16), have = 0, got;
+    int64_t small = (int64_t)1 << 16, plausible = in->disk > 0 && in->disk < INT64_MAX / 64 ? 64 * in->disk : 0;
+    int64_t cap = want + 1 <= small || want + 1 <= plausible ? want + 1 : small, have = 0, got;
     uint8_t *buf = (uint8_t *)DT_MALLOC((size_t)cap), *nb;
     dt_result r;
     *out = NULL;
     if (!buf) return dt_set_error(DT_ERR_OUT_OF_MEMORY, "no memory to read %s", in->path);
+    dt__advise_huge(buf, (size_t)cap);
     for (;;) {   /* read up to want + 1 bytes: one more than expected tells a too-long file */
         if ((r = dt__in_read(in, buf + have, cap - have, &got)) != DT_OK) { DT_FREE(buf); return r; }
         have += got;
