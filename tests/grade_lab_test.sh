@@ -45,6 +45,9 @@ for lab in 1 2 3 4; do
     check "grade_lab.sh: lab $lab's key passes" sh -c "
         sh tools/grade_lab.sh --solve $lab '$G/key$lab' '$B' >/dev/null && sh tools/grade_lab.sh $lab '$G/key$lab' '$B' > '$G/key$lab.out'"
 done
+# the cases below re-run each lab's command once, kept for the next (GRADE_RERUN_DIR: the run is seeded); the
+# keys above ran it afresh each
+GRADE_RERUN_DIR=$G/rerun; export GRADE_RERUN_DIR
 
 # the key's submission as editors save it: each is accepted and normalised, and scores every point (lab 1:
 # its last column is the traffic, which a CR would follow)

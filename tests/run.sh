@@ -421,7 +421,8 @@ if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >
     for t in test_diff test_comm test_core test_models test_layers; do rm -f "$B/aarch64/$t"; done
     for t in test_diff test_comm test_core; do job aarch64_build $t; done
     jobs_done
-    for t in test_models test_layers; do [ -f "$B/aarch64/dtrain.o" ] && aarch64_build $t; done
+    for t in test_models test_layers; do [ -f "$B/aarch64/dtrain.o" ] && job aarch64_build $t; done
+    jobs_done
     # the longest first; test_models in three parts, of about a minute each here
     job aarch64_run test_models threads_same_bits
     job aarch64_run test_models planned_passes
