@@ -131,11 +131,16 @@ run() {
 }
 
 # section "N. TITLE": says the section's title and keeps the time the one before it took (the table at the end)
-sec_name=""; sec_t=$(date +%s); sec_times=""
+# and the CPU time (user and system) of the programs it ran: the share of the two cores it kept busy
+cpu_now() {   # cpu: the CPU seconds of this shell's finished children so far (`times`, run in this shell, not in $(...))
+    times > "$PJ/times"
+    cpu=$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); n += a[1] * 60 + a[2] } printf "%d", n }' "$PJ/times")
+}
+sec_name=""; sec_t=$(date +%s); sec_cpu=0; sec_times=""
 section() {
-    now=$(date +%s)
-    [ -n "$sec_name" ] && want && sec_times="$sec_times $sec_name $((now - sec_t)) s,"
-    sec_name=${1%%.*}; sec_t=$now
+    now=$(date +%s); cpu_now
+    [ -n "$sec_name" ] && want && sec_times="$sec_times $sec_name $((now - sec_t)) s (CPU $((cpu - sec_cpu)) s),"
+    sec_name=${1%%.*}; sec_t=$now; sec_cpu=$cpu
     if want; then echo "== $1"; else echo "== $1: not run (DT_SECTIONS=$DT_SECTIONS)"; fi
 }
 will_run() {   # will_run N: whether section N runs
