@@ -180,6 +180,10 @@ impl() {
 JOBS=${JOBS:-$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)}
 PJ=$(mktemp -d); mkfifo "$PJ/tokens"; exec 9<>"$PJ/tokens"   # JOBS tokens: a job takes one to start, returns it
 i=0; while [ "$i" -lt "$JOBS" ]; do echo >&9; i=$((i + 1)); done
+# pool_widen N / pool_narrow N: N more tokens for cases that mostly wait (a timeout, a stalled rank, a fixed time),
+# and back (pool_narrow after jobs_done, when every token has been returned)
+pool_widen() { w_i=0; while [ "$w_i" -lt "$1" ]; do echo >&9; w_i=$((w_i + 1)); done; }
+pool_narrow() { w_i=0; while [ "$w_i" -lt "$1" ]; do read -r _ <&9; w_i=$((w_i + 1)); done; }
 pn=0; pdone=0
 job() {
     pn=$((pn + 1)); read -r _ <&9
@@ -213,10 +217,11 @@ check() {   # check NAME COMMAND...: one test that passes when the command succe
 
 section "1. optimised build ($CC)"
 if want; then
-# through the pool, the longest first: test_comm and test_faults wait out timeouts while test_diff computes
+# through the pool, widened by one, the longest first: test_comm and test_faults wait out timeouts while test_diff
+# computes
+pool_widen 1
 for t in test_diff test_comm test_faults; do case " $* " in *" $t "*) job run "$t" "$B/tests/$t" ;; esac; done
 for t in "$@"; do case " test_diff test_comm test_faults " in *" $t "*) ;; *) job run "$t" "$B/tests/$t" ;; esac; done
-jobs_done
 
 # the layer and model tests once more on every other CPU tier this machine runs (dtrain/cpu/cpu.h: DT_CPU), so each
 # tier's kernels train the zoo; a tier the CPU lacks is said to be skipped
@@ -226,8 +231,10 @@ for tier in avx512 avx2 portable; do
     if ! "$B/examples/zoo" --tier "$tier" --model mlp --steps 1 >/dev/null 2>&1; then
         echo "skipped: test_layers and test_models on the $tier tier (this CPU or build lacks it)"; continue
     fi
-    for t in test_layers test_models; do run "$t DT_CPU=$tier" env DT_CPU=$tier "$B/tests/$t"; done
+    for t in test_layers test_models; do job run "$t DT_CPU=$tier" env DT_CPU=$tier "$B/tests/$t"; done
 done
+jobs_done
+pool_narrow 1
 fi
 
 section "1a. dtrain against float64 PyTorch (tests/diff_torch.py)"
@@ -594,23 +601,23 @@ printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\n#ifndef DT_POS
     > "$cfg/apple.c"
 job check "DT_POSIX_MINIMAL is defined by itself on macOS (__APPLE__)" $CC -std=c11 -D__APPLE__ -E "$cfg/apple.c" -o "$cfg/apple.i"
 jobs_done
+pool_widen 1   # one thread a rank and no OpenMP here, and test_comm's faults and test_faults wait out timeouts
 job cfg_run test_comm "fault,hier"
 job cfg_run test_comm "~fault,hier"
 for t in test_faults test_ddp test_resume; do job cfg_case $t; done
 job cfg_run test_core
 jobs_done
+pool_narrow 1
 fi
 
 section "3. without OpenMP, portable kernels"
 if want; then
 mkdir -p "$B/noomp"
-impl "$B/noomp/dtrain.o" $CC $WARN -O2 -DDT_NO_SIMD $DEFS
 noomp_case() {
     if build "$B/noomp/dtrain.o" "tests/$1.c" "$B/noomp/$1" "$LDLIBS" $CC $WARN -O2 -DDT_NO_SIMD $DEFS; then
         run "noomp $1" env DT_TEST_QUICK=1 "$B/noomp/$1"
     else echo "FAIL build of $1 without OpenMP"; failed=$((failed + 1)); fi
 }
-for t in "$@"; do job noomp_case "$t"; done
 
 # the dataset tests once more without gzip and image support: the loaders must say which macro to build with
 plain_case() {
@@ -618,7 +625,6 @@ plain_case() {
         run "without DT_USE_ZLIB, DT_USE_STB_IMAGE: test_datasets" "$B/noomp/test_datasets_plain"
     else echo "FAIL build of test_datasets without the optional features"; failed=$((failed + 1)); fi
 }
-job plain_case
 
 # the Makefile's two other ways with image folders (STB_DIR, STB): stb_image from a folder of its headers (a copy of
 # Debian's), compiled into the build's own object and linked without -lstb; and no stb_image at all (STB=none, as
@@ -655,10 +661,18 @@ stb_none_case() {
     check "make STB=none: built without image folders, saying so" stb_none_built
     [ -x "$B/stb/none/tests/test_datasets" ] && run "without image folders (STB=none): test_datasets" "$B/stb/none/tests/test_datasets"
 }
+# the object beside the three builds that do not need it; then the tests, three at a time (one thread each: the
+# waits of test_comm and test_faults leave a core idle)
 mkdir -p "$B/stb"
+job impl "$B/noomp/dtrain.o" $CC $WARN -O2 -DDT_NO_SIMD $DEFS
+job plain_case
 job stb_dir_case
 job stb_none_case
 jobs_done
+pool_widen 1
+for t in "$@"; do job noomp_case "$t"; done
+jobs_done
+pool_narrow 1
 fi
 
 section "4. AddressSanitizer + UndefinedBehaviorSanitizer (clang)"
@@ -681,6 +695,7 @@ asan_case() {
         ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 run "asan $1" env DT_TEST_QUICK=1 "$B/asan/$1"
     else echo "FAIL build of $1 with sanitizers"; failed=$((failed + 1)); fi
 }
+pool_widen 1   # three at a time: test_comm and test_faults wait out timeouts
 for t in "$@"; do job asan_case "$t"; done
 
 # the loader's prefetch thread, the local ranks and DDP's helper thread (which reduces buckets while the
@@ -695,6 +710,7 @@ for t in test_partition test_comm test_ddp test_dpsgd test_trace test_resume tes
 # section 6's object of the implementation, here where the pool is full
 if [ -n "${FUZZ:-}" ] && will_run 6; then mkdir -p "$B/fuzz"; job fuzz_impl; fuzz_obj=1; fi
 jobs_done
+pool_narrow 1
 fi
 
 section "5. examples"
@@ -827,6 +843,7 @@ check "fedavg --attack labelflip without --flip (its attackers would train hones
     '$B/examples/fedavg' --attack labelflip --attackers 1 > '$T/t.out' 2>&1; [ \$? -eq 2 ] && grep -q 'needs --flip A:B' '$T/t.out'"
 check "fedavg --trim 0 (a trimmed mean that cuts nothing): exit 2 naming --agg mean" sh -c "
     '$B/examples/fedavg' --agg trimmed --trim 0 > '$T/t.out' 2>&1; [ \$? -eq 2 ] && grep -q 'agg mean' '$T/t.out'"
+pool_widen 1   # the kill-and-resume cases below run as jobs
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     # stopped after epoch 1 and resumed = never stopped: the CSV rows agree to the last digit
     check "train: resumed run ends as the uninterrupted one" sh -c "
@@ -855,7 +872,9 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         cut -d, -f"$cols" "$T/$name.a.csv" > "$T/$name.a.cut"; cut -d, -f"$cols" "$T/$name.b.csv" > "$T/$name.b.cut"
         [ "$(wc -l < "$T/$name.a.cut")" -ge 3 ] && cmp "$T/$name.a.cut" "$T/$name.b.cut" && cmp "$T/$name.a.ckpt" "$T/$name.b.ckpt"
     }
-    check "train: killed mid-epoch (--checkpoint-every 5) and resumed, ends as the unstopped run" \
+    # as jobs of the pool (widened by one, above), beside the checks that follow, but for ddp's and localsgd's,
+    # whose checkpoints the refusals below read
+    job check "train: killed mid-epoch (--checkpoint-every 5) and resumed, ends as the unstopped run" \
         kill_resume train 1,3-7 --epochs 2 --limit 512 $TL --batch 16 --checkpoint-every 5
     # the header line shows the defaults that shape training: ddp's momentum 0.5 and accum, fedavg's trim and Krum's f
     check "ddp's header line shows momentum 0.5 and accum 1" sh -c "
@@ -882,7 +901,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     check "ddp: killed and resumed on 3 ranks (--checkpoint-every 3), ends as the unstopped run" \
         kill_resume ddp 1,3-6,9 --ranks 3 --batch 48 --epochs 2 --limit 512 $TL --checkpoint-every 3
     kr_as=ddp-topk
-    check "ddp --compress topk:0.01: killed and resumed, ends as the unstopped run (the residuals in the checkpoint)" \
+    job check "ddp --compress topk:0.01: killed and resumed, ends as the unstopped run (the residuals in the checkpoint)" \
         kill_resume ddp 1,3-6,9 --ranks 2 --epochs 2 --limit 512 $TL --compress topk:0.01 --checkpoint-every 2
     # PowerSGD's warm-up: syncs of the plain gradient first; a warm-up longer than the run gives fp32's losses and bytes
     check "ddp --compress powersgd:2 --powersgd-warmup: the header says so; a warm-up of the whole run is fp32's run" sh -c "
@@ -893,7 +912,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     kr_as=
     check "localsgd: killed and resumed between averages, ends as the unstopped run" \
         kill_resume localsgd 1,3-6,9,10 --ranks 3 --epochs 2 --limit 512 $TL --batch 16 --period 4 --checkpoint-every 3
-    check "dpsgd: killed and resumed on 3 ranks, ends as the unstopped run" \
+    job check "dpsgd: killed and resumed on 3 ranks, ends as the unstopped run" \
         kill_resume dpsgd 1,3-8 --ranks 3 --epochs 2 --limit 256 --model simplecnn --batch 16 --checkpoint-every 2
     check "dpsgd --topology one-peer-exp on 4 ranks: the header names the schedule, the run ends" sh -c "
         '$B/examples/dpsgd' --ranks 4 --topology one-peer-exp --limit 128 --model simplecnn --batch 16 > '$T/op.out' &&
@@ -903,10 +922,12 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         '$B/examples/dpsgd' --ranks 4 --push-sum --topology directed-one-peer-exp --limit 128 --model simplecnn --batch 16 > '$T/op.out' &&
         grep -qF 'D-PSGD (cta, push-sum) on 4 ranks, directed-one-peer-exp topology (one peer a step, i -> i + 2^(t mod 2)' '$T/op.out' &&
         grep -q '^average of the 4 replicas' '$T/op.out'"
-    check "dpsgd --push-sum on a directed ring: killed and resumed on 3 ranks, ends as the unstopped run" \
+    kr_as=dpsgd-push-sum
+    job check "dpsgd --push-sum on a directed ring: killed and resumed on 3 ranks, ends as the unstopped run" \
         kill_resume dpsgd 1,3-8 --ranks 3 --epochs 2 --limit 256 --model simplecnn --batch 16 --checkpoint-every 2 \
         --topology directed-ring --push-sum --order atc
-    check "fedavg: killed between rounds and resumed, ends as the unstopped run" \
+    kr_as=
+    job check "fedavg: killed between rounds and resumed, ends as the unstopped run" \
         kill_resume fedavg 1,3-12 --ranks 3 --clients 7 --rounds 20 --frac 0.9 --dropout-prob 0.3 --agg median \
         --attack signflip --attackers 1 --limit 700 $TL --batch 20
     # FedAvg resumes on another number of ranks (its state is rank 0's): killed on 3 ranks after a checkpoint and
@@ -927,7 +948,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
             [ "$(wc -l < "$T/fw.a.cut")" -eq 7 ] && cmp "$T/fw.a.cut" "$T/fw.b.cut" || return 1
         done
     }
-    check "fedavg: killed on 3 ranks, resumed on 2 and on 4 (FedAvg's state is rank 0's), ends as the unstopped run" fed_other_world
+    job check "fedavg: killed on 3 ranks, resumed on 2 and on 4 (FedAvg's state is rank 0's), ends as the unstopped run" fed_other_world
     # DDP resumes on another number of ranks from the mean of the saved ranks' states (equal replicas): killed on 3
     # ranks mid-epoch and resumed on 2 with the same global batch, an MLP (no dropout) ends with the unstopped run's
     # losses and accuracy but for rounding (the loader's position is the global batch's: no sample skipped or repeated)
@@ -945,7 +966,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
         paste -d, "$T/dw.a.csv" "$T/dw.b.csv" | awk -F, 'NR > 1 { n++; d = $3 - $12; e = $5 - $14; if (d < 0) d = -d; if (e < 0) e = -e
             if (d > 1e-3 || e > 0.005) bad++ } END { exit !(n == 2 && !bad) }'
     }
-    check "ddp: killed on 3 ranks mid-epoch, resumed on 2 (the ranks' mean), ends with the unstopped run's losses" ddp_other_world
+    job check "ddp: killed on 3 ranks mid-epoch, resumed on 2 (the ranks' mean), ends with the unstopped run's losses" ddp_other_world
     # the library's refusals of a checkpoint that cannot resume the run, named in the example's message
     check "localsgd --resume with another --period: exit 1 naming both values" sh -c "
         '$B/examples/localsgd' --ranks 3 --epochs 2 --limit 512 $TL --batch 16 --period 5 --checkpoint '$T/localsgd.a.ckpt' --resume \
@@ -1084,8 +1105,10 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 else
     echo "skipped train resume check: dataset-fashion-mnist is not installed"
 fi
-# examples/simple: started with the section (simple_checks, in the pool); its results are printed here
+# examples/simple: started with the section (simple_checks, in the pool); its results are printed here, with the
+# kill-and-resume jobs'
 jobs_done
+pool_narrow 1
 check "examples/simple/quickstart --ranks 2: exit 0 after 200 steps" sh -c "'$B/examples/simple/quickstart' --ranks 2 | grep -q '^step 200 '"
 # tools/plot.sh: a chart from a small CSV, and a CSV without the asked column refused before drawing
 printf 'round,train_loss,test_loss,test_acc\n1,0.9,0.8,0.70\n2,0.6,0.5,0.80\n' > "$T/p.csv"
@@ -1104,11 +1127,14 @@ fi
 
 section "5b. the tutorial and the README: their experiments, shortened, and their quotations of the examples"
 if want; then
-# each chapter in a scratch directory of its own (tools/docs_check.sh), two at a time (the pool)
+# each chapter in a scratch directory of its own (tools/docs_check.sh), three at a time (the pool, widened by one:
+# a chapter's short runs leave a core idle a third of the time, loading and writing)
+pool_widen 1
 for md in docs/tutorial/*.md README.md; do
     job check "$md: its commands run and its quotations are current" env DOCS_CHECK_QUIET=1 sh tools/docs_check.sh "$B" "$md"
 done
 jobs_done
+pool_narrow 1
 fi
 
 section "5c. faults on local ranks (DT_FAULT, tests/mpi/fault_ddp.c)"
@@ -1124,42 +1150,47 @@ fault_ends() {
         [ "$(printf '%s\n' "$out" | grep -c 'the loss is nan')" -le 1 ] || { echo "exit status $rc after $secs s"; return 1; }
 }
 # fault_cases RUNNER...: each fault on the last rank at its 5th collective (a DDP step), and one NaN pixel
-# in its batch at step 3, run by RUNNER (mpiexec -n N prog, or prog --ranks N) with a 0.5 s timeout
+# in its batch at step 3, run by RUNNER (mpiexec -n N prog, or prog --ranks N) with a 0.5 s timeout; jobs of the
+# pool, which the caller widens (the cases mostly wait out timeouts) and waits for
 fault_cases() {
     r=$1; shift
-    check "$* DT_FAULT kind=fail on rank $r: exit 1 naming the injected failure and rank $r" \
+    job check "$* DT_FAULT kind=fail on rank $r: exit 1 naming the injected failure and rank $r" \
         fault_ends "DT_ERR_STATE: rank $r: all-reduce #5 .*injected failure" env DT_FAULT="rank=$r,coll=5,kind=fail" "$@" --timeout 0.5
-    check "$* DT_FAULT kind=return on rank $r: exit 1 naming rank $r as gone" \
+    job check "$* DT_FAULT kind=return on rank $r: exit 1 naming rank $r as gone" \
         fault_ends "rank $r has finished|ranks not in it: ([0-9]+ \([a-z0-9# ]*\), )*$r \((at #4|finished)\)" env DT_FAULT="rank=$r,coll=5,kind=return" "$@" --timeout 0.5
-    check "$* DT_FAULT kind=stall:3 on rank $r: exit 1 within 15 s naming rank $r" \
+    job check "$* DT_FAULT kind=stall:3 on rank $r: exit 1 within 15 s naming rank $r" \
         fault_ends "rank $r has not (returned|ended)" env DT_FAULT="rank=$r,coll=5,kind=stall:3" "$@" --timeout 0.5
-    check "$* DT_FAULT kind=hang on rank $r: exit 1 within 15 s naming rank $r" \
+    job check "$* DT_FAULT kind=hang on rank $r: exit 1 within 15 s naming rank $r" \
         fault_ends "rank $r has not (returned|ended)" env DT_FAULT="rank=$r,coll=5,kind=hang" "$@" --timeout 0.5
     # (under MPI, with MPI's native all-reduce: its collectives left with MPI by the failure once wrote into
     # gradients freed as the ranks ended, and corrupted the heap in about 1 run of 14; dtrain_mpi.h stages them)
-    check "$* DT_FAULT kind=nan on rank $r (the gradient): exit 1, DT_ERR_NUMERIC with rank, epoch and step, once" \
+    job check "$* DT_FAULT kind=nan on rank $r (the gradient): exit 1, DT_ERR_NUMERIC with rank, epoch and step, once" \
         fault_ends "DT_ERR_NUMERIC: rank [0-9]+: epoch 1, step [0-9]+: .*the loss is nan" env DT_FAULT="rank=$r,coll=5,kind=nan" "$@" --timeout 0.5
-    check "$* one NaN pixel in rank $r's batch at step 3: exit 1, DT_ERR_NUMERIC naming rank $r, epoch 1, step 3, once" \
+    job check "$* one NaN pixel in rank $r's batch at step 3: exit 1, DT_ERR_NUMERIC naming rank $r, epoch 1, step 3, once" \
         fault_ends "DT_ERR_NUMERIC: rank $r: epoch 1, step 3: .*the loss is nan" "$@" --timeout 0.5 --nan-pixel "$r:3"
     # fp16 sends the sample counts alone, in f32, first in each sync: #5 is step 2's (a NaN there once trained on
     # with the undivided gradient sum and exit 0)
-    check "$* --compress fp16, DT_FAULT kind=nan on rank $r in the sample counts: exit 1, DT_ERR_NUMERIC naming them" \
+    job check "$* --compress fp16, DT_FAULT kind=nan on rank $r in the sample counts: exit 1, DT_ERR_NUMERIC naming them" \
         fault_ends "DT_ERR_NUMERIC: .*the samples of all ranks \(all-reduced\) is nan" env DT_FAULT="rank=$r,coll=5,kind=nan" "$@" --timeout 0.5 --compress fp16
 }
 if want; then
 mkdir -p "$B/faults"
+# four cases at a time (the pool, widened: most of their time is a timeout's wait)
+pool_widen 2
 if build "" tests/mpi/fault_ddp.c "$B/faults/fault_ddp" "$LDLIBS" $CC $WARN -O2 -pthread $DEFS; then
     for n in 2 3 4; do fault_cases $((n - 1)) "$B/faults/fault_ddp" --ranks $n; done
-    check "DT_FAULT that is not a fault: exit 1 naming the form" sh -c "
+    job check "DT_FAULT that is not a fault: exit 1 naming the form" sh -c "
         DT_FAULT='rank=1,coll=0,kind=fail' '$B/faults/fault_ddp' 2>&1 | grep -q 'is not rank=R,coll=N,kind=K'"
 else echo "FAIL build of tests/mpi/fault_ddp.c"; failed=$((failed + 1)); fi
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then   # the same through an example
-    check "ddp: a NaN in rank 2's gradient (DT_FAULT) ends the run: exit 1, DT_ERR_NUMERIC naming rank, epoch and step, once" \
+    job check "ddp: a NaN in rank 2's gradient (DT_FAULT) ends the run: exit 1, DT_ERR_NUMERIC naming rank, epoch and step, once" \
         fault_ends "DT_ERR_NUMERIC: rank [0-9]+: epoch 1, step [0-9]+: .*the loss is nan" \
         env DT_FAULT="rank=2,coll=6,kind=nan" "$B/examples/ddp" --ranks 3 --limit 600 $TL --batch 60 --timeout 2
-    check "ddp: rank 1 stalled for good (DT_FAULT) ends the run: exit 1 within 15 s, naming it" \
+    job check "ddp: rank 1 stalled for good (DT_FAULT) ends the run: exit 1 within 15 s, naming it" \
         fault_ends "rank 1 has not returned" env DT_FAULT="rank=1,coll=6,kind=hang" "$B/examples/ddp" --ranks 3 --limit 600 $TL --batch 60 --timeout 1
 fi
+jobs_done
+pool_narrow 2
 fi
 
 section "5d. the course kit: docs/course, tools/grade_lab.sh, the experiments, the coding assignments"
@@ -1208,10 +1239,10 @@ fuzz_case() {
 # not an amount of work, so all of them run at once: the pool gets a token for each target beyond JOBS, returned after
 FZ_TMP=${TMPDIR:-/tmp}; [ -d /dev/shm ] && [ -w /dev/shm ] && FZ_TMP=/dev/shm
 fz_extra=0; for f in ${FUZZ:-}; do fz_extra=$((fz_extra + 1)); done; fz_extra=$((fz_extra - JOBS))
-i=0; while [ "$i" -lt "$fz_extra" ]; do echo >&9; i=$((i + 1)); done
+pool_widen "$fz_extra"
 for f in ${FUZZ:-}; do job fuzz_case "$f"; done
 jobs_done
-i=0; while [ "$i" -lt "$fz_extra" ]; do read -r _ <&9; i=$((i + 1)); done
+pool_narrow "$fz_extra"
 fi
 
 section "7. MPI (mpiexec -n 2, 3, 4)"
@@ -1224,110 +1255,104 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
     job impl "$B/mpi/dtrain.o" $MPICC
     job check "examples/simple/ddp.c built alone with mpicc" $MPICC -I. examples/simple/ddp.c -o "$B/mpi/simple_ddp" $LDLIBS
     jobs_done
-    if build "$B/mpi/dtrain.o" tests/mpi/test_comm_mpi.c "$B/mpi/test_comm_mpi" "$LDLIBS" $MPICC; then
-        for n in 2 3 4; do run "mpi -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_comm_mpi"; done
-    else echo "FAIL build of tests/mpi/test_comm_mpi.c with mpicc"; failed=$((failed + 1)); fi
+    # the test programs, and the examples built with mpicc (below), linked with the object, two at a time
+    mpi_build() {
+        build "$B/mpi/dtrain.o" "tests/mpi/$1.c" "$B/mpi/$1" "$LDLIBS" $MPICC ||
+            { echo "FAIL build of tests/mpi/$1.c with mpicc"; failed=$((failed + 1)); }
+    }
+    # the examples built with mpicc link this section's object (as make builds them, DTRAIN_IMPLEMENTATION_LINKED);
+    # examples/simple/ddp above is compiled alone, as a user's one file
+    mpi_example_build() {
+        check "examples/$1.c built with mpicc, -DDT_USE_MPI" $MPICC -DDTRAIN_IMPLEMENTATION_LINKED "examples/$1.c" "$B/mpi/dtrain.o" \
+            -o "$B/mpi/$1" $LDLIBS
+    }
+    for t in test_comm_mpi test_trace_mpi test_train_mpi test_resume_mpi fault_ddp; do rm -f "$B/mpi/$t"; job mpi_build $t; done
+    for ex in ddp localsgd dpsgd fedavg; do rm -f "$B/mpi/$ex"; job mpi_example_build $ex; done
+    # C11 is this section's object, built above with $WARN (-Werror); C++ here
+    job check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "[ -f '$B/mpi/dtrain.o' ] &&
+        mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c tests/impl.c -o '$B/mpi/impl-cxx.o'"
+    jobs_done
+    # the runs: three jobs at a time (the pool, widened by one): a rank that waits backs off (dtrain_mpi.h), and
+    # test_comm_mpi waits out barriers and stalls by design (-n 2, 3 and 4 together: 29 s here, one by one 48 s)
+    pool_widen 1
+    MT=$(mktemp -d)
+    # examples/simple/ddp built with mpicc: under mpiexec -n 2 each process is a rank (RANKS is for local ranks);
+    # the longest job, first
+    [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] &&
+        job check "examples/simple/ddp under mpiexec -n 2: exit 0, last test accuracy above 50%" sh -c "
+            [ -x '$B/mpi/simple_ddp' ] && timeout 300 mpiexec -n 2 '$B/mpi/simple_ddp' > '$MT/simple.out' 2>&1 &&
+            sed -n 's/.*test acc *\\([0-9.]*\\)%.*/\\1/p' '$MT/simple.out' | awk '{ a = \$1 } END { exit !(NR > 0 && a > 50) }' ||
+                { cat '$MT/simple.out'; exit 1; }"
+    if [ -x "$B/mpi/test_comm_mpi" ]; then
+        for n in 2 3 4; do job run "mpi -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_comm_mpi"; done
+    fi
     # --trace under MPI: rank 0 gathers every rank's events into one file; after a failure, a file per rank
-    if build "$B/mpi/dtrain.o" tests/mpi/test_trace_mpi.c "$B/mpi/test_trace_mpi" "$LDLIBS" $MPICC; then
-        run "mpi trace -n 2" timeout 300 mpiexec -n 2 "$B/mpi/test_trace_mpi"
-    else echo "FAIL build of tests/mpi/test_trace_mpi.c with mpicc"; failed=$((failed + 1)); fi
-    if build "$B/mpi/dtrain.o" tests/mpi/test_train_mpi.c "$B/mpi/test_train_mpi" "$LDLIBS" $MPICC; then
-        for n in 2 3 4; do run "mpi train -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_train_mpi"; done
-    else echo "FAIL build of tests/mpi/test_train_mpi.c with mpicc"; failed=$((failed + 1)); fi
+    [ -x "$B/mpi/test_trace_mpi" ] && job run "mpi trace -n 2" timeout 300 mpiexec -n 2 "$B/mpi/test_trace_mpi"
+    if [ -x "$B/mpi/test_train_mpi" ]; then
+        for n in 2 3 4; do job run "mpi train -n $n" timeout 600 mpiexec -n $n "$B/mpi/test_train_mpi"; done
+    fi
     # resume under mpiexec (tests/mpi/test_resume_mpi.c): a run killed with SIGKILL after a random step K (one
     # rank kills itself, which ends the job) and resumed from its last checkpoint writes the bytes of an
     # uninterrupted run; K is printed with a failure, and DT_TEST_KILL_AT=K replays it
-    if build "$B/mpi/dtrain.o" tests/mpi/test_resume_mpi.c "$B/mpi/test_resume_mpi" "$LDLIBS" $MPICC; then
+    if [ -x "$B/mpi/test_resume_mpi" ]; then
         RT=$(mktemp -d)
-        mpi_resume() {   # mpi_resume TRAINER N [K]: K, when given, fixes the step of the kill
-            k=${DT_TEST_KILL_AT:-${3:-$((3 + $(od -An -N2 -tu2 /dev/urandom) % 11))}}
+        mpi_resume() {   # mpi_resume TRAINER N [K]: K, when given, fixes the step of the kill; files RT/TRAINER-N.*
+            k=${DT_TEST_KILL_AT:-${3:-$((3 + $(od -An -N2 -tu2 /dev/urandom) % 11))}}; f=$RT/$1-$2
             echo "$1 under mpiexec -n $2: killed after step $k (DT_TEST_KILL_AT=$k replays it)"
-            rm -f "$RT/$1.ckpt"
-            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$1" --steps 14 --every 3 --ckpt "$RT/$1.ckpt" \
-                --out "$RT/$1.ref" || return 1
-            rm -f "$RT/$1.ckpt"
-            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$1" --steps 14 --every 3 --ckpt "$RT/$1.ckpt" \
-                --out "$RT/$1.out" --kill-at "$k" >/dev/null 2>&1 && { echo "the run was not killed"; return 1; }
-            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$1" --steps 14 --every 3 --ckpt "$RT/$1.ckpt" \
-                --out "$RT/$1.out" --resume --expect-from $((k / 3 * 3)) || return 1
-            cmp "$RT/$1.ref" "$RT/$1.out"
+            rm -f "$f.ckpt"
+            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$1" --steps 14 --every 3 --ckpt "$f.ckpt" \
+                --out "$f.ref" || return 1
+            rm -f "$f.ckpt"
+            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$1" --steps 14 --every 3 --ckpt "$f.ckpt" \
+                --out "$f.out" --kill-at "$k" >/dev/null 2>&1 && { echo "the run was not killed"; return 1; }
+            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$1" --steps 14 --every 3 --ckpt "$f.ckpt" \
+                --out "$f.out" --resume --expect-from $((k / 3 * 3)) || return 1
+            cmp "$f.ref" "$f.out"
         }
-        for n in 2 3 4; do check "ddp under mpiexec -n $n: killed and resumed, ends as the uninterrupted run" mpi_resume ddp $n; done
+        for n in 2 3 4; do job check "ddp under mpiexec -n $n: killed and resumed, ends as the uninterrupted run" mpi_resume ddp $n; done
         for t in localsgd dpsgd fedavg; do
-            check "$t under mpiexec -n 3: killed and resumed, ends as the uninterrupted run" mpi_resume $t 3
+            job check "$t under mpiexec -n 3: killed and resumed, ends as the uninterrupted run" mpi_resume $t 3
         done
-        check "dpsgd-exp (one-peer exponential, period 2) under mpiexec -n 4: killed after step 4, resumed from 3, mid-period, ends as the uninterrupted run" \
+        job check "dpsgd-exp (one-peer exponential, period 2) under mpiexec -n 4: killed after step 4, resumed from 3, mid-period, ends as the uninterrupted run" \
             mpi_resume dpsgd-exp 4 4
-        check "sgp (push-sum on a directed graph) under mpiexec -n 3: killed and resumed, ends as the uninterrupted run" mpi_resume sgp 3
-        # the last DDP checkpoint (4 ranks) resumes under -n 3 from the mean of the ranks' states, saying so; refusals
-        # under mpiexec, on every rank, naming the cause: damaged (a byte flipped), and read by another trainer
-        mpi_refused() {   # mpi_refused FILE N TRAINER CAUSE: exit 1, CAUSE in the output
-            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$3" --steps 14 --every 3 --ckpt "$1" \
-                --out "$RT/x" --resume > "$RT/err" 2>&1 && { echo "the run resumed from $1"; return 1; }
-            grep -q "$4" "$RT/err" || { cat "$RT/err"; return 1; }
-        }
-        cp "$RT/ddp.ckpt" "$RT/bad.ckpt" && printf 'X' | dd of="$RT/bad.ckpt" bs=1 seek=200 conv=notrunc 2>/dev/null
-        check "a DDP checkpoint of 4 ranks under mpiexec -n 3: resumed from the mean of the 4 ranks' states, said in the log" sh -c "
-            cp '$RT/ddp.ckpt' '$RT/el.ckpt' &&
-            timeout 120 mpiexec -n 3 '$B/mpi/test_resume_mpi' --trainer ddp --steps 14 --every 3 --ckpt '$RT/el.ckpt' \
-                --out '$RT/x' --resume --expect-from 12 > '$RT/err' 2>&1 &&
-            grep -q 'was saved by 4 ranks; this run has 3, and each starts from the mean of theirs' '$RT/err' || { cat '$RT/err'; exit 1; }"
-        check "a damaged DDP checkpoint under mpiexec -n 4: refused, naming the checksum" mpi_refused "$RT/bad.ckpt" 4 ddp checksum
-        check "a DDP checkpoint read by D-PSGD under mpiexec -n 4: refused, naming its writer" \
-            mpi_refused "$RT/ddp.ckpt" 4 dpsgd "written by dt_ddp_save"
-        check "a D-PSGD checkpoint read by push-sum under mpiexec -n 3: refused, naming push-sum" \
-            mpi_refused "$RT/dpsgd.ckpt" 3 sgp "D-PSGD: push-sum or not"
-        rm -rf "$RT"
-    else echo "FAIL build of tests/mpi/test_resume_mpi.c with mpicc"; failed=$((failed + 1)); fi
+        job check "sgp (push-sum on a directed graph) under mpiexec -n 3: killed and resumed, ends as the uninterrupted run" mpi_resume sgp 3
+    fi
     # faults under mpiexec: each kind ends the job (a stalled rank with MPI_Abort) with exit status 1 and a message
     # naming the cause and the rank (fault_cases, section 5c)
-    if build "$B/mpi/dtrain.o" tests/mpi/fault_ddp.c "$B/mpi/fault_ddp" "$LDLIBS" $MPICC; then
-        for n in 2 3 4; do fault_cases $((n - 1)) mpiexec -n $n "$B/mpi/fault_ddp"; done
-    else echo "FAIL build of tests/mpi/fault_ddp.c with mpicc"; failed=$((failed + 1)); fi
-    # C11 is this section's object, built above with $WARN (-Werror); C++ here
-    check "mpicc C11 and g++ with DT_USE_MPI: warning-free" sh -c "[ -f '$B/mpi/dtrain.o' ] &&
-        mpicxx -x c++ -Wall -Wextra -Wpedantic -Werror -fopenmp -DDT_USE_MPI $DEFS -c tests/impl.c -o '$B/mpi/impl-cxx.o'"
+    [ -x "$B/mpi/fault_ddp" ] && for n in 2 3 4; do fault_cases $((n - 1)) mpiexec -n $n "$B/mpi/fault_ddp"; done
     printf '#define DTRAIN_IMPLEMENTATION\n#include "../../dtrain.h"\nstatic dt_result fn(dt_comm *c, void *a) { (void)c; (void)a; return DT_OK; }\nint main(void) { return dt_launch(NULL, fn, NULL) == DT_OK ? 0 : 1; }\n' > "$B/mpi/nompi.c"
-    check "built without MPI, under mpiexec -n 2: exit 1, saying to rebuild with MPI" sh -c "
+    job check "built without MPI, under mpiexec -n 2: exit 1, saying to rebuild with MPI" sh -c "
         $CC $WARN -pthread '$B/mpi/nompi.c' -o '$B/mpi/nompi' -lm || exit 1
         timeout 60 mpiexec -n 2 '$B/mpi/nompi' > '$B/mpi/nompi.out' 2>&1; rc=\$?
         cat '$B/mpi/nompi.out'; [ \$rc -eq 1 ] && grep -q 'built without MPI: rebuild it with MPI' '$B/mpi/nompi.out'"
     # the examples built with mpicc, under mpiexec, log what they log on as many local ranks: the same bits
     # with the library's algorithms (--algo ring) and messages (gossip, FedAvg's reports)
     if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
-        MT=$(mktemp -d)
-        # the examples built with mpicc link this section's object (as make builds them, DTRAIN_IMPLEMENTATION_LINKED);
-        # examples/simple/ddp below is compiled alone, as a user's one file
-        mpi_example_build() {
-            check "examples/$1.c built with mpicc, -DDT_USE_MPI" $MPICC -DDTRAIN_IMPLEMENTATION_LINKED "examples/$1.c" "$B/mpi/dtrain.o" \
-                -o "$B/mpi/$1" $LDLIBS
-        }
-        for ex in ddp localsgd dpsgd fedavg; do rm -f "$B/mpi/$ex"; job mpi_example_build $ex; done
-        jobs_done
         mpi_example() {   # mpi_example NAME COLUMNS N ARGS...: the CSV's COLUMNS agree, mpiexec -n N and --ranks N
             name=$1; cols=$2; n=$3; shift 3
             [ -x "$B/mpi/$name" ] || { echo "not built (above)"; return 1; }
-            timeout 300 mpiexec -n "$n" "$B/mpi/$name" "$@" --csv "$MT/$name-mpi.csv" >/dev/null || return 1
-            timeout 300 "$B/examples/$name" --ranks "$n" "$@" --csv "$MT/$name-local.csv" >/dev/null || return 1
-            cut -d, -f"$cols" "$MT/$name-mpi.csv" > "$MT/$name-mpi.cut"; cut -d, -f"$cols" "$MT/$name-local.csv" > "$MT/$name-local.cut"
-            [ "$(wc -l < "$MT/$name-mpi.cut")" -ge 2 ] && cmp "$MT/$name-mpi.cut" "$MT/$name-local.cut" ||
-                { echo "mpiexec:"; cat "$MT/$name-mpi.cut"; echo "local ranks:"; cat "$MT/$name-local.cut"; return 1; }
+            f=$MT/$name-$(printf '%s' "$*" | cksum | cut -d ' ' -f 1)   # the files of this case (the jobs run together)
+            timeout 300 mpiexec -n "$n" "$B/mpi/$name" "$@" --csv "$f-mpi.csv" >/dev/null || return 1
+            timeout 300 "$B/examples/$name" --ranks "$n" "$@" --csv "$f-local.csv" >/dev/null || return 1
+            cut -d, -f"$cols" "$f-mpi.csv" > "$f-mpi.cut"; cut -d, -f"$cols" "$f-local.csv" > "$f-local.cut"
+            [ "$(wc -l < "$f-mpi.cut")" -ge 2 ] && cmp "$f-mpi.cut" "$f-local.cut" ||
+                { echo "mpiexec:"; cat "$f-mpi.cut"; echo "local ranks:"; cat "$f-local.cut"; return 1; }
         }
-        check "ddp: mpiexec -n 2 logs the losses, accuracy and traffic of 2 local ranks" \
+        job check "ddp: mpiexec -n 2 logs the losses, accuracy and traffic of 2 local ranks" \
             mpi_example ddp 1,3-6,9 2 --limit 512 $TL --algo ring
-        check "localsgd: mpiexec -n 2 logs the losses, accuracy and traffic of 2 local ranks" \
+        job check "localsgd: mpiexec -n 2 logs the losses, accuracy and traffic of 2 local ranks" \
             mpi_example localsgd 1,3-6,9,10 2 --limit 512 $TL --period 4 --algo ring --model fedavg_2nn
-        check "dpsgd: mpiexec -n 3 logs the losses, accuracy and consensus of 3 local ranks" \
+        job check "dpsgd: mpiexec -n 3 logs the losses, accuracy and consensus of 3 local ranks" \
             mpi_example dpsgd 1,3-8 3 --limit 256 --model simplecnn --algo ring
-        check "fedavg: mpiexec -n 3 logs the rounds, losses and accuracy of 3 local ranks" \
+        job check "fedavg: mpiexec -n 3 logs the rounds, losses and accuracy of 3 local ranks" \
             mpi_example fedavg 1,3-10 3 --clients 7 --rounds 2 --frac 0.9 --dropout-prob 0.3 --agg median --attack signflip \
             --attackers 1 --model fedavg_2nn --limit 700 $TL
-        check "fedavg --dp-clip 0.5 --dp-noise 0.3: mpiexec -n 3 logs the rounds, losses and accuracy (the noise too) of 3 local ranks" \
+        job check "fedavg --dp-clip 0.5 --dp-noise 0.3: mpiexec -n 3 logs the rounds, losses and accuracy (the noise too) of 3 local ranks" \
             mpi_example fedavg 1,3-10 3 --clients 6 --frac 0.5 --rounds 2 --dp-clip 0.5 --dp-noise 0.3 --model fedavg_2nn --limit 500 $TL
-        check "fedavg --server adam: mpiexec -n 3 logs the rounds, losses and accuracy of 3 local ranks" \
+        job check "fedavg --server adam: mpiexec -n 3 logs the rounds, losses and accuracy of 3 local ranks" \
             mpi_example fedavg 1,3-10 3 --clients 5 --rounds 2 --server adam --model fedavg_2nn --limit 500 $TL
         # FedAvg saved under mpiexec -n 3 after round 3 and resumed under mpiexec -n 2: the rows of the run never stopped
-        check "fedavg: saved under mpiexec -n 3, resumed under mpiexec -n 2, ends as the unstopped run" sh -c "
+        job check "fedavg: saved under mpiexec -n 3, resumed under mpiexec -n 2, ends as the unstopped run" sh -c "
             A='--model fedavg_2nn --clients 5 --limit 500 $TL'
             rm -f '$MT/fw.ckpt' '$MT/fw.a.csv' '$MT/fw.b.csv'
             timeout 300 mpiexec -n 3 '$B/mpi/fedavg' \$A --rounds 6 --csv '$MT/fw.a.csv' > /dev/null &&
@@ -1335,42 +1360,64 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; then
             timeout 300 mpiexec -n 2 '$B/mpi/fedavg' \$A --rounds 6 --csv '$MT/fw.b.csv' --checkpoint '$MT/fw.ckpt' --resume > /dev/null &&
             cut -d, -f1,3-12 '$MT/fw.a.csv' > '$MT/fw.a.cut' && cut -d, -f1,3-12 '$MT/fw.b.csv' > '$MT/fw.b.cut' &&
             [ \$(wc -l < '$MT/fw.a.cut') -eq 7 ] && cmp '$MT/fw.a.cut' '$MT/fw.b.cut'"
-        # examples/simple/ddp built with mpicc: under mpiexec -n 2 each process is a rank (RANKS is for local ranks)
-        check "examples/simple/ddp under mpiexec -n 2: exit 0, last test accuracy above 50%" sh -c "
-            [ -x '$B/mpi/simple_ddp' ] && timeout 300 mpiexec -n 2 '$B/mpi/simple_ddp' > '$MT/simple.out' 2>&1 &&
-            sed -n 's/.*test acc *\\([0-9.]*\\)%.*/\\1/p' '$MT/simple.out' | awk '{ a = \$1 } END { exit !(NR > 0 && a > 50) }' ||
-                { cat '$MT/simple.out'; exit 1; }"
         # ddp under mpiexec -n 3 with --checkpoint-every, one rank killed with SIGKILL a random time after the first
-        # checkpoint (the job ends with it), then resumed: the CSV rows and checkpoint bytes of a job never stopped
+        # checkpoint (the job ends with it), then resumed: the CSV rows and checkpoint bytes of a job never stopped.
+        # It runs a copy of the program, MT/kill/ddp, so that the rank it kills is its own, not another job's
         mpi_kill_resume() {
             set -- --batch 48 --epochs 2 --limit 512 $TL --checkpoint-every 3 --algo ring
-            timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.a.csv" --checkpoint "$MT/k.a.ckpt" >/dev/null || return 1
-            timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" >/dev/null 2>&1 & pid=$!
+            mkdir -p "$MT/kill" && cp "$B/mpi/ddp" "$MT/kill/ddp" || return 1
+            timeout 300 mpiexec -n 3 "$MT/kill/ddp" "$@" --csv "$MT/k.a.csv" --checkpoint "$MT/k.a.ckpt" >/dev/null || return 1
+            timeout 300 mpiexec -n 3 "$MT/kill/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" >/dev/null 2>&1 & pid=$!
             while [ ! -e "$MT/k.b.ckpt" ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done   # polled: a spin would take a core from the run
             delay=$(awk 'BEGIN { srand(); printf "%.2f", rand() * 0.3 }'); sleep "$delay"
-            rank=$(pgrep -f "^$B/mpi/ddp " | head -n 1); [ -n "$rank" ] && kill -9 "$rank"; wait $pid
+            rank=$(pgrep -f "^$MT/kill/ddp " | head -n 1); [ -n "$rank" ] && kill -9 "$rank"; wait $pid
             [ $? -ne 0 ] || { echo "the job ended before a rank was killed"; return 1; }
-            timeout 300 mpiexec -n 3 "$B/mpi/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" --resume > "$MT/k.out" || return 1
+            timeout 300 mpiexec -n 3 "$MT/kill/ddp" "$@" --csv "$MT/k.b.csv" --checkpoint "$MT/k.b.ckpt" --resume > "$MT/k.out" || return 1
             echo "a rank killed $delay s after the first checkpoint; $(head -n 1 "$MT/k.out")"
             cut -d, -f1,3-6,9 "$MT/k.a.csv" > "$MT/k.a.cut"; cut -d, -f1,3-6,9 "$MT/k.b.csv" > "$MT/k.b.cut"
             [ "$(wc -l < "$MT/k.a.cut")" -eq 3 ] && cmp "$MT/k.a.cut" "$MT/k.b.cut" && cmp "$MT/k.a.ckpt" "$MT/k.b.ckpt"
         }
-        check "ddp under mpiexec -n 3: a rank killed, the job resumed, ends as the unstopped job" mpi_kill_resume
+        job check "ddp under mpiexec -n 3: a rank killed, the job resumed, ends as the unstopped job" mpi_kill_resume
         # rank 0 writes the trace; every rank learns before the run that it cannot, and the job ends naming the path
-        check "ddp --trace into a missing directory under mpiexec -n 2: exit 1 before training, naming the path" sh -c "
+        job check "ddp --trace into a missing directory under mpiexec -n 2: exit 1 before training, naming the path" sh -c "
             timeout 120 mpiexec -n 2 '$B/mpi/ddp' --limit 256 $TL --trace '$MT/no-such-dir/t.json' > '$MT/tr.out' 2>&1;
             [ \$? -eq 1 ] && grep -q 'no-such-dir/t.json' '$MT/tr.out' && ! grep -q '^epoch' '$MT/tr.out'"
         # docs/multi-machine.md's launch with a hostfile, here naming this machine twice (localhost and its
         # hostname, 2 slots each): the job logs what 4 local ranks log
-        check "ddp under mpiexec -f HOSTS -n 4 (this machine named twice): the losses, accuracy and traffic of 4 local ranks" sh -c "
+        job check "ddp under mpiexec -f HOSTS -n 4 (this machine named twice): the losses, accuracy and traffic of 4 local ranks" sh -c "
             printf 'localhost:2\\n%s:2\\n' \"\$(hostname)\" > '$MT/hosts' &&
             timeout 300 mpiexec -f '$MT/hosts' -n 4 '$B/mpi/ddp' --limit 512 $TL --sync flat --algo ring --csv '$MT/h-mpi.csv' > /dev/null &&
             timeout 300 '$B/examples/ddp' --ranks 4 --limit 512 $TL --sync flat --algo ring --csv '$MT/h-local.csv' > /dev/null &&
             [ \"\$(cut -d, -f3,4,5,9 '$MT/h-mpi.csv')\" = \"\$(cut -d, -f3,4,5,9 '$MT/h-local.csv')\" ]"
-        rm -rf "$MT"
     else
         echo "skipped the examples under mpiexec: dataset-fashion-mnist is not installed"
     fi
+    jobs_done
+    # checkpoints written above, read again
+    if [ -x "$B/mpi/test_resume_mpi" ]; then
+        # the last DDP checkpoint (4 ranks) resumes under -n 3 from the mean of the ranks' states, saying so; refusals
+        # under mpiexec, on every rank, naming the cause: damaged (a byte flipped), and read by another trainer
+        mpi_refused() {   # mpi_refused FILE N TRAINER CAUSE: exit 1, CAUSE in the output
+            e=$RT/refused-$3-$2-${1##*/}
+            timeout 120 mpiexec -n "$2" "$B/mpi/test_resume_mpi" --trainer "$3" --steps 14 --every 3 --ckpt "$1" \
+                --out "$e.x" --resume > "$e" 2>&1 && { echo "the run resumed from $1"; return 1; }
+            grep -q "$4" "$e" || { cat "$e"; return 1; }
+        }
+        cp "$RT/ddp-4.ckpt" "$RT/bad.ckpt" && printf 'X' | dd of="$RT/bad.ckpt" bs=1 seek=200 conv=notrunc 2>/dev/null
+        job check "a DDP checkpoint of 4 ranks under mpiexec -n 3: resumed from the mean of the 4 ranks' states, said in the log" sh -c "
+            cp '$RT/ddp-4.ckpt' '$RT/el.ckpt' &&
+            timeout 120 mpiexec -n 3 '$B/mpi/test_resume_mpi' --trainer ddp --steps 14 --every 3 --ckpt '$RT/el.ckpt' \
+                --out '$RT/el.x' --resume --expect-from 12 > '$RT/el.err' 2>&1 &&
+            grep -q 'was saved by 4 ranks; this run has 3, and each starts from the mean of theirs' '$RT/el.err' || { cat '$RT/el.err'; exit 1; }"
+        job check "a damaged DDP checkpoint under mpiexec -n 4: refused, naming the checksum" mpi_refused "$RT/bad.ckpt" 4 ddp checksum
+        job check "a DDP checkpoint read by D-PSGD under mpiexec -n 4: refused, naming its writer" \
+            mpi_refused "$RT/ddp-4.ckpt" 4 dpsgd "written by dt_ddp_save"
+        job check "a D-PSGD checkpoint read by push-sum under mpiexec -n 3: refused, naming push-sum" \
+            mpi_refused "$RT/dpsgd-3.ckpt" 3 sgp "D-PSGD: push-sum or not"
+        jobs_done
+    fi
+    pool_narrow 1
+    rm -rf "$RT" "$MT"
 else
     echo "FAIL mpicc or mpiexec is not installed (run tools/deps.sh: mpich, libmpich-dev)"; failed=$((failed + 1))
 fi
