@@ -166,13 +166,20 @@ all: $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examples/,$(EXAMPLES)) $
 # counting allocator of tests/dt_test_alloc.h and the handles of tests/dt_test_hooks.h (DT__TEST_HOOKS).
 IMPL_OBJ  := $(B)/obj/dtrain.o
 TEST_OBJ  := $(B)/obj/dtrain_test.o
+# $(B)/flags: the compiler and flags the programs are built with, rewritten only when they change (make after make
+# test, which adds -Werror; another CFLAGS or CC), and a prerequisite of each of them: none is left built with
+# other flags than a build now would use (make test's section 2 counts make's build as its gcc -O3 warning checks)
+FLAGS_NOW  = $(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $(LDLIBS)
+$(B)/flags: FORCE
+	@mkdir -p $(B); [ "$$(cat $@ 2>/dev/null)" = '$(FLAGS_NOW)' ] || printf '%s\n' '$(FLAGS_NOW)' > $@
+FORCE:
 OWN_IMPL  := $(shell grep -l '^\#define DTRAIN_IMPLEMENTATION' tests/test_*.c tests/mpi/*.c bench/*.c)
 LINKED_T  := $(filter-out $(patsubst %.c,$(B)/%,$(OWN_IMPL)),$(addprefix $(B)/tests/,$(TESTS)) $(MPITESTS))
 LINKED    := $(filter-out $(patsubst %.c,$(B)/%,$(OWN_IMPL)),$(addprefix $(B)/bench/,$(BENCHES)))
-$(IMPL_OBJ): tests/impl.c $(HEADERS)
+$(IMPL_OBJ): tests/impl.c $(HEADERS) $(B)/flags
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -c $< -o $@
-$(TEST_OBJ): tests/impl_test.c tests/dt_test_alloc.h tests/dt_test_hooks.h $(HEADERS)
+$(TEST_OBJ): tests/impl_test.c tests/dt_test_alloc.h tests/dt_test_hooks.h $(HEADERS) $(B)/flags
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -c $< -o $@
 $(LINKED): $(IMPL_OBJ)
@@ -191,7 +198,7 @@ $(IMPL_OBJ) $(TEST_OBJ) $(addprefix $(B)/tests/,$(TESTS)) $(addprefix $(B)/examp
     $(MPITESTS) $(CUDATESTS): $(STB_OBJ)
 endif
 
-$(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h tests/dt_test_trace.h $(HEADERS)
+$(B)/tests/mpi/%: tests/mpi/%.c tests/dt_test.h tests/dt_test_trace.h $(HEADERS) $(B)/flags
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< -o $@ $(LDLIBS)
 $(MPITESTS): tests/mpi/mpi_test.h tests/comm_checks.h
@@ -203,21 +210,21 @@ $(B)/tests/test_examples: examples/common.h
 
 $(B)/tests/%: tests/%.c tests/dt_test.h tests/dt_test_alloc.h tests/dt_test_hooks.h tests/dt_test_files.h tests/comm_checks.h \
              tests/dt_test_trace.h \
-             $(HEADERS)
+             $(HEADERS) $(B)/flags
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< $(OBJ) -o $@ $(LDLIBS)
 
-$(B)/examples/%: examples/%.c examples/common.h $(HEADERS) $(IMPL_OBJ)
+$(B)/examples/%: examples/%.c examples/common.h $(HEADERS) $(IMPL_OBJ) $(B)/flags
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -DDTRAIN_IMPLEMENTATION_LINKED $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
-$(B)/bench/%: bench/%.c $(HEADERS)
+$(B)/bench/%: bench/%.c $(HEADERS) $(B)/flags
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) $< $(OBJ) -o $@ $(LDLIBS)
 
 test: WERROR := -Werror
 test: all
-	@JOBS="$(JOBS)" FUZZ="$(FUZZ)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
+	@JOBS="$(JOBS)" FUZZ="$(FUZZ)" MADE="$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS)" sh tests/run.sh "$(CC)" "$(B)" $(TESTS)
 
 # the differential test at length (tests/test_diff.c): DIFF_GRAPHS random graphs (default 5000, a few minutes here)
 # on every CPU tier against the reference kernels, from DIFF_SEED (default: today's date, so each day draws new
@@ -328,7 +335,7 @@ experiments: $(addprefix $(B)/examples/,$(EXAMPLES))
 # API alone, each including "dtrain.h" as a user's program does (-I.)
 SIMPLE := $(patsubst examples/simple/%.c,$(B)/examples/simple/%,$(wildcard examples/simple/*.c))
 all examples: $(SIMPLE)
-$(SIMPLE): $(B)/examples/simple/%: examples/simple/%.c $(HEADERS) $(CUDA_OBJ) $(IMPL_OBJ) $(STB_OBJ)
+$(SIMPLE): $(B)/examples/simple/%: examples/simple/%.c $(HEADERS) $(CUDA_OBJ) $(IMPL_OBJ) $(STB_OBJ) $(B)/flags
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) $(CFLAGS) $(OPENMP) $(DEFS) -DDTRAIN_IMPLEMENTATION_LINKED -I. $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
@@ -378,7 +385,7 @@ fixtures:
 clean:
 	rm -rf build build-mpi build-win
 
-.PHONY: all test demo scaling bench bench-comm bench-busy bench-slownet bench-buckets bench-ddp-mpi fixtures clean windows
+.PHONY: FORCE all test demo scaling bench bench-comm bench-busy bench-slownet bench-buckets bench-ddp-mpi fixtures clean windows
 
 # the GPU backend: one object from nvcc, a prerequisite of every program (the rules above link it: LDLIBS)
 ifdef CUDA
