@@ -458,7 +458,9 @@ if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >
     jobs_done
     for t in test_models test_layers; do [ -f "$B/aarch64/dtrain.o" ] && job aarch64_build $t; done
     jobs_done
-    # the longest first; test_models in three parts, of about a minute each here
+    # the longest first; test_models in three parts, of about a minute each here; three at a time (the pool, widened
+    # by one: test_comm waits out its faults' timeouts, about half of its time)
+    pool_widen 1
     job aarch64_run test_models threads_same_bits
     job aarch64_run test_models planned_passes
     # the neon tier's fast paths (the portable tier's C is section 1's, natively, on 500 graphs)
@@ -466,6 +468,7 @@ if command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >
     job aarch64_run test_models "~threads_same_bits,planned_passes"
     for t in test_comm test_core test_layers; do job aarch64_run $t; done
     jobs_done
+    pool_narrow 1
 else
     echo "FAIL aarch64-linux-gnu-gcc or qemu-aarch64 is not installed (run tools/deps.sh: gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user)"
     failed=$((failed + 1))
