@@ -75,9 +75,9 @@ if { [ $mode = grade ] || [ $mode = solve ]; } && [ -z "$ID" ]; then
     if [ -f "$DIR/student_id" ]; then ID=$(idfile "$DIR/student_id"); why=$(idwhy "$ID")
         [ -z "$why" ] || IDBAD="$DIR/student_id $why"
     else IDBAD="there is no $DIR/student_id"; fi
-    [ $mode = grade ] && [ -z "$IDBAD" ] && [ "$ID" = example ] &&
-        IDBAD="$DIR/student_id is 'example', the lab sheets' worked example: write your own id (and use its parameters: tools/grade_lab.sh --params $LAB YOUR_ID)"
     [ -n "$IDBAD" ] && IDBAD="$IDBAD: write your student id into it, one line (echo YOUR_ID > $DIR/student_id)"
+    [ $mode = grade ] && [ -z "$IDBAD" ] && [ "$ID" = example ] &&
+        IDBAD="$DIR/student_id is 'example', the lab sheets' worked example, no student's: write your own id into it (echo YOUR_ID > $DIR/student_id), and run your parameters (tools/grade_lab.sh --params $LAB YOUR_ID)"
 else
     why=$(idwhy "$ID"); [ -z "$why" ] || { echo "tools/grade_lab.sh: the id $why" >&2; exit 2; }
 fi
@@ -86,9 +86,10 @@ ID=${ID:-none}   # a refused id: the lab's parameters are drawn for no one, and 
 
 # hnum NAME K: the student's number in 0 .. K-1 for NAME (the CRC of "labLAB:ID:NAME" modulo K)
 hnum() { printf '%s' "lab$LAB:$ID:$1" | cksum | awk -v k="$2" '{ print $1 % k }'; }
-# pick NAME EX VALUE...: the student's VALUE for NAME; the sheets' id, example, gets EX, which is none of the VALUEs
-# (the tutorial's worked examples, and graded runs of sizes no student gets: the sheets and the chapters may print
-# their answers, which no student's parameters give, small counts such as Krum's f aside)
+# pick NAME EX VALUE...: the student's VALUE for NAME; the sheets' id, example, gets EX. The EXs make the tutorial's
+# worked examples and graded runs of sizes no student gets (a batch or a rate may be a student's too, not the whole
+# question): the sheets and the chapters may print their answers, which no student is asked, small counts such as
+# Krum's f aside.
 pick() {
     n=$1; ex=$2; shift 2
     if [ "$ID" = example ]; then printf '%s\n' "$ex"; return; fi
