@@ -86,14 +86,14 @@ check "grade_lab.sh: copied predictions score what the two ids share (lab_mb_per
 # is graded (no re-run)
 idbad() {   # idbad NAME CONTENT TEXT: the key of lab 1 with student_id CONTENT ("-": none) fails, naming TEXT
     cp -r "$G/key1" "$G/$1" && if [ "$2" = - ]; then rm "$G/$1/student_id"; else printf '%b' "$2" > "$G/$1/student_id"; fi &&
-        fails 1 "$G/$1" "WRONG student_id" "$3" "FAIL: no student id" '{"scores": {"lab1": 0}}'
+        fails 1 "$G/$1" "$3" "FAIL: no student id" '{"scores": {"lab1": 0}}'
 }
-check "grade_lab.sh: a submission without student_id fails, naming the file" idbad noid - "there is no $G/noid/student_id: write your student id into it"
-check "grade_lab.sh: an empty student_id fails" idbad blankid ' \n\n' "$G/blankid/student_id is empty: write your student id into it"
-check "grade_lab.sh: a student_id of two words fails" idbad twowords 'Ada Lovelace' "holds 'Ada Lovelace': an id is letters"
-check "grade_lab.sh: a student_id of two lines fails" idbad twolines 's12\ns19\n' "has more than one line"
+check "grade_lab.sh: a submission without student_id fails, naming the file" idbad noid - "WRONG there is no $G/noid/student_id: write your student id into it"
+check "grade_lab.sh: an empty student_id fails" idbad blankid ' \n\n' "WRONG $G/blankid/student_id is empty: write your student id into it"
+check "grade_lab.sh: a student_id of two words fails" idbad twowords 'Ada Lovelace' "WRONG $G/twowords/student_id holds 'Ada Lovelace': an id is letters"
+check "grade_lab.sh: a student_id of two lines fails" idbad twolines 's12\ns19\n' "WRONG $G/twolines/student_id has more than one line"
 check "grade_lab.sh: the sheets' id 'example' fails, telling to write one's own" idbad exampleid example \
-    "is 'example', the lab sheets' worked example, no student's: write your own id into it"
+    "WRONG $G/exampleid/student_id is 'example', the lab sheets' worked example, no student's: write your own id into it"
 
 # the key's submission as editors save it: each is accepted and normalised, and scores every point (lab 1:
 # its last column is the traffic, which a CR would follow)
