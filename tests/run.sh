@@ -66,8 +66,9 @@
 #       stall, hang, nan) and a NaN pixel ends with exit status 1 within 15 s, naming the cause and the rank,
 #       the NaN loss once; the ddp example the same with a NaN gradient and a rank stalled for good
 #   5d. the course kit (docs/course): its commands, shortened (tools/docs_check.sh); tools/grade_lab.sh passes
-#       each lab's key (--solve) and fails a submission with a CSV value that is not the run's or with wrong
-#       predictions, naming what is wrong (tests/grade_lab_test.sh); the five workloads (tools/experiments.sh)
+#       each lab's key (--solve, for a student id) and fails a submission with a CSV value that is not the run's,
+#       with wrong predictions, copied from another id or without an id, naming what is wrong
+#       (tests/grade_lab_test.sh); the five workloads (tools/experiments.sh)
 #       at QUICK length; each coding assignment's harness fails on its stub and passes on its reference solution
 #   6. each libFuzzer target in fuzz/ ($FUZZ) for FUZZ_SECONDS (default 20) from its seed corpus
 #   7. MPI: tests/mpi/test_comm_mpi.c built with mpicc -DDT_USE_MPI, run under mpiexec -n 2, 3 and 4;
