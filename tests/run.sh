@@ -778,7 +778,7 @@ done
 for ex in train ddp dpsgd localsgd fedavg hogwild; do
     for args in "--optim rmsprop" "--momentum -1" "--wd x" "--milestones 5,3" "--milestones 5," "--cosine --milestones 5" \
                 "--warmup 1000" "--min-lr 0.001" "--nesterov --momentum 0" "--optim adam --momentum 0.9" "--optim adamw --wd 0" \
-                "--pad-to -1" "--lr inf" "--lr"; do
+                "--pad-to -1" "--lr inf" "--lr" "--precision fp16"; do
         check "$ex $args: exit 2 with a message" expect_status 2 "$B/examples/$ex" $args
     done
 done
