@@ -331,8 +331,9 @@ static inline int ex_flag(const char *f, const char *v, ex_data *d, long *epochs
     else if (!strcmp(f, "--test-limit")) *bad = parse_long(f, v, 1, &d->test_limit);
     else if (!strcmp(f, "--seed")) *bad = parse_long(f, v, 0, &d->seed);
     else if (!strcmp(f, "--pad-to")) *bad = parse_long(f, v, 0, &d->pad_to);
-    else if (!strcmp(f, "--precision") && (*bad = dt_precision_parse(v, &d->precision) != DT_OK ? -1 : 0))
-        fprintf(stderr, "%s: --precision: %s\n", EX_PROG, dt_last_error());
+    else if (!strcmp(f, "--precision")) {
+        if ((*bad = dt_precision_parse(v, &d->precision) != DT_OK ? -1 : 0) != 0) fprintf(stderr, "%s: --precision: %s\n", EX_PROG, dt_last_error());
+    }
     else if (!strcmp(f, "--batch")) *bad = parse_long(f, v, 1, batch);
     else if (!strcmp(f, "--epochs") && epochs) *bad = parse_long(f, v, 1, epochs);
     else return 0;
