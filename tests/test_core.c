@@ -285,12 +285,14 @@ static void test_gemm_bf16(void) {
 /* A bf16 model (dt_model_desc.precision) on every tier this CPU runs: a linear layer's forward and both gradients and
    a convolution's forward equal the float references on bf16-rounded operands (x, W, dy; the bias and its gradient
    in float) up to the order of the sums; SimpleCNN's loss and gradients the same on every tier as on the portable
-   one, and near the float model's (bf16's rounding, 2^-9, is all that separates them). The precision is checked. */
+   one, and near the float model's (bf16's rounding, 2^-9 an operand, is all that separates them, but through five
+   layers it moves the largest gradient a few percent). The precision's value is checked. */
 static void test_model_bf16(void) {
     dt_model_desc md;
     dt_model *m = NULL;
     dt_precision p;
     int k;
+    dt_t_state = 37;   /* the same inputs whichever tests ran before */
     memset(&md, 0, sizeof md);
     md.in_c = 3; md.precision = (dt_precision)7;
     CHECK_ERR(dt_model_create(&m, &md), DT_ERR_INVALID_ARG);
@@ -380,11 +382,14 @@ static void test_model_bf16(void) {
                 memcpy(g[run], dt_model_grads(m, NULL), sizeof(float) * (size_t)np);
                 dt_model_destroy(m);
             }
+            printf("    simplecnn bf16 %s: loss %.6f (portable %.6f, fp32 %.6f); gradients %.2g from portable's, %.2g from fp32's\n",
+                   dt__kernels[k]->name, (double)loss[1], (double)loss[0], (double)loss[2], dt_t_relerr(g[1], g[0], np),
+                   dt_t_relerr(g[0], g[2], np));
             snprintf(what, sizeof what, "bf16 simplecnn %s vs portable", dt__kernels[k]->name);
             CHECK(fabsf(loss[1] - loss[0]) <= 1e-4f * fabsf(loss[0]));
-            CHECK_CLOSE(g[1], g[0], np, 2e-3, what);
+            CHECK_CLOSE(g[1], g[0], np, 1e-3, what);   /* (3e-8 at avx512 here; 0 elsewhere: a bf16 product is exact, fused or not) */
             CHECK(fabsf(loss[2] - loss[0]) <= 2e-2f * fabsf(loss[2]));
-            CHECK_CLOSE(g[0], g[2], np, 5e-2, "bf16 simplecnn vs fp32");
+            CHECK_CLOSE(g[0], g[2], np, 0.15, "bf16 simplecnn vs fp32");   /* (0.021 here; 0.076 on other inputs) */
             CHECK(dt_t_relerr(g[0], g[2], np) > 1e-5);   /* the operands were rounded */
         }
     }
