@@ -65,7 +65,7 @@ echo "== training step, batch 128, $THREADS threads: images per second (median o
 echo "   (dtrain with DT_CPU=tier; PyTorch held to the same instructions: avx512, avx2 and for portable SSE4.1;"
 echo "    GFLOP/s from the useful FLOPs of a step: 25.4, 243 and 917 MFLOP per image; share of the FMA peak above)"
 [ $torch = 1 ] || echo "  note: python3-torch is not installed: dtrain's figures alone (apt-get install python3-torch)"
-printf "  %-10s %-8s %10s %10s %7s %6s %8s %7s %10s %10s\n" model tier dtrain PyTorch ratio goal GFLOP/s "of peak" "dtrain MB" "PyTorch MB"
+printf "  %-10s %-11s %10s %10s %7s %6s %8s %7s %10s %10s\n" model tier dtrain PyTorch ratio goal GFLOP/s "of peak" "dtrain MB" "PyTorch MB"
 for m in $MODELS; do
     for t in $TIERS; do
         d=""; p=""; r=0
@@ -83,9 +83,9 @@ for m in $MODELS; do
             mflop = $1 == "simplecnn" ? 25.4 : $1 == "resnet20" ? 243 : $1 == "vgg11" ? 917 : 0
             gf = $5 * mflop / 1000; share = peak > 0 ? 100 * gf / peak : 0
             dm = $9 - $8; pm = $18 - $17; name = $1 "/" tier
-            if ($10 == "") { printf "  %-10s %-8s %10.1f %10s %7s %6s %8.1f %6.0f%% %10.1f %10s\n", $1, tier, $5, "-", "-", goal "x", gf, share, dm, "-"
+            if ($10 == "") { printf "  %-10s %-11s %10.1f %10s %7s %6s %8.1f %6.0f%% %10.1f %10s\n", $1, tier, $5, "-", "-", goal "x", gf, share, dm, "-"
                              printf "train_step,%s,%s,,,img/s\ntrain_step_memory,%s,%.1f,,,MB\n", name, $5, name, dm >> csv }
-            else { printf "  %-10s %-8s %10.1f %10.1f %6.2fx %6s %8.1f %6.0f%% %10.1f %10.1f\n", $1, tier, $5, $14, $5 / $14, goal "x", gf, share, dm, pm
+            else { printf "  %-10s %-11s %10.1f %10.1f %6.2fx %6s %8.1f %6.0f%% %10.1f %10.1f\n", $1, tier, $5, $14, $5 / $14, goal "x", gf, share, dm, pm
                    printf "train_step,%s,%s,%s,%.3f,img/s\ntrain_step_memory,%s,%.1f,%.1f,%.3f,MB\n", name, $5, $14, $5 / $14, name, dm, pm, dm / pm >> csv }
             if (mflop > 0) printf "train_step_gflops,%s,%.1f,,%.3f,GFLOP/s (ratio: share of the FMA peak)\n", name, gf, share / 100 >> csv
         }'
@@ -105,11 +105,11 @@ for m in $MODELS; do
         mflop = $1 == "simplecnn" ? 25.4 : $1 == "resnet20" ? 243 : $1 == "vgg11" ? 917 : 0
         gf = $5 * mflop / 1000; share = peak > 0 ? 100 * gf / peak : 0
         dm = $9 - $8; pm = $18 - $17; name = $1 "/" tier
-        if ($10 == "") printf "  %-10s %-8s %10.1f %10s %7s %6s %8.1f %6.0f%% %10.1f %10s\n", $1, tier, $5, "-", "-", goal "x", gf, share, dm, "-"
-        else printf "  %-10s %-8s %10.1f %10.1f %6.2fx %6s %8.1f %6.0f%% %10.1f %10.1f\n", $1, tier, $5, $14, $5 / $14, goal "x", gf, share, dm, pm
+        if ($10 == "") printf "  %-10s %-11s %10.1f %10s %7s %6s %8.1f %6.0f%% %10.1f %10s\n", $1, tier, $5, "-", "-", goal "x", gf, share, dm, "-"
+        else printf "  %-10s %-11s %10.1f %10.1f %6.2fx %6s %8.1f %6.0f%% %10.1f %10.1f\n", $1, tier, $5, $14, $5 / $14, goal "x", gf, share, dm, pm
         printf "train_step,%s,%s,%s,%s,img/s\n", name, $5, $14, $10 == "" ? "" : sprintf("%.3f", $5 / $14) >> csv
         if (fp32 > 0) {
-            printf "  %-10s %-8s %10s bf16 / fp32 of dtrain: %.2fx (goal %s)\n", "", "", "", $5 / fp32, $1 == "simplecnn" ? "-" : "1.6x"
+            printf "  %-10s %-11s %10s bf16 / fp32 of dtrain: %.2fx (goal %s)\n", "", "", "", $5 / fp32, $1 == "simplecnn" ? "-" : "1.6x"
             printf "train_step_bf16_vs_fp32,%s,%s,%s,%.3f,img/s\n", name, $5, fp32, $5 / fp32 >> csv
         }
         if (mflop > 0) printf "train_step_gflops,%s,%.1f,,%.3f,GFLOP/s (ratio: share of the bf16 peak)\n", name, gf, share / 100 >> csv
