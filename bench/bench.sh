@@ -8,6 +8,10 @@
 #      load on a shared machine then slows both sides instead of one (single runs of PyTorch moved by 75% here);
 #      for every CPU tier the machine runs (DT_CPU=avx512, avx2, portable), dtrain's against PyTorch held to the
 #      same instructions (ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA), with GFLOP/s and the share of the FMA peak;
+#      then a bf16 row per model (BF16=0 leaves it out): dtrain with --precision bf16 on the first of TIERS next to
+#      PyTorch's CPU autocast in bfloat16 (torch_models.py --bf16, oneDNN allowed AVX512_CORE_BF16 on the avx512
+#      tier), with dtrain's speed-up over its own fp32 row and the share of the bf16 peak (bench_machine's
+#      peak_bf16, where the CPU has AVX512_BF16; else of the FMA peak);
 #   3. GEMM at the models' shapes, dtrain against OpenBLAS (when libopenblas-dev is installed), window by window;
 #   4. all-reduce: bench/comm.sh up to 1 MiB (local backend, MPICH, gloo).
 # Every program runs on THREADS threads (default: the number of cores). MODELS (default
@@ -33,6 +37,7 @@ echo "== the machine ($THREADS threads)"
 grep '^#' "$OUT/machine.csv" | sed 's/^# //'
 grep -v '^#' "$OUT/machine.csv" | awk -F, '{ printf "  %-10s %8.1f %s\n", $1, $2, $3; printf "machine,%s,%s,,,%s\n", $1, $2, $3 >> "'"$CSV"'" }'
 peak=$(awk -F, '$1 == "peak_fma" { print $2 }' "$OUT/machine.csv")
+peak_bf16=$(awk -F, '$1 == "peak_bf16" { print $2 }' "$OUT/machine.csv")
 
 # the CPU tiers this machine runs (bench_machine names its widest FMA), each next to PyTorch held to the same
 # instruction set; TIERS="avx2" (or any list) measures fewer
@@ -60,7 +65,7 @@ echo "== training step, batch 128, $THREADS threads: images per second (median o
 echo "   (dtrain with DT_CPU=tier; PyTorch held to the same instructions: avx512, avx2 and for portable SSE4.1;"
 echo "    GFLOP/s from the useful FLOPs of a step: 25.4, 243 and 917 MFLOP per image; share of the FMA peak above)"
 [ $torch = 1 ] || echo "  note: python3-torch is not installed: dtrain's figures alone (apt-get install python3-torch)"
-printf "  %-10s %-8s %10s %10s %7s %6s %8s %7s %10s %10s\n" model tier dtrain PyTorch ratio goal GFLOP/s "of peak" "dtrain MB" "PyTorch MB"
+printf "  %-10s %-11s %10s %10s %7s %6s %8s %7s %10s %10s\n" model tier dtrain PyTorch ratio goal GFLOP/s "of peak" "dtrain MB" "PyTorch MB"
 for m in $MODELS; do
     for t in $TIERS; do
         d=""; p=""; r=0
@@ -72,18 +77,43 @@ for m in $MODELS; do
             r=$((r + 1))
         done
         d=$(rounds "$d"); p=$(rounds "$p")
+        [ "$t" = "${TIERS%% *}" ] && fp32=$(echo "$d" | cut -d, -f5)   # the bf16 row's baseline
         echo "$d|$p" | awk -F'[,|]' -v csv="$CSV" -v tier=$t -v peak="$peak" '{
             goal = tier == "avx512" ? ($1 == "simplecnn" ? 1.5 : 1.2) : 1.0
             mflop = $1 == "simplecnn" ? 25.4 : $1 == "resnet20" ? 243 : $1 == "vgg11" ? 917 : 0
             gf = $5 * mflop / 1000; share = peak > 0 ? 100 * gf / peak : 0
             dm = $9 - $8; pm = $18 - $17; name = $1 "/" tier
-            if ($10 == "") { printf "  %-10s %-8s %10.1f %10s %7s %6s %8.1f %6.0f%% %10.1f %10s\n", $1, tier, $5, "-", "-", goal "x", gf, share, dm, "-"
+            if ($10 == "") { printf "  %-10s %-11s %10.1f %10s %7s %6s %8.1f %6.0f%% %10.1f %10s\n", $1, tier, $5, "-", "-", goal "x", gf, share, dm, "-"
                              printf "train_step,%s,%s,,,img/s\ntrain_step_memory,%s,%.1f,,,MB\n", name, $5, name, dm >> csv }
-            else { printf "  %-10s %-8s %10.1f %10.1f %6.2fx %6s %8.1f %6.0f%% %10.1f %10.1f\n", $1, tier, $5, $14, $5 / $14, goal "x", gf, share, dm, pm
+            else { printf "  %-10s %-11s %10.1f %10.1f %6.2fx %6s %8.1f %6.0f%% %10.1f %10.1f\n", $1, tier, $5, $14, $5 / $14, goal "x", gf, share, dm, pm
                    printf "train_step,%s,%s,%s,%.3f,img/s\ntrain_step_memory,%s,%.1f,%.1f,%.3f,MB\n", name, $5, $14, $5 / $14, name, dm, pm, dm / pm >> csv }
             if (mflop > 0) printf "train_step_gflops,%s,%.1f,,%.3f,GFLOP/s (ratio: share of the FMA peak)\n", name, gf, share / 100 >> csv
         }'
     done
+    [ "${BF16:-1}" = 0 ] && continue
+    t=${TIERS%% *}; d=""; p=""; r=0
+    tenv=$(torch_tier $t); [ "$t" = avx512 ] && tenv="ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"
+    while [ $r -lt "$ROUNDS" ]; do
+        d="$d$(DT_CPU=$t "$B/bench/bench_models" --model $m --windows $WINDOWS --precision bf16) " || exit 1
+        # shellcheck disable=SC2086
+        [ $torch = 1 ] && { p="$p$(env $tenv "$PYTHON" bench/torch_models.py --model $m --threads $THREADS --windows $WINDOWS --bf16) " || exit 1; }
+        r=$((r + 1))
+    done
+    d=$(rounds "$d"); p=$(rounds "$p")
+    echo "$d|$p" | awk -F'[,|]' -v csv="$CSV" -v tier=$t/bf16 -v peak="${peak_bf16:-$peak}" -v fp32="$fp32" '{
+        goal = $1 == "simplecnn" ? 1.0 : 1.3
+        mflop = $1 == "simplecnn" ? 25.4 : $1 == "resnet20" ? 243 : $1 == "vgg11" ? 917 : 0
+        gf = $5 * mflop / 1000; share = peak > 0 ? 100 * gf / peak : 0
+        dm = $9 - $8; pm = $18 - $17; name = $1 "/" tier
+        if ($10 == "") printf "  %-10s %-11s %10.1f %10s %7s %6s %8.1f %6.0f%% %10.1f %10s\n", $1, tier, $5, "-", "-", goal "x", gf, share, dm, "-"
+        else printf "  %-10s %-11s %10.1f %10.1f %6.2fx %6s %8.1f %6.0f%% %10.1f %10.1f\n", $1, tier, $5, $14, $5 / $14, goal "x", gf, share, dm, pm
+        printf "train_step,%s,%s,%s,%s,img/s\n", name, $5, $14, $10 == "" ? "" : sprintf("%.3f", $5 / $14) >> csv
+        if (fp32 > 0) {
+            printf "  %-10s %-11s %10s bf16 / fp32 of dtrain: %.2fx (goal %s)\n", "", "", "", $5 / fp32, $1 == "simplecnn" ? "-" : "1.6x"
+            printf "train_step_bf16_vs_fp32,%s,%s,%s,%.3f,img/s\n", name, $5, fp32, $5 / fp32 >> csv
+        }
+        if (mflop > 0) printf "train_step_gflops,%s,%.1f,,%.3f,GFLOP/s (ratio: share of the bf16 peak)\n", name, gf, share / 100 >> csv
+    }'
 done
 echo "  memory: peak resident memory of the process minus what it held before the model was built"
 

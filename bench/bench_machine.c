@@ -1,9 +1,11 @@
 /* bench_machine.c - this machine's limits, for the benchmark's ratios: the FP32 FMA peak with the widest
-   vectors the CPU has (AVX-512, else AVX2+FMA, else scalar C) on dt_cpu_threads() threads, and memory copy
-   bandwidth. Median of 7 windows.
+   vectors the CPU has (AVX-512, else AVX2+FMA, else scalar C) on dt_cpu_threads() threads, the bf16 peak
+   (vdpbf16ps, where the CPU has AVX512_BF16: 4 FLOPs a lane, two products and two additions), and memory
+   copy bandwidth. Median of 7 windows.
 
    usage: bench_machine
-   Output, CSV: limit,value,unit  (peak_fma,<GFLOP/s>,GFLOP/s and memcpy,<GB/s>,GB/s; the ISA in a comment) */
+   Output, CSV: limit,value,unit  (peak_fma,<GFLOP/s>,GFLOP/s, peak_bf16 likewise where there is one, and
+   memcpy,<GB/s>,GB/s; the ISA in a comment) */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +50,21 @@ __attribute__((target("avx2,fma"), noinline)) static float fma256(long n) {
     _mm256_storeu_ps(out, acc[0]);
     return out[0];
 }
+#ifdef DT__X86_BF16
+__attribute__((target("avx512f,avx512bf16"), noinline)) static float dp512(long n) {
+    __m512 acc[CHAINS];
+    __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x33d633d6);   /* 1, 1e-7 */
+    float out[16];
+    int j;
+    long i;
+    for (j = 0; j < CHAINS; j++) acc[j] = _mm512_set1_ps((float)j);
+    for (i = 0; i < n; i++)
+        for (j = 0; j < CHAINS; j++) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
+    for (j = 1; j < CHAINS; j++) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+    _mm512_storeu_ps(out, acc[0]);
+    return out[0];
+}
+#endif
 #endif
 static float fma_scalar(long n) {
     float acc[CHAINS];
@@ -83,6 +100,22 @@ int main(void) {
     }
     qsort(g, 7, sizeof(double), cmp_double);
     printf("# FMA peak with %s on %d threads\npeak_fma,%.1f,GFLOP/s\n", isa, threads, g[3]);
+#ifdef DT__X86_BF16
+    if (dt__x86_bf16_runs()) {   /* what a bf16 model's GEMMs may reach (dtrain/cpu/cpu_x86.h) */
+        for (w = 0; w < 7; w++) {
+            double t0 = dt_time_now();
+            DT__OMP(parallel)
+            {
+                float r = dp512(ITERS / 2);
+                DT__OMP(atomic)
+                sink += r;
+            }
+            g[w] = 4.0 * 16 * CHAINS * (double)(ITERS / 2) * threads / (dt_time_now() - t0) / 1e9;
+        }
+        qsort(g, 7, sizeof(double), cmp_double);
+        printf("# bf16 peak with avx512_bf16 (vdpbf16ps) on %d threads\npeak_bf16,%.1f,GFLOP/s\n", threads, g[3]);
+    }
+#endif
     /* the kernels dtrain's programs run here, in this environment: $DT_CPU chooses another tier */
     printf("# dtrain's CPU tier: %s (DT_CPU=avx512, avx2, neon or portable chooses another)\n", dt_cpu_tier());
     src = (char *)malloc(bytes);

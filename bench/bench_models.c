@@ -2,6 +2,7 @@
    (momentum 0.9) on random inputs, as ../bench/torch_models.py does for PyTorch.
 
    usage: bench_models [--model simplecnn|resnet20|vgg11|...] [--batch 128] [--warmup 3] [--iters 3] [--windows 7]
+                       [--precision fp32|bf16]
 
    One CSV line per model on stdout:
      model,batch,threads,params,img_per_s_median,img_per_s_min,img_per_s_max,base_rss_mb,peak_rss_mb
@@ -39,7 +40,7 @@ static long arg_long(const char *flag, const char *v, long lo) {
 #define CHECK(call) do { if ((call) != DT_OK) { fprintf(stderr, "bench_models: %s\n", dt_last_error()); return 1; } } while (0)
 
 int main(int argc, char **argv) {
-    const char *name = "simplecnn";
+    const char *name = "simplecnn", *prec = "fp32";
     long batch = 128, warmup = 3, iters = 3, windows = 7, w, s, i;
     dt_zoo_model z = DT_ZOO_MLP;
     dt_model *m = NULL;
@@ -59,10 +60,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--warmup")) warmup = arg_long(f, v, 1);
         else if (!strcmp(f, "--iters")) iters = arg_long(f, v, 1);
         else if (!strcmp(f, "--windows")) windows = arg_long(f, v, 1);
-        else { fprintf(stderr, "usage: bench_models [--model NAME] [--batch N] [--warmup N] [--iters N] [--windows N]\n"); return 2; }
+        else if (!strcmp(f, "--precision") && v) prec = v;
+        else {
+            fprintf(stderr, "usage: bench_models [--model NAME] [--batch N] [--warmup N] [--iters N] [--windows N] [--precision fp32|bf16]\n");
+            return 2;
+        }
     }
     if (dt_zoo_parse(name, &z) != DT_OK) { fprintf(stderr, "bench_models: %s\n", dt_last_error()); return 2; }
     memset(&md, 0, sizeof md);
+    if (dt_precision_parse(prec, &md.precision) != DT_OK) { fprintf(stderr, "bench_models: %s\n", dt_last_error()); return 2; }
     CHECK(dt_zoo_create(&m, z, 10, &md));
     memset(&od, 0, sizeof od);
     od.lr = 0.01f;

@@ -3,9 +3,11 @@
 forward, loss, backward and an SGD step (momentum 0.9) on random inputs, batch 128.
 
 usage: /usr/bin/python3 bench/torch_models.py --model resnet20 [--threads 2] [--batch 128] [--warmup 3] [--iters 3] [--windows 7]
-                                             [--device cpu|cuda] [--tf32]
+                                             [--device cpu|cuda] [--tf32] [--bf16]
 --device cuda runs on the GPU (each window ends with torch.cuda.synchronize()); --tf32 lets its matrix
-products and convolutions use TF32 (off by default: full fp32, as dtrain's GPU backend).
+products and convolutions use TF32 (off by default: full fp32, as dtrain's GPU backend). --bf16 runs the forward
+pass and the loss under torch.autocast with bfloat16 (CPU autocast: bf16 convolutions and linear layers, fp32
+master weights), as a dtrain model with precision bf16.
 Prints one CSV line as bench_models does:
   model,batch,threads,params,img_per_s_median,img_per_s_min,img_per_s_max,base_rss_mb,peak_rss_mb
 The architectures are the zoo's: SimpleCNN (log-softmax + NLL, dropout), ResNet-20 with option-A shortcuts,
@@ -116,6 +118,7 @@ if __name__ == "__main__":
     ap.add_argument("--windows", type=int, default=7)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--bf16", action="store_true")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.backends.cudnn.allow_tf32 = a.tf32
@@ -130,7 +133,9 @@ if __name__ == "__main__":
 
     def step():
         opt.zero_grad()
-        lossf(model(x), y).backward()
+        with torch.autocast(device_type=a.device, dtype=torch.bfloat16, enabled=a.bf16):
+            loss = lossf(model(x), y)
+        loss.backward()
         opt.step()
     for _ in range(a.warmup):
         step()

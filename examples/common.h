@@ -314,13 +314,14 @@ typedef struct ex_data {
     long limit, seed;             /* --limit N: the first N training samples; --seed */
     long test_limit;              /* --test-limit N: the first N test samples are evaluated (0: all) */
     long pad_to;                  /* --pad-to S: smaller images zero-padded to S x S (e.g. 28x28 to 32x32 for VGG-11); 0: kept */
+    dt_precision precision;       /* --precision fp32|bf16: the model's (dt_model_desc.precision) */
     dt_dataset train, test;       /* loaded once by main, read by every local rank */
     dt_transform tt, te;          /* the training transform (with its augmentation) and the test one */
     int64_t ntrain;               /* the training samples used: --limit or all */
     char name[128];               /* the data as the header line names it, e.g. "fashion-mnist 28x28 zero-padded to 32x32" */
 } ex_data;
 
-/* The flags every training example takes: --dataset, --data, --limit, --test-limit, --seed, --pad-to, --batch, and --epochs
+/* The flags every training example takes: --dataset, --data, --limit, --test-limit, --seed, --pad-to, --precision, --batch, and --epochs
    where the example gives it a place (the optimizer's flags are ex_recipe_flag's). Returns 1 when f is one of
    them (*bad is then nonzero when its value v is wrong; parse_long says why), 0 when it is not. */
 static inline int ex_flag(const char *f, const char *v, ex_data *d, long *epochs, long *batch, int *bad) {
@@ -330,6 +331,9 @@ static inline int ex_flag(const char *f, const char *v, ex_data *d, long *epochs
     else if (!strcmp(f, "--test-limit")) *bad = parse_long(f, v, 1, &d->test_limit);
     else if (!strcmp(f, "--seed")) *bad = parse_long(f, v, 0, &d->seed);
     else if (!strcmp(f, "--pad-to")) *bad = parse_long(f, v, 0, &d->pad_to);
+    else if (!strcmp(f, "--precision")) {
+        if ((*bad = dt_precision_parse(v, &d->precision) != DT_OK ? -1 : 0) != 0) fprintf(stderr, "%s: --precision: %s\n", EX_PROG, dt_last_error());
+    }
     else if (!strcmp(f, "--batch")) *bad = parse_long(f, v, 1, batch);
     else if (!strcmp(f, "--epochs") && epochs) *bad = parse_long(f, v, 1, epochs);
     else return 0;
@@ -425,6 +429,7 @@ static inline dt_result ex_model_create(dt_model **m, const char *name, const ex
     dt_zoo_model z = DT_ZOO_MLP;
     memset(&md, 0, sizeof md);
     md.in_c = d->train.c; md.in_h = d->train.h; md.in_w = d->train.w; md.seed = (uint64_t)d->seed; md.stream = stream;
+    md.precision = d->precision;
     if ((r = dt_zoo_parse(name, &z)) != DT_OK || (r = dt_zoo_create(m, z, d->train.num_classes, &md)) != DT_ERR_SHAPE || d->train.h >= 32)
         return r;
     snprintf(why, sizeof why, "%s", dt_last_error());   /* dt_set_error writes over the message it would quote */

@@ -4,7 +4,7 @@
 
    usage: ddp [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
               [--epochs 1] [--batch 128] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
-              [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--limit N] [--test-limit N] [--accum 1]
+              [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--seed 0] [--precision fp32] [--limit N] [--test-limit N] [--accum 1]
               [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb 256]
               [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback] [--sync-bn]
               [--powersgd-warmup 0] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
@@ -54,7 +54,7 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ddp [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
-               "           [--epochs N] [--batch N] [--seed N] [--limit N] [--test-limit N] [--accum K]\n");
+               "           [--epochs N] [--batch N] [--seed N] [--precision fp32|bf16] [--limit N] [--test-limit N] [--accum K]\n");
     ex_recipe_usage(f, 11, 0);
     fprintf(f, "           [--sync buckets|flat|per-layer|ps|p2p] [--algo naive|ring|tree|native|hier] [--bucket-kb N]\n"
                "           [--no-overlap] [--compress fp32|bf16|fp16|topk[:RATIO]|powersgd[:RANK]] [--no-feedback] [--sync-bn]\n"
@@ -175,9 +175,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ckpt.resume) ex_ckpt_resumed(&a->ckpt, &meta, "epoch");
         if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
-        printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld = %d ranks x %lld, "
+        printf("%s on %s: %lld training and %lld test samples, %lld parameters (%s), %s, batch %ld = %d ranks x %lld, "
                "accum %ld (micro-batches of %lld), seed %ld\n%s backend, sync %s", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
-               (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, p,
+               (long long)dt_model_param_count(m), dt_precision_name(a->data.precision), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, p,
                (long long)per_rank, a->accum, (long long)micro, a->data.seed, dt_comm_backend_name(c), dt_ddp_method_name(a->ddp.method));
         if (a->ddp.method == DT_DDP_BUCKETS) {   /* buckets hold whole tensors: their real sizes, first reduced first */
             int b;

@@ -14,7 +14,7 @@
                 [--topology ring|torus|exponential|full|one-peer-exp|directed-ring|directed-exponential|directed-one-peer-exp]
                 [--push-sum] [--mixing uniform|metropolis] [--order cta|atc] [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.1]
                 [--momentum 0.9] [--nesterov] [--wd 1e-4] [--milestones 50,75] [--cosine] [--min-lr 0] [--warmup 0]
-                [--seed 0] [--limit N] [--test-limit N] [--pad-to 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
+                [--seed 0] [--precision fp32] [--limit N] [--test-limit N] [--pad-to 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
                 (and the launcher's flags: --timeout, --link-latency, --link-bandwidth RATE, ...)
    e.g.   ./build/examples/dpsgd --ranks 4 --limit 2000                        (Fashion-MNIST padded to 32x32)
           ./build/examples/dpsgd --ranks 4 --dataset cifar10 --data cifar-10-batches-bin --epochs 100 --milestones 50,75
@@ -65,7 +65,7 @@ static void usage(FILE *f) {
                "             [--topology ring|torus|exponential|full|one-peer-exp|directed-ring|directed-exponential|\n"
                "                         directed-one-peer-exp] [--push-sum] [--mixing uniform|metropolis] [--order cta|atc]\n"
                "             [--epochs N] [--batch N]\n"
-               "             [--seed N] [--limit N] [--test-limit N] [--pad-to S] [--csv PATH]\n");
+               "             [--seed N] [--precision fp32|bf16] [--limit N] [--test-limit N] [--pad-to S] [--csv PATH]\n");
     ex_recipe_usage(f, 13, 0);
     fprintf(f, "             [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
     ex_ckpt_usage(f, 13);
@@ -213,10 +213,10 @@ static dt_result rank_main(dt_comm *c, void *arg) {
             snprintf(graph, sizeof graph, "one-peer-exp topology (one peer a step, i xor 2^(t mod %d), weights 1/2; %s)",
                      sched.period, (p & (p - 1)) ? "not a power of two: a period's mixing never averages exactly"
                                                  : "a period's mixing averages exactly");
-        printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, "
+        printf("%s on %s: %lld training and %lld test samples, %lld parameters (%s), %s, "
                "batch %ld per rank, seed %ld\nD-PSGD (%s%s) on %d ranks, %s, %s backend\n",
                a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count, (long long)dt_model_param_count(m),
-               ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, a->data.seed,
+               dt_precision_name(a->data.precision), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), a->batch, a->data.seed,
                dt_dpsgd_order_name(a->dpsgd.order), a->dpsgd.push_sum ? ", push-sum" : "", p, graph, dt_comm_backend_name(c));
         TRY(ex_log_flush());
     }

@@ -8,7 +8,7 @@
                  [--nesterov] [--wd 0] [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0]
                  [--agg mean|median|trimmed|krum|multikrum|classmean] [--trim 0.1] [--krum-f 1]
                  [--attack none|labelflip|signflip|noise] [--attackers 0] [--flip 1:4] [--noise-std 1]
-                 [--prox-mu 0] [--dropout-prob 0] [--class-acc C] [--per-class] [--seed 0] [--limit N] [--test-limit N] [--csv PATH]
+                 [--prox-mu 0] [--dropout-prob 0] [--class-acc C] [--per-class] [--seed 0] [--precision fp32] [--limit N] [--test-limit N] [--csv PATH]
                  [--checkpoint PATH] [--checkpoint-every N] [--resume]
    e.g.   ./build/examples/fedavg --ranks 4 --clients 10 --rounds 10 --model fedavg_2nn
           ./build/examples/fedavg --clients 5 --attack labelflip --attackers 1 --flip 1:4 --agg median
@@ -61,7 +61,7 @@ static void usage(FILE *f) {
                "              [--noise-std S] [--prox-mu MU] [--dropout-prob P] [--class-acc C] [--per-class]\n"
                "              [--server avg|avgm|adagrad|adam|yogi] [--server-lr LR] [--server-momentum B1] [--server-beta2 B2] [--server-tau T]\n"
                "              [--dp-clip S] [--dp-noise Z] [--dp-delta D]\n"
-               "              [--seed N] [--limit N] [--test-limit N] [--csv PATH]\n");
+               "              [--seed N] [--precision fp32|bf16] [--limit N] [--test-limit N] [--csv PATH]\n");
     ex_ckpt_usage(f, 14);
 }
 
@@ -294,9 +294,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.round));   /* the rows the checkpoint covers */
         TRY(ex_csv_open(&csv, a->csv, "round,time_s,lr,selected,dropped,kept,train_loss,test_loss,test_acc,class_acc,flip_rate,left_out\n",
                         a->ckpt.resume));
-        printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters; C %g, E %ld, B %ld, %s; %s; "
+        printf("%s on %s: %lld training samples over %ld clients (%s), %lld parameters (%s); C %g, E %ld, B %ld, %s; %s; "
                "%d ranks (%s); seed %ld\n", a->model, a->data.name, (long long)ntrain, a->clients, part_str(a, part_s, sizeof part_s),
-               (long long)dt_model_param_count(m), a->frac, a->local_epochs, a->batch,
+               (long long)dt_model_param_count(m), dt_precision_name(a->data.precision), a->frac, a->local_epochs, a->batch,
                ex_recipe_str(&a->recipe, a->rounds, "rounds", recipe, sizeof recipe), setup_str(a, setup, sizeof setup),
                dt_comm_size(c), dt_comm_backend_name(c), a->data.seed);
         TRY(ex_log_flush());

@@ -5,7 +5,7 @@
 
    usage: hogwild [--threads 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
                   [--epochs 1] [--batch 32] [--lr 0.01] [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0]
-                  [--seed 0] [--limit N] [--test-limit N] [--csv PATH]
+                  [--seed 0] [--precision fp32] [--limit N] [--test-limit N] [--csv PATH]
    e.g.   ./build/examples/hogwild --threads 4 --epochs 3
           ./build/examples/hogwild --threads 1 --limit 6000        (plain SGD: the baseline)
 
@@ -44,7 +44,7 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: hogwild [--threads N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
-               "               [--epochs N] [--batch N] [--seed N] [--limit N] [--test-limit N] [--csv PATH]\n");
+               "               [--epochs N] [--batch N] [--seed N] [--precision fp32|bf16] [--limit N] [--test-limit N] [--csv PATH]\n");
     ex_recipe_usage(f, 15, 1);
 }
 
@@ -141,9 +141,9 @@ int main(int argc, char **argv) {
     for (i = 0; i < a.threads && a.recipe.clip > 0.0; i++) TRY(dt_optim_create(&a.clip[i], a.replica[i], NULL));
     TRY(ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), 0));
     ex_recipe_sched(&a.recipe, a.epochs, &sd);
-    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld, seed %ld\n"
+    printf("%s on %s: %lld training and %lld test samples, %lld parameters (%s), %s, batch %ld, seed %ld\n"
            "hogwild: %ld threads update one shared parameter buffer without locks\n", a.model, a.data.name, (long long)a.data.ntrain,
-           (long long)a.data.test.count, (long long)dt_model_param_count(shared),
+           (long long)a.data.test.count, (long long)dt_model_param_count(shared), dt_precision_name(a.data.precision),
            ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, a.data.seed, a.threads);
     TRY(ex_log_flush());
     for (a.epoch = 0; a.epoch < a.epochs; a.epoch++) {

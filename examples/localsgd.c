@@ -5,7 +5,7 @@
 
    usage: localsgd [--ranks 4] [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to 0]
                    [--epochs 1] [--batch 32] [--optim sgd] [--lr 0.01] [--momentum 0.5] [--nesterov] [--wd 0]
-                   [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--period 0] [--seed 0] [--limit N] [--test-limit N]
+                   [--milestones A,B,...] [--cosine] [--min-lr 0] [--warmup 0] [--period 0] [--seed 0] [--precision fp32] [--limit N] [--test-limit N]
                    [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
                    (and the launcher's flags: --algo, --timeout, --link-latency, ...)
    e.g.   ./build/examples/localsgd --ranks 4 --epochs 3                 (average once per epoch)
@@ -40,7 +40,7 @@ typedef struct args {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: localsgd [--ranks N] [--model NAME] [--dataset fashion-mnist|mnist|cifar10] [--data DIR] [--pad-to S]\n"
-               "                [--epochs N] [--batch N] [--period K] [--seed N] [--limit N] [--test-limit N] [--csv PATH]\n");
+               "                [--epochs N] [--batch N] [--period K] [--seed N] [--precision fp32|bf16] [--limit N] [--test-limit N] [--csv PATH]\n");
     ex_recipe_usage(f, 16, 0);
     fprintf(f, "                [--algo naive|ring|tree|native|hier] [--timeout S] [--link-latency S] [--link-bandwidth RATE]\n");
     ex_ckpt_usage(f, 16);
@@ -127,9 +127,9 @@ static dt_result rank_main(dt_comm *c, void *arg) {
         if (a->ckpt.resume) ex_ckpt_resumed(&a->ckpt, &meta, "epoch");
         if (a->ckpt.resume) TRY(ex_csv_keep(a->csv, meta.epoch));   /* the rows the checkpoint covers */
         TRY(ex_report_open(&csv, a->csv, COLS, EX_COUNT(COLS), a->ckpt.resume));
-        printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, %d ranks x batch %ld, seed %ld\n"
+        printf("%s on %s: %lld training and %lld test samples, %lld parameters (%s), %s, %d ranks x batch %ld, seed %ld\n"
                "%s backend, local SGD: parameters averaged ", a->model, a->data.name, (long long)a->data.ntrain, (long long)a->data.test.count,
-               (long long)dt_model_param_count(m), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), p, a->batch,
+               (long long)dt_model_param_count(m), dt_precision_name(a->data.precision), ex_recipe_str(&a->recipe, a->epochs, "epochs", recipe, sizeof recipe), p, a->batch,
                a->data.seed, dt_comm_backend_name(c));
         if (a->period) printf("every %ld steps and ", a->period);
         printf("at the end of each epoch, %d threads per rank\n", dt_cpu_threads());

@@ -3,7 +3,7 @@
    usage: train [--model simplecnn] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR] [--pad-to 0]
                 [--epochs 3] [--batch 128] [--optim sgd|adam|adamw] [--lr 0.01] [--momentum 0.5] [--nesterov]
                 [--wd 0] [--milestones 80,120] [--cosine] [--min-lr 0] [--warmup 0]
-                [--seed 0] [--limit N] [--test-limit N] [--size 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
+                [--seed 0] [--precision fp32] [--limit N] [--test-limit N] [--size 32] [--csv PATH] [--checkpoint PATH] [--checkpoint-every N] [--resume]
    e.g.   ./build/examples/train --model simplecnn --epochs 3                    (Fashion-MNIST)
           ./build/examples/train --model resnet20 --dataset cifar10 --data ~/cifar-10-batches-bin \
                                  --lr 0.1 --momentum 0.9 --wd 5e-4 --milestones 80,120 --epochs 160
@@ -48,7 +48,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: train [--model NAME] [--dataset fashion-mnist|mnist|cifar10|folder] [--data DIR] [--pad-to S]\n"
                "             [--epochs N] [--batch N]\n");
     ex_recipe_usage(f, 13, 0);
-    fprintf(f, "             [--seed N] [--limit N] [--test-limit N] [--size N] [--csv PATH]\n");
+    fprintf(f, "             [--seed N] [--precision fp32|bf16] [--limit N] [--test-limit N] [--size N] [--csv PATH]\n");
     ex_ckpt_usage(f, 13);
 }
 
@@ -144,8 +144,8 @@ int main(int argc, char **argv) {
     TRY(dt_loader_create(&loader, &ld));
     if (a.ckpt.resume) TRY(ex_csv_keep(a.csv, meta.epoch));   /* the rows the checkpoint covers; the run appends the rest */
     TRY(ex_report_open(&csv, a.csv, COLS, EX_COUNT(COLS), a.ckpt.resume));
-    printf("%s on %s: %lld training and %lld test samples, %lld parameters, %s, batch %ld, %d threads, seed %ld\n",
-           a.model, a.data.name, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m),
+    printf("%s on %s: %lld training and %lld test samples, %lld parameters (%s), %s, batch %ld, %d threads, seed %ld\n",
+           a.model, a.data.name, (long long)ntrain, (long long)ntest, (long long)dt_model_param_count(m), dt_precision_name(a.data.precision),
            ex_recipe_str(&a.recipe, a.epochs, "epochs", recipe, sizeof recipe), a.batch, dt_cpu_threads(), a.data.seed);
     TRY(ex_log_flush());
 

@@ -153,7 +153,7 @@ static void test_gemm_vs_naive(void) {
                         memcpy(C2, C1, sizeof(float) * (size_t)(M * ldc));
                         dt__bsrc bs;
                         bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
-                        dt__gemm_with(dt__kernels[k], ws, dt_cpu_threads(), ta, M, N, K, alpha, A, lda, &bs, beta, C1, ldc);
+                        dt__gemm_with(dt__kernels[k], 0, ws, dt_cpu_threads(), ta, M, N, K, alpha, A, lda, &bs, beta, C1, ldc);
                         dt_gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C2, ldc);
                         snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld", dt__kernels[k]->name, ta, tb,
                                  (long long)M, (long long)N, (long long)K);
@@ -189,8 +189,8 @@ static void test_gemm_blocks(void) {
                     dt_t_fill(A, M * K, -1, 1);
                     dt_t_fill(B, K * N, -1, 1);
                     bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
-                    dt__gemm_with(dt__kernels[k], ws, dt_cpu_threads(), ta, M, N, K, 1.0f, A, lda, &bs, 0.0f, C1, N);
-                    dt__gemm_with(dt__kernels[k], ws, 1, ta, M, N, K, 1.0f, A, lda, &bs, 0.0f, C3, N);
+                    dt__gemm_with(dt__kernels[k], 0, ws, dt_cpu_threads(), ta, M, N, K, 1.0f, A, lda, &bs, 0.0f, C1, N);
+                    dt__gemm_with(dt__kernels[k], 0, ws, 1, ta, M, N, K, 1.0f, A, lda, &bs, 0.0f, C3, N);
                     dt_gemm_ref(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C2, N);
                     snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%lld N=%lld K=%lld", dt__kernels[k]->name, ta, tb,
                              (long long)M, (long long)N, (long long)K);
@@ -200,6 +200,200 @@ static void test_gemm_blocks(void) {
                 }
     }
     free(ws);
+}
+
+/* The GEMM on bf16 operands (a bf16 model's): on each tier that multiplies bf16 pairs (AVX512_BF16), against the
+   naive float GEMM on the operands rounded to bf16 first. The products of bf16 values are exact in float, so the
+   two differ only in the order of their sums: 1e-5 of the largest output, where a missed or wrong rounding
+   (bf16 keeps 8 bits) shows as 1e-3 or more. Shapes around the tiles, across K blocks (odd kc: the last pair's
+   zero), with both transposes and an im2col source. */
+static void test_gemm_bf16(void) {
+    static const int64_t shapes[][3] = {{1, 1, 1}, {7, 17, 3}, {8, 48, 16}, {9, 49, 33}, {16, 96, 257}, {33, 130, 95},
+                                        {DT__MC + 12, 50, 30}, {10, DT__NC + 48 * 2 + 5, DT__KC + 45}};
+    int64_t s;
+    int k, ta, tb, tiers = 0, cases = 0;
+    float *ws = (float *)malloc(sizeof(float) * (size_t)dt__gemm_ws_count(dt_cpu_threads()));
+    for (k = 0; k < DT__NKERNELS; k++) {
+        char name[96];
+        if (!dt__kernel_ok(k)) continue;
+        if (!dt__gemm_bf16(dt__kernels[k])) {
+            if (dt__kernels[k]->bf16_fn || !strcmp(dt__kernels[k]->name, "avx512")) {
+                snprintf(name, sizeof name, "test_gemm_bf16[%s]", dt__kernels[k]->name);
+                dt_t_skip(name, dt__kernels[k]->bf16_fn ? "this CPU lacks AVX512_BF16" : "this compiler lacks avx512bf16");
+            }
+            continue;
+        }
+        tiers++;
+        for (s = 0; s < (int64_t)(sizeof shapes / sizeof shapes[0]); s++)
+            for (ta = 0; ta < 2; ta++)
+                for (tb = 0; tb < 2; tb++) {
+                    int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 3;
+                    int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb;
+                    float *A = (float *)malloc(sizeof(float) * (size_t)na), *B = (float *)malloc(sizeof(float) * (size_t)nb);
+                    float *Ar = (float *)malloc(sizeof(float) * (size_t)na), *Br = (float *)malloc(sizeof(float) * (size_t)nb);
+                    float *C1 = (float *)malloc(sizeof(float) * (size_t)(M * N)), *C2 = (float *)malloc(sizeof(float) * (size_t)(M * N));
+                    float *C3 = (float *)malloc(sizeof(float) * (size_t)(M * N));
+                    float beta = (float)(cases % 3) * 0.5f;
+                    char what[128];
+                    dt__bsrc bs;
+                    dt_t_fill(A, na, -1, 1);
+                    dt_t_fill(B, nb, -1, 1);
+                    dt_t_fill(C1, M * N, -1, 1);
+                    memcpy(C2, C1, sizeof(float) * (size_t)(M * N));
+                    memcpy(C3, C1, sizeof(float) * (size_t)(M * N));
+                    dt__round_bf16(Ar, A, na);
+                    dt__round_bf16(Br, B, nb);
+                    bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
+                    dt__gemm_with(dt__kernels[k], 1, ws, dt_cpu_threads(), ta, M, N, K, 0.5f, A, lda, &bs, beta, C1, N);
+                    dt__gemm_with(dt__kernels[k], 1, ws, 1, ta, M, N, K, 0.5f, A, lda, &bs, beta, C3, N);
+                    dt_gemm_ref(ta, tb, M, N, K, 0.5f, Ar, lda, Br, ldb, beta, C2, N);
+                    snprintf(what, sizeof what, "gemm bf16 %s ta=%d tb=%d M=%lld N=%lld K=%lld", dt__kernels[k]->name, ta, tb,
+                             (long long)M, (long long)N, (long long)K);
+                    CHECK_CLOSE(C1, C2, M * N, 1e-5, what);
+                    CHECK(memcmp(C1, C3, sizeof(float) * (size_t)(M * N)) == 0);   /* one order of sums, any threads */
+                    free(A); free(B); free(Ar); free(Br); free(C1); free(C2); free(C3);
+                    cases++;
+                }
+        {   /* B = im2col(x) straight from the images, as the convolutions' GEMMs: t = W col */
+            dt_conv_geom g;
+            int64_t ckk, ns, nx, nw;
+            float *x, *W, *xr, *Wr, *col, *t1, *t2;
+            memset(&g, 0, sizeof g);
+            g.n = 3; g.c = 5; g.h = 9; g.w = 7; g.oc = 11; g.kh = g.kw = 3; g.sh = g.sw = 1; g.ph = g.pw = 1; g.oh = 9; g.ow = 7;
+            ckk = g.c * 9; ns = g.n * g.oh * g.ow; nx = g.n * g.c * g.h * g.w; nw = g.oc * ckk;
+            x = (float *)malloc(sizeof(float) * (size_t)nx); xr = (float *)malloc(sizeof(float) * (size_t)nx);
+            W = (float *)malloc(sizeof(float) * (size_t)nw); Wr = (float *)malloc(sizeof(float) * (size_t)nw);
+            col = (float *)malloc(sizeof(float) * (size_t)(ckk * ns));
+            t1 = (float *)malloc(sizeof(float) * (size_t)(g.oc * ns)); t2 = (float *)malloc(sizeof(float) * (size_t)(g.oc * ns));
+            dt_t_fill(x, nx, -2, 2); dt_t_fill(W, nw, -1, 1);
+            dt__round_bf16(xr, x, nx); dt__round_bf16(Wr, W, nw);
+            {
+                dt__bsrc bs;
+                bs.B = x; bs.ldb = 0; bs.tb = 0; bs.g = &g;
+                dt__gemm_with(dt__kernels[k], 1, ws, dt_cpu_threads(), 0, g.oc, ns, ckk, 1.0f, W, ckk, &bs, 0.0f, t1, ns);
+            }
+            dt__im2col(NULL, &g, xr, col);
+            dt_gemm_ref(0, 0, g.oc, ns, ckk, 1.0f, Wr, ckk, col, ns, 0.0f, t2, ns);
+            CHECK_CLOSE(t1, t2, g.oc * ns, 1e-5, "gemm bf16 with im2col(x)");
+            free(x); free(xr); free(W); free(Wr); free(col); free(t1); free(t2);
+        }
+    }
+    free(ws);
+    printf("    %d cases on %d tiers with bf16 products\n", cases, tiers);
+}
+
+/* A bf16 model (dt_model_desc.precision) on every tier this CPU runs: a linear layer's forward and both gradients and
+   a convolution's forward equal the float references on bf16-rounded operands (x, W, dy; the bias and its gradient
+   in float) up to the order of the sums; SimpleCNN's loss and gradients the same on every tier as on the portable
+   one, and near the float model's (bf16's rounding, 2^-9 an operand, is all that separates them, but through five
+   layers it moves the largest gradient a few percent). The precision's value is checked. */
+static void test_model_bf16(void) {
+    dt_model_desc md;
+    dt_model *m = NULL;
+    dt_precision p;
+    int k;
+    dt_t_state = 37;   /* the same inputs whichever tests ran before */
+    memset(&md, 0, sizeof md);
+    md.in_c = 3; md.precision = (dt_precision)7;
+    CHECK_ERR(dt_model_create(&m, &md), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "DT_PRECISION_BF16") != NULL);
+    CHECK_ERR(dt_precision_parse("fp16", &p), DT_ERR_INVALID_ARG);
+    CHECK(strstr(dt_last_error(), "fp32 or bf16") != NULL);
+    CHECK_OK(dt_precision_parse("bf16", &p)); CHECK(p == DT_PRECISION_BF16);
+    CHECK(!strcmp(dt_precision_name(DT_PRECISION_FP32), "fp32"));
+    for (k = 0; k < DT__NKERNELS; k++) {
+        enum { B = 6, IN = 37, OUT = 5 };
+        float x[B * IN], xr[B * IN], dy[B * OUT], dyr[B * OUT], Wr[OUT * IN], y[B * OUT], dW[OUT * IN], dx[B * IN], db[OUT];
+        const float *P;
+        int64_t i;
+        char what[64];
+        if (!tier_runs(k, "test_model_bf16")) continue;
+        CHECK_OK(dt_cpu_set_tier(dt__kernels[k]->name));
+        memset(&md, 0, sizeof md);
+        md.in_c = IN; md.seed = 3; md.precision = DT_PRECISION_BF16; md.input_grad = 1;
+        CHECK_OK(dt_model_create(&m, &md));
+        dt_linear(m, 0, OUT, 1);
+        CHECK_OK(dt_model_finalize(m));
+        dt_t_fill(x, B * IN, -2, 2);
+        dt_t_fill(dy, B * OUT, -1, 1);
+        dt__round_bf16(xr, x, B * IN);
+        dt__round_bf16(dyr, dy, B * OUT);
+        P = dt_model_params(m, NULL);
+        dt__round_bf16(Wr, P, OUT * IN);
+        dt_model_zero_grad(m);
+        CHECK_OK(dt_model_forward(m, x, B));
+        CHECK_OK(dt_model_backward(m, dy));
+        for (i = 0; i < B * OUT; i++) y[i] = P[OUT * IN + i % OUT];
+        dt_gemm_ref(0, 1, B, OUT, IN, 1.0f, xr, IN, Wr, IN, 1.0f, y, OUT);
+        dt_gemm_ref(1, 0, OUT, IN, B, 1.0f, dyr, OUT, xr, IN, 0.0f, dW, IN);
+        dt_gemm_ref(0, 0, B, IN, OUT, 1.0f, dyr, OUT, Wr, IN, 0.0f, dx, IN);
+        for (i = 0; i < OUT; i++) db[i] = dy[i] + dy[OUT + i] + dy[2 * OUT + i] + dy[3 * OUT + i] + dy[4 * OUT + i] + dy[5 * OUT + i];
+        snprintf(what, sizeof what, "bf16 linear %s", dt__kernels[k]->name);
+        CHECK_CLOSE(dt_model_node_output(m, 1), y, B * OUT, 1e-6, what);
+        CHECK_CLOSE(dt_model_grads(m, NULL), dW, OUT * IN, 1e-6, what);
+        CHECK_CLOSE(dt_model_grads(m, NULL) + OUT * IN, db, OUT, 1e-6, what);
+        CHECK_CLOSE(dt_model_node_grad(m, 0), dx, B * IN, 1e-6, what);
+        dt_model_destroy(m);
+        {   /* a convolution's forward: dt_conv2d_ref on the rounded operands */
+            dt_conv_geom g;
+            float cx[2 * 3 * 9 * 9], cxr[2 * 3 * 9 * 9], cwr[4 * 3 * 9], cy[2 * 4 * 9 * 9];
+            memset(&g, 0, sizeof g);
+            g.n = 2; g.c = 3; g.h = g.w = 9; g.oc = 4; g.kh = g.kw = 3; g.sh = g.sw = 1; g.ph = g.pw = 1;
+            CHECK_OK(dt_conv_geom_resolve(&g));
+            memset(&md, 0, sizeof md);
+            md.in_c = 3; md.in_h = md.in_w = 9; md.seed = 4; md.precision = DT_PRECISION_BF16;
+            CHECK_OK(dt_model_create(&m, &md));
+            dt_conv2d(m, 0, 4, 3, 1, 1);
+            CHECK_OK(dt_model_finalize(m));
+            dt_t_fill(cx, 2 * 3 * 81, -2, 2);
+            dt__round_bf16(cxr, cx, 2 * 3 * 81);
+            P = dt_model_params(m, NULL);
+            dt__round_bf16(cwr, P, 4 * 27);
+            CHECK_OK(dt_model_forward(m, cx, 2));
+            dt_conv2d_ref(&g, cxr, cwr, P + 4 * 27, cy);
+            snprintf(what, sizeof what, "bf16 conv %s", dt__kernels[k]->name);
+            CHECK_CLOSE(dt_model_node_output(m, 1), cy, 2 * 4 * 81, 1e-6, what);
+            dt_model_destroy(m);
+        }
+    }
+    {   /* SimpleCNN: each tier against the portable one, and bf16 near fp32 */
+        enum { B = 8 };
+        static float x[B * 28 * 28], g[3][450000];
+        float loss[3];
+        int32_t labels[B];
+        int64_t np = 0, i;
+        int run;
+        dt_t_fill(x, B * 28 * 28, 0, 1);
+        for (i = 0; i < B; i++) labels[i] = (int32_t)(i * 3 % 10);
+        for (k = 0; k < DT__NKERNELS; k++) {
+            char what[64];
+            if (!dt__kernel_ok(k)) continue;
+            for (run = 0; run < 3; run++) {   /* 0: bf16 on the portable tier, 1: bf16 on tier k, 2: fp32 */
+                CHECK_OK(dt_cpu_set_tier(run == 1 ? dt__kernels[k]->name : "portable"));
+                memset(&md, 0, sizeof md);
+                md.in_c = 1; md.in_h = md.in_w = 28; md.seed = 5; md.precision = run == 2 ? DT_PRECISION_FP32 : DT_PRECISION_BF16;
+                CHECK_OK(dt_zoo_create(&m, DT_ZOO_SIMPLE_CNN, 10, &md));
+                dt_model_params(m, &np);
+                CHECK(np <= 450000);
+                dt_model_zero_grad(m);
+                CHECK_OK(dt_model_forward(m, x, B));
+                CHECK_OK(dt_model_loss_cross_entropy(m, labels, &loss[run]));
+                CHECK_OK(dt_model_backward(m, NULL));
+                memcpy(g[run], dt_model_grads(m, NULL), sizeof(float) * (size_t)np);
+                dt_model_destroy(m);
+            }
+            printf("    simplecnn bf16 %s: loss %.6f (portable %.6f, fp32 %.6f); gradients %.2g from portable's, %.2g from fp32's\n",
+                   dt__kernels[k]->name, (double)loss[1], (double)loss[0], (double)loss[2], dt_t_relerr(g[1], g[0], np),
+                   dt_t_relerr(g[0], g[2], np));
+            snprintf(what, sizeof what, "bf16 simplecnn %s vs portable", dt__kernels[k]->name);
+            CHECK(fabsf(loss[1] - loss[0]) <= 1e-4f * fabsf(loss[0]));
+            CHECK_CLOSE(g[1], g[0], np, 1e-3, what);   /* (3e-8 at avx512 here; 0 elsewhere: a bf16 product is exact, fused or not) */
+            CHECK(fabsf(loss[2] - loss[0]) <= 2e-2f * fabsf(loss[2]));
+            CHECK_CLOSE(g[0], g[2], np, 0.15, "bf16 simplecnn vs fp32");   /* (0.021 here; 0.076 on other inputs) */
+            CHECK(dt_t_relerr(g[0], g[2], np) > 1e-5);   /* the operands were rounded */
+        }
+    }
+    CHECK_OK(dt_cpu_set_tier(NULL));
 }
 
 /* beta = 0 must not read C: garbage (NaN) there must not leak into the result */
@@ -456,6 +650,7 @@ static void test_conv_taps(void) {
         g.kh = cs[5]; g.kw = cs[6]; g.sh = g.sw = 1; g.ph = cs[7]; g.pw = cs[8];
         CHECK_OK(dt_conv_geom_resolve(&g));
         conv_io_make(&io, &g);
+        memset(&st, 0, sizeof st);   /* (bf16 0: float GEMMs) */
         st.gemm_ws_count = dt__gemm_ws_count(dt_cpu_threads());
         st.gemm_ws = twin_alloc(st.gemm_ws_count);
         ws = dt__tap_fixed(&g) + g.n * dt__tap_image(&g);
@@ -515,6 +710,7 @@ static void test_conv_taps(void) {
         g.h = g.w = 4; g.sh = g.sw = 2; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
         g.sh = g.sw = 1; g.ph = g.pw = 3; CHECK_OK(dt_conv_geom_resolve(&g)); CHECK(!dt__tap_fits(&g));
         g.ph = g.pw = 1; g.h = g.w = 2; g.n = 40; CHECK_OK(dt_conv_geom_resolve(&g));
+        memset(&st, 0, sizeof st);   /* (bf16 0: float GEMMs) */
         st.conv_ws = &one;   /* (not written: dt__tap_chunk only counts) */
         st.conv_ws_count = dt__tap_fixed(&g) + 32 * dt__tap_image(&g);
         CHECK(dt__tap_chunk(&st, &g) == 32);
@@ -915,6 +1111,8 @@ int main(int argc, char **argv) {
     RUN(test_progress);
     RUN(test_gemm_vs_naive);
     RUN(test_gemm_blocks);
+    RUN(test_gemm_bf16);
+    RUN(test_model_bf16);
     RUN(test_gemm_beta_zero_ignores_c);
     RUN(test_conv_vs_direct);
     RUN(test_conv_taps);

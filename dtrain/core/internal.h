@@ -120,6 +120,11 @@ struct dt_model {
     double *sync_sum;
     float *sync_stat, *sync_host, *sync_dev;
     dt__cpu_state cpu;              /* the CPU backend's state (ctx) when no other is given */
+    /* DT_PRECISION_BF16: the bf16-rounded operands of the convolutions and linear layers, in the arena: the
+       weights [nparams] (the conv and linear weights' places only, rounded at each forward pass), a layer's input
+       [batch, in] and output gradient [batch, out] (rounded again where each layer runs) */
+    int bf16;
+    float *bf16_w, *bf16_x, *bf16_dy;
     void *own_ctx;                  /* a backend context the model created (the registered default's), or NULL */
     const dt_backend *own_backend;  /* the backend that destroys own_ctx */
 };

@@ -30,6 +30,16 @@ typedef enum dt_layer_kind {
 /* Name of a layer kind, e.g. "conv2d". */
 const char *dt_layer_kind_str(dt_layer_kind k);
 
+/* The arithmetic of a model's convolutions and linear layers. FP32: every operand and sum in float. BF16: mixed
+   precision, PyTorch's CPU autocast rules: the convolutions' and linear layers' operands (activations, weights,
+   output gradients) rounded to bfloat16 (nearest, ties to even, as dt_bf16_from_float), their products summed in
+   float; master weights, gradients, optimizer state, biases, batch norm (its statistics too) and losses in float.
+   The same roundings on every CPU tier: AVX-512 with AVX512_BF16 multiplies the bf16 pairs (vdpbf16ps), the
+   others multiply the rounded values in float, so a tier changes only the order of the sums. */
+typedef enum dt_precision { DT_PRECISION_FP32 = 0, DT_PRECISION_BF16, DT_PRECISION_COUNT } dt_precision;
+const char *dt_precision_name(dt_precision p);                      /* "fp32", "bf16" */
+dt_result   dt_precision_parse(const char *name, dt_precision *out); /* DT_ERR_INVALID_ARG naming fp32 and bf16 */
+
 /* Model configuration; zero means the default. */
 typedef struct dt_model_desc {
     int64_t       in_c, in_h, in_w;   /* per-sample input shape; in_h = in_w = 0 for a vector of in_c */
@@ -39,6 +49,7 @@ typedef struct dt_model_desc {
     void         *ops_ctx;            /* backend state passed to every op (the GPU's: a dt_cuda, or NULL for one
                                          the model creates and destroys) */
     int           input_grad;         /* 1: also compute the gradient w.r.t. the input (dt_model_node_grad(m, 0)) */
+    dt_precision  precision;          /* DT_PRECISION_FP32 (default) or DT_PRECISION_BF16 (the CPU backend only) */
 } dt_model_desc;
 
 typedef struct dt_model dt_model;
@@ -304,12 +315,24 @@ static int dt__add_view(dt_model *m, int buf, const char *suffix, int ndim, int6
     return 0;
 }
 
+static const char *const dt__precision_names[DT_PRECISION_COUNT] = {"fp32", "bf16"};
+const char *dt_precision_name(dt_precision p) { return p >= 0 && p < DT_PRECISION_COUNT ? dt__precision_names[p] : "unknown"; }
+dt_result dt_precision_parse(const char *name, dt_precision *out) {
+    int p;
+    for (p = 0; name && p < DT_PRECISION_COUNT; p++)
+        if (!strcmp(name, dt__precision_names[p])) { if (out) *out = (dt_precision)p; return DT_OK; }
+    return dt_set_error(DT_ERR_INVALID_ARG, "precision '%s' is not known: use fp32 or bf16", name ? name : "(null)");
+}
+
 dt_result dt_model_create(dt_model **out, const dt_model_desc *desc) {
     dt_model *m;
     dt__node *in;
     if (!out) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_create: out is NULL");
     *out = NULL;
     if (!desc) return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_create: desc is NULL; pass a dt_model_desc with the input shape");
+    if ((int)desc->precision < 0 || desc->precision >= DT_PRECISION_COUNT)
+        return dt_set_error(DT_ERR_INVALID_ARG, "dt_model_create: precision %d is not a precision: use DT_PRECISION_FP32 (0, the "
+                            "default) or DT_PRECISION_BF16 (1)", (int)desc->precision);
     if (desc->in_c <= 0 || desc->in_h < 0 || desc->in_w < 0 || ((desc->in_h == 0) != (desc->in_w == 0)))
         return dt_set_error(DT_ERR_SHAPE, "dt_model_create: input shape (c=%lld, h=%lld, w=%lld) is invalid; set in_c > 0 and "
                             "either both in_h and in_w > 0 (images) or both 0 (vectors)",
@@ -335,6 +358,15 @@ dt_result dt_model_create(dt_model **out, const dt_model_desc *desc) {
     }
 #endif
     if (m->ops == dt_cpu_ops() && !m->ctx) m->ctx = &m->cpu;   /* workspace placed by dt__reserve */
+    if (desc->precision == DT_PRECISION_BF16 && m->ops != dt_cpu_ops()) {
+        /* the passes round on the host: a backend of device memory would need an op for it */
+        dt_result r = dt_set_error(DT_ERR_UNSUPPORTED, "dt_model_create: precision bf16 runs on the CPU backend only (this "
+                                   "model's is %s); use DT_PRECISION_FP32 there", m->ops->name);
+        dt_model_destroy(m);
+        return r;
+    }
+    m->bf16 = desc->precision == DT_PRECISION_BF16;
+    m->cpu.bf16 = m->bf16;   /* the CPU's GEMMs may then multiply bf16 pairs (dtrain/cpu/cpu.h) */
     m->seed = desc->seed;
     m->stream = desc->stream;
     m->training = 1;

@@ -100,7 +100,7 @@ static void dt__plan(dt_model *m) {
 /* Sizes and places the activation arena for `batch` samples. Allocation happens only when the batch
    grows past the largest one seen, so a steady training loop never allocates. */
 static dt_result dt__reserve(dt_model *m, int64_t batch) {
-    int64_t total = 0, itotal = 0, ws = 0, outsz;
+    int64_t total = 0, itotal = 0, ws = 0, outsz, bx = 0, bdy = 0;
     int i;
     dt_result r;
     float *a;
@@ -114,6 +114,10 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
         if (n->kind == DT_LAYER_DROPOUT) total += batch * n->size;
         if (n->kind == DT_LAYER_BATCHNORM) total += 2 * n->c;
         if (n->kind == DT_LAYER_MAXPOOL2D) itotal += batch * n->size;
+        if (m->bf16 && (n->kind == DT_LAYER_CONV2D || n->kind == DT_LAYER_LINEAR)) {   /* its rounded operands */
+            if (batch * m->nodes[n->in0].size > bx) bx = batch * m->nodes[n->in0].size;
+            if (batch * n->size > bdy) bdy = batch * n->size;
+        }
         if (n->kind == DT_LAYER_CONV2D) {
             /* workspace: col [c kh kw, nb s] + t [oc, nb s] for a chunk of nb images */
             dt_conv_geom g = dt__geom(m, n, batch);
@@ -125,7 +129,7 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
             if (m->ctx == &m->cpu && dt__tap_ws(&g) > ws) ws = dt__tap_ws(&g);   /* the CPU's convolution by taps */
         }
     }
-    total += ws + batch * outsz;
+    total += ws + batch * outsz + (m->bf16 ? m->nparams + bx + bdy : 0);
     if (m->ctx == &m->cpu) total += dt__gemm_ws_count(dt__cpu_threads_most());
     itotal += batch;
     if (m->ctx == &m->cpu &&
@@ -163,6 +167,9 @@ static dt_result dt__reserve(dt_model *m, int64_t batch) {
         a += m->cpu.gemm_ws_count;
     }
     m->seed_grad = a;
+    a += batch * outsz;
+    m->bf16_w = m->bf16_x = m->bf16_dy = NULL;
+    if (m->bf16) { m->bf16_w = a; m->bf16_x = a + m->nparams; m->bf16_dy = m->bf16_x + bx; }
     m->labels = ia;
     return DT_OK;
 }
@@ -173,12 +180,34 @@ static float *dt__pv(dt_model *m, const dt__node *n, int j) { return m->params +
 static float *dt__gv(dt_model *m, const dt__node *n, int j) { return m->grads + m->pinfo[n->param0 + j].offset; }
 static float *dt__bv(dt_model *m, const dt__node *n, int j) { return m->buffers + m->binfo[n->buf0 + j].offset; }
 
+/* The operands of a convolution or linear layer n in the model's precision: its weights (bf16: their copy rounded
+   at this forward pass) and its input x of cnt floats (bf16: rounded into the model's buffer, which the next such
+   layer overwrites) */
+static const float *dt__wv(dt_model *m, const dt__node *n) {
+    return m->bf16 ? m->bf16_w + m->pinfo[n->param0].offset : dt__pv(m, n, 0);
+}
+static const float *dt__operand(dt_model *m, const float *x, int64_t cnt, float *buf) {
+    if (!m->bf16) return x;
+    dt__round_bf16(buf, x, cnt);
+    return buf;
+}
+/* bf16: every convolution's and linear layer's weights rounded into the copy the pass reads (biases stay float) */
+static void dt__round_weights(dt_model *m) {
+    int i;
+    for (i = 1; i < m->nnodes && m->bf16; i++) {
+        const dt__node *n = &m->nodes[i];
+        const dt__pinfo *w = &m->pinfo[n->param0];
+        if (n->kind == DT_LAYER_CONV2D || n->kind == DT_LAYER_LINEAR) dt__round_bf16(m->bf16_w + w->offset, m->params + w->offset, w->count);
+    }
+}
+
 /* Convolution as im2col + one GEMM per chunk of images:  t [oc, nb*s] = W [oc, c*kh*kw] col [c*kh*kw, nb*s] */
 static void dt__conv_fwd(dt_model *m, const dt__node *n, int64_t batch) {
     const dt_ops *O = m->ops;
     dt_conv_geom g = dt__geom(m, n, batch);
     int64_t ckk = g.c * g.kh * g.kw, S = g.oh * g.ow, per = (ckk + g.oc) * S, nb = m->ws_count / per, i0;
-    const float *x = m->nodes[n->in0].out, *W = dt__pv(m, n, 0), *b = n->has_bias ? dt__pv(m, n, 1) : NULL;
+    const float *x = dt__operand(m, m->nodes[n->in0].out, batch * g.c * g.h * g.w, m->bf16_x), *W = dt__wv(m, n);
+    const float *b = n->has_bias ? dt__pv(m, n, 1) : NULL;
     if (O->conv_fwd && O->conv_fwd(m->ctx, &g, x, W, b, n->out)) return;
     if (nb < 1) nb = 1;
     for (i0 = 0; i0 < batch; i0 += nb) {
@@ -199,26 +228,27 @@ static void dt__conv_bwd(dt_model *m, const dt__node *n, int64_t batch, float *d
     const dt_ops *O = m->ops;
     dt_conv_geom g = dt__geom(m, n, batch);
     int64_t ckk = g.c * g.kh * g.kw, S = g.oh * g.ow, per = (ckk + g.oc) * S, nb = m->ws_count / per, i0;
-    const float *x = m->nodes[n->in0].out, *W = dt__pv(m, n, 0);
+    const float *x = dt__operand(m, m->nodes[n->in0].out, batch * g.c * g.h * g.w, m->bf16_x), *W = dt__wv(m, n);
+    const float *dy = dt__operand(m, n->grad, batch * g.oc * S, m->bf16_dy);   /* (the bias's sum takes the float one) */
     float *dW = dt__gv(m, n, 0);
     int done = 0;   /* conv_bwd: 1 all done, 2 dW done */
     if (nb < 1) nb = 1;
     if (n->has_bias) O->channel_sum_bwd(m->ctx, dt__gv(m, n, 1), n->grad, batch, g.oc, S);
-    if (O->conv_bwd && (done = O->conv_bwd(m->ctx, &g, x, W, n->grad, dW, dx, !n->ow[0])) == 1) return;
+    if (O->conv_bwd && (done = O->conv_bwd(m->ctx, &g, x, W, dy, dW, dx, !n->ow[0])) == 1) return;
     if (dx && n->ow[0]) O->fill(m->ctx, dx, batch * g.c * g.h * g.w, 0.0f);   /* the steps below add to it */
     for (i0 = 0; i0 < batch; i0 += nb) {
         dt_conv_geom gc = g;
         float *col = m->ws, *t;
         gc.n = batch - i0 < nb ? batch - i0 : nb;
         t = col + ckk * gc.n * S;
-        O->ncs_to_cs(m->ctx, t, n->grad + i0 * g.oc * S, gc.n, g.oc, S);
+        O->ncs_to_cs(m->ctx, t, dy + i0 * g.oc * S, gc.n, g.oc, S);
         if (done == 2) {}   /* conv_bwd wrote dW */
         else if (O->conv_gemm_wgrad) O->conv_gemm_wgrad(m->ctx, &gc, x + i0 * g.c * g.h * g.w, t, dW);
         else {
             O->im2col(m->ctx, &gc, x + i0 * g.c * g.h * g.w, col);
             O->gemm(m->ctx, 0, 1, g.oc, ckk, gc.n * S, 1.0f, t, gc.n * S, col, gc.n * S, 1.0f, dW, ckk);
         }
-        if (dx && !(O->conv_gemm_dgrad && O->conv_gemm_dgrad(m->ctx, &gc, W, n->grad + i0 * g.oc * S, dx + i0 * g.c * g.h * g.w,
+        if (dx && !(O->conv_gemm_dgrad && O->conv_gemm_dgrad(m->ctx, &gc, W, dy + i0 * g.oc * S, dx + i0 * g.c * g.h * g.w,
                                                             col, ckk * gc.n * S))) {
             O->gemm(m->ctx, 1, 0, ckk, gc.n * S, g.oc, 1.0f, W, ckk, t, gc.n * S, 0.0f, col, gc.n * S);
             O->col2im_bwd(m->ctx, &gc, col, dx + i0 * g.c * g.h * g.w);
@@ -369,7 +399,8 @@ static void dt__node_fwd(dt_model *m, dt__node *n, int64_t batch) {
     switch (n->kind) {
     case DT_LAYER_INPUT: case DT_LAYER_FLATTEN: break;
     case DT_LAYER_LINEAR:      /* y [b, out] = x [b, in] W^T [in, out] + bias */
-        O->gemm(C, 0, 1, batch, n->c, in->size, 1.0f, x, in->size, dt__pv(m, n, 0), in->size, 0.0f, n->out, n->c);
+        O->gemm(C, 0, 1, batch, n->c, in->size, 1.0f, dt__operand(m, x, batch * in->size, m->bf16_x), in->size, dt__wv(m, n), in->size,
+                0.0f, n->out, n->c);
         if (n->has_bias) O->add_row_bias(C, n->out, dt__pv(m, n, 1), batch, n->c);
         break;
     case DT_LAYER_CONV2D: dt__conv_fwd(m, n, batch); break;
@@ -414,12 +445,14 @@ static void dt__node_bwd(dt_model *m, dt__node *n, int64_t batch) {
     int64_t cnt = batch * n->size;
     switch (n->kind) {
     case DT_LAYER_INPUT: case DT_LAYER_FLATTEN: break;
-    case DT_LAYER_LINEAR:      /* dW [out, in] += dy^T x;  db += sum_b dy;  dx [b, in] += dy W */
-        O->gemm(C, 1, 0, n->c, in->size, batch, 1.0f, dy, n->c, x, in->size, 1.0f, dt__gv(m, n, 0), in->size);
+    case DT_LAYER_LINEAR: {    /* dW [out, in] += dy^T x;  db += sum_b dy;  dx [b, in] += dy W */
+        const float *dyq = dt__operand(m, dy, batch * n->c, m->bf16_dy);   /* (the bias's sum takes the float dy) */
+        O->gemm(C, 1, 0, n->c, in->size, batch, 1.0f, dyq, n->c, dt__operand(m, x, batch * in->size, m->bf16_x), in->size, 1.0f,
+                dt__gv(m, n, 0), in->size);
         if (n->has_bias) O->sum_rows_bwd(C, dt__gv(m, n, 1), dy, batch, n->c);
-        if (dx) O->gemm(C, 0, 0, batch, in->size, n->c, 1.0f, dy, n->c, dt__pv(m, n, 0), in->size, n->ow[0] ? 0.0f : 1.0f, dx,
+        if (dx) O->gemm(C, 0, 0, batch, in->size, n->c, 1.0f, dyq, n->c, dt__wv(m, n), in->size, n->ow[0] ? 0.0f : 1.0f, dx,
                         in->size);
-        break;
+    } break;
     case DT_LAYER_CONV2D: dt__conv_bwd(m, n, batch, dx); break;
     case DT_LAYER_MAXPOOL2D: if (dx) { dt_conv_geom g = dt__geom(m, n, batch); O->maxpool_bwd(C, &g, dy, n->idx, dx); } break;
     case DT_LAYER_AVGPOOL2D: if (dx) { dt_conv_geom g = dt__geom(m, n, batch); O->avgpool_bwd(C, &g, dy, dx); } break;
@@ -481,6 +514,7 @@ dt_result dt_model_forward(dt_model *m, const float *x, int64_t batch) {
     dt__trace_arg("batch", NULL, batch);
     m->ops->upload(m->ctx, m->nodes[0].out, x, (int64_t)sizeof(float) * batch * m->nodes[0].size);
     m->sync_err = DT_OK;
+    dt__round_weights(m);
     for (i = 1; i < m->nnodes; i++) dt__node_fwd(m, &m->nodes[i], batch);
     r = dt__sync(m, "dt_model_forward");
     if (m->sync_err != DT_OK) r = m->sync_err;   /* a synchronised batch norm's sum failed, with its message */

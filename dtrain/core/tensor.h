@@ -528,6 +528,20 @@ static void dt__cpu_upload(void *ctx, void *dst, const void *src, int64_t bytes)
     (void)ctx;
     if (bytes > 0 && dst != src) memcpy(dst, src, (size_t)bytes);
 }
+/* bf16's rounding on floats: the high 16 bits after adding half an ulp of bf16 (less where the bit kept is even),
+   so ties go to even; a NaN keeps its sign and is made quiet, as dt_bf16_from_float (comm.h) does for the wire */
+static void dt__round_bf16(float *y, const float *x, int64_t n) {
+    int64_t i;
+    DT__OMP(parallel for if (n > DT__PAR_MIN))
+    for (i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;
+        else u += 0x7fffu + ((u >> 16) & 1u);
+        u &= 0xffff0000u;
+        memcpy(&y[i], &u, sizeof u);
+    }
+}
 static void dt__cpu_copy(void *ctx, float *dst, const float *src, int64_t n) {
     (void)ctx;
     if (n > 0 && dst != src) memmove(dst, src, sizeof(float) * (size_t)n);

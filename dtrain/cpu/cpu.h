@@ -280,7 +280,7 @@ static void dt__micro(int64_t kc, const float *DT__RESTRICT a, const float *DT__
 #define DT__BASE_CONV_BWD NULL
 #endif
 static const dt__kernel dt__kernel_portable = {
-    "portable", NULL, dt__micro, 6, 8, NULL, NULL, NULL, NULL, NULL, NULL, DT__BASE_CONV_FWD, DT__BASE_CONV_BWD
+    "portable", NULL, dt__micro, 6, 8, NULL, NULL, NULL, NULL, NULL, NULL, DT__BASE_CONV_FWD, DT__BASE_CONV_BWD, NULL, NULL, NULL
 };
 /* Every tier of this build, fastest first */
 static const dt__kernel *const dt__kernels[] = {
@@ -484,11 +484,14 @@ static int64_t dt__gemm_ws_count(int threads) { return (int64_t)threads * DT__GE
 static int dt__gemm_ws_threads(int64_t count) { return (int)(count / DT__GEMM_WS_THREAD); }
 
 /* One thread's share of the blocked GEMM: C[m0:m1, n0:n1], with its own packing space Bp, Ap and tmp.
-   The K blocks depend on K alone, so each element of C is summed in the same order whatever the share. */
-static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, float *tmp, int ta, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
-                          int64_t K, float alpha, const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C,
+   The K blocks depend on K alone, so each element of C is summed in the same order whatever the share.
+   bf16 (the tier's bf16_runs said yes): each packed panel is turned into bf16 pairs where it lies, and the
+   tier's bf16 micro-kernel multiplies them, so the operands are converted once per block, as they are packed. */
+static void dt__gemm_part(const dt__kernel *kern, int bf16, float *Bp, float *Ap, float *tmp, int ta, int64_t m0, int64_t m1, int64_t n0,
+                          int64_t n1, int64_t K, float alpha, const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C,
                           int64_t ldc) {
     const int MR = kern->mr, NR = kern->nr;
+    const dt__micro_fn fn = bf16 ? kern->bf16_fn : kern->fn;
     int64_t k16 = (K + 15) / 16, nkb = (k16 + DT__KC / 16 - 1) / (DT__KC / 16);   /* K blocks: whole 16s but the last */
     int64_t npan = (n1 - n0 + NR - 1) / NR, nnb = (npan * NR + DT__NC - 1) / DT__NC;
     int64_t ncb = (npan + nnb - 1) / nnb * NR, jc, kb, ic, jr, ir;
@@ -497,15 +500,20 @@ static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, float *t
         float bet = kb == 0 ? beta : 1.0f;
         for (jc = n0; jc < n1; jc += ncb) {
             int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
+            int64_t kp = bf16 ? (kc + 1) / 2 : kc;   /* the micro-kernel's steps */
             dt__pack_b(kern, bs, pc, kc, jc, nc, Bp, NR, tmp);
+            for (jr = 0; bf16 && jr < nc; jr += NR) kern->bf16_pair(Bp + jr * kc, kc, NR);
             for (ic = m0; ic < m1; ic += DT__MC) {
                 int64_t mc = m1 - ic < DT__MC ? m1 - ic : DT__MC;
-                if (jc == n0 || m1 - m0 > DT__MC) dt__pack_a(kern, ta, A, lda, ic, mc, pc, kc, Ap, MR);
+                if (jc == n0 || m1 - m0 > DT__MC) {
+                    dt__pack_a(kern, ta, A, lda, ic, mc, pc, kc, Ap, MR);
+                    for (ir = 0; bf16 && ir < mc; ir += MR) kern->bf16_pair(Ap + ir * kc, kc, MR);
+                }
                 for (ir = 0; ir < mc; ir += MR) {        /* A's panel stays in L1 ... */
                     int64_t mr = mc - ir < MR ? mc - ir : MR;
                     for (jr = 0; jr < nc; jr += NR) {    /* ... while B's stream from L2 */
                         int64_t nr = nc - jr < NR ? nc - jr : NR;
-                        kern->fn(kc, Ap + ir * kc, Bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, bet);
+                        fn(kp, Ap + ir * kc, Bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, bet);
                     }
                 }
             }
@@ -517,7 +525,7 @@ static void dt__gemm_part(const dt__kernel *kern, float *Bp, float *Ap, float *t
    dt__gemm_ws_count(threads) floats. The threads share nothing: each takes a stretch of C's columns (of
    its rows when C is narrow) and packs what it reads, so no thread ever waits for another inside the GEMM
    (on a busy machine, a barrier waits for the slowest thread's time slice). */
-static void dt__gemm_with(const dt__kernel *kern, float *ws, int threads, int ta, int64_t M, int64_t N, int64_t K, float alpha,
+static void dt__gemm_with(const dt__kernel *kern, int bf16, float *ws, int threads, int ta, int64_t M, int64_t N, int64_t K, float alpha,
                           const float *A, int64_t lda, const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
     const int MR = kern->mr, NR = kern->nr;
     int64_t npanels = (N + NR - 1) / NR, mpanels = (M + MR - 1) / MR;
@@ -555,15 +563,18 @@ static void dt__gemm_with(const dt__kernel *kern, float *ws, int threads, int ta
             if (m1 > M) m1 = M;
         }
         if (m0 < m1 && n0 < n1)
-            dt__gemm_part(kern, Bp, Bp + (int64_t)DT__KC * (DT__NC + DT__NR_MAX), Bp + (int64_t)DT__KC * (DT__NC + DT__NR_MAX + DT__MC + DT__MR_MAX),
+            dt__gemm_part(kern, bf16, Bp, Bp + (int64_t)DT__KC * (DT__NC + DT__NR_MAX), Bp + (int64_t)DT__KC * (DT__NC + DT__NR_MAX + DT__MC + DT__MR_MAX),
                           ta, m0, m1, n0, n1, K, alpha, A, lda, bs, beta, C, ldc);
     }
 }
 
 /* op(A) op(B) by the blocked GEMM with the tier's kernels, on workspace ws of `count` floats,
-   or on a fresh one when ws is NULL; by the unblocked one when there is no memory for that. */
-static void dt__gemm_src(float *ws, int64_t count, int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+   or on a fresh one when ws is NULL; by the unblocked one when there is no memory for that. bf16: the operands
+   are bf16 values (a bf16 model's), which the tier multiplies as bf16 pairs where this CPU can. */
+static int dt__gemm_bf16(const dt__kernel *k) { return k->bf16_fn && k->bf16_runs && k->bf16_runs(); }
+static void dt__gemm_src(int bf16, float *ws, int64_t count, int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                          int64_t lda, const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
+    const dt__kernel *kern = dt__pick_kernel();
     int threads = dt_cpu_threads();
     float *own = NULL;
     if (M <= 0 || N <= 0) return;
@@ -575,7 +586,7 @@ static void dt__gemm_src(float *ws, int64_t count, int ta, int64_t M, int64_t N,
             return;
         }
     }
-    dt__gemm_with(dt__pick_kernel(), ws, threads, ta, M, N, K, alpha, A, lda, bs, beta, C, ldc);
+    dt__gemm_with(kern, bf16 && dt__gemm_bf16(kern), ws, threads, ta, M, N, K, alpha, A, lda, bs, beta, C, ldc);
     if (own) DT_FREE(own);
 }
 
@@ -583,14 +594,14 @@ void dt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     dt__bsrc bs;
     bs.B = B; bs.ldb = ldb; bs.tb = tb; bs.g = NULL;
-    dt__gemm_src(NULL, 0, ta, M, N, K, alpha, A, lda, &bs, beta, C, ldc);
+    dt__gemm_src(0, NULL, 0, ta, M, N, K, alpha, A, lda, &bs, beta, C, ldc);
 }
 
 /* GEMM on the state's workspace (without state, on a fresh one) */
 static void dt__cpu_gemm_src(void *ctx, int ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                              const dt__bsrc *bs, float beta, float *C, int64_t ldc) {
     dt__cpu_state *st = (dt__cpu_state *)ctx;
-    dt__gemm_src(st ? st->gemm_ws : NULL, st ? st->gemm_ws_count : 0, ta, M, N, K, alpha, A, lda, bs, beta, C, ldc);
+    dt__gemm_src(st && st->bf16, st ? st->gemm_ws : NULL, st ? st->gemm_ws_count : 0, ta, M, N, K, alpha, A, lda, bs, beta, C, ldc);
 }
 static void dt__cpu_gemm(void *ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {

@@ -75,7 +75,7 @@ static void dt__micro_neon(int64_t kc, const float *DT__RESTRICT a, const float 
 /* NEON (every AArch64 CPU): the GEMM's micro-kernel and dtrain/cpu/cpu_vec.h's convolutions (compiled for the
    baseline, which on aarch64 is NEON); the rest is portable */
 static const dt__kernel dt__kernel_neon = {
-    "neon", NULL, dt__micro_neon, 8, 12, NULL, NULL, NULL, NULL, NULL, NULL, dt__vec_conv_fwd_base, dt__vec_conv_bwd_base
+    "neon", NULL, dt__micro_neon, 8, 12, NULL, NULL, NULL, NULL, NULL, NULL, dt__vec_conv_fwd_base, dt__vec_conv_bwd_base, NULL, NULL, NULL
 };
 #endif /* DT__ARM */
 

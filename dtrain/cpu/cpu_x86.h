@@ -332,6 +332,103 @@ static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const floa
     else dt__micro512_nv(1, kc, a, b, C, ldc, mr, nr, alpha, beta);
 }
 
+/* ---- the GEMM on bf16 pairs (AVX512_BF16: Cooper Lake, Sapphire Rapids, Zen 4) ----------------------------- */
+/* vdpbf16ps adds to each float lane the two products of a pair of bf16 (exact in float) in turn, so a tile sums
+   as the float kernel does but two terms a step; the compiler needs avx512bf16 (GCC 10, Clang 9) */
+#if defined(__clang__) ? __clang_major__ >= 9 : __GNUC__ >= 10
+#define DT__X86_BF16 1
+#include <cpuid.h>
+/* CPUID.(EAX=7, ECX=1):EAX bit 5, on a CPU whose OS keeps the AVX-512 state (avx512f) */
+static int dt__x86_bf16_runs(void) {
+    static int known = -1;
+    int k = DT__ATOMIC_LOAD(&known);
+    if (k < 0) {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        k = __builtin_cpu_supports("avx512f") && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1u);
+        DT__ATOMIC_STORE(&known, k);
+    }
+    return k;
+}
+/* a packed panel [kc][w] turned in place into bf16 pairs [(kc + 1) / 2][w] (kernel.h's bf16_pair): row q is written
+   after rows 2q and 2q + 1 are read, and only rows q and below were read before, so nothing is overwritten unread.
+   vcvtneps2bf16 rounds to nearest even (denormals flushed to zero, as vdpbf16ps would) */
+__attribute__((target("avx512f,avx512bf16")))
+static void dt__bf16_pair_avx512(float *panel, int64_t kc, int w) {
+    int64_t q, kc2 = (kc + 1) / 2;
+    int j;
+    for (q = 0; q < kc2; q++) {
+        const float *r0 = panel + 2 * q * w, *r1 = 2 * q + 1 < kc ? r0 + w : NULL;
+        for (j = 0; j < w; j += 16) {
+            __mmask16 m = w - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (w - j)) - 1u);
+            __m512 v0 = _mm512_maskz_loadu_ps(m, r0 + j), v1 = r1 ? _mm512_maskz_loadu_ps(m, r1 + j) : _mm512_setzero_ps();
+            __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v0));
+            __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v1));
+            _mm512_mask_storeu_epi32(panel + q * w + j, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+    }
+}
+/* dt__micro512_nv on pair panels: a [kc][8] and b [kc][48] pairs, one vdpbf16ps per accumulator a step */
+__attribute__((target("avx512f,avx512bf16"), always_inline))
+static inline void dt__micro512_bf16_nv(int nv, int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C,
+                                        int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta) {
+    __m512 c[DT__MR512][DT__NV512], va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[DT__NV512];
+    int64_t p;
+    int i, v;
+    for (i = 0; i < DT__MR512 && i < mr; i++)
+        for (v = 0; v < nv; v++) _mm_prefetch((const char *)(C + i * ldc + 16 * v), _MM_HINT_T0);
+    for (i = 0; i < DT__MR512; i++)
+        for (v = 0; v < DT__NV512; v++) c[i][v] = _mm512_setzero_ps();
+    for (p = 0; p < kc; p++) {
+        const float *bp = b + p * (16 * DT__NV512), *ap = a + p * DT__MR512;
+        __m512bh bv[DT__NV512];
+        for (v = 0; v < nv; v++) _mm_prefetch((const char *)(bp + 16 * 16 * DT__NV512 + 16 * v), _MM_HINT_T0);
+        for (v = 0; v < nv; v++) bv[v] = (__m512bh)_mm512_loadu_si512(bp + 16 * v);
+        for (i = 0; i < DT__MR512; i++) {
+            int32_t pair;
+            __m512bh av;
+            memcpy(&pair, ap + i, sizeof pair);
+            av = (__m512bh)_mm512_set1_epi32(pair);
+            for (v = 0; v < nv; v++) c[i][v] = _mm512_dpbf16_ps(c[i][v], av, bv[v]);
+        }
+    }
+    if (mr == DT__MR512 && nr == 16 * DT__NV512 && alpha == 1.0f) {
+        for (i = 0; i < DT__MR512; i++)
+            for (v = 0; v < DT__NV512; v++) {
+                float *cp = C + i * ldc + 16 * v;
+                if (beta == 0.0f) _mm512_storeu_ps(cp, c[i][v]);
+                else if (beta == 1.0f) _mm512_storeu_ps(cp, _mm512_add_ps(c[i][v], _mm512_loadu_ps(cp)));
+                else _mm512_storeu_ps(cp, _mm512_fmadd_ps(vb, _mm512_loadu_ps(cp), c[i][v]));
+            }
+        return;
+    }
+    for (v = 0; v < DT__NV512; v++) {
+        int64_t left = v < nv ? nr - 16 * v : 0;
+        mask[v] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
+    }
+    for (i = 0; i < DT__MR512 && i < mr; i++) {
+        float *crow = C + i * ldc;
+        for (v = 0; v < nv; v++) {
+            __m512 r = alpha == 1.0f ? c[i][v] : _mm512_mul_ps(va, c[i][v]);
+            if (!mask[v]) continue;
+            if (beta == 1.0f) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask[v], crow + 16 * v));
+            else if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], crow + 16 * v), r);
+            _mm512_mask_storeu_ps(crow + 16 * v, mask[v], r);
+        }
+    }
+}
+__attribute__((target("avx512f,avx512bf16")))
+static void dt__micro_bf16_avx512(int64_t kc, const float *DT__RESTRICT a, const float *DT__RESTRICT b, float *C, int64_t ldc,
+                                  int64_t mr, int64_t nr, float alpha, float beta) {
+    if (nr > 32) dt__micro512_bf16_nv(DT__NV512, kc, a, b, C, ldc, mr, nr, alpha, beta);
+    else if (nr > 16) dt__micro512_bf16_nv(2, kc, a, b, C, ldc, mr, nr, alpha, beta);
+    else dt__micro512_bf16_nv(1, kc, a, b, C, ldc, mr, nr, alpha, beta);
+}
+#define DT__X86_BF16_ENTRIES dt__x86_bf16_runs, dt__bf16_pair_avx512, dt__micro_bf16_avx512
+#else
+#define DT__X86_BF16_ENTRIES NULL, NULL, NULL
+#endif
+
 /* ---- convolutions by shifted rows ---------------------------------------------------------------- */
 /* The AVX-512 tier's inner kernels of the convolutions by shifted rows; the geometry, the tables and the
    loops over images, tiles and threads are dtrain/cpu/cpu_vec.h's drivers, which every tier shares (read them
@@ -787,13 +884,14 @@ static int dt__x86_avx2_runs(void) { return __builtin_cpu_supports("avx2") && __
 /* AVX-512 (Skylake-X and later Xeons, Ice Lake and later, Zen 4): everything above */
 static const dt__kernel dt__kernel_avx512 = {
     "avx512", dt__x86_avx512_runs, dt__micro_avx512, DT__MR512, 16 * DT__NV512, dt__col_span_avx512, dt__pack_a8_avx,
-    dt__pack_bt_avx512, dt__col2im_small, dt__maxpool2_avx512, dt__bn_sums512, dt__x86_conv_fwd, dt__x86_conv_bwd
+    dt__pack_bt_avx512, dt__col2im_small, dt__maxpool2_avx512, dt__bn_sums512, dt__x86_conv_fwd, dt__x86_conv_bwd,
+    DT__X86_BF16_ENTRIES   /* where the CPU has AVX512_BF16 too */
 };
 /* AVX2 + FMA (Haswell and later, Zen): the GEMM's micro-kernel, dtrain/cpu/cpu_vec.h's convolutions, 2 x 2 max
    pooling and batch norm's sums; the rest is portable */
 static const dt__kernel dt__kernel_avx2 = {
     "avx2", dt__x86_avx2_runs, dt__micro_avx2, 6, 16, NULL, NULL, NULL, NULL, dt__maxpool2_avx2, dt__bn_sums_avx2,
-    dt__vec_conv_fwd_avx2, dt__vec_conv_bwd_avx2
+    dt__vec_conv_fwd_avx2, dt__vec_conv_bwd_avx2, NULL, NULL, NULL
 };
 #endif /* DT__X86 */
 

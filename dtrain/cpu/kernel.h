@@ -73,6 +73,14 @@ typedef struct dt__kernel {
     int (*conv_fwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *b, float *y);
     int (*conv_bwd)(void *ctx, const dt_conv_geom *g, const float *x, const float *W, const float *dy, float *dW, float *dx,
                     int accumulate);
+    /* The GEMM on bf16 operands (a bf16 model's, dt__cpu_state.bf16), where the CPU multiplies bf16 pairs (bf16_runs
+       NULL or 0: the float micro-kernel above runs on the rounded floats; twin: dt__gemm_ref_src on bf16-rounded
+       operands, the same up to the order of the sums). bf16_pair turns a packed panel [kc][w] of floats, in place, into
+       (kc + 1) / 2 rows of w pairs (the bf16 of rows 2q and 2q + 1, a zero after an odd kc's last row), each pair the
+       32 bits of one float; bf16_fn is fn on such panels, kc counting pairs. */
+    int (*bf16_runs)(void);
+    void (*bf16_pair)(float *panel, int64_t kc, int w);
+    dt__micro_fn bf16_fn;
 } dt__kernel;
 
 /* Where a GEMM's op(B) comes from: a matrix B with row stride ldb (transposed when tb), or, when g is set,
@@ -81,8 +89,10 @@ typedef struct dt__kernel {
 typedef struct dt__bsrc { const float *B; int64_t ldb; int tb; const dt_conv_geom *g; } dt__bsrc;
 
 /* The CPU backend's own state, when a model gives it one: the GEMM packing workspace and the model's
-   convolution workspace (the taps' operands, dtrain/cpu/cpu.h), so a training step allocates nothing. */
-typedef struct dt__cpu_state { float *gemm_ws; int64_t gemm_ws_count; float *conv_ws; int64_t conv_ws_count; } dt__cpu_state;
+   convolution workspace (the taps' operands, dtrain/cpu/cpu.h), so a training step allocates nothing.
+   bf16: the model's precision is bf16, so its GEMMs' operands are bf16 values, which a tier with bf16 products
+   (AVX512_BF16) may multiply as such (dtrain/cpu/cpu.h's dt__gemm_src). */
+typedef struct dt__cpu_state { float *gemm_ws; int64_t gemm_ws_count; float *conv_ws; int64_t conv_ws_count; int bf16; } dt__cpu_state;
 #endif /* the types */
 
 #if DT__VEC
@@ -113,6 +123,8 @@ static void dt__bn_sums(const dt__kernel *k, const float *x, const float *y, con
 static void dt__bn_bwd(const dt__kernel *kt, int training, const float *x, const float *y, const float *dy, float *dx, int acc, float *dr, int acc_r,
                        int64_t n, int64_t c, int64_t s, const float *gamma, const float *save_mean, const float *save_invstd,
                        float *dgamma, float *dbeta);
+/* y = x rounded to bfloat16 (nearest, ties to even, NaN kept: dt_bf16_from_float's rounding), as floats; y may be x */
+static void dt__round_bf16(float *y, const float *x, int64_t n);
 /* the plain ops the CPU table takes as they are, in dt_ops' order */
 static void *dt__cpu_alloc(void *ctx, int64_t bytes);
 static void dt__cpu_free(void *ctx, void *p);
