@@ -302,37 +302,37 @@ static void test_model_bf16(void) {
     CHECK_OK(dt_precision_parse("bf16", &p)); CHECK(p == DT_PRECISION_BF16);
     CHECK(!strcmp(dt_precision_name(DT_PRECISION_FP32), "fp32"));
     for (k = 0; k < DT__NKERNELS; k++) {
-        enum { B = 6, IN = 37, OUT = 5 };
-        float x[B * IN], xr[B * IN], dy[B * OUT], dyr[B * OUT], Wr[OUT * IN], y[B * OUT], dW[OUT * IN], dx[B * IN], db[OUT];
+        enum { B = 6, NIN = 37, NOUT = 5 };
+        float x[B * NIN], xr[B * NIN], dy[B * NOUT], dyr[B * NOUT], Wr[NOUT * NIN], y[B * NOUT], dW[NOUT * NIN], dx[B * NIN], db[NOUT];
         const float *P;
         int64_t i;
         char what[64];
         if (!tier_runs(k, "test_model_bf16")) continue;
         CHECK_OK(dt_cpu_set_tier(dt__kernels[k]->name));
         memset(&md, 0, sizeof md);
-        md.in_c = IN; md.seed = 3; md.precision = DT_PRECISION_BF16; md.input_grad = 1;
+        md.in_c = NIN; md.seed = 3; md.precision = DT_PRECISION_BF16; md.input_grad = 1;
         CHECK_OK(dt_model_create(&m, &md));
-        dt_linear(m, 0, OUT, 1);
+        dt_linear(m, 0, NOUT, 1);
         CHECK_OK(dt_model_finalize(m));
-        dt_t_fill(x, B * IN, -2, 2);
-        dt_t_fill(dy, B * OUT, -1, 1);
-        dt__round_bf16(xr, x, B * IN);
-        dt__round_bf16(dyr, dy, B * OUT);
+        dt_t_fill(x, B * NIN, -2, 2);
+        dt_t_fill(dy, B * NOUT, -1, 1);
+        dt__round_bf16(xr, x, B * NIN);
+        dt__round_bf16(dyr, dy, B * NOUT);
         P = dt_model_params(m, NULL);
-        dt__round_bf16(Wr, P, OUT * IN);
+        dt__round_bf16(Wr, P, NOUT * NIN);
         dt_model_zero_grad(m);
         CHECK_OK(dt_model_forward(m, x, B));
         CHECK_OK(dt_model_backward(m, dy));
-        for (i = 0; i < B * OUT; i++) y[i] = P[OUT * IN + i % OUT];
-        dt_gemm_ref(0, 1, B, OUT, IN, 1.0f, xr, IN, Wr, IN, 1.0f, y, OUT);
-        dt_gemm_ref(1, 0, OUT, IN, B, 1.0f, dyr, OUT, xr, IN, 0.0f, dW, IN);
-        dt_gemm_ref(0, 0, B, IN, OUT, 1.0f, dyr, OUT, Wr, IN, 0.0f, dx, IN);
-        for (i = 0; i < OUT; i++) db[i] = dy[i] + dy[OUT + i] + dy[2 * OUT + i] + dy[3 * OUT + i] + dy[4 * OUT + i] + dy[5 * OUT + i];
+        for (i = 0; i < B * NOUT; i++) y[i] = P[NOUT * NIN + i % NOUT];
+        dt_gemm_ref(0, 1, B, NOUT, NIN, 1.0f, xr, NIN, Wr, NIN, 1.0f, y, NOUT);
+        dt_gemm_ref(1, 0, NOUT, NIN, B, 1.0f, dyr, NOUT, xr, NIN, 0.0f, dW, NIN);
+        dt_gemm_ref(0, 0, B, NIN, NOUT, 1.0f, dyr, NOUT, Wr, NIN, 0.0f, dx, NIN);
+        for (i = 0; i < NOUT; i++) db[i] = dy[i] + dy[NOUT + i] + dy[2 * NOUT + i] + dy[3 * NOUT + i] + dy[4 * NOUT + i] + dy[5 * NOUT + i];
         snprintf(what, sizeof what, "bf16 linear %s", dt__kernels[k]->name);
-        CHECK_CLOSE(dt_model_node_output(m, 1), y, B * OUT, 1e-6, what);
-        CHECK_CLOSE(dt_model_grads(m, NULL), dW, OUT * IN, 1e-6, what);
-        CHECK_CLOSE(dt_model_grads(m, NULL) + OUT * IN, db, OUT, 1e-6, what);
-        CHECK_CLOSE(dt_model_node_grad(m, 0), dx, B * IN, 1e-6, what);
+        CHECK_CLOSE(dt_model_node_output(m, 1), y, B * NOUT, 1e-6, what);
+        CHECK_CLOSE(dt_model_grads(m, NULL), dW, NOUT * NIN, 1e-6, what);
+        CHECK_CLOSE(dt_model_grads(m, NULL) + NOUT * NIN, db, NOUT, 1e-6, what);
+        CHECK_CLOSE(dt_model_node_grad(m, 0), dx, B * NIN, 1e-6, what);
         dt_model_destroy(m);
         {   /* a convolution's forward: dt_conv2d_ref on the rounded operands */
             dt_conv_geom g;
@@ -389,7 +389,7 @@ static void test_model_bf16(void) {
             CHECK(fabsf(loss[1] - loss[0]) <= 1e-4f * fabsf(loss[0]));
             CHECK_CLOSE(g[1], g[0], np, 1e-3, what);   /* (3e-8 at avx512 here; 0 elsewhere: a bf16 product is exact, fused or not) */
             CHECK(fabsf(loss[2] - loss[0]) <= 2e-2f * fabsf(loss[2]));
-            CHECK_CLOSE(g[0], g[2], np, 0.15, "bf16 simplecnn vs fp32");   /* (0.021 here; 0.076 on other inputs) */
+            CHECK_CLOSE(g[0], g[2], np, 0.3, "bf16 simplecnn vs fp32");   /* input-dependent: 0.021, 0.076, 0.187 seen (a gross error is ~1) */
             CHECK(dt_t_relerr(g[0], g[2], np) > 1e-5);   /* the operands were rounded */
         }
     }

@@ -335,7 +335,7 @@ static void dt__micro_avx512(int64_t kc, const float *DT__RESTRICT a, const floa
 /* ---- the GEMM on bf16 pairs (AVX512_BF16: Cooper Lake, Sapphire Rapids, Zen 4) ----------------------------- */
 /* vdpbf16ps adds to each float lane the two products of a pair of bf16 (exact in float) in turn, so a tile sums
    as the float kernel does but two terms a step; the compiler needs avx512bf16 (GCC 10, Clang 9) */
-#if defined(__clang__) ? __clang_major__ >= 9 : __GNUC__ >= 10
+#if defined(__clang__) ? __clang_major__ >= 9 && __clang_major__ != 16 : __GNUC__ >= 10   /* clang 16 (Debian's) crashes on it */
 #define DT__X86_BF16 1
 #include <cpuid.h>
 /* CPUID.(EAX=7, ECX=1):EAX bit 5, on a CPU whose OS keeps the AVX-512 state (avx512f) */
